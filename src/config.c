@@ -1,0 +1,1153 @@
+/*
+ * config.c -- the YAML configuration of SPEC section 5.
+ *
+ * The file is loaded with libyaml's document API and walked once into a
+ * struct pl_config (internal.h).  Every scalar key, nested ones included
+ * ("topology.dp", "cost.preset"), goes through one function, set_scalar, so
+ * that the YAML walk and pl_config_set share their parsing, defaults and
+ * messages.  Checks that involve several keys (divisibility, weights summing
+ * to zero, the cost preset's window, the topology order) live in validate(),
+ * which runs after a parse and after every pl_config_set; pl_config_set rolls
+ * the config back when validation fails, so a config is always valid.
+ *
+ * Messages name the key as a dotted path ("topology.dp", "sources[1].path",
+ * "schedule.points[2].step") and, when the value came from YAML, the origin
+ * and line: "pretrain.yaml:7: unknown key 'seq_lenght'".  Problems with
+ * topology.order are PL_ETOPOLOGY; everything else is PL_ECONFIG.
+ *
+ * Cost presets set a, b and c; explicit a, b or c keys override them,
+ * whatever their position in the YAML mapping.  pl_config_set("cost.preset")
+ * resets a, b, c (and window) to the preset's values.
+ *
+ * Source paths are checked for existence at parse time (relative to the
+ * current directory) so that a typo is a config error, not a data error:
+ * megatron accepts <prefix>.idx, a directory or a glob matching something;
+ * llmc and flat accept a file or a glob matching something.
+ */
+#include "internal.h"
+
+#include <errno.h>
+#include <glob.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <yaml.h>
+
+/* A scalar value with where it came from.  line > 0: YAML line; 0: no line
+ * (the origin is still named); < 0: from pl_config_set (no origin). */
+typedef struct sval {
+    const char *s;
+    int quoted; /* a quoted YAML scalar: a string, never a number */
+    int line;
+} sval;
+
+/* Lines of keys that cross-key validation reports (0 when absent). */
+typedef struct vlines {
+    int seq_length, global_batch_size, order, cost, sources;
+} vlines;
+
+/* ------------------------------------------------------------ messages */
+
+__attribute__((format(printf, 4, 5))) static int
+cfg_err(pl_config *cfg, int code, int line, const char *fmt, ...) {
+    char msg[PL__ERRMSG_CAP];
+    va_list ap;
+    va_start(ap, fmt);
+    pl__vfmt(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    const char *origin = cfg->origin ? cfg->origin : "<config>";
+    if (line > 0)
+        pl__fmt(cfg->errmsg, sizeof cfg->errmsg, "%s:%d: %s", origin, line,
+                msg);
+    else if (line == 0)
+        pl__fmt(cfg->errmsg, sizeof cfg->errmsg, "%s: %s", origin, msg);
+    else
+        pl__fmt(cfg->errmsg, sizeof cfg->errmsg, "%s", msg);
+    return code;
+}
+
+/* ------------------------------------------------------------ scalars */
+
+static int is_null(const sval *v) {
+    if (v->quoted) return 0;
+    return v->s[0] == '\0' || strcmp(v->s, "~") == 0 ||
+           strcmp(v->s, "null") == 0 || strcmp(v->s, "Null") == 0 ||
+           strcmp(v->s, "NULL") == 0;
+}
+
+/* Parse a decimal integer that fills the whole string. */
+static int parse_i64(const char *s, int64_t *out) {
+    const char *p = s;
+    if (*p == '+' || *p == '-') p++;
+    if (*p < '0' || *p > '9') return 0;
+    for (const char *q = p; *q; q++)
+        if (*q < '0' || *q > '9') return 0;
+    errno = 0;
+    char *end = NULL;
+    long long v = strtoll(s, &end, 10);
+    if (errno || !end || *end) return 0;
+    *out = (int64_t)v;
+    return 1;
+}
+
+static int get_int(pl_config *cfg, const char *key, const sval *v,
+                   int64_t min, int64_t max, int64_t *out) {
+    int64_t x = 0;
+    if (v->quoted || !parse_i64(v->s, &x))
+        return cfg_err(cfg, PL_ECONFIG, v->line,
+                       "%s: expected an integer, got '%s'", key, v->s);
+    if (x < min || x > max) {
+        if (min == 1 && x < 1)
+            return cfg_err(cfg, PL_ECONFIG, v->line,
+                           "%s must be a positive integer, got %" PRId64, key,
+                           x);
+        if (min == 0 && x < 0)
+            return cfg_err(cfg, PL_ECONFIG, v->line,
+                           "%s must not be negative, got %" PRId64, key, x);
+        return cfg_err(cfg, PL_ECONFIG, v->line,
+                       "%s must be in [%" PRId64 ", %" PRId64 "], got %" PRId64,
+                       key, min, max, x);
+    }
+    *out = x;
+    return PL_OK;
+}
+
+static int get_u64(pl_config *cfg, const char *key, const sval *v,
+                   uint64_t *out) {
+    const char *p = v->s;
+    if (*p == '+') p++;
+    int ok = !v->quoted && *p >= '0' && *p <= '9';
+    for (const char *q = p; ok && *q; q++)
+        if (*q < '0' || *q > '9') ok = 0;
+    unsigned long long x = 0;
+    if (ok) {
+        errno = 0;
+        char *end = NULL;
+        x = strtoull(p, &end, 10);
+        if (errno || !end || *end) ok = 0;
+    }
+    if (!ok)
+        return cfg_err(cfg, PL_ECONFIG, v->line,
+                       "%s: expected a non-negative integer, got '%s'", key,
+                       v->s);
+    *out = (uint64_t)x;
+    return PL_OK;
+}
+
+/* A finite number >= 0. */
+static int get_num(pl_config *cfg, const char *key, const sval *v,
+                   double *out) {
+    char *end = NULL;
+    errno = 0;
+    double x = v->quoted || !v->s[0] ? NAN : strtod(v->s, &end);
+    if (v->quoted || !v->s[0] || errno || !end || *end || !isfinite(x))
+        return cfg_err(cfg, PL_ECONFIG, v->line,
+                       "%s: expected a number, got '%s'", key, v->s);
+    if (x < 0)
+        return cfg_err(cfg, PL_ECONFIG, v->line,
+                       "%s must not be negative, got %s", key, v->s);
+    *out = x;
+    return PL_OK;
+}
+
+/* One of `names`; *out receives the matching entry of `values`. */
+static int get_enum(pl_config *cfg, const char *key, const sval *v,
+                    const char *const *names, const int *values, int n,
+                    int *out) {
+    for (int i = 0; i < n; i++) {
+        if (strcmp(v->s, names[i]) == 0) {
+            *out = values[i];
+            return PL_OK;
+        }
+    }
+    char list[256] = "";
+    size_t used = 0;
+    for (int i = 0; i < n && used < sizeof list; i++) {
+        int w = snprintf(list + used, sizeof list - used, "%s%s",
+                         i ? ", " : "", names[i]);
+        if (w < 0) break;
+        used += (size_t)w;
+    }
+    return cfg_err(cfg, PL_ECONFIG, v->line,
+                   "%s: unknown value '%s' (expected one of: %s)", key, v->s,
+                   list);
+}
+
+#define NELEM(a) ((int)(sizeof(a) / sizeof((a)[0])))
+
+static const char *const longdoc_names[] = {"split", "truncate"};
+static const int longdoc_values[] = {PL__LONGDOC_SPLIT, PL__LONGDOC_TRUNCATE};
+static const char *const packing_names[] = {"best_fit", "concat_chunk"};
+static const int packing_values[] = {PL__PACK_BEST_FIT,
+                                     PL__PACK_CONCAT_CHUNK};
+static const char *const balance_names[] = {"none", "greedy",
+                                            "karmarkar_karp"};
+static const int balance_values[] = {PL__BALANCE_NONE, PL__BALANCE_GREEDY,
+                                     PL__BALANCE_KK};
+static const char *const onerr_names[] = {"fail", "skip"};
+static const int onerr_values[] = {PL__ONERR_FAIL, PL__ONERR_SKIP};
+static const char *const interp_names[] = {"linear", "step"};
+static const int interp_values[] = {PL__INTERP_LINEAR, PL__INTERP_STEP};
+static const char *const dtype_names[] = {"int64", "int32"};
+static const int dtype_values[] = {PL_DTYPE_INT64, PL_DTYPE_INT32};
+static const char *const stype_names[] = {"megatron", "llmc", "flat"};
+static const int stype_values[] = {PL_SOURCE_MEGATRON, PL_SOURCE_LLMC,
+                                   PL_SOURCE_FLAT};
+static const char *const tdtype_names[] = {"uint16", "uint32"};
+static const int tdtype_values[] = {PL_DTYPE_UINT16, PL_DTYPE_UINT32};
+
+/* Cost presets (SPEC 5): a * tokens + b * sum(len^2) + c. */
+typedef struct preset {
+    const char *name;
+    double a, b, c;
+} preset;
+static const preset presets[] = {
+    {"linear", 1.0, 0.0, 0.0},
+    {"causal", 0.0, 1.0, 0.0},
+    {"sliding_window", 0.0, 1.0, 0.0},
+    {"llama-1b", 6.0 * 1.2e9, 6.0 * 16 * 2048, 0.0},
+    {"llama-7b", 6.0 * 6.7e9, 6.0 * 32 * 4096, 0.0},
+};
+
+static int set_preset(pl_config *cfg, const sval *v) {
+    for (int i = 0; i < NELEM(presets); i++) {
+        if (strcmp(v->s, presets[i].name) == 0) {
+            pl__fmt(cfg->cost.preset, sizeof cfg->cost.preset, "%s",
+                    presets[i].name);
+            cfg->cost.a = presets[i].a;
+            cfg->cost.b = presets[i].b;
+            cfg->cost.c = presets[i].c;
+            cfg->cost.window = 0;
+            return PL_OK;
+        }
+    }
+    return cfg_err(cfg, PL_ECONFIG, v->line,
+                   "cost.preset: unknown value '%s' (expected one of: linear, "
+                   "causal, sliding_window, llama-1b, llama-7b)",
+                   v->s);
+}
+
+#define ENUM_ARGS(prefix) prefix##_names, prefix##_values, NELEM(prefix##_names)
+
+static int is_known_key(const char *key) {
+    static const char *const known[] = {
+        "seed", "seq_length", "global_batch_size", "micro_batch_size",
+        "train_steps", "dtype", "pad_id", "long_documents", "packing",
+        "balance", "on_error", "threads", "prefetch", "cost.preset",
+        "cost.a", "cost.b", "cost.c", "cost.window", "long_short.threshold",
+        "topology.dp", "topology.pp", "topology.cp", "topology.tp",
+        "topology.order"};
+    for (int i = 0; i < NELEM(known); i++)
+        if (strcmp(key, known[i]) == 0) return 1;
+    return 0;
+}
+
+/*
+ * Set one scalar key (dotted for nested mappings).  Unknown keys are errors.
+ * A null value is accepted only by train_steps (endless).
+ */
+static int set_scalar(pl_config *cfg, const char *key, const sval *v) {
+    int64_t x = 0;
+    int e = 0;
+    int rc;
+    if (strcmp(key, "train_steps") == 0 && is_null(v)) {
+        cfg->train_steps = -1;
+        return PL_OK;
+    }
+    if (!is_known_key(key))
+        return cfg_err(cfg, PL_ECONFIG, v->line, "unknown key '%s'", key);
+    if (is_null(v))
+        return cfg_err(cfg, PL_ECONFIG, v->line, "%s: missing value", key);
+
+    if (strcmp(key, "seed") == 0) return get_u64(cfg, key, v, &cfg->seed);
+    if (strcmp(key, "seq_length") == 0)
+        return get_int(cfg, key, v, 1, INT32_MAX, &cfg->seq_length);
+    if (strcmp(key, "global_batch_size") == 0)
+        return get_int(cfg, key, v, 1, INT32_MAX, &cfg->global_batch_size);
+    if (strcmp(key, "micro_batch_size") == 0)
+        return get_int(cfg, key, v, 1, INT32_MAX, &cfg->micro_batch_size);
+    if (strcmp(key, "train_steps") == 0) {
+        /* -1 is accepted as an explicit "endless". */
+        if (v->s[0] == '-' && strcmp(v->s, "-1") == 0) {
+            cfg->train_steps = -1;
+            return PL_OK;
+        }
+        return get_int(cfg, key, v, 1, INT64_MAX, &cfg->train_steps);
+    }
+    if (strcmp(key, "dtype") == 0) {
+        rc = get_enum(cfg, key, v, ENUM_ARGS(dtype), &e);
+        if (rc == PL_OK) cfg->dtype = (pl_dtype)e;
+        return rc;
+    }
+    if (strcmp(key, "pad_id") == 0)
+        return get_int(cfg, key, v, 0, INT64_MAX, &cfg->pad_id);
+    if (strcmp(key, "long_documents") == 0)
+        return get_enum(cfg, key, v, ENUM_ARGS(longdoc),
+                        &cfg->long_documents);
+    if (strcmp(key, "packing") == 0)
+        return get_enum(cfg, key, v, ENUM_ARGS(packing), &cfg->packing);
+    if (strcmp(key, "balance") == 0)
+        return get_enum(cfg, key, v, ENUM_ARGS(balance), &cfg->balance);
+    if (strcmp(key, "on_error") == 0)
+        return get_enum(cfg, key, v, ENUM_ARGS(onerr), &cfg->on_error);
+    if (strcmp(key, "threads") == 0 || strcmp(key, "prefetch") == 0) {
+        rc = get_int(cfg, key, v, 1, 4096, &x);
+        if (rc != PL_OK) return rc;
+        if (key[0] == 't')
+            cfg->threads = (int)x;
+        else
+            cfg->prefetch = (int)x;
+        return PL_OK;
+    }
+    if (strcmp(key, "cost.preset") == 0) return set_preset(cfg, v);
+    if (strcmp(key, "cost.a") == 0) return get_num(cfg, key, v, &cfg->cost.a);
+    if (strcmp(key, "cost.b") == 0) return get_num(cfg, key, v, &cfg->cost.b);
+    if (strcmp(key, "cost.c") == 0) return get_num(cfg, key, v, &cfg->cost.c);
+    if (strcmp(key, "cost.window") == 0)
+        return get_int(cfg, key, v, 1, INT64_MAX, &cfg->cost.window);
+    if (strcmp(key, "long_short.threshold") == 0)
+        return get_int(cfg, key, v, 0, INT64_MAX, &cfg->long_short_threshold);
+    if (strcmp(key, "topology.order") == 0) {
+        if (strlen(v->s) >= sizeof cfg->topology.order)
+            return cfg_err(cfg, PL_ETOPOLOGY, v->line,
+                           "topology.order: too long: '%s'", v->s);
+        pl__fmt(cfg->topology.order, sizeof cfg->topology.order, "%s", v->s);
+        return PL_OK;
+    }
+    /* topology.dp, .pp, .cp, .tp */
+    rc = get_int(cfg, key, v, 1, INT32_MAX, &x);
+    if (rc != PL_OK) return rc;
+    switch (key[9]) {
+    case 'd': cfg->topology.dp = x; break;
+    case 'p': cfg->topology.pp = x; break;
+    case 'c': cfg->topology.cp = x; break;
+    default: cfg->topology.tp = x; break;
+    }
+    return PL_OK;
+}
+
+/* ------------------------------------------------------------ validation */
+
+static double source_weight_sum(const pl_config *cfg) {
+    double s = 0;
+    for (int64_t i = 0; i < cfg->n_sources; i++) s += cfg->sources[i].weight;
+    return s;
+}
+
+static int validate(pl_config *cfg, const vlines *ln) {
+    char err[PL__ERRMSG_CAP];
+    if (pl__topology_parse_order(cfg->topology.order, NULL, NULL, err,
+                                 sizeof err) != PL_OK)
+        return cfg_err(cfg, PL_ETOPOLOGY, ln->order, "%s", err);
+    int64_t per = cfg->topology.dp * cfg->micro_batch_size;
+    if (cfg->global_batch_size % per != 0)
+        return cfg_err(cfg, PL_ECONFIG, ln->global_batch_size,
+                       "global_batch_size %" PRId64
+                       " is not divisible by topology.dp * micro_batch_size "
+                       "= %" PRId64 " * %" PRId64,
+                       cfg->global_batch_size, cfg->topology.dp,
+                       cfg->micro_batch_size);
+    if (cfg->topology.cp > 1 && cfg->seq_length % (2 * cfg->topology.cp) != 0)
+        return cfg_err(cfg, PL_ECONFIG, ln->seq_length,
+                       "seq_length %" PRId64
+                       " is not divisible by 2 * topology.cp = %" PRId64,
+                       cfg->seq_length, 2 * cfg->topology.cp);
+    int sliding = strcmp(cfg->cost.preset, "sliding_window") == 0;
+    if (sliding && cfg->cost.window <= 0)
+        return cfg_err(cfg, PL_ECONFIG, ln->cost,
+                       "cost.window is required with cost.preset "
+                       "sliding_window");
+    if (!sliding && cfg->cost.window != 0)
+        return cfg_err(cfg, PL_ECONFIG, ln->cost,
+                       "cost.window applies only to cost.preset "
+                       "sliding_window (preset is %s)",
+                       cfg->cost.preset);
+    if (cfg->dtype == PL_DTYPE_INT32 && cfg->pad_id > INT32_MAX)
+        return cfg_err(cfg, PL_ECONFIG, 0,
+                       "pad_id %" PRId64 " does not fit dtype int32",
+                       cfg->pad_id);
+    if (cfg->n_sources < 1)
+        return cfg_err(cfg, PL_ECONFIG, ln->sources,
+                       "sources: at least one source is required");
+    if (!cfg->has_schedule && !(source_weight_sum(cfg) > 0))
+        return cfg_err(cfg, PL_ECONFIG, ln->sources,
+                       "weights of sources sum to zero");
+    return PL_OK;
+}
+
+/* ------------------------------------------------------------ defaults */
+
+static pl_config *config_new(const char *origin) {
+    pl_config *cfg = calloc(1, sizeof *cfg);
+    if (!cfg) return NULL;
+    cfg->origin = pl__strdup(origin ? origin : "<string>");
+    if (!cfg->origin) {
+        free(cfg);
+        return NULL;
+    }
+    cfg->seed = 1234;
+    cfg->seq_length = 8192;
+    cfg->global_batch_size = 256;
+    cfg->micro_batch_size = 1;
+    cfg->train_steps = -1;
+    cfg->dtype = PL_DTYPE_INT64;
+    cfg->pad_id = 0;
+    cfg->long_documents = PL__LONGDOC_SPLIT;
+    cfg->packing = PL__PACK_BEST_FIT;
+    cfg->balance = PL__BALANCE_NONE;
+    pl__fmt(cfg->cost.preset, sizeof cfg->cost.preset, "linear");
+    cfg->cost.a = 1.0;
+    cfg->cost.b = 0.0;
+    cfg->cost.c = 0.0;
+    cfg->cost.window = 0;
+    cfg->long_short_threshold = 0;
+    cfg->on_error = PL__ONERR_FAIL;
+    cfg->topology.dp = cfg->topology.pp = 1;
+    cfg->topology.cp = cfg->topology.tp = 1;
+    pl__fmt(cfg->topology.order, sizeof cfg->topology.order,
+            "tp-cp-ep-dp-pp");
+    cfg->threads = 2;
+    cfg->prefetch = 4;
+    cfg->interpolation = PL__INTERP_LINEAR;
+    return cfg;
+}
+
+void pl_config_free(pl_config *cfg) {
+    if (!cfg) return;
+    for (int64_t i = 0; i < cfg->n_sources; i++) {
+        free(cfg->sources[i].name);
+        free(cfg->sources[i].path);
+    }
+    free(cfg->sources);
+    for (int64_t k = 0; k < cfg->n_points; k++) free(cfg->points[k].weights);
+    free(cfg->points);
+    free(cfg->origin);
+    free(cfg);
+}
+
+const char *pl_config_errmsg(const pl_config *cfg) {
+    return cfg ? cfg->errmsg : "out of memory";
+}
+
+/* ------------------------------------------------------------ YAML walk */
+
+typedef struct walk {
+    pl_config *cfg;
+    yaml_document_t *doc;
+    vlines ln;
+} walk;
+
+static int line_of(const yaml_node_t *n) {
+    return (int)n->start_mark.line + 1;
+}
+
+static yaml_node_t *node(walk *w, int id) {
+    return yaml_document_get_node(w->doc, id);
+}
+
+static const char *type_name(const yaml_node_t *n) {
+    switch (n->type) {
+    case YAML_SCALAR_NODE: return "a scalar";
+    case YAML_SEQUENCE_NODE: return "a list";
+    case YAML_MAPPING_NODE: return "a mapping";
+    default: return "nothing";
+    }
+}
+
+static sval scalar_of(const yaml_node_t *n) {
+    sval v;
+    v.s = (const char *)n->data.scalar.value;
+    v.quoted = n->data.scalar.style != YAML_PLAIN_SCALAR_STYLE &&
+               n->data.scalar.style != YAML_ANY_SCALAR_STYLE;
+    v.line = line_of(n);
+    return v;
+}
+
+/* Check that `n` is a mapping whose keys are distinct scalars. */
+static int check_mapping(walk *w, yaml_node_t *n, const char *what) {
+    if (n->type != YAML_MAPPING_NODE)
+        return cfg_err(w->cfg, PL_ECONFIG, line_of(n),
+                       "%s: expected a mapping, got %s", what, type_name(n));
+    yaml_node_pair_t *b = n->data.mapping.pairs.start;
+    yaml_node_pair_t *e = n->data.mapping.pairs.top;
+    for (yaml_node_pair_t *p = b; p < e; p++) {
+        yaml_node_t *k = node(w, p->key);
+        if (!k || k->type != YAML_SCALAR_NODE)
+            return cfg_err(w->cfg, PL_ECONFIG, k ? line_of(k) : 0,
+                           "%s: keys must be scalars", what);
+        for (yaml_node_pair_t *q = b; q < p; q++) {
+            yaml_node_t *k2 = node(w, q->key);
+            if (k2->type == YAML_SCALAR_NODE &&
+                strcmp((const char *)k->data.scalar.value,
+                       (const char *)k2->data.scalar.value) == 0)
+                return cfg_err(w->cfg, PL_ECONFIG, line_of(k),
+                               "%s: duplicate key '%s'", what,
+                               (const char *)k->data.scalar.value);
+        }
+    }
+    return PL_OK;
+}
+
+static const char *key_str(walk *w, const yaml_node_pair_t *p) {
+    return (const char *)node(w, p->key)->data.scalar.value;
+}
+
+/* Set the scalar `value` node under dotted key `key` (whose key node is on
+ * line `key_line`). */
+static int set_node(walk *w, const char *key, int key_line,
+                    yaml_node_t *value) {
+    if (!is_known_key(key))
+        return cfg_err(w->cfg, PL_ECONFIG, key_line, "unknown key '%s'", key);
+    if (value->type != YAML_SCALAR_NODE)
+        return cfg_err(w->cfg, PL_ECONFIG, line_of(value),
+                       "%s: expected a scalar, got %s", key,
+                       type_name(value));
+    sval v = scalar_of(value);
+    return set_scalar(w->cfg, key, &v);
+}
+
+/* topology, cost, long_short: a mapping of scalars. */
+static int walk_submap(walk *w, const char *name, yaml_node_t *map) {
+    int rc = check_mapping(w, map, name);
+    if (rc != PL_OK) return rc;
+    char key[128];
+    yaml_node_pair_t *b = map->data.mapping.pairs.start;
+    yaml_node_pair_t *e = map->data.mapping.pairs.top;
+    /* cost.preset first, so that a, b, c override it in any order. */
+    for (int pass = 0; pass < 2; pass++) {
+        for (yaml_node_pair_t *p = b; p < e; p++) {
+            const char *k = key_str(w, p);
+            int is_preset = strcmp(name, "cost") == 0 &&
+                            strcmp(k, "preset") == 0;
+            if (is_preset != (pass == 0)) continue;
+            pl__fmt(key, sizeof key, "%s.%s", name, k);
+            if (strcmp(key, "topology.order") == 0)
+                w->ln.order = line_of(node(w, p->key));
+            if (strncmp(key, "cost.", 5) == 0 && !w->ln.cost)
+                w->ln.cost = line_of(node(w, p->key));
+            rc = set_node(w, key, line_of(node(w, p->key)),
+                          node(w, p->value));
+            if (rc != PL_OK) return rc;
+        }
+    }
+    if (strcmp(name, "cost") == 0 && !w->ln.cost) w->ln.cost = line_of(map);
+    return PL_OK;
+}
+
+static int path_exists(pl_source_type type, const char *path) {
+    struct stat st;
+    char buf[4096];
+    if (type == PL_SOURCE_MEGATRON) {
+        if (stat(path, &st) == 0 && S_ISDIR(st.st_mode)) return 1;
+        pl__fmt(buf, sizeof buf, "%s.idx", path);
+        if (stat(buf, &st) == 0) return 1;
+    }
+    glob_t g;
+    int found = 0;
+    if (glob(path, 0, NULL, &g) == 0) found = g.gl_pathc > 0;
+    globfree(&g);
+    if (!found && type == PL_SOURCE_MEGATRON) {
+        pl__fmt(buf, sizeof buf, "%s.idx", path);
+        if (glob(buf, 0, NULL, &g) == 0) found = g.gl_pathc > 0;
+        globfree(&g);
+    }
+    return found;
+}
+
+static int walk_source(walk *w, int64_t i, yaml_node_t *map) {
+    pl_config *cfg = w->cfg;
+    char what[64];
+    char key[96];
+    pl__fmt(what, sizeof what, "sources[%" PRId64 "]", i);
+    int rc = check_mapping(w, map, what);
+    if (rc != PL_OK) return rc;
+    pl__source_cfg *s = &cfg->sources[i];
+    s->type = (pl_source_type)0;
+    s->eos_id = -1;
+    s->weight = 1.0;
+    s->token_dtype = (pl_dtype)0;
+    int line_tdtype = 0, line_eos = 0, line_path = 0, has_type = 0;
+    yaml_node_pair_t *b = map->data.mapping.pairs.start;
+    yaml_node_pair_t *e = map->data.mapping.pairs.top;
+    for (yaml_node_pair_t *p = b; p < e; p++) {
+        const char *k = key_str(w, p);
+        yaml_node_t *vn = node(w, p->value);
+        pl__fmt(key, sizeof key, "%s.%s", what, k);
+        if (strcmp(k, "name") && strcmp(k, "type") && strcmp(k, "path") &&
+            strcmp(k, "weight") && strcmp(k, "token_dtype") &&
+            strcmp(k, "eos_id"))
+            return cfg_err(cfg, PL_ECONFIG, line_of(node(w, p->key)),
+                           "unknown key '%s' (expected name, type, path, "
+                           "weight, token_dtype, eos_id)",
+                           key);
+        if (vn->type != YAML_SCALAR_NODE)
+            return cfg_err(cfg, PL_ECONFIG, line_of(vn),
+                           "%s: expected a scalar, got %s", key,
+                           type_name(vn));
+        sval v = scalar_of(vn);
+        if (is_null(&v))
+            return cfg_err(cfg, PL_ECONFIG, v.line, "%s: missing value", key);
+        int en = 0;
+        if (strcmp(k, "name") == 0) {
+            free(s->name);
+            s->name = pl__strdup(v.s);
+            if (!s->name) return cfg_err(cfg, PL_ENOMEM, 0, "out of memory");
+        } else if (strcmp(k, "path") == 0) {
+            free(s->path);
+            s->path = pl__strdup(v.s);
+            if (!s->path) return cfg_err(cfg, PL_ENOMEM, 0, "out of memory");
+            line_path = v.line;
+        } else if (strcmp(k, "type") == 0) {
+            rc = get_enum(cfg, key, &v, ENUM_ARGS(stype), &en);
+            if (rc != PL_OK) return rc;
+            s->type = (pl_source_type)en;
+            has_type = 1;
+        } else if (strcmp(k, "token_dtype") == 0) {
+            rc = get_enum(cfg, key, &v, ENUM_ARGS(tdtype), &en);
+            if (rc != PL_OK) return rc;
+            s->token_dtype = (pl_dtype)en;
+            line_tdtype = v.line;
+        } else if (strcmp(k, "eos_id") == 0) {
+            rc = get_int(cfg, key, &v, 0, INT64_MAX, &s->eos_id);
+            if (rc != PL_OK) return rc;
+            line_eos = v.line;
+        } else {
+            rc = get_num(cfg, key, &v, &s->weight);
+            if (rc != PL_OK) return rc;
+        }
+    }
+    const int line = line_of(map);
+    if (!s->name)
+        return cfg_err(cfg, PL_ECONFIG, line, "%s: missing key 'name'", what);
+    if (!s->name[0])
+        return cfg_err(cfg, PL_ECONFIG, line, "%s.name is empty", what);
+    if (!has_type)
+        return cfg_err(cfg, PL_ECONFIG, line,
+                       "%s (%s): missing key 'type' (megatron, llmc or flat)",
+                       what, s->name);
+    if (!s->path)
+        return cfg_err(cfg, PL_ECONFIG, line, "%s (%s): missing key 'path'",
+                       what, s->name);
+    for (int64_t j = 0; j < i; j++)
+        if (strcmp(cfg->sources[j].name, s->name) == 0)
+            return cfg_err(cfg, PL_ECONFIG, line,
+                           "%s: duplicate source name '%s'", what, s->name);
+    if (s->token_dtype && s->type != PL_SOURCE_FLAT)
+        return cfg_err(cfg, PL_ECONFIG, line_tdtype,
+                       "%s.token_dtype applies only to flat sources "
+                       "(source '%s' is %s)",
+                       what, s->name, stype_names[s->type - 1]);
+    if (s->type == PL_SOURCE_FLAT && !s->token_dtype)
+        s->token_dtype = PL_DTYPE_UINT16;
+    if (line_eos && s->type == PL_SOURCE_MEGATRON)
+        return cfg_err(cfg, PL_ECONFIG, line_eos,
+                       "%s.eos_id applies only to llmc and flat sources "
+                       "(source '%s' is megatron)",
+                       what, s->name);
+    if (!path_exists(s->type, s->path)) {
+        if (s->type == PL_SOURCE_MEGATRON)
+            return cfg_err(cfg, PL_ECONFIG, line_path,
+                           "source '%s': path '%s' not found (no '%s.idx', "
+                           "directory or matching glob)",
+                           s->name, s->path, s->path);
+        return cfg_err(cfg, PL_ECONFIG, line_path,
+                       "source '%s': path '%s' not found (no file or "
+                       "matching glob)",
+                       s->name, s->path);
+    }
+    return PL_OK;
+}
+
+static int walk_sources(walk *w, yaml_node_t *seq) {
+    pl_config *cfg = w->cfg;
+    if (seq->type != YAML_SEQUENCE_NODE)
+        return cfg_err(cfg, PL_ECONFIG, line_of(seq),
+                       "sources: expected a list, got %s", type_name(seq));
+    yaml_node_item_t *b = seq->data.sequence.items.start;
+    yaml_node_item_t *e = seq->data.sequence.items.top;
+    size_t n = (size_t)(e - b);
+    if (n == 0)
+        return cfg_err(cfg, PL_ECONFIG, line_of(seq),
+                       "sources: at least one source is required");
+    cfg->sources = pl__calloc(n, sizeof *cfg->sources);
+    if (!cfg->sources) return cfg_err(cfg, PL_ENOMEM, 0, "out of memory");
+    for (size_t i = 0; i < n; i++) {
+        cfg->n_sources = (int64_t)i + 1;
+        int rc = walk_source(w, (int64_t)i, node(w, b[i]));
+        if (rc != PL_OK) return rc;
+    }
+    return PL_OK;
+}
+
+static int64_t source_index(const pl_config *cfg, const char *name) {
+    for (int64_t i = 0; i < cfg->n_sources; i++)
+        if (strcmp(cfg->sources[i].name, name) == 0) return i;
+    return -1;
+}
+
+static int walk_point(walk *w, int64_t k, yaml_node_t *map) {
+    pl_config *cfg = w->cfg;
+    char what[64];
+    char key[160];
+    pl__fmt(what, sizeof what, "schedule.points[%" PRId64 "]", k);
+    int rc = check_mapping(w, map, what);
+    if (rc != PL_OK) return rc;
+    pl__sched_point *pt = &cfg->points[k];
+    pt->weights = pl__calloc((size_t)cfg->n_sources, sizeof(double));
+    if (!pt->weights) return cfg_err(cfg, PL_ENOMEM, 0, "out of memory");
+    int has_step = 0, has_weights = 0, line_step = line_of(map);
+    int line_weights = line_of(map);
+    yaml_node_pair_t *b = map->data.mapping.pairs.start;
+    yaml_node_pair_t *e = map->data.mapping.pairs.top;
+    for (yaml_node_pair_t *p = b; p < e; p++) {
+        const char *kk = key_str(w, p);
+        yaml_node_t *vn = node(w, p->value);
+        pl__fmt(key, sizeof key, "%s.%s", what, kk);
+        if (strcmp(kk, "step") == 0) {
+            if (vn->type != YAML_SCALAR_NODE)
+                return cfg_err(cfg, PL_ECONFIG, line_of(vn),
+                               "%s: expected an integer, got %s", key,
+                               type_name(vn));
+            sval v = scalar_of(vn);
+            rc = get_int(cfg, key, &v, 0, INT64_MAX, &pt->step);
+            if (rc != PL_OK) return rc;
+            has_step = 1;
+            line_step = v.line;
+        } else if (strcmp(kk, "weights") == 0) {
+            rc = check_mapping(w, vn, key);
+            if (rc != PL_OK) return rc;
+            line_weights = line_of(vn);
+            for (yaml_node_pair_t *q = vn->data.mapping.pairs.start;
+                 q < vn->data.mapping.pairs.top; q++) {
+                const char *sname = key_str(w, q);
+                int64_t si = source_index(cfg, sname);
+                if (si < 0)
+                    return cfg_err(cfg, PL_ECONFIG, line_of(node(w, q->key)),
+                                   "%s: unknown source '%s'", key, sname);
+                yaml_node_t *wn = node(w, q->value);
+                char wkey[256];
+                pl__fmt(wkey, sizeof wkey, "%s.%s", key, sname);
+                if (wn->type != YAML_SCALAR_NODE)
+                    return cfg_err(cfg, PL_ECONFIG, line_of(wn),
+                                   "%s: expected a number, got %s", wkey,
+                                   type_name(wn));
+                sval v = scalar_of(wn);
+                rc = get_num(cfg, wkey, &v, &pt->weights[si]);
+                if (rc != PL_OK) return rc;
+            }
+            has_weights = 1;
+        } else {
+            return cfg_err(cfg, PL_ECONFIG, line_of(node(w, p->key)),
+                           "unknown key '%s' (expected step, weights)", key);
+        }
+    }
+    if (!has_step)
+        return cfg_err(cfg, PL_ECONFIG, line_of(map),
+                       "%s: missing key 'step'", what);
+    if (!has_weights)
+        return cfg_err(cfg, PL_ECONFIG, line_of(map),
+                       "%s: missing key 'weights'", what);
+    if (k > 0 && pt->step <= cfg->points[k - 1].step)
+        return cfg_err(cfg, PL_ECONFIG, line_step,
+                       "%s.step: steps must increase (%" PRId64
+                       " after %" PRId64 ")",
+                       what, pt->step, cfg->points[k - 1].step);
+    double sum = 0;
+    for (int64_t i = 0; i < cfg->n_sources; i++) sum += pt->weights[i];
+    if (!(sum > 0))
+        return cfg_err(cfg, PL_ECONFIG, line_weights,
+                       "%s.weights sum to zero", what);
+    return PL_OK;
+}
+
+static int walk_schedule(walk *w, yaml_node_t *map) {
+    pl_config *cfg = w->cfg;
+    int rc = check_mapping(w, map, "schedule");
+    if (rc != PL_OK) return rc;
+    yaml_node_t *points = NULL;
+    for (yaml_node_pair_t *p = map->data.mapping.pairs.start;
+         p < map->data.mapping.pairs.top; p++) {
+        const char *k = key_str(w, p);
+        yaml_node_t *vn = node(w, p->value);
+        if (strcmp(k, "interpolation") == 0) {
+            if (vn->type != YAML_SCALAR_NODE)
+                return cfg_err(cfg, PL_ECONFIG, line_of(vn),
+                               "schedule.interpolation: expected a scalar, "
+                               "got %s",
+                               type_name(vn));
+            sval v = scalar_of(vn);
+            rc = get_enum(cfg, "schedule.interpolation", &v,
+                          ENUM_ARGS(interp), &cfg->interpolation);
+            if (rc != PL_OK) return rc;
+        } else if (strcmp(k, "points") == 0) {
+            points = vn;
+        } else {
+            return cfg_err(cfg, PL_ECONFIG, line_of(node(w, p->key)),
+                           "unknown key 'schedule.%s' (expected "
+                           "interpolation, points)",
+                           k);
+        }
+    }
+    if (!points)
+        return cfg_err(cfg, PL_ECONFIG, line_of(map),
+                       "schedule: missing key 'points'");
+    if (points->type != YAML_SEQUENCE_NODE ||
+        points->data.sequence.items.top == points->data.sequence.items.start)
+        return cfg_err(cfg, PL_ECONFIG, line_of(points),
+                       "schedule.points: expected a non-empty list");
+    yaml_node_item_t *b = points->data.sequence.items.start;
+    size_t n = (size_t)(points->data.sequence.items.top - b);
+    cfg->points = pl__calloc(n, sizeof *cfg->points);
+    if (!cfg->points) return cfg_err(cfg, PL_ENOMEM, 0, "out of memory");
+    cfg->has_schedule = 1;
+    for (size_t k = 0; k < n; k++) {
+        cfg->n_points = (int64_t)k + 1;
+        rc = walk_point(w, (int64_t)k, node(w, b[k]));
+        if (rc != PL_OK) return rc;
+    }
+    return PL_OK;
+}
+
+static int walk_root(walk *w) {
+    pl_config *cfg = w->cfg;
+    yaml_node_t *root = yaml_document_get_root_node(w->doc);
+    if (!root)
+        return cfg_err(cfg, PL_ECONFIG, 0,
+                       "empty configuration (missing key 'sources')");
+    int rc = check_mapping(w, root, "configuration");
+    if (rc != PL_OK) return rc;
+    yaml_node_t *sources = NULL, *schedule = NULL;
+    for (yaml_node_pair_t *p = root->data.mapping.pairs.start;
+         p < root->data.mapping.pairs.top; p++) {
+        const char *k = key_str(w, p);
+        yaml_node_t *vn = node(w, p->value);
+        if (strcmp(k, "sources") == 0) {
+            sources = vn;
+            w->ln.sources = line_of(node(w, p->key));
+        } else if (strcmp(k, "schedule") == 0) {
+            schedule = vn;
+        } else if (strcmp(k, "topology") == 0 || strcmp(k, "cost") == 0 ||
+                   strcmp(k, "long_short") == 0) {
+            rc = walk_submap(w, k, vn);
+            if (rc != PL_OK) return rc;
+        } else {
+            if (strcmp(k, "seq_length") == 0)
+                w->ln.seq_length = line_of(node(w, p->key));
+            if (strcmp(k, "global_batch_size") == 0)
+                w->ln.global_batch_size = line_of(node(w, p->key));
+            rc = set_node(w, k, line_of(node(w, p->key)), vn);
+            if (rc != PL_OK) return rc;
+        }
+    }
+    if (!sources)
+        return cfg_err(cfg, PL_ECONFIG, 0, "missing key 'sources'");
+    rc = walk_sources(w, sources);
+    if (rc != PL_OK) return rc;
+    if (schedule) {
+        rc = walk_schedule(w, schedule);
+        if (rc != PL_OK) return rc;
+    }
+    return validate(cfg, &w->ln);
+}
+
+int pl_config_parse_string(const char *yaml, size_t len, const char *origin,
+                           pl_config **out) {
+    if (!out) return PL_EINVAL;
+    *out = NULL;
+    pl_config *cfg = config_new(origin);
+    if (!cfg) return PL_ENOMEM;
+    *out = cfg;
+    if (!yaml) return cfg_err(cfg, PL_EINVAL, 0, "no YAML text");
+
+    yaml_parser_t parser;
+    yaml_document_t doc;
+    if (!yaml_parser_initialize(&parser))
+        return cfg_err(cfg, PL_ENOMEM, 0, "out of memory (libyaml)");
+    yaml_parser_set_input_string(&parser, (const unsigned char *)yaml, len);
+    if (!yaml_parser_load(&parser, &doc)) {
+        int rc = cfg_err(cfg, PL_ECONFIG, (int)parser.problem_mark.line + 1,
+                         "YAML syntax error: %s%s%s",
+                         parser.problem ? parser.problem : "unknown problem",
+                         parser.context ? " " : "",
+                         parser.context ? parser.context : "");
+        if (parser.error == YAML_MEMORY_ERROR)
+            rc = cfg_err(cfg, PL_ENOMEM, 0, "out of memory (libyaml)");
+        yaml_parser_delete(&parser);
+        return rc;
+    }
+    walk w;
+    memset(&w, 0, sizeof w);
+    w.cfg = cfg;
+    w.doc = &doc;
+    int rc = walk_root(&w);
+    yaml_document_delete(&doc);
+    yaml_parser_delete(&parser);
+    return rc;
+}
+
+int pl_config_parse_file(const char *path, pl_config **out) {
+    if (!out) return PL_EINVAL;
+    *out = NULL;
+    if (!path) return PL_EINVAL;
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        int e = errno;
+        pl_config *cfg = config_new(path);
+        if (!cfg) return PL_ENOMEM;
+        *out = cfg;
+        return cfg_err(cfg, e == ENOENT ? PL_ENOENT : PL_EIO, -1,
+                       "cannot open config '%s': %s", path, strerror(e));
+    }
+    size_t cap = 4096, n = 0;
+    char *buf = malloc(cap);
+    int ioerr = 0;
+    while (buf) {
+        if (n == cap) {
+            char *nb = realloc(buf, cap * 2);
+            if (!nb) {
+                free(buf);
+                buf = NULL;
+                break;
+            }
+            buf = nb;
+            cap *= 2;
+        }
+        size_t got = fread(buf + n, 1, cap - n, f);
+        n += got;
+        if (got == 0) {
+            ioerr = ferror(f);
+            break;
+        }
+    }
+    fclose(f);
+    if (!buf || ioerr) {
+        free(buf);
+        pl_config *cfg = config_new(path);
+        if (!cfg) return PL_ENOMEM;
+        *out = cfg;
+        return buf ? cfg_err(cfg, PL_EIO, -1, "cannot read config '%s'", path)
+                   : cfg_err(cfg, PL_ENOMEM, -1, "out of memory");
+    }
+    int rc = pl_config_parse_string(buf, n, path, out);
+    free(buf);
+    return rc;
+}
+
+/* ------------------------------------------------------------ set / get */
+
+int pl_config_set(pl_config *cfg, const char *key, const char *value) {
+    if (!cfg) return PL_EINVAL;
+    if (!key || !value)
+        return cfg_err(cfg, PL_EINVAL, -1, "pl_config_set: NULL key or value");
+    pl_config saved = *cfg;
+    sval v = {value, 0, -1};
+    int rc;
+    int64_t src = -1;
+    double old_weight = 0;
+    /* sources.NAME.weight changes one source's weight. */
+    if (strncmp(key, "sources.", 8) == 0) {
+        const char *name = key + 8;
+        const char *dot = strrchr(name, '.');
+        if (!dot || strcmp(dot, ".weight") != 0) {
+            rc = cfg_err(cfg, PL_ECONFIG, -1,
+                         "unknown key '%s' (only sources.NAME.weight can be "
+                         "set)",
+                         key);
+            goto fail;
+        }
+        for (int64_t i = 0; i < cfg->n_sources; i++) {
+            size_t nl = strlen(cfg->sources[i].name);
+            if (nl == (size_t)(dot - name) &&
+                strncmp(cfg->sources[i].name, name, nl) == 0)
+                src = i;
+        }
+        if (src < 0) {
+            rc = cfg_err(cfg, PL_ECONFIG, -1, "%s: unknown source '%.*s'", key,
+                         (int)(dot - name), name);
+            goto fail;
+        }
+        old_weight = cfg->sources[src].weight;
+        rc = get_num(cfg, key, &v, &cfg->sources[src].weight);
+    } else if (strcmp(key, "schedule.interpolation") == 0) {
+        rc = get_enum(cfg, key, &v, ENUM_ARGS(interp), &cfg->interpolation);
+    } else {
+        rc = set_scalar(cfg, key, &v);
+    }
+    if (rc == PL_OK) {
+        vlines none = {-1, -1, -1, -1, -1};
+        rc = validate(cfg, &none);
+    }
+    if (rc == PL_OK) return PL_OK;
+fail:;
+    /* Roll back, keeping the message. */
+    char msg[PL__ERRMSG_CAP];
+    memcpy(msg, cfg->errmsg, sizeof msg);
+    if (src >= 0) cfg->sources[src].weight = old_weight;
+    *cfg = saved;
+    memcpy(cfg->errmsg, msg, sizeof msg);
+    return rc;
+}
+
+int pl_config_get_int(const pl_config *cfg, const char *key, int64_t *out) {
+    if (!cfg || !key || !out) return PL_EINVAL;
+    struct {
+        const char *k;
+        int64_t v;
+    } t[] = {
+        {"seed", (int64_t)cfg->seed},
+        {"seq_length", cfg->seq_length},
+        {"global_batch_size", cfg->global_batch_size},
+        {"micro_batch_size", cfg->micro_batch_size},
+        {"train_steps", cfg->train_steps},
+        {"dtype", cfg->dtype},
+        {"pad_id", cfg->pad_id},
+        {"long_documents", cfg->long_documents},
+        {"packing", cfg->packing},
+        {"balance", cfg->balance},
+        {"on_error", cfg->on_error},
+        {"threads", cfg->threads},
+        {"prefetch", cfg->prefetch},
+        {"cost.window", cfg->cost.window},
+        {"long_short.threshold", cfg->long_short_threshold},
+        {"topology.dp", cfg->topology.dp},
+        {"topology.pp", cfg->topology.pp},
+        {"topology.cp", cfg->topology.cp},
+        {"topology.tp", cfg->topology.tp},
+        {"schedule.interpolation", cfg->interpolation},
+        {"num_sources", cfg->n_sources},
+        {"world_size", pl_config_world_size(cfg)},
+        {"micro_batches_per_rank",
+         cfg->global_batch_size / (cfg->topology.dp * cfg->micro_batch_size)},
+    };
+    for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {
+        if (strcmp(key, t[i].k) == 0) {
+            *out = t[i].v;
+            return PL_OK;
+        }
+    }
+    return PL_EINVAL;
+}
+
+int64_t pl_config_num_sources(const pl_config *cfg) {
+    return cfg ? cfg->n_sources : 0;
+}
+
+const char *pl_config_source_name(const pl_config *cfg, int64_t i) {
+    if (!cfg || i < 0 || i >= cfg->n_sources) return NULL;
+    return cfg->sources[i].name;
+}
+
+const char *pl_config_source_path(const pl_config *cfg, int64_t i) {
+    if (!cfg || i < 0 || i >= cfg->n_sources) return NULL;
+    return cfg->sources[i].path;
+}
+
+/* ------------------------------------------------------------ weights */
+
+static double point_sum(const pl_config *cfg, int64_t k) {
+    double s = 0;
+    for (int64_t i = 0; i < cfg->n_sources; i++) s += cfg->points[k].weights[i];
+    return s;
+}
+
+void pl__config_weights(const pl_config *cfg, int64_t step, double *w) {
+    const int64_t n = cfg->n_sources;
+    if (!cfg->has_schedule || cfg->n_points == 0) {
+        double s = source_weight_sum(cfg);
+        for (int64_t i = 0; i < n; i++)
+            w[i] = s > 0 ? cfg->sources[i].weight / s : 0.0;
+        return;
+    }
+    /* k: the last point with step <= `step` (0 before the first). */
+    int64_t k = 0;
+    while (k + 1 < cfg->n_points && cfg->points[k + 1].step <= step) k++;
+    const pl__sched_point *p0 = &cfg->points[k];
+    double s0 = point_sum(cfg, k);
+    int interp = cfg->interpolation == PL__INTERP_LINEAR &&
+                 k + 1 < cfg->n_points && step > p0->step;
+    if (!interp) {
+        for (int64_t i = 0; i < n; i++) w[i] = p0->weights[i] / s0;
+        return;
+    }
+    const pl__sched_point *p1 = &cfg->points[k + 1];
+    double s1 = point_sum(cfg, k + 1);
+    double t = (double)(step - p0->step) / (double)(p1->step - p0->step);
+    double total = 0;
+    for (int64_t i = 0; i < n; i++) {
+        w[i] = (1.0 - t) * (p0->weights[i] / s0) + t * (p1->weights[i] / s1);
+        total += w[i];
+    }
+    for (int64_t i = 0; i < n; i++) w[i] /= total;
+}
+
+double pl_config_source_weight(const pl_config *cfg, int64_t i, int64_t step) {
+    if (!cfg || i < 0 || i >= cfg->n_sources) return 0.0;
+    double small[16];
+    double *w = small;
+    if (cfg->n_sources > 16) {
+        w = malloc((size_t)cfg->n_sources * sizeof *w);
+        if (!w) return 0.0;
+    }
+    pl__config_weights(cfg, step, w);
+    double r = w[i];
+    if (w != small) free(w);
+    return r;
+}
+
+/* ------------------------------------------------------------ clone, open */
+
+pl_config *pl__config_clone(const pl_config *cfg) {
+    if (!cfg) return NULL;
+    pl_config *c = calloc(1, sizeof *c);
+    if (!c) return NULL;
+    *c = *cfg;
+    c->origin = NULL;
+    c->sources = NULL;
+    c->points = NULL;
+    c->n_sources = 0;
+    c->n_points = 0;
+    c->origin = pl__strdup(cfg->origin ? cfg->origin : "<string>");
+    c->sources = pl__calloc((size_t)cfg->n_sources, sizeof *c->sources);
+    c->points = pl__calloc((size_t)cfg->n_points, sizeof *c->points);
+    if (!c->origin || !c->sources || !c->points) goto fail;
+    for (int64_t i = 0; i < cfg->n_sources; i++) {
+        c->sources[i] = cfg->sources[i];
+        c->sources[i].name = pl__strdup(cfg->sources[i].name);
+        c->sources[i].path = pl__strdup(cfg->sources[i].path);
+        c->n_sources = i + 1;
+        if (!c->sources[i].name || !c->sources[i].path) goto fail;
+    }
+    for (int64_t k = 0; k < cfg->n_points; k++) {
+        c->points[k].step = cfg->points[k].step;
+        c->points[k].weights =
+            pl__calloc((size_t)cfg->n_sources, sizeof(double));
+        c->n_points = k + 1;
+        if (!c->points[k].weights) goto fail;
+        memcpy(c->points[k].weights, cfg->points[k].weights,
+               (size_t)cfg->n_sources * sizeof(double));
+    }
+    return c;
+fail:
+    pl_config_free(c);
+    return NULL;
+}
+
+int pl__config_open_source(const pl_config *cfg, int64_t i, pl_source **out) {
+    if (out) *out = NULL;
+    if (!cfg || !out) return PL_EINVAL;
+    if (i < 0 || i >= cfg->n_sources) return PL_ERANGE;
+    const pl__source_cfg *s = &cfg->sources[i];
+    pl_source_options o;
+    memset(&o, 0, sizeof o);
+    o.version = PL_SOURCE_OPTIONS_VERSION;
+    o.type = s->type;
+    o.path = s->path;
+    o.name = s->name;
+    o.token_dtype = s->token_dtype;
+    o.eos_id = s->eos_id;
+    o.write_index = 0;
+    return pl_source_open(&o, out);
+}
