@@ -1,0 +1,481 @@
+/*
+ * polyload.h -- the one public header of libpolyload.
+ *
+ * polyload is a data loader for training large models on many data sources at
+ * once.  It reads tokenized documents from sources (Megatron indexed datasets,
+ * llm.c shards, flat token files), mixes them by a schedule of weights, shuffles
+ * each source with a keyed bijection, packs documents into sequences and builds
+ * micro-batches in the THD ("packed") layout with cu_seqlens.
+ *
+ * Everything a user may call is declared here; everything else may change.
+ * Definitions (document, chunk, step membership, arrangement, mixture, state)
+ * follow shared/SPEC.md of the project; the section numbers below refer to it.
+ *
+ * Conventions (as zstd, SQLite and libuv):
+ *   - Functions return int: 0 (PL_OK) on success, PL_DONE (a positive, non-error
+ *     status) at the end of data, a negative PL_E* code on error.  Results go
+ *     through out-parameters.
+ *   - Handles are opaque, created by pl_<noun>_create/open/parse and released by
+ *     pl_<noun>_free; free(NULL) is a no-op.  Creation functions set *out to a
+ *     handle even when they fail (unless memory ran out), so that
+ *     pl_<noun>_errmsg(*out) can tell the whole story; the caller frees it.
+ *   - The library never prints, exits or aborts.  It is C11 and uses POSIX
+ *     threads, mmap and pread.
+ *   - Counts and offsets are int64_t; tokens are counted in tokens, memory in
+ *     bytes.
+ */
+#ifndef POLYLOAD_H
+#define POLYLOAD_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---------------------------------------------------------------- export */
+#if defined(PL_STATIC_DEFINE)
+#define PL_API
+#elif defined(_WIN32)
+#define PL_API __declspec(dllexport)
+#else
+#define PL_API __attribute__((visibility("default")))
+#endif
+
+/* --------------------------------------------------------------- version */
+#define PL_VERSION_MAJOR 0
+#define PL_VERSION_MINOR 1
+#define PL_VERSION_PATCH 0
+#define PL_VERSION_NUMBER \
+    (PL_VERSION_MAJOR * 10000 + PL_VERSION_MINOR * 100 + PL_VERSION_PATCH)
+
+/* The library's version number, to check against PL_VERSION_NUMBER of the
+ * header a program was compiled with. */
+PL_API int pl_version_number(void);
+/* The library's version as "MAJOR.MINOR.PATCH"; static storage. */
+PL_API const char *pl_version_string(void);
+
+/* ---------------------------------------------------------------- status */
+/*
+ * X(name, value, description).  Values are never renumbered; new codes are
+ * appended.  PL_OK and PL_DONE are not errors.
+ */
+#define PL_STATUS_MAP(X)                                                       \
+    X(OK, 0, "success")                                                        \
+    X(DONE, 1, "end of data")                                                  \
+    X(EINVAL, -1, "invalid argument")                                          \
+    X(ENOMEM, -2, "out of memory")                                             \
+    X(EIO, -3, "input/output error")                                           \
+    X(ENOENT, -4, "no such file")                                              \
+    X(ECONFIG, -5, "invalid configuration")                                    \
+    X(ESTATE, -6, "state does not match the configuration or is corrupt")      \
+    X(EMAGIC, -7, "bad magic number")                                          \
+    X(EVERSION, -8, "unsupported format version")                              \
+    X(EDTYPE, -9, "unknown dtype code")                                        \
+    X(ECOUNT, -10, "counts in a header do not add up to the file size")        \
+    X(EBOUNDS, -11, "pointer or length past the end of the data file")         \
+    X(ETRUNC, -12, "truncated file")                                           \
+    X(EDOCIDX, -13, "document index does not end at the sequence count")       \
+    X(ERANGE, -14, "index or rank out of range")                               \
+    X(ETOPOLOGY, -15, "invalid topology")                                      \
+    X(ERECORD, -16, "malformed record")                                        \
+    X(ECLOSED, -17, "handle is closed or failed earlier")
+
+typedef enum pl_status {
+#define PL__STATUS_ENUM(name, value, desc) PL_##name = value,
+    PL_STATUS_MAP(PL__STATUS_ENUM)
+#undef PL__STATUS_ENUM
+} pl_status;
+
+/* A static description of a status code ("bad magic number"). Never NULL. */
+PL_API const char *pl_strerror(int status);
+/* The status code's name without prefix ("EMAGIC"). Never NULL. */
+PL_API const char *pl_err_name(int status);
+
+/* ---------------------------------------------------------------- dtypes */
+/*
+ * Token dtypes.  The values 1..8 are megatron-core's DType codes as stored in
+ * the .idx header (megatron/core/datasets/indexed_dataset.py), so a code read
+ * from a file is a pl_dtype.
+ */
+typedef enum pl_dtype {
+    PL_DTYPE_UINT8 = 1,
+    PL_DTYPE_INT8 = 2,
+    PL_DTYPE_INT16 = 3,
+    PL_DTYPE_INT32 = 4,
+    PL_DTYPE_INT64 = 5,
+    PL_DTYPE_FLOAT64 = 6,
+    PL_DTYPE_FLOAT32 = 7,
+    PL_DTYPE_UINT16 = 8,
+    PL_DTYPE_UINT32 = 9 /* not a Megatron code: llm.c v2 shards, flat files */
+} pl_dtype;
+
+/* Size in bytes of one element of a dtype; 0 for an unknown code. */
+PL_API size_t pl_dtype_size(int dtype);
+/* Lower-case numpy name ("uint16"); "unknown" for an unknown code. */
+PL_API const char *pl_dtype_name(int dtype);
+
+/* =============================================================== sources */
+/*
+ * A source is one dataset made of one or more files, read through mmap.
+ * Documents of a multi-file source are numbered across its files in sorted
+ * path order.  Opening reads headers and maps indices; it does not read whole
+ * files and allocates no per-document arrays.
+ *
+ * Types (SPEC section 5):
+ *   PL_SOURCE_MEGATRON  <prefix>.idx + <prefix>.bin, megatron-core's
+ *                       MMapIndexedDataset format version 1 ("MMIDIDX\0\0",
+ *                       u64 version, u8 dtype code, u64 sequence count,
+ *                       u64 document-index count, i32 lengths[], i64
+ *                       pointers[], i64 document_indices[]).  A document is one
+ *                       sequence, as GPTDataset treats it.  path is a prefix,
+ *                       a directory (every *.idx in it) or a glob of prefixes.
+ *   PL_SOURCE_LLMC      llm.c token shards: 256 x int32 header (magic 20240520
+ *                       with uint16 tokens, or 20240801 with uint32 tokens;
+ *                       version 1; token count), then the tokens.  llm.c puts
+ *                       the end-of-text token (eos_id, default 50256) *before*
+ *                       each document, so a document starts at each eos_id.
+ *   PL_SOURCE_FLAT      a raw uint16/uint32 token array (OLMo/Dolma style);
+ *                       a document ends with (and includes) each eos_id.
+ *
+ * llmc and flat files get a sidecar document index "<file>.plidx" (magic
+ * "PLIDX\0\0\0", version, the file's size and mtime, eos_id, document count,
+ * u64 document end offsets in tokens), written once next to the file (or, if
+ * that directory is read-only, kept in anonymous memory) and then mapped.
+ *
+ * Thread safety: after open, every function that takes a const pl_source* or
+ * reads documents is safe to call from many threads at once.  errmsg reports
+ * the last error of any thread.
+ */
+typedef struct pl_source pl_source;
+
+typedef enum pl_source_type {
+    PL_SOURCE_MEGATRON = 1,
+    PL_SOURCE_LLMC = 2,
+    PL_SOURCE_FLAT = 3
+} pl_source_type;
+
+typedef struct pl_source_options {
+    int version;          /* set to PL_SOURCE_OPTIONS_VERSION */
+    pl_source_type type;  /* required */
+    const char *path;     /* required; see the types above */
+    const char *name;     /* optional; used in messages. Default: path */
+    pl_dtype token_dtype; /* flat only: PL_DTYPE_UINT16 (default) or UINT32 */
+    int64_t eos_id;       /* llmc/flat; -1 = default (llmc 50256, flat 0) */
+    int write_index;      /* llmc/flat: 1 (default when 0) writes .plidx;
+                             -1 keeps the index in memory only */
+} pl_source_options;
+#define PL_SOURCE_OPTIONS_VERSION 1
+
+/*
+ * Open a source.  On success returns PL_OK.  On error returns PL_ENOENT (no
+ * file matched), PL_EIO, or a format error (PL_EMAGIC, PL_EVERSION,
+ * PL_EDTYPE, PL_ECOUNT, PL_ETRUNC, PL_EDOCIDX, PL_EBOUNDS) and *out still holds
+ * a handle whose pl_source_errmsg names the file, the field and the byte
+ * offset.  The caller frees *out in both cases.
+ */
+PL_API int pl_source_open(const pl_source_options *opts, pl_source **out);
+PL_API void pl_source_free(pl_source *src);
+
+/* The last error message of this handle; "" when none. Valid until the next
+ * call on the handle. */
+PL_API const char *pl_source_errmsg(const pl_source *src);
+PL_API const char *pl_source_name(const pl_source *src);
+PL_API pl_source_type pl_source_get_type(const pl_source *src);
+PL_API pl_dtype pl_source_token_dtype(const pl_source *src);
+PL_API int64_t pl_source_num_documents(const pl_source *src);
+PL_API int64_t pl_source_num_files(const pl_source *src);
+/* Heap bytes held by the handle, excluding mapped file pages. */
+PL_API size_t pl_source_sizeof(const pl_source *src);
+
+/*
+ * Length in tokens of document `index` (0 <= index < num_documents).
+ * Validates that the document lies inside its data file: PL_EBOUNDS names the
+ * file, the record and the byte offset.  PL_ERANGE for a bad index.
+ */
+PL_API int pl_source_document_length(pl_source *src, int64_t index,
+                                     int64_t *length);
+
+/*
+ * Copy tokens [offset, offset + count) of document `index` into `out`, which
+ * has room for `count` elements of `out_dtype` (PL_DTYPE_INT64 or
+ * PL_DTYPE_INT32).  Float token files are truncated toward zero.
+ * Errors: PL_ERANGE (index, or range past the document), PL_EBOUNDS, PL_EINVAL.
+ */
+PL_API int pl_source_read(pl_source *src, int64_t index, int64_t offset,
+                          int64_t count, void *out, pl_dtype out_dtype);
+
+/* Whole-source statistics, as `polyload inspect` prints them.  Scans every
+ * document length (reads the index, not the tokens). */
+typedef struct pl_source_stats {
+    int64_t files;
+    int64_t documents;
+    int64_t tokens;
+    int64_t length_p50, length_p90, length_p99, length_max;
+} pl_source_stats;
+PL_API int pl_source_get_stats(pl_source *src, pl_source_stats *out);
+
+/* ================================================================ config */
+/*
+ * A parsed configuration (SPEC section 5).  Unknown keys, wrong types, values
+ * out of range, missing source paths, weights summing to zero and a
+ * global_batch_size not divisible by dp * micro_batch_size are PL_ECONFIG
+ * errors whose message names the key (and the line of the YAML file).
+ * Relative source paths are taken relative to the current directory.
+ *
+ * A pl_config is immutable after parsing except through pl_config_set; it may
+ * be shared by several loaders (read-only) from many threads.
+ */
+typedef struct pl_config pl_config;
+
+/* Parse a YAML file (libyaml).  *out is set even on failure (see above). */
+PL_API int pl_config_parse_file(const char *path, pl_config **out);
+/* Parse YAML text of `len` bytes.  `origin` names it in messages (may be NULL). */
+PL_API int pl_config_parse_string(const char *yaml, size_t len,
+                                  const char *origin, pl_config **out);
+PL_API void pl_config_free(pl_config *cfg);
+PL_API const char *pl_config_errmsg(const pl_config *cfg);
+
+/*
+ * Override one top-level scalar key with a value written as in YAML, e.g.
+ * ("threads", "4"), ("train_steps", "10"), ("topology.dp", "2"),
+ * ("balance", "greedy").  Re-validates; PL_ECONFIG on a bad key or value.
+ */
+PL_API int pl_config_set(pl_config *cfg, const char *key, const char *value);
+
+/* Read a scalar key as an integer (e.g. "seq_length", "topology.dp"). */
+PL_API int pl_config_get_int(const pl_config *cfg, const char *key,
+                             int64_t *out);
+/* Number of sources, and the name/path/type of source i. */
+PL_API int64_t pl_config_num_sources(const pl_config *cfg);
+PL_API const char *pl_config_source_name(const pl_config *cfg, int64_t i);
+PL_API const char *pl_config_source_path(const pl_config *cfg, int64_t i);
+/* The (normalized) weight of source i at `step` from weights or schedule. */
+PL_API double pl_config_source_weight(const pl_config *cfg, int64_t i,
+                                      int64_t step);
+
+/* ============================================================== topology */
+/*
+ * A rank's place in a DP x PP x CP x TP topology (SPEC section 2).  Ranks are
+ * numbered as Megatron's RankGenerator numbers them for `order` (leftmost
+ * letter varies fastest).  `fields` is the set of batch fields the rank
+ * receives (PL_FIELD_* bits).
+ */
+enum {
+    PL_FIELD_INPUT_IDS = 1u << 0,
+    PL_FIELD_LABELS = 1u << 1,
+    PL_FIELD_LOSS_MASK = 1u << 2,
+    PL_FIELD_POSITION_IDS = 1u << 3,
+    PL_FIELD_CU_SEQLENS = 1u << 4,
+    PL_FIELD_MAX_SEQLEN = 1u << 5,
+    PL_FIELD_ALL = 0x3f
+};
+
+typedef struct pl_rank_info {
+    int64_t rank;
+    int64_t dp_rank, pp_rank, cp_rank, tp_rank;
+    uint32_t fields;
+} pl_rank_info;
+
+/* World size and the role of global rank `rank` under cfg's topology. */
+PL_API int64_t pl_config_world_size(const pl_config *cfg);
+PL_API int pl_config_rank_info(const pl_config *cfg, int64_t rank,
+                               pl_rank_info *out);
+
+/* ================================================================= plans */
+/*
+ * A chunk: a contiguous piece of a document, in tokens (SPEC section 1).
+ * `source` is the index of the source in the config.
+ */
+typedef struct pl_chunk {
+    int32_t source;
+    int32_t flags; /* PL_CHUNK_DOC_END when the chunk ends its document */
+    int64_t index;
+    int64_t offset;
+    int64_t length;
+} pl_chunk;
+#define PL_CHUNK_DOC_END 1
+
+/*
+ * The plan of one step: its member chunks arranged into global_batch_size
+ * sequences, and the sequences assigned to DP ranks and micro-batches.
+ * Sequence q holds chunks[seq_offsets[q] .. seq_offsets[q+1]).  The sequence
+ * in row `row` of micro-batch `mb` of DP rank `r` is
+ *   rank_sequences[(r * micro_batches_per_rank + mb) * micro_batch_size + row].
+ * All arrays are owned by the plan.
+ */
+typedef struct pl_plan {
+    int64_t step;
+    int64_t dp;
+    int64_t global_batch_size;
+    int64_t micro_batch_size;
+    int64_t micro_batches_per_rank;
+    int64_t seq_length;
+    int64_t n_sequences;         /* == global_batch_size */
+    int64_t n_chunks;
+    const pl_chunk *chunks;      /* [n_chunks] */
+    const int64_t *seq_offsets;  /* [n_sequences + 1] */
+    const int64_t *seq_tokens;   /* [n_sequences] tokens incl. CP padding */
+    const double *seq_cost;      /* [n_sequences], cost model of SPEC 5 */
+    const int64_t *rank_sequences; /* [n_sequences], see above */
+    const double *rank_cost;     /* [dp] */
+    int64_t tokens;              /* non-padding tokens of the step */
+    double lower_bound;          /* max(total cost / dp, costliest chunk) */
+} pl_plan;
+
+/* =============================================================== batches */
+/*
+ * One micro-batch in the layout of SPEC section 3, for one DP rank.
+ * Arrays are C-contiguous.  Fields the rank does not receive (see
+ * pl_rank_info.fields) are NULL.
+ *
+ *   input_ids     [rows, cols] int64 (int32 if config dtype: int32)
+ *   labels        [rows, cols] same dtype; -100 where loss_mask is 0
+ *   loss_mask     [rows, cols] float32
+ *   position_ids  [rows, cols] int64; restart at 0 at each segment
+ *   cu_seqlens    [n_cu_seqlens] int32, n_cu_seqlens = segments + 1, over the
+ *                 flattened rows*cols tokens; a row's trailing padding is a
+ *                 segment of its own
+ *   max_seqlen    the longest segment
+ *
+ * A batch returned by pl_loader_next is borrowed: it stays valid until the
+ * next pl_loader_next for the same rank, or pl_loader_free.  To keep it longer
+ * call pl_batch_retain and later pl_batch_release (thread-safe reference
+ * counting; the memory returns to the loader's pool at the last release, even
+ * after pl_loader_free).
+ */
+typedef struct pl_batch {
+    int64_t step;
+    int64_t micro_batch;  /* 0 .. micro_batches_per_rank-1 */
+    int64_t dp_rank;
+    int64_t rows;         /* micro_batch_size */
+    int64_t cols;         /* seq_length / cp */
+    pl_dtype dtype;       /* of input_ids and labels */
+    uint32_t fields;      /* PL_FIELD_* present */
+    void *input_ids;
+    void *labels;
+    float *loss_mask;
+    int64_t *position_ids;
+    int32_t *cu_seqlens;
+    int64_t n_cu_seqlens;
+    int64_t max_seqlen;
+    int64_t tokens;       /* non-padding tokens */
+    int64_t n_chunks;     /* chunks (segments that are not padding) */
+} pl_batch;
+
+PL_API void pl_batch_retain(pl_batch *batch);
+PL_API void pl_batch_release(pl_batch *batch);
+
+/* ================================================================ loader */
+/*
+ * The embedded loader: sources, planner and data constructor in one process,
+ * with worker threads and a bounded prefetch queue per served rank (DESIGN.md,
+ * "Roles").  Batches are a pure function of (config, seed, step, rank): thread
+ * count and prefetch depth never change them.
+ *
+ * Thread safety: pl_loader_next may be called concurrently for different
+ * ranks; calls for the same rank, and all other functions, must not overlap.
+ */
+typedef struct pl_loader pl_loader;
+
+typedef struct pl_loader_options {
+    int version;           /* PL_LOADER_OPTIONS_VERSION */
+    const int64_t *ranks;  /* global ranks served; NULL = all */
+    int64_t n_ranks;
+    int threads;           /* worker threads; 0 = config's `threads` */
+    int prefetch;          /* micro-batches per rank; 0 = config's */
+} pl_loader_options;
+#define PL_LOADER_OPTIONS_VERSION 1
+
+/*
+ * Create a loader from a config (copied; cfg may be freed afterwards).
+ * opts may be NULL.  Opens every source; format errors are reported here.
+ * *out is set even on failure (see the conventions above).
+ */
+PL_API int pl_loader_create(const pl_config *cfg,
+                            const pl_loader_options *opts, pl_loader **out);
+PL_API void pl_loader_free(pl_loader *loader);
+PL_API const char *pl_loader_errmsg(const pl_loader *loader);
+
+/*
+ * The next micro-batch for global rank `rank` (one of the served ranks).
+ * Blocks until it is built.  Returns PL_OK, PL_DONE after train_steps, or the
+ * error of the worker that built it (the loader then fails: later calls
+ * return PL_ECLOSED).  With on_error: skip, a bad document is skipped and
+ * counted instead.
+ */
+PL_API int pl_loader_next(pl_loader *loader, int64_t rank, pl_batch **out);
+
+/*
+ * The loader's state (SPEC section 4): the position after the batches
+ * consumed so far (not the prefetched ones).  Writes at most `cap` bytes
+ * to buf; *len receives the size (call with buf NULL to learn it).  When the
+ * served ranks stand at different positions, the state is that of the
+ * least advanced one.
+ */
+PL_API int pl_loader_get_state(pl_loader *loader, void *buf, size_t cap,
+                               size_t *len);
+/*
+ * Continue from a state.  Drops prefetched batches.  PL_ESTATE when the blob
+ * is corrupt or a fingerprint field (seq_length, global_batch_size,
+ * micro_batch_size, packing, long_documents, seed, source paths) differs; the
+ * message names the field.  Weights, schedule, dp, threads and prefetch may
+ * differ (dp only at a step boundary).
+ */
+PL_API int pl_loader_set_state(pl_loader *loader, const void *buf,
+                               size_t len);
+
+/* Summary of what was consumed so far (`polyload run --json`). */
+typedef struct pl_source_summary {
+    const char *name;
+    int64_t documents;         /* documents started (first chunk drawn) */
+    int64_t tokens;            /* tokens drawn */
+    int64_t epochs_completed;
+    int64_t skipped;           /* bad documents skipped (on_error: skip) */
+    double realized_fraction;  /* drawn tokens / all drawn tokens */
+    double scheduled_fraction; /* target tokens / all target tokens */
+} pl_source_summary;
+
+typedef struct pl_loader_stats {
+    int64_t steps;          /* complete steps consumed by every served rank */
+    int64_t micro_batches;  /* micro-batches returned */
+    int64_t tokens;         /* non-padding tokens returned */
+    int64_t padding_tokens; /* padding tokens returned */
+    int64_t skipped;
+    double max_over_mean;   /* per-step rank cost, worst step so far */
+    double max_over_lower_bound;
+    int64_t n_sources;
+    const pl_source_summary *sources; /* valid until the next call */
+} pl_loader_stats;
+PL_API int pl_loader_get_stats(pl_loader *loader, pl_loader_stats *out);
+
+/* The config the loader was created with (borrowed). */
+PL_API const pl_config *pl_loader_config(const pl_loader *loader);
+
+/* ================================================================ planner */
+/*
+ * The planner alone: emits plans from metadata (document lengths), never
+ * reading payloads.  Used by `polyload plan` and by deployments that place
+ * the roles in different processes.  Sources are borrowed and must outlive
+ * the planner.  Not thread-safe.
+ */
+typedef struct pl_planner pl_planner;
+
+PL_API int pl_planner_create(const pl_config *cfg, pl_source *const *sources,
+                             int64_t n_sources, pl_planner **out);
+PL_API void pl_planner_free(pl_planner *planner);
+PL_API const char *pl_planner_errmsg(const pl_planner *planner);
+/* Plan the next step.  The plan is owned by the caller: pl_plan_free. */
+PL_API int pl_planner_next(pl_planner *planner, pl_plan **out);
+PL_API void pl_plan_free(pl_plan *plan);
+/* State blob at the current step boundary (micro-batch cursor 0). */
+PL_API int pl_planner_get_state(pl_planner *planner, void *buf, size_t cap,
+                                size_t *len);
+PL_API int pl_planner_set_state(pl_planner *planner, const void *buf,
+                                size_t len);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* POLYLOAD_H */

@@ -1,0 +1,314 @@
+/*
+ * constructor.c -- the data constructor role (DESIGN.md): turns the plan of a
+ * step and the payloads of its chunks into one micro-batch of SPEC section 3
+ * for a (DP rank, CP rank) pair.  Everything is written straight into the
+ * batch's arrays; the only copy of a token is the one from the mapped file.
+ *
+ * Labels are the next token within the document: a chunk that does not end
+ * its document reads one more token so its last position gets a label too
+ * (as Megatron's GPTDataset reads seq_length + 1 tokens).  A chunk's padding
+ * for CP (up to a multiple of 2*cp) and a row's trailing padding carry
+ * pad_id, label -100 and loss_mask 0.  CP rank i keeps pieces i and
+ * 2*cp-1-i of each segment cut into 2*cp pieces (the load-balanced layout of
+ * Megatron's context parallelism), so positions are the document's own.
+ */
+#include "constructor.h"
+
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* ------------------------------------------------------------ pool */
+
+struct pl__pool {
+    pthread_mutex_t mu;
+    int64_t refs; /* 1 for the owner + 1 per buffer out of the pool */
+    pl__batchbuf *free_list;
+    int64_t rows, cols, full_cols;
+    pl_dtype dtype;
+};
+
+int pl__pool_create(int64_t rows, int64_t cols, int64_t full_cols,
+                    pl_dtype dtype, pl__pool **out) {
+    pl__pool *p = pl__calloc(1, sizeof *p);
+    if (!p) return PL_ENOMEM;
+    if (pthread_mutex_init(&p->mu, NULL)) {
+        free(p);
+        return PL_ENOMEM;
+    }
+    p->refs = 1;
+    p->rows = rows;
+    p->cols = cols;
+    p->full_cols = full_cols;
+    p->dtype = dtype;
+    *out = p;
+    return PL_OK;
+}
+
+static void pl__buf_destroy(pl__batchbuf *b) {
+    free(b->b.input_ids);
+    free(b->b.labels);
+    free(b->b.loss_mask);
+    free(b->b.position_ids);
+    free(b->b.cu_seqlens);
+    free(b->scratch);
+    free(b);
+}
+
+/* Drop one reference; the last one frees the pool and its free buffers. */
+static void pl__pool_unref(pl__pool *p) {
+    pthread_mutex_lock(&p->mu);
+    int64_t left = --p->refs;
+    pthread_mutex_unlock(&p->mu);
+    if (left) return;
+    while (p->free_list) {
+        pl__batchbuf *b = p->free_list;
+        p->free_list = b->next_free;
+        pl__buf_destroy(b);
+    }
+    pthread_mutex_destroy(&p->mu);
+    free(p);
+}
+
+void pl__pool_release_owner(pl__pool *p) {
+    if (p) pl__pool_unref(p);
+}
+
+int pl__pool_get(pl__pool *p, pl__batchbuf **out) {
+    pthread_mutex_lock(&p->mu);
+    pl__batchbuf *b = p->free_list;
+    if (b) p->free_list = b->next_free;
+    p->refs++;
+    pthread_mutex_unlock(&p->mu);
+    if (!b) {
+        b = pl__calloc(1, sizeof *b);
+        size_t n = (size_t)(p->rows * p->cols), es = pl_dtype_size(p->dtype);
+        if (b) {
+            b->pool = p;
+            b->b.input_ids = pl__calloc(n, es);
+            b->b.labels = pl__calloc(n, es);
+            b->b.loss_mask = pl__calloc(n, sizeof(float));
+            b->b.position_ids = pl__calloc(n, sizeof(int64_t));
+            b->cu_cap = p->rows * (p->cols + 1) + 1;
+            b->b.cu_seqlens = pl__calloc((size_t)b->cu_cap, sizeof(int32_t));
+            if (p->full_cols != p->cols) {
+                /* a full row of every field plus segment lengths, for CP */
+                size_t fc = (size_t)p->full_cols;
+                b->scratch = pl__calloc(fc, 2 * es + sizeof(float) +
+                                                sizeof(int64_t));
+            }
+        }
+        if (!b || !b->b.input_ids || !b->b.labels || !b->b.loss_mask ||
+            !b->b.position_ids || !b->b.cu_seqlens ||
+            (p->full_cols != p->cols && !b->scratch)) {
+            if (b) pl__buf_destroy(b);
+            pl__pool_unref(p);
+            return PL_ENOMEM;
+        }
+    }
+    atomic_store(&b->refs, 1);
+    *out = b;
+    return PL_OK;
+}
+
+void pl__buf_retain(pl__batchbuf *b) { atomic_fetch_add(&b->refs, 1); }
+
+void pl__buf_release(pl__batchbuf *b) {
+    if (!b) return;
+    if (atomic_fetch_sub(&b->refs, 1) != 1) return;
+    pl__pool *p = b->pool;
+    pthread_mutex_lock(&p->mu);
+    b->next_free = p->free_list;
+    p->free_list = b;
+    pthread_mutex_unlock(&p->mu);
+    pl__pool_unref(p);
+}
+
+/* ------------------------------------------------------------ views */
+
+typedef struct pl__view {
+    pl_batch pub; /* first: a pl_batch* is a pl__view* */
+    atomic_long refs;
+    pl__batchbuf *buf;
+} pl__view;
+
+int pl__view_create(pl__batchbuf *buf, uint32_t fields, pl_batch **out) {
+    pl__view *v = pl__calloc(1, sizeof *v);
+    if (!v) return PL_ENOMEM;
+    v->pub = buf->b;
+    v->pub.fields = fields;
+    if (!(fields & PL_FIELD_INPUT_IDS)) v->pub.input_ids = NULL;
+    if (!(fields & PL_FIELD_LABELS)) v->pub.labels = NULL;
+    if (!(fields & PL_FIELD_LOSS_MASK)) v->pub.loss_mask = NULL;
+    if (!(fields & PL_FIELD_POSITION_IDS)) v->pub.position_ids = NULL;
+    if (!(fields & PL_FIELD_CU_SEQLENS)) {
+        v->pub.cu_seqlens = NULL;
+        v->pub.n_cu_seqlens = 0;
+    }
+    if (!(fields & PL_FIELD_MAX_SEQLEN)) v->pub.max_seqlen = 0;
+    atomic_store(&v->refs, 1);
+    pl__buf_retain(buf);
+    v->buf = buf;
+    *out = &v->pub;
+    return PL_OK;
+}
+
+void pl_batch_retain(pl_batch *batch) {
+    if (batch) atomic_fetch_add(&((pl__view *)batch)->refs, 1);
+}
+
+void pl_batch_release(pl_batch *batch) {
+    if (!batch) return;
+    pl__view *v = (pl__view *)batch;
+    if (atomic_fetch_sub(&v->refs, 1) != 1) return;
+    pl__buf_release(v->buf);
+    free(v);
+}
+
+/* ------------------------------------------------------------ building */
+
+/*
+ * Write one full row (full_cols tokens) at ids/lab/mask/pos and record the
+ * padded length of each segment in seg[] (*nseg of them).  T is the token
+ * type of input_ids and labels.
+ */
+#define PL__DEFINE_ROW(NAME, T, DT)                                            \
+    static int NAME(pl__build_ctx *x, const pl_chunk *cs, int64_t nc, T *ids,  \
+                    T *lab, float *mask, int64_t *pos, int64_t *seg,           \
+                    int64_t *nseg, int64_t *real) {                            \
+        int64_t p = 0, S = x->full_cols;                                       \
+        *nseg = 0;                                                             \
+        for (int64_t j = 0; j < nc; j++) {                                     \
+            const pl_chunk *c = &cs[j];                                        \
+            int64_t L = c->length, P = (L + x->align - 1) / x->align * x->align; \
+            pl_source *src = x->sources[c->source];                            \
+            int rc = pl__source_read(src, c->index, c->offset, L, ids + p, DT, \
+                                     x->err, x->errcap);                       \
+            if (rc) return rc;                                                 \
+            for (int64_t t = 0; t + 1 < L; t++) lab[p + t] = ids[p + t + 1];   \
+            for (int64_t t = 0; t < L; t++) {                                  \
+                mask[p + t] = 1.0f;                                            \
+                pos[p + t] = t;                   \
+            }                                                                  \
+            if (c->flags & PL_CHUNK_DOC_END) {                                 \
+                lab[p + L - 1] = (T)-100;                                      \
+                mask[p + L - 1] = 0.0f;                                        \
+            } else {                                                           \
+                T next;                                                        \
+                rc = pl__source_read(src, c->index, c->offset + L, 1, &next,   \
+                                     DT, x->err, x->errcap);                   \
+                if (rc) return rc;                                             \
+                lab[p + L - 1] = next;                                         \
+            }                                                                  \
+            for (int64_t t = L; t < P; t++) {                                  \
+                ids[p + t] = (T)x->pad_id;                                     \
+                lab[p + t] = (T)-100;                                          \
+                mask[p + t] = 0.0f;                                            \
+                pos[p + t] = t;                   \
+            }                                                                  \
+            real[*nseg] = L;                                                   \
+            seg[(*nseg)++] = P;                                                \
+            p += P;                                                            \
+        }                                                                      \
+        if (p < S) {                                                           \
+            real[*nseg] = 0;                                                   \
+            seg[(*nseg)++] = S - p;                                            \
+            for (int64_t t = 0; p + t < S; t++) {                              \
+                ids[p + t] = (T)x->pad_id;                                     \
+                lab[p + t] = (T)-100;                                          \
+                mask[p + t] = 0.0f;                                            \
+                pos[p + t] = t;                                                \
+            }                                                                  \
+        }                                                                      \
+        return PL_OK;                                                          \
+    }
+
+PL__DEFINE_ROW(pl__row64, int64_t, PL_DTYPE_INT64)
+PL__DEFINE_ROW(pl__row32, int32_t, PL_DTYPE_INT32)
+
+int pl__construct(pl__build_ctx *x, const pl_plan *plan, int64_t dp_rank,
+                  int64_t mb, pl__batchbuf *buf) {
+    pl_batch *b = &buf->b;
+    const int64_t rows = plan->micro_batch_size, cols = x->cols;
+    const int64_t S = x->full_cols, cp = x->cp, cpr = x->cp_rank;
+    const size_t es = pl_dtype_size(x->dtype);
+    b->step = plan->step;
+    b->micro_batch = mb;
+    b->dp_rank = dp_rank;
+    b->rows = rows;
+    b->cols = cols;
+    b->dtype = x->dtype;
+    b->fields = PL_FIELD_ALL;
+    b->tokens = 0;
+    b->n_chunks = 0;
+    b->max_seqlen = 0;
+    int64_t ncu = 0;
+    b->cu_seqlens[ncu++] = 0;
+    int64_t base = 0; /* flattened offset of the row */
+    for (int64_t row = 0; row < rows; row++) {
+        int64_t q = plan->rank_sequences[(dp_rank * plan->micro_batches_per_rank +
+                                          mb) * rows + row];
+        const pl_chunk *cs = plan->chunks + plan->seq_offsets[q];
+        int64_t nc = plan->seq_offsets[q + 1] - plan->seq_offsets[q];
+        b->n_chunks += nc;
+        unsigned char *ids, *lab;
+        float *mask;
+        int64_t *pos, *seg = x->seg, *real = x->seg + S + 1;
+        if (cp == 1) {
+            ids = (unsigned char *)b->input_ids + (size_t)base * es;
+            lab = (unsigned char *)b->labels + (size_t)base * es;
+            mask = b->loss_mask + base;
+            pos = b->position_ids + base;
+        } else {
+            unsigned char *s = buf->scratch;
+            pos = (int64_t *)s;
+            mask = (float *)(pos + S);
+            ids = (unsigned char *)(mask + S);
+            lab = ids + (size_t)S * es;
+        }
+        int64_t nseg = 0;
+        int rc = x->dtype == PL_DTYPE_INT32
+                     ? pl__row32(x, cs, nc, (int32_t *)ids, (int32_t *)lab, mask,
+                                 pos, seg, &nseg, real)
+                     : pl__row64(x, cs, nc, (int64_t *)ids, (int64_t *)lab, mask,
+                                 pos, seg, &nseg, real);
+        if (rc) return rc;
+        if (cp == 1) {
+            for (int64_t k = 0; k < nseg; k++) {
+                b->tokens += real[k];
+                b->cu_seqlens[ncu] = (int32_t)(b->cu_seqlens[ncu - 1] + seg[k]);
+                ncu++;
+                if (seg[k] > b->max_seqlen) b->max_seqlen = seg[k];
+            }
+        } else {
+            /* Keep pieces cpr and 2cp-1-cpr of every segment. */
+            int64_t src_off = 0, dst = base;
+            for (int64_t k = 0; k < nseg; k++) {
+                int64_t piece = seg[k] / (2 * cp);
+                int64_t starts[2] = {src_off + cpr * piece,
+                                     src_off + (2 * cp - 1 - cpr) * piece};
+                for (int h = 0; h < 2; h++) {
+                    int64_t in = real[k] - (starts[h] - src_off);
+                    b->tokens += in < 0 ? 0 : (in > piece ? piece : in);
+                    memcpy((unsigned char *)b->input_ids + (size_t)dst * es,
+                           ids + (size_t)starts[h] * es, (size_t)piece * es);
+                    memcpy((unsigned char *)b->labels + (size_t)dst * es,
+                           lab + (size_t)starts[h] * es, (size_t)piece * es);
+                    memcpy(b->loss_mask + dst, mask + starts[h],
+                           (size_t)piece * sizeof(float));
+                    memcpy(b->position_ids + dst, pos + starts[h],
+                           (size_t)piece * sizeof(int64_t));
+                    dst += piece;
+                }
+                b->cu_seqlens[ncu] = (int32_t)(b->cu_seqlens[ncu - 1] + 2 * piece);
+                ncu++;
+                if (2 * piece > b->max_seqlen) b->max_seqlen = 2 * piece;
+                src_off += seg[k];
+            }
+        }
+        base += cols;
+    }
+    b->n_cu_seqlens = ncu;
+    (void)S;
+    return PL_OK;
+}

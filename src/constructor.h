@@ -1,0 +1,55 @@
+/*
+ * constructor.h -- internal interface of the data constructor (constructor.c)
+ * and of the batch buffer pool, used by the loader.
+ */
+#ifndef POLYLOAD_CONSTRUCTOR_H
+#define POLYLOAD_CONSTRUCTOR_H
+
+#include "internal.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+
+typedef struct pl__pool pl__pool;
+
+/* A micro-batch's memory; reference counted, recycled through its pool. */
+typedef struct pl__batchbuf {
+    pl_batch b;        /* all fields present */
+    atomic_long refs;
+    pl__pool *pool;
+    struct pl__batchbuf *next_free;
+    int64_t cu_cap;
+    void *scratch;     /* CP only: one full row of every field */
+} pl__batchbuf;
+
+int pl__pool_create(int64_t rows, int64_t cols, int64_t full_cols,
+                    pl_dtype dtype, pl__pool **out);
+/* The owner lets go; the pool lives on until its last buffer returns. */
+void pl__pool_release_owner(pl__pool *p);
+int pl__pool_get(pl__pool *p, pl__batchbuf **out);
+void pl__buf_retain(pl__batchbuf *b);
+void pl__buf_release(pl__batchbuf *b);
+
+/* A per-rank view of a buffer (fields the rank does not receive are NULL). */
+int pl__view_create(pl__batchbuf *buf, uint32_t fields, pl_batch **out);
+
+/* What one builder thread needs to build micro-batches. */
+typedef struct pl__build_ctx {
+    pl_source *const *sources;
+    pl_dtype dtype;
+    int64_t pad_id;
+    int64_t full_cols;  /* seq_length */
+    int64_t cols;       /* seq_length / cp */
+    int64_t cp, cp_rank;
+    int64_t align;      /* 2*cp if cp > 1 else 1 */
+    int64_t *seg;       /* scratch [2 * (seq_length + 1)]: segment lengths
+                           padded, then unpadded */
+    char *err;
+    size_t errcap;
+} pl__build_ctx;
+
+/* Build micro-batch `mb` of `dp_rank` (for x->cp_rank) into buf. */
+int pl__construct(pl__build_ctx *x, const pl_plan *plan, int64_t dp_rank,
+                  int64_t mb, pl__batchbuf *buf);
+
+#endif

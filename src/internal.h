@@ -1,0 +1,129 @@
+/*
+ * internal.h -- declarations shared by the modules of libpolyload.  Not
+ * installed; nothing here is part of the public contract.  Internal non-static
+ * symbols carry the pl__ prefix.
+ */
+#ifndef POLYLOAD_INTERNAL_H
+#define POLYLOAD_INTERNAL_H
+
+#include "polyload/polyload.h"
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define PL__ERRMSG_CAP 512
+
+/* Format into buf (always NUL-terminated, truncated if needed). */
+void pl__fmt(char *buf, size_t cap, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+void pl__vfmt(char *buf, size_t cap, const char *fmt, va_list ap);
+
+/* Allocation helpers that never abort: NULL on failure. */
+void *pl__calloc(size_t n, size_t size);
+void *pl__realloc_array(void *p, size_t n, size_t size);
+char *pl__strdup(const char *s);
+
+/* 64-bit hash of bytes with a seed (xxHash XXH3). */
+uint64_t pl__hash64(const void *data, size_t len, uint64_t seed);
+/* CRC-32 (zlib's, IEEE polynomial). */
+uint32_t pl__crc32(uint32_t crc, const void *data, size_t len);
+
+/* ------------------------------------------------------------ config */
+enum { PL__LONGDOC_SPLIT = 0, PL__LONGDOC_TRUNCATE = 1 };
+enum { PL__PACK_BEST_FIT = 0, PL__PACK_CONCAT_CHUNK = 1 };
+enum { PL__BALANCE_NONE = 0, PL__BALANCE_GREEDY = 1, PL__BALANCE_KK = 2 };
+enum { PL__ONERR_FAIL = 0, PL__ONERR_SKIP = 1 };
+enum { PL__INTERP_LINEAR = 0, PL__INTERP_STEP = 1 };
+
+typedef struct pl__source_cfg {
+    char *name;
+    pl_source_type type;
+    char *path;           /* as written in the config */
+    pl_dtype token_dtype; /* flat: UINT16 default */
+    int64_t eos_id;       /* -1: type default */
+    double weight;        /* raw weight (not normalized) */
+} pl__source_cfg;
+
+typedef struct pl__sched_point {
+    int64_t step;
+    double *weights; /* [n_sources], raw; a source absent from the point is 0 */
+} pl__sched_point;
+
+struct pl_config {
+    char errmsg[PL__ERRMSG_CAP];
+    char *origin; /* file path or "<string>" */
+    uint64_t seed;
+    int64_t seq_length;
+    int64_t global_batch_size;
+    int64_t micro_batch_size;
+    int64_t train_steps; /* -1: endless */
+    pl_dtype dtype;      /* PL_DTYPE_INT64 or PL_DTYPE_INT32 */
+    int64_t pad_id;
+    int long_documents;
+    int packing;
+    int balance;
+    struct {
+        char preset[32];
+        double a, b, c;
+        int64_t window; /* sliding_window only; 0 otherwise */
+    } cost;
+    int64_t long_short_threshold; /* 0: off */
+    int on_error;
+    struct {
+        int64_t dp, pp, cp, tp;
+        char order[64];
+    } topology;
+    int threads;
+    int prefetch;
+    int64_t n_sources;
+    pl__source_cfg *sources;
+    int has_schedule;
+    int interpolation;
+    int64_t n_points;
+    pl__sched_point *points; /* sorted by step */
+};
+
+/* Deep copy of a config (NULL on allocation failure). */
+pl_config *pl__config_clone(const pl_config *cfg);
+/* Normalized weights of every source at `step` into w[n_sources]. */
+void pl__config_weights(const pl_config *cfg, int64_t step, double *w);
+/* Open source i of cfg (options from the config). *out as pl_source_open. */
+int pl__config_open_source(const pl_config *cfg, int64_t i, pl_source **out);
+
+/* ------------------------------------------------------------ topology */
+/*
+ * Parse a topology order such as "tp-cp-ep-dp-pp" into axes[0..*n_axes)
+ * (PL__AXIS_*; room for 5), leftmost first, i.e. fastest-varying first.
+ * tp, cp, dp and pp must each appear exactly once, ep at most once.
+ * PL_ETOPOLOGY with a message in err otherwise.
+ */
+enum { PL__AXIS_TP = 0, PL__AXIS_CP, PL__AXIS_EP, PL__AXIS_DP, PL__AXIS_PP };
+int pl__topology_parse_order(const char *order, int *axes, int *n_axes,
+                             char *err, size_t errcap);
+
+/* ------------------------------------------------------------ sources */
+/*
+ * Thread-safe variants of pl_source_document_length / pl_source_read that
+ * write an error message into the caller's buffer instead of the handle.
+ */
+int pl__source_length(pl_source *src, int64_t index, int64_t *length,
+                      char *err, size_t errcap);
+int pl__source_read(pl_source *src, int64_t index, int64_t offset,
+                    int64_t count, void *out, pl_dtype out_dtype, char *err,
+                    size_t errcap);
+
+/* ------------------------------------------------------------ shuffle */
+/* Keyed bijection on [0, n) (Feistel network with cycle walking). */
+typedef struct pl__perm {
+    uint64_t n;
+    uint64_t half_bits; /* bits of each Feistel half */
+    uint64_t mask;
+    uint64_t keys[4];
+} pl__perm;
+void pl__perm_init(pl__perm *p, uint64_t n, uint64_t seed, const char *name,
+                   uint64_t epoch);
+uint64_t pl__perm_apply(const pl__perm *p, uint64_t i);
+
+#endif

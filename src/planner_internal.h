@@ -1,0 +1,87 @@
+/*
+ * planner_internal.h -- the planner's state, shared by planner.c (mixture,
+ * chunking, step membership), pack.c (packing into sequences), cost.c and
+ * state.c (the state blob of SPEC section 4).
+ */
+#ifndef POLYLOAD_PLANNER_INTERNAL_H
+#define POLYLOAD_PLANNER_INTERNAL_H
+
+#include "internal.h"
+
+/* Consumption state of one source (SPEC section 4). */
+typedef struct pl__src_state {
+    int64_t epoch;
+    int64_t drawn_in_epoch; /* documents taken from the permutation */
+    int64_t cur_index;      /* document being chunked, -1 if none */
+    int64_t cur_offset;     /* its tokens already drawn */
+    int64_t cur_length;
+    int64_t drawn_tokens;
+    double target_tokens;
+    int64_t documents;      /* documents started, all epochs */
+    int64_t since_yield;    /* documents taken without a usable one */
+    int64_t skipped;        /* bad documents skipped (on_error: skip) */
+} pl__src_state;
+
+/* A growable array of chunks. */
+typedef struct pl__chunks {
+    pl_chunk *v;
+    int64_t n, cap;
+} pl__chunks;
+int pl__chunks_push(pl__chunks *c, const pl_chunk *ch);
+void pl__chunks_free(pl__chunks *c);
+
+struct pl_planner {
+    char errmsg[PL__ERRMSG_CAP];
+    pl_config *cfg;          /* owned clone */
+    pl_source *const *sources; /* borrowed, [n_sources] */
+    int64_t n_sources;
+    int64_t *num_docs;       /* [n_sources] */
+    int64_t step;            /* next step to plan */
+    uint64_t mixture_hash;
+    pl__src_state *src;      /* [n_sources] */
+    pl__perm *perm;          /* [n_sources], for src[i].epoch */
+    double *weights;         /* scratch [n_sources] */
+    pl__chunks carry;        /* chunks carried into `step` */
+    pl__chunks items;        /* scratch */
+    int64_t max_chunk;       /* longest chunk, a multiple of 2*cp */
+    int64_t align;           /* 2*cp when cp > 1, else 1 */
+    int failed;              /* sticky status of an earlier failure */
+    /* packing scratch (pack.c) */
+    void *pack;
+};
+
+/* Padded length of a chunk of `len` tokens in a sequence. */
+static inline int64_t pl__padded(const pl_planner *p, int64_t len) {
+    return (len + p->align - 1) / p->align * p->align;
+}
+
+/* Draw the next chunk by the mixture rule; PL_OK or an error (message in p). */
+int pl__planner_draw(pl_planner *p, pl_chunk *out);
+
+/* Packing: turn carry + drawn chunks into a plan (pack.c). */
+int pl__pack_step(pl_planner *p, pl_plan **out);
+void pl__pack_free(void *pack);
+
+/* Cost model (cost.c). */
+double pl__chunk_cost(const pl_config *cfg, int64_t len);
+double pl__sequence_cost(const pl_config *cfg, const pl_chunk *c, int64_t n);
+
+/* Hash of the mixture settings (weights and schedule). */
+uint64_t pl__mixture_hash(const pl_config *cfg);
+
+/* State blob (state.c).  mb_cursor and dp are written as given. */
+int pl__state_encode(const pl_planner *p, int64_t mb_cursor, void **buf,
+                     size_t *len);
+/* Decode into p (validating fingerprint); *mb_cursor and *dp receive them. */
+int pl__state_decode(pl_planner *p, const void *buf, size_t len,
+                     int64_t *mb_cursor, int64_t *dp);
+
+/* The plan with the arrays it owns (pack.c allocates, pl_plan_free frees). */
+typedef struct pl__plan_impl {
+    pl_plan pub;
+    pl_chunk *chunks;
+    int64_t *seq_offsets, *seq_tokens, *rank_sequences;
+    double *seq_cost, *rank_cost;
+} pl__plan_impl;
+
+#endif

@@ -1,0 +1,318 @@
+/*
+ * state.c -- the state blob of SPEC section 4.
+ *
+ * Layout (little-endian):
+ *   "PLST", u32 version, u64 total length,
+ *   u64 seed, i64 next step, i64 micro-batch cursor, i64 dp,
+ *   fingerprint: i64 seq_length, i64 global_batch_size, i64 micro_batch_size,
+ *                i32 packing, i32 long_documents, i64 cp,
+ *   u64 mixture hash (weights and schedule; a change restarts the targets),
+ *   u32 sources, then per source: u32 + name, u32 + path, i64 documents in
+ *     the source, i64 epoch, drawn_in_epoch, cur_index, cur_offset,
+ *     cur_length, drawn_tokens, f64 target_tokens, i64 documents started,
+ *     since_yield, skipped,
+ *   u32 carried chunks, then per chunk: i32 source (index in this blob's
+ *     source list), i32 flags, i64 index, offset, length,
+ *   u32 CRC-32 of everything before it.
+ * Sources are matched by name, so the order of sources in the config may
+ * change and sources may be added; a source may not disappear, change its
+ * path or its number of documents.
+ */
+#include "planner_internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#define PL__STATE_VERSION 1u
+
+typedef struct pl__wbuf {
+    unsigned char *p;
+    size_t n, cap;
+    int oom;
+} pl__wbuf;
+
+static void pl__put(pl__wbuf *w, const void *v, size_t n) {
+    if (w->oom) return;
+    if (w->n + n > w->cap) {
+        size_t nc = w->cap ? w->cap * 2 : 256;
+        while (nc < w->n + n) nc *= 2;
+        unsigned char *q = realloc(w->p, nc);
+        if (!q) {
+            w->oom = 1;
+            return;
+        }
+        w->p = q;
+        w->cap = nc;
+    }
+    memcpy(w->p + w->n, v, n);
+    w->n += n;
+}
+static void pl__put_u32(pl__wbuf *w, uint32_t v) { pl__put(w, &v, 4); }
+static void pl__put_i32(pl__wbuf *w, int32_t v) { pl__put(w, &v, 4); }
+static void pl__put_i64(pl__wbuf *w, int64_t v) { pl__put(w, &v, 8); }
+static void pl__put_u64(pl__wbuf *w, uint64_t v) { pl__put(w, &v, 8); }
+static void pl__put_f64(pl__wbuf *w, double v) { pl__put(w, &v, 8); }
+static void pl__put_str(pl__wbuf *w, const char *s) {
+    size_t n = strlen(s);
+    pl__put_u32(w, (uint32_t)n);
+    pl__put(w, s, n);
+}
+
+int pl__state_encode(const pl_planner *p, int64_t mb_cursor, void **buf,
+                     size_t *len) {
+    const pl_config *c = p->cfg;
+    pl__wbuf w = {0};
+    pl__put(&w, "PLST", 4);
+    pl__put_u32(&w, PL__STATE_VERSION);
+    pl__put_u64(&w, 0); /* length, patched below */
+    pl__put_u64(&w, c->seed);
+    pl__put_i64(&w, p->step);
+    pl__put_i64(&w, mb_cursor);
+    pl__put_i64(&w, c->topology.dp);
+    pl__put_i64(&w, c->seq_length);
+    pl__put_i64(&w, c->global_batch_size);
+    pl__put_i64(&w, c->micro_batch_size);
+    pl__put_i32(&w, c->packing);
+    pl__put_i32(&w, c->long_documents);
+    pl__put_i64(&w, c->topology.cp);
+    pl__put_u64(&w, p->mixture_hash);
+    pl__put_u32(&w, (uint32_t)p->n_sources);
+    for (int64_t i = 0; i < p->n_sources; i++) {
+        const pl__src_state *s = &p->src[i];
+        pl__put_str(&w, c->sources[i].name);
+        pl__put_str(&w, c->sources[i].path);
+        pl__put_i64(&w, p->num_docs[i]);
+        pl__put_i64(&w, s->epoch);
+        pl__put_i64(&w, s->drawn_in_epoch);
+        pl__put_i64(&w, s->cur_index);
+        pl__put_i64(&w, s->cur_offset);
+        pl__put_i64(&w, s->cur_length);
+        pl__put_i64(&w, s->drawn_tokens);
+        pl__put_f64(&w, s->target_tokens);
+        pl__put_i64(&w, s->documents);
+        pl__put_i64(&w, s->since_yield);
+        pl__put_i64(&w, s->skipped);
+    }
+    pl__put_u32(&w, (uint32_t)p->carry.n);
+    for (int64_t j = 0; j < p->carry.n; j++) {
+        const pl_chunk *ch = &p->carry.v[j];
+        pl__put_i32(&w, ch->source);
+        pl__put_i32(&w, ch->flags);
+        pl__put_i64(&w, ch->index);
+        pl__put_i64(&w, ch->offset);
+        pl__put_i64(&w, ch->length);
+    }
+    uint64_t total = (uint64_t)w.n + 4;
+    if (!w.oom) memcpy(w.p + 8, &total, 8);
+    if (!w.oom) pl__put_u32(&w, pl__crc32(0, w.p, w.n));
+    if (w.oom) {
+        free(w.p);
+        return PL_ENOMEM;
+    }
+    *buf = w.p;
+    *len = w.n;
+    return PL_OK;
+}
+
+typedef struct pl__rbuf {
+    const unsigned char *p;
+    size_t n, off;
+    int bad;
+} pl__rbuf;
+
+static void pl__get(pl__rbuf *r, void *v, size_t n) {
+    if (r->bad || r->off + n > r->n) {
+        r->bad = 1;
+        memset(v, 0, n);
+        return;
+    }
+    memcpy(v, r->p + r->off, n);
+    r->off += n;
+}
+static uint32_t pl__get_u32(pl__rbuf *r) { uint32_t v; pl__get(r, &v, 4); return v; }
+static int32_t pl__get_i32(pl__rbuf *r) { int32_t v; pl__get(r, &v, 4); return v; }
+static int64_t pl__get_i64(pl__rbuf *r) { int64_t v; pl__get(r, &v, 8); return v; }
+static uint64_t pl__get_u64(pl__rbuf *r) { uint64_t v; pl__get(r, &v, 8); return v; }
+static double pl__get_f64(pl__rbuf *r) { double v; pl__get(r, &v, 8); return v; }
+/* A length-prefixed string, borrowed from the blob (not NUL-terminated). */
+static const char *pl__get_str(pl__rbuf *r, uint32_t *n) {
+    *n = pl__get_u32(r);
+    if (r->bad || r->off + *n > r->n) {
+        r->bad = 1;
+        return "";
+    }
+    const char *s = (const char *)r->p + r->off;
+    r->off += *n;
+    return s;
+}
+
+static int pl__streq(const char *a, uint32_t na, const char *b) {
+    return strlen(b) == na && memcmp(a, b, na) == 0;
+}
+
+#define PL__FP_CHECK(field, have, want)                                        \
+    do {                                                                       \
+        if ((int64_t)(have) != (int64_t)(want)) {                              \
+            pl__fmt(p->errmsg, sizeof p->errmsg,                               \
+                    "state: fingerprint field '%s' differs (state %lld, "      \
+                    "config %lld)",                                            \
+                    field, (long long)(have), (long long)(want));              \
+            rc = PL_ESTATE;                                                    \
+            goto out;                                                          \
+        }                                                                      \
+    } while (0)
+
+int pl__state_decode(pl_planner *p, const void *buf, size_t len,
+                     int64_t *mb_cursor, int64_t *dp) {
+    const pl_config *c = p->cfg;
+    pl__rbuf r = {buf, len, 0, 0};
+    int rc = PL_OK;
+    pl__src_state *src = NULL;
+    int64_t *map = NULL;
+    pl__chunks carry = {0};
+    char magic[4];
+    if (!buf || len < 24) {
+        pl__fmt(p->errmsg, sizeof p->errmsg,
+                "state: blob of %zu bytes is too short", len);
+        return PL_ESTATE;
+    }
+    pl__get(&r, magic, 4);
+    if (memcmp(magic, "PLST", 4) != 0) {
+        pl__fmt(p->errmsg, sizeof p->errmsg,
+                "state: bad magic at offset 0, expected PLST");
+        return PL_ESTATE;
+    }
+    uint32_t version = pl__get_u32(&r);
+    if (version != PL__STATE_VERSION) {
+        pl__fmt(p->errmsg, sizeof p->errmsg,
+                "state: unsupported version %u at offset 4 (this library "
+                "reads version %u)",
+                version, PL__STATE_VERSION);
+        return PL_ESTATE;
+    }
+    uint64_t total = pl__get_u64(&r);
+    if (total != len) {
+        pl__fmt(p->errmsg, sizeof p->errmsg,
+                "state: length field says %llu bytes, blob has %zu",
+                (unsigned long long)total, len);
+        return PL_ESTATE;
+    }
+    uint32_t crc;
+    memcpy(&crc, (const unsigned char *)buf + len - 4, 4);
+    if (crc != pl__crc32(0, buf, len - 4)) {
+        pl__fmt(p->errmsg, sizeof p->errmsg,
+                "state: CRC-32 mismatch at offset %zu (corrupt blob)", len - 4);
+        return PL_ESTATE;
+    }
+    r.n = len - 4;
+    uint64_t seed = pl__get_u64(&r);
+    int64_t step = pl__get_i64(&r);
+    *mb_cursor = pl__get_i64(&r);
+    *dp = pl__get_i64(&r);
+    PL__FP_CHECK("seed", seed, c->seed);
+    PL__FP_CHECK("seq_length", pl__get_i64(&r), c->seq_length);
+    PL__FP_CHECK("global_batch_size", pl__get_i64(&r), c->global_batch_size);
+    PL__FP_CHECK("micro_batch_size", pl__get_i64(&r), c->micro_batch_size);
+    PL__FP_CHECK("packing", pl__get_i32(&r), c->packing);
+    PL__FP_CHECK("long_documents", pl__get_i32(&r), c->long_documents);
+    PL__FP_CHECK("topology.cp", pl__get_i64(&r), c->topology.cp);
+    uint64_t mix = pl__get_u64(&r);
+    uint32_t ns = pl__get_u32(&r);
+    if (r.bad || ns > r.n) goto corrupt;
+    src = pl__calloc((size_t)p->n_sources, sizeof *src);
+    map = pl__calloc(ns ? ns : 1, sizeof *map);
+    if (!src || !map) {
+        rc = PL_ENOMEM;
+        goto out;
+    }
+    for (int64_t i = 0; i < p->n_sources; i++) src[i].cur_index = -1;
+    for (uint32_t j = 0; j < ns; j++) {
+        uint32_t nl, np;
+        const char *name = pl__get_str(&r, &nl);
+        const char *path = pl__get_str(&r, &np);
+        if (r.bad) goto corrupt;
+        int64_t i = 0;
+        while (i < p->n_sources && !pl__streq(name, nl, c->sources[i].name)) i++;
+        if (i == p->n_sources) {
+            pl__fmt(p->errmsg, sizeof p->errmsg,
+                    "state: source '%.*s' of the state is not in the config",
+                    (int)nl, name);
+            rc = PL_ESTATE;
+            goto out;
+        }
+        if (!pl__streq(path, np, c->sources[i].path)) {
+            pl__fmt(p->errmsg, sizeof p->errmsg,
+                    "state: fingerprint field 'sources.%s.path' differs "
+                    "(state '%.*s', config '%s')",
+                    c->sources[i].name, (int)np, path, c->sources[i].path);
+            rc = PL_ESTATE;
+            goto out;
+        }
+        map[j] = i;
+        int64_t nd = pl__get_i64(&r);
+        if (!r.bad && nd != p->num_docs[i]) {
+            pl__fmt(p->errmsg, sizeof p->errmsg,
+                    "state: source '%s' had %lld documents, now %lld",
+                    c->sources[i].name, (long long)nd,
+                    (long long)p->num_docs[i]);
+            rc = PL_ESTATE;
+            goto out;
+        }
+        pl__src_state *s = &src[i];
+        s->epoch = pl__get_i64(&r);
+        s->drawn_in_epoch = pl__get_i64(&r);
+        s->cur_index = pl__get_i64(&r);
+        s->cur_offset = pl__get_i64(&r);
+        s->cur_length = pl__get_i64(&r);
+        s->drawn_tokens = pl__get_i64(&r);
+        s->target_tokens = pl__get_f64(&r);
+        s->documents = pl__get_i64(&r);
+        s->since_yield = pl__get_i64(&r);
+        s->skipped = pl__get_i64(&r);
+        if (s->epoch < 0 || s->drawn_in_epoch < 0 || s->drawn_in_epoch > nd ||
+            s->cur_index >= nd || s->cur_offset < 0 ||
+            s->cur_offset > s->cur_length)
+            goto corrupt;
+    }
+    uint32_t nc = pl__get_u32(&r);
+    if (r.bad || nc > r.n) goto corrupt;
+    for (uint32_t j = 0; j < nc; j++) {
+        pl_chunk ch;
+        int32_t si = pl__get_i32(&r);
+        ch.flags = pl__get_i32(&r);
+        ch.index = pl__get_i64(&r);
+        ch.offset = pl__get_i64(&r);
+        ch.length = pl__get_i64(&r);
+        if (r.bad || si < 0 || (uint32_t)si >= ns || ch.length <= 0 ||
+            ch.length > p->max_chunk)
+            goto corrupt;
+        ch.source = (int32_t)map[si];
+        if ((rc = pl__chunks_push(&carry, &ch))) goto out;
+    }
+    if (r.bad || r.off != r.n) goto corrupt;
+    /* Commit. */
+    memcpy(p->src, src, (size_t)p->n_sources * sizeof *src);
+    pl__chunks_free(&p->carry);
+    p->carry = carry;
+    carry.v = NULL;
+    p->step = step;
+    p->failed = 0;
+    if (mix != p->mixture_hash) { /* targets restart from the resume step */
+        for (int64_t i = 0; i < p->n_sources; i++)
+            p->src[i].target_tokens = (double)p->src[i].drawn_tokens;
+    }
+    for (int64_t i = 0; i < p->n_sources; i++) {
+        pl__perm_init(&p->perm[i], (uint64_t)p->num_docs[i], c->seed,
+                      c->sources[i].name, (uint64_t)p->src[i].epoch);
+    }
+    goto out;
+corrupt:
+    pl__fmt(p->errmsg, sizeof p->errmsg,
+            "state: malformed blob near offset %zu", r.off);
+    rc = PL_ESTATE;
+out:
+    free(src);
+    free(map);
+    pl__chunks_free(&carry);
+    return rc;
+}
