@@ -1,0 +1,630 @@
+/*
+ * source.c -- the pl_source handle: what every source type shares.
+ *
+ * Opening expands the configured path into a sorted list of files (a single
+ * file or Megatron prefix, every matching file of a directory, or the matches
+ * of a glob(3) pattern; sorted by strcmp so the order does not depend on the
+ * locale), opens each through its format module and numbers documents across
+ * files: file i holds global documents [first_doc, first_doc + n_docs).  A
+ * lookup is a binary search over that small per-file table, so the heap cost
+ * is one record and one path per file and nothing per document.
+ *
+ * Reads are lock-free: after open the handle is immutable, and
+ * pl__source_length / pl__source_read only read mapped memory and write
+ * errors into the caller's buffer.  The public wrappers copy an error into
+ * the handle's message under a mutex.  pl_source_read converts tokens with
+ * one straight loop per (file dtype, output dtype) pair, picked once per call
+ * from a table, so the per-token work has no branch on the dtype.
+ */
+#include "source_internal.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <glob.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+/* ------------------------------------------------------------ mapping */
+
+int pl__map_file(const char *path, void **map, size_t *len, struct stat *st,
+                 char *err, size_t errcap) {
+    *map = NULL;
+    *len = 0;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        int e = errno;
+        pl__fmt(err, errcap, "%s: cannot open: %s", path, strerror(e));
+        return e == ENOENT || e == ENOTDIR ? PL_ENOENT : PL_EIO;
+    }
+    if (fstat(fd, st) != 0) {
+        int e = errno;
+        close(fd);
+        pl__fmt(err, errcap, "%s: cannot stat: %s", path, strerror(e));
+        return PL_EIO;
+    }
+    if (!S_ISREG(st->st_mode)) {
+        close(fd);
+        pl__fmt(err, errcap, "%s: not a regular file", path);
+        return PL_EIO;
+    }
+    if (st->st_size > 0) {
+        void *m = mmap(NULL, (size_t)st->st_size, PROT_READ, MAP_SHARED, fd, 0);
+        if (m == MAP_FAILED) {
+            int e = errno;
+            close(fd);
+            pl__fmt(err, errcap, "%s: cannot map %lld bytes: %s", path,
+                    (long long)st->st_size, strerror(e));
+            return e == ENOMEM ? PL_ENOMEM : PL_EIO;
+        }
+        *map = m;
+        *len = (size_t)st->st_size;
+    }
+    close(fd);
+    return PL_OK;
+}
+
+void pl__sfile_unmap(pl__sfile *f) {
+    if (f->data_map) munmap(f->data_map, f->data_len);
+    if (f->idx_map) munmap(f->idx_map, f->idx_len);
+    f->data_map = NULL;
+    f->idx_map = NULL;
+    f->data_len = f->idx_len = 0;
+    f->tokens = NULL;
+    f->ends = NULL;
+    f->lengths = f->pointers = f->docidx = NULL;
+}
+
+/* ------------------------------------------------------------ paths */
+
+typedef struct pl__paths {
+    char **v;
+    int64_t n, cap;
+} pl__paths;
+
+static int pl__paths_add(pl__paths *p, const char *s, size_t len) {
+    if (p->n == p->cap) {
+        int64_t ncap = p->cap ? p->cap * 2 : 8;
+        char **nv = pl__realloc_array(p->v, (size_t)ncap, sizeof *nv);
+        if (!nv) return PL_ENOMEM;
+        p->v = nv;
+        p->cap = ncap;
+    }
+    char *d = malloc(len + 1);
+    if (!d) return PL_ENOMEM;
+    memcpy(d, s, len);
+    d[len] = '\0';
+    p->v[p->n++] = d;
+    return PL_OK;
+}
+
+static void pl__paths_free(pl__paths *p) {
+    for (int64_t i = 0; i < p->n; i++) free(p->v[i]);
+    free(p->v);
+    p->v = NULL;
+    p->n = p->cap = 0;
+}
+
+static int pl__cmp_str(const void *a, const void *b) {
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+static void pl__paths_sort_unique(pl__paths *p) {
+    if (p->n == 0) return;
+    qsort(p->v, (size_t)p->n, sizeof *p->v, pl__cmp_str);
+    int64_t k = 1;
+    for (int64_t i = 1; i < p->n; i++) {
+        if (strcmp(p->v[i], p->v[k - 1]) == 0)
+            free(p->v[i]);
+        else
+            p->v[k++] = p->v[i];
+    }
+    p->n = k;
+}
+
+static int pl__ends_with(const char *s, const char *suffix) {
+    size_t n = strlen(s), m = strlen(suffix);
+    return n >= m && strcmp(s + n - m, suffix) == 0;
+}
+
+static int pl__is_dir(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+static int pl__is_file(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+/* Our own sidecars and their temporaries are never data files. */
+static int pl__is_sidecar(const char *path) {
+    return pl__ends_with(path, ".plidx") || strstr(path, ".plidx.tmp.");
+}
+
+/* Add a match of a Megatron pattern or directory: "x.idx" or "x.bin" -> "x". */
+static int pl__add_megatron_match(pl__paths *p, const char *m) {
+    if (pl__ends_with(m, ".idx") || pl__ends_with(m, ".bin"))
+        return pl__paths_add(p, m, strlen(m) - 4);
+    return PL_OK;
+}
+
+static int pl__glob_into(pl__paths *p, const char *pattern, int megatron) {
+    glob_t g;
+    memset(&g, 0, sizeof g);
+    int grc = glob(pattern, 0, NULL, &g);
+    int rc = PL_OK;
+    if (grc == GLOB_NOSPACE) rc = PL_ENOMEM;
+    for (size_t i = 0; grc == 0 && rc == PL_OK && i < g.gl_pathc; i++) {
+        const char *m = g.gl_pathv[i];
+        if (megatron)
+            rc = pl__add_megatron_match(p, m);
+        else if (!pl__is_sidecar(m) && pl__is_file(m))
+            rc = pl__paths_add(p, m, strlen(m));
+    }
+    globfree(&g);
+    return rc;
+}
+
+static int pl__list_dir(pl__paths *p, const char *dir, int megatron,
+                        char *err, size_t errcap) {
+    DIR *d = opendir(dir);
+    if (!d) {
+        int e = errno;
+        pl__fmt(err, errcap, "%s: cannot open directory: %s", dir,
+                strerror(e));
+        return e == ENOENT ? PL_ENOENT : PL_EIO;
+    }
+    int rc = PL_OK;
+    char full[4096];
+    size_t dl = strlen(dir);
+    const char *sep = dl > 0 && dir[dl - 1] == '/' ? "" : "/";
+    struct dirent *de;
+    while (rc == PL_OK && (de = readdir(d)) != NULL) {
+        if (de->d_name[0] == '.') continue;
+        pl__fmt(full, sizeof full, "%s%s%s", dir, sep, de->d_name);
+        if (megatron) {
+            if (pl__ends_with(full, ".idx") && pl__is_file(full))
+                rc = pl__add_megatron_match(p, full);
+        } else if (!pl__is_sidecar(full) && pl__is_file(full)) {
+            rc = pl__paths_add(p, full, strlen(full));
+        }
+    }
+    closedir(d);
+    return rc;
+}
+
+/* Expand opts->path into the sorted list of files (Megatron: prefixes). */
+static int pl__expand(const char *path, int megatron, pl__paths *p, char *err,
+                      size_t errcap) {
+    int rc;
+    if (strpbrk(path, "*?[")) {
+        if (megatron) {
+            char pat[4096];
+            pl__fmt(pat, sizeof pat, "%s.idx", path);
+            rc = pl__glob_into(p, pat, 1);
+            if (rc == PL_OK) rc = pl__glob_into(p, path, 1);
+        } else {
+            rc = pl__glob_into(p, path, 0);
+        }
+        if (rc) {
+            pl__fmt(err, errcap, "%s: out of memory expanding the pattern",
+                    path);
+            return rc;
+        }
+        if (p->n == 0) {
+            pl__fmt(err, errcap, "%s: no file matches the pattern", path);
+            return PL_ENOENT;
+        }
+    } else if (pl__is_dir(path)) {
+        rc = pl__list_dir(p, path, megatron, err, errcap);
+        if (rc) return rc;
+        if (p->n == 0) {
+            pl__fmt(err, errcap, "%s: the directory holds no %s", path,
+                    megatron ? ".idx files" : "data files");
+            return PL_ENOENT;
+        }
+    } else {
+        size_t n = strlen(path);
+        if (megatron && (pl__ends_with(path, ".idx") ||
+                         pl__ends_with(path, ".bin")) &&
+            pl__is_file(path))
+            n -= 4; /* a file of the pair was named instead of the prefix */
+        rc = pl__paths_add(p, path, n);
+        if (rc) {
+            pl__fmt(err, errcap, "out of memory");
+            return rc;
+        }
+    }
+    pl__paths_sort_unique(p);
+    return PL_OK;
+}
+
+/* ------------------------------------------------------------ handle */
+
+static void pl__set_err(pl_source *src, const char *msg) {
+    pthread_mutex_lock(&src->mu);
+    pl__fmt(src->errmsg, sizeof src->errmsg, "%s", msg);
+    pthread_mutex_unlock(&src->mu);
+}
+
+static void pl__release_files(pl_source *src) {
+    for (int64_t i = 0; i < src->n_files; i++) {
+        pl__sfile_unmap(&src->files[i]);
+        free(src->files[i].path);
+    }
+    free(src->files);
+    src->files = NULL;
+    src->n_files = 0;
+    src->n_docs = 0;
+}
+
+int pl_source_open(const pl_source_options *opts, pl_source **out) {
+    if (!out) return PL_EINVAL;
+    *out = NULL;
+    pl_source *src = calloc(1, sizeof *src);
+    if (!src) return PL_ENOMEM;
+    if (pthread_mutex_init(&src->mu, NULL) != 0) {
+        free(src);
+        return PL_ENOMEM;
+    }
+    *out = src;
+    char *err = src->errmsg;
+    size_t cap = sizeof src->errmsg;
+
+    if (!opts || opts->version != PL_SOURCE_OPTIONS_VERSION) {
+        pl__fmt(err, cap, "source options missing or of version %d, "
+                          "expected %d",
+                opts ? opts->version : 0, PL_SOURCE_OPTIONS_VERSION);
+        return PL_EINVAL;
+    }
+    if (!opts->path || !opts->path[0]) {
+        pl__fmt(err, cap, "source %s: no path given",
+                opts->name ? opts->name : "(unnamed)");
+        return PL_EINVAL;
+    }
+    src->name = pl__strdup(opts->name && opts->name[0] ? opts->name
+                                                        : opts->path);
+    if (!src->name) {
+        pl__fmt(err, cap, "out of memory");
+        return PL_ENOMEM;
+    }
+    src->type = opts->type;
+    if (opts->type != PL_SOURCE_MEGATRON && opts->type != PL_SOURCE_LLMC &&
+        opts->type != PL_SOURCE_FLAT) {
+        pl__fmt(err, cap, "source %s: unknown source type %d", src->name,
+                (int)opts->type);
+        return PL_EINVAL;
+    }
+    src->eos_id = opts->eos_id;
+    if (src->eos_id == -1)
+        src->eos_id = opts->type == PL_SOURCE_LLMC ? 50256 : 0;
+    if (src->eos_id < 0) {
+        pl__fmt(err, cap, "source %s: eos_id %lld is negative", src->name,
+                (long long)opts->eos_id);
+        return PL_EINVAL;
+    }
+    src->write_index = opts->write_index == -1 ? -1 : 1;
+    pl_dtype flat = opts->token_dtype ? opts->token_dtype : PL_DTYPE_UINT16;
+    if (opts->type == PL_SOURCE_FLAT && flat != PL_DTYPE_UINT16 &&
+        flat != PL_DTYPE_UINT32) {
+        pl__fmt(err, cap,
+                "source %s: token_dtype %s is not supported for flat files "
+                "(uint16 or uint32)",
+                src->name, pl_dtype_name(flat));
+        return PL_EINVAL;
+    }
+    src->dtype = opts->type == PL_SOURCE_MEGATRON ? PL_DTYPE_INT32 : flat;
+
+    pl__paths paths = {0};
+    int rc = pl__expand(opts->path, opts->type == PL_SOURCE_MEGATRON, &paths,
+                        err, cap);
+    if (rc) {
+        pl__paths_free(&paths);
+        return rc;
+    }
+    src->files = pl__calloc((size_t)paths.n, sizeof *src->files);
+    if (!src->files) {
+        pl__paths_free(&paths);
+        pl__fmt(err, cap, "out of memory");
+        return PL_ENOMEM;
+    }
+    src->n_files = paths.n;
+    for (int64_t i = 0; i < paths.n; i++) src->files[i].path = paths.v[i];
+    free(paths.v); /* the strings now belong to the files */
+
+    for (int64_t i = 0; i < src->n_files; i++) {
+        pl__sfile *f = &src->files[i];
+        if (opts->type == PL_SOURCE_MEGATRON)
+            rc = pl__megatron_open(f, err, cap);
+        else
+            rc = pl__tokens_open(f, opts->type, flat, src->eos_id,
+                                 src->write_index, err, cap);
+        if (rc) {
+            pl__release_files(src);
+            return rc;
+        }
+        f->first_doc = src->n_docs;
+        src->n_docs += f->n_docs;
+    }
+    src->dtype = src->files[0].dtype;
+    return PL_OK;
+}
+
+void pl_source_free(pl_source *src) {
+    if (!src) return;
+    pl__release_files(src);
+    free(src->name);
+    pthread_mutex_destroy(&src->mu);
+    free(src);
+}
+
+const char *pl_source_errmsg(const pl_source *src) {
+    return src ? src->errmsg : "no source (NULL handle)";
+}
+
+const char *pl_source_name(const pl_source *src) {
+    return src && src->name ? src->name : "";
+}
+
+pl_source_type pl_source_get_type(const pl_source *src) {
+    return src ? src->type : (pl_source_type)0;
+}
+
+pl_dtype pl_source_token_dtype(const pl_source *src) {
+    return src ? src->dtype : (pl_dtype)0;
+}
+
+int64_t pl_source_num_documents(const pl_source *src) {
+    return src ? src->n_docs : 0;
+}
+
+int64_t pl_source_num_files(const pl_source *src) {
+    return src ? src->n_files : 0;
+}
+
+size_t pl_source_sizeof(const pl_source *src) {
+    if (!src) return 0;
+    size_t n = sizeof *src + (src->name ? strlen(src->name) + 1 : 0);
+    n += (size_t)src->n_files * sizeof *src->files;
+    for (int64_t i = 0; i < src->n_files; i++)
+        n += strlen(src->files[i].path) + 1;
+    return n;
+}
+
+/* ------------------------------------------------------------ lookup */
+
+/* The file holding global document `index` (0 <= index < n_docs): the last
+ * file whose first_doc <= index (empty files share first_doc with the next
+ * one, so the last is the one that holds it). */
+static const pl__sfile *pl__locate(const pl_source *src, int64_t index) {
+    int64_t lo = 0, hi = src->n_files; /* answer in [lo, hi) */
+    while (hi - lo > 1) {
+        int64_t mid = lo + (hi - lo) / 2;
+        if (src->files[mid].first_doc <= index)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    return &src->files[lo];
+}
+
+static int pl__file_doc(const pl_source *src, const pl__sfile *f, int64_t r,
+                        const uint8_t **tokens, int64_t *length, char *err,
+                        size_t errcap) {
+    if (src->type == PL_SOURCE_MEGATRON)
+        return pl__megatron_doc(f, r, tokens, length, err, errcap);
+    return pl__tokens_doc(f, r, tokens, length, err, errcap);
+}
+
+static int pl__doc(const pl_source *src, int64_t index,
+                   const pl__sfile **file, const uint8_t **tokens,
+                   int64_t *length, char *err, size_t errcap) {
+    if (index < 0 || index >= src->n_docs) {
+        pl__fmt(err, errcap,
+                "source %s: document index %lld out of range [0, %lld)",
+                src->name ? src->name : "", (long long)index,
+                (long long)src->n_docs);
+        return PL_ERANGE;
+    }
+    const pl__sfile *f = pl__locate(src, index);
+    *file = f;
+    return pl__file_doc(src, f, index - f->first_doc, tokens, length, err,
+                        errcap);
+}
+
+int pl__source_length(pl_source *src, int64_t index, int64_t *length,
+                      char *err, size_t errcap) {
+    if (!src || !length) {
+        pl__fmt(err, errcap, "pl_source_document_length: NULL argument");
+        return PL_EINVAL;
+    }
+    const pl__sfile *f;
+    const uint8_t *tok;
+    return pl__doc(src, index, &f, &tok, length, err, errcap);
+}
+
+/* ------------------------------------------------------------ conversion */
+
+typedef void (*pl__conv_fn)(const uint8_t *src, void *dst, int64_t n);
+
+/* Float tokens are truncated toward zero; values no int64 can hold (and NaN)
+ * become 0 instead of undefined behaviour. */
+static inline int64_t pl__f2i(double x) {
+    return x > -9.2e18 && x < 9.2e18 ? (int64_t)x : 0;
+}
+
+#define PL__CONV(NAME, ST, OT, EXPR)                                      \
+    static void NAME(const uint8_t *s, void *dst, int64_t n) {           \
+        OT *d = dst;                                                     \
+        for (int64_t i = 0; i < n; i++) {                                \
+            ST v;                                                        \
+            memcpy(&v, s + (size_t)i * sizeof(ST), sizeof(ST));          \
+            d[i] = (OT)(EXPR);                                           \
+        }                                                                \
+    }
+#define PL__CONV_PAIR(TAG, ST, EXPR)                                      \
+    PL__CONV(pl__conv_##TAG##_i64, ST, int64_t, EXPR)                    \
+    PL__CONV(pl__conv_##TAG##_i32, ST, int32_t, EXPR)
+PL__CONV_PAIR(u8, uint8_t, v)
+PL__CONV_PAIR(i8, int8_t, v)
+PL__CONV_PAIR(i16, int16_t, v)
+PL__CONV_PAIR(i32, int32_t, v)
+PL__CONV_PAIR(i64, int64_t, v)
+PL__CONV_PAIR(f64, double, pl__f2i(v))
+PL__CONV_PAIR(f32, float, pl__f2i((double)v))
+PL__CONV_PAIR(u16, uint16_t, v)
+PL__CONV_PAIR(u32, uint32_t, v)
+#undef PL__CONV_PAIR
+#undef PL__CONV
+
+/* Indexed by pl_dtype, then [0] int64 output, [1] int32 output. */
+static const pl__conv_fn pl__conv_table[10][2] = {
+    [PL_DTYPE_UINT8] = {pl__conv_u8_i64, pl__conv_u8_i32},
+    [PL_DTYPE_INT8] = {pl__conv_i8_i64, pl__conv_i8_i32},
+    [PL_DTYPE_INT16] = {pl__conv_i16_i64, pl__conv_i16_i32},
+    [PL_DTYPE_INT32] = {pl__conv_i32_i64, pl__conv_i32_i32},
+    [PL_DTYPE_INT64] = {pl__conv_i64_i64, pl__conv_i64_i32},
+    [PL_DTYPE_FLOAT64] = {pl__conv_f64_i64, pl__conv_f64_i32},
+    [PL_DTYPE_FLOAT32] = {pl__conv_f32_i64, pl__conv_f32_i32},
+    [PL_DTYPE_UINT16] = {pl__conv_u16_i64, pl__conv_u16_i32},
+    [PL_DTYPE_UINT32] = {pl__conv_u32_i64, pl__conv_u32_i32},
+};
+
+int pl__source_read(pl_source *src, int64_t index, int64_t offset,
+                    int64_t count, void *out, pl_dtype out_dtype, char *err,
+                    size_t errcap) {
+    if (!src || (!out && count > 0)) {
+        pl__fmt(err, errcap, "pl_source_read: NULL argument");
+        return PL_EINVAL;
+    }
+    if (out_dtype != PL_DTYPE_INT64 && out_dtype != PL_DTYPE_INT32) {
+        pl__fmt(err, errcap,
+                "pl_source_read: output dtype %s is not int64 or int32",
+                pl_dtype_name(out_dtype));
+        return PL_EINVAL;
+    }
+    const pl__sfile *f;
+    const uint8_t *tok;
+    int64_t len;
+    int rc = pl__doc(src, index, &f, &tok, &len, err, errcap);
+    if (rc) return rc;
+    if (offset < 0 || count < 0 || offset > len || count > len - offset) {
+        pl__fmt(err, errcap,
+                "source %s: document %lld: tokens [%lld, %lld + %lld) are "
+                "outside the document's %lld tokens",
+                src->name, (long long)index, (long long)offset,
+                (long long)offset, (long long)count, (long long)len);
+        return PL_ERANGE;
+    }
+    if (count == 0) return PL_OK;
+    pl__conv_fn fn = pl__conv_table[f->dtype][out_dtype == PL_DTYPE_INT32];
+    fn(tok + (size_t)offset * f->width, out, count);
+    return PL_OK;
+}
+
+int pl_source_document_length(pl_source *src, int64_t index,
+                              int64_t *length) {
+    char err[PL__ERRMSG_CAP];
+    int rc = pl__source_length(src, index, length, err, sizeof err);
+    if (rc && src) pl__set_err(src, err);
+    return rc;
+}
+
+int pl_source_read(pl_source *src, int64_t index, int64_t offset,
+                   int64_t count, void *out, pl_dtype out_dtype) {
+    char err[PL__ERRMSG_CAP];
+    int rc = pl__source_read(src, index, offset, count, out, out_dtype, err,
+                             sizeof err);
+    if (rc && src) pl__set_err(src, err);
+    return rc;
+}
+
+/* ------------------------------------------------------------ stats */
+
+#define PL__HIST_BITS 16
+
+/* The k-th smallest (1-based) document length, by narrowing a histogram:
+ * each pass over the lengths keeps PL__HIST_BITS more bits of the answer.
+ * Every length lies in [0, 2^bits). */
+static int pl__kth_length(const pl_source *src, int64_t k, int bits,
+                          uint64_t *hist, int64_t *value, char *err,
+                          size_t errcap) {
+    uint64_t lo = 0;
+    uint64_t rank = (uint64_t)k;
+    while (bits > 0) {
+        int shift = bits > PL__HIST_BITS ? bits - PL__HIST_BITS : 0;
+        uint64_t span = bits >= 64 ? UINT64_MAX : ((uint64_t)1 << bits) - 1;
+        size_t nb = (size_t)(span >> shift) + 1;
+        memset(hist, 0, nb * sizeof *hist);
+        for (int64_t i = 0; i < src->n_files; i++) {
+            const pl__sfile *f = &src->files[i];
+            for (int64_t r = 0; r < f->n_docs; r++) {
+                const uint8_t *tok;
+                int64_t len;
+                int rc = pl__file_doc(src, f, r, &tok, &len, err, errcap);
+                if (rc) return rc;
+                uint64_t v = (uint64_t)len;
+                if (v >= lo && v - lo <= span) hist[(v - lo) >> shift]++;
+            }
+        }
+        size_t b = 0;
+        uint64_t cum = 0;
+        while (b + 1 < nb && cum + hist[b] < rank) cum += hist[b++];
+        rank -= cum;
+        lo += (uint64_t)b << shift;
+        bits = shift;
+    }
+    *value = (int64_t)lo;
+    return PL_OK;
+}
+
+int pl_source_get_stats(pl_source *src, pl_source_stats *out) {
+    if (!src || !out) return PL_EINVAL;
+    char err[PL__ERRMSG_CAP];
+    memset(out, 0, sizeof *out);
+    out->files = src->n_files;
+    out->documents = src->n_docs;
+    int64_t maxlen = 0, total = 0;
+    for (int64_t i = 0; i < src->n_files; i++) {
+        const pl__sfile *f = &src->files[i];
+        for (int64_t r = 0; r < f->n_docs; r++) {
+            const uint8_t *tok;
+            int64_t len;
+            int rc = pl__file_doc(src, f, r, &tok, &len, err, sizeof err);
+            if (rc) {
+                pl__set_err(src, err);
+                return rc;
+            }
+            total += len;
+            if (len > maxlen) maxlen = len;
+        }
+    }
+    out->tokens = total;
+    out->length_max = maxlen;
+    if (src->n_docs == 0) return PL_OK;
+
+    int bits = 0;
+    while (bits < 63 && ((uint64_t)maxlen >> bits) != 0) bits++;
+    uint64_t *hist = pl__calloc((size_t)1 << PL__HIST_BITS, sizeof *hist);
+    if (!hist) {
+        pl__set_err(src, "pl_source_get_stats: out of memory");
+        return PL_ENOMEM;
+    }
+    /* Nearest-rank percentiles: the ceil(p * n / 100)-th smallest length. */
+    static const int pct[3] = {50, 90, 99};
+    int64_t *dst[3] = {&out->length_p50, &out->length_p90, &out->length_p99};
+    int rc = PL_OK;
+    for (int j = 0; j < 3 && rc == PL_OK; j++) {
+        int64_t n = src->n_docs;
+        int64_t k = n / 100 * pct[j] + ((n % 100) * pct[j] + 99) / 100;
+        if (k < 1) k = 1;
+        if (k > n) k = n;
+        rc = pl__kth_length(src, k, bits, hist, dst[j], err, sizeof err);
+    }
+    free(hist);
+    if (rc) pl__set_err(src, err);
+    return rc;
+}

@@ -1,0 +1,104 @@
+/*
+ * source_internal.h -- what the source modules (source.c, source_megatron.c,
+ * source_tokens.c) share: the handle, the per-file record, and the entry
+ * points of each format.  Not installed; nothing here is public.
+ *
+ * A source is a sorted array of pl__sfile.  Each file numbers its documents
+ * from 0 to n_docs - 1 locally; first_doc places them in the source's global
+ * numbering.  All per-document data (Megatron's lengths and pointers, the
+ * .plidx end offsets) stays in mapped memory: the heap holds only this small
+ * per-file record and the path.
+ */
+#ifndef POLYLOAD_SOURCE_INTERNAL_H
+#define POLYLOAD_SOURCE_INTERNAL_H
+
+#include "internal.h"
+
+#include <pthread.h>
+#include <sys/stat.h>
+#include <sys/types.h>
+
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "polyload's file readers assume a little-endian host"
+#endif
+
+/* Size of the Megatron .idx header: magic 9 + version 8 + dtype 1 + two u64. */
+#define PL__MEGATRON_HEADER 34
+/* llm.c shard header: 256 int32. */
+#define PL__LLMC_HEADER 1024
+#define PL__LLMC_MAGIC_U16 20240520
+#define PL__LLMC_MAGIC_U32 20240801
+/* The .plidx sidecar. */
+#define PL__PLIDX_MAGIC "PLIDX\0\0\0"
+#define PL__PLIDX_VERSION 1u
+#define PL__PLIDX_HEADER 64
+
+typedef struct pl__sfile {
+    char *path;       /* megatron: the prefix; llmc/flat: the data file */
+    int64_t first_doc; /* global index of local document 0 */
+    int64_t n_docs;
+    pl_dtype dtype;   /* token dtype of this file */
+    size_t width;     /* bytes per token */
+
+    /* Data file mapping.  tokens points at token 0 (megatron: byte 0 of the
+     * .bin; llmc: byte 1024 of the shard; flat: byte 0). */
+    void *data_map;
+    size_t data_len;
+    const uint8_t *tokens;
+    int64_t token_bytes; /* bytes from tokens to the end of the file */
+
+    /* Index mapping (.idx, or .plidx / anonymous memory). */
+    void *idx_map;
+    size_t idx_len;
+
+    /* megatron */
+    int64_t seq_count;
+    int64_t docidx_count;
+    const uint8_t *lengths;  /* int32[seq_count], unaligned */
+    const uint8_t *pointers; /* int64[seq_count], unaligned */
+    const uint8_t *docidx;   /* int64[docidx_count], unaligned */
+
+    /* llmc / flat */
+    int64_t n_tokens;
+    const uint64_t *ends; /* [n_docs] exclusive end offsets, in tokens */
+    int index_in_memory;  /* 1: ends live in an anonymous mapping */
+} pl__sfile;
+
+struct pl_source {
+    pthread_mutex_t mu; /* guards errmsg */
+    char errmsg[PL__ERRMSG_CAP];
+    char *name;
+    pl_source_type type;
+    pl_dtype dtype; /* of the first file (flat: the configured dtype) */
+    int64_t eos_id;
+    int write_index;
+    int64_t n_files;
+    int64_t n_docs;
+    pl__sfile *files;
+};
+
+/* Map a whole file read-only (MAP_SHARED), then close it.  A file of size 0
+ * gives *map NULL and *len 0.  PL_ENOENT / PL_EIO with a message. */
+int pl__map_file(const char *path, void **map, size_t *len, struct stat *st,
+                 char *err, size_t errcap);
+
+/* ------------------------------------------------------------ megatron */
+/* Open f->path + ".idx" / ".bin"; checks are O(1) in the document count. */
+int pl__megatron_open(pl__sfile *f, char *err, size_t errcap);
+/* Local document r: pointer to its first token and its length, with the
+ * PL_EBOUNDS checks of that record. */
+int pl__megatron_doc(const pl__sfile *f, int64_t r, const uint8_t **tokens,
+                     int64_t *length, char *err, size_t errcap);
+/* Full scan of the document index (non-decreasing); PL_EDOCIDX. */
+int pl__megatron_check_docidx(const pl__sfile *f, char *err, size_t errcap);
+
+/* ------------------------------------------------------------ llmc/flat */
+int pl__tokens_open(pl__sfile *f, pl_source_type type, pl_dtype flat_dtype,
+                    int64_t eos_id, int write_index, char *err, size_t errcap);
+int pl__tokens_doc(const pl__sfile *f, int64_t r, const uint8_t **tokens,
+                   int64_t *length, char *err, size_t errcap);
+
+/* Release the mappings of a file (not its path). */
+void pl__sfile_unmap(pl__sfile *f);
+
+#endif

@@ -1,0 +1,350 @@
+/*
+ * source_tokens.c -- llm.c shards and flat token files, and their .plidx
+ * sidecar document index.
+ *
+ * Neither format stores document boundaries: they are the positions of
+ * eos_id.  llm.c puts <|endoftext|> *before* each document, so a document
+ * starts at each eos (tokens before the first eos form a document of their
+ * own); a flat file ends each document with eos (trailing tokens after the
+ * last eos form a final document).  Finding them needs one scan of the whole
+ * file, so the result is kept in "<file>.plidx": a 64-byte header (magic
+ * "PLIDX\0\0\0", u32 version, u32 token width, u32 source type, u32 0, i64
+ * eos_id, u64 data file size, i64 data file mtime in ns, u64 document count,
+ * u32 0, u32 CRC-32 of bytes 0..59) followed by u64 end offsets (exclusive,
+ * in tokens) of every document.  The scan writes the offsets into an
+ * anonymous mapping that grows with mremap; the sidecar is then written to a
+ * temporary file and renamed into place, so readers never see half of one,
+ * and mapped.  A sidecar whose header does not match the data file (size,
+ * mtime, eos_id, width, type), or that fails its CRC or size check, is
+ * rebuilt.  When the directory is not writable, or write_index is -1, the
+ * anonymous mapping is kept instead and no sidecar is read or written.
+ *
+ * The end offsets are trusted only as far as O(1) checks go at open (the last
+ * one must equal the token count); each document's offsets are checked when
+ * the document is touched (PL_EBOUNDS).
+ */
+#include "source_internal.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+static uint32_t pl__rd_u32(const uint8_t *p) {
+    uint32_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+static uint64_t pl__rd_u64(const uint8_t *p) {
+    uint64_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+static void pl__wr_u32(uint8_t *p, uint32_t v) { memcpy(p, &v, sizeof v); }
+static void pl__wr_u64(uint8_t *p, uint64_t v) { memcpy(p, &v, sizeof v); }
+
+/* ------------------------------------------------------------ the scan */
+
+/* A growable array of u64 in anonymous memory (never the malloc heap). */
+typedef struct pl__ends {
+    uint64_t *a;
+    size_t n;
+    size_t cap; /* elements */
+} pl__ends;
+
+static int pl__ends_grow(pl__ends *e) {
+    size_t ncap = e->cap ? e->cap * 2 : (size_t)1 << 13;
+    void *p;
+    if (e->a)
+        p = mremap(e->a, e->cap * 8, ncap * 8, MREMAP_MAYMOVE);
+    else
+        p = mmap(NULL, ncap * 8, PROT_READ | PROT_WRITE,
+                 MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) return PL_ENOMEM;
+    e->a = p;
+    e->cap = ncap;
+    return PL_OK;
+}
+
+static int pl__ends_push(pl__ends *e, uint64_t v) {
+    if (e->n == e->cap) {
+        int rc = pl__ends_grow(e);
+        if (rc) return rc;
+    }
+    e->a[e->n++] = v;
+    return PL_OK;
+}
+
+/* Scan n tokens of type T for eos.  llmc: boundaries before each eos (except
+ * at 0); flat: after each eos.  The last document always ends at n. */
+#define PL__SCAN(NAME, T)                                                    \
+    static int NAME(const uint8_t *tok, int64_t n, uint64_t eos, int llmc,   \
+                    pl__ends *e) {                                           \
+        int rc;                                                              \
+        if (eos > (uint64_t)(T)~(T)0) goto tail; /* never matches */         \
+        T t = (T)eos;                                                        \
+        for (int64_t p = 0; p < n; p++) {                                    \
+            T v;                                                             \
+            memcpy(&v, tok + (size_t)p * sizeof(T), sizeof(T));              \
+            if (v != t) continue;                                            \
+            if (llmc) {                                                      \
+                if (p > 0 && (rc = pl__ends_push(e, (uint64_t)p))) return rc; \
+            } else {                                                         \
+                if ((rc = pl__ends_push(e, (uint64_t)p + 1))) return rc;     \
+            }                                                                \
+        }                                                                    \
+    tail:                                                                    \
+        if (n > 0 && (e->n == 0 || e->a[e->n - 1] != (uint64_t)n))           \
+            return pl__ends_push(e, (uint64_t)n);                            \
+        return PL_OK;                                                        \
+    }
+PL__SCAN(pl__scan_u16, uint16_t)
+PL__SCAN(pl__scan_u32, uint32_t)
+#undef PL__SCAN
+
+/* ------------------------------------------------------------ sidecar */
+
+typedef struct pl__want {
+    uint32_t width;
+    uint32_t type;
+    int64_t eos;
+    uint64_t size;
+    int64_t mtime_ns;
+    int64_t n_tokens;
+} pl__want;
+
+static void pl__plidx_header(uint8_t h[PL__PLIDX_HEADER], const pl__want *w,
+                             uint64_t count) {
+    memset(h, 0, PL__PLIDX_HEADER);
+    memcpy(h, PL__PLIDX_MAGIC, 8);
+    pl__wr_u32(h + 8, PL__PLIDX_VERSION);
+    pl__wr_u32(h + 12, w->width);
+    pl__wr_u32(h + 16, w->type);
+    pl__wr_u64(h + 24, (uint64_t)w->eos);
+    pl__wr_u64(h + 32, w->size);
+    pl__wr_u64(h + 40, (uint64_t)w->mtime_ns);
+    pl__wr_u64(h + 48, count);
+    pl__wr_u32(h + 60, pl__crc32(0, h, 60));
+}
+
+/* Does a mapped sidecar fit the data file?  Returns the document count, or
+ * -1 when it must be rebuilt. */
+static int64_t pl__plidx_check(const uint8_t *m, size_t len,
+                               const pl__want *w) {
+    if (len < PL__PLIDX_HEADER) return -1;
+    if (memcmp(m, PL__PLIDX_MAGIC, 8) != 0) return -1;
+    if (pl__rd_u32(m + 60) != pl__crc32(0, m, 60)) return -1;
+    if (pl__rd_u32(m + 8) != PL__PLIDX_VERSION) return -1;
+    if (pl__rd_u32(m + 12) != w->width || pl__rd_u32(m + 16) != w->type)
+        return -1;
+    if ((int64_t)pl__rd_u64(m + 24) != w->eos) return -1;
+    if (pl__rd_u64(m + 32) != w->size) return -1;
+    if ((int64_t)pl__rd_u64(m + 40) != w->mtime_ns) return -1;
+    uint64_t count = pl__rd_u64(m + 48);
+    if (count > (len - PL__PLIDX_HEADER) / 8 ||
+        len != PL__PLIDX_HEADER + count * 8)
+        return -1;
+    if (count == 0) return w->n_tokens == 0 ? 0 : -1;
+    if (pl__rd_u64(m + PL__PLIDX_HEADER + (count - 1) * 8) !=
+        (uint64_t)w->n_tokens)
+        return -1;
+    return (int64_t)count;
+}
+
+/* Map an existing sidecar if it fits.  1 when f now uses it, 0 otherwise. */
+static int pl__plidx_load(pl__sfile *f, const char *ipath, const pl__want *w) {
+    int fd = open(ipath, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) return 0;
+    struct stat st;
+    void *m = MAP_FAILED;
+    if (fstat(fd, &st) == 0 && st.st_size >= PL__PLIDX_HEADER)
+        m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
+    close(fd);
+    if (m == MAP_FAILED) return 0;
+    int64_t count = pl__plidx_check(m, (size_t)st.st_size, w);
+    if (count < 0) {
+        munmap(m, (size_t)st.st_size);
+        return 0;
+    }
+    f->idx_map = m;
+    f->idx_len = (size_t)st.st_size;
+    f->ends = (const uint64_t *)((const uint8_t *)m + PL__PLIDX_HEADER);
+    f->n_docs = count;
+    f->index_in_memory = 0;
+    return 1;
+}
+
+static int pl__write_all(int fd, const void *buf, size_t len) {
+    const uint8_t *p = buf;
+    while (len > 0) {
+        ssize_t k = write(fd, p, len);
+        if (k < 0) {
+            if (errno == EINTR) continue;
+            return -1;
+        }
+        p += k;
+        len -= (size_t)k;
+    }
+    return 0;
+}
+
+/* Write the sidecar atomically (temporary file + rename).  0 on success. */
+static int pl__plidx_write(const char *ipath, const pl__want *w,
+                           const pl__ends *e) {
+    char tmp[4200];
+    pl__fmt(tmp, sizeof tmp, "%s.tmp.XXXXXX", ipath);
+    int fd = mkstemp(tmp);
+    if (fd < 0) return -1;
+    uint8_t h[PL__PLIDX_HEADER];
+    pl__plidx_header(h, w, e->n);
+    int bad = fchmod(fd, 0644) != 0 || pl__write_all(fd, h, sizeof h) != 0 ||
+              (e->n && pl__write_all(fd, e->a, e->n * 8) != 0);
+    bad |= close(fd) != 0;
+    if (!bad) bad = rename(tmp, ipath) != 0;
+    if (bad) unlink(tmp);
+    return bad ? -1 : 0;
+}
+
+/* ------------------------------------------------------------ open */
+
+int pl__tokens_open(pl__sfile *f, pl_source_type type, pl_dtype flat_dtype,
+                    int64_t eos_id, int write_index, char *err,
+                    size_t errcap) {
+    struct stat st;
+    int rc = pl__map_file(f->path, &f->data_map, &f->data_len, &st, err,
+                          errcap);
+    if (rc) return rc;
+    const uint8_t *m = f->data_map;
+    int64_t size = (int64_t)f->data_len;
+
+    if (type == PL_SOURCE_LLMC) {
+        if (size < PL__LLMC_HEADER) {
+            pl__fmt(err, errcap,
+                    "%s: truncated at offset %lld: the llm.c header needs %d "
+                    "bytes",
+                    f->path, (long long)size, PL__LLMC_HEADER);
+            return PL_ETRUNC;
+        }
+        int32_t magic, version, count;
+        memcpy(&magic, m, 4);
+        memcpy(&version, m + 4, 4);
+        memcpy(&count, m + 8, 4);
+        if (magic == PL__LLMC_MAGIC_U16) {
+            f->dtype = PL_DTYPE_UINT16;
+        } else if (magic == PL__LLMC_MAGIC_U32) {
+            f->dtype = PL_DTYPE_UINT32;
+        } else {
+            pl__fmt(err, errcap,
+                    "%s: bad magic %d at offset 0, expected %d or %d", f->path,
+                    (int)magic, PL__LLMC_MAGIC_U16, PL__LLMC_MAGIC_U32);
+            return PL_EMAGIC;
+        }
+        if (version != 1) {
+            pl__fmt(err, errcap,
+                    "%s: unknown version %d at offset 4, expected 1", f->path,
+                    (int)version);
+            return PL_EVERSION;
+        }
+        f->width = pl_dtype_size(f->dtype);
+        int64_t need = PL__LLMC_HEADER + (int64_t)count * (int64_t)f->width;
+        if (count < 0 || need > size) {
+            if (count < 0) {
+                pl__fmt(err, errcap,
+                        "%s: negative token count %d at offset 8", f->path,
+                        (int)count);
+                return PL_ECOUNT;
+            }
+            pl__fmt(err, errcap,
+                    "%s: truncated at offset %lld: token count %d (offset 8) "
+                    "needs %lld bytes",
+                    f->path, (long long)size, (int)count, (long long)need);
+            return PL_ETRUNC;
+        }
+        if (need < size) {
+            pl__fmt(err, errcap,
+                    "%s: token count %d at offset 8 does not add up to the "
+                    "file size %lld (expected %lld)",
+                    f->path, (int)count, (long long)size, (long long)need);
+            return PL_ECOUNT;
+        }
+        f->tokens = m + PL__LLMC_HEADER;
+        f->n_tokens = count;
+    } else {
+        f->dtype = flat_dtype;
+        f->width = pl_dtype_size(flat_dtype);
+        if (size % (int64_t)f->width != 0) {
+            pl__fmt(err, errcap,
+                    "%s: truncated at offset %lld: the size is not a multiple "
+                    "of the %s token size",
+                    f->path, (long long)size, pl_dtype_name(flat_dtype));
+            return PL_ETRUNC;
+        }
+        f->tokens = m;
+        f->n_tokens = size / (int64_t)f->width;
+    }
+    f->token_bytes = f->n_tokens * (int64_t)f->width;
+
+    pl__want w = {
+        .width = (uint32_t)f->width,
+        .type = (uint32_t)type,
+        .eos = eos_id,
+        .size = (uint64_t)st.st_size,
+        .mtime_ns = (int64_t)st.st_mtim.tv_sec * 1000000000 +
+                    (int64_t)st.st_mtim.tv_nsec,
+        .n_tokens = f->n_tokens,
+    };
+    char ipath[4096];
+    pl__fmt(ipath, sizeof ipath, "%s.plidx", f->path);
+    if (write_index != -1 && pl__plidx_load(f, ipath, &w)) return PL_OK;
+
+    /* Build: one scan of the tokens. */
+    pl__ends e = {0};
+    if (f->width == 2)
+        rc = pl__scan_u16(f->tokens, f->n_tokens, (uint64_t)eos_id,
+                          type == PL_SOURCE_LLMC, &e);
+    else
+        rc = pl__scan_u32(f->tokens, f->n_tokens, (uint64_t)eos_id,
+                          type == PL_SOURCE_LLMC, &e);
+    if (rc) {
+        if (e.a) munmap(e.a, e.cap * 8);
+        pl__fmt(err, errcap, "%s: out of memory building the document index",
+                f->path);
+        return rc;
+    }
+    if (write_index != -1 && pl__plidx_write(ipath, &w, &e) == 0 &&
+        pl__plidx_load(f, ipath, &w)) {
+        if (e.a) munmap(e.a, e.cap * 8);
+        return PL_OK;
+    }
+    /* Read-only directory, or in-memory by request. */
+    f->idx_map = e.a;
+    f->idx_len = e.cap * 8;
+    f->ends = e.a;
+    f->n_docs = (int64_t)e.n;
+    f->index_in_memory = 1;
+    if (e.a) mprotect(e.a, e.cap * 8, PROT_READ);
+    return PL_OK;
+}
+
+int pl__tokens_doc(const pl__sfile *f, int64_t r, const uint8_t **tokens,
+                   int64_t *length, char *err, size_t errcap) {
+    uint64_t start = r > 0 ? f->ends[r - 1] : 0;
+    uint64_t end = f->ends[r];
+    if (end <= start || end > (uint64_t)f->n_tokens) {
+        pl__fmt(err, errcap,
+                "%s%s: record %lld: document end offset %llu (offset %lld) "
+                "is not after its start %llu or is past the end of %s "
+                "(%lld tokens)",
+                f->path, f->index_in_memory ? " (in-memory index)" : ".plidx",
+                (long long)r, (unsigned long long)end,
+                (long long)(PL__PLIDX_HEADER + 8 * r),
+                (unsigned long long)start, f->path, (long long)f->n_tokens);
+        return PL_EBOUNDS;
+    }
+    *tokens = f->tokens + start * f->width;
+    *length = (int64_t)(end - start);
+    return PL_OK;
+}
