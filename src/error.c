@@ -99,7 +99,7 @@ void *pl__calloc(size_t n, size_t size) {
 
 void *pl__realloc_array(void *p, size_t n, size_t size) {
     if (size != 0 && n > SIZE_MAX / size) return NULL;
-    return realloc(p, n * size ? n * size : 1);
+    return realloc(p, (n != 0 && size != 0) ? n * size : 1);
 }
 
 char *pl__strdup(const char *s) {

@@ -625,7 +625,7 @@ int pl_loader_set_state(pl_loader *l, const void *buf, size_t len) {
     }
     if (mb < 0 || mb >= l->nmb || (mb != 0 && dp != l->cfg->topology.dp)) {
         pl__reset_position(l, l->planner->step * l->nmb);
-        if (mb < 0 || mb >= l->nmb)
+        if (mb == 0 || dp == l->cfg->topology.dp)
             return pl__fail(l, PL_ESTATE,
                             "state: micro-batch cursor %lld out of range [0, %lld)",
                             (long long)mb, (long long)l->nmb);

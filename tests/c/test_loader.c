@@ -1,0 +1,584 @@
+/*
+ * Embedded loader: batches, determinism and resume.
+ *  - every micro-batch equals a reference built from the planner's plan and
+ *    the fixture's token formula (token value == source base + position):
+ *    input_ids, labels (next token within the document, -100 at its end and
+ *    on padding), loss_mask, position_ids, cu_seqlens, max_seqlen;
+ *  - threads and prefetch never change the batches;
+ *  - resume from any consumed position (mid-step too, with prefetched but
+ *    unconsumed batches, and from a resumed run) equals the uninterrupted run;
+ *  - changing weights at resume repeats and skips no document in its epoch;
+ *  - a changed fingerprint field and a corrupt blob are PL_ESTATE;
+ *  - dp may change at a step boundary and keeps step membership;
+ *  - a retained batch keeps its contents across many later steps;
+ *  - train_steps ends iteration with PL_DONE; errors name the file.
+ */
+#include "corpus.h"
+#include "planner_internal.h"
+
+static const char *BASE = "seq_length: 64\nglobal_batch_size: 8\nmicro_batch_size: 2\n"
+                          "topology: {dp: 2}\nseed: 11\n";
+
+static uint64_t batch_hash(const pl_batch *b) {
+    size_t n = (size_t)(b->rows * b->cols), es = pl_dtype_size(b->dtype);
+    uint64_t h = pl__hash64(b->input_ids, n * es, (uint64_t)b->step);
+    h = pl__hash64(b->labels, n * es, h);
+    h = pl__hash64(b->loss_mask, n * sizeof(float), h);
+    h = pl__hash64(b->position_ids, n * sizeof(int64_t), h);
+    h = pl__hash64(b->cu_seqlens, (size_t)b->n_cu_seqlens * sizeof(int32_t), h);
+    return pl__hash64(&b->max_seqlen, sizeof b->max_seqlen, h);
+}
+
+static pl_loader *make_loader(pl_config *cfg, int threads, int prefetch,
+                              const int64_t *ranks, int64_t nranks) {
+    pl_loader_options o = {PL_LOADER_OPTIONS_VERSION, ranks, nranks, threads, prefetch};
+    pl_loader *l = NULL;
+    int rc = pl_loader_create(cfg, &o, &l);
+    if (rc) fprintf(stderr, "loader: %s\n", pl_loader_errmsg(l));
+    CHECK_OK(rc);
+    return l;
+}
+
+/* Consume steps [0, steps) for all dp ranks, hashing each micro-batch into
+ * h[(step * dp + r) * nmb + mb]. */
+static void run_hashes(pl_loader *l, int64_t from_k, int64_t to_k, int64_t dp,
+                       int64_t nmb, uint64_t *h) {
+    for (int64_t k = from_k; k < to_k; k++) {
+        int64_t step = k / nmb, mb = k % nmb;
+        for (int64_t r = 0; r < dp; r++) {
+            pl_batch *b = NULL;
+            int rc = pl_loader_next(l, r, &b);
+            if (rc) {
+                fprintf(stderr, "next: %s\n", pl_loader_errmsg(l));
+                CHECK_OK(rc);
+                return;
+            }
+            CHECK_EQ_I64(b->step, step);
+            CHECK_EQ_I64(b->micro_batch, mb);
+            h[(step * dp + r) * nmb + mb] = batch_hash(b);
+        }
+    }
+}
+
+/* Reference check of one batch against its plan. */
+static void check_batch(const corpus *c, const pl_plan *pl, const pl_batch *b,
+                        int64_t r, int64_t mb) {
+    const int64_t S = pl->seq_length;
+    const int64_t *ids = b->input_ids, *lab = b->labels;
+    int64_t cu = 0, max_seg = 0;
+    CHECK_EQ_I64(b->cu_seqlens[0], 0);
+    int64_t tokens = 0;
+    for (int64_t row = 0; row < b->rows; row++) {
+        int64_t q = pl->rank_sequences[(r * pl->micro_batches_per_rank + mb) * b->rows + row];
+        int64_t p = row * S;
+        for (int64_t j = pl->seq_offsets[q]; j < pl->seq_offsets[q + 1]; j++) {
+            const pl_chunk *ch = &pl->chunks[j];
+            int s = ch->source;
+            for (int64_t t = 0; t < ch->length; t++) {
+                int64_t want = corpus_token(c, s, ch->index, ch->offset + t);
+                if (ids[p + t] != want) {
+                    CHECK_EQ_I64(ids[p + t], want);
+                    return;
+                }
+                int last = t == ch->length - 1;
+                int doc_end = ch->offset + ch->length == c->len[s][ch->index];
+                int64_t want_label = last && doc_end ? -100 : want + 1;
+                CHECK_EQ_I64(lab[p + t], want_label);
+                CHECK(b->loss_mask[p + t] == (want_label == -100 ? 0.0f : 1.0f));
+                CHECK_EQ_I64(b->position_ids[p + t], t);
+            }
+            CHECK_EQ_I64(b->cu_seqlens[++cu], p + ch->length);
+            if (ch->length > max_seg) max_seg = ch->length;
+            p += ch->length;
+            tokens += ch->length;
+        }
+        if (p < (row + 1) * S) { /* padding segment */
+            for (int64_t t = p; t < (row + 1) * S; t++) {
+                CHECK_EQ_I64(ids[t], 0);
+                CHECK_EQ_I64(lab[t], -100);
+                CHECK(b->loss_mask[t] == 0.0f);
+            }
+            CHECK_EQ_I64(b->cu_seqlens[++cu], (row + 1) * S);
+            if ((row + 1) * S - p > max_seg) max_seg = (row + 1) * S - p;
+        }
+    }
+    CHECK_EQ_I64(b->n_cu_seqlens, cu + 1);
+    CHECK_EQ_I64(b->max_seqlen, max_seg);
+    CHECK_EQ_I64(b->tokens, tokens);
+}
+
+static void test_reference(corpus *c) {
+    pl_config *cfg = corpus_config(c, BASE, NULL);
+    pl_loader *l = make_loader(cfg, 2, 3, NULL, 0);
+    pl_source *src[NSRC];
+    for (int s = 0; s < NSRC; s++) CHECK_OK(pl__config_open_source(cfg, s, &src[s]));
+    pl_planner *p = NULL;
+    CHECK_OK(pl_planner_create(cfg, src, NSRC, &p));
+    for (int step = 0; step < 12; step++) {
+        pl_plan *pl = NULL;
+        CHECK_OK(pl_planner_next(p, &pl));
+        for (int64_t mb = 0; mb < pl->micro_batches_per_rank; mb++)
+            for (int64_t r = 0; r < 2; r++) {
+                pl_batch *b = NULL;
+                CHECK_OK(pl_loader_next(l, r, &b));
+                CHECK_EQ_I64(b->dp_rank, r);
+                CHECK_EQ_I64(b->rows, 2);
+                CHECK_EQ_I64(b->cols, 64);
+                CHECK(b->fields == PL_FIELD_ALL);
+                check_batch(c, pl, b, r, mb);
+            }
+        pl_plan_free(pl);
+    }
+    pl_planner_free(p);
+    for (int s = 0; s < NSRC; s++) pl_source_free(src[s]);
+    pl_loader_free(l);
+    pl_config_free(cfg);
+}
+
+static void test_threads_invariance(corpus *c) {
+    pl_config *cfg = corpus_config(c, BASE, NULL);
+    const int64_t steps = 15, dp = 2, nmb = 2;
+    uint64_t ref[15 * 2 * 2], h[15 * 2 * 2];
+    pl_loader *l = make_loader(cfg, 1, 1, NULL, 0);
+    run_hashes(l, 0, steps * nmb, dp, nmb, ref);
+    pl_loader_free(l);
+    const int th[3] = {2, 3, 4}, pf[3] = {2, 7, 16};
+    for (int i = 0; i < 3; i++) {
+        memset(h, 0, sizeof h);
+        l = make_loader(cfg, th[i], pf[i], NULL, 0);
+        run_hashes(l, 0, steps * nmb, dp, nmb, h);
+        pl_loader_free(l);
+        CHECK(memcmp(h, ref, sizeof h) == 0);
+    }
+    /* A loader serving only rank 1 gives rank 1 the same batches. */
+    int64_t one = 1;
+    l = make_loader(cfg, 2, 4, &one, 1);
+    for (int64_t k = 0; k < steps * nmb; k++) {
+        pl_batch *b = NULL;
+        CHECK_OK(pl_loader_next(l, 1, &b));
+        CHECK(batch_hash(b) == ref[((k / nmb) * dp + 1) * nmb + k % nmb]);
+    }
+    pl_batch *b = NULL;
+    CHECK_EQ_I64(pl_loader_next(l, 0, &b), PL_ERANGE);
+    pl_loader_free(l);
+    pl_config_free(cfg);
+}
+
+static void test_resume(corpus *c) {
+    pl_config *cfg = corpus_config(c, BASE, NULL);
+    const int64_t steps = 16, dp = 2, nmb = 2, K = steps * nmb;
+    uint64_t ref[16 * 2 * 2];
+    pl_loader *l = make_loader(cfg, 2, 4, NULL, 0);
+    run_hashes(l, 0, K, dp, nmb, ref);
+    pl_loader_free(l);
+    /* Cut at many positions, including mid-step ones. */
+    for (int64_t cut = 0; cut <= K; cut += 3) {
+        uint64_t h[16 * 2 * 2];
+        memset(h, 0, sizeof h);
+        l = make_loader(cfg, 3, 5, NULL, 0);
+        run_hashes(l, 0, cut, dp, nmb, h);
+        size_t n = 0;
+        CHECK_OK(pl_loader_get_state(l, NULL, 0, &n));
+        void *blob = malloc(n);
+        CHECK_OK(pl_loader_get_state(l, blob, n, &n));
+        pl_loader_free(l);
+        /* Resume in a fresh loader; then cut once more and resume again. */
+        l = make_loader(cfg, 1, 2, NULL, 0);
+        CHECK_OK(pl_loader_set_state(l, blob, n));
+        int64_t mid = cut + (K - cut) / 2;
+        run_hashes(l, cut, mid, dp, nmb, h);
+        size_t n2 = 0;
+        CHECK_OK(pl_loader_get_state(l, NULL, 0, &n2));
+        void *blob2 = malloc(n2);
+        CHECK_OK(pl_loader_get_state(l, blob2, n2, &n2));
+        pl_loader_free(l);
+        l = make_loader(cfg, 2, 3, NULL, 0);
+        CHECK_OK(pl_loader_set_state(l, blob2, n2));
+        run_hashes(l, mid, K, dp, nmb, h);
+        pl_loader_free(l);
+        CHECK(memcmp(h, ref, sizeof h) == 0);
+        free(blob);
+        free(blob2);
+    }
+    /* set_state on a running loader, going backwards. */
+    l = make_loader(cfg, 2, 4, NULL, 0);
+    uint64_t h[16 * 2 * 2];
+    run_hashes(l, 0, 10, dp, nmb, h);
+    size_t n = 0;
+    CHECK_OK(pl_loader_get_state(l, NULL, 0, &n));
+    void *blob = malloc(n);
+    CHECK_OK(pl_loader_get_state(l, blob, n, &n));
+    run_hashes(l, 10, 20, dp, nmb, h);
+    CHECK_OK(pl_loader_set_state(l, blob, n));
+    memset(h, 0, sizeof h);
+    run_hashes(l, 10, K, dp, nmb, h);
+    CHECK(memcmp(h + 10 * dp, ref + 10 * dp, (size_t)(K - 10) * (size_t)dp * sizeof *h) == 0);
+    pl_loader_free(l);
+    free(blob);
+    pl_config_free(cfg);
+}
+
+/* Get the state blob after consuming k micro-batches of every rank. */
+static void *state_after(pl_config *cfg, int64_t k, int64_t dp, size_t *n) {
+    pl_loader *l = make_loader(cfg, 2, 4, NULL, 0);
+    uint64_t *h = calloc((size_t)(k + 2) * (size_t)dp * 4, sizeof *h);
+    run_hashes(l, 0, k, dp, 2, h);
+    free(h);
+    CHECK_OK(pl_loader_get_state(l, NULL, 0, n));
+    void *blob = malloc(*n);
+    CHECK_OK(pl_loader_get_state(l, blob, *n, n));
+    pl_loader_free(l);
+    return blob;
+}
+
+static void test_fingerprint(corpus *c) {
+    pl_config *cfg = corpus_config(c, BASE, NULL);
+    size_t n = 0;
+    void *blob = state_after(cfg, 5, 2, &n);
+    struct {
+        const char *key, *value, *field;
+    } cases[] = {{"seq_length", "32", "seq_length"},
+                 {"global_batch_size", "16", "global_batch_size"},
+                 {"micro_batch_size", "1", "micro_batch_size"},
+                 {"packing", "concat_chunk", "packing"},
+                 {"long_documents", "truncate", "long_documents"},
+                 {"seed", "12", "seed"}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        pl_config *c2 = pl__config_clone(cfg);
+        CHECK_OK(pl_config_set(c2, cases[i].key, cases[i].value));
+        pl_loader *l = make_loader(c2, 1, 1, NULL, 0);
+        CHECK_EQ_I64(pl_loader_set_state(l, blob, n), PL_ESTATE);
+        CHECK(strstr(pl_loader_errmsg(l), cases[i].field) != NULL);
+        pl_loader_free(l);
+        pl_config_free(c2);
+    }
+    /* A changed source path is refused, naming the source. */
+    {
+        char y[2048];
+        snprintf(y, sizeof y, "%s\nsources:\n"
+                 "  - {name: s0, type: megatron, path: %s/src1, weight: 0.5}\n"
+                 "  - {name: s1, type: megatron, path: %s/src1, weight: 0.3}\n"
+                 "  - {name: s2, type: megatron, path: %s/src2, weight: 0.2}\n",
+                 BASE, c->dir, c->dir, c->dir);
+        pl_config *c2 = NULL;
+        CHECK_OK(pl_config_parse_string(y, strlen(y), "t", &c2));
+        pl_loader *l = make_loader(c2, 1, 1, NULL, 0);
+        CHECK_EQ_I64(pl_loader_set_state(l, blob, n), PL_ESTATE);
+        CHECK(strstr(pl_loader_errmsg(l), "s0") != NULL);
+        pl_loader_free(l);
+        pl_config_free(c2);
+    }
+    /* Corrupt blobs: a flipped byte (CRC), truncation, bad magic. */
+    pl_loader *l = make_loader(cfg, 1, 1, NULL, 0);
+    unsigned char *bad = malloc(n);
+    memcpy(bad, blob, n);
+    bad[n / 2] ^= 0x40;
+    CHECK_EQ_I64(pl_loader_set_state(l, bad, n), PL_ESTATE);
+    CHECK(strstr(pl_loader_errmsg(l), "CRC") != NULL);
+    CHECK_EQ_I64(pl_loader_set_state(l, blob, n - 7), PL_ESTATE);
+    memcpy(bad, blob, n);
+    bad[0] = 'X';
+    CHECK_EQ_I64(pl_loader_set_state(l, bad, n), PL_ESTATE);
+    CHECK(strstr(pl_loader_errmsg(l), "magic") != NULL);
+    /* After failed set_state calls the loader still works from where it was. */
+    CHECK_OK(pl_loader_set_state(l, blob, n));
+    pl_batch *b = NULL;
+    CHECK_OK(pl_loader_next(l, 0, &b));
+    CHECK_EQ_I64(b->step, 2);
+    CHECK_EQ_I64(b->micro_batch, 1);
+    free(bad);
+    pl_loader_free(l);
+    /* dp may change at a step boundary but not mid-step. */
+    pl_config *c4 = pl__config_clone(cfg);
+    CHECK_OK(pl_config_set(c4, "topology.dp", "4"));
+    CHECK_OK(pl_config_set(c4, "micro_batch_size", "2")); /* 8 / (4*2) = 1 */
+    l = make_loader(c4, 1, 1, NULL, 0);
+    CHECK_EQ_I64(pl_loader_set_state(l, blob, n), PL_ESTATE); /* mid-step */
+    CHECK(strstr(pl_loader_errmsg(l), "dp") != NULL);
+    size_t n8 = 0;
+    void *blob8 = state_after(cfg, 8, 2, &n8); /* step 4 boundary */
+    CHECK_OK(pl_loader_set_state(l, blob8, n8));
+    pl_loader_free(l);
+    free(blob8);
+    pl_config_free(c4);
+    free(blob);
+    pl_config_free(cfg);
+}
+
+/* Elastic: a state saved at dp=2 loaded at dp=1 keeps each step's member
+ * chunks (the multiset of tokens per step). */
+static void test_elastic(corpus *c) {
+    pl_config *c2 = corpus_config(c, BASE, NULL);
+    pl_config *c1 = pl__config_clone(c2);
+    CHECK_OK(pl_config_set(c1, "topology.dp", "1"));
+    size_t n = 0;
+    void *blob = state_after(c2, 6, 2, &n); /* after step 2 */
+    /* Sum of tokens per step over all ranks: dp=2 run vs dp=1 resumed. */
+    pl_loader *a = make_loader(c2, 2, 2, NULL, 0);
+    CHECK_OK(pl_loader_set_state(a, blob, n));
+    pl_loader *b = make_loader(c1, 2, 2, NULL, 0);
+    CHECK_OK(pl_loader_set_state(b, blob, n));
+    for (int step = 3; step < 8; step++) {
+        uint64_t sa = 0, sb = 0;
+        for (int mb = 0; mb < 2; mb++)
+            for (int r = 0; r < 2; r++) {
+                pl_batch *x = NULL;
+                CHECK_OK(pl_loader_next(a, r, &x));
+                CHECK_EQ_I64(x->step, step);
+                const int64_t *ids = x->input_ids;
+                for (int64_t t = 0; t < x->rows * x->cols; t++)
+                    if (x->loss_mask[t] != 0 || x->labels != NULL) sa += (uint64_t)ids[t] * 2654435761u;
+            }
+        for (int mb = 0; mb < 4; mb++) {
+            pl_batch *x = NULL;
+            CHECK_OK(pl_loader_next(b, 0, &x));
+            CHECK_EQ_I64(x->step, step);
+            const int64_t *ids = x->input_ids;
+            for (int64_t t = 0; t < x->rows * x->cols; t++)
+                if (x->loss_mask[t] != 0 || x->labels != NULL) sb += (uint64_t)ids[t] * 2654435761u;
+        }
+        CHECK(sa == sb);
+    }
+    pl_loader_free(a);
+    pl_loader_free(b);
+    free(blob);
+    pl_config_free(c1);
+    pl_config_free(c2);
+}
+
+/* Weights change at resume: within an epoch no document starts twice and,
+ * over a full epoch, none is skipped. */
+static void test_weights_change(corpus *c) {
+    const char *wa[NSRC] = {"0.7", "0.2", "0.1"};
+    const char *wb[NSRC] = {"0.1", "0.2", "0.7"};
+    pl_config *ca = corpus_config(c, "seq_length: 64\nglobal_batch_size: 4\nmicro_batch_size: 1\nseed: 3", wa);
+    pl_config *cb = corpus_config(c, "seq_length: 64\nglobal_batch_size: 4\nmicro_batch_size: 1\nseed: 3", wb);
+    /* Record (source, index, offset) of every chunk via the plans the two
+       loaders' planners make: run A 10 steps, resume B from A's state. */
+    pl_loader *a = make_loader(ca, 1, 1, NULL, 0);
+    for (int k = 0; k < 40; k++) {
+        pl_batch *x = NULL;
+        CHECK_OK(pl_loader_next(a, 0, &x));
+    }
+    size_t n = 0;
+    CHECK_OK(pl_loader_get_state(a, NULL, 0, &n));
+    void *blob = malloc(n);
+    CHECK_OK(pl_loader_get_state(a, blob, n, &n));
+    pl_loader_free(a);
+    /* Replay with planners: A's first 10 steps, then B from the blob. */
+    pl_source *src[NSRC];
+    for (int s = 0; s < NSRC; s++) CHECK_OK(pl__config_open_source(ca, s, &src[s]));
+    int64_t *tok[NSRC];
+    for (int s = 0; s < NSRC; s++) tok[s] = calloc((size_t)c->n[s], sizeof(int64_t));
+    pl_planner *pa = NULL, *pb = NULL;
+    CHECK_OK(pl_planner_create(ca, src, NSRC, &pa));
+    for (int step = 0; step < 10; step++) {
+        pl_plan *pl = NULL;
+        CHECK_OK(pl_planner_next(pa, &pl));
+        for (int64_t j = 0; j < pl->n_chunks; j++)
+            tok[pl->chunks[j].source][pl->chunks[j].index] += pl->chunks[j].length;
+        pl_plan_free(pl);
+    }
+    CHECK_OK(pl_planner_create(cb, src, NSRC, &pb));
+    CHECK_OK(pl_planner_set_state(pb, blob, n));
+    CHECK_EQ_I64(pb->step, 10);
+    /* Targets restarted: deficits are zero at the resume step. */
+    for (int s = 0; s < NSRC; s++)
+        CHECK(pb->src[s].target_tokens == (double)pb->src[s].drawn_tokens);
+    /* The chunks A carried into step 10 are placed by B's plans. */
+    int over = 0;
+    for (int step = 10; step < 400 && pb->src[2].epoch == 0; step++) {
+        pl_plan *pl = NULL;
+        CHECK_OK(pl_planner_next(pb, &pl));
+        for (int64_t j = 0; j < pl->n_chunks; j++) {
+            const pl_chunk *ch = &pl->chunks[j];
+            if (pb->src[ch->source].epoch == 0 || ch->source != 2)
+                tok[ch->source][ch->index] += ch->length;
+        }
+        pl_plan_free(pl);
+    }
+    /* Source 2 finished its first epoch under mixed weights: every document
+       exactly once (chunks of epoch 1 were excluded above; a chunk drawn in
+       epoch 1 has epoch > 0 when this step ends, so count by tokens). */
+    CHECK(pb->src[2].epoch >= 1);
+    for (int64_t i = 0; i < c->n[2]; i++)
+        if (tok[2][i] > c->len[2][i]) {
+            over++;
+            fprintf(stderr, "doc %lld: %lld tokens of %lld\n", (long long)i,
+                    (long long)tok[2][i], (long long)c->len[2][i]);
+        }
+    CHECK_EQ_I64(over, 0);
+    /* Source 0 (still in epoch 0 or 1): no document beyond its epochs. */
+    for (int64_t i = 0; i < c->n[0]; i++)
+        CHECK(tok[0][i] <= (pb->src[0].epoch + 1) * c->len[0][i]);
+    pl_planner_free(pa);
+    pl_planner_free(pb);
+    for (int s = 0; s < NSRC; s++) {
+        pl_source_free(src[s]);
+        free(tok[s]);
+    }
+    free(blob);
+    pl_config_free(ca);
+    pl_config_free(cb);
+}
+
+static void test_retain_and_done(corpus *c) {
+    pl_config *cfg = corpus_config(c, BASE, NULL);
+    CHECK_OK(pl_config_set(cfg, "train_steps", "30"));
+    pl_loader *l = make_loader(cfg, 2, 4, NULL, 0);
+    pl_batch *keep = NULL;
+    CHECK_OK(pl_loader_next(l, 0, &keep));
+    pl_batch_retain(keep);
+    size_t bytes = (size_t)(keep->rows * keep->cols) * sizeof(int64_t);
+    int64_t *copy = malloc(bytes);
+    memcpy(copy, keep->input_ids, bytes);
+    uint64_t h0 = batch_hash(keep);
+    int64_t got = 1;
+    for (;;) {
+        int64_t r = got % 2;
+        pl_batch *b = NULL;
+        int rc = pl_loader_next(l, r, &b);
+        if (rc == PL_DONE) break;
+        CHECK_OK(rc);
+        if (rc) break;
+        got++;
+    }
+    CHECK_EQ_I64(got, 30 * 2 * 2);
+    CHECK(memcmp(copy, keep->input_ids, bytes) == 0);
+    CHECK(batch_hash(keep) == h0);
+    pl_loader_stats st;
+    CHECK_OK(pl_loader_get_stats(l, &st));
+    CHECK_EQ_I64(st.steps, 30);
+    CHECK_EQ_I64(st.micro_batches, 120);
+    CHECK_EQ_I64(st.tokens + st.padding_tokens, 120 * 2 * 64);
+    int64_t drawn = 0;
+    for (int64_t s = 0; s < st.n_sources; s++) drawn += st.sources[s].tokens;
+    CHECK(st.tokens <= drawn);
+    pl_loader_free(l);
+    /* The retained batch outlives its loader. */
+    CHECK(memcmp(copy, keep->input_ids, bytes) == 0);
+    pl_batch_release(keep);
+    free(copy);
+    pl_config_free(cfg);
+}
+
+/* int32 output, topology fields: middle PP stage gets cu_seqlens only, CP
+ * ranks' slices reassemble the full rows. */
+static void test_dtype_and_topology(corpus *c) {
+    pl_config *full = corpus_config(c, "seq_length: 64\nglobal_batch_size: 4\nmicro_batch_size: 1\n"
+                                       "dtype: int32\ntopology: {dp: 1}", NULL);
+    pl_config *cfg = corpus_config(c, "seq_length: 64\nglobal_batch_size: 4\nmicro_batch_size: 1\n"
+                                      "dtype: int32\ntopology: {dp: 1, pp: 3, cp: 2}", NULL);
+    pl_loader *l = make_loader(cfg, 2, 2, NULL, 0);
+    pl_rank_info ri[6];
+    for (int64_t r = 0; r < 6; r++) CHECK_OK(pl_config_rank_info(cfg, r, &ri[r]));
+    for (int k = 0; k < 8; k++) {
+        pl_batch *bs[6];
+        for (int64_t r = 0; r < 6; r++) {
+            CHECK_OK(pl_loader_next(l, r, &bs[r]));
+            CHECK_EQ_I64(bs[r]->cols, 32);
+            CHECK(bs[r]->dtype == PL_DTYPE_INT32);
+            CHECK(bs[r]->fields == ri[r].fields);
+            CHECK((bs[r]->input_ids != NULL) == ((ri[r].fields & PL_FIELD_INPUT_IDS) != 0));
+            CHECK((bs[r]->labels != NULL) == ((ri[r].fields & PL_FIELD_LABELS) != 0));
+            CHECK(bs[r]->cu_seqlens != NULL);
+        }
+        for (int64_t r = 0; r < 6; r++)
+            if (ri[r].pp_rank == 1) CHECK(bs[r]->input_ids == NULL && bs[r]->labels == NULL);
+        /* The two CP ranks' token totals add up to the batch's tokens. */
+        int64_t cp0 = -1, cp1 = -1;
+        for (int64_t r = 0; r < 6; r++)
+            if (ri[r].pp_rank == 0) {
+                if (ri[r].cp_rank == 0) cp0 = r; else cp1 = r;
+            }
+        CHECK(cp0 >= 0 && cp1 >= 0);
+        if (cp0 >= 0 && cp1 >= 0) {
+            /* Each segment of length 2P splits into 4 pieces of P/2: rank 0
+               holds pieces 0 and 3, rank 1 pieces 1 and 2; position_ids
+               tell each token's place within its segment. */
+            const int32_t *cu0 = bs[cp0]->cu_seqlens, *cu1 = bs[cp1]->cu_seqlens;
+            CHECK_EQ_I64(bs[cp0]->n_cu_seqlens, bs[cp1]->n_cu_seqlens);
+            for (int64_t sgi = 0; sgi + 1 < bs[cp0]->n_cu_seqlens; sgi++) {
+                int64_t len = cu0[sgi + 1] - cu0[sgi];
+                CHECK_EQ_I64(len, cu1[sgi + 1] - cu1[sgi]);
+                int64_t piece = len / 2;
+                const int64_t *p0 = bs[cp0]->position_ids + cu0[sgi];
+                const int64_t *p1 = bs[cp1]->position_ids + cu1[sgi];
+                for (int64_t t = 0; t < piece; t++) {
+                    CHECK_EQ_I64(p0[t], t);
+                    CHECK_EQ_I64(p1[t], piece + t);
+                    CHECK_EQ_I64(p1[piece + t], 2 * piece + t);
+                    CHECK_EQ_I64(p0[piece + t], 3 * piece + t);
+                }
+            }
+        }
+    }
+    pl_loader_free(l);
+    pl_config_free(cfg);
+    pl_config_free(full);
+}
+
+/* A document whose pointer runs past the .bin: fail names the file; skip
+ * skips and counts it. */
+static void test_bad_document(void) {
+    const char *dir = pl_test_tmpdir();
+    char prefix[512], path[600], y[2048];
+    snprintf(prefix, sizeof prefix, "%s/bad", dir);
+    int64_t lens[20];
+    for (int i = 0; i < 20; i++) lens[i] = 10 + i;
+    CHECK(plf_write_megatron(prefix, PL_DTYPE_INT32, 20, lens, 0) == 0);
+    /* Corrupt the pointer of document 7 in the .idx. */
+    snprintf(path, sizeof path, "%s.idx", prefix);
+    FILE *f = fopen(path, "r+b");
+    CHECK(f != NULL);
+    if (!f) return;
+    int64_t big = 1LL << 40;
+    long off = 9 + 8 + 1 + 8 + 8 + 20 * 4 + 7 * 8;
+    fseek(f, off, SEEK_SET);
+    fwrite(&big, 8, 1, f);
+    fclose(f);
+    for (int skip = 0; skip < 2; skip++) {
+        snprintf(y, sizeof y, "seq_length: 32\nglobal_batch_size: 4\non_error: %s\n"
+                 "sources:\n  - {name: bad, type: megatron, path: %s, weight: 1}\n",
+                 skip ? "skip" : "fail", prefix);
+        pl_config *cfg = NULL;
+        CHECK_OK(pl_config_parse_string(y, strlen(y), "t", &cfg));
+        pl_loader *l = make_loader(cfg, 2, 2, NULL, 0);
+        int rc = 0, n = 0;
+        for (; n < 40 && rc == 0; n++) {
+            pl_batch *b = NULL;
+            rc = pl_loader_next(l, 0, &b);
+        }
+        if (skip) {
+            CHECK_OK(rc);
+            pl_loader_stats st;
+            CHECK_OK(pl_loader_get_stats(l, &st));
+            CHECK(st.skipped >= 1);
+            CHECK(st.sources[0].skipped >= 1);
+        } else {
+            CHECK_EQ_I64(rc, PL_EBOUNDS);
+            CHECK(strstr(pl_loader_errmsg(l), "bad.idx") != NULL ||
+                  strstr(pl_loader_errmsg(l), "bad.bin") != NULL);
+            pl_batch *b = NULL;
+            CHECK_EQ_I64(pl_loader_next(l, 0, &b), PL_ECLOSED);
+        }
+        pl_loader_free(l);
+        pl_config_free(cfg);
+    }
+}
+
+int main(void) {
+    corpus c;
+    corpus_make(&c, 64);
+    test_reference(&c);
+    test_threads_invariance(&c);
+    test_resume(&c);
+    test_fingerprint(&c);
+    test_elastic(&c);
+    test_weights_change(&c);
+    test_retain_and_done(&c);
+    test_dtype_and_topology(&c);
+    test_bad_document();
+    corpus_free(&c);
+    TEST_END();
+}
