@@ -185,7 +185,7 @@ static int pl__sort_desc(pl__pack *k, const pl_planner *p, const pl_chunk *c,
         k->order[i].len = pl__padded(p, c[i].length);
         k->order[i].idx = i;
     }
-    qsort(k->order, (size_t)n, sizeof *k->order, pl__cmp_desc);
+    if (n > 1) qsort(k->order, (size_t)n, sizeof *k->order, pl__cmp_desc);
     return PL_OK;
 }
 
