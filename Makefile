@@ -1,0 +1,119 @@
+# polyload: set-up, build and tests, from a fresh Debian 12 machine.
+#
+#   make demo   Debian packages, .venv, polyload, C build, demo corpus, then the demo job
+#   make test   the same set-up (no corpus), ctest, ctest under ASan/UBSan, pytest
+#
+# Every step is idempotent; stamps under .venv/.stamps make a second run fast.
+# Variables: PYTHON (the interpreter for .venv, Python 3.11 for the torch pin), JOBS.
+
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := help
+
+PYTHON ?= python3
+JOBS ?= $(shell nproc)
+VENV := .venv
+VPY := $(VENV)/bin/python
+STAMPS := $(VENV)/.stamps
+# The venv's cmake and ninja (from PyPI) come first.
+export PATH := $(abspath $(VENV))/bin:$(PATH)
+
+# Debian packages: C dependencies, and the documents of the demo corpus.
+APT_PACKAGES := gcc make libyaml-dev libxxhash-dev zlib1g-dev \
+                linux-doc fortunes manpages-de manpages-fr manpages-ja
+# torch==2.13.0 is the CPU build on local disk; an unpinned torch pulls a CUDA build of GBs.
+PY_PACKAGES := torch==2.13.0 megatron-core tokenizers numpy pytest pyyaml tqdm
+BUILD_TOOLS := scikit-build-core cmake ninja
+
+# -Werror in CI (CI=true), as STYLE.md asks.
+WERROR ?= $(if $(filter true 1 yes,$(CI)),ON,OFF)
+CMAKE_COMMON := -DPL_WERROR=$(WERROR) -DPL_BUILD_CLI=ON -DPL_BUILD_TESTS=ON -DPL_BUILD_PYTHON=OFF
+
+# Whatever the editable install of the package compiles or ships.
+PACKAGE_INPUTS := pyproject.toml CMakeLists.txt \
+  $(wildcard python/polyload/*.py python/polyload/*/*.py python/polyload/_core/*.c \
+             python/polyload/_core/*.h src/*.c src/*.h include/polyload/*.h cli/*.c)
+
+DEMO_CONFIG := examples/pretrain_mix.yaml
+
+.PHONY: help demo test deps venv install build build-asan test-c test-asan test-python \
+        corpus clean distclean
+
+help:
+	@echo "make demo   set up, build the demo corpus, run $(DEMO_CONFIG)"
+	@echo "make test   set up, ctest (build/), ctest under ASan/UBSan (build-asan/), pytest"
+	@echo "make clean  remove build trees; make distclean also removes .venv and data/"
+
+demo: build corpus
+	build/polyload run $(DEMO_CONFIG)
+
+test: test-c test-asan test-python
+
+# ------------------------------------------------------------------------ set-up
+
+# apt-get only when a package is missing, so this works without root on a ready machine.
+deps:
+	@missing=""; \
+	for p in $(APT_PACKAGES); do \
+	  dpkg-query -W -f='$${Status}\n' "$$p" 2>/dev/null | grep -q '^install ok installed$$' \
+	    || missing="$$missing $$p"; \
+	done; \
+	if [ -n "$$missing" ]; then \
+	  echo "apt-get install:$$missing"; \
+	  sudo=""; [ "$$(id -u)" = 0 ] || sudo=sudo; \
+	  $$sudo apt-get update; \
+	  DEBIAN_FRONTEND=noninteractive $$sudo apt-get install -y --no-install-recommends $$missing; \
+	fi
+
+$(VPY):
+	$(PYTHON) -m venv $(VENV)
+
+$(STAMPS)/pydeps: $(VPY) Makefile | deps
+	$(VPY) -m pip install $(PY_PACKAGES) $(BUILD_TOOLS)
+	@mkdir -p $(STAMPS) && touch $@
+
+venv: $(STAMPS)/pydeps
+
+# The package, editable, compiled by scikit-build-core in build-py/ (incremental).
+$(STAMPS)/polyload: $(STAMPS)/pydeps $(PACKAGE_INPUTS)
+	$(VPY) -m pip install --no-build-isolation -e .
+	@touch $@
+
+install: $(STAMPS)/polyload
+
+# ---------------------------------------------------------------------- C builds
+
+build: install
+	cmake -S . -B build -DCMAKE_BUILD_TYPE=Release $(CMAKE_COMMON) > /dev/null
+	cmake --build build -j $(JOBS)
+
+build-asan: install
+	cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPL_SANITIZE=ON \
+	  $(CMAKE_COMMON) > /dev/null
+	cmake --build build-asan -j $(JOBS)
+
+# ------------------------------------------------------------------------- tests
+
+test-c: build
+	ctest --test-dir build --output-on-failure -j $(JOBS)
+
+test-asan: build-asan
+	ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 \
+	  ctest --test-dir build-asan --output-on-failure -j $(JOBS)
+
+test-python: install
+	$(VPY) -m pytest tests/python -q
+
+# -------------------------------------------------------------------------- demo
+
+# Each step of the corpus build skips itself when its output is newer than its inputs.
+corpus: install
+	$(VPY) scripts/build_corpus.py --data-dir data
+
+# ------------------------------------------------------------------------- clean
+
+clean:
+	rm -rf build build-asan build-py $(STAMPS)/polyload
+
+distclean: clean
+	rm -rf $(VENV) data
