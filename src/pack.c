@@ -28,6 +28,8 @@
 
 typedef struct pl__pack {
     int64_t bins, space;  /* bins and their capacity the scratch was made for */
+    int64_t long_threshold; /* long_short.threshold, 0: off */
+    int64_t last_used;      /* space taken by the last best-fit placement */
     int64_t *free_space;  /* [bins] */
     int32_t *head;        /* [space + 1] first bin with that free space */
     int32_t *next, *prev; /* [bins] bucket links */
@@ -149,15 +151,19 @@ static int pl__place_at(pl__pack *k, int32_t b, const pl_chunk *c);
 
 /* Place chunk c (padded length len) best-fit; 1 if placed, 0 if not. */
 static int pl__best_fit(pl__pack *k, const pl_chunk *c, int64_t len, int *err) {
-    int64_t s = pl__bit_next(k, len);
+    /* long_short: a long document takes an empty sequence for itself. */
+    int is_long = k->long_threshold > 0 && c->length > k->long_threshold;
+    int64_t s = is_long ? (k->head[k->space] >= 0 ? k->space : -1)
+                        : pl__bit_next(k, len);
     if (s < 0) return 0;
     int32_t b = k->head[s];
     pl__bucket_remove(k, b);
-    pl__bucket_insert(k, b, s - len);
+    pl__bucket_insert(k, b, is_long ? 0 : s - len);
     if (pl__place_at(k, b, c)) {
         *err = PL_ENOMEM;
         return 0;
     }
+    k->last_used = s - (is_long ? 0 : s - len); /* space this placement took */
     return 1;
 }
 
@@ -205,7 +211,7 @@ static int pl__pack_best_fit(pl_planner *p, pl__pack *k) {
     for (int64_t j = 0; j < p->carry.n; j++) {
         const pl_chunk *c = &p->carry.v[k->order[j].idx];
         int64_t len = pl__padded(p, c->length);
-        if (pl__best_fit(k, c, len, &err)) free_total -= len;
+        if (pl__best_fit(k, c, len, &err)) free_total -= k->last_used;
         else if (err || (err = pl__chunks_push(&k->newcarry, c))) return err;
     }
     /* 2. Draw until the capacity is covered; best-fit decreasing. */
@@ -220,7 +226,7 @@ static int pl__pack_best_fit(pl_planner *p, pl__pack *k) {
     for (int64_t j = 0; j < k->drawn.n; j++) {
         const pl_chunk *c = &k->drawn.v[k->order[j].idx];
         int64_t len = pl__padded(p, c->length);
-        if (pl__best_fit(k, c, len, &err)) free_total -= len;
+        if (pl__best_fit(k, c, len, &err)) free_total -= k->last_used;
         else if (err || (err = pl__chunks_push(&k->newcarry, c))) return err;
     }
     /* 3. Offer the gaps to more chunks until a few in a row do not fit. */
@@ -230,7 +236,7 @@ static int pl__pack_best_fit(pl_planner *p, pl__pack *k) {
         if ((rc = pl__planner_draw(p, &c))) return rc;
         int64_t len = pl__padded(p, c.length);
         if (pl__best_fit(k, &c, len, &err)) {
-            free_total -= len;
+            free_total -= k->last_used;
             misses = 0;
         } else {
             if (err || (err = pl__chunks_push(&k->newcarry, &c))) return err;
@@ -296,14 +302,14 @@ void pl_plan_free(pl_plan *plan) {
     free(m);
 }
 
-/* Build the plan from k->placed / k->bin_of. */
-static int pl__make_plan(pl_planner *p, pl__pack *k, pl_plan **out) {
+int pl__make_plan(pl_planner *p, const pl_chunk *placed, int64_t n,
+                  const int32_t *bin_of, const int64_t *arrangement,
+                  pl_plan **out) {
     const pl_config *c = p->cfg;
     const int64_t G = c->global_batch_size, dp = c->topology.dp;
     const int64_t mbs = c->micro_batch_size, nmb = G / (dp * mbs);
     pl__plan_impl *m = pl__calloc(1, sizeof *m);
     if (!m) return PL_ENOMEM;
-    int64_t n = k->placed.n;
     m->chunks = pl__calloc((size_t)n, sizeof *m->chunks);
     m->seq_offsets = pl__calloc((size_t)G + 1, sizeof(int64_t));
     m->seq_tokens = pl__calloc((size_t)G, sizeof(int64_t));
@@ -316,11 +322,11 @@ static int pl__make_plan(pl_planner *p, pl__pack *k, pl_plan **out) {
         return PL_ENOMEM;
     }
     /* Counting sort by bin, keeping placement order within a bin. */
-    for (int64_t i = 0; i < n; i++) m->seq_offsets[k->bin_of[i] + 1]++;
+    for (int64_t i = 0; i < n; i++) m->seq_offsets[bin_of[i] + 1]++;
     for (int64_t b = 0; b < G; b++) m->seq_offsets[b + 1] += m->seq_offsets[b];
     int64_t *fill = m->seq_tokens; /* reuse as cursor, reset below */
     for (int64_t b = 0; b < G; b++) fill[b] = m->seq_offsets[b];
-    for (int64_t i = 0; i < n; i++) m->chunks[fill[k->bin_of[i]]++] = k->placed.v[i];
+    for (int64_t i = 0; i < n; i++) m->chunks[fill[bin_of[i]]++] = placed[i];
     double total = 0, worst_chunk = 0;
     int64_t tokens = 0;
     for (int64_t b = 0; b < G; b++) {
@@ -336,11 +342,12 @@ static int pl__make_plan(pl_planner *p, pl__pack *k, pl_plan **out) {
         m->seq_cost[b] = pl__sequence_cost(c, cs, nc);
         total += m->seq_cost[b];
     }
-    /* Round-robin arrangement. */
+    /* The arrangement: given by the balancer, or round-robin. */
     for (int64_t r = 0; r < dp; r++)
         for (int64_t pos = 0; pos < nmb * mbs; pos++) {
-            int64_t q = pos * dp + r;
-            m->rank_sequences[r * nmb * mbs + pos] = q;
+            int64_t slot = r * nmb * mbs + pos;
+            int64_t q = arrangement ? arrangement[slot] : pos * dp + r;
+            m->rank_sequences[slot] = q;
             m->rank_cost[r] += m->seq_cost[q];
         }
     pl_plan *pub = &m->pub;
@@ -373,11 +380,17 @@ int pl__pack_step(pl_planner *p, pl_plan **out) {
     }
     pl__pack *k = p->pack;
     k->placed.n = k->drawn.n = k->newcarry.n = 0;
+    k->long_threshold = p->cfg->long_short_threshold;
     if (p->cfg->packing == PL__PACK_CONCAT_CHUNK) rc = pl__pack_concat(p, k);
     else rc = pl__pack_best_fit(p, k);
     if (rc == PL_ENOMEM) pl__fmt(p->errmsg, sizeof p->errmsg, "packing: out of memory");
     if (rc) return rc;
-    if ((rc = pl__make_plan(p, k, out))) return rc;
+    if (p->cfg->balance == PL__BALANCE_NONE)
+        rc = pl__make_plan(p, k->placed.v, k->placed.n, k->bin_of, NULL, out);
+    else
+        rc = pl__balance(p, k->placed.v, k->placed.n, k->bin_of, out);
+    if (rc == PL_ENOMEM) pl__fmt(p->errmsg, sizeof p->errmsg, "planning: out of memory");
+    if (rc) return rc;
     /* The chunks that fit nowhere are the next step's carry. */
     pl__chunks tmp = p->carry;
     p->carry = k->newcarry;

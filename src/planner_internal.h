@@ -62,6 +62,18 @@ int pl__planner_draw(pl_planner *p, pl_chunk *out);
 int pl__pack_step(pl_planner *p, pl_plan **out);
 void pl__pack_free(void *pack);
 
+/*
+ * Build a plan from placed chunks and their bins (sequences 0..G-1).
+ * arrangement[r * G/dp + mb * mbs + row] = sequence of that slot, or NULL for
+ * round-robin (sequence q to rank q % dp).
+ */
+int pl__make_plan(pl_planner *p, const pl_chunk *placed, int64_t n,
+                  const int32_t *bin_of, const int64_t *arrangement,
+                  pl_plan **out);
+/* Cost-aware arrangement of a packed step (balance.c). */
+int pl__balance(pl_planner *p, const pl_chunk *placed, int64_t n,
+                const int32_t *bin_of, pl_plan **out);
+
 /* Cost model (cost.c). */
 double pl__chunk_cost(const pl_config *cfg, int64_t len);
 double pl__sequence_cost(const pl_config *cfg, const pl_chunk *c, int64_t n);

@@ -1,0 +1,411 @@
+/*
+ * balance.c -- cost-aware arrangement of a step across DP ranks and
+ * micro-batches (balance: greedy | karmarkar_karp).
+ *
+ * Balancing changes where a step's member chunks go, never which chunks are
+ * members (SPEC section 1): every DP rank keeps exactly global_batch_size/dp
+ * sequences of at most seq_length tokens, and nothing is carried over.  Two
+ * arrangements are built and the one with the smaller largest rank cost is
+ * kept (ties: the first):
+ *
+ *  A. Pack-then-balance.  The dp-agnostic sequences are split into dp groups
+ *     of equal count.  greedy: longest processing time first with a
+ *     cardinality limit (Graham 1969); karmarkar_karp: the balanced largest
+ *     differencing method (Karmarkar and Karp 1982; Michiels, Aarts, Korst,
+ *     van Leeuwen and Spieksma, "Computer-assisted proof of performance ratios
+ *     for the Differencing Method", 2012), which keeps equal cardinalities.
+ *  B. Regroup-then-pack.  Chunks, most costly first, go to the DP rank with
+ *     the least cost that has a sequence with room (best fit within the rank).
+ *     If some chunk fits in no rank, B is dropped and A stands.
+ *
+ * Then, within each rank, its sequences are split into micro-batches of
+ * micro_batch_size sequences by the same method, so that pipeline stages do
+ * not wait on one costly micro-batch.
+ *
+ * Costs are those of cost.c.  The per-sequence constant c is the same on
+ * every rank (equal sequence counts), so chunk-level balancing ignores it.
+ */
+#include "planner_internal.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+/* ------------------------------------------------------------ helpers */
+
+typedef struct pl__ci {
+    double w;
+    int64_t i;
+} pl__ci;
+
+static int pl__cmp_ci_desc(const void *a, const void *b) {
+    const pl__ci *x = a, *y = b;
+    if (x->w != y->w) return x->w > y->w ? -1 : 1;
+    return x->i < y->i ? -1 : (x->i > y->i);
+}
+
+/* A binary min-heap of (key, id). */
+typedef struct pl__heap {
+    double *key;
+    int64_t *id;
+    int64_t n;
+} pl__heap;
+
+static int pl__heap_less(const pl__heap *h, int64_t a, int64_t b) {
+    if (h->key[a] != h->key[b]) return h->key[a] < h->key[b];
+    return h->id[a] < h->id[b];
+}
+
+static void pl__heap_swap(pl__heap *h, int64_t a, int64_t b) {
+    double k = h->key[a];
+    int64_t i = h->id[a];
+    h->key[a] = h->key[b];
+    h->id[a] = h->id[b];
+    h->key[b] = k;
+    h->id[b] = i;
+}
+
+static void pl__heap_push(pl__heap *h, double key, int64_t id) {
+    int64_t c = h->n++;
+    h->key[c] = key;
+    h->id[c] = id;
+    while (c > 0) {
+        int64_t p = (c - 1) / 2;
+        if (!pl__heap_less(h, c, p)) break;
+        pl__heap_swap(h, c, p);
+        c = p;
+    }
+}
+
+static void pl__heap_pop(pl__heap *h, double *key, int64_t *id) {
+    *key = h->key[0];
+    *id = h->id[0];
+    h->n--;
+    h->key[0] = h->key[h->n];
+    h->id[0] = h->id[h->n];
+    int64_t c = 0;
+    for (;;) {
+        int64_t l = 2 * c + 1, r = l + 1, m = c;
+        if (l < h->n && pl__heap_less(h, l, m)) m = l;
+        if (r < h->n && pl__heap_less(h, r, m)) m = r;
+        if (m == c) break;
+        pl__heap_swap(h, c, m);
+        c = m;
+    }
+}
+
+/* ------------------------------------------------ equal-count partition */
+
+/*
+ * Split items with weights w[0..n) into k groups of exactly n/k items
+ * (k divides n), minimizing the largest group sum.  group[i] receives the
+ * group of item i.  method: PL__BALANCE_GREEDY or PL__BALANCE_KK.
+ */
+static int pl__partition_equal(const double *w, int64_t n, int64_t k,
+                               int method, int64_t *group) {
+    if (k <= 1) {
+        for (int64_t i = 0; i < n; i++) group[i] = 0;
+        return PL_OK;
+    }
+    const int64_t per = n / k;
+    pl__ci *order = pl__calloc((size_t)n, sizeof *order);
+    if (!order) return PL_ENOMEM;
+    for (int64_t i = 0; i < n; i++) order[i] = (pl__ci){w[i], i};
+    if (n > 1) qsort(order, (size_t)n, sizeof *order, pl__cmp_ci_desc);
+    int rc = PL_OK;
+    if (method == PL__BALANCE_GREEDY || per == 1) {
+        /* LPT: each item to the lightest group that is not full. */
+        pl__heap h = {pl__calloc((size_t)k, sizeof(double)),
+                      pl__calloc((size_t)k, sizeof(int64_t)), 0};
+        int64_t *count = pl__calloc((size_t)k, sizeof *count);
+        if (!h.key || !h.id || !count) {
+            rc = PL_ENOMEM;
+        } else {
+            for (int64_t g = 0; g < k; g++) pl__heap_push(&h, 0, g);
+            for (int64_t j = 0; j < n; j++) {
+                double s;
+                int64_t g;
+                pl__heap_pop(&h, &s, &g);
+                group[order[j].i] = g;
+                if (++count[g] < per) pl__heap_push(&h, s + order[j].w, g);
+            }
+        }
+        free(h.key);
+        free(h.id);
+        free(count);
+        free(order);
+        return rc;
+    }
+    /*
+     * Balanced largest differencing.  Partial solution j starts as k
+     * singleton subsets from items order[j*k .. j*k+k).  Repeatedly the two
+     * partials with the largest spread (max - min subset sum) are merged,
+     * pairing the heaviest subsets of one with the lightest of the other.
+     * Subsets are linked lists of items (next[]).
+     */
+    const int64_t m = per;
+    double *sum = pl__calloc((size_t)(m * k), sizeof *sum);
+    int64_t *head = pl__calloc((size_t)(m * k), sizeof *head);
+    int64_t *tail = pl__calloc((size_t)(m * k), sizeof *tail);
+    int64_t *next = pl__calloc((size_t)n, sizeof *next);
+    pl__ci *tmp_a = pl__calloc((size_t)k, sizeof *tmp_a);
+    pl__ci *tmp_b = pl__calloc((size_t)k, sizeof *tmp_b);
+    double *nsum = pl__calloc((size_t)k, sizeof *nsum);
+    int64_t *nhead = pl__calloc((size_t)k, sizeof *nhead);
+    int64_t *ntail = pl__calloc((size_t)k, sizeof *ntail);
+    pl__heap h = {pl__calloc((size_t)m, sizeof(double)),
+                  pl__calloc((size_t)m, sizeof(int64_t)), 0};
+    if (!sum || !head || !tail || !next || !tmp_a || !tmp_b || !nsum ||
+        !nhead || !ntail || !h.key || !h.id) {
+        rc = PL_ENOMEM;
+        goto out;
+    }
+    for (int64_t j = 0; j < m; j++) {
+        double mx = 0, mn = 0;
+        for (int64_t t = 0; t < k; t++) {
+            int64_t it = order[j * k + t].i;
+            sum[j * k + t] = order[j * k + t].w;
+            head[j * k + t] = tail[j * k + t] = it;
+            next[it] = -1;
+        }
+        mx = sum[j * k];
+        mn = sum[j * k + k - 1];
+        pl__heap_push(&h, -(mx - mn), j); /* min-heap on -spread */
+    }
+    while (h.n > 1) {
+        double ka, kb;
+        int64_t a, b;
+        pl__heap_pop(&h, &ka, &a);
+        pl__heap_pop(&h, &kb, &b);
+        for (int64_t t = 0; t < k; t++) {
+            tmp_a[t] = (pl__ci){sum[a * k + t], t};
+            tmp_b[t] = (pl__ci){sum[b * k + t], t};
+        }
+        qsort(tmp_a, (size_t)k, sizeof *tmp_a, pl__cmp_ci_desc); /* heavy first */
+        qsort(tmp_b, (size_t)k, sizeof *tmp_b, pl__cmp_ci_desc);
+        for (int64_t t = 0; t < k; t++) {
+            int64_t sa = a * k + tmp_a[t].i, sb = b * k + tmp_b[k - 1 - t].i;
+            nsum[t] = sum[sa] + sum[sb];
+            next[tail[sa]] = head[sb];
+            nhead[t] = head[sa];
+            ntail[t] = tail[sb];
+        }
+        double mx = nsum[0], mn = nsum[0];
+        for (int64_t t = 0; t < k; t++) {
+            sum[a * k + t] = nsum[t];
+            head[a * k + t] = nhead[t];
+            tail[a * k + t] = ntail[t];
+            if (nsum[t] > mx) mx = nsum[t];
+            if (nsum[t] < mn) mn = nsum[t];
+        }
+        pl__heap_push(&h, -(mx - mn), a);
+    }
+    {
+        double kr;
+        int64_t r;
+        pl__heap_pop(&h, &kr, &r);
+        for (int64_t t = 0; t < k; t++)
+            for (int64_t it = head[r * k + t]; it >= 0; it = next[it]) group[it] = t;
+    }
+out:
+    free(sum);
+    free(head);
+    free(tail);
+    free(next);
+    free(tmp_a);
+    free(tmp_b);
+    free(nsum);
+    free(nhead);
+    free(ntail);
+    free(h.key);
+    free(h.id);
+    free(order);
+    return rc;
+}
+
+/* ------------------------------------------------------------ costs */
+
+/* Cost of every bin (sequence) under a bin assignment. */
+static void pl__bin_costs(const pl_planner *p, const pl_chunk *placed,
+                          int64_t n, const int32_t *bin_of, int64_t G,
+                          double *tok, double *attn, double *cost) {
+    const pl_config *c = p->cfg;
+    for (int64_t b = 0; b < G; b++) tok[b] = attn[b] = 0;
+    for (int64_t i = 0; i < n; i++) {
+        tok[bin_of[i]] += (double)placed[i].length;
+        attn[bin_of[i]] += pl__chunk_cost(c, placed[i].length) - c->cost.c -
+                           c->cost.a * (double)placed[i].length;
+    }
+    for (int64_t b = 0; b < G; b++) cost[b] = c->cost.a * tok[b] + attn[b] + c->cost.c;
+}
+
+/*
+ * Given sequences already grouped by rank (rank_of[q]), order each rank's
+ * sequences into micro-batches and write the arrangement.  Returns the
+ * largest rank cost in *max_rank and the largest micro-batch cost in *max_mb.
+ */
+static int pl__arrange(const pl_planner *p, const double *cost,
+                       const int64_t *rank_of, int64_t *arrangement,
+                       double *max_rank, double *max_mb) {
+    const pl_config *c = p->cfg;
+    const int64_t G = c->global_batch_size, dp = c->topology.dp;
+    const int64_t mbs = c->micro_batch_size, per = G / dp, nmb = per / mbs;
+    int64_t *fill = pl__calloc((size_t)dp, sizeof *fill);
+    int64_t *members = pl__calloc((size_t)G, sizeof *members);
+    double *w = pl__calloc((size_t)per, sizeof *w);
+    int64_t *grp = pl__calloc((size_t)per, sizeof *grp);
+    int64_t *slot = pl__calloc((size_t)nmb, sizeof *slot);
+    double *mbcost = pl__calloc((size_t)nmb, sizeof *mbcost);
+    int rc = PL_OK;
+    if (!fill || !members || !w || !grp || !slot || !mbcost) {
+        rc = PL_ENOMEM;
+        goto out;
+    }
+    for (int64_t q = 0; q < G; q++) {
+        int64_t r = rank_of[q];
+        members[r * per + fill[r]++] = q;
+    }
+    *max_rank = 0;
+    *max_mb = 0;
+    for (int64_t r = 0; r < dp; r++) {
+        double rc_sum = 0;
+        for (int64_t j = 0; j < per; j++) {
+            w[j] = cost[members[r * per + j]];
+            rc_sum += w[j];
+        }
+        if (rc_sum > *max_rank) *max_rank = rc_sum;
+        if ((rc = pl__partition_equal(w, per, nmb, c->balance, grp))) goto out;
+        for (int64_t g = 0; g < nmb; g++) {
+            slot[g] = 0;
+            mbcost[g] = 0;
+        }
+        for (int64_t j = 0; j < per; j++) {
+            int64_t g = grp[j];
+            arrangement[r * per + g * mbs + slot[g]++] = members[r * per + j];
+            mbcost[g] += w[j];
+        }
+        for (int64_t g = 0; g < nmb; g++)
+            if (mbcost[g] > *max_mb) *max_mb = mbcost[g];
+    }
+out:
+    free(fill);
+    free(members);
+    free(w);
+    free(grp);
+    free(slot);
+    free(mbcost);
+    return rc;
+}
+
+/*
+ * B: chunks, most costly first, to the least loaded rank with room (best fit
+ * among the rank's sequences).  bin_of receives global bins r * per + j.
+ * Returns 1 if every chunk found room, 0 if not, or a negative error.
+ */
+static int pl__regroup(const pl_planner *p, const pl_chunk *placed, int64_t n,
+                       int32_t *bin_of) {
+    const pl_config *c = p->cfg;
+    const int64_t G = c->global_batch_size, dp = c->topology.dp, S = c->seq_length;
+    const int64_t per = G / dp, thr = c->long_short_threshold;
+    pl__ci *order = pl__calloc((size_t)n, sizeof *order);
+    int64_t *space = pl__calloc((size_t)G, sizeof *space);
+    int64_t *held = pl__calloc((size_t)dp, sizeof *held);
+    double *hkey = pl__calloc((size_t)dp, sizeof *hkey);
+    pl__heap h = {pl__calloc((size_t)dp, sizeof(double)),
+                  pl__calloc((size_t)dp, sizeof(int64_t)), 0};
+    int rc = 1;
+    if (!order || !space || !held || !hkey || !h.key || !h.id) {
+        rc = PL_ENOMEM;
+        goto out;
+    }
+    for (int64_t i = 0; i < n; i++)
+        order[i] = (pl__ci){pl__chunk_cost(c, placed[i].length) - c->cost.c, i};
+    if (n > 1) qsort(order, (size_t)n, sizeof *order, pl__cmp_ci_desc);
+    for (int64_t b = 0; b < G; b++) space[b] = S;
+    for (int64_t r = 0; r < dp; r++) pl__heap_push(&h, 0, r);
+    for (int64_t j = 0; j < n && rc == 1; j++) {
+        const pl_chunk *ch = &placed[order[j].i];
+        int64_t len = pl__padded(p, ch->length);
+        int is_long = thr > 0 && ch->length > thr;
+        int64_t nheld = 0, found = -1;
+        while (h.n > 0 && found < 0) {
+            double key;
+            int64_t r;
+            pl__heap_pop(&h, &key, &r);
+            held[nheld] = r;
+            hkey[nheld++] = key;
+            int64_t best = -1;
+            for (int64_t t = 0; t < per; t++) {
+                int64_t sp = space[r * per + t];
+                if (is_long ? sp == S : sp >= len) {
+                    if (best < 0 || sp < space[r * per + best]) best = t;
+                }
+            }
+            if (best >= 0) {
+                found = r * per + best;
+                hkey[nheld - 1] = key + order[j].w;
+            }
+        }
+        for (int64_t t = 0; t < nheld; t++) pl__heap_push(&h, hkey[t], held[t]);
+        if (found < 0) {
+            rc = 0;
+            break;
+        }
+        bin_of[order[j].i] = (int32_t)found;
+        space[found] = is_long ? 0 : space[found] - len;
+    }
+out:
+    free(order);
+    free(space);
+    free(held);
+    free(hkey);
+    free(h.key);
+    free(h.id);
+    return rc;
+}
+
+int pl__balance(pl_planner *p, const pl_chunk *placed, int64_t n,
+                const int32_t *bin_of, pl_plan **out) {
+    const pl_config *c = p->cfg;
+    const int64_t G = c->global_batch_size, dp = c->topology.dp, per = G / dp;
+    double *tok = pl__calloc((size_t)G, sizeof *tok);
+    double *attn = pl__calloc((size_t)G, sizeof *attn);
+    double *cost = pl__calloc((size_t)G, sizeof *cost);
+    int64_t *rank_of = pl__calloc((size_t)G, sizeof *rank_of);
+    int64_t *arr_a = pl__calloc((size_t)G, sizeof *arr_a);
+    int64_t *arr_b = pl__calloc((size_t)G, sizeof *arr_b);
+    int32_t *bin_b = pl__calloc((size_t)(n ? n : 1), sizeof *bin_b);
+    int rc = PL_OK;
+    if (!tok || !attn || !cost || !rank_of || !arr_a || !arr_b || !bin_b) {
+        rc = PL_ENOMEM;
+        goto out;
+    }
+    /* A: pack-then-balance. */
+    double max_a, mb_a, max_b = 0, mb_b = 0;
+    pl__bin_costs(p, placed, n, bin_of, G, tok, attn, cost);
+    if ((rc = pl__partition_equal(cost, G, dp, c->balance, rank_of))) goto out;
+    if ((rc = pl__arrange(p, cost, rank_of, arr_a, &max_a, &mb_a))) goto out;
+    /* B: regroup-then-pack. */
+    int ok = pl__regroup(p, placed, n, bin_b);
+    if (ok < 0) {
+        rc = ok;
+        goto out;
+    }
+    if (ok) {
+        pl__bin_costs(p, placed, n, bin_b, G, tok, attn, cost);
+        for (int64_t q = 0; q < G; q++) rank_of[q] = q / per;
+        if ((rc = pl__arrange(p, cost, rank_of, arr_b, &max_b, &mb_b))) goto out;
+    }
+    if (ok && (max_b < max_a || (max_b == max_a && mb_b < mb_a)))
+        rc = pl__make_plan(p, placed, n, bin_b, arr_b, out);
+    else
+        rc = pl__make_plan(p, placed, n, bin_of, arr_a, out);
+out:
+    free(tok);
+    free(attn);
+    free(cost);
+    free(rank_of);
+    free(arr_a);
+    free(arr_b);
+    free(bin_b);
+    return rc;
+}
