@@ -567,6 +567,110 @@ static void test_bad_document(void) {
     }
 }
 
+/* A 2x2x2x2 (dp, pp, cp, tp) topology served by one loader: every rank gets
+ * exactly the fields of its role; TP peers and PP stages share the batch;
+ * the CP ranks' slices reassemble each sequence of the plan exactly. */
+static void test_4d(corpus *c) {
+    pl_config *cfg = corpus_config(c, "seq_length: 64\nglobal_batch_size: 8\nmicro_batch_size: 2\n"
+                                      "topology: {dp: 2, pp: 2, cp: 2, tp: 2}\nseed: 4", NULL);
+    CHECK_EQ_I64(pl_config_world_size(cfg), 16);
+    pl_loader *l = make_loader(cfg, 2, 2, NULL, 0);
+    pl_source *src[NSRC];
+    for (int s = 0; s < NSRC; s++) CHECK_OK(pl__config_open_source(cfg, s, &src[s]));
+    pl_planner *p = NULL;
+    CHECK_OK(pl_planner_create(cfg, src, NSRC, &p));
+    pl_rank_info ri[16];
+    for (int64_t r = 0; r < 16; r++) CHECK_OK(pl_config_rank_info(cfg, r, &ri[r]));
+    const int64_t S = 64, cols = 32;
+    for (int step = 0; step < 6; step++) {
+        pl_plan *pl = NULL;
+        CHECK_OK(pl_planner_next(p, &pl));
+        for (int64_t mb = 0; mb < 2; mb++) {
+            pl_batch *b[16];
+            for (int64_t r = 0; r < 16; r++) {
+                CHECK_OK(pl_loader_next(l, r, &b[r]));
+                uint32_t want = PL_FIELD_CU_SEQLENS | PL_FIELD_MAX_SEQLEN;
+                if (ri[r].pp_rank == 0) want |= PL_FIELD_INPUT_IDS | PL_FIELD_POSITION_IDS;
+                if (ri[r].pp_rank == 1) want |= PL_FIELD_LABELS | PL_FIELD_LOSS_MASK;
+                CHECK(b[r]->fields == want);
+                CHECK((b[r]->input_ids != NULL) == ((want & PL_FIELD_INPUT_IDS) != 0));
+                CHECK((b[r]->position_ids != NULL) == ((want & PL_FIELD_POSITION_IDS) != 0));
+                CHECK((b[r]->labels != NULL) == ((want & PL_FIELD_LABELS) != 0));
+                CHECK((b[r]->loss_mask != NULL) == ((want & PL_FIELD_LOSS_MASK) != 0));
+                CHECK_EQ_I64(b[r]->dp_rank, ri[r].dp_rank);
+                CHECK_EQ_I64(b[r]->cols, cols);
+            }
+            /* Reassemble each DP rank's rows from its two CP ranks (PP stage 0
+               for input_ids, stage 1 for labels), TP rank 0. */
+            for (int64_t d = 0; d < 2; d++) {
+                int64_t in[2] = {-1, -1}, out[2] = {-1, -1};
+                for (int64_t r = 0; r < 16; r++) {
+                    if (ri[r].dp_rank != d || ri[r].tp_rank != 0) continue;
+                    if (ri[r].pp_rank == 0) in[ri[r].cp_rank] = r;
+                    else out[ri[r].cp_rank] = r;
+                }
+                const int64_t *i0 = b[in[0]]->input_ids, *i1 = b[in[1]]->input_ids;
+                const int64_t *l0 = b[out[0]]->labels, *l1 = b[out[1]]->labels;
+                const int32_t *cu = b[in[0]]->cu_seqlens;
+                int64_t seg = 0, ok = 1;
+                for (int64_t row = 0; row < 2; row++) {
+                    int64_t q = pl->rank_sequences[(d * pl->micro_batches_per_rank + mb) * 2 + row];
+                    /* The full row of the plan: chunks padded to 4, then pad. */
+                    int64_t full[64], flab[64], fp = 0;
+                    for (int64_t j = pl->seq_offsets[q]; j < pl->seq_offsets[q + 1]; j++) {
+                        const pl_chunk *ch = &pl->chunks[j];
+                        int64_t P = (ch->length + 3) / 4 * 4;
+                        for (int64_t t = 0; t < P; t++) {
+                            int real = t < ch->length;
+                            full[fp + t] = real ? corpus_token(c, ch->source, ch->index, ch->offset + t) : 0;
+                            int end = t == ch->length - 1 && (ch->flags & PL_CHUNK_DOC_END);
+                            flab[fp + t] = real && !end ? corpus_token(c, ch->source, ch->index, ch->offset + t + 1) : -100;
+                        }
+                        fp += P;
+                    }
+                    for (; fp < S; fp++) {
+                        full[fp] = 0;
+                        flab[fp] = -100;
+                    }
+                    /* Walk this row's segments on the CP side. */
+                    int64_t rebuilt[64], rlab[64], pos = 0;
+                    while (pos < S) {
+                        int64_t lo = cu[seg] - row * cols, len = cu[seg + 1] - cu[seg];
+                        int64_t qq = len / 2; /* a quarter of the full segment */
+                        for (int64_t t = 0; t < qq; t++) {
+                            rebuilt[pos + t] = i0[row * cols + lo + t];
+                            rebuilt[pos + qq + t] = i1[row * cols + lo + t];
+                            rebuilt[pos + 2 * qq + t] = i1[row * cols + lo + qq + t];
+                            rebuilt[pos + 3 * qq + t] = i0[row * cols + lo + qq + t];
+                            rlab[pos + t] = l0[row * cols + lo + t];
+                            rlab[pos + qq + t] = l1[row * cols + lo + t];
+                            rlab[pos + 2 * qq + t] = l1[row * cols + lo + qq + t];
+                            rlab[pos + 3 * qq + t] = l0[row * cols + lo + qq + t];
+                        }
+                        pos += 4 * qq;
+                        seg++;
+                        if (len == 0) break;
+                    }
+                    if (pos != S || memcmp(rebuilt, full, sizeof full) || memcmp(rlab, flab, sizeof flab))
+                        ok = 0;
+                }
+                CHECK(ok);
+                /* TP peers: the same memory. */
+                for (int64_t r = 0; r < 16; r++)
+                    for (int64_t r2 = 0; r2 < 16; r2++)
+                        if (ri[r].dp_rank == ri[r2].dp_rank && ri[r].cp_rank == ri[r2].cp_rank &&
+                            ri[r].pp_rank == ri[r2].pp_rank)
+                            CHECK(b[r]->cu_seqlens == b[r2]->cu_seqlens);
+            }
+        }
+        pl_plan_free(pl);
+    }
+    pl_planner_free(p);
+    for (int s = 0; s < NSRC; s++) pl_source_free(src[s]);
+    pl_loader_free(l);
+    pl_config_free(cfg);
+}
+
 int main(void) {
     corpus c;
     corpus_make(&c, 64);
@@ -579,6 +683,7 @@ int main(void) {
     test_retain_and_done(&c);
     test_dtype_and_topology(&c);
     test_bad_document();
+    test_4d(&c);
     corpus_free(&c);
     TEST_END();
 }
