@@ -9,6 +9,8 @@
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
 .DEFAULT_GOAL := help
+# Quiet nested makes (cmake's Makefile generator) about entering directories.
+MAKEFLAGS += --no-print-directory
 
 PYTHON ?= python3
 JOBS ?= $(shell nproc)
@@ -83,11 +85,11 @@ install: $(STAMPS)/polyload
 
 # ---------------------------------------------------------------------- C builds
 
-build: install
+build: venv
 	cmake -S . -B build -DCMAKE_BUILD_TYPE=Release $(CMAKE_COMMON) > /dev/null
 	cmake --build build -j $(JOBS)
 
-build-asan: install
+build-asan: venv
 	cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPL_SANITIZE=ON \
 	  $(CMAKE_COMMON) > /dev/null
 	cmake --build build-asan -j $(JOBS)
