@@ -5,6 +5,7 @@
  *                       [--threads N] [--no-progress]
  *   polyload plan CONFIG --steps A:B [--state-in F] [--rank R] [--json]
  *   polyload inspect PATH [--json] [--type megatron|llmc|flat]
+ *   polyload calibrate CSV [--json]
  *   polyload prepare ARGS...        (runs python -m polyload.prepare)
  *   polyload --version | help
  *
@@ -49,6 +50,10 @@ static const char *usage_text =
     "      dp_rank).\n"
     "  inspect PATH [--json] [--type megatron|llmc|flat]\n"
     "      Print statistics of a source.\n"
+    "  calibrate CSV [--json]\n"
+    "      Fit the cost model time = a*tokens + b*sum_sq + c by least\n"
+    "      squares to rows 'tokens,sum_sq,step_time' (a header line and\n"
+    "      '#' comments allowed) and print a, b, c, r2 and rows.\n"
     "  prepare ARGS...\n"
     "      Tokenize text into sources (python -m polyload.prepare;\n"
     "      $POLYLOAD_PYTHON selects the interpreter).\n"
@@ -809,6 +814,143 @@ static int cmd_inspect(int argc, char **argv) {
     return EXIT_OK;
 }
 
+/* ------------------------------------------------------------ calibrate */
+
+/* Parse one CSV field as a finite double: strtod over [s, e) with
+ * surrounding blanks allowed. */
+static int parse_field(const char *s, const char *e, double *out) {
+    while (s < e && (*s == ' ' || *s == '\t')) s++;
+    while (e > s && (e[-1] == ' ' || e[-1] == '\t')) e--;
+    if (s == e || e - s >= 64) return 0;
+    char buf[64];
+    memcpy(buf, s, (size_t)(e - s));
+    buf[e - s] = '\0';
+    errno = 0;
+    char *end = NULL;
+    double v = strtod(buf, &end);
+    if (errno || !end || *end || !isfinite(v)) return 0;
+    *out = v;
+    return 1;
+}
+
+/* A row "tokens,sum_sq,step_time"; 1 if it parses. */
+static int parse_row(const char *line, double v[3]) {
+    const char *s = line;
+    for (int k = 0; k < 3; k++) {
+        const char *e = strchr(s, ',');
+        if (k < 2 && !e) return 0;
+        if (k == 2) {
+            if (e) return 0;
+            e = s + strlen(s);
+        }
+        if (!parse_field(s, e, &v[k])) return 0;
+        s = e + 1;
+    }
+    return 1;
+}
+
+static int cmd_calibrate(int argc, char **argv) {
+    args a;
+    int code = parse_args(argc, argv, 2, "json", &a);
+    if (code) return code;
+    if (a.help) {
+        fputs(usage_text, stdout);
+        return EXIT_OK;
+    }
+    if (!a.positional) return usage_error("calibrate: missing CSV");
+    void *data = NULL;
+    size_t len = 0;
+    if (read_file(a.positional, &data, &len) != 0) {
+        fprintf(stderr, "polyload: error: cannot read '%s': %s\n",
+                a.positional, strerror(errno));
+        return EXIT_RUNTIME;
+    }
+    char *text = realloc(data, len + 1);
+    if (!text) {
+        free(data);
+        return fail(EXIT_RUNTIME, NULL, PL_ENOMEM);
+    }
+    text[len] = '\0';
+    int64_t n = 0, cap = 0, lineno = 0;
+    double *col[3] = {NULL, NULL, NULL};
+    int seen_row = 0;
+    code = EXIT_OK;
+    for (char *line = text; line && code == EXIT_OK;) {
+        char *nl = strchr(line, '\n');
+        if (nl) *nl = '\0';
+        lineno++;
+        size_t l = strlen(line);
+        if (l && line[l - 1] == '\r') line[--l] = '\0';
+        const char *t = line;
+        while (*t == ' ' || *t == '\t') t++;
+        double v[3];
+        if (*t == '\0' || *t == '#') {
+            /* blank line or comment */
+        } else if (parse_row(t, v)) {
+            if (n == cap) {
+                int64_t nc = cap ? cap * 2 : 256;
+                for (int k = 0; k < 3; k++) {
+                    double *p = realloc(col[k], (size_t)nc * sizeof *p);
+                    if (!p) {
+                        code = fail(EXIT_RUNTIME, NULL, PL_ENOMEM);
+                        break;
+                    }
+                    col[k] = p;
+                }
+                cap = nc;
+            }
+            if (code == EXIT_OK) {
+                for (int k = 0; k < 3; k++) col[k][n] = v[k];
+                n++;
+            }
+            seen_row = 1;
+        } else if (!seen_row) {
+            seen_row = 1; /* the header line */
+        } else {
+            fprintf(stderr,
+                    "polyload: error: %s:%" PRId64 ": malformed row '%.80s' "
+                    "(expected tokens,sum_sq,step_time)\n",
+                    a.positional, lineno, t);
+            code = EXIT_USAGE;
+        }
+        line = nl ? nl + 1 : NULL;
+    }
+    free(text);
+    double fa = 0, fb = 0, fc = 0, r2 = 0;
+    if (code == EXIT_OK) {
+        int rc = pl_cost_fit(col[0], col[1], col[2], n, &fa, &fb, &fc, &r2);
+        if (rc != PL_OK) {
+            fprintf(stderr,
+                    "polyload: error: %s: cannot fit the cost model to %" PRId64
+                    " rows (need at least 3, with tokens and sum_sq not "
+                    "proportional)\n",
+                    a.positional, n);
+            code = EXIT_RUNTIME;
+        }
+    }
+    for (int k = 0; k < 3; k++) free(col[k]);
+    if (code != EXIT_OK) return code;
+    if (a.json) {
+        fputs("{\"a\": ", stdout);
+        json_num(stdout, fa, 1);
+        fputs(", \"b\": ", stdout);
+        json_num(stdout, fb, 1);
+        fputs(", \"c\": ", stdout);
+        json_num(stdout, fc, 1);
+        fputs(", \"r2\": ", stdout);
+        json_num(stdout, r2, 1);
+        printf(", \"rows\": %" PRId64 "}\n", n);
+    } else {
+        printf("time = a * tokens + b * sum_sq + c\n");
+        printf("a                  %.6g\n", fa);
+        printf("b                  %.6g\n", fb);
+        printf("c                  %.6g\n", fc);
+        printf("r2                 %.6f\n", r2);
+        printf("rows               %" PRId64 "\n", n);
+    }
+    return EXIT_OK;
+}
+
 /* ------------------------------------------------------------ prepare */
 
 static int cmd_prepare(int argc, char **argv) {
@@ -874,5 +1016,6 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "plan") == 0) return cmd_plan(argc, argv);
     if (strcmp(cmd, "inspect") == 0) return cmd_inspect(argc, argv);
     if (strcmp(cmd, "prepare") == 0) return cmd_prepare(argc, argv);
+    if (strcmp(cmd, "calibrate") == 0) return cmd_calibrate(argc, argv);
     return usage_error("unknown command '%s'", cmd);
 }

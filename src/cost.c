@@ -3,10 +3,16 @@
  * sequence from metadata only,
  *     cost = a * tokens + b * sum over its chunks of attn(len) + c,
  * where attn(len) = len^2 for causal attention within a document and
- * len * min(len, window) for sliding-window attention.  The presets and the
- * fitting of a, b, c belong to config.c and the calibrate command.
+ * len * min(len, window) for sliding-window attention.  The presets belong
+ * to config.c.  pl_cost_fit fits a, b, c to measured step times by ordinary
+ * least squares (the calibrate command): the columns are scaled to unit
+ * largest magnitude, the 3x3 normal equations are formed and solved in long
+ * double by Gaussian elimination with partial pivoting, and a pivot below a
+ * relative tolerance means the columns are linearly dependent (PL_EINVAL).
  */
 #include "planner_internal.h"
+
+#include <math.h>
 
 static inline double pl__attn(const pl_config *cfg, int64_t len) {
     double l = (double)len;
@@ -27,4 +33,91 @@ double pl__sequence_cost(const pl_config *cfg, const pl_chunk *c, int64_t n) {
         attn += pl__attn(cfg, c[i].length);
     }
     return cfg->cost.a * tokens + cfg->cost.b * attn + cfg->cost.c;
+}
+
+double pl_cost_sequence(const pl_config *cfg, const int64_t *doc_lengths,
+                        int64_t n) {
+    if (!cfg || n < 0 || (n > 0 && !doc_lengths)) return NAN;
+    double tokens = 0, attn = 0;
+    for (int64_t i = 0; i < n; i++) {
+        tokens += (double)doc_lengths[i];
+        attn += pl__attn(cfg, doc_lengths[i]);
+    }
+    return cfg->cost.a * tokens + cfg->cost.b * attn + cfg->cost.c;
+}
+
+int pl_cost_fit(const double *tokens, const double *sum_sq, const double *time,
+                int64_t n, double *a, double *b, double *c, double *r2) {
+    if (!tokens || !sum_sq || !time || n < 3) return PL_EINVAL;
+    /* Column scales: the largest magnitude of each column (1 if all zero). */
+    long double scale[3] = {0, 0, 1};
+    for (int64_t i = 0; i < n; i++) {
+        if (!isfinite(tokens[i]) || !isfinite(sum_sq[i]) || !isfinite(time[i]))
+            return PL_EINVAL;
+        long double x0 = fabsl((long double)tokens[i]);
+        long double x1 = fabsl((long double)sum_sq[i]);
+        if (x0 > scale[0]) scale[0] = x0;
+        if (x1 > scale[1]) scale[1] = x1;
+    }
+    if (scale[0] == 0 || scale[1] == 0) return PL_EINVAL; /* a zero column */
+    /* Normal equations M x = v over the scaled columns, augmented: m[r][3]. */
+    long double m[3][4] = {{0}};
+    for (int64_t i = 0; i < n; i++) {
+        long double x[3] = {(long double)tokens[i] / scale[0],
+                            (long double)sum_sq[i] / scale[1], 1.0L};
+        for (int r = 0; r < 3; r++) {
+            for (int k = 0; k < 3; k++) m[r][k] += x[r] * x[k];
+            m[r][3] += x[r] * (long double)time[i];
+        }
+    }
+    long double maxdiag = 0;
+    for (int r = 0; r < 3; r++)
+        if (m[r][r] > maxdiag) maxdiag = m[r][r];
+    const long double tol = 1e-13L * maxdiag;
+    for (int col = 0; col < 3; col++) {
+        int piv = col;
+        for (int r = col + 1; r < 3; r++)
+            if (fabsl(m[r][col]) > fabsl(m[piv][col])) piv = r;
+        if (!(fabsl(m[piv][col]) > tol)) return PL_EINVAL; /* singular */
+        if (piv != col)
+            for (int k = 0; k < 4; k++) {
+                long double t = m[col][k];
+                m[col][k] = m[piv][k];
+                m[piv][k] = t;
+            }
+        for (int r = col + 1; r < 3; r++) {
+            long double f = m[r][col] / m[col][col];
+            for (int k = col; k < 4; k++) m[r][k] -= f * m[col][k];
+        }
+    }
+    long double x[3];
+    for (int r = 2; r >= 0; r--) {
+        long double s = m[r][3];
+        for (int k = r + 1; k < 3; k++) s -= m[r][k] * x[k];
+        x[r] = s / m[r][r];
+    }
+    const long double fa = x[0] / scale[0], fb = x[1] / scale[1], fc = x[2];
+    /* Coefficient of determination. */
+    long double mean = 0, ss_tot = 0, ss_res = 0;
+    for (int64_t i = 0; i < n; i++) mean += (long double)time[i];
+    mean /= (long double)n;
+    for (int64_t i = 0; i < n; i++) {
+        long double t = (long double)time[i];
+        long double e = t - (fa * (long double)tokens[i] +
+                             fb * (long double)sum_sq[i] + fc);
+        ss_tot += (t - mean) * (t - mean);
+        ss_res += e * e;
+    }
+    double fit_r2;
+    if (ss_tot > 0)
+        fit_r2 = (double)(1.0L - ss_res / ss_tot);
+    else /* every time equal: exact if the residual vanishes */
+        fit_r2 = ss_res <= 1e-24L * (mean * mean + 1.0L) ? 1.0 : 0.0;
+    if (!isfinite((double)fa) || !isfinite((double)fb) || !isfinite((double)fc))
+        return PL_EINVAL;
+    if (a) *a = (double)fa;
+    if (b) *b = (double)fb;
+    if (c) *c = (double)fc;
+    if (r2) *r2 = fit_r2;
+    return PL_OK;
 }

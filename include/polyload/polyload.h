@@ -475,6 +475,42 @@ PL_API int pl_planner_get_state(pl_planner *planner, void *buf, size_t cap,
 PL_API int pl_planner_set_state(pl_planner *planner, const void *buf,
                                 size_t len);
 
+
+/* ============================================================ cost model */
+/*
+ * The cost model of SPEC section 5: the estimated compute of one sequence,
+ *     cost = a * tokens + b * sum over its documents of attn(len) + c,
+ * with attn(len) = len^2 (causal attention within a document) or
+ * len * min(len, window) (cost.preset sliding_window).  The planner balances
+ * DP ranks and micro-batches by this cost; pl_plan.seq_cost holds it.
+ */
+
+/*
+ * The cost under cfg's cost model (preset, a, b, c, window) of one sequence
+ * that packs n documents of the given lengths (in tokens).  doc_lengths may
+ * be NULL when n is 0 (the cost is then c).  Returns NaN when cfg is NULL,
+ * n < 0, or doc_lengths is NULL with n > 0.  Thread-safe.
+ */
+PL_API double pl_cost_sequence(const pl_config *cfg, const int64_t *doc_lengths,
+                               int64_t n);
+
+/*
+ * Fit a, b, c by ordinary least squares to n measured rows
+ *     time[i] ~= a * tokens[i] + b * sum_sq[i] + c
+ * (tokens of a micro-batch, sum of its squared document lengths, measured
+ * step time), as `polyload calibrate` does.  The 3x3 normal equations are
+ * solved in long double after scaling each column to unit size, with partial
+ * pivoting.  *r2 receives the coefficient of determination
+ * 1 - SS_res / SS_tot (1 when every time is equal and fitted exactly).
+ * Any of a, b, c, r2 may be NULL.  Returns PL_OK, or PL_EINVAL when an
+ * input pointer is NULL, n < 3, a value is not finite, or the columns are
+ * linearly dependent (e.g. sum_sq a multiple of tokens), leaving the outputs
+ * untouched.  Thread-safe.
+ */
+PL_API int pl_cost_fit(const double *tokens, const double *sum_sq,
+                       const double *time, int64_t n, double *a, double *b,
+                       double *c, double *r2);
+
 #ifdef __cplusplus
 }
 #endif
