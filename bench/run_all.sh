@@ -1,0 +1,17 @@
+#!/bin/sh
+# Run the three benchmarks of bench/README.md; results in bench/out/*.json|log.
+# Needs: data/ (scripts/build_corpus.py), .venv, cmake, ninja, gcc, libyaml,
+# libxxhash, zlib.
+set -eu
+cd "$(dirname "$0")/.."
+cmake -S . -B build-bench -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build build-bench >/dev/null
+gcc -O2 -std=c11 -Wall -Wextra -Iinclude bench/memory.c build-bench/libpolyload.a \
+    -lyaml -lxxhash -lz -lpthread -lm -o build-bench/bench_memory
+mkdir -p bench/out
+uptime
+.venv/bin/python bench/throughput.py --json bench/out/throughput.json | tee bench/out/throughput.log | tail -6
+.venv/bin/python bench/startup.py --json bench/out/startup.json | tee bench/out/startup.log | tail -3
+build-bench/bench_memory bench/out/startup/files 2000 bench/out/startup/single_file.yaml \
+    bench/out/startup/many_sources.yaml bench/out/startup/one_source.yaml | tee bench/out/memory.log
+uptime
