@@ -16,7 +16,14 @@
  *     for the Differencing Method", 2012), which keeps equal cardinalities.
  *  B. Regroup-then-pack.  Chunks, most costly first, go to the DP rank with
  *     the least cost that has a sequence with room (best fit within the rank).
- *     If some chunk fits in no rank, B is dropped and A stands.
+ *     If some chunk fits in no rank, B is dropped and A stands.  B is not
+ *     tried when A is already within PL__GOOD_ENOUGH (0.1%) of the lower
+ *     bound max(total cost / dp, costliest chunk), since no arrangement can
+ *     gain more than that, and it is abandoned as soon as one of its ranks
+ *     costs more than A's largest.  On a full step (best_fit leaves little
+ *     room) regrouping rarely fits: measured on the benchmark settings of
+ *     bench/balance it failed on nearly every step, while A alone came
+ *     within 0.7% of the lower bound (bench/balance/RESULTS.md).
  *
  * Then, within each rank, its sequences are split into micro-batches of
  * micro_batch_size sequences by the same method, so that pipeline stages do
@@ -27,6 +34,10 @@
  */
 #include "planner_internal.h"
 
+#include <math.h>
+
+/* Relative distance to the lower bound below which A is kept as is. */
+#define PL__GOOD_ENOUGH 1e-3
 #include <stdlib.h>
 #include <string.h>
 
@@ -300,66 +311,155 @@ out:
  * B: chunks, most costly first, to the least loaded rank with room (best fit
  * among the rank's sequences).  bin_of receives global bins r * per + j.
  * Returns 1 if every chunk found room, 0 if not, or a negative error.
+ *
+ * "The least loaded rank with room" is a query over ranks: a tournament
+ * tree keeps, per subtree, the least load (ranks with no free space count as
+ * infinitely loaded) and the most free space of any one sequence, and a
+ * left-first search pruned by both finds the least loaded rank (lowest index
+ * on ties) whose roomiest sequence holds the chunk.  A histogram of free
+ * space per sequence tells at once when no sequence anywhere has room, so a
+ * step whose packing is too tight for regrouping gives up after one look
+ * instead of searching every rank.  The order of chunks comes from a
+ * counting sort by length when the cost grows with length (a, b >= 0; the
+ * same order as sorting by cost, ties by index).
  */
+typedef struct pl__rtree {
+    int64_t size;   /* leaves: a power of two >= dp */
+    double *load;   /* [2 * size] least load in the subtree */
+    int64_t *room;  /* [2 * size] most free space of one sequence */
+} pl__rtree;
+
+static void pl__rtree_set(pl__rtree *t, int64_t r, double load, int64_t room) {
+    int64_t i = t->size + r;
+    t->load[i] = room > 0 ? load : HUGE_VAL;
+    t->room[i] = room;
+    for (i /= 2; i >= 1; i /= 2) {
+        double l = t->load[2 * i], rr = t->load[2 * i + 1];
+        t->load[i] = l <= rr ? l : rr;
+        int64_t a = t->room[2 * i], b = t->room[2 * i + 1];
+        t->room[i] = a >= b ? a : b;
+    }
+}
+
+/* The least loaded leaf with room >= need under node i, into best and
+ * best_load. */
+static void pl__rtree_find(const pl__rtree *t, int64_t i, int64_t need,
+                           int64_t *best, double *best_load) {
+    if (t->room[i] < need) return;
+    if (*best >= 0 && !(t->load[i] < *best_load)) return;
+    if (i >= t->size) {
+        *best = i - t->size;
+        *best_load = t->load[i];
+        return;
+    }
+    pl__rtree_find(t, 2 * i, need, best, best_load);
+    pl__rtree_find(t, 2 * i + 1, need, best, best_load);
+}
+
+/* Chunk order for B: decreasing cost, ties by index. */
+static int pl__regroup_order(const pl_planner *p, const pl_chunk *placed,
+                             int64_t n, pl__ci *order) {
+    const pl_config *c = p->cfg;
+    const int64_t maxlen = p->max_chunk;
+    int counting = c->cost.a >= 0 && c->cost.b >= 0 &&
+                   (c->cost.a > 0 || c->cost.b > 0);
+    for (int64_t i = 0; i < n && counting; i++)
+        if (placed[i].length < 0 || placed[i].length > maxlen) counting = 0;
+    if (!counting) {
+        for (int64_t i = 0; i < n; i++)
+            order[i] = (pl__ci){pl__chunk_cost(c, placed[i].length) - c->cost.c, i};
+        if (n > 1) qsort(order, (size_t)n, sizeof *order, pl__cmp_ci_desc);
+        return PL_OK;
+    }
+    /* Cost strictly increases with length: a stable counting sort by
+     * decreasing length is the same order. */
+    int64_t *start = pl__calloc((size_t)maxlen + 2, sizeof *start);
+    if (!start) return PL_ENOMEM;
+    for (int64_t i = 0; i < n; i++) start[maxlen - placed[i].length + 1]++;
+    for (int64_t v = 1; v <= maxlen + 1; v++) start[v] += start[v - 1];
+    for (int64_t i = 0; i < n; i++) {
+        int64_t at = start[maxlen - placed[i].length]++;
+        order[at].i = i;
+    }
+    for (int64_t j = 0; j < n; j++)
+        order[j].w = pl__chunk_cost(c, placed[order[j].i].length) - c->cost.c;
+    free(start);
+    return PL_OK;
+}
+
 static int pl__regroup(const pl_planner *p, const pl_chunk *placed, int64_t n,
-                       int32_t *bin_of) {
+                       double cap, int32_t *bin_of) {
     const pl_config *c = p->cfg;
     const int64_t G = c->global_batch_size, dp = c->topology.dp, S = c->seq_length;
     const int64_t per = G / dp, thr = c->long_short_threshold;
-    pl__ci *order = pl__calloc((size_t)n, sizeof *order);
+    int64_t size = 1;
+    while (size < dp) size *= 2;
+    pl__ci *order = pl__calloc((size_t)(n ? n : 1), sizeof *order);
     int64_t *space = pl__calloc((size_t)G, sizeof *space);
-    int64_t *held = pl__calloc((size_t)dp, sizeof *held);
-    double *hkey = pl__calloc((size_t)dp, sizeof *hkey);
-    pl__heap h = {pl__calloc((size_t)dp, sizeof(double)),
-                  pl__calloc((size_t)dp, sizeof(int64_t)), 0};
+    double *load = pl__calloc((size_t)dp, sizeof *load);
+    int64_t *hist = pl__calloc((size_t)S + 1, sizeof *hist);
+    pl__rtree t = {size, pl__calloc((size_t)(2 * size), sizeof(double)),
+                   pl__calloc((size_t)(2 * size), sizeof(int64_t))};
     int rc = 1;
-    if (!order || !space || !held || !hkey || !h.key || !h.id) {
+    if (!order || !space || !load || !hist || !t.load || !t.room) {
         rc = PL_ENOMEM;
         goto out;
     }
-    for (int64_t i = 0; i < n; i++)
-        order[i] = (pl__ci){pl__chunk_cost(c, placed[i].length) - c->cost.c, i};
-    if (n > 1) qsort(order, (size_t)n, sizeof *order, pl__cmp_ci_desc);
+    if ((rc = pl__regroup_order(p, placed, n, order))) goto out;
+    rc = 1;
     for (int64_t b = 0; b < G; b++) space[b] = S;
-    for (int64_t r = 0; r < dp; r++) pl__heap_push(&h, 0, r);
-    for (int64_t j = 0; j < n && rc == 1; j++) {
+    hist[S] = G;
+    int64_t top = S; /* the most free space of any sequence */
+    for (int64_t i = 0; i < 2 * size; i++) {
+        t.load[i] = HUGE_VAL;
+        t.room[i] = -1;
+    }
+    for (int64_t r = 0; r < dp; r++) pl__rtree_set(&t, r, 0, S);
+    for (int64_t j = 0; j < n; j++) {
         const pl_chunk *ch = &placed[order[j].i];
         int64_t len = pl__padded(p, ch->length);
         int is_long = thr > 0 && ch->length > thr;
-        int64_t nheld = 0, found = -1;
-        while (h.n > 0 && found < 0) {
-            double key;
-            int64_t r;
-            pl__heap_pop(&h, &key, &r);
-            held[nheld] = r;
-            hkey[nheld++] = key;
-            int64_t best = -1;
-            for (int64_t t = 0; t < per; t++) {
-                int64_t sp = space[r * per + t];
-                if (is_long ? sp == S : sp >= len) {
-                    if (best < 0 || sp < space[r * per + best]) best = t;
-                }
-            }
-            if (best >= 0) {
-                found = r * per + best;
-                hkey[nheld - 1] = key + order[j].w;
-            }
-        }
-        for (int64_t t = 0; t < nheld; t++) pl__heap_push(&h, hkey[t], held[t]);
-        if (found < 0) {
+        int64_t need = is_long ? S : len;
+        while (top > 0 && hist[top] == 0) top--;
+        if (top < need) { /* no sequence anywhere has room */
             rc = 0;
             break;
         }
-        bin_of[order[j].i] = (int32_t)found;
+        int64_t r = -1;
+        double best_load = 0;
+        pl__rtree_find(&t, 1, need, &r, &best_load);
+        if (r < 0) {
+            rc = 0;
+            break;
+        }
+        int64_t best = -1, room = 0;
+        for (int64_t q = 0; q < per; q++) {
+            int64_t sp = space[r * per + q];
+            if (is_long ? sp == S : sp >= len) {
+                if (best < 0 || sp < space[r * per + best]) best = q;
+            }
+        }
+        const int64_t found = r * per + best;
+        hist[space[found]]--;
         space[found] = is_long ? 0 : space[found] - len;
+        hist[space[found]]++;
+        for (int64_t q = 0; q < per; q++)
+            if (space[r * per + q] > room) room = space[r * per + q];
+        load[r] += order[j].w;
+        if (load[r] > cap) { /* B cannot beat A any more */
+            rc = 0;
+            break;
+        }
+        pl__rtree_set(&t, r, load[r], room);
+        bin_of[order[j].i] = (int32_t)found;
     }
 out:
     free(order);
     free(space);
-    free(held);
-    free(hkey);
-    free(h.key);
-    free(h.id);
+    free(load);
+    free(hist);
+    free(t.load);
+    free(t.room);
     return rc;
 }
 
@@ -384,8 +484,20 @@ int pl__balance(pl_planner *p, const pl_chunk *placed, int64_t n,
     pl__bin_costs(p, placed, n, bin_of, G, tok, attn, cost);
     if ((rc = pl__partition_equal(cost, G, dp, c->balance, rank_of))) goto out;
     if ((rc = pl__arrange(p, cost, rank_of, arr_a, &max_a, &mb_a))) goto out;
-    /* B: regroup-then-pack. */
-    int ok = pl__regroup(p, placed, n, bin_b);
+    /* The lower bound of pl_plan (pack.c computes the same). */
+    double total = 0, worst = 0;
+    for (int64_t q = 0; q < G; q++) total += cost[q];
+    for (int64_t i = 0; i < n; i++) {
+        double cc = pl__chunk_cost(c, placed[i].length);
+        if (cc > worst) worst = cc;
+    }
+    double lb = total / (double)dp > worst ? total / (double)dp : worst;
+    /* B: regroup-then-pack, unless A is as good as it gets.  B's rank loads
+     * leave out the per-sequence constant c (the same per - c on every rank),
+     * so its cap is A's largest without it. */
+    int ok = 0;
+    if (max_a > lb * (1 + PL__GOOD_ENOUGH))
+        ok = pl__regroup(p, placed, n, max_a - (double)per * c->cost.c, bin_b);
     if (ok < 0) {
         rc = ok;
         goto out;
