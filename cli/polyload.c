@@ -28,6 +28,7 @@
 #include <limits.h>
 #include <math.h>
 #include <stdarg.h>
+#include <glob.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -735,6 +736,24 @@ static pl_source_type guess_type(const char *path, char *path_out,
     char idx[4096];
     snprintf(idx, sizeof idx, "%s.idx", path);
     if (file_exists(idx)) return PL_SOURCE_MEGATRON;
+    if (strpbrk(path, "*?[")) { /* a glob: of Megatron prefixes, or of files */
+        glob_t g;
+        int megatron = 0;
+        if (glob(idx, 0, NULL, &g) == 0) megatron = g.gl_pathc > 0;
+        globfree(&g);
+        if (megatron) return PL_SOURCE_MEGATRON;
+        if (glob(path, 0, NULL, &g) == 0 && g.gl_pathc > 0) {
+            char first[4096];
+            snprintf(first, sizeof first, "%s", g.gl_pathv[0]);
+            globfree(&g);
+            char ignored[4096];
+            pl_source_type t = guess_type(first, ignored, sizeof ignored);
+            if (t == PL_SOURCE_MEGATRON && ends_with(path, ".idx"))
+                path_out[strlen(path) - 4] = '\0';
+            return t;
+        }
+        globfree(&g);
+    }
     return PL_SOURCE_FLAT;
 }
 

@@ -282,8 +282,9 @@ static void test_inspect(void) {
     int64_t mx = 0;
     for (int i = 0; i < N_DOCS; i++)
         if (sorted[i] > mx) mx = sorted[i];
-    const char *forms[] = {"web", "web.idx", "web.bin", "web --type megatron"};
-    for (int k = 0; k < 4; k++) {
+    const char *forms[] = {"web", "web.idx", "web.bin", "web --type megatron",
+                           "'we?'", "'w?b.idx'"};
+    for (int k = 0; k < 6; k++) {
         result *r = cli("inspect %s --json", forms[k]);
         CHECK_CODE(r, 0);
         CHECK(json_valid(r->out));
