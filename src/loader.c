@@ -86,6 +86,7 @@ struct pl_loader {
     pthread_cond_t work_cv;  /* workers: a slot freed, or stop */
     pthread_cond_t ready_cv; /* consumers: a slot filled; workers: planned */
     int stopping, running, planning;
+    int64_t work_waiters, ready_waiters; /* threads blocked on each */
     int failed;
 
     pl__served *served;
@@ -107,6 +108,18 @@ struct pl_loader {
     int64_t st_steps_folded;
     pl_source_summary *summary;
 };
+
+/* Condition waits that count their waiters, so that a wake-up costs no
+ * system call when nobody waits (the common case once the queues are full). */
+static void pl__wait(pthread_cond_t *cv, pthread_mutex_t *mu, int64_t *waiters) {
+    (*waiters)++;
+    pthread_cond_wait(cv, mu);
+    (*waiters)--;
+}
+
+static void pl__wake(pthread_cond_t *cv, int64_t waiters) {
+    if (waiters > 0) pthread_cond_broadcast(cv);
+}
 
 static int pl__fail(pl_loader *l, int rc, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -173,7 +186,7 @@ static void pl__plan_until(pl_loader *l, int64_t step) {
         l->planned_steps++;
     }
     l->planning = 0;
-    pthread_cond_broadcast(&l->ready_cv);
+    pl__wake(&l->ready_cv, l->ready_waiters);
 }
 
 static pl__entry *pl__entry_at(pl_loader *l, int64_t step) {
@@ -201,7 +214,7 @@ static void *pl__worker_main(void *arg) {
     while (!l->stopping) {
         int64_t g = l->failed ? -1 : pl__pick_group(l);
         if (g < 0) {
-            pthread_cond_wait(&l->work_cv, &l->mu);
+            pl__wait(&l->work_cv, &l->mu, &l->work_waiters);
             continue;
         }
         pl__group *gr = &l->groups[g];
@@ -211,7 +224,7 @@ static void *pl__worker_main(void *arg) {
         slot->state = PL__SLOT_BUILDING;
         int64_t step = k / l->nmb;
         while (l->planned_steps <= step && !l->stopping && !l->failed) {
-            if (l->planning) pthread_cond_wait(&l->ready_cv, &l->mu);
+            if (l->planning) pl__wait(&l->ready_cv, &l->mu, &l->ready_waiters);
             else pl__plan_until(l, step);
         }
         pl__entry *e = pl__entry_at(l, step);
@@ -220,7 +233,7 @@ static void *pl__worker_main(void *arg) {
             slot->rc = l->failed ? l->failed : PL_ECLOSED;
             free(slot->msg);
             slot->msg = pl__strdup(l->failed ? l->errmsg : "loader stopped");
-            pthread_cond_broadcast(&l->ready_cv);
+            pl__wake(&l->ready_cv, l->ready_waiters);
             continue;
         }
         int rc = e->rc;
@@ -252,7 +265,7 @@ static void *pl__worker_main(void *arg) {
             slot->buf = buf;
             slot->state = PL__SLOT_READY;
         }
-        pthread_cond_broadcast(&l->ready_cv);
+        pl__wake(&l->ready_cv, l->ready_waiters);
     }
     pthread_mutex_unlock(&l->mu);
     return NULL;
@@ -261,8 +274,8 @@ static void *pl__worker_main(void *arg) {
 static void pl__stop_workers(pl_loader *l) {
     pthread_mutex_lock(&l->mu);
     l->stopping = 1;
-    pthread_cond_broadcast(&l->work_cv);
-    pthread_cond_broadcast(&l->ready_cv);
+    pl__wake(&l->work_cv, l->work_waiters);
+    pl__wake(&l->ready_cv, l->ready_waiters);
     pthread_mutex_unlock(&l->mu);
     for (int i = 0; i < l->n_threads; i++) {
         if (l->workers[i].started) pthread_join(l->workers[i].thread, NULL);
@@ -494,7 +507,7 @@ static void pl__advance(pl_loader *l, pl__served *s) {
     }
     if (m > gr->min_cursor) {
         gr->min_cursor = m;
-        pthread_cond_broadcast(&l->work_cv);
+        pl__wake(&l->work_cv, l->work_waiters);
     }
     int64_t done_step = pl__min_cursor(l) / l->nmb;
     int64_t drop = 0;
@@ -540,12 +553,12 @@ int pl_loader_next(pl_loader *l, int64_t rank, pl_batch **out) {
     pl__group *gr = &l->groups[s->group];
     pl__slot *slot = &gr->slots[k % l->depth];
     while (!(slot->k == k && slot->state >= PL__SLOT_READY))
-        pthread_cond_wait(&l->ready_cv, &l->mu);
+        pl__wait(&l->ready_cv, &l->mu, &l->ready_waiters);
     if (slot->state == PL__SLOT_ERROR) {
         int rc = slot->rc;
         pl__fmt(l->errmsg, sizeof l->errmsg, "%s", slot->msg ? slot->msg : "");
         l->failed = rc;
-        pthread_cond_broadcast(&l->work_cv);
+        pl__wake(&l->work_cv, l->work_waiters);
         pthread_mutex_unlock(&l->mu);
         return rc;
     }
@@ -573,7 +586,7 @@ static void pl__blob_set_cursor(void *blob, size_t len, int64_t mb, int64_t dp) 
 
 int pl_loader_get_state(pl_loader *l, void *buf, size_t cap, size_t *len) {
     pthread_mutex_lock(&l->mu);
-    while (l->planning) pthread_cond_wait(&l->ready_cv, &l->mu);
+    while (l->planning) pl__wait(&l->ready_cv, &l->mu, &l->ready_waiters);
     int64_t k = pl__min_cursor(l);
     int64_t step = k / l->nmb, mb = k % l->nmb;
     void *blob = NULL;
@@ -646,7 +659,7 @@ int pl_loader_set_state(pl_loader *l, const void *buf, size_t len) {
 int pl_loader_get_stats(pl_loader *l, pl_loader_stats *out) {
     memset(out, 0, sizeof *out);
     pthread_mutex_lock(&l->mu);
-    while (l->planning) pthread_cond_wait(&l->ready_cv, &l->mu);
+    while (l->planning) pl__wait(&l->ready_cv, &l->mu, &l->ready_waiters);
     int64_t k = pl__min_cursor(l);
     int64_t step = k / l->nmb;
     out->steps = step - l->start_k / l->nmb;
