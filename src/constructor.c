@@ -173,7 +173,8 @@ void pl_batch_release(pl_batch *batch) {
  * type of input_ids and labels.
  */
 #define PL__DEFINE_ROW(NAME, T, DT)                                            \
-    static int NAME(pl__build_ctx *x, const pl_chunk *cs, int64_t nc, T *ids,  \
+    static int NAME(pl__build_ctx *x, const pl_chunk *cs, int64_t nc,          \
+                    int64_t *ordinal, T *ids,                                  \
                     T *lab, float *mask, int64_t *pos, int64_t *seg,           \
                     int64_t *nseg, int64_t *real) {                            \
         int64_t p = 0, S = x->full_cols;                                       \
@@ -181,23 +182,20 @@ void pl_batch_release(pl_batch *batch) {
         for (int64_t j = 0; j < nc; j++) {                                     \
             const pl_chunk *c = &cs[j];                                        \
             int64_t L = c->length, P = (L + x->align - 1) / x->align * x->align; \
-            pl_source *src = x->sources[c->source];                            \
-            int rc = pl__source_read(src, c->index, c->offset, L, ids + p, DT, \
-                                     x->err, x->errcap);                       \
+            T next = 0;                                                        \
+            int end = (c->flags & PL_CHUNK_DOC_END) != 0;                      \
+            int rc = x->read(x, (*ordinal)++, c, ids + p, end ? NULL : &next,  \
+                             DT);                                              \
             if (rc) return rc;                                                 \
             for (int64_t t = 0; t + 1 < L; t++) lab[p + t] = ids[p + t + 1];   \
             for (int64_t t = 0; t < L; t++) {                                  \
                 mask[p + t] = 1.0f;                                            \
                 pos[p + t] = t;                   \
             }                                                                  \
-            if (c->flags & PL_CHUNK_DOC_END) {                                 \
+            if (end) {                                                         \
                 lab[p + L - 1] = (T)-100;                                      \
                 mask[p + L - 1] = 0.0f;                                        \
             } else {                                                           \
-                T next;                                                        \
-                rc = pl__source_read(src, c->index, c->offset + L, 1, &next,   \
-                                     DT, x->err, x->errcap);                   \
-                if (rc) return rc;                                             \
                 lab[p + L - 1] = next;                                         \
             }                                                                  \
             for (int64_t t = L; t < P; t++) {                                  \
@@ -245,6 +243,7 @@ int pl__construct(pl__build_ctx *x, const pl_plan *plan, int64_t dp_rank,
     int64_t ncu = 0;
     b->cu_seqlens[ncu++] = 0;
     int64_t base = 0; /* flattened offset of the row */
+    int64_t ordinal = 0; /* chunks read so far, in pl_plan_reads order */
     for (int64_t row = 0; row < rows; row++) {
         int64_t q = plan->rank_sequences[(dp_rank * plan->micro_batches_per_rank +
                                           mb) * rows + row];
@@ -268,9 +267,9 @@ int pl__construct(pl__build_ctx *x, const pl_plan *plan, int64_t dp_rank,
         }
         int64_t nseg = 0;
         int rc = x->dtype == PL_DTYPE_INT32
-                     ? pl__row32(x, cs, nc, (int32_t *)ids, (int32_t *)lab, mask,
+                     ? pl__row32(x, cs, nc, &ordinal, (int32_t *)ids, (int32_t *)lab, mask,
                                  pos, seg, &nseg, real)
-                     : pl__row64(x, cs, nc, (int64_t *)ids, (int64_t *)lab, mask,
+                     : pl__row64(x, cs, nc, &ordinal, (int64_t *)ids, (int64_t *)lab, mask,
                                  pos, seg, &nseg, real);
         if (rc) return rc;
         if (cp == 1) {
@@ -311,4 +310,154 @@ int pl__construct(pl__build_ctx *x, const pl_plan *plan, int64_t dp_rank,
     b->n_cu_seqlens = ncu;
     (void)S;
     return PL_OK;
+}
+
+/* ------------------------------------------------------------ readers */
+
+int pl__read_from_sources(pl__build_ctx *x, int64_t ordinal, const pl_chunk *c,
+                          void *ids, void *next, pl_dtype dt) {
+    (void)ordinal;
+    pl_source *src = x->sources[c->source];
+    int rc = pl__source_read(src, c->index, c->offset, c->length, ids, dt,
+                             x->err, x->errcap);
+    if (rc || !next) return rc;
+    return pl__source_read(src, c->index, c->offset + c->length, 1, next, dt,
+                           x->err, x->errcap);
+}
+
+/* Payload j holds the tokens of read j (int64), see pl_plan_reads. */
+static int pl__read_from_payloads(pl__build_ctx *x, int64_t ordinal,
+                                  const pl_chunk *c, void *ids, void *next,
+                                  pl_dtype dt) {
+    if (ordinal >= x->n_payloads) {
+        pl__fmt(x->err, x->errcap,
+                "constructor: %lld payloads given, chunk %lld needs one more",
+                (long long)x->n_payloads, (long long)ordinal);
+        return PL_EINVAL;
+    }
+    const int64_t *src = x->payloads[ordinal];
+    const int64_t L = c->length;
+    if (dt == PL_DTYPE_INT32) {
+        int32_t *d = ids;
+        for (int64_t t = 0; t < L; t++) d[t] = (int32_t)src[t];
+        if (next) *(int32_t *)next = (int32_t)src[L];
+    } else {
+        memcpy(ids, src, (size_t)L * sizeof(int64_t));
+        if (next) *(int64_t *)next = src[L];
+    }
+    return PL_OK;
+}
+
+int pl_plan_reads(const pl_plan *plan, int64_t dp_rank, int64_t mb,
+                  pl_read *out, int64_t cap, int64_t *n) {
+    if (!plan || dp_rank < 0 || dp_rank >= plan->dp || mb < 0 ||
+        mb >= plan->micro_batches_per_rank || !n)
+        return PL_ERANGE;
+    int64_t k = 0;
+    const int64_t rows = plan->micro_batch_size;
+    for (int64_t row = 0; row < rows; row++) {
+        int64_t q = plan->rank_sequences[(dp_rank * plan->micro_batches_per_rank +
+                                          mb) * rows + row];
+        for (int64_t j = plan->seq_offsets[q]; j < plan->seq_offsets[q + 1]; j++) {
+            const pl_chunk *c = &plan->chunks[j];
+            if (out && k < cap) {
+                out[k].source = c->source;
+                out[k].reserved = 0;
+                out[k].index = c->index;
+                out[k].offset = c->offset;
+                out[k].count = c->length + ((c->flags & PL_CHUNK_DOC_END) ? 0 : 1);
+            }
+            k++;
+        }
+    }
+    *n = k;
+    return out && k > cap ? PL_EINVAL : PL_OK;
+}
+
+/* ------------------------------------------------------------ constructor */
+
+struct pl_constructor {
+    char errmsg[PL__ERRMSG_CAP];
+    pl_config *cfg;
+    pl__pool *pool;
+    pl__build_ctx ctx;
+};
+
+int pl_constructor_create(const pl_config *cfg, pl_constructor **out) {
+    *out = NULL;
+    pl_constructor *k = pl__calloc(1, sizeof *k);
+    if (!k) return PL_ENOMEM;
+    *out = k;
+    k->cfg = pl__config_clone(cfg);
+    if (!k->cfg) goto oom;
+    const pl_config *c = k->cfg;
+    int64_t cp = c->topology.cp;
+    if (pl__pool_create(c->micro_batch_size, c->seq_length / cp, c->seq_length,
+                        c->dtype, &k->pool))
+        goto oom;
+    k->ctx.dtype = c->dtype;
+    k->ctx.pad_id = c->pad_id;
+    k->ctx.full_cols = c->seq_length;
+    k->ctx.cols = c->seq_length / cp;
+    k->ctx.cp = cp;
+    k->ctx.align = cp > 1 ? 2 * cp : 1;
+    k->ctx.seg = pl__calloc(2 * ((size_t)c->seq_length + 1), sizeof(int64_t));
+    k->ctx.err = k->errmsg;
+    k->ctx.errcap = sizeof k->errmsg;
+    k->ctx.read = pl__read_from_payloads;
+    if (!k->ctx.seg) goto oom;
+    return PL_OK;
+oom:
+    pl__fmt(k->errmsg, sizeof k->errmsg, "constructor: out of memory");
+    return PL_ENOMEM;
+}
+
+void pl_constructor_free(pl_constructor *k) {
+    if (!k) return;
+    pl__pool_release_owner(k->pool);
+    free(k->ctx.seg);
+    pl_config_free(k->cfg);
+    free(k);
+}
+
+const char *pl_constructor_errmsg(const pl_constructor *k) {
+    return k ? k->errmsg : "out of memory";
+}
+
+int pl_constructor_build(pl_constructor *k, const pl_plan *plan, int64_t rank,
+                         int64_t mb, const int64_t *const *payloads,
+                         int64_t n_payloads, pl_batch **out) {
+    *out = NULL;
+    pl_rank_info ri;
+    int rc = pl_config_rank_info(k->cfg, rank, &ri);
+    if (rc) {
+        pl__fmt(k->errmsg, sizeof k->errmsg, "constructor: rank %lld out of range",
+                (long long)rank);
+        return rc;
+    }
+    if (plan->dp != k->cfg->topology.dp || plan->seq_length != k->cfg->seq_length ||
+        plan->micro_batch_size != k->cfg->micro_batch_size) {
+        pl__fmt(k->errmsg, sizeof k->errmsg,
+                "constructor: the plan's dp/seq_length/micro_batch_size differ "
+                "from the config's");
+        return PL_EINVAL;
+    }
+    if (mb < 0 || mb >= plan->micro_batches_per_rank) {
+        pl__fmt(k->errmsg, sizeof k->errmsg,
+                "constructor: micro-batch %lld out of range [0, %lld)",
+                (long long)mb, (long long)plan->micro_batches_per_rank);
+        return PL_ERANGE;
+    }
+    pl__batchbuf *buf = NULL;
+    if ((rc = pl__pool_get(k->pool, &buf))) {
+        pl__fmt(k->errmsg, sizeof k->errmsg, "constructor: out of memory");
+        return rc;
+    }
+    k->ctx.payloads = payloads;
+    k->ctx.n_payloads = n_payloads;
+    k->ctx.cp_rank = ri.cp_rank;
+    rc = pl__construct(&k->ctx, plan, ri.dp_rank, mb, buf);
+    if (!rc) rc = pl__view_create(buf, ri.fields, out);
+    pl__buf_release(buf); /* the view holds its own reference */
+    return rc;
 }

@@ -34,7 +34,16 @@ void pl__buf_release(pl__batchbuf *b);
 int pl__view_create(pl__batchbuf *buf, uint32_t fields, pl_batch **out);
 
 /* What one builder thread needs to build micro-batches. */
-typedef struct pl__build_ctx {
+typedef struct pl__build_ctx pl__build_ctx;
+/* Read chunk number `ordinal` of the micro-batch (c->length tokens into ids,
+ * and the token after it into *next unless next is NULL). */
+typedef int (*pl__chunk_reader)(pl__build_ctx *x, int64_t ordinal,
+                                const pl_chunk *c, void *ids, void *next,
+                                pl_dtype dt);
+struct pl__build_ctx {
+    pl__chunk_reader read;
+    const int64_t *const *payloads; /* payload reader */
+    int64_t n_payloads;
     pl_source *const *sources;
     pl_dtype dtype;
     int64_t pad_id;
@@ -46,7 +55,11 @@ typedef struct pl__build_ctx {
                            padded, then unpadded */
     char *err;
     size_t errcap;
-} pl__build_ctx;
+};
+
+/* The reader of the embedded loader: straight from the sources. */
+int pl__read_from_sources(pl__build_ctx *x, int64_t ordinal, const pl_chunk *c,
+                          void *ids, void *next, pl_dtype dt);
 
 /* Build micro-batch `mb` of `dp_rank` (for x->cp_rank) into buf. */
 int pl__construct(pl__build_ctx *x, const pl_plan *plan, int64_t dp_rank,

@@ -435,6 +435,7 @@ int pl_loader_create(const pl_config *cfg, const pl_loader_options *opts,
         pl__worker *w = &l->workers[i];
         w->loader = l;
         w->ctx.sources = l->sources;
+        w->ctx.read = pl__read_from_sources;
         w->ctx.dtype = c->dtype;
         w->ctx.pad_id = c->pad_id;
         w->ctx.full_cols = c->seq_length;

@@ -628,3 +628,20 @@ int pl_source_get_stats(pl_source *src, pl_source_stats *out) {
     if (rc) pl__set_err(src, err);
     return rc;
 }
+
+int pl_source_read_many(pl_source *src, const pl_read *reads, int64_t n,
+                        int64_t *out) {
+    if (!src || (n > 0 && (!reads || !out)) || n < 0) return PL_EINVAL;
+    char err[PL__ERRMSG_CAP];
+    for (int64_t i = 0; i < n; i++) {
+        int rc = pl__source_read(src, reads[i].index, reads[i].offset,
+                                 reads[i].count, out, PL_DTYPE_INT64, err,
+                                 sizeof err);
+        if (rc) {
+            pl__set_err(src, err);
+            return rc;
+        }
+        out += reads[i].count;
+    }
+    return PL_OK;
+}

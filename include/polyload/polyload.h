@@ -511,6 +511,77 @@ PL_API int pl_cost_fit(const double *tokens, const double *sum_sq,
                        const double *time, int64_t n, double *a, double *b,
                        double *c, double *r2);
 
+/* ======================================================== distributed use */
+/*
+ * The roles of the embedded loader, one by one, for deployments that put
+ * them in different processes (the Ray deployment of polyload.ray): a
+ * planner emits plans, plans travel as bytes (pl_plan_encode/decode), a data
+ * constructor asks source loaders for the token ranges a micro-batch needs
+ * (pl_plan_reads, pl_source_read_many) and builds the micro-batch from them
+ * (pl_constructor_build).  The batches are bit for bit those of pl_loader.
+ */
+
+/* A token range of one document: what a constructor asks a source for. */
+typedef struct pl_read {
+    int32_t source;   /* index of the source in the config */
+    int32_t reserved; /* 0 */
+    int64_t index;    /* document */
+    int64_t offset;   /* first token */
+    int64_t count;    /* tokens: the chunk's length, plus one (the label of
+                         its last token) unless the chunk ends its document */
+} pl_read;
+
+/*
+ * The reads micro-batch `micro_batch` of DP rank `dp_rank` needs, in the
+ * order pl_constructor_build consumes their payloads: rows in order, chunks
+ * of a row in order.  Writes min(*n, cap) entries to out (out may be NULL to
+ * learn *n).  PL_ERANGE for a bad rank or micro-batch; PL_EINVAL when cap is
+ * too small (then *n tells the size needed).
+ */
+PL_API int pl_plan_reads(const pl_plan *plan, int64_t dp_rank,
+                         int64_t micro_batch, pl_read *out, int64_t cap,
+                         int64_t *n);
+
+/*
+ * Read many ranges of this source into `out` as int64 tokens, back to back
+ * (out holds the sum of reads[i].count).  reads[i].source is ignored.
+ * Thread-safe like pl_source_read; errors as pl_source_read.
+ */
+PL_API int pl_source_read_many(pl_source *src, const pl_read *reads, int64_t n,
+                               int64_t *out);
+
+/*
+ * Serialize a plan: a versioned blob (magic "PLPN", version, length, the
+ * plan's fields and arrays, CRC-32).  Writes at most cap bytes to buf; *len
+ * receives the size (buf may be NULL to learn it).
+ */
+PL_API int pl_plan_encode(const pl_plan *plan, void *buf, size_t cap,
+                          size_t *len);
+/* Rebuild a plan from pl_plan_encode's bytes; PL_EINVAL if they are corrupt.
+ * The caller frees *out with pl_plan_free. */
+PL_API int pl_plan_decode(const void *buf, size_t len, pl_plan **out);
+
+/*
+ * The data constructor alone: builds micro-batches from plans and payloads.
+ * Not thread-safe (one per thread); batches outlive it (reference counted).
+ */
+typedef struct pl_constructor pl_constructor;
+PL_API int pl_constructor_create(const pl_config *cfg, pl_constructor **out);
+PL_API void pl_constructor_free(pl_constructor *ctor);
+PL_API const char *pl_constructor_errmsg(const pl_constructor *ctor);
+/*
+ * Build micro-batch `micro_batch` of the plan for global rank `rank` (its DP
+ * rank, CP slice and fields follow from the config's topology).  payloads[j]
+ * holds reads[j].count int64 tokens of the j-th read of pl_plan_reads for
+ * the rank's DP rank.  *out is owned by the caller: pl_batch_release.
+ * Errors: PL_ERANGE (rank, micro-batch), PL_EINVAL (too few payloads, plan
+ * made for another config), PL_ENOMEM.
+ */
+PL_API int pl_constructor_build(pl_constructor *ctor, const pl_plan *plan,
+                                int64_t rank, int64_t micro_batch,
+                                const int64_t *const *payloads,
+                                int64_t n_payloads, pl_batch **out);
+
 #ifdef __cplusplus
 }
 #endif
