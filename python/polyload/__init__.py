@@ -3,16 +3,347 @@
 The data path (reading, shuffling, mixing, balancing, packing, batch building) is the C
 library; this package is its Python face.  Modules:
 
+- ``polyload.Loader``: the embedded loader as a Python iterator of micro-batches (SPEC 7).
+- ``polyload._core``: the C API one to one (``Config``, ``Source``, ``Planner``,
+  ``Loader``, ``Batch``, ``Array``), a CPython extension written in C.
+- ``polyload.torch``: PyTorch helpers (``broadcast_tp``: the Megatron pattern where TP
+  rank 0 reads and broadcasts over the TP process group).
 - ``polyload.prepare``: raw text -> Megatron indexed dataset (``polyload prepare``).
 - ``python -m polyload ARGS``: the bundled ``polyload`` CLI (``run``, ``plan``, ``inspect``,
   ``calibrate``) and ``prepare``.
+
+Errors are :class:`PolyloadError` and its subclasses (:class:`FormatError`,
+:class:`ConfigError`, :class:`StateError`, :class:`PolyloadIOError`,
+:class:`RangeError`), with ``.code``, ``.name`` and ``.message``.
+
+PyTorch is optional and imported lazily: without it, :class:`Loader` yields NumPy arrays
+(the same zero-copy views of the C memory) instead of tensors.
 """
 
+from __future__ import annotations
+
+import os
+import time
+import warnings
 from importlib import metadata as _metadata
+from typing import Any, Dict, Iterator, Mapping, Optional, Sequence, Union
+
+from ._errors import (
+    ConfigError,
+    FormatError,
+    PolyloadError,
+    PolyloadIOError,
+    RangeError,
+    StateError,
+)
 
 try:
     __version__ = _metadata.version("polyload")
 except _metadata.PackageNotFoundError:  # running from a source tree that is not installed
     __version__ = "0.0.0+unknown"
 
-__all__ = ["__version__"]
+try:
+    from . import _core
+
+    # In a source tree without a build, python/polyload/_core/ (the C sources) would
+    # import as an empty namespace package.
+    _core.Loader
+    _CORE_ERROR: Optional[BaseException] = None
+except (ImportError, AttributeError) as _e:  # pragma: no cover - only without a build
+    _core = None  # type: ignore[assignment]
+    _CORE_ERROR = _e
+
+__all__ = [
+    "__version__",
+    "Loader",
+    "STATE_VERSION",
+    "PolyloadError",
+    "FormatError",
+    "ConfigError",
+    "StateError",
+    "PolyloadIOError",
+    "RangeError",
+]
+
+#: Version of the dict that :meth:`Loader.state_dict` returns.
+STATE_VERSION = 1
+
+#: The batch fields that are arrays, in SPEC section 3 order.
+_ARRAY_FIELDS = ("input_ids", "labels", "loss_mask", "position_ids", "cu_seqlens")
+
+ConfigLike = Union[str, "os.PathLike[str]", Mapping[str, Any], "_core.Config"]
+
+
+def _require_core():
+    if _core is None:
+        raise ImportError(
+            "polyload._core (the C extension) is not built; install the package with "
+            "`pip install --no-build-isolation -e .`"
+        ) from _CORE_ERROR
+    return _core
+
+
+def _make_config(config: ConfigLike):
+    """A ``_core.Config`` from a YAML path, a dict (dumped to YAML) or a Config."""
+    core = _require_core()
+    if isinstance(config, core.Config):
+        return config
+    if isinstance(config, Mapping):
+        import yaml
+
+        text = yaml.safe_dump(dict(config), sort_keys=False)
+        return core.Config.parse_string(text, origin="<dict>")
+    if isinstance(config, (str, bytes, os.PathLike)):
+        return core.Config.parse_file(os.fsdecode(config))
+    raise TypeError(f"config must be a path, a dict or a polyload._core.Config, not {type(config).__name__}")
+
+
+def _default_rank() -> int:
+    """torch.distributed's rank when initialized, else $RANK, else 0."""
+    try:
+        import torch.distributed as dist  # noqa: PLC0415 - optional and lazy
+
+        if dist.is_available() and dist.is_initialized():
+            return int(dist.get_rank())
+    except ImportError:
+        pass
+    return int(os.environ.get("RANK", "0"))
+
+
+def _import_torch():
+    try:
+        import torch  # noqa: PLC0415 - optional and lazy
+
+        return torch
+    except ImportError:
+        return None
+
+
+class Loader:
+    """An iterator of micro-batches for one global rank (SPEC sections 3 and 7).
+
+    Args:
+        config: a YAML file path, a dict with the keys of SPEC section 5 (dumped with
+            ``yaml.safe_dump`` and parsed by the C library), or a ``polyload._core.Config``.
+            Relative source paths are relative to the current directory.
+        rank: the global rank whose batches iteration yields.  Default:
+            ``torch.distributed.get_rank()`` when initialized, else ``$RANK``, else 0.
+        ranks: the global ranks this loader serves (builds batches for).  Default:
+            ``[rank]``.  Must contain ``rank``.  Use :meth:`next_batch` for the others.
+        pin_memory: copy each tensor into pinned memory (a copy, so not zero-copy).  On a
+            torch without CUDA it is a no-op and warns once.
+        threads: worker threads; None takes the config's ``threads``.
+        prefetch: micro-batches prefetched per served rank; None takes the config's.
+
+    Iteration yields one dict per micro-batch, ending after ``train_steps``:
+
+    ===============  ================================  ===================================
+    key              shape                             dtype
+    ===============  ================================  ===================================
+    ``input_ids``    ``[micro_batch_size, seq/cp]``    int64 (int32 with ``dtype: int32``)
+    ``labels``       same                              same; -100 where loss_mask is 0
+    ``loss_mask``    same                              float32
+    ``position_ids`` same                              int64, restarting at each segment
+    ``cu_seqlens``   ``[n_segments + 1]``              int32, over the flattened tokens
+    ``max_seqlen``   scalar                            int (tokens)
+    ===============  ================================  ===================================
+
+    Fields the rank does not receive (pipeline stages, SPEC section 2) are absent.
+    Values are ``torch.Tensor`` when torch is installed, else ``numpy.ndarray``; either
+    way they share the C memory (no copy), which returns to the loader's pool when the
+    last tensor using it is gone.  Do not modify them in place: ranks of one DP group
+    served by the same loader share a buffer.
+
+    Raises:
+        PolyloadIOError: a source file is missing or unreadable.
+        FormatError: a source file is corrupt (the message names file, field, offset).
+        ConfigError: the config is invalid (the message names the key).
+        RangeError: ``rank`` or a rank of ``ranks`` is outside the topology.
+
+    A Loader is a context manager; :meth:`close` frees it.  It is not picklable (build
+    one per process from the config).  After ``os.fork`` the child must not use the
+    parent's Loader; deleting it there leaks its C state on purpose instead of freeing
+    memory that the parent's threads own.
+    """
+
+    def __init__(
+        self,
+        config: ConfigLike,
+        rank: Optional[int] = None,
+        ranks: Optional[Sequence[int]] = None,
+        pin_memory: bool = False,
+        threads: Optional[int] = None,
+        prefetch: Optional[int] = None,
+    ) -> None:
+        core = _require_core()
+        self._loader = None
+        cfg = _make_config(config)
+        self.rank = _default_rank() if rank is None else int(rank)
+        served = [self.rank] if ranks is None else [int(r) for r in ranks]
+        if self.rank not in served:
+            raise ValueError(f"rank {self.rank} is not among ranks {served}")
+        for r in served:
+            cfg.rank_info(r)  # RangeError naming the world size for a bad rank
+        self._torch = _import_torch()
+        self._pin = False
+        if pin_memory:
+            if self._torch is not None and self._torch.cuda.is_available():
+                self._pin = True
+            else:
+                warnings.warn(
+                    "polyload.Loader: pin_memory=True ignored (torch without CUDA)",
+                    RuntimeWarning,
+                    stacklevel=2,
+                )
+        self.config = cfg
+        self.world_size = cfg.world_size()
+        self.rank_info: Dict[str, int] = cfg.rank_info(self.rank)
+        self._loader = core.Loader.create(
+            cfg, ranks=served, threads=threads or 0, prefetch=prefetch or 0
+        )
+        self._t0: Optional[float] = None
+        self._t1: Optional[float] = None
+
+    # ------------------------------------------------------------------ iteration
+
+    def __iter__(self) -> Iterator[Dict[str, Any]]:
+        return self
+
+    def __next__(self) -> Dict[str, Any]:
+        batch = self.next_batch(self.rank)
+        if batch is None:
+            raise StopIteration
+        return batch
+
+    def next_batch(self, rank: Optional[int] = None) -> Optional[Dict[str, Any]]:
+        """The next micro-batch dict of a served ``rank`` (default: ``self.rank``), or
+        None after ``train_steps``.  Blocks (without the GIL) until it is built.
+
+        Raises:
+            RangeError: ``rank`` is not served by this loader.
+            PolyloadError: building the batch failed (the loader then fails; later calls
+                raise with code ECLOSED).
+        """
+        loader = self._handle()
+        if self._t0 is None:
+            self._t0 = time.perf_counter()
+        b = loader.next(self.rank if rank is None else int(rank))
+        self._t1 = time.perf_counter()
+        if b is None:
+            return None
+        return self._to_dict(b)
+
+    def _to_dict(self, b) -> Dict[str, Any]:
+        import numpy as np
+
+        out: Dict[str, Any] = {}
+        torch = self._torch
+        for name in _ARRAY_FIELDS:
+            arr = getattr(b, name)
+            if arr is None:
+                continue
+            value = np.asarray(arr)
+            if torch is not None:
+                value = torch.from_numpy(value)
+                if self._pin:
+                    value = value.pin_memory()
+            out[name] = value
+        if b.max_seqlen is not None:
+            out["max_seqlen"] = int(b.max_seqlen)
+        return out
+
+    # ---------------------------------------------------------------------- state
+
+    def state_dict(self) -> Dict[str, Any]:
+        """``{"version": 1, "blob": bytes}``: the position after the batches consumed
+        so far (not the prefetched ones), the same on every rank (SPEC section 4)."""
+        return {"version": STATE_VERSION, "blob": self._handle().get_state()}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Continue exactly from ``state`` (from :meth:`state_dict`, maybe of another
+        process, dp size, thread count or mixture).  Drops prefetched batches.
+
+        Raises:
+            StateError: corrupt blob, or a fingerprint field (seq_length,
+                global_batch_size, micro_batch_size, packing, long_documents, seed,
+                source paths) differs; the message names the field.
+            ValueError: an unknown ``version``.
+        """
+        version = state.get("version")
+        if version != STATE_VERSION:
+            raise ValueError(f"unsupported polyload state version {version!r} (expected {STATE_VERSION})")
+        self._handle().set_state(bytes(state["blob"]))
+
+    # ---------------------------------------------------------------------- stats
+
+    def stats(self) -> Dict[str, Any]:
+        """The run summary so far, with the fields of ``polyload run --json`` (SPEC 6).
+
+        ``{"steps", "tokens" (non-padding), "padding_fraction", "tokens_per_s",
+        "seconds" (from the first batch request to the last batch), "skipped",
+        "imbalance": {"max_over_mean", "max_over_lower_bound"} (None before a step
+        completes), "sources": {NAME: {"documents", "tokens", "epochs_completed",
+        "realized_fraction", "scheduled_fraction"}}}``.  Counts cover the ranks this
+        loader serves.
+        """
+        st = self._handle().stats()
+        secs = (self._t1 - self._t0) if self._t0 is not None and self._t1 is not None else 0.0
+        all_tokens = st["tokens"] + st["padding_tokens"]
+        return {
+            "steps": st["steps"],
+            "tokens": st["tokens"],
+            "padding_fraction": st["padding_tokens"] / all_tokens if all_tokens else 0.0,
+            "tokens_per_s": st["tokens"] / secs if secs > 0 else 0.0,
+            "seconds": secs,
+            "skipped": st["skipped"],
+            "imbalance": {
+                "max_over_mean": st["max_over_mean"] if st["max_over_mean"] > 0 else None,
+                "max_over_lower_bound": (
+                    st["max_over_lower_bound"] if st["max_over_lower_bound"] > 0 else None
+                ),
+            },
+            "sources": {
+                name: {
+                    "documents": s["documents"],
+                    "tokens": s["tokens"],
+                    "epochs_completed": s["epochs_completed"],
+                    "realized_fraction": s["realized_fraction"],
+                    "scheduled_fraction": s["scheduled_fraction"],
+                }
+                for name, s in st["sources"].items()
+            },
+        }
+
+    # -------------------------------------------------------------------- closing
+
+    def _handle(self):
+        if self._loader is None:
+            raise PolyloadError(_core.ECLOSED if _core else -17, "ECLOSED", "loader is closed")
+        return self._loader
+
+    def close(self) -> None:
+        """Stop the worker threads and free the C loader.  Batches already returned stay
+        valid.  Idempotent."""
+        loader, self._loader = self._loader, None
+        if loader is not None:
+            loader.close()
+
+    @property
+    def closed(self) -> bool:
+        return self._loader is None
+
+    def __enter__(self) -> "Loader":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def __reduce__(self):
+        raise TypeError(
+            "polyload.Loader is not picklable: it holds C state of this process; "
+            "pass the config and create the Loader where it is used"
+        )
+
+    def __repr__(self) -> str:
+        state = "closed" if self._loader is None else f"ranks={self._loader.ranks}"
+        return f"<polyload.Loader rank={self.rank} {state}>"

@@ -12,3 +12,96 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 
 if importlib.util.find_spec("polyload") is None:
     sys.path.insert(0, os.path.join(ROOT, "python"))
+
+
+# ---------------------------------------------------------------- Megatron fixtures
+# (used by test_core.py, test_loader.py and test_megatron_compat.py)
+
+import struct  # noqa: E402
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+#: Token k of source s (counted across its documents) is SOURCE_BASE * (s + 1) + k.
+SOURCE_BASE = 100_000_000
+
+_MEGATRON_CODES = {
+    np.uint8: 1, np.int8: 2, np.int16: 3, np.int32: 4, np.int64: 5,
+    np.float64: 6, np.float32: 7, np.uint16: 8,
+}
+
+
+def write_megatron(prefix, lengths, base=0, dtype=np.int32):
+    """Write ``prefix.bin``/``prefix.idx`` as megatron-core's IndexedDatasetBuilder does
+    (MMIDIDX version 1, one sequence per document).  Token k of the file is base + k.
+    Returns the token offset of each document (len(lengths) + 1 entries)."""
+    lengths = np.asarray(lengths, dtype=np.int64)
+    starts = np.concatenate([[0], np.cumsum(lengths)])
+    tokens = (base + np.arange(starts[-1], dtype=np.int64)).astype(dtype)
+    tokens.tofile(f"{prefix}.bin")
+    itemsize = np.dtype(dtype).itemsize
+    n = len(lengths)
+    with open(f"{prefix}.idx", "wb") as f:
+        f.write(b"MMIDIDX\x00\x00")
+        f.write(struct.pack("<Q", 1))
+        f.write(struct.pack("<B", _MEGATRON_CODES[np.dtype(dtype).type]))
+        f.write(struct.pack("<Q", n))
+        f.write(struct.pack("<Q", n + 1))
+        f.write(lengths.astype(np.int32).tobytes())
+        f.write((starts[:-1] * itemsize).astype(np.int64).tobytes())
+        f.write(np.arange(n + 1, dtype=np.int64).tobytes())
+    return starts
+
+
+class Corpus:
+    """Three Megatron int32 sources in a directory; ``token(s, index, offset)`` is the
+    value stored at that position (SOURCE_BASE * (s + 1) + its position in the file)."""
+
+    NSRC = 3
+
+    def __init__(self, directory, seq_length=64, sizes=(97, 61, 150), seed=7):
+        self.dir = str(directory)
+        self.seq_length = seq_length
+        rng = np.random.default_rng(seed)
+        self.lengths, self.starts, self.prefixes = [], [], []
+        for s, n in enumerate(sizes):
+            lens = rng.integers(1, seq_length // 2 + 1, size=n)
+            long = rng.random(n) < 0.08
+            lens[long] = rng.integers(seq_length, 4 * seq_length, size=int(long.sum()))
+            if s == 1:
+                lens = 1 + lens // 4
+            prefix = os.path.join(self.dir, f"src{s}")
+            self.starts.append(write_megatron(prefix, lens, SOURCE_BASE * (s + 1)))
+            self.lengths.append(lens)
+            self.prefixes.append(prefix)
+
+    def token(self, s, index, offset):
+        return SOURCE_BASE * (s + 1) + int(self.starts[s][index]) + offset
+
+    def tokens(self, s, index, offset, length):
+        start = SOURCE_BASE * (s + 1) + int(self.starts[s][index]) + offset
+        return np.arange(start, start + length, dtype=np.int64)
+
+    def config(self, **overrides):
+        """A config dict over the corpus (SPEC section 5); keyword arguments override."""
+        cfg = {
+            "seed": 1234,
+            "seq_length": self.seq_length,
+            "global_batch_size": 8,
+            "micro_batch_size": 2,
+            "train_steps": 12,
+            "topology": {"dp": 2, "pp": 1, "cp": 1, "tp": 1},
+            "threads": 2,
+            "prefetch": 3,
+            "sources": [
+                {"name": f"s{s}", "type": "megatron", "path": p, "weight": w}
+                for s, (p, w) in enumerate(zip(self.prefixes, (0.5, 0.2, 0.3)))
+            ],
+        }
+        cfg.update(overrides)
+        return cfg
+
+
+@pytest.fixture(scope="session")
+def corpus(tmp_path_factory):
+    return Corpus(tmp_path_factory.mktemp("corpus"))

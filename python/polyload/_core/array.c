@@ -1,0 +1,383 @@
+/*
+ * array.c -- Array, a buffer-protocol view of C memory, and Batch, one
+ * retained micro-batch.
+ *
+ * An Array over a batch field holds its own pl_batch_retain reference, so the
+ * batch's buffer goes back to the loader's pool only when the last Array (and
+ * so the last NumPy array or tensor that wraps it) is gone, whatever happens to
+ * the Batch, the Loader or the rank's next batch.  numpy.asarray(array) and
+ * torch.from_numpy(numpy.asarray(array)) see the C memory itself.  The memory
+ * is writable so that torch does not warn, but it may be shared by the batches
+ * of several ranks of one DP group served by the same loader: do not modify
+ * it in place.
+ *
+ * After os.fork a child never releases references taken by its parent: the
+ * pool's lock may be held by a parent thread that does not exist in the
+ * child.  The child leaks those references instead (its memory is a copy).
+ */
+#include "core.h"
+
+#include <string.h>
+
+typedef struct {
+    PyObject_HEAD
+    pl_batch *batch; /* retained, or NULL */
+    void *owned;     /* malloc'd, or NULL */
+    void *data;
+    char format[4];
+    Py_ssize_t itemsize;
+    int ndim;
+    Py_ssize_t shape[2];
+    Py_ssize_t strides[2];
+    pid_t pid;
+} PyPlArray;
+
+/* A non-NULL address for empty arrays (buffers must not be NULL). */
+static int64_t pypl_empty[1];
+
+const char *pypl_format_of(pl_dtype dtype) {
+    switch (dtype) {
+    case PL_DTYPE_INT64: return "q";
+    case PL_DTYPE_INT32: return "i";
+    case PL_DTYPE_FLOAT32: return "f";
+    case PL_DTYPE_FLOAT64: return "d";
+    default: return "B";
+    }
+}
+
+static const char *pypl_numpy_name(const char *format) {
+    switch (format[0]) {
+    case 'q': return "int64";
+    case 'i': return "int32";
+    case 'f': return "float32";
+    case 'd': return "float64";
+    default: return "uint8";
+    }
+}
+
+static PyObject *pypl_array_new(void *data, const char *format,
+                                Py_ssize_t itemsize, int ndim,
+                                const Py_ssize_t *shape) {
+    PyPlArray *a = PyObject_New(PyPlArray, &PyPl_ArrayType);
+    if (!a) return NULL;
+    a->batch = NULL;
+    a->owned = NULL;
+    a->data = data ? data : (void *)pypl_empty;
+    snprintf(a->format, sizeof a->format, "%s", format);
+    a->itemsize = itemsize;
+    a->ndim = ndim;
+    a->shape[0] = shape[0];
+    a->shape[1] = ndim > 1 ? shape[1] : 1;
+    a->strides[ndim - 1] = itemsize;
+    if (ndim > 1) a->strides[0] = itemsize * a->shape[1];
+    a->pid = getpid();
+    return (PyObject *)a;
+}
+
+PyObject *pypl_array_from_batch(pl_batch *batch, void *data, const char *format,
+                                Py_ssize_t itemsize, int ndim,
+                                const Py_ssize_t *shape) {
+    PyPlArray *a = (PyPlArray *)pypl_array_new(data, format, itemsize, ndim, shape);
+    if (!a) return NULL;
+    pl_batch_retain(batch);
+    a->batch = batch;
+    return (PyObject *)a;
+}
+
+PyObject *pypl_array_owned(void *data, const char *format, Py_ssize_t itemsize,
+                           int ndim, const Py_ssize_t *shape) {
+    PyPlArray *a = (PyPlArray *)pypl_array_new(data, format, itemsize, ndim, shape);
+    if (!a) {
+        free(data);
+        return NULL;
+    }
+    a->owned = data;
+    return (PyObject *)a;
+}
+
+static void array_dealloc(PyPlArray *a) {
+    if (a->batch && a->pid == getpid()) pl_batch_release(a->batch);
+    free(a->owned);
+    PyObject_Free(a);
+}
+
+static Py_ssize_t array_nitems(const PyPlArray *a) {
+    return a->shape[0] * (a->ndim > 1 ? a->shape[1] : 1);
+}
+
+static int array_getbuffer(PyPlArray *a, Py_buffer *view, int flags) {
+    (void)flags; /* always C-contiguous and writable: every request is met */
+    view->obj = Py_NewRef((PyObject *)a);
+    view->buf = a->data;
+    view->len = array_nitems(a) * a->itemsize;
+    view->readonly = 0;
+    view->itemsize = a->itemsize;
+    view->format = (flags & PyBUF_FORMAT) ? a->format : NULL;
+    view->ndim = a->ndim;
+    view->shape = (flags & PyBUF_ND) == PyBUF_ND ? a->shape : NULL;
+    view->strides = (flags & PyBUF_STRIDES) == PyBUF_STRIDES ? a->strides : NULL;
+    view->suboffsets = NULL;
+    view->internal = NULL;
+    return 0;
+}
+
+static PyBufferProcs array_as_buffer = {
+    (getbufferproc)array_getbuffer,
+    NULL,
+};
+
+static Py_ssize_t array_len(PyPlArray *a) { return a->shape[0]; }
+
+static PySequenceMethods array_as_sequence = {
+    .sq_length = (lenfunc)array_len,
+};
+
+static PyObject *array_get_shape(PyPlArray *a, void *c) {
+    (void)c;
+    if (a->ndim == 1) return Py_BuildValue("(n)", a->shape[0]);
+    return Py_BuildValue("(nn)", a->shape[0], a->shape[1]);
+}
+
+static PyObject *array_get_dtype(PyPlArray *a, void *c) {
+    (void)c;
+    return PyUnicode_FromString(pypl_numpy_name(a->format));
+}
+
+static PyObject *array_get_address(PyPlArray *a, void *c) {
+    (void)c;
+    return PyLong_FromVoidPtr(a->data);
+}
+
+static PyObject *array_get_nbytes(PyPlArray *a, void *c) {
+    (void)c;
+    return PyLong_FromSsize_t(array_nitems(a) * a->itemsize);
+}
+
+static PyObject *array_get_ndim(PyPlArray *a, void *c) {
+    (void)c;
+    return PyLong_FromLong(a->ndim);
+}
+
+static PyObject *array_tolist(PyPlArray *a, PyObject *unused) {
+    (void)unused;
+    PyObject *mv = PyMemoryView_FromObject((PyObject *)a);
+    if (!mv) return NULL;
+    PyObject *r = PyObject_CallMethod(mv, "tolist", NULL);
+    Py_DECREF(mv);
+    return r;
+}
+
+static PyObject *array_repr(PyPlArray *a) {
+    if (a->ndim == 1)
+        return PyUnicode_FromFormat("<polyload._core.Array %s[%zd] at %p>",
+                                    pypl_numpy_name(a->format), a->shape[0], a->data);
+    return PyUnicode_FromFormat("<polyload._core.Array %s[%zd, %zd] at %p>",
+                                pypl_numpy_name(a->format), a->shape[0], a->shape[1],
+                                a->data);
+}
+
+static PyGetSetDef array_getset[] = {
+    {"shape", (getter)array_get_shape, NULL, "tuple of int: the array's shape", NULL},
+    {"ndim", (getter)array_get_ndim, NULL, "int: 1 or 2", NULL},
+    {"dtype", (getter)array_get_dtype, NULL,
+     "str: numpy name of the element type ('int64', 'int32', 'float32', 'float64')", NULL},
+    {"address", (getter)array_get_address, NULL,
+     "int: address of the first element (the C memory; equals "
+     "numpy.asarray(a).ctypes.data)", NULL},
+    {"nbytes", (getter)array_get_nbytes, NULL, "int: size in bytes", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyMethodDef array_methods[] = {
+    {"tolist", (PyCFunction)array_tolist, METH_NOARGS, "The elements as (nested) lists."},
+    {"__reduce__", pypl_no_reduce, METH_NOARGS, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+PyTypeObject PyPl_ArrayType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "polyload._core.Array",
+    .tp_basicsize = sizeof(PyPlArray),
+    .tp_dealloc = (destructor)array_dealloc,
+    .tp_repr = (reprfunc)array_repr,
+    .tp_as_sequence = &array_as_sequence,
+    .tp_as_buffer = &array_as_buffer,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A C-contiguous array in C memory, exposed through the buffer protocol.\n\n"
+              "numpy.asarray(a) and torch.from_numpy(numpy.asarray(a)) wrap it without a\n"
+              "copy.  An Array over a batch field keeps the batch's buffer out of the\n"
+              "loader's pool for as long as it (or any array wrapping it) lives.",
+    .tp_methods = array_methods,
+    .tp_getset = array_getset,
+};
+
+/* ------------------------------------------------------------- Batch */
+
+typedef struct {
+    PyObject_HEAD
+    pl_batch *b; /* one retained reference, or NULL after release() */
+    pid_t pid;
+} PyPlBatch;
+
+PyObject *pypl_batch_new(pl_batch *batch) {
+    PyPlBatch *o = PyObject_New(PyPlBatch, &PyPl_BatchType);
+    if (!o) {
+        pl_batch_release(batch);
+        return NULL;
+    }
+    o->b = batch;
+    o->pid = getpid();
+    return (PyObject *)o;
+}
+
+static void batch_drop(PyPlBatch *o) {
+    pl_batch *b = o->b;
+    o->b = NULL;
+    if (b && o->pid == getpid()) pl_batch_release(b);
+}
+
+static void batch_dealloc(PyPlBatch *o) {
+    batch_drop(o);
+    PyObject_Free(o);
+}
+
+static pl_batch *batch_get(PyPlBatch *o) {
+    if (!o->b) PyErr_SetString(PyExc_ValueError, "batch was released");
+    return o->b;
+}
+
+#define BATCH_INT_GETTER(field)                                                 \
+    static PyObject *batch_get_##field(PyPlBatch *o, void *c) {                 \
+        (void)c;                                                                \
+        pl_batch *b = batch_get(o);                                             \
+        return b ? PyLong_FromLongLong((long long)b->field) : NULL;             \
+    }
+BATCH_INT_GETTER(step)
+BATCH_INT_GETTER(micro_batch)
+BATCH_INT_GETTER(dp_rank)
+BATCH_INT_GETTER(rows)
+BATCH_INT_GETTER(cols)
+BATCH_INT_GETTER(fields)
+BATCH_INT_GETTER(n_cu_seqlens)
+BATCH_INT_GETTER(tokens)
+BATCH_INT_GETTER(n_chunks)
+
+static PyObject *batch_get_max_seqlen(PyPlBatch *o, void *c) {
+    (void)c;
+    pl_batch *b = batch_get(o);
+    if (!b) return NULL;
+    if (!(b->fields & PL_FIELD_MAX_SEQLEN)) Py_RETURN_NONE;
+    return PyLong_FromLongLong((long long)b->max_seqlen);
+}
+
+static PyObject *batch_get_dtype(PyPlBatch *o, void *c) {
+    (void)c;
+    pl_batch *b = batch_get(o);
+    return b ? PyUnicode_FromString(pl_dtype_name(b->dtype)) : NULL;
+}
+
+/* closure: which field */
+enum { F_INPUT_IDS, F_LABELS, F_LOSS_MASK, F_POSITION_IDS, F_CU_SEQLENS };
+
+static PyObject *batch_get_array(PyPlBatch *o, void *closure) {
+    pl_batch *b = batch_get(o);
+    if (!b) return NULL;
+    Py_ssize_t shape[2] = {(Py_ssize_t)b->rows, (Py_ssize_t)b->cols};
+    size_t tok = pl_dtype_size(b->dtype);
+    switch ((int)(intptr_t)closure) {
+    case F_INPUT_IDS:
+        if (!b->input_ids) break;
+        return pypl_array_from_batch(b, b->input_ids, pypl_format_of(b->dtype),
+                                     (Py_ssize_t)tok, 2, shape);
+    case F_LABELS:
+        if (!b->labels) break;
+        return pypl_array_from_batch(b, b->labels, pypl_format_of(b->dtype),
+                                     (Py_ssize_t)tok, 2, shape);
+    case F_LOSS_MASK:
+        if (!b->loss_mask) break;
+        return pypl_array_from_batch(b, b->loss_mask, "f", sizeof(float), 2, shape);
+    case F_POSITION_IDS:
+        if (!b->position_ids) break;
+        return pypl_array_from_batch(b, b->position_ids, "q", sizeof(int64_t), 2, shape);
+    case F_CU_SEQLENS:
+        if (!b->cu_seqlens) break;
+        shape[0] = (Py_ssize_t)b->n_cu_seqlens;
+        return pypl_array_from_batch(b, b->cu_seqlens, "i", sizeof(int32_t), 1, shape);
+    }
+    Py_RETURN_NONE;
+}
+
+static PyObject *batch_release(PyPlBatch *o, PyObject *unused) {
+    (void)unused;
+    batch_drop(o);
+    Py_RETURN_NONE;
+}
+
+static PyObject *batch_get_released(PyPlBatch *o, void *c) {
+    (void)c;
+    return PyBool_FromLong(o->b == NULL);
+}
+
+static PyObject *batch_repr(PyPlBatch *o) {
+    if (!o->b) return PyUnicode_FromString("<polyload._core.Batch released>");
+    return PyUnicode_FromFormat("<polyload._core.Batch step=%lld micro_batch=%lld "
+                                "dp_rank=%lld [%lld, %lld] %s>",
+                                (long long)o->b->step, (long long)o->b->micro_batch,
+                                (long long)o->b->dp_rank, (long long)o->b->rows,
+                                (long long)o->b->cols, pl_dtype_name(o->b->dtype));
+}
+
+static PyGetSetDef batch_getset[] = {
+    {"step", (getter)batch_get_step, NULL, "int: training step (zero-based)", NULL},
+    {"micro_batch", (getter)batch_get_micro_batch, NULL,
+     "int: micro-batch within the step, 0 .. micro_batches_per_rank-1", NULL},
+    {"dp_rank", (getter)batch_get_dp_rank, NULL, "int: DP rank whose data this is", NULL},
+    {"rows", (getter)batch_get_rows, NULL, "int: micro_batch_size", NULL},
+    {"cols", (getter)batch_get_cols, NULL, "int: seq_length / cp", NULL},
+    {"dtype", (getter)batch_get_dtype, NULL,
+     "str: dtype of input_ids and labels ('int64' or 'int32')", NULL},
+    {"fields", (getter)batch_get_fields, NULL, "int: FIELD_* bits present", NULL},
+    {"n_cu_seqlens", (getter)batch_get_n_cu_seqlens, NULL,
+     "int: length of cu_seqlens (segments + 1); 0 when absent", NULL},
+    {"max_seqlen", (getter)batch_get_max_seqlen, NULL,
+     "int or None: the longest segment, in tokens", NULL},
+    {"tokens", (getter)batch_get_tokens, NULL, "int: non-padding tokens", NULL},
+    {"n_chunks", (getter)batch_get_n_chunks, NULL,
+     "int: segments that are not padding", NULL},
+    {"input_ids", (getter)batch_get_array, NULL,
+     "Array [rows, cols] int64 (int32 with dtype: int32), or None", (void *)F_INPUT_IDS},
+    {"labels", (getter)batch_get_array, NULL,
+     "Array [rows, cols], dtype of input_ids; -100 where loss_mask is 0; or None",
+     (void *)F_LABELS},
+    {"loss_mask", (getter)batch_get_array, NULL, "Array [rows, cols] float32, or None",
+     (void *)F_LOSS_MASK},
+    {"position_ids", (getter)batch_get_array, NULL,
+     "Array [rows, cols] int64, restarting at 0 at each segment; or None",
+     (void *)F_POSITION_IDS},
+    {"cu_seqlens", (getter)batch_get_array, NULL,
+     "Array [n_cu_seqlens] int32 over the flattened rows*cols tokens, or None",
+     (void *)F_CU_SEQLENS},
+    {"released", (getter)batch_get_released, NULL, "bool: release() was called", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PyMethodDef batch_methods[] = {
+    {"release", (PyCFunction)batch_release, METH_NOARGS,
+     "release()\n\nDrop this Batch's reference now.  Arrays taken from it stay valid."},
+    {"__reduce__", pypl_no_reduce, METH_NOARGS, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+PyTypeObject PyPl_BatchType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "polyload._core.Batch",
+    .tp_basicsize = sizeof(PyPlBatch),
+    .tp_dealloc = (destructor)batch_dealloc,
+    .tp_repr = (reprfunc)batch_repr,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "One micro-batch (pl_batch, SPEC section 3), retained for as long as this\n"
+              "object lives.  Each field is an Array sharing the C memory (zero-copy);\n"
+              "fields the rank does not receive are None.",
+    .tp_methods = batch_methods,
+    .tp_getset = batch_getset,
+};

@@ -1,0 +1,541 @@
+/*
+ * config.c -- Config (pl_config) and Source (pl_source).
+ *
+ * A Config is immutable except through set(); while another thread reads it
+ * with the GIL released (a Loader or Planner being created from it), set()
+ * raises instead of changing it under the reader.
+ */
+#include "core.h"
+
+#include "internal.h" /* pl__config_open_source, as the CLI uses it */
+
+#include <string.h>
+
+/* ------------------------------------------------------------- Config */
+
+static PyObject *config_wrap(pl_config *cfg) {
+    PyPlConfig *o = PyObject_New(PyPlConfig, &PyPl_ConfigType);
+    if (!o) {
+        pl_config_free(cfg);
+        return NULL;
+    }
+    o->cfg = cfg;
+    o->busy = 0;
+    return (PyObject *)o;
+}
+
+/* Wrap the result of a parse: raise with the handle's message on failure. */
+static PyObject *config_result(int rc, pl_config *cfg) {
+    if (rc != PL_OK) {
+        pypl_raise(rc, cfg ? pl_config_errmsg(cfg) : NULL);
+        pl_config_free(cfg);
+        return NULL;
+    }
+    return config_wrap(cfg);
+}
+
+static PyObject *config_parse_file(PyTypeObject *cls, PyObject *args) {
+    (void)cls;
+    PyObject *path_obj = NULL;
+    if (!PyArg_ParseTuple(args, "O&:parse_file", PyUnicode_FSConverter, &path_obj))
+        return NULL;
+    pl_config *cfg = NULL;
+    int rc;
+    const char *path = PyBytes_AS_STRING(path_obj);
+    Py_BEGIN_ALLOW_THREADS
+    rc = pl_config_parse_file(path, &cfg);
+    Py_END_ALLOW_THREADS
+    Py_DECREF(path_obj);
+    return config_result(rc, cfg);
+}
+
+static PyObject *config_parse_string(PyTypeObject *cls, PyObject *args, PyObject *kw) {
+    (void)cls;
+    static char *kwlist[] = {"text", "origin", NULL};
+    const char *text, *origin = NULL;
+    Py_ssize_t len;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "s#|z:parse_string", kwlist, &text, &len,
+                                     &origin))
+        return NULL;
+    pl_config *cfg = NULL;
+    int rc = pl_config_parse_string(text, (size_t)len, origin, &cfg);
+    return config_result(rc, cfg);
+}
+
+static void config_dealloc(PyPlConfig *o) {
+    pl_config_free(o->cfg);
+    PyObject_Free(o);
+}
+
+static PyObject *config_set(PyPlConfig *o, PyObject *args) {
+    const char *key;
+    PyObject *value;
+    if (!PyArg_ParseTuple(args, "sO:set", &key, &value)) return NULL;
+    if (o->busy) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "Config.set: the config is being read by another thread");
+        return NULL;
+    }
+    PyObject *s;
+    if (PyBool_Check(value)) s = PyUnicode_FromString(value == Py_True ? "true" : "false");
+    else if (value == Py_None) s = PyUnicode_FromString("null");
+    else s = PyObject_Str(value);
+    if (!s) return NULL;
+    const char *v = PyUnicode_AsUTF8(s);
+    if (!v) {
+        Py_DECREF(s);
+        return NULL;
+    }
+    int rc = pl_config_set(o->cfg, key, v);
+    Py_DECREF(s);
+    if (rc != PL_OK) return pypl_raise(rc, pl_config_errmsg(o->cfg));
+    Py_RETURN_NONE;
+}
+
+static PyObject *config_get_int(PyPlConfig *o, PyObject *args) {
+    const char *key;
+    if (!PyArg_ParseTuple(args, "s:get_int", &key)) return NULL;
+    int64_t v = 0;
+    int rc = pl_config_get_int(o->cfg, key, &v);
+    if (rc != PL_OK) return pypl_raise(rc, pl_config_errmsg(o->cfg));
+    return PyLong_FromLongLong((long long)v);
+}
+
+static int config_index(PyPlConfig *o, long long i) {
+    if (i < 0 || i >= pl_config_num_sources(o->cfg)) {
+        char msg[96];
+        snprintf(msg, sizeof msg, "source index %lld out of range [0, %lld)", i,
+                 (long long)pl_config_num_sources(o->cfg));
+        pypl_raise(PL_ERANGE, msg);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *config_source_name(PyPlConfig *o, PyObject *arg) {
+    long long i = PyLong_AsLongLong(arg);
+    if (i == -1 && PyErr_Occurred()) return NULL;
+    if (config_index(o, i)) return NULL;
+    return PyUnicode_FromString(pl_config_source_name(o->cfg, i));
+}
+
+static PyObject *config_source_path(PyPlConfig *o, PyObject *arg) {
+    long long i = PyLong_AsLongLong(arg);
+    if (i == -1 && PyErr_Occurred()) return NULL;
+    if (config_index(o, i)) return NULL;
+    return PyUnicode_DecodeFSDefault(pl_config_source_path(o->cfg, i));
+}
+
+static PyObject *config_source_weight(PyPlConfig *o, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"i", "step", NULL};
+    long long i, step = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "L|L:source_weight", kwlist, &i, &step))
+        return NULL;
+    if (config_index(o, i)) return NULL;
+    return PyFloat_FromDouble(pl_config_source_weight(o->cfg, i, step));
+}
+
+static PyObject *config_get_num_sources(PyPlConfig *o, void *c) {
+    (void)c;
+    return PyLong_FromLongLong((long long)pl_config_num_sources(o->cfg));
+}
+
+static PyObject *config_get_sources(PyPlConfig *o, void *c) {
+    (void)c;
+    int64_t n = pl_config_num_sources(o->cfg);
+    PyObject *list = PyList_New((Py_ssize_t)n);
+    if (!list) return NULL;
+    for (int64_t i = 0; i < n; i++) {
+        PyObject *d = PyDict_New();
+        if (!d || pypl_dict_steal(d, "name",
+                                  PyUnicode_FromString(pl_config_source_name(o->cfg, i))) ||
+            pypl_dict_steal(d, "path",
+                            PyUnicode_DecodeFSDefault(pl_config_source_path(o->cfg, i))) ||
+            pypl_dict_steal(d, "weight",
+                            PyFloat_FromDouble(pl_config_source_weight(o->cfg, i, 0)))) {
+            Py_XDECREF(d);
+            Py_DECREF(list);
+            return NULL;
+        }
+        PyList_SET_ITEM(list, (Py_ssize_t)i, d);
+    }
+    return list;
+}
+
+static PyObject *config_world_size(PyPlConfig *o, PyObject *unused) {
+    (void)unused;
+    return PyLong_FromLongLong((long long)pl_config_world_size(o->cfg));
+}
+
+static PyObject *config_rank_info(PyPlConfig *o, PyObject *arg) {
+    long long rank = PyLong_AsLongLong(arg);
+    if (rank == -1 && PyErr_Occurred()) return NULL;
+    pl_rank_info ri;
+    int rc = pl_config_rank_info(o->cfg, rank, &ri);
+    if (rc != PL_OK) {
+        char msg[128];
+        snprintf(msg, sizeof msg, "rank %lld out of range [0, %lld)", rank,
+                 (long long)pl_config_world_size(o->cfg));
+        const char *m = pl_config_errmsg(o->cfg);
+        return pypl_raise(rc, rc == PL_ERANGE || !*m ? msg : m);
+    }
+    return Py_BuildValue("{s:L,s:L,s:L,s:L,s:L,s:k}", "rank", (long long)ri.rank,
+                         "dp_rank", (long long)ri.dp_rank, "pp_rank", (long long)ri.pp_rank,
+                         "cp_rank", (long long)ri.cp_rank, "tp_rank", (long long)ri.tp_rank,
+                         "fields", (unsigned long)ri.fields);
+}
+
+static PyObject *config_open_source(PyPlConfig *o, PyObject *arg) {
+    long long i = PyLong_AsLongLong(arg);
+    if (i == -1 && PyErr_Occurred()) return NULL;
+    if (config_index(o, i)) return NULL;
+    pl_source *src = NULL;
+    int rc;
+    o->busy++;
+    Py_BEGIN_ALLOW_THREADS
+    rc = pl__config_open_source(o->cfg, i, &src);
+    Py_END_ALLOW_THREADS
+    o->busy--;
+    if (rc != PL_OK) {
+        pypl_raise(rc, src ? pl_source_errmsg(src) : NULL);
+        pl_source_free(src);
+        return NULL;
+    }
+    return pypl_source_wrap(src);
+}
+
+static PyObject *config_cost_sequence(PyPlConfig *o, PyObject *arg) {
+    PyObject *seq = PySequence_Fast(arg, "cost_sequence: doc_lengths must be a sequence of int");
+    if (!seq) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    int64_t *lens = PyMem_Calloc((size_t)(n ? n : 1), sizeof *lens);
+    if (!lens) {
+        Py_DECREF(seq);
+        return PyErr_NoMemory();
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        long long v = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(seq, i));
+        if (v == -1 && PyErr_Occurred()) {
+            PyMem_Free(lens);
+            Py_DECREF(seq);
+            return NULL;
+        }
+        lens[i] = v;
+    }
+    Py_DECREF(seq);
+    double cost = pl_cost_sequence(o->cfg, lens, (int64_t)n);
+    PyMem_Free(lens);
+    return PyFloat_FromDouble(cost);
+}
+
+static PyObject *config_get_errmsg(PyPlConfig *o, void *c) {
+    (void)c;
+    return PyUnicode_FromString(pl_config_errmsg(o->cfg));
+}
+
+static PyMethodDef config_methods[] = {
+    {"parse_file", (PyCFunction)config_parse_file, METH_VARARGS | METH_CLASS,
+     "Config.parse_file(path) -> Config\n\nParse a YAML config file (SPEC section 5).\n"
+     "Raises ConfigError naming the key and line; PolyloadIOError if unreadable."},
+    {"parse_string", (PyCFunction)(void (*)(void))config_parse_string,
+     METH_VARARGS | METH_KEYWORDS | METH_CLASS,
+     "Config.parse_string(text, origin=None) -> Config\n\nParse YAML text; `origin` "
+     "names it in messages.  Relative paths are relative to the current directory."},
+    {"set", (PyCFunction)config_set, METH_VARARGS,
+     "set(key, value)\n\nOverride one scalar key ('threads', 'topology.dp', ...) with a "
+     "value written as in YAML (str, int, float or bool).  Raises ConfigError."},
+    {"get_int", (PyCFunction)config_get_int, METH_VARARGS,
+     "get_int(key) -> int\n\nRead a scalar key as an integer ('seq_length', "
+     "'topology.dp').  Raises ConfigError for an unknown key."},
+    {"source_name", (PyCFunction)config_source_name, METH_O, "source_name(i) -> str"},
+    {"source_path", (PyCFunction)config_source_path, METH_O,
+     "source_path(i) -> str, as written in the config"},
+    {"source_weight", (PyCFunction)(void (*)(void))config_source_weight,
+     METH_VARARGS | METH_KEYWORDS,
+     "source_weight(i, step=0) -> float\n\nNormalized weight of source i at `step`."},
+    {"world_size", (PyCFunction)config_world_size, METH_NOARGS,
+     "world_size() -> int\n\ndp * pp * cp * tp."},
+    {"rank_info", (PyCFunction)config_rank_info, METH_O,
+     "rank_info(rank) -> dict\n\n{'rank', 'dp_rank', 'pp_rank', 'cp_rank', 'tp_rank', "
+     "'fields'} of a global rank (Megatron's RankGenerator order).  Raises RangeError."},
+    {"open_source", (PyCFunction)config_open_source, METH_O,
+     "open_source(i) -> Source\n\nOpen source i with the options of the config."},
+    {"cost_sequence", (PyCFunction)config_cost_sequence, METH_O,
+     "cost_sequence(doc_lengths) -> float\n\nThe cost model's estimate (SPEC section 5) "
+     "for one sequence\npacking documents of these lengths (tokens)."},
+    {"__reduce__", pypl_no_reduce, METH_NOARGS, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef config_getset[] = {
+    {"num_sources", (getter)config_get_num_sources, NULL, "int: number of sources", NULL},
+    {"sources", (getter)config_get_sources, NULL,
+     "list of dict: {'name', 'path', 'weight' (normalized, at step 0)} per source", NULL},
+    {"errmsg", (getter)config_get_errmsg, NULL, "str: the last error message", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+PyTypeObject PyPl_ConfigType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "polyload._core.Config",
+    .tp_basicsize = sizeof(PyPlConfig),
+    .tp_dealloc = (destructor)config_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A parsed configuration (pl_config).  Create with Config.parse_file or\n"
+              "Config.parse_string.",
+    .tp_methods = config_methods,
+    .tp_getset = config_getset,
+};
+
+/* ------------------------------------------------------------- Source */
+
+PyObject *pypl_source_wrap(pl_source *src) {
+    PyPlSource *o = PyObject_New(PyPlSource, &PyPl_SourceType);
+    if (!o) {
+        pl_source_free(src);
+        return NULL;
+    }
+    o->src = src;
+    return (PyObject *)o;
+}
+
+static int parse_source_type(PyObject *obj, pl_source_type *out) {
+    if (PyLong_Check(obj)) {
+        long v = PyLong_AsLong(obj);
+        if (v == -1 && PyErr_Occurred()) return -1;
+        *out = (pl_source_type)v;
+        return 0;
+    }
+    const char *s = PyUnicode_Check(obj) ? PyUnicode_AsUTF8(obj) : NULL;
+    if (!s) {
+        if (!PyErr_Occurred())
+            PyErr_SetString(PyExc_TypeError, "source type must be a str or an int");
+        return -1;
+    }
+    if (!strcmp(s, "megatron")) *out = PL_SOURCE_MEGATRON;
+    else if (!strcmp(s, "llmc")) *out = PL_SOURCE_LLMC;
+    else if (!strcmp(s, "flat")) *out = PL_SOURCE_FLAT;
+    else {
+        PyErr_Format(PyExc_ValueError,
+                     "unknown source type '%s' (megatron, llmc or flat)", s);
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *source_open(PyTypeObject *cls, PyObject *args, PyObject *kw) {
+    (void)cls;
+    static char *kwlist[] = {"type", "path", "name", "token_dtype", "eos_id",
+                             "write_index", NULL};
+    PyObject *type_obj, *path_obj = NULL, *dtype_obj = Py_None;
+    const char *name = NULL;
+    long long eos_id = -1;
+    int write_index = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "OO&|zOLi:open", kwlist, &type_obj,
+                                     PyUnicode_FSConverter, &path_obj, &name, &dtype_obj,
+                                     &eos_id, &write_index))
+        return NULL;
+    pl_source_options o;
+    memset(&o, 0, sizeof o);
+    o.version = PL_SOURCE_OPTIONS_VERSION;
+    if (parse_source_type(type_obj, &o.type) ||
+        (dtype_obj != Py_None && pypl_parse_dtype(dtype_obj, &o.token_dtype))) {
+        Py_DECREF(path_obj);
+        return NULL;
+    }
+    o.path = PyBytes_AS_STRING(path_obj);
+    o.name = name;
+    o.eos_id = eos_id;
+    o.write_index = write_index;
+    pl_source *src = NULL;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = pl_source_open(&o, &src);
+    Py_END_ALLOW_THREADS
+    Py_DECREF(path_obj);
+    if (rc != PL_OK) {
+        pypl_raise(rc, src ? pl_source_errmsg(src) : NULL);
+        pl_source_free(src);
+        return NULL;
+    }
+    return pypl_source_wrap(src);
+}
+
+static void source_dealloc(PyPlSource *o) {
+    pl_source_free(o->src);
+    PyObject_Free(o);
+}
+
+static PyObject *source_document_length(PyPlSource *o, PyObject *arg) {
+    long long i = PyLong_AsLongLong(arg);
+    if (i == -1 && PyErr_Occurred()) return NULL;
+    int64_t len = 0;
+    char err[PL__ERRMSG_CAP];
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = pl__source_length(o->src, i, &len, err, sizeof err);
+    Py_END_ALLOW_THREADS
+    if (rc != PL_OK) return pypl_raise(rc, err);
+    return PyLong_FromLongLong((long long)len);
+}
+
+static PyObject *source_read(PyPlSource *o, PyObject *args, PyObject *kw) {
+    static char *kwlist[] = {"index", "offset", "count", "dtype", NULL};
+    long long index, offset = 0;
+    PyObject *count_obj = Py_None, *dtype_obj = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "L|LOO:read", kwlist, &index, &offset,
+                                     &count_obj, &dtype_obj))
+        return NULL;
+    pl_dtype dt = PL_DTYPE_INT64;
+    if (dtype_obj != Py_None && pypl_parse_dtype(dtype_obj, &dt)) return NULL;
+    if (dt != PL_DTYPE_INT64 && dt != PL_DTYPE_INT32) {
+        PyErr_SetString(PyExc_ValueError, "read: dtype must be int64 or int32");
+        return NULL;
+    }
+    char err[PL__ERRMSG_CAP];
+    err[0] = '\0';
+    int64_t count;
+    int rc = PL_OK;
+    if (count_obj == Py_None) {
+        int64_t len = 0;
+        Py_BEGIN_ALLOW_THREADS
+        rc = pl__source_length(o->src, index, &len, err, sizeof err);
+        Py_END_ALLOW_THREADS
+        if (rc != PL_OK) return pypl_raise(rc, err);
+        count = len - offset;
+    } else {
+        count = PyLong_AsLongLong(count_obj);
+        if (count == -1 && PyErr_Occurred()) return NULL;
+    }
+    if (count < 0 || offset < 0) {
+        char msg[128];
+        snprintf(msg, sizeof msg, "read: offset %lld, count %lld out of range",
+                 offset, (long long)count);
+        return pypl_raise(PL_ERANGE, msg);
+    }
+    size_t es = pl_dtype_size(dt);
+    void *buf = malloc(count ? (size_t)count * es : 1);
+    if (!buf) return PyErr_NoMemory();
+    Py_BEGIN_ALLOW_THREADS
+    rc = pl__source_read(o->src, index, offset, count, buf, dt, err, sizeof err);
+    Py_END_ALLOW_THREADS
+    if (rc != PL_OK) {
+        free(buf);
+        return pypl_raise(rc, err);
+    }
+    Py_ssize_t shape[1] = {(Py_ssize_t)count};
+    return pypl_array_owned(buf, pypl_format_of(dt), (Py_ssize_t)es, 1, shape);
+}
+
+static PyObject *source_stats(PyPlSource *o, PyObject *unused) {
+    (void)unused;
+    pl_source_stats st;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = pl_source_get_stats(o->src, &st);
+    Py_END_ALLOW_THREADS
+    if (rc != PL_OK) return pypl_raise(rc, pl_source_errmsg(o->src));
+    return Py_BuildValue("{s:L,s:L,s:L,s:L,s:L,s:L,s:L}", "files", (long long)st.files,
+                         "documents", (long long)st.documents, "tokens",
+                         (long long)st.tokens, "length_p50", (long long)st.length_p50,
+                         "length_p90", (long long)st.length_p90, "length_p99",
+                         (long long)st.length_p99, "length_max",
+                         (long long)st.length_max);
+}
+
+static PyObject *source_get_num_documents(PyPlSource *o, void *c) {
+    (void)c;
+    return PyLong_FromLongLong((long long)pl_source_num_documents(o->src));
+}
+
+static Py_ssize_t source_len(PyPlSource *o) {
+    return (Py_ssize_t)pl_source_num_documents(o->src);
+}
+
+static PyObject *source_get_num_files(PyPlSource *o, void *c) {
+    (void)c;
+    return PyLong_FromLongLong((long long)pl_source_num_files(o->src));
+}
+
+static PyObject *source_get_name(PyPlSource *o, void *c) {
+    (void)c;
+    return PyUnicode_FromString(pl_source_name(o->src));
+}
+
+static PyObject *source_get_type(PyPlSource *o, void *c) {
+    (void)c;
+    switch (pl_source_get_type(o->src)) {
+    case PL_SOURCE_MEGATRON: return PyUnicode_FromString("megatron");
+    case PL_SOURCE_LLMC: return PyUnicode_FromString("llmc");
+    case PL_SOURCE_FLAT: return PyUnicode_FromString("flat");
+    }
+    return PyUnicode_FromString("unknown");
+}
+
+static PyObject *source_get_token_dtype(PyPlSource *o, void *c) {
+    (void)c;
+    return PyUnicode_FromString(pl_dtype_name(pl_source_token_dtype(o->src)));
+}
+
+static PyObject *source_get_sizeof(PyPlSource *o, void *c) {
+    (void)c;
+    return PyLong_FromSize_t(pl_source_sizeof(o->src));
+}
+
+static PyObject *source_get_errmsg(PyPlSource *o, void *c) {
+    (void)c;
+    return PyUnicode_FromString(pl_source_errmsg(o->src));
+}
+
+static PyMethodDef source_methods[] = {
+    {"open", (PyCFunction)(void (*)(void))source_open,
+     METH_VARARGS | METH_KEYWORDS | METH_CLASS,
+     "Source.open(type, path, name=None, token_dtype=None, eos_id=-1, write_index=0)"
+     " -> Source\n\n"
+     "Open a source: type 'megatron' (path = prefix, directory or glob of prefixes),\n"
+     "'llmc' or 'flat' (token_dtype 'uint16' or 'uint32'; eos_id -1 = type default).\n"
+     "Raises PolyloadIOError (ENOENT, EIO) or FormatError naming file, field, offset."},
+    {"document_length", (PyCFunction)source_document_length, METH_O,
+     "document_length(i) -> int\n\nLength of document i in tokens.  RangeError for a bad "
+     "index, FormatError (EBOUNDS) when it lies outside its data file."},
+    {"read", (PyCFunction)(void (*)(void))source_read, METH_VARARGS | METH_KEYWORDS,
+     "read(index, offset=0, count=None, dtype='int64') -> Array\n\n"
+     "Tokens [offset, offset+count) of document `index` (count None: to its end) as a\n"
+     "new 1-D Array of int64 or int32.  Float token files are truncated toward zero.\n"
+     "Raises RangeError or FormatError."},
+    {"stats", (PyCFunction)source_stats, METH_NOARGS,
+     "stats() -> dict\n\n{'files', 'documents', 'tokens', 'length_p50', 'length_p90', "
+     "'length_p99', 'length_max'}; scans the index."},
+    {"__reduce__", pypl_no_reduce, METH_NOARGS, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef source_getset[] = {
+    {"num_documents", (getter)source_get_num_documents, NULL, "int: documents", NULL},
+    {"num_files", (getter)source_get_num_files, NULL, "int: files", NULL},
+    {"name", (getter)source_get_name, NULL, "str: the name used in messages", NULL},
+    {"type", (getter)source_get_type, NULL, "str: 'megatron', 'llmc' or 'flat'", NULL},
+    {"token_dtype", (getter)source_get_token_dtype, NULL,
+     "str: numpy name of the stored token type", NULL},
+    {"sizeof", (getter)source_get_sizeof, NULL,
+     "int: heap bytes held, excluding mapped file pages", NULL},
+    {"errmsg", (getter)source_get_errmsg, NULL, "str: the last error message", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+static PySequenceMethods source_as_sequence = {
+    .sq_length = (lenfunc)source_len,
+};
+
+PyTypeObject PyPl_SourceType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "polyload._core.Source",
+    .tp_basicsize = sizeof(PyPlSource),
+    .tp_dealloc = (destructor)source_dealloc,
+    .tp_as_sequence = &source_as_sequence,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "One data source (pl_source).  Create with Source.open or Config.open_source.\n"
+              "Reads are thread-safe and run without the GIL.",
+    .tp_methods = source_methods,
+    .tp_getset = source_getset,
+};

@@ -1,0 +1,106 @@
+/*
+ * core.h -- declarations shared by the files of the polyload._core extension.
+ *
+ * polyload._core mirrors the public C API (include/polyload/polyload.h) one
+ * to one: a Python type per handle (Config, Source, Planner, Loader), Batch
+ * for a retained pl_batch, and Array, a buffer-protocol view of C memory that
+ * NumPy and PyTorch wrap without copying.  Status codes become exceptions in
+ * one place (pypl_raise); the exception classes live in polyload._errors.
+ *
+ * Every call that reads files, waits or computes runs with the GIL released.
+ * Handles remember the process that created them: after os.fork the child
+ * never frees (or uses) C state that belongs to the parent's threads.
+ */
+#ifndef PYPL_CORE_H
+#define PYPL_CORE_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include "polyload/polyload.h"
+
+#include <stdint.h>
+#include <sys/types.h>
+#include <unistd.h>
+
+/* Python 3.9 (pyproject's requires-python) lacks these 3.10 helpers. */
+#if PY_VERSION_HEX < 0x030A0000
+static inline PyObject *pypl_newref(PyObject *o) {
+    Py_INCREF(o);
+    return o;
+}
+#define Py_NewRef(o) pypl_newref((PyObject *)(o))
+static inline int PyModule_AddObjectRef(PyObject *m, const char *name, PyObject *v) {
+    Py_INCREF(v);
+    if (PyModule_AddObject(m, name, v) < 0) {
+        Py_DECREF(v);
+        return -1;
+    }
+    return 0;
+}
+#endif
+
+/* ------------------------------------------------------------- errors */
+
+/* Raise the polyload exception for status `rc` (negative) with message
+ * `msg` (the handle's errmsg; NULL or "" uses pl_strerror).  Returns NULL. */
+PyObject *pypl_raise(int rc, const char *msg);
+/* Import polyload._errors and keep its classes.  -1 with an exception set. */
+int pypl_errors_init(PyObject *module);
+
+/* The __reduce__ of every handle: handles are not picklable. */
+PyObject *pypl_no_reduce(PyObject *self, PyObject *unused);
+
+/* ------------------------------------------------------------- arrays */
+
+extern PyTypeObject PyPl_ArrayType;
+extern PyTypeObject PyPl_BatchType;
+
+/*
+ * An Array over the memory of a retained batch: takes its own
+ * pl_batch_retain reference and releases it on dealloc.  format is a struct
+ * code ("q", "i", "f", "d").  ndim is 1 or 2.
+ */
+PyObject *pypl_array_from_batch(pl_batch *batch, void *data, const char *format,
+                                Py_ssize_t itemsize, int ndim,
+                                const Py_ssize_t *shape);
+/* An Array that owns `data` (malloc'd; freed on dealloc, even on failure). */
+PyObject *pypl_array_owned(void *data, const char *format, Py_ssize_t itemsize,
+                           int ndim, const Py_ssize_t *shape);
+/* A Batch holding one reference to `batch`, which the caller has retained
+ * for it (the reference is released on failure too). */
+PyObject *pypl_batch_new(pl_batch *batch);
+
+/* Struct code and numpy name of a token dtype (INT64/INT32 batches and
+ * reads). */
+const char *pypl_format_of(pl_dtype dtype);
+
+/* ------------------------------------------------------------- handles */
+
+typedef struct {
+    PyObject_HEAD
+    pl_config *cfg;
+    int busy; /* > 0 while a call reads cfg with the GIL released */
+} PyPlConfig;
+
+typedef struct {
+    PyObject_HEAD
+    pl_source *src;
+} PyPlSource;
+
+extern PyTypeObject PyPl_ConfigType;
+extern PyTypeObject PyPl_SourceType;
+extern PyTypeObject PyPl_PlannerType;
+extern PyTypeObject PyPl_LoaderType;
+
+/* Parse a dtype argument: an int code or a numpy name ("uint16").  -1 with
+ * an exception set on failure. */
+int pypl_parse_dtype(PyObject *obj, pl_dtype *out);
+/* Wrap an open source (steals the handle). */
+PyObject *pypl_source_wrap(pl_source *src);
+
+/* Module-level helpers for building dicts: set d[key] = value, stealing
+ * value.  -1 on failure. */
+int pypl_dict_steal(PyObject *d, const char *key, PyObject *value);
+
+#endif

@@ -1,0 +1,657 @@
+/*
+ * loader.c -- Planner (pl_planner) and Loader (pl_loader).
+ *
+ * The C loader allows concurrent pl_loader_next calls for different ranks and
+ * nothing else at the same time.  Loader enforces that with a read-write lock
+ * taken with the GIL released (next takes it shared, every other call
+ * exclusive) and a per-rank busy flag checked under the GIL: a second
+ * concurrent next() for the same rank raises RuntimeError instead of racing.
+ *
+ * Fork safety: a Loader remembers the pid that created it.  In a forked child
+ * its worker threads do not exist and its locks may be held by them, so the
+ * child neither uses nor frees it: methods raise, and dealloc/close leak the
+ * C state on purpose (the child's memory is a copy; the parent is untouched).
+ */
+#include "core.h"
+
+#include "internal.h" /* PL__ERRMSG_CAP */
+
+#include <pthread.h>
+#include <string.h>
+
+/* ============================================================ Planner */
+
+typedef struct {
+    PyObject_HEAD
+    pl_planner *p;
+    PyObject *config;  /* the Config (kept for the sources' config) */
+    PyObject *sources; /* tuple of Source: borrowed by the planner */
+    pl_source **arr;   /* their handles: the planner borrows the array too */
+    int busy;
+} PyPlPlanner;
+
+static PyObject *planner_create(PyTypeObject *cls, PyObject *args, PyObject *kw) {
+    (void)cls;
+    static char *kwlist[] = {"config", "sources", NULL};
+    PyObject *cfg_obj, *src_obj = Py_None;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O!|O:create", kwlist, &PyPl_ConfigType,
+                                     &cfg_obj, &src_obj))
+        return NULL;
+    PyPlConfig *cfg = (PyPlConfig *)cfg_obj;
+    int64_t n = pl_config_num_sources(cfg->cfg);
+    PyObject *sources;
+    if (src_obj == Py_None) {
+        sources = PyTuple_New((Py_ssize_t)n);
+        if (!sources) return NULL;
+        for (int64_t i = 0; i < n; i++) {
+            PyObject *idx = PyLong_FromLongLong((long long)i);
+            PyObject *s = idx ? PyObject_CallMethod(cfg_obj, "open_source", "O", idx) : NULL;
+            Py_XDECREF(idx);
+            if (!s) {
+                Py_DECREF(sources);
+                return NULL;
+            }
+            PyTuple_SET_ITEM(sources, (Py_ssize_t)i, s);
+        }
+    } else {
+        sources = PySequence_Tuple(src_obj);
+        if (!sources) return NULL;
+        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(sources); i++) {
+            if (!PyObject_TypeCheck(PyTuple_GET_ITEM(sources, i), &PyPl_SourceType)) {
+                Py_DECREF(sources);
+                PyErr_SetString(PyExc_TypeError, "Planner.create: sources must be Source objects");
+                return NULL;
+            }
+        }
+    }
+    Py_ssize_t ns = PyTuple_GET_SIZE(sources);
+    pl_source **arr = PyMem_Calloc(ns ? (size_t)ns : 1, sizeof *arr);
+    if (!arr) {
+        Py_DECREF(sources);
+        return PyErr_NoMemory();
+    }
+    for (Py_ssize_t i = 0; i < ns; i++)
+        arr[i] = ((PyPlSource *)PyTuple_GET_ITEM(sources, i))->src;
+    pl_planner *p = NULL;
+    int rc;
+    cfg->busy++;
+    Py_BEGIN_ALLOW_THREADS
+    rc = pl_planner_create(cfg->cfg, arr, (int64_t)ns, &p);
+    Py_END_ALLOW_THREADS
+    cfg->busy--;
+    if (rc != PL_OK) {
+        pypl_raise(rc, p ? pl_planner_errmsg(p) : NULL);
+        pl_planner_free(p);
+        PyMem_Free(arr);
+        Py_DECREF(sources);
+        return NULL;
+    }
+    PyPlPlanner *o = PyObject_New(PyPlPlanner, &PyPl_PlannerType);
+    if (!o) {
+        pl_planner_free(p);
+        PyMem_Free(arr);
+        Py_DECREF(sources);
+        return NULL;
+    }
+    o->p = p;
+    o->arr = arr;
+    o->config = Py_NewRef(cfg_obj);
+    o->sources = sources;
+    o->busy = 0;
+    return (PyObject *)o;
+}
+
+static void planner_dealloc(PyPlPlanner *o) {
+    pl_planner_free(o->p); /* before the sources it borrows */
+    PyMem_Free(o->arr);
+    Py_XDECREF(o->sources);
+    Py_XDECREF(o->config);
+    PyObject_Free(o);
+}
+
+static int planner_enter(PyPlPlanner *o) {
+    if (o->busy) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "Planner is in use by another thread (it is not thread-safe)");
+        return -1;
+    }
+    o->busy = 1;
+    return 0;
+}
+
+/* Copy n elements of `es` bytes into a new owned Array. */
+static PyObject *owned_copy(const void *src, Py_ssize_t n, Py_ssize_t cols,
+                            const char *format, Py_ssize_t es) {
+    size_t bytes = (size_t)(n * (cols ? cols : 1)) * (size_t)es;
+    void *buf = malloc(bytes ? bytes : 1);
+    if (!buf) return PyErr_NoMemory();
+    if (bytes) memcpy(buf, src, bytes);
+    Py_ssize_t shape[2] = {n, cols};
+    return pypl_array_owned(buf, format, es, cols ? 2 : 1, shape);
+}
+
+static PyObject *plan_to_dict(const pl_plan *pl) {
+    PyObject *d = Py_BuildValue(
+        "{s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:d}", "step", (long long)pl->step, "dp",
+        (long long)pl->dp, "global_batch_size", (long long)pl->global_batch_size,
+        "micro_batch_size", (long long)pl->micro_batch_size, "micro_batches_per_rank",
+        (long long)pl->micro_batches_per_rank, "seq_length", (long long)pl->seq_length,
+        "n_sequences", (long long)pl->n_sequences, "n_chunks", (long long)pl->n_chunks,
+        "tokens", (long long)pl->tokens, "lower_bound", pl->lower_bound);
+    if (!d) return NULL;
+    /* chunks: [n_chunks, 5] int64, columns (source, index, offset, length, flags) */
+    Py_ssize_t nc = (Py_ssize_t)pl->n_chunks;
+    int64_t *ch = malloc((size_t)(nc ? nc : 1) * 5 * sizeof(int64_t));
+    if (!ch) {
+        Py_DECREF(d);
+        return PyErr_NoMemory();
+    }
+    for (Py_ssize_t i = 0; i < nc; i++) {
+        ch[i * 5 + 0] = pl->chunks[i].source;
+        ch[i * 5 + 1] = pl->chunks[i].index;
+        ch[i * 5 + 2] = pl->chunks[i].offset;
+        ch[i * 5 + 3] = pl->chunks[i].length;
+        ch[i * 5 + 4] = pl->chunks[i].flags;
+    }
+    Py_ssize_t shape[2] = {nc, 5};
+    Py_ssize_t nq = (Py_ssize_t)pl->n_sequences;
+    if (pypl_dict_steal(d, "chunks", pypl_array_owned(ch, "q", 8, 2, shape)) ||
+        pypl_dict_steal(d, "seq_offsets", owned_copy(pl->seq_offsets, nq + 1, 0, "q", 8)) ||
+        pypl_dict_steal(d, "seq_tokens", owned_copy(pl->seq_tokens, nq, 0, "q", 8)) ||
+        pypl_dict_steal(d, "seq_cost", owned_copy(pl->seq_cost, nq, 0, "d", 8)) ||
+        pypl_dict_steal(d, "rank_sequences", owned_copy(pl->rank_sequences, nq, 0, "q", 8)) ||
+        pypl_dict_steal(d, "rank_cost",
+                        owned_copy(pl->rank_cost, (Py_ssize_t)pl->dp, 0, "d", 8))) {
+        Py_DECREF(d);
+        return NULL;
+    }
+    return d;
+}
+
+static PyObject *planner_next(PyPlPlanner *o, PyObject *unused) {
+    (void)unused;
+    if (planner_enter(o)) return NULL;
+    pl_plan *pl = NULL;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = pl_planner_next(o->p, &pl);
+    Py_END_ALLOW_THREADS
+    o->busy = 0;
+    if (rc == PL_DONE) Py_RETURN_NONE;
+    if (rc != PL_OK) return pypl_raise(rc, pl_planner_errmsg(o->p));
+    PyObject *d = plan_to_dict(pl);
+    pl_plan_free(pl);
+    return d;
+}
+
+static PyObject *planner_get_state(PyPlPlanner *o, PyObject *unused) {
+    (void)unused;
+    if (planner_enter(o)) return NULL;
+    size_t n = 0;
+    int rc = pl_planner_get_state(o->p, NULL, 0, &n);
+    PyObject *b = NULL;
+    if (rc == PL_OK) {
+        b = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)n);
+        if (b) rc = pl_planner_get_state(o->p, PyBytes_AS_STRING(b), n, &n);
+    }
+    o->busy = 0;
+    if (rc != PL_OK) {
+        Py_XDECREF(b);
+        return pypl_raise(rc, pl_planner_errmsg(o->p));
+    }
+    return b;
+}
+
+static PyObject *planner_set_state(PyPlPlanner *o, PyObject *arg) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
+    if (planner_enter(o)) {
+        PyBuffer_Release(&view);
+        return NULL;
+    }
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = pl_planner_set_state(o->p, view.buf, (size_t)view.len);
+    Py_END_ALLOW_THREADS
+    o->busy = 0;
+    PyBuffer_Release(&view);
+    if (rc != PL_OK) return pypl_raise(rc, pl_planner_errmsg(o->p));
+    Py_RETURN_NONE;
+}
+
+static PyObject *planner_get_sources(PyPlPlanner *o, void *c) {
+    (void)c;
+    return Py_NewRef(o->sources);
+}
+
+static PyObject *planner_get_errmsg(PyPlPlanner *o, void *c) {
+    (void)c;
+    return PyUnicode_FromString(pl_planner_errmsg(o->p));
+}
+
+static PyMethodDef planner_methods[] = {
+    {"create", (PyCFunction)(void (*)(void))planner_create,
+     METH_VARARGS | METH_KEYWORDS | METH_CLASS,
+     "Planner.create(config, sources=None) -> Planner\n\n"
+     "A planner over `sources` (Source objects in config order; None opens them from\n"
+     "the config).  The planner keeps the sources alive.  Raises ConfigError."},
+    {"next", (PyCFunction)planner_next, METH_NOARGS,
+     "next() -> dict\n\nPlan the next step: {'step', 'dp', 'global_batch_size',\n"
+     "'micro_batch_size', 'micro_batches_per_rank', 'seq_length', 'n_sequences',\n"
+     "'n_chunks', 'tokens', 'lower_bound',\n"
+     " 'chunks': Array [n_chunks, 5] int64 (source, index, offset, length, flags),\n"
+     " 'seq_offsets': Array [n_sequences+1] int64, 'seq_tokens': [n_sequences] int64,\n"
+     " 'seq_cost': [n_sequences] float64, 'rank_sequences': [n_sequences] int64,\n"
+     " 'rank_cost': [dp] float64}.  Sequence q holds chunks[seq_offsets[q]:"
+     "seq_offsets[q+1]];\nrow `row` of micro-batch `mb` of DP rank r is sequence\n"
+     "rank_sequences[(r * micro_batches_per_rank + mb) * micro_batch_size + row]."},
+    {"get_state", (PyCFunction)planner_get_state, METH_NOARGS,
+     "get_state() -> bytes\n\nThe state blob (SPEC section 4) at the current step."},
+    {"set_state", (PyCFunction)planner_set_state, METH_O,
+     "set_state(blob)\n\nContinue from a state blob.  Raises StateError."},
+    {"__reduce__", pypl_no_reduce, METH_NOARGS, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef planner_getset[] = {
+    {"sources", (getter)planner_get_sources, NULL, "tuple of Source", NULL},
+    {"errmsg", (getter)planner_get_errmsg, NULL, "str: the last error message", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+PyTypeObject PyPl_PlannerType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "polyload._core.Planner",
+    .tp_basicsize = sizeof(PyPlPlanner),
+    .tp_dealloc = (destructor)planner_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "The planner alone (pl_planner): plans from metadata, never reading payloads.\n"
+              "Not thread-safe: concurrent calls raise RuntimeError.",
+    .tp_methods = planner_methods,
+    .tp_getset = planner_getset,
+};
+
+/* ============================================================= Loader */
+
+typedef struct {
+    PyObject_HEAD
+    pl_loader *l;            /* NULL after close() */
+    pid_t pid;               /* the process that created it */
+    pthread_rwlock_t lock;   /* next: shared; everything else: exclusive */
+    int64_t *ranks;          /* served global ranks */
+    char *busy;              /* per served rank: a next() is in flight */
+    Py_ssize_t n_ranks;
+} PyPlLoader;
+
+static int loader_check(PyPlLoader *o) {
+    if (o->pid != getpid()) {
+        PyErr_Format(PyExc_RuntimeError,
+                     "this Loader was created in process %ld and cannot be used in a "
+                     "forked child (%ld); create a new one in the child",
+                     (long)o->pid, (long)getpid());
+        return -1;
+    }
+    if (!o->l) {
+        pypl_raise(PL_ECLOSED, "loader is closed");
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *loader_create(PyTypeObject *cls, PyObject *args, PyObject *kw) {
+    (void)cls;
+    static char *kwlist[] = {"config", "ranks", "threads", "prefetch", NULL};
+    PyObject *cfg_obj, *ranks_obj = Py_None;
+    int threads = 0, prefetch = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O!|Oii:create", kwlist, &PyPl_ConfigType,
+                                     &cfg_obj, &ranks_obj, &threads, &prefetch))
+        return NULL;
+    PyPlConfig *cfg = (PyPlConfig *)cfg_obj;
+    if (threads < 0 || prefetch < 0) {
+        PyErr_SetString(PyExc_ValueError, "threads and prefetch must be >= 0");
+        return NULL;
+    }
+    PyPlLoader *o = PyObject_New(PyPlLoader, &PyPl_LoaderType);
+    if (!o) return NULL;
+    o->l = NULL;
+    o->pid = getpid();
+    o->ranks = NULL;
+    o->busy = NULL;
+    o->n_ranks = 0;
+    if (pthread_rwlock_init(&o->lock, NULL) != 0) {
+        o->pid = -1; /* nothing to destroy */
+        Py_DECREF(o);
+        return PyErr_NoMemory();
+    }
+    int all = ranks_obj == Py_None;
+    if (all) {
+        o->n_ranks = (Py_ssize_t)pl_config_world_size(cfg->cfg);
+    } else {
+        PyObject *seq = PySequence_Fast(ranks_obj, "ranks must be a sequence of int");
+        if (!seq) goto fail;
+        o->n_ranks = PySequence_Fast_GET_SIZE(seq);
+        o->ranks = PyMem_Calloc((size_t)(o->n_ranks ? o->n_ranks : 1), sizeof(int64_t));
+        if (!o->ranks) {
+            Py_DECREF(seq);
+            PyErr_NoMemory();
+            goto fail;
+        }
+        for (Py_ssize_t i = 0; i < o->n_ranks; i++) {
+            long long r = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(seq, i));
+            if (r == -1 && PyErr_Occurred()) {
+                Py_DECREF(seq);
+                goto fail;
+            }
+            o->ranks[i] = r;
+        }
+        Py_DECREF(seq);
+    }
+    if (all) {
+        o->ranks = PyMem_Calloc((size_t)(o->n_ranks ? o->n_ranks : 1), sizeof(int64_t));
+        if (!o->ranks) {
+            PyErr_NoMemory();
+            goto fail;
+        }
+        for (Py_ssize_t i = 0; i < o->n_ranks; i++) o->ranks[i] = i;
+    }
+    o->busy = PyMem_Calloc((size_t)(o->n_ranks ? o->n_ranks : 1), 1);
+    if (!o->busy) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    pl_loader_options opts;
+    memset(&opts, 0, sizeof opts);
+    opts.version = PL_LOADER_OPTIONS_VERSION;
+    opts.ranks = all ? NULL : o->ranks;
+    opts.n_ranks = all ? 0 : (int64_t)o->n_ranks;
+    opts.threads = threads;
+    opts.prefetch = prefetch;
+    pl_loader *l = NULL;
+    int rc;
+    cfg->busy++;
+    Py_BEGIN_ALLOW_THREADS
+    rc = pl_loader_create(cfg->cfg, &opts, &l);
+    Py_END_ALLOW_THREADS
+    cfg->busy--;
+    if (rc != PL_OK) {
+        pypl_raise(rc, l ? pl_loader_errmsg(l) : NULL);
+        Py_BEGIN_ALLOW_THREADS
+        pl_loader_free(l);
+        Py_END_ALLOW_THREADS
+        goto fail;
+    }
+    o->l = l;
+    return (PyObject *)o;
+fail:
+    Py_DECREF(o);
+    return NULL;
+}
+
+static void loader_free_c(PyPlLoader *o) {
+    pl_loader *l = o->l;
+    o->l = NULL;
+    if (!l) return;
+    Py_BEGIN_ALLOW_THREADS
+    pl_loader_free(l); /* joins the worker threads, which never take the GIL */
+    Py_END_ALLOW_THREADS
+}
+
+static void loader_dealloc(PyPlLoader *o) {
+    if (o->pid == getpid()) {
+        loader_free_c(o);
+        pthread_rwlock_destroy(&o->lock);
+    }
+    /* else: a forked child leaks the parent's C state on purpose */
+    PyMem_Free(o->ranks);
+    PyMem_Free(o->busy);
+    PyObject_Free(o);
+}
+
+static PyObject *loader_close(PyPlLoader *o, PyObject *unused) {
+    (void)unused;
+    if (o->pid != getpid()) { /* forked child: forget it without freeing */
+        o->l = NULL;
+        Py_RETURN_NONE;
+    }
+    if (!o->l) Py_RETURN_NONE;
+    Py_BEGIN_ALLOW_THREADS
+    pthread_rwlock_wrlock(&o->lock);
+    Py_END_ALLOW_THREADS
+    loader_free_c(o);
+    pthread_rwlock_unlock(&o->lock);
+    Py_RETURN_NONE;
+}
+
+static PyObject *loader_next(PyPlLoader *o, PyObject *arg) {
+    long long rank = PyLong_AsLongLong(arg);
+    if (rank == -1 && PyErr_Occurred()) return NULL;
+    if (loader_check(o)) return NULL;
+    Py_ssize_t k = -1;
+    for (Py_ssize_t i = 0; i < o->n_ranks; i++)
+        if (o->ranks[i] == rank) {
+            k = i;
+            break;
+        }
+    if (k < 0) {
+        char msg[128];
+        snprintf(msg, sizeof msg, "loader: rank %lld is not served by this loader", rank);
+        return pypl_raise(PL_ERANGE, msg);
+    }
+    if (o->busy[k]) {
+        PyErr_Format(PyExc_RuntimeError,
+                     "Loader.next(%lld) is already running in another thread", rank);
+        return NULL;
+    }
+    o->busy[k] = 1;
+    pl_batch *b = NULL;
+    char err[PL__ERRMSG_CAP];
+    err[0] = '\0';
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    pthread_rwlock_rdlock(&o->lock);
+    if (!o->l) {
+        rc = PL_ECLOSED;
+        snprintf(err, sizeof err, "loader is closed");
+    } else {
+        rc = pl_loader_next(o->l, rank, &b);
+        if (rc == PL_OK) pl_batch_retain(b); /* borrowed until the next next(rank) */
+        else if (rc < 0) snprintf(err, sizeof err, "%s", pl_loader_errmsg(o->l));
+    }
+    pthread_rwlock_unlock(&o->lock);
+    Py_END_ALLOW_THREADS
+    o->busy[k] = 0;
+    if (rc == PL_DONE) Py_RETURN_NONE;
+    if (rc != PL_OK) return pypl_raise(rc, err);
+    return pypl_batch_new(b);
+}
+
+/* Take the exclusive lock with the GIL released; 0 on success. */
+static int loader_lock(PyPlLoader *o) {
+    if (loader_check(o)) return -1;
+    Py_BEGIN_ALLOW_THREADS
+    pthread_rwlock_wrlock(&o->lock);
+    Py_END_ALLOW_THREADS
+    if (!o->l) { /* closed while we waited */
+        pthread_rwlock_unlock(&o->lock);
+        pypl_raise(PL_ECLOSED, "loader is closed");
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *loader_get_state(PyPlLoader *o, PyObject *unused) {
+    (void)unused;
+    if (loader_lock(o)) return NULL;
+    size_t n = 0;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = pl_loader_get_state(o->l, NULL, 0, &n);
+    Py_END_ALLOW_THREADS
+    PyObject *b = NULL;
+    if (rc == PL_OK) {
+        b = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)n);
+        if (b) {
+            char *buf = PyBytes_AS_STRING(b);
+            Py_BEGIN_ALLOW_THREADS
+            rc = pl_loader_get_state(o->l, buf, n, &n);
+            Py_END_ALLOW_THREADS
+        }
+    }
+    if (rc != PL_OK) {
+        Py_XDECREF(b);
+        b = pypl_raise(rc, pl_loader_errmsg(o->l));
+    }
+    pthread_rwlock_unlock(&o->lock);
+    return b;
+}
+
+static PyObject *loader_set_state(PyPlLoader *o, PyObject *arg) {
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
+    if (loader_lock(o)) {
+        PyBuffer_Release(&view);
+        return NULL;
+    }
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = pl_loader_set_state(o->l, view.buf, (size_t)view.len);
+    Py_END_ALLOW_THREADS
+    PyObject *r = rc == PL_OK ? Py_NewRef(Py_None) : pypl_raise(rc, pl_loader_errmsg(o->l));
+    pthread_rwlock_unlock(&o->lock);
+    PyBuffer_Release(&view);
+    return r;
+}
+
+static PyObject *loader_stats(PyPlLoader *o, PyObject *unused) {
+    (void)unused;
+    if (loader_lock(o)) return NULL;
+    pl_loader_stats st;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = pl_loader_get_stats(o->l, &st);
+    Py_END_ALLOW_THREADS
+    PyObject *d = NULL, *srcs = NULL;
+    if (rc != PL_OK) {
+        pypl_raise(rc, pl_loader_errmsg(o->l));
+        goto done;
+    }
+    d = Py_BuildValue("{s:L,s:L,s:L,s:L,s:L,s:d,s:d}", "steps", (long long)st.steps,
+                      "micro_batches", (long long)st.micro_batches, "tokens",
+                      (long long)st.tokens, "padding_tokens", (long long)st.padding_tokens,
+                      "skipped", (long long)st.skipped, "max_over_mean", st.max_over_mean,
+                      "max_over_lower_bound", st.max_over_lower_bound);
+    srcs = d ? PyDict_New() : NULL;
+    if (!srcs) goto fail;
+    for (int64_t i = 0; i < st.n_sources; i++) {
+        const pl_source_summary *s = &st.sources[i];
+        PyObject *e = Py_BuildValue(
+            "{s:L,s:L,s:L,s:L,s:d,s:d}", "documents", (long long)s->documents, "tokens",
+            (long long)s->tokens, "epochs_completed", (long long)s->epochs_completed,
+            "skipped", (long long)s->skipped, "realized_fraction", s->realized_fraction,
+            "scheduled_fraction", s->scheduled_fraction);
+        if (!e || PyDict_SetItemString(srcs, s->name, e) < 0) {
+            Py_XDECREF(e);
+            goto fail;
+        }
+        Py_DECREF(e);
+    }
+    if (PyDict_SetItemString(d, "sources", srcs) < 0) goto fail;
+    Py_DECREF(srcs);
+    goto done;
+fail:
+    Py_XDECREF(srcs);
+    Py_CLEAR(d);
+done:
+    pthread_rwlock_unlock(&o->lock);
+    return d;
+}
+
+static PyObject *loader_enter(PyPlLoader *o, PyObject *unused) {
+    (void)unused;
+    return Py_NewRef((PyObject *)o);
+}
+
+static PyObject *loader_exit(PyPlLoader *o, PyObject *args) {
+    (void)args;
+    PyObject *r = loader_close(o, NULL);
+    if (!r) return NULL;
+    Py_DECREF(r);
+    Py_RETURN_FALSE;
+}
+
+static PyObject *loader_get_ranks(PyPlLoader *o, void *c) {
+    (void)c;
+    PyObject *t = PyTuple_New(o->n_ranks);
+    if (!t) return NULL;
+    for (Py_ssize_t i = 0; i < o->n_ranks; i++) {
+        PyObject *v = PyLong_FromLongLong((long long)o->ranks[i]);
+        if (!v) {
+            Py_DECREF(t);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(t, i, v);
+    }
+    return t;
+}
+
+static PyObject *loader_get_closed(PyPlLoader *o, void *c) {
+    (void)c;
+    return PyBool_FromLong(o->l == NULL);
+}
+
+static PyObject *loader_get_pid(PyPlLoader *o, void *c) {
+    (void)c;
+    return PyLong_FromLong((long)o->pid);
+}
+
+static PyMethodDef loader_methods[] = {
+    {"create", (PyCFunction)(void (*)(void))loader_create,
+     METH_VARARGS | METH_KEYWORDS | METH_CLASS,
+     "Loader.create(config, ranks=None, threads=0, prefetch=0) -> Loader\n\n"
+     "An embedded loader serving global `ranks` (None: all ranks of the topology).\n"
+     "threads/prefetch 0 take the config's values.  Opens every source: raises\n"
+     "PolyloadIOError, FormatError or ConfigError."},
+    {"next", (PyCFunction)loader_next, METH_O,
+     "next(rank) -> Batch or None\n\nThe next micro-batch of global `rank`; None after "
+     "train_steps.\nBlocks (without the GIL) until it is built.  Raises RangeError for "
+     "a rank\nnot served, or the error of the worker that built the batch (after which\n"
+     "the loader has failed: later calls raise PolyloadError ECLOSED)."},
+    {"get_state", (PyCFunction)loader_get_state, METH_NOARGS,
+     "get_state() -> bytes\n\nThe state blob (SPEC section 4) after the batches consumed "
+     "so far."},
+    {"set_state", (PyCFunction)loader_set_state, METH_O,
+     "set_state(blob)\n\nContinue from a state blob; drops prefetched batches.  Raises\n"
+     "StateError naming a changed fingerprint field or a corrupt blob."},
+    {"stats", (PyCFunction)loader_stats, METH_NOARGS,
+     "stats() -> dict\n\n{'steps', 'micro_batches', 'tokens', 'padding_tokens', "
+     "'skipped',\n'max_over_mean', 'max_over_lower_bound', 'sources': {name: {'documents',\n"
+     "'tokens', 'epochs_completed', 'skipped', 'realized_fraction', "
+     "'scheduled_fraction'}}}."},
+    {"close", (PyCFunction)loader_close, METH_NOARGS,
+     "close()\n\nStop the workers and free the loader.  Batches already returned stay "
+     "valid.\nIdempotent.  In a forked child it only forgets the parent's loader."},
+    {"__enter__", (PyCFunction)loader_enter, METH_NOARGS, NULL},
+    {"__exit__", (PyCFunction)loader_exit, METH_VARARGS, NULL},
+    {"__reduce__", pypl_no_reduce, METH_NOARGS, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef loader_getset[] = {
+    {"ranks", (getter)loader_get_ranks, NULL, "tuple of int: the served global ranks", NULL},
+    {"closed", (getter)loader_get_closed, NULL, "bool", NULL},
+    {"pid", (getter)loader_get_pid, NULL, "int: the process that created the loader", NULL},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+PyTypeObject PyPl_LoaderType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "polyload._core.Loader",
+    .tp_basicsize = sizeof(PyPlLoader),
+    .tp_dealloc = (destructor)loader_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "The embedded loader (pl_loader).  Create with Loader.create.\n\n"
+              "next() may run concurrently for different ranks from several threads;\n"
+              "other calls wait for them.  A context manager; close() is idempotent.",
+    .tp_methods = loader_methods,
+    .tp_getset = loader_getset,
+};

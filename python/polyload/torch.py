@@ -1,0 +1,104 @@
+"""PyTorch helpers for polyload.
+
+``broadcast_tp`` is the Megatron pattern for tensor-parallel (TP) groups (as
+``megatron.training.utils.get_batch_on_this_tp_rank``): only the first rank of each TP
+group runs a :class:`polyload.Loader`; it broadcasts every micro-batch to its TP peers,
+which need the same data (SPEC section 2).  This saves the peers' reads and memory; the
+Ray deployment's constructors do the same across processes without a trainer group.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Optional
+
+import torch
+import torch.distributed as dist
+
+__all__ = ["broadcast_tp", "BATCH_FIELDS"]
+
+#: The tensor fields of a micro-batch, in the order they are broadcast (SPEC section 3).
+BATCH_FIELDS = ("input_ids", "labels", "loss_mask", "position_ids", "cu_seqlens")
+
+# dtype codes of the header (any value fits: they only need to agree between ranks)
+_DTYPES = (torch.int64, torch.int32, torch.float32, torch.float64, torch.int16,
+           torch.uint8, torch.int8, torch.bfloat16, torch.float16)
+_SLOT = 5  # per field: present, dtype code, ndim, dim0, dim1
+_HEADER = len(BATCH_FIELDS) * _SLOT + 2  # + has max_seqlen, max_seqlen
+
+
+def _default_device(group) -> torch.device:
+    backend = dist.get_backend(group)
+    if backend == "nccl" and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def broadcast_tp(
+    batch: Optional[Dict[str, Any]],
+    group: Optional["dist.ProcessGroup"] = None,
+    device: Optional[torch.device] = None,
+) -> Dict[str, Any]:
+    """Broadcast one micro-batch from the first rank of a TP group to the others.
+
+    Args:
+        batch: on group rank 0, a micro-batch dict from :class:`polyload.Loader`
+            (``input_ids``, ``labels``, ``loss_mask``, ``position_ids``: ``[micro_batch,
+            seq_length / cp]``; ``cu_seqlens``: int32 ``[n_segments + 1]``;
+            ``max_seqlen``: int; absent fields stay absent).  ``None`` on the other ranks
+            (ignored there).
+        group: the TP process group (``None``: the default group).  The source is the
+            group's rank 0 (``dist.get_global_rank(group, 0)``).
+        device: where tensors are sent and received.  Default: the current CUDA device
+            for an NCCL group, else the CPU.
+
+    Returns:
+        The same micro-batch on every rank of the group, tensors on ``device``, with
+        shapes and dtypes as sent.  On group rank 0 the tensors are ``batch``'s own
+        (moved to ``device`` if needed).
+
+    Shapes go first (one int64 header of fixed size), then each tensor, so receivers
+    allocate exactly.  All ranks of ``group`` must call it with the same ``group``.
+
+    Raises:
+        ValueError: group rank 0 passed ``None``, or a field has more than 2 dimensions.
+    """
+    if device is None:
+        device = _default_device(group)
+    src = dist.get_global_rank(group, 0) if group is not None else 0
+    me = dist.get_rank(group)
+    header = torch.zeros(_HEADER, dtype=torch.int64)
+    if me == 0:
+        if batch is None:
+            raise ValueError("broadcast_tp: group rank 0 must pass a batch")
+        tensors = {}
+        for i, name in enumerate(BATCH_FIELDS):
+            t = batch.get(name)
+            if t is None:
+                continue
+            t = torch.as_tensor(t)
+            if t.dim() > 2:
+                raise ValueError(f"broadcast_tp: {name} has {t.dim()} dimensions (at most 2)")
+            tensors[name] = t.to(device, non_blocking=True).contiguous()
+            shape = list(t.shape) + [0] * (2 - t.dim())
+            header[i * _SLOT: (i + 1) * _SLOT] = torch.tensor(
+                [1, _DTYPES.index(t.dtype), t.dim(), shape[0], shape[1]])
+        if batch.get("max_seqlen") is not None:
+            header[-2] = 1
+            header[-1] = int(batch["max_seqlen"])
+    header = header.to(device)
+    dist.broadcast(header, src=src, group=group)
+    h = header.cpu().tolist()
+    out: Dict[str, Any] = {}
+    for i, name in enumerate(BATCH_FIELDS):
+        present, code, ndim, d0, d1 = h[i * _SLOT: (i + 1) * _SLOT]
+        if not present:
+            continue
+        if me == 0:
+            t = tensors[name]
+        else:
+            t = torch.empty([d0, d1][:ndim], dtype=_DTYPES[code], device=device)
+        dist.broadcast(t, src=src, group=group)
+        out[name] = t
+    if h[-2]:
+        out["max_seqlen"] = int(h[-1])
+    return out

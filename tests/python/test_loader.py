@@ -1,0 +1,248 @@
+"""polyload.Loader: batches equal the plan, exact resume, elastic dp, dict configs, stats,
+pipeline fields, and polyload.torch.broadcast_tp over gloo."""
+
+import collections
+import hashlib
+import os
+
+import numpy as np
+import pytest
+import yaml
+
+import polyload
+from polyload import _core
+
+torch = pytest.importorskip("torch")
+
+
+def batch_hash(b):
+    h = hashlib.sha256()
+    for k in sorted(b):
+        v = b[k]
+        h.update(k.encode())
+        h.update(v.numpy().tobytes() if isinstance(v, torch.Tensor) else str(v).encode())
+    return h.hexdigest()
+
+
+def expected_micro_batch(corpus, plan, r, mb, pad_id=0):
+    """The micro-batch of DP rank r, micro-batch mb, from the plan and the position
+    formula of the corpus (SPEC section 3)."""
+    S, rows, nmb = plan["seq_length"], plan["micro_batch_size"], plan["micro_batches_per_rank"]
+    chunks = np.asarray(plan["chunks"])
+    offs = np.asarray(plan["seq_offsets"])
+    rank_seq = np.asarray(plan["rank_sequences"])
+    ids = np.full((rows, S), pad_id, dtype=np.int64)
+    labels = np.full((rows, S), -100, dtype=np.int64)
+    mask = np.zeros((rows, S), dtype=np.float32)
+    pos = np.zeros((rows, S), dtype=np.int64)
+    cu, max_seg = [0], 0
+    for row in range(rows):
+        q = rank_seq[(r * nmb + mb) * rows + row]
+        p = 0
+        for source, index, offset, length, flags in chunks[offs[q]:offs[q + 1]]:
+            toks = corpus.tokens(source, index, offset, length)
+            ids[row, p:p + length] = toks
+            lab = toks + 1
+            doc_end = offset + length == corpus.lengths[source][index]
+            assert bool(flags & _core.CHUNK_DOC_END) == doc_end
+            if doc_end:
+                lab[-1] = -100
+            labels[row, p:p + length] = lab
+            mask[row, p:p + length] = (lab != -100).astype(np.float32)
+            pos[row, p:p + length] = np.arange(length)
+            p += length
+            cu.append(row * S + p)
+            max_seg = max(max_seg, length)
+        if p < S:  # the row's padding is a segment of its own (positions restart too)
+            pos[row, p:] = np.arange(S - p)
+            cu.append((row + 1) * S)
+            max_seg = max(max_seg, S - p)
+    return {"input_ids": ids, "labels": labels, "loss_mask": mask, "position_ids": pos,
+            "cu_seqlens": np.asarray(cu, dtype=np.int32), "max_seqlen": max_seg}
+
+
+def test_iteration_equals_plan(corpus):
+    d = corpus.config(train_steps=10)
+    planner = _core.Planner.create(_core.Config.parse_string(yaml.safe_dump(d)))
+    with polyload.Loader(d, rank=0, ranks=[0, 1]) as loader:
+        for step in range(10):
+            plan = planner.next()
+            assert plan["step"] == step and plan["dp"] == 2
+            for mb in range(plan["micro_batches_per_rank"]):
+                for r in (0, 1):
+                    got = loader.next_batch(r)
+                    want = expected_micro_batch(corpus, plan, r, mb)
+                    assert set(got) == set(want)
+                    for k, v in want.items():
+                        g = got[k] if k == "max_seqlen" else got[k].numpy()
+                        np.testing.assert_array_equal(g, v, err_msg=f"step {step} r {r} mb {mb} {k}")
+        assert loader.next_batch(0) is None and loader.next_batch(1) is None
+        with pytest.raises(StopIteration):
+            next(loader)
+
+
+def run_hashes(loader, n=None):
+    out = []
+    for b in loader:
+        out.append(batch_hash(b))
+        if n is not None and len(out) == n:
+            break
+    return out
+
+
+@pytest.mark.parametrize("rank", [0, 1])
+def test_exact_resume(corpus, rank):
+    d = corpus.config(train_steps=14)
+    with polyload.Loader(d, rank=rank) as loader:
+        ref = run_hashes(loader)
+    assert len(ref) == 14 * 2
+    for cut in (0, 1, 5, 10, 17, 28):  # step boundaries and mid-step cuts
+        with polyload.Loader(d, rank=rank, threads=1, prefetch=1) as a:
+            head = run_hashes(a, cut) if cut else []
+            state = a.state_dict()
+        with polyload.Loader(d, rank=rank, threads=3, prefetch=5) as b:
+            b.load_state_dict(state)
+            tail = run_hashes(b)
+        assert head + tail == ref, f"cut {cut}"
+
+
+def step_multisets(loader, dp, nmb, steps):
+    """Per step: the sorted non-padding tokens of every rank's micro-batches."""
+    out = []
+    for _ in range(steps):
+        toks = []
+        for _mb in range(nmb):
+            for r in range(dp):
+                ids = loader.next_batch(r)["input_ids"].numpy()
+                toks.append(ids[ids != 0])
+        out.append(np.sort(np.concatenate(toks)))
+    return out
+
+
+def test_elastic_dp4_to_dp2_keeps_step_membership(corpus):
+    steps, cut = 12, 5
+    d4 = corpus.config(train_steps=steps, topology={"dp": 4}, global_batch_size=8,
+                       micro_batch_size=2)
+    d2 = corpus.config(train_steps=steps, topology={"dp": 2}, global_batch_size=8,
+                       micro_batch_size=2)
+    with polyload.Loader(d4, rank=0, ranks=range(4)) as ref_loader:
+        ref = step_multisets(ref_loader, 4, 1, steps)
+    with polyload.Loader(d4, rank=0, ranks=range(4)) as a:
+        head = step_multisets(a, 4, 1, cut)
+        state = a.state_dict()
+    with polyload.Loader(d2, rank=0, ranks=range(2)) as b:
+        b.load_state_dict(state)
+        tail = step_multisets(b, 2, 2, steps - cut)
+        assert b.next_batch(0) is None
+    for s, (x, y) in enumerate(zip(head + tail, ref)):
+        np.testing.assert_array_equal(x, y, err_msg=f"step {s}")
+
+
+def test_dict_and_yaml_config_agree(corpus, tmp_path):
+    d = corpus.config(train_steps=4)
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(d))
+    with polyload.Loader(d, rank=1) as a, polyload.Loader(str(path), rank=1) as b:
+        assert run_hashes(a) == run_hashes(b)
+    cfg = _core.Config.parse_file(str(path))
+    with polyload.Loader(cfg, rank=1) as c:
+        assert len(run_hashes(c)) == 8
+    with pytest.raises(TypeError):
+        polyload.Loader(42)
+
+
+def test_default_rank_from_environment(corpus, monkeypatch):
+    monkeypatch.setenv("RANK", "1")
+    with polyload.Loader(corpus.config(train_steps=1)) as loader:
+        assert loader.rank == 1
+        assert all(True for _ in loader)
+    monkeypatch.delenv("RANK")
+    with polyload.Loader(corpus.config(train_steps=1)) as loader:
+        assert loader.rank == 0
+
+
+def test_stats_fields(corpus):
+    steps = 6
+    with polyload.Loader(corpus.config(train_steps=steps), rank=0) as loader:
+        batches = list(loader)
+        st = loader.stats()
+    assert set(st) == {"steps", "tokens", "padding_fraction", "tokens_per_s", "seconds",
+                       "skipped", "imbalance", "sources"}
+    assert st["steps"] == steps and st["skipped"] == 0
+    non_pad = sum(int((b["input_ids"].numpy() != 0).sum()) for b in batches)
+    assert st["tokens"] == non_pad
+    assert 0 <= st["padding_fraction"] < 1 and st["seconds"] > 0 and st["tokens_per_s"] > 0
+    assert set(st["imbalance"]) == {"max_over_mean", "max_over_lower_bound"}
+    assert set(st["sources"]) == {"s0", "s1", "s2"}
+    for s in st["sources"].values():
+        assert set(s) == {"documents", "tokens", "epochs_completed", "realized_fraction",
+                          "scheduled_fraction"}
+    assert abs(sum(s["realized_fraction"] for s in st["sources"].values()) - 1) < 1e-9
+    assert abs(st["sources"]["s0"]["scheduled_fraction"] - 0.5) < 1e-9
+
+
+def test_pipeline_stage_fields(corpus):
+    d = corpus.config(train_steps=1, topology={"dp": 1, "pp": 3, "tp": 1},
+                      global_batch_size=2)
+    cfg = _core.Config.parse_string(yaml.safe_dump(d))
+    by_stage = {}
+    for rank in range(3):
+        stage = cfg.rank_info(rank)["pp_rank"]
+        with polyload.Loader(d, rank=rank) as loader:
+            by_stage[stage] = next(loader)
+    first, middle, last = by_stage[0], by_stage[1], by_stage[2]
+    assert set(first) == {"input_ids", "position_ids", "cu_seqlens", "max_seqlen"}
+    assert set(middle) == {"cu_seqlens", "max_seqlen"}
+    assert set(last) == {"labels", "loss_mask", "cu_seqlens", "max_seqlen"}
+    assert torch.equal(first["cu_seqlens"], last["cu_seqlens"])
+
+
+def test_int32_dtype(corpus):
+    with polyload.Loader(corpus.config(train_steps=1, dtype="int32"), rank=0) as loader:
+        b = next(loader)
+    assert b["input_ids"].dtype == torch.int32 and b["labels"].dtype == torch.int32
+    assert b["position_ids"].dtype == torch.int64
+
+
+# ------------------------------------------------------------------ broadcast_tp
+
+
+def _tp_worker(rank, world, init_file, cfg, result_dir):
+    import torch.distributed as dist
+
+    from polyload.torch import broadcast_tp
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
+                            world_size=world)
+    try:
+        group = dist.new_group([0, 1])
+        mine = polyload.Loader(cfg, rank=rank)  # for checking only: TP peers match
+        reader = polyload.Loader(cfg, rank=0) if rank == 0 else None
+        n = 0
+        while True:
+            want = next(mine, None)
+            got = broadcast_tp(next(reader, None) if reader else None, group) \
+                if want is not None else None
+            if want is None:
+                break
+            assert set(got) == set(want), (set(got), set(want))
+            for k, v in want.items():
+                if k == "max_seqlen":
+                    assert got[k] == v
+                else:
+                    assert got[k].dtype == v.dtype and torch.equal(got[k], v), k
+            n += 1
+        with open(os.path.join(result_dir, f"ok{rank}"), "w") as f:
+            f.write(str(n))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_broadcast_tp_gloo(corpus, tmp_path):
+    import torch.multiprocessing as mp
+
+    cfg = corpus.config(train_steps=3, topology={"dp": 1, "tp": 2}, global_batch_size=4)
+    mp.spawn(_tp_worker, args=(2, str(tmp_path / "init"), cfg, str(tmp_path)), nprocs=2,
+             join=True)
+    counts = [int((tmp_path / f"ok{r}").read_text()) for r in (0, 1)]
+    assert counts == [3 * 2, 3 * 2]
