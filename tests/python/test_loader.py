@@ -246,3 +246,35 @@ def test_broadcast_tp_gloo(corpus, tmp_path):
              join=True)
     counts = [int((tmp_path / f"ok{r}").read_text()) for r in (0, 1)]
     assert counts == [3 * 2, 3 * 2]
+
+
+def test_roles_one_by_one_equal_the_loader(corpus):
+    """Planner -> encoded plan -> reads -> Source.read_many -> Constructor.build gives the
+    Loader's batches bit for bit (the path of a multi-process deployment)."""
+    d = corpus.config(train_steps=4)
+    cfg = _core.Config.parse_string(yaml.safe_dump(d))
+    planner = _core.Planner.create(cfg)
+    sources = planner.sources
+    ctor = _core.Constructor.create(cfg)
+    with polyload.Loader(d, rank=0, ranks=[0, 1]) as loader:
+        for step in range(4):
+            plan = _core.Plan.decode(planner.next_plan().encode())
+            assert plan.step == step
+            for mb in range(plan.micro_batches_per_rank):
+                for r in (0, 1):
+                    reads = np.asarray(plan.reads(cfg.rank_info(r)["dp_rank"], mb))
+                    payloads = [sources[int(x[0])].read_many(x[None, :]) for x in reads]
+                    b = ctor.build(plan, r, mb, payloads)
+                    want = loader.next_batch(r)
+                    for k in ("input_ids", "labels", "loss_mask", "position_ids", "cu_seqlens"):
+                        np.testing.assert_array_equal(np.asarray(getattr(b, k)), want[k].numpy())
+                    assert b.max_seqlen == want["max_seqlen"]
+        with pytest.raises(polyload.RangeError):
+            plan.reads(2, 0)
+    with pytest.raises(polyload.PolyloadError):
+        _core.Plan.decode(b"PLPN garbage")
+    # read_many is the concatenation of single reads
+    reads = np.array([[0, 3, 1, 4], [0, 5, 0, 2]], dtype=np.int64)
+    got = np.asarray(sources[0].read_many(reads))
+    np.testing.assert_array_equal(got, np.concatenate([corpus.tokens(0, 3, 1, 4),
+                                                       corpus.tokens(0, 5, 0, 2)]))

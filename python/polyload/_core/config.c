@@ -427,6 +427,56 @@ static PyObject *source_read(PyPlSource *o, PyObject *args, PyObject *kw) {
     return pypl_array_owned(buf, pypl_format_of(dt), (Py_ssize_t)es, 1, shape);
 }
 
+/* read_many(reads) with reads an int64 buffer [n, 4] of (source, index,
+ * offset, count): every range back to back, as one int64 Array. */
+static PyObject *source_read_many(PyPlSource *o, PyObject *arg) {
+    Py_buffer v;
+    if (PyObject_GetBuffer(arg, &v, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return NULL;
+    if (v.itemsize != 8 || !v.format || !strchr("qlQL", v.format[strlen(v.format) - 1]) ||
+        v.len % 32 != 0) {
+        PyBuffer_Release(&v);
+        PyErr_SetString(PyExc_TypeError,
+                        "read_many: reads must be an int64 buffer of shape [n, 4]");
+        return NULL;
+    }
+    int64_t n = (int64_t)(v.len / 32), total = 0;
+    const int64_t *r = v.buf;
+    pl_read *reads = PyMem_Calloc((size_t)(n ? n : 1), sizeof *reads);
+    if (!reads) {
+        PyBuffer_Release(&v);
+        return PyErr_NoMemory();
+    }
+    for (int64_t i = 0; i < n; i++) {
+        reads[i].source = (int32_t)r[i * 4];
+        reads[i].index = r[i * 4 + 1];
+        reads[i].offset = r[i * 4 + 2];
+        reads[i].count = r[i * 4 + 3];
+        if (reads[i].count < 0) total = -1;
+        if (total >= 0) total += reads[i].count;
+    }
+    PyBuffer_Release(&v);
+    if (total < 0) {
+        PyMem_Free(reads);
+        return pypl_raise(PL_ERANGE, "read_many: negative count");
+    }
+    int64_t *out = malloc((size_t)(total ? total : 1) * sizeof(int64_t));
+    if (!out) {
+        PyMem_Free(reads);
+        return PyErr_NoMemory();
+    }
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = pl_source_read_many(o->src, reads, n, out);
+    Py_END_ALLOW_THREADS
+    PyMem_Free(reads);
+    if (rc != PL_OK) {
+        free(out);
+        return pypl_raise(rc, pl_source_errmsg(o->src));
+    }
+    Py_ssize_t shape[1] = {(Py_ssize_t)total};
+    return pypl_array_owned(out, "q", 8, 1, shape);
+}
+
 static PyObject *source_stats(PyPlSource *o, PyObject *unused) {
     (void)unused;
     pl_source_stats st;
@@ -503,6 +553,10 @@ static PyMethodDef source_methods[] = {
      "Tokens [offset, offset+count) of document `index` (count None: to its end) as a\n"
      "new 1-D Array of int64 or int32.  Float token files are truncated toward zero.\n"
      "Raises RangeError or FormatError."},
+    {"read_many", (PyCFunction)source_read_many, METH_O,
+     "read_many(reads) -> Array\n\nThe token ranges of `reads` (int64 [n, 4]: source "
+     "(ignored), index, offset,\ncount; e.g. Plan.reads) back to back as one int64 "
+     "Array.  RangeError, FormatError."},
     {"stats", (PyCFunction)source_stats, METH_NOARGS,
      "stats() -> dict\n\n{'files', 'documents', 'tokens', 'length_p50', 'length_p90', "
      "'length_p99', 'length_max'}; scans the index."},

@@ -99,6 +99,16 @@ int pypl_parse_dtype(PyObject *obj, pl_dtype *out);
 /* Wrap an open source (steals the handle). */
 PyObject *pypl_source_wrap(pl_source *src);
 
+/* ------------------------------------------------------------- roles */
+
+extern PyTypeObject PyPl_PlanType;
+extern PyTypeObject PyPl_ConstructorType;
+
+/* The plan as a dict of ints and owned Arrays (Planner.next). */
+PyObject *pypl_plan_to_dict(const pl_plan *pl);
+/* Wrap a plan (steals it). */
+PyObject *pypl_plan_wrap(pl_plan *pl);
+
 /* Module-level helpers for building dicts: set d[key] = value, stealing
  * value.  -1 on failure. */
 int pypl_dict_steal(PyObject *d, const char *key, PyObject *value);

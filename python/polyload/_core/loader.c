@@ -130,7 +130,7 @@ static PyObject *owned_copy(const void *src, Py_ssize_t n, Py_ssize_t cols,
     return pypl_array_owned(buf, format, es, cols ? 2 : 1, shape);
 }
 
-static PyObject *plan_to_dict(const pl_plan *pl) {
+PyObject *pypl_plan_to_dict(const pl_plan *pl) {
     PyObject *d = Py_BuildValue(
         "{s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:d}", "step", (long long)pl->step, "dp",
         (long long)pl->dp, "global_batch_size", (long long)pl->global_batch_size,
@@ -179,9 +179,23 @@ static PyObject *planner_next(PyPlPlanner *o, PyObject *unused) {
     o->busy = 0;
     if (rc == PL_DONE) Py_RETURN_NONE;
     if (rc != PL_OK) return pypl_raise(rc, pl_planner_errmsg(o->p));
-    PyObject *d = plan_to_dict(pl);
+    PyObject *d = pypl_plan_to_dict(pl);
     pl_plan_free(pl);
     return d;
+}
+
+static PyObject *planner_next_plan(PyPlPlanner *o, PyObject *unused) {
+    (void)unused;
+    if (planner_enter(o)) return NULL;
+    pl_plan *pl = NULL;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = pl_planner_next(o->p, &pl);
+    Py_END_ALLOW_THREADS
+    o->busy = 0;
+    if (rc == PL_DONE) Py_RETURN_NONE;
+    if (rc != PL_OK) return pypl_raise(rc, pl_planner_errmsg(o->p));
+    return pypl_plan_wrap(pl);
 }
 
 static PyObject *planner_get_state(PyPlPlanner *o, PyObject *unused) {
@@ -245,6 +259,9 @@ static PyMethodDef planner_methods[] = {
      " 'rank_cost': [dp] float64}.  Sequence q holds chunks[seq_offsets[q]:"
      "seq_offsets[q+1]];\nrow `row` of micro-batch `mb` of DP rank r is sequence\n"
      "rank_sequences[(r * micro_batches_per_rank + mb) * micro_batch_size + row]."},
+    {"next_plan", (PyCFunction)planner_next_plan, METH_NOARGS,
+     "next_plan() -> Plan\n\nPlan the next step as a Plan handle (encode() to send it to\n"
+     "another process; reads() for a constructor; to_dict() as next() returns)."},
     {"get_state", (PyCFunction)planner_get_state, METH_NOARGS,
      "get_state() -> bytes\n\nThe state blob (SPEC section 4) at the current step."},
     {"set_state", (PyCFunction)planner_set_state, METH_O,

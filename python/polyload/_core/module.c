@@ -273,7 +273,8 @@ static struct PyModuleDef core_module = {
 
 static int add_types(PyObject *m) {
     PyTypeObject *types[] = {&PyPl_ArrayType, &PyPl_BatchType, &PyPl_ConfigType,
-                             &PyPl_SourceType, &PyPl_PlannerType, &PyPl_LoaderType};
+                             &PyPl_SourceType, &PyPl_PlannerType, &PyPl_LoaderType,
+                             &PyPl_PlanType, &PyPl_ConstructorType};
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
         if (PyType_Ready(types[i]) < 0) return -1;
         const char *name = strrchr(types[i]->tp_name, '.') + 1;
