@@ -249,6 +249,11 @@ static void test_schedule(corpus *c) {
         double f = (double)(o.p->src[0].drawn_tokens - prev0) / (double)(all - prev_all);
         if (step == 0) first = f;
         if (step == 29) last = f;
+        /* The mixture invariant holds under a moving schedule too. */
+        for (int s = 0; s < NSRC; s++) {
+            double dev = (double)o.p->src[s].drawn_tokens - o.p->src[s].target_tokens;
+            CHECK(dev <= 128 + 1e-6 && dev >= -128 - 1e-6);
+        }
         prev0 = o.p->src[0].drawn_tokens;
         prev_all = all;
         pl_plan_free(pl);
