@@ -41,6 +41,7 @@ typedef struct pl__pack {
     pl__chunks drawn;
     pl__chunks newcarry;
     struct pl__sort_key *order; /* sort scratch */
+    int64_t *count;             /* counting-sort scratch [space + 2] */
     int64_t order_cap, bin_of_cap;
 } pl__pack;
 
@@ -54,6 +55,7 @@ void pl__pack_free(void *v) {
     for (int i = 0; i < 4; i++) free(k->bits[i]);
     free(k->bin_of);
     free(k->order);
+    free(k->count);
     pl__chunks_free(&k->placed);
     pl__chunks_free(&k->drawn);
     pl__chunks_free(&k->newcarry);
@@ -187,11 +189,30 @@ static int pl__sort_desc(pl__pack *k, const pl_planner *p, const pl_chunk *c,
         k->order = v;
         k->order_cap = n;
     }
-    for (int64_t i = 0; i < n; i++) {
-        k->order[i].len = pl__padded(p, c[i].length);
-        k->order[i].idx = i;
+    const int64_t S = k->space;
+    if (n < S / 8) { /* few items: a comparison sort */
+        for (int64_t i = 0; i < n; i++) {
+            k->order[i].len = pl__padded(p, c[i].length);
+            k->order[i].idx = i;
+        }
+        if (n > 1) qsort(k->order, (size_t)n, sizeof *k->order, pl__cmp_desc);
+        return PL_OK;
     }
-    if (n > 1) qsort(k->order, (size_t)n, sizeof *k->order, pl__cmp_desc);
+    /* Many items: a stable counting sort by decreasing padded length
+     * (lengths are at most seq_length), the same order as pl__cmp_desc. */
+    if (!k->count) {
+        k->count = pl__calloc((size_t)S + 2, sizeof *k->count);
+        if (!k->count) return PL_ENOMEM;
+    }
+    memset(k->count, 0, ((size_t)S + 2) * sizeof *k->count);
+    for (int64_t i = 0; i < n; i++) k->count[S - pl__padded(p, c[i].length) + 1]++;
+    for (int64_t v = 1; v <= S + 1; v++) k->count[v] += k->count[v - 1];
+    for (int64_t i = 0; i < n; i++) {
+        int64_t len = pl__padded(p, c[i].length);
+        pl__sort_key *o = &k->order[k->count[S - len]++];
+        o->len = len;
+        o->idx = i;
+    }
     return PL_OK;
 }
 
