@@ -48,6 +48,7 @@ help:
 
 demo: build corpus
 	build/polyload run $(DEMO_CONFIG)
+	$(VPY) examples/train_gpt.py --steps 20
 
 test: test-c test-asan test-python
 
