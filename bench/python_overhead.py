@@ -1,0 +1,149 @@
+#!/usr/bin/env python3
+"""Overhead of the Python layer: polyload.Loader in a Python loop vs the C CLI.
+
+Same config, same ranks (all DP ranks of the config, served by one loader), same steps:
+
+- C:      `POLYLOAD_CLI run CONFIG --steps N --json --no-progress` (the CLI consumes each
+          micro-batch with pl_loader_next and releases it, touching nothing);
+- Python: `polyload.Loader(CONFIG, rank=0, ranks=all)` and `next_batch(r)` for every
+          micro-batch of every rank, in step order; each batch is the dict of torch tensors a
+          training loop gets (zero-copy views of the C memory), dropped right away, touching
+          nothing either.  Two lower layers for the break-down: `_core.Loader.next` alone
+          (a `Batch` handle, no arrays) and `next` + the five `Array` views.
+
+Both are steady-state non-padding tokens/s by differencing two lengths (N_SHORT, N_LONG
+steps): for the CLI two runs, as bench/throughput.py; for Python one run, reading the
+loader's token counter at step N_SHORT and at N_LONG (the prefetched micro-batches counted
+at both points cancel).  Runs alternate C / Python, `--repeats` times; medians reported.
+
+Configs: `throughput` is bench/throughput.py's (examples/pretrain_mix.yaml with constant
+weights: dp 4, seq_length 2048, micro_batch_size 2, threads 2, prefetch 4); `large-mb` is
+the same with micro_batch_size 8 and seq_length 8192 (global_batch_size 128), closer to
+what one micro-batch of an LLM run holds.
+
+Usage: .venv/bin/python bench/python_overhead.py [--json OUT.json] [--profile]
+"""
+import argparse
+import json
+import os
+import re
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _common import CLI, OUT, ROOT, machine_note, run_cli  # noqa: E402
+from throughput import write_polyload_config  # noqa: E402
+
+
+def large_mb_config(base):
+    with open(os.path.join(ROOT, base)) as f:
+        text = f.read()
+    for key, value in (("seq_length", 8192), ("micro_batch_size", 8), ("global_batch_size", 128)):
+        text, n = re.subn(rf"(?m)^{key}:[^#\n]*", f"{key}: {value}  ", text)
+        assert n == 1, key
+    path = os.path.join(OUT, "python_overhead_large_mb.yaml")
+    with open(path, "w") as f:
+        f.write(text)
+    return os.path.relpath(path, ROOT)
+
+
+def python_loop(cfg, n_short, n_long, layer):
+    import polyload
+
+    loader = polyload.Loader(cfg, rank=0, ranks=range(polyload._core.Config.parse_file(cfg).world_size()))
+    raw = loader._loader
+    ranks = list(raw.ranks)
+    c = loader.config
+    nmb = c.get_int("global_batch_size") // (len(ranks) * c.get_int("micro_batch_size"))
+    next_batch, raw_next = loader.next_batch, raw.next
+    marks = {}
+    for step in range(n_long + 1):
+        if step in (n_short, n_long):
+            marks[step] = (time.perf_counter(), raw.stats()["tokens"])
+            if step == n_long:
+                break
+        for _ in range(nmb):
+            for r in ranks:
+                if layer == "loader":
+                    b = next_batch(r)
+                elif layer == "core":
+                    b = raw_next(r)
+                else:  # core+arrays
+                    b = raw_next(r)
+                    (b.input_ids, b.labels, b.loss_mask, b.position_ids, b.cu_seqlens)
+                del b
+    loader.close()
+    (t0, k0), (t1, k1) = marks[n_short], marks[n_long]
+    return {"tokens_per_s": (k1 - k0) / (t1 - t0), "seconds": t1 - t0,
+            "micro_batches": (n_long - n_short) * nmb * len(ranks)}
+
+
+def cli_steady(cfg, n_short, n_long):
+    s, _, _ = run_cli(["run", cfg, "--steps", str(n_short), "--json", "--no-progress"])
+    l, _, _ = run_cli(["run", cfg, "--steps", str(n_long), "--json", "--no-progress"])
+    return {"tokens_per_s": (l["tokens"] - s["tokens"]) / (l["seconds"] - s["seconds"])}
+
+
+def profile(cfg, n_steps):
+    import cProfile
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.enable()
+    python_loop(cfg, 0, n_steps, "loader")
+    prof.disable()
+    st = pstats.Stats(prof)
+    st.sort_stats("tottime").print_stats(12)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--configs", default="throughput,large-mb")
+    ap.add_argument("--steps-short", type=int, default=200)
+    ap.add_argument("--steps-long", type=int, default=2000)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--profile", action="store_true", help="cProfile the Python loop too")
+    ap.add_argument("--json", help="write the results here too")
+    a = ap.parse_args()
+    os.chdir(ROOT)
+    base = write_polyload_config(1000000)
+    configs = {"throughput": base, "large-mb": large_mb_config(base)}
+    res = {"machine": machine_note(), "cli": os.path.relpath(CLI, ROOT), "configs": {}}
+    for name in a.configs.split(","):
+        cfg = configs[name]
+        # a large micro-batch is 16x the tokens: fewer steps for the same time
+        ns, nl = (a.steps_short, a.steps_long) if name == "throughput" else \
+            (max(a.steps_short // 8, 5), max(a.steps_long // 8, 50))
+        rows = {"c": [], "loader": [], "core": [], "core+arrays": []}
+        tokens_per_mb = []
+        for _ in range(a.repeats):
+            rows["c"].append(cli_steady(cfg, ns, nl)["tokens_per_s"])
+            for layer in ("loader", "core", "core+arrays"):
+                r = python_loop(cfg, ns, nl, layer)
+                rows[layer].append(r["tokens_per_s"])
+                tokens_per_mb.append(r["tokens_per_s"] * r["seconds"] / r["micro_batches"])
+        med = {k: statistics.median(v) for k, v in rows.items()}
+        tpm = statistics.median(tokens_per_mb)
+        c = med["c"]
+        res["configs"][name] = {
+            "config": cfg, "steps": [ns, nl], "runs": rows, "median_tokens_per_s": med,
+            "overhead_vs_c": {k: c / v - 1 for k, v in med.items() if k != "c"},
+            "tokens_per_micro_batch": tpm,
+            "us_per_micro_batch": {k: 1e6 * tpm / v for k, v in med.items()},
+        }
+        print(f"{name} ({cfg}, {tpm:.0f} non-padding tokens per micro-batch): "
+              f"median of {a.repeats}", flush=True)
+        for k, v in med.items():
+            extra = "" if k == "c" else f"   C / this - 1 = {100 * (c / v - 1):+.1f}%"
+            print(f"  {k:12s} {v:10.4g} tokens/s  {1e6 * tpm / v:7.2f} us per micro-batch{extra}",
+                  flush=True)
+        if a.profile:
+            profile(cfg, nl // 2)
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(res, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

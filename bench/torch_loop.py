@@ -1,0 +1,117 @@
+#!/usr/bin/env python3
+"""Non-padding tokens/s delivered to a PyTorch loop: polyload.Loader vs megatron-core.
+
+Same data and shapes as bench/throughput.py (the corpus of scripts/build_corpus.py, four
+Megatron datasets, constant weights 0.4/0.3/0.2/0.1, seq_length 2048, micro-batches of 2):
+
+- polyload: `polyload.Loader(bench/out/throughput.yaml, rank=0, ranks=[0, 1, 2, 3])`, one
+  loader serving all 4 DP ranks in this process (2 C worker threads, prefetch 4), and
+  `next_batch(r)` for every micro-batch of every rank in step order;
+- megatron-core: `torch.utils.data.DataLoader(BlendedDataset of GPTDatasets, batch_size=2,
+  num_workers=2)`, built by bench/throughput.py's `build_megatron` (Megatron's default
+  flags: reset_position_ids=False, eod_mask_loss=False; create_attention_mask=False).
+
+The loop touches every tensor of every micro-batch the same way on both sides: it sums
+input_ids (`tokens`), labels, loss_mask and position_ids, and counts non-padding tokens
+(polyload: input_ids != pad_id; megatron: loss_mask == 1, which is 0 only on padding under
+eod_mask_loss=False).  W warm-up micro-batches (worker start-up, pipeline fill), then T timed
+ones; `--repeats` runs of each, medians reported.
+
+Usage: .venv/bin/python bench/torch_loop.py [--json OUT.json]
+"""
+import argparse
+import json
+import os
+import shutil
+import statistics
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _common import OUT, ROOT, init_torch_distributed, machine_note, megatron_quiet  # noqa: E402
+from throughput import MICRO_BATCH, build_megatron, write_polyload_config  # noqa: E402
+
+
+def polyload_loop(cfg, warmup, timed):
+    import torch
+
+    import polyload
+
+    loader = polyload.Loader(cfg, rank=0, ranks=range(4))
+    pad = loader.config.get_int("pad_id")
+    ranks = list(range(4))
+    it = (r for _ in iter(int, 1) for r in ranks)  # 0, 1, 2, 3, 0, 1, ...
+    touched = torch.zeros((), dtype=torch.float64)
+    tokens = 0
+    for i in range(warmup + timed):
+        if i == warmup:
+            t0 = time.perf_counter()
+            tokens = 0
+        b = loader.next_batch(next(it))
+        ids = b["input_ids"]
+        tokens += int((ids != pad).sum())
+        touched += ids.sum() + b["labels"].sum() + b["loss_mask"].sum() + b["position_ids"].sum()
+    dt = time.perf_counter() - t0
+    loader.close()
+    return {"tokens": tokens, "seconds": dt, "tokens_per_s": tokens / dt,
+            "micro_batches": timed, "checksum": float(touched)}
+
+
+def megatron_loop(warmup, timed):
+    import torch
+
+    import megatron.core.datasets.blended_megatron_dataset_builder  # noqa: F401
+    megatron_quiet()
+    init_torch_distributed()
+    torch.set_num_threads(1)
+    cache = os.path.join(OUT, "megatron_cache_torch_loop")
+    shutil.rmtree(cache, ignore_errors=True)
+    ds = build_megatron((warmup + timed) * MICRO_BATCH + 64, cache, "default")
+    loader = torch.utils.data.DataLoader(ds, batch_size=MICRO_BATCH, num_workers=2,
+                                         shuffle=False, drop_last=True)
+    it = iter(loader)
+    touched = torch.zeros((), dtype=torch.float64)
+    tokens = 0
+    for i in range(warmup + timed):
+        if i == warmup:
+            t0 = time.perf_counter()
+            tokens = 0
+        b = next(it)
+        tokens += int(b["loss_mask"].sum())
+        touched += b["tokens"].sum() + b["labels"].sum() + b["loss_mask"].sum() + \
+            b["position_ids"].sum()
+    dt = time.perf_counter() - t0
+    del it, loader
+    return {"tokens": tokens, "seconds": dt, "tokens_per_s": tokens / dt,
+            "micro_batches": timed, "checksum": float(touched)}
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--warmup", type=int, default=200, help="micro-batches")
+    ap.add_argument("--polyload-timed", type=int, default=20000, help="micro-batches")
+    ap.add_argument("--megatron-timed", type=int, default=2000, help="micro-batches")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--json", help="write the results here too")
+    a = ap.parse_args()
+    os.chdir(ROOT)
+    cfg = write_polyload_config(1000000)
+    res = {"machine": machine_note(), "config": cfg, "polyload": [], "megatron": []}
+    for _ in range(a.repeats):
+        res["polyload"].append(polyload_loop(cfg, a.warmup, a.polyload_timed))
+        print(json.dumps({"polyload": res["polyload"][-1]}), flush=True)
+    for _ in range(a.repeats):
+        res["megatron"].append(megatron_loop(a.warmup, a.megatron_timed))
+        print(json.dumps({"megatron": res["megatron"][-1]}), flush=True)
+    p = statistics.median(r["tokens_per_s"] for r in res["polyload"])
+    m = statistics.median(r["tokens_per_s"] for r in res["megatron"])
+    res["median"] = {"polyload": p, "megatron": m, "ratio": p / m}
+    print(f"\nnon-padding tokens/s into a PyTorch loop (median of {a.repeats}): "
+          f"polyload {p:.4g}, megatron-core DataLoader(num_workers=2) {m:.4g}, ratio {p / m:.1f}x")
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(res, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
