@@ -375,6 +375,51 @@ static int validate(pl_config *cfg, const vlines *ln) {
     if (!cfg->has_schedule && !(source_weight_sum(cfg) > 0))
         return cfg_err(cfg, PL_ECONFIG, ln->sources,
                        "weights of sources sum to zero");
+    if (!isfinite(source_weight_sum(cfg)))
+        return cfg_err(cfg, PL_ECONFIG, ln->sources,
+                       "weights of sources sum to infinity");
+    /* Limits of the implementation, so that sizes never overflow. */
+    const int64_t lim = (int64_t)1 << 24;
+    if (cfg->seq_length > lim)
+        return cfg_err(cfg, PL_ECONFIG, ln->seq_length,
+                       "seq_length %" PRId64 " is above the limit %" PRId64,
+                       cfg->seq_length, lim);
+    if (cfg->global_batch_size > lim)
+        return cfg_err(cfg, PL_ECONFIG, ln->global_batch_size,
+                       "global_batch_size %" PRId64 " is above the limit %" PRId64,
+                       cfg->global_batch_size, lim);
+    if (cfg->micro_batch_size * cfg->seq_length > INT32_MAX)
+        return cfg_err(cfg, PL_ECONFIG, ln->seq_length,
+                       "micro_batch_size * seq_length = %" PRId64
+                       " does not fit cu_seqlens (int32)",
+                       cfg->micro_batch_size * cfg->seq_length);
+    int64_t world = 1;
+    const int64_t axes[4] = {cfg->topology.dp, cfg->topology.pp,
+                             cfg->topology.cp, cfg->topology.tp};
+    for (int a = 0; a < 4; a++) {
+        world *= axes[a];
+        if (world > lim)
+            return cfg_err(cfg, PL_ETOPOLOGY, ln->order,
+                           "topology: world size dp*pp*cp*tp is above the "
+                           "limit %" PRId64, lim);
+    }
+    if (cfg->train_steps > ((int64_t)1 << 40))
+        return cfg_err(cfg, PL_ECONFIG, 0,
+                       "train_steps %" PRId64 " is above the limit 2^40 "
+                       "(leave it out for an endless run)",
+                       cfg->train_steps);
+    for (int64_t i = 0; i < cfg->n_sources; i++) {
+        const pl__source_cfg *sc = &cfg->sources[i];
+        int64_t max_tok = sc->type == PL_SOURCE_FLAT &&
+                                  sc->token_dtype != PL_DTYPE_UINT32
+                              ? 65535
+                              : (int64_t)UINT32_MAX;
+        if (sc->type != PL_SOURCE_MEGATRON && sc->eos_id > max_tok)
+            return cfg_err(cfg, PL_ECONFIG, ln->sources,
+                           "sources[%" PRId64 "] '%s': eos_id %" PRId64
+                           " does not fit its tokens (at most %" PRId64 ")",
+                           i, sc->name, sc->eos_id, max_tok);
+    }
     return PL_OK;
 }
 
@@ -760,6 +805,9 @@ static int walk_point(walk *w, int64_t k, yaml_node_t *map) {
     if (!(sum > 0))
         return cfg_err(cfg, PL_ECONFIG, line_weights,
                        "%s.weights sum to zero", what);
+    if (!isfinite(sum))
+        return cfg_err(cfg, PL_ECONFIG, line_weights,
+                       "%s.weights sum to infinity", what);
     return PL_OK;
 }
 

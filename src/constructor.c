@@ -448,6 +448,30 @@ int pl_constructor_build(pl_constructor *k, const pl_plan *plan, int64_t rank,
                 (long long)mb, (long long)plan->micro_batches_per_rank);
         return PL_ERANGE;
     }
+    /* A plan may come from another process: check what the build indexes. */
+    for (int64_t row = 0; row < plan->micro_batch_size; row++) {
+        int64_t q = plan->rank_sequences[(ri.dp_rank * plan->micro_batches_per_rank +
+                                          mb) * plan->micro_batch_size + row];
+        int64_t t = 0;
+        for (int64_t j = plan->seq_offsets[q]; j < plan->seq_offsets[q + 1]; j++) {
+            const pl_chunk *c = &plan->chunks[j];
+            if (c->source < 0 || c->source >= k->cfg->n_sources || c->length <= 0) {
+                pl__fmt(k->errmsg, sizeof k->errmsg,
+                        "constructor: chunk %lld of the plan names source %d "
+                        "with length %lld",
+                        (long long)j, c->source, (long long)c->length);
+                return PL_EINVAL;
+            }
+            t += (c->length + k->ctx.align - 1) / k->ctx.align * k->ctx.align;
+        }
+        if (t > plan->seq_length) {
+            pl__fmt(k->errmsg, sizeof k->errmsg,
+                    "constructor: sequence %lld of the plan holds %lld tokens, "
+                    "more than seq_length %lld",
+                    (long long)q, (long long)t, (long long)plan->seq_length);
+            return PL_EINVAL;
+        }
+    }
     pl__batchbuf *buf = NULL;
     if ((rc = pl__pool_get(k->pool, &buf))) {
         pl__fmt(k->errmsg, sizeof k->errmsg, "constructor: out of memory");

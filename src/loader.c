@@ -628,27 +628,30 @@ int pl_loader_get_state(pl_loader *l, void *buf, size_t cap, size_t *len) {
 }
 
 int pl_loader_set_state(pl_loader *l, const void *buf, size_t len) {
+    /* Keep the current position, to return to it if the blob is refused. */
+    size_t cur_len = 0;
+    void *cur = NULL;
+    int rc = pl_loader_get_state(l, NULL, 0, &cur_len);
+    if (!rc && !(cur = malloc(cur_len))) rc = PL_ENOMEM;
+    if (!rc) rc = pl_loader_get_state(l, cur, cur_len, &cur_len);
+    if (rc) {
+        free(cur);
+        return pl__fail(l, rc, "loader: cannot save the current position: %s",
+                        pl_strerror(rc));
+    }
     if (l->running) pl__stop_workers(l);
     pl__clear_pipeline(l);
-    int64_t mb = 0, dp = 0;
-    int rc = pl__state_decode(l->planner, buf, len, &mb, &dp);
-    if (rc) {
+    int64_t mb = 0;
+    rc = pl__state_decode(l->planner, buf, len, l->nmb, l->cfg->topology.dp, &mb);
+    if (rc) { /* continue from where the loader was */
         pl__fmt(l->errmsg, sizeof l->errmsg, "%s", pl_planner_errmsg(l->planner));
-        pl__reset_position(l, l->planner->step * l->nmb);
+        int64_t cur_mb = 0;
+        if (pl__state_decode(l->planner, cur, cur_len, l->nmb, 0, &cur_mb) == PL_OK)
+            pl__reset_position(l, l->planner->step * l->nmb + cur_mb);
+        free(cur);
         return rc;
     }
-    if (mb < 0 || mb >= l->nmb || (mb != 0 && dp != l->cfg->topology.dp)) {
-        pl__reset_position(l, l->planner->step * l->nmb);
-        if (mb == 0 || dp == l->cfg->topology.dp)
-            return pl__fail(l, PL_ESTATE,
-                            "state: micro-batch cursor %lld out of range [0, %lld)",
-                            (long long)mb, (long long)l->nmb);
-        return pl__fail(l, PL_ESTATE,
-                        "state: saved in the middle of step %lld with dp=%lld; "
-                        "dp may change only at a step boundary (config dp=%lld)",
-                        (long long)l->planner->step, (long long)dp,
-                        (long long)l->cfg->topology.dp);
-    }
+    free(cur);
     l->failed = 0;
     pl__reset_position(l, l->planner->step * l->nmb + mb);
     l->st_micro_batches = l->st_tokens = l->st_padding = 0;

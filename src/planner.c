@@ -241,10 +241,8 @@ int pl_planner_get_state(pl_planner *p, void *buf, size_t cap, size_t *len) {
 }
 
 int pl_planner_set_state(pl_planner *p, const void *buf, size_t len) {
-    int64_t mb = 0, dp = 0;
-    int rc = pl__state_decode(p, buf, len, &mb, &dp);
-    if (rc) return rc;
-    (void)mb; /* the planner stands at the step's start */
-    (void)dp;
-    return PL_OK;
+    /* The planner stands at the start of the blob's step; a mid-step cursor
+       is the loader's business. */
+    int64_t mb = 0;
+    return pl__state_decode(p, buf, len, INT64_MAX, 0, &mb);
 }

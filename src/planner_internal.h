@@ -84,9 +84,14 @@ uint64_t pl__mixture_hash(const pl_config *cfg);
 /* State blob (state.c).  mb_cursor and dp are written as given. */
 int pl__state_encode(const pl_planner *p, int64_t mb_cursor, void **buf,
                      size_t *len);
-/* Decode into p (validating fingerprint); *mb_cursor and *dp receive them. */
-int pl__state_decode(pl_planner *p, const void *buf, size_t len,
-                     int64_t *mb_cursor, int64_t *dp);
+/*
+ * Decode into p, validating the blob, its fingerprint and that its
+ * micro-batch cursor is in [0, nmb) and (mid-step) was saved with this dp
+ * (dp <= 0: any).  Nothing of p changes unless it returns PL_OK; then
+ * *mb_cursor receives the cursor.
+ */
+int pl__state_decode(pl_planner *p, const void *buf, size_t len, int64_t nmb,
+                     int64_t dp, int64_t *mb_cursor);
 
 /* The plan with the arrays it owns (pack.c allocates, pl_plan_free frees). */
 typedef struct pl__plan_impl {

@@ -150,20 +150,24 @@ static int pl__streq(const char *a, uint32_t na, const char *b) {
     return strlen(b) == na && memcmp(a, b, na) == 0;
 }
 
-#define PL__FP_CHECK(field, have, want)                                        \
+#define PL__FP_CHECK(field, have_expr, want)                                   \
     do {                                                                       \
-        if ((int64_t)(have) != (int64_t)(want)) {                              \
+        int64_t have_ = (int64_t)(have_expr), want_ = (int64_t)(want);         \
+        if (have_ != want_) {                                                  \
             pl__fmt(p->errmsg, sizeof p->errmsg,                               \
                     "state: fingerprint field '%s' differs (state %lld, "      \
                     "config %lld)",                                            \
-                    field, (long long)(have), (long long)(want));              \
+                    field, (long long)have_, (long long)want_);                \
             rc = PL_ESTATE;                                                    \
             goto out;                                                          \
         }                                                                      \
     } while (0)
 
-int pl__state_decode(pl_planner *p, const void *buf, size_t len,
-                     int64_t *mb_cursor, int64_t *dp) {
+/* Counters of a state larger than this are not from a real run. */
+#define PL__STATE_MAX ((int64_t)1 << 50)
+
+int pl__state_decode(pl_planner *p, const void *buf, size_t len, int64_t nmb,
+                     int64_t dp, int64_t *mb_cursor) {
     const pl_config *c = p->cfg;
     pl__rbuf r = {buf, len, 0, 0};
     int rc = PL_OK;
@@ -207,8 +211,8 @@ int pl__state_decode(pl_planner *p, const void *buf, size_t len,
     r.n = len - 4;
     uint64_t seed = pl__get_u64(&r);
     int64_t step = pl__get_i64(&r);
-    *mb_cursor = pl__get_i64(&r);
-    *dp = pl__get_i64(&r);
+    int64_t mb = pl__get_i64(&r);
+    int64_t state_dp = pl__get_i64(&r);
     PL__FP_CHECK("seed", seed, c->seed);
     PL__FP_CHECK("seq_length", pl__get_i64(&r), c->seq_length);
     PL__FP_CHECK("global_batch_size", pl__get_i64(&r), c->global_batch_size);
@@ -216,6 +220,22 @@ int pl__state_decode(pl_planner *p, const void *buf, size_t len,
     PL__FP_CHECK("packing", pl__get_i32(&r), c->packing);
     PL__FP_CHECK("long_documents", pl__get_i32(&r), c->long_documents);
     PL__FP_CHECK("topology.cp", pl__get_i64(&r), c->topology.cp);
+    if (step < 0 || step > PL__STATE_MAX || state_dp <= 0) goto corrupt;
+    if (mb != 0 && dp > 0 && state_dp != dp) {
+        pl__fmt(p->errmsg, sizeof p->errmsg,
+                "state: saved in the middle of step %lld with dp=%lld; dp may "
+                "change only at a step boundary (config dp=%lld)",
+                (long long)step, (long long)state_dp, (long long)dp);
+        rc = PL_ESTATE;
+        goto out;
+    }
+    if (mb < 0 || mb >= nmb) {
+        pl__fmt(p->errmsg, sizeof p->errmsg,
+                "state: micro-batch cursor %lld out of range [0, %lld)",
+                (long long)mb, (long long)nmb);
+        rc = PL_ESTATE;
+        goto out;
+    }
     uint64_t mix = pl__get_u64(&r);
     uint32_t ns = pl__get_u32(&r);
     if (r.bad || ns > r.n) goto corrupt;
@@ -248,6 +268,8 @@ int pl__state_decode(pl_planner *p, const void *buf, size_t len,
             rc = PL_ESTATE;
             goto out;
         }
+        for (uint32_t j2 = 0; j2 < j; j2++)
+            if (map[j2] == i) goto corrupt; /* a source named twice */
         map[j] = i;
         int64_t nd = pl__get_i64(&r);
         if (!r.bad && nd != p->num_docs[i]) {
@@ -269,9 +291,17 @@ int pl__state_decode(pl_planner *p, const void *buf, size_t len,
         s->documents = pl__get_i64(&r);
         s->since_yield = pl__get_i64(&r);
         s->skipped = pl__get_i64(&r);
-        if (s->epoch < 0 || s->drawn_in_epoch < 0 || s->drawn_in_epoch > nd ||
-            s->cur_index >= nd || s->cur_offset < 0 ||
-            s->cur_offset > s->cur_length)
+        if (s->epoch < 0 || s->epoch > PL__STATE_MAX || s->drawn_in_epoch < 0 ||
+            s->drawn_in_epoch > nd || s->cur_index < -1 || s->cur_index >= nd ||
+            (s->cur_index >= 0 &&
+             (s->cur_length <= 0 || s->cur_offset <= 0 ||
+              s->cur_offset >= s->cur_length)) ||
+            (s->cur_index < 0 && (s->cur_offset != 0 || s->cur_length != 0)) ||
+            s->drawn_tokens < 0 || s->drawn_tokens > PL__STATE_MAX ||
+            !(s->target_tokens >= 0 && s->target_tokens <= (double)PL__STATE_MAX) ||
+            s->documents < 0 || s->documents > PL__STATE_MAX ||
+            s->since_yield < 0 || s->since_yield > nd + 1 || s->skipped < 0 ||
+            s->skipped > PL__STATE_MAX)
             goto corrupt;
     }
     uint32_t nc = pl__get_u32(&r);
@@ -297,6 +327,7 @@ int pl__state_decode(pl_planner *p, const void *buf, size_t len,
     carry.v = NULL;
     p->step = step;
     p->failed = 0;
+    *mb_cursor = mb;
     if (mix != p->mixture_hash) { /* targets restart from the resume step */
         for (int64_t i = 0; i < p->n_sources; i++)
             p->src[i].target_tokens = (double)p->src[i].drawn_tokens;

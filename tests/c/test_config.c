@@ -408,6 +408,23 @@ static void test_errors(void) {
                PL_ECONFIG, "eos_id applies only", NULL);
     EXPECT_ERR("[1, 2]\n", PL_ECONFIG, "configuration", "expected a mapping");
 
+    /* Limits of the implementation: config errors, not overflows. */
+    EXPECT_ERR("seq_length: 33554432\n" SRC1, PL_ECONFIG,
+               "seq_length 33554432 is above the limit", NULL);
+    EXPECT_ERR("global_batch_size: 33554432\n" SRC1, PL_ECONFIG,
+               "global_batch_size 33554432 is above the limit", NULL);
+    EXPECT_ERR("seq_length: 16777216\nmicro_batch_size: 256\nglobal_batch_size: 256\n" SRC1,
+               PL_ECONFIG, "does not fit cu_seqlens", NULL);
+    EXPECT_ERR("topology: {dp: 65536, pp: 65536, tp: 65536}\nglobal_batch_size: 65536\n" SRC1,
+               PL_ETOPOLOGY, "world size", NULL);
+    EXPECT_ERR("train_steps: 9223372036854775807\n" SRC1, PL_ECONFIG,
+               "train_steps", "limit");
+    EXPECT_ERR("sources:\n  - {name: a, type: megatron, path: $D/web, weight: 1e308}\n"
+               "  - {name: b, type: megatron, path: $D/web, weight: 1e308}\n",
+               PL_ECONFIG, "sum to infinity", NULL);
+    EXPECT_ERR("sources:\n  - {name: f, type: flat, path: $D/web.idx, eos_id: 70000}\n",
+               PL_ECONFIG, "eos_id 70000 does not fit", NULL);
+
     /* Unknown enum values. */
     EXPECT_ERR("packing: tight\n" SRC1, PL_ECONFIG,
                "test.yaml:1: packing: unknown value 'tight'", "best_fit");

@@ -280,6 +280,32 @@ static void test_fingerprint(corpus *c) {
     bad[0] = 'X';
     CHECK_EQ_I64(pl_loader_set_state(l, bad, n), PL_ESTATE);
     CHECK(strstr(pl_loader_errmsg(l), "magic") != NULL);
+    /* A forged blob with a correct CRC but a negative step is refused. */
+    {
+        memcpy(bad, blob, n);
+        int64_t neg = -1;
+        memcpy(bad + 24, &neg, 8);
+        uint32_t crc = pl__crc32(0, bad, n - 4);
+        memcpy(bad + n - 4, &crc, 4);
+        pl_loader *l2 = make_loader(cfg, 1, 1, NULL, 0);
+        CHECK_EQ_I64(pl_loader_set_state(l2, bad, n), PL_ESTATE);
+        CHECK(strstr(pl_loader_errmsg(l2), "malformed") != NULL);
+        pl_loader_free(l2);
+    }
+    /* A refused blob leaves a running loader where it was. */
+    {
+        pl_loader *l2 = make_loader(cfg, 2, 3, NULL, 0);
+        uint64_t hh[64];
+        run_hashes(l2, 0, 3, 2, 2, hh); /* consumed k = 0, 1, 2 */
+        memcpy(bad, blob, n);
+        bad[0] = 'X';
+        CHECK_EQ_I64(pl_loader_set_state(l2, bad, n), PL_ESTATE);
+        pl_batch *b2 = NULL;
+        CHECK_OK(pl_loader_next(l2, 0, &b2));
+        CHECK_EQ_I64(b2->step, 1);
+        CHECK_EQ_I64(b2->micro_batch, 1);
+        pl_loader_free(l2);
+    }
     /* After failed set_state calls the loader still works from where it was. */
     CHECK_OK(pl_loader_set_state(l, blob, n));
     pl_batch *b = NULL;
