@@ -512,27 +512,48 @@ static sval scalar_of(const yaml_node_t *n) {
 }
 
 /* Check that `n` is a mapping whose keys are distinct scalars. */
+static int cmp_key(const void *a, const void *b) {
+    const yaml_node_t *x = *(yaml_node_t *const *)a, *y = *(yaml_node_t *const *)b;
+    int c = strcmp((const char *)x->data.scalar.value,
+                   (const char *)y->data.scalar.value);
+    if (c) return c;
+    /* equal keys: the later one (by line) second, to report it */
+    return (x->start_mark.index > y->start_mark.index) -
+           (x->start_mark.index < y->start_mark.index);
+}
+
 static int check_mapping(walk *w, yaml_node_t *n, const char *what) {
     if (n->type != YAML_MAPPING_NODE)
         return cfg_err(w->cfg, PL_ECONFIG, line_of(n),
                        "%s: expected a mapping, got %s", what, type_name(n));
     yaml_node_pair_t *b = n->data.mapping.pairs.start;
     yaml_node_pair_t *e = n->data.mapping.pairs.top;
-    for (yaml_node_pair_t *p = b; p < e; p++) {
-        yaml_node_t *k = node(w, p->key);
-        if (!k || k->type != YAML_SCALAR_NODE)
+    size_t count = (size_t)(e - b);
+    yaml_node_t **keys = pl__calloc(count ? count : 1, sizeof *keys);
+    if (!keys) return cfg_err(w->cfg, PL_ENOMEM, line_of(n), "out of memory");
+    for (size_t i = 0; i < count; i++) {
+        yaml_node_t *k = node(w, b[i].key);
+        if (!k || k->type != YAML_SCALAR_NODE) {
+            free(keys);
             return cfg_err(w->cfg, PL_ECONFIG, k ? line_of(k) : 0,
                            "%s: keys must be scalars", what);
-        for (yaml_node_pair_t *q = b; q < p; q++) {
-            yaml_node_t *k2 = node(w, q->key);
-            if (k2->type == YAML_SCALAR_NODE &&
-                strcmp((const char *)k->data.scalar.value,
-                       (const char *)k2->data.scalar.value) == 0)
-                return cfg_err(w->cfg, PL_ECONFIG, line_of(k),
-                               "%s: duplicate key '%s'", what,
-                               (const char *)k->data.scalar.value);
+        }
+        keys[i] = k;
+    }
+    /* Duplicates: sort the keys, compare neighbours (n log n). */
+    if (count > 1) qsort(keys, count, sizeof *keys, cmp_key);
+    for (size_t i = 1; i < count; i++) {
+        if (strcmp((const char *)keys[i]->data.scalar.value,
+                   (const char *)keys[i - 1]->data.scalar.value) == 0) {
+            int line = line_of(keys[i]);
+            char key[128];
+            pl__fmt(key, sizeof key, "%s", (const char *)keys[i]->data.scalar.value);
+            free(keys);
+            return cfg_err(w->cfg, PL_ECONFIG, line, "%s: duplicate key '%s'",
+                           what, key);
         }
     }
+    free(keys);
     return PL_OK;
 }
 

@@ -41,6 +41,8 @@ typedef struct pl__slot {
 typedef struct pl__group {
     int64_t dp, cp;
     int64_t next_k;     /* next k to hand to a worker */
+    int64_t first_member, n_members; /* its ranks: members[first ..] */
+    int64_t at_min;     /* how many of them stand at min_cursor */
     int64_t min_cursor; /* least k not consumed by every rank of the group */
     pl__slot *slots;    /* [depth] */
 } pl__group;
@@ -89,8 +91,9 @@ struct pl_loader {
     int64_t work_waiters, ready_waiters; /* threads blocked on each */
     int failed;
 
-    pl__served *served;
+    pl__served *served;  /* sorted by rank */
     int64_t n_served;
+    int64_t *members;    /* indices into served, grouped by group */
     pl__group *groups;
     int64_t n_groups;
 
@@ -312,12 +315,30 @@ static void pl__fold_entry(pl_loader *l, const pl__entry *e) {
     l->st_steps_folded++;
 }
 
-/* Least k not consumed by every served rank. */
+/* Least k not consumed by every served rank (each group keeps the least
+ * of its ranks). */
 static int64_t pl__min_cursor(const pl_loader *l) {
     int64_t m = INT64_MAX;
-    for (int64_t i = 0; i < l->n_served; i++)
-        if (l->served[i].cursor < m) m = l->served[i].cursor;
-    return l->n_served ? m : 0;
+    for (int64_t g = 0; g < l->n_groups; g++)
+        if (l->groups[g].min_cursor < m) m = l->groups[g].min_cursor;
+    return l->n_groups ? m : 0;
+}
+
+static int pl__cmp_rank(const void *a, const void *b) {
+    int64_t x = ((const pl__served *)a)->info.rank, y = ((const pl__served *)b)->info.rank;
+    return (x > y) - (x < y);
+}
+
+typedef struct pl__gkey {
+    int64_t dp, cp, idx;
+} pl__gkey;
+
+/* By (dp, cp), then served index (= rank order). */
+static int pl__cmp_group(const void *a, const void *b) {
+    const pl__gkey *x = a, *y = b;
+    if (x->dp != y->dp) return x->dp < y->dp ? -1 : 1;
+    if (x->cp != y->cp) return x->cp < y->cp ? -1 : 1;
+    return (x->idx > y->idx) - (x->idx < y->idx);
 }
 
 /* Drop pipeline contents: slots, entries. Workers must be stopped. */
@@ -342,6 +363,7 @@ static void pl__reset_position(pl_loader *l, int64_t k) {
     for (int64_t g = 0; g < l->n_groups; g++) {
         l->groups[g].next_k = k;
         l->groups[g].min_cursor = k;
+        l->groups[g].at_min = l->groups[g].n_members;
     }
     l->planned_steps = l->planner->step;
     l->first_step = l->planner->step;
@@ -399,29 +421,43 @@ int pl_loader_create(const pl_config *cfg, const pl_loader_options *opts,
         return pl__fail(l, PL_ENOMEM, "loader: out of memory");
     for (int64_t i = 0; i < l->n_served; i++) {
         int64_t rank = opts && opts->ranks ? opts->ranks[i] : i;
-        pl__served *s = &l->served[i];
-        rc = pl_config_rank_info(c, rank, &s->info);
+        rc = pl_config_rank_info(c, rank, &l->served[i].info);
         if (rc)
             return pl__fail(l, rc, "loader: rank %lld out of range [0, %lld)",
                             (long long)rank, (long long)world);
-        for (int64_t j = 0; j < i; j++)
-            if (l->served[j].info.rank == rank)
-                return pl__fail(l, PL_EINVAL, "loader: rank %lld given twice",
-                                (long long)rank);
-        int64_t g = 0;
-        while (g < l->n_groups && !(l->groups[g].dp == s->info.dp_rank &&
-                                    l->groups[g].cp == s->info.cp_rank))
-            g++;
-        if (g == l->n_groups) {
-            l->groups[g].dp = s->info.dp_rank;
-            l->groups[g].cp = s->info.cp_rank;
-            l->groups[g].slots = pl__calloc((size_t)l->depth, sizeof(pl__slot));
-            if (!l->groups[g].slots)
-                return pl__fail(l, PL_ENOMEM, "loader: out of memory");
-            for (int64_t j = 0; j < l->depth; j++) l->groups[g].slots[j].k = -1;
-            l->n_groups++;
+    }
+    /* Served ranks sorted by rank (looked up by binary search), and groups
+       numbered in (dp, cp) order; n log n, for loaders that serve a whole
+       large topology. */
+    qsort(l->served, (size_t)l->n_served, sizeof *l->served, pl__cmp_rank);
+    for (int64_t i = 1; i < l->n_served; i++)
+        if (l->served[i].info.rank == l->served[i - 1].info.rank)
+            return pl__fail(l, PL_EINVAL, "loader: rank %lld given twice",
+                            (long long)l->served[i].info.rank);
+    l->members = pl__calloc((size_t)l->n_served, sizeof *l->members);
+    if (!l->members) return pl__fail(l, PL_ENOMEM, "loader: out of memory");
+    pl__gkey *keys = pl__calloc((size_t)l->n_served, sizeof *keys);
+    if (!keys) return pl__fail(l, PL_ENOMEM, "loader: out of memory");
+    for (int64_t i = 0; i < l->n_served; i++)
+        keys[i] = (pl__gkey){l->served[i].info.dp_rank, l->served[i].info.cp_rank, i};
+    qsort(keys, (size_t)l->n_served, sizeof *keys, pl__cmp_group);
+    for (int64_t i = 0; i < l->n_served; i++) l->members[i] = keys[i].idx;
+    free(keys);
+    for (int64_t j = 0; j < l->n_served; j++) {
+        const pl_rank_info *ri = &l->served[l->members[j]].info;
+        pl__group *last = l->n_groups ? &l->groups[l->n_groups - 1] : NULL;
+        if (!last || last->dp != ri->dp_rank || last->cp != ri->cp_rank) {
+            pl__group *g = &l->groups[l->n_groups++];
+            g->dp = ri->dp_rank;
+            g->cp = ri->cp_rank;
+            g->first_member = j;
+            g->slots = pl__calloc((size_t)l->depth, sizeof(pl__slot));
+            if (!g->slots) return pl__fail(l, PL_ENOMEM, "loader: out of memory");
+            for (int64_t t = 0; t < l->depth; t++) g->slots[t].k = -1;
+            last = g;
         }
-        s->group = g;
+        last->n_members++;
+        l->served[l->members[j]].group = l->n_groups - 1;
     }
 
     /* Batch memory and workers. */
@@ -460,6 +496,7 @@ void pl_loader_free(pl_loader *l) {
     for (int64_t g = 0; g < l->n_groups; g++) free(l->groups[g].slots);
     free(l->groups);
     free(l->served);
+    free(l->members);
     free(l->entries);
     for (int i = 0; l->workers && i < l->n_threads; i++) free(l->workers[i].ctx.seg);
     free(l->workers);
@@ -483,19 +520,34 @@ const char *pl_loader_errmsg(const pl_loader *l) {
 const pl_config *pl_loader_config(const pl_loader *l) { return l->cfg; }
 
 static pl__served *pl__find_served(pl_loader *l, int64_t rank) {
-    for (int64_t i = 0; i < l->n_served; i++)
-        if (l->served[i].info.rank == rank) return &l->served[i];
-    return NULL;
+    int64_t lo = 0, hi = l->n_served;
+    while (lo < hi) {
+        int64_t mid = lo + (hi - lo) / 2;
+        if (l->served[mid].info.rank < rank) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo < l->n_served && l->served[lo].info.rank == rank ? &l->served[lo]
+                                                               : NULL;
 }
 
 /* After rank s consumed a batch: advance its group's min cursor, free slots,
  * retire fully consumed steps. mu held. */
 static void pl__advance(pl_loader *l, pl__served *s) {
     pl__group *gr = &l->groups[s->group];
-    int64_t m = INT64_MAX;
-    for (int64_t i = 0; i < l->n_served; i++)
-        if (l->served[i].group == s->group && l->served[i].cursor < m)
-            m = l->served[i].cursor;
+    /* s's cursor moved from c-1 to c.  The group's least cursor moves only
+       when the last rank standing at it leaves: amortized O(1) per call. */
+    int64_t m = gr->min_cursor;
+    if (s->cursor - 1 == gr->min_cursor && --gr->at_min == 0) {
+        m = INT64_MAX;
+        for (int64_t j = 0; j < gr->n_members; j++) {
+            int64_t c = l->served[l->members[gr->first_member + j]].cursor;
+            if (c < m) {
+                m = c;
+                gr->at_min = 0;
+            }
+            if (c == m) gr->at_min++;
+        }
+    }
     for (int64_t k = gr->min_cursor; k < m; k++) {
         pl__slot *slot = &gr->slots[k % l->depth];
         if (slot->k == k && slot->buf) {
