@@ -151,6 +151,14 @@ static int64_t pl__plidx_check(const uint8_t *m, size_t len,
     if (pl__rd_u64(m + PL__PLIDX_HEADER + (count - 1) * 8) !=
         (uint64_t)w->n_tokens)
         return -1;
+    /* The header's CRC does not cover the offsets: one pass checks that
+     * they increase strictly (8 bytes per document), else rebuild. */
+    uint64_t prev = 0;
+    for (uint64_t i = 0; i < count; i++) {
+        uint64_t v = pl__rd_u64(m + PL__PLIDX_HEADER + i * 8);
+        if (v <= prev) return -1;
+        prev = v;
+    }
     return (int64_t)count;
 }
 
