@@ -306,6 +306,15 @@ static int cmd_run(int argc, char **argv) {
         return usage_error("run: --threads wants a positive integer, got '%s'",
                            a.threads);
 
+    if (a.state_out) { /* find an unwritable path before the run, not after */
+        int existed = access(a.state_out, F_OK) == 0;
+        FILE *probe = fopen(a.state_out, "ab");
+        if (!probe)
+            return usage_error("run: cannot write --state-out %s: %s", a.state_out,
+                               strerror(errno));
+        fclose(probe);
+        if (!existed) unlink(a.state_out);
+    }
     pl_config *cfg = NULL;
     code = load_config(a.positional, &cfg);
     if (code) return code;

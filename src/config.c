@@ -953,6 +953,20 @@ int pl_config_parse_string(const char *yaml, size_t len, const char *origin,
     w.doc = &doc;
     int rc = walk_root(&w);
     yaml_document_delete(&doc);
+    if (rc == PL_OK) { /* one document per config: a second is a mistake */
+        yaml_document_t more;
+        if (!yaml_parser_load(&parser, &more)) {
+            rc = cfg_err(cfg, PL_ECONFIG, (int)parser.problem_mark.line + 1,
+                         "YAML syntax error after the first document: %s",
+                         parser.problem ? parser.problem : "unknown problem");
+        } else {
+            if (yaml_document_get_root_node(&more))
+                rc = cfg_err(cfg, PL_ECONFIG, (int)more.start_mark.line + 1,
+                             "a second YAML document ('---'): a config is one "
+                             "document");
+            yaml_document_delete(&more);
+        }
+    }
     yaml_parser_delete(&parser);
     return rc;
 }

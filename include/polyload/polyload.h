@@ -443,8 +443,10 @@ typedef struct pl_loader_stats {
     int64_t tokens;         /* non-padding tokens returned */
     int64_t padding_tokens; /* padding tokens returned */
     int64_t skipped;
-    double max_over_mean;   /* per-step rank cost, worst step so far */
-    double max_over_lower_bound;
+    double max_over_mean;   /* largest / mean DP-rank cost of a step, averaged
+                               over the steps consumed so far (0: none yet) */
+    double max_over_lower_bound; /* largest rank cost / the step's lower
+                               bound (pl_plan.lower_bound), averaged alike */
     int64_t n_sources;
     const pl_source_summary *sources; /* valid until the next call */
 } pl_loader_stats;

@@ -272,6 +272,9 @@ static void test_data_errors(void) {
     r = cli("inspect bad.idx --json");
     CHECK_CODE(r, 1);
     CHECK(strstr(r->err, "polyload: error: ") != NULL);
+    r = cli("run good.yaml --steps 1 --state-out /nonexistent-dir/state.bin");
+    CHECK_CODE(r, 2);
+    CHECK(strstr(r->err, "state-out") != NULL);
     r = cli("inspect does_not_exist.bin");
     CHECK_CODE(r, 1);
 }

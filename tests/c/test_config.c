@@ -408,6 +408,8 @@ static void test_errors(void) {
                PL_ECONFIG, "eos_id applies only", NULL);
     EXPECT_ERR("[1, 2]\n", PL_ECONFIG, "configuration", "expected a mapping");
 
+    EXPECT_ERR(SRC1 "---\nseed: 2\n", PL_ECONFIG, "second YAML document", NULL);
+
     /* Limits of the implementation: config errors, not overflows. */
     EXPECT_ERR("seq_length: 33554432\n" SRC1, PL_ECONFIG,
                "seq_length 33554432 is above the limit", NULL);
