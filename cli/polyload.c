@@ -4,7 +4,8 @@
  *   polyload run CONFIG [--steps N] [--json] [--state-in F] [--state-out F]
  *                       [--threads N] [--no-progress]
  *   polyload plan CONFIG --steps A:B [--state-in F] [--rank R] [--json]
- *   polyload inspect PATH [--json] [--type megatron|llmc|flat]
+ *   polyload inspect PATH [--json] [--type megatron|llmc|flat] [--token-dtype T]
+ *                    [--eos-id N]
  *   polyload calibrate CSV [--json]
  *   polyload prepare ARGS...        (runs python -m polyload.prepare)
  *   polyload --version | help
@@ -50,6 +51,7 @@ static const char *usage_text =
     "      Print the plans of steps A..B-1 as JSON Lines, one per (step,\n"
     "      dp_rank).\n"
     "  inspect PATH [--json] [--type megatron|llmc|flat]\n"
+    "        [--token-dtype uint16|uint32] [--eos-id N]\n"
     "      Print statistics of a source.\n"
     "  calibrate CSV [--json]\n"
     "      Fit the cost model time = a*tokens + b*sum_sq + c by least\n"
@@ -132,6 +134,7 @@ typedef struct args {
     const char *threads;
     const char *rank;
     const char *type;
+    const char *token_dtype, *eos_id;
     int json;
     int no_progress;
     int help;
@@ -195,6 +198,8 @@ static int parse_args(int argc, char **argv, int first, const char *accepted,
         else if (strcmp(name, "threads") == 0) a->threads = val;
         else if (strcmp(name, "rank") == 0) a->rank = val;
         else if (strcmp(name, "type") == 0) a->type = val;
+        else if (strcmp(name, "token-dtype") == 0) a->token_dtype = val;
+        else if (strcmp(name, "eos-id") == 0) a->eos_id = val;
     }
     return EXIT_OK;
 }
@@ -768,7 +773,7 @@ static pl_source_type guess_type(const char *path, char *path_out,
 
 static int cmd_inspect(int argc, char **argv) {
     args a;
-    int code = parse_args(argc, argv, 2, "json type", &a);
+    int code = parse_args(argc, argv, 2, "json type token-dtype eos-id", &a);
     if (code) return code;
     if (a.help) {
         fputs(usage_text, stdout);
@@ -802,6 +807,21 @@ static int cmd_inspect(int argc, char **argv) {
     o.path = path;
     o.eos_id = -1;
     o.token_dtype = type == PL_SOURCE_FLAT ? PL_DTYPE_UINT16 : (pl_dtype)0;
+    if (a.token_dtype) {
+        if (type != PL_SOURCE_FLAT)
+            return usage_error("inspect: --token-dtype applies to flat files only");
+        if (strcmp(a.token_dtype, "uint16") == 0) o.token_dtype = PL_DTYPE_UINT16;
+        else if (strcmp(a.token_dtype, "uint32") == 0) o.token_dtype = PL_DTYPE_UINT32;
+        else
+            return usage_error("inspect: --token-dtype wants uint16 or uint32, got '%s'",
+                               a.token_dtype);
+    }
+    if (a.eos_id) {
+        if (type == PL_SOURCE_MEGATRON)
+            return usage_error("inspect: --eos-id applies to llmc and flat files only");
+        if (!parse_int(a.eos_id, 0, (int64_t)UINT32_MAX, &o.eos_id))
+            return usage_error("inspect: --eos-id wants a token id, got '%s'", a.eos_id);
+    }
     pl_source *src = NULL;
     int rc = pl_source_open(&o, &src);
     pl_source_stats st;

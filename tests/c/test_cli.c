@@ -305,6 +305,19 @@ static void test_inspect(void) {
     CHECK_EQ_I64(json_int(r->out, "documents"), 5);
     CHECK_EQ_I64(json_int(r->out, "tokens"), 28);
     CHECK(strstr(r->out, "\"token_dtype\": \"int32\"") != NULL);
+    /* A uint32 flat file: two documents ending at eos 0. */
+    {
+        uint32_t toks[7] = {5, 6, 7, 0, 8, 9, 0};
+        char fp[512];
+        snprintf(fp, sizeof fp, "%s/f32.bin", g_dir);
+        CHECK(pl_test_write_file(fp, toks, sizeof toks) == 0);
+        r = cli("inspect f32.bin --json --token-dtype uint32 --eos-id 0");
+        CHECK_CODE(r, 0);
+        CHECK_EQ_I64(json_int(r->out, "documents"), 2);
+        CHECK_EQ_I64(json_int(r->out, "tokens"), 7);
+        r = cli("inspect f32.bin --token-dtype uint8");
+        CHECK_CODE(r, 2);
+    }
     r = cli("inspect web");
     CHECK_CODE(r, 0);
     CHECK(strstr(r->out, "documents") != NULL);
