@@ -218,34 +218,10 @@ static int parse_int(const char *s, int64_t min, int64_t max, int64_t *out) {
 /* ------------------------------------------------------------ files */
 
 static int read_file(const char *path, void **data, size_t *len) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return -1;
-    size_t cap = 1 << 16, n = 0;
-    unsigned char *buf = malloc(cap);
-    while (buf) {
-        if (n == cap) {
-            unsigned char *nb = realloc(buf, cap * 2);
-            if (!nb) {
-                free(buf);
-                buf = NULL;
-                break;
-            }
-            buf = nb;
-            cap *= 2;
-        }
-        size_t got = fread(buf + n, 1, cap - n, f);
-        n += got;
-        if (got == 0) break;
-    }
-    int err = ferror(f);
-    fclose(f);
-    if (!buf || err) {
-        free(buf);
-        return -1;
-    }
-    *data = buf;
-    *len = n;
-    return 0;
+    int e = 0;
+    int rc = pl__read_file(path, data, len, &e);
+    if (rc && e) errno = e;
+    return rc ? -1 : 0;
 }
 
 static int write_file(const char *path, const void *data, size_t len) {

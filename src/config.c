@@ -975,46 +975,19 @@ int pl_config_parse_file(const char *path, pl_config **out) {
     if (!out) return PL_EINVAL;
     *out = NULL;
     if (!path) return PL_EINVAL;
-    FILE *f = fopen(path, "rb");
-    if (!f) {
-        int e = errno;
+    void *buf = NULL;
+    size_t n = 0;
+    int e = 0;
+    int rc = pl__read_file(path, &buf, &n, &e);
+    if (rc) {
         pl_config *cfg = config_new(path);
         if (!cfg) return PL_ENOMEM;
         *out = cfg;
-        return cfg_err(cfg, e == ENOENT ? PL_ENOENT : PL_EIO, -1,
-                       "cannot open config '%s': %s", path, strerror(e));
+        if (rc == PL_ENOMEM) return cfg_err(cfg, PL_ENOMEM, -1, "out of memory");
+        return cfg_err(cfg, rc, -1, "cannot %s config '%s': %s",
+                       rc == PL_ENOENT ? "open" : "read", path, strerror(e));
     }
-    size_t cap = 4096, n = 0;
-    char *buf = malloc(cap);
-    int ioerr = 0;
-    while (buf) {
-        if (n == cap) {
-            char *nb = realloc(buf, cap * 2);
-            if (!nb) {
-                free(buf);
-                buf = NULL;
-                break;
-            }
-            buf = nb;
-            cap *= 2;
-        }
-        size_t got = fread(buf + n, 1, cap - n, f);
-        n += got;
-        if (got == 0) {
-            ioerr = ferror(f);
-            break;
-        }
-    }
-    fclose(f);
-    if (!buf || ioerr) {
-        free(buf);
-        pl_config *cfg = config_new(path);
-        if (!cfg) return PL_ENOMEM;
-        *out = cfg;
-        return buf ? cfg_err(cfg, PL_EIO, -1, "cannot read config '%s'", path)
-                   : cfg_err(cfg, PL_ENOMEM, -1, "out of memory");
-    }
-    int rc = pl_config_parse_string(buf, n, path, out);
+    rc = pl_config_parse_string(buf, n, path, out);
     free(buf);
     return rc;
 }

@@ -314,6 +314,22 @@ int pl__construct(pl__build_ctx *x, const pl_plan *plan, int64_t dp_rank,
 
 /* ------------------------------------------------------------ readers */
 
+int pl__build_ctx_init(pl__build_ctx *x, const pl_config *c,
+                       pl__chunk_reader read, char *err, size_t errcap) {
+    const int64_t cp = c->topology.cp;
+    x->read = read;
+    x->dtype = c->dtype;
+    x->pad_id = c->pad_id;
+    x->full_cols = c->seq_length;
+    x->cols = c->seq_length / cp;
+    x->cp = cp;
+    x->align = cp > 1 ? 2 * cp : 1;
+    x->err = err;
+    x->errcap = errcap;
+    x->seg = pl__calloc(2 * ((size_t)c->seq_length + 1), sizeof(int64_t));
+    return x->seg ? PL_OK : PL_ENOMEM;
+}
+
 int pl__read_from_sources(pl__build_ctx *x, int64_t ordinal, const pl_chunk *c,
                           void *ids, void *next, pl_dtype dt) {
     (void)ordinal;
@@ -395,17 +411,9 @@ int pl_constructor_create(const pl_config *cfg, pl_constructor **out) {
     if (pl__pool_create(c->micro_batch_size, c->seq_length / cp, c->seq_length,
                         c->dtype, &k->pool))
         goto oom;
-    k->ctx.dtype = c->dtype;
-    k->ctx.pad_id = c->pad_id;
-    k->ctx.full_cols = c->seq_length;
-    k->ctx.cols = c->seq_length / cp;
-    k->ctx.cp = cp;
-    k->ctx.align = cp > 1 ? 2 * cp : 1;
-    k->ctx.seg = pl__calloc(2 * ((size_t)c->seq_length + 1), sizeof(int64_t));
-    k->ctx.err = k->errmsg;
-    k->ctx.errcap = sizeof k->errmsg;
-    k->ctx.read = pl__read_from_payloads;
-    if (!k->ctx.seg) goto oom;
+    if (pl__build_ctx_init(&k->ctx, c, pl__read_from_payloads, k->errmsg,
+                           sizeof k->errmsg))
+        goto oom;
     return PL_OK;
 oom:
     pl__fmt(k->errmsg, sizeof k->errmsg, "constructor: out of memory");

@@ -57,6 +57,10 @@ struct pl__build_ctx {
     size_t errcap;
 };
 
+/* Fill x for cfg (allocates x->seg; the owner frees it). */
+int pl__build_ctx_init(pl__build_ctx *x, const pl_config *cfg,
+                       pl__chunk_reader read, char *err, size_t errcap);
+
 /* The reader of the embedded loader: straight from the sources. */
 int pl__read_from_sources(pl__build_ctx *x, int64_t ordinal, const pl_chunk *c,
                           void *ids, void *next, pl_dtype dt);

@@ -5,6 +5,7 @@
  */
 #include "internal.h"
 
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -125,4 +126,46 @@ uint32_t pl__crc32(uint32_t crc, const void *data, size_t len) {
         len -= n;
     }
     return (uint32_t)c;
+}
+
+int pl__read_file(const char *path, void **data, size_t *len, int *err_no) {
+    *data = NULL;
+    *len = 0;
+    *err_no = 0;
+    FILE *f = fopen(path, "rb");
+    if (!f) {
+        *err_no = errno;
+        return errno == ENOENT ? PL_ENOENT : PL_EIO;
+    }
+    size_t cap = 1 << 16, n = 0;
+    unsigned char *buf = malloc(cap);
+    int rc = buf ? PL_OK : PL_ENOMEM;
+    while (!rc) {
+        if (n == cap) {
+            unsigned char *nb = realloc(buf, cap * 2);
+            if (!nb) {
+                rc = PL_ENOMEM;
+                break;
+            }
+            buf = nb;
+            cap *= 2;
+        }
+        size_t got = fread(buf + n, 1, cap - n, f);
+        n += got;
+        if (got == 0) {
+            if (ferror(f)) {
+                *err_no = errno;
+                rc = PL_EIO;
+            }
+            break;
+        }
+    }
+    fclose(f);
+    if (rc) {
+        free(buf);
+        return rc;
+    }
+    *data = buf;
+    *len = n;
+    return PL_OK;
 }

@@ -25,6 +25,10 @@ void *pl__calloc(size_t n, size_t size);
 void *pl__realloc_array(void *p, size_t n, size_t size);
 char *pl__strdup(const char *s);
 
+/* Read a whole file into a malloc'd buffer.  PL_OK, PL_ENOENT, PL_EIO (errno
+ * in *err_no) or PL_ENOMEM. */
+int pl__read_file(const char *path, void **data, size_t *len, int *err_no);
+
 /* 64-bit hash of bytes with a seed (xxHash XXH3). */
 uint64_t pl__hash64(const void *data, size_t len, uint64_t seed);
 /* CRC-32 (zlib's, IEEE polynomial). */

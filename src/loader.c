@@ -471,17 +471,9 @@ int pl_loader_create(const pl_config *cfg, const pl_loader_options *opts,
         pl__worker *w = &l->workers[i];
         w->loader = l;
         w->ctx.sources = l->sources;
-        w->ctx.read = pl__read_from_sources;
-        w->ctx.dtype = c->dtype;
-        w->ctx.pad_id = c->pad_id;
-        w->ctx.full_cols = c->seq_length;
-        w->ctx.cols = c->seq_length / cp;
-        w->ctx.cp = cp;
-        w->ctx.align = cp > 1 ? 2 * cp : 1;
-        w->ctx.seg = pl__calloc(2 * ((size_t)c->seq_length + 1), sizeof(int64_t));
-        w->ctx.err = w->err;
-        w->ctx.errcap = sizeof w->err;
-        if (!w->ctx.seg) return pl__fail(l, PL_ENOMEM, "loader: out of memory");
+        if (pl__build_ctx_init(&w->ctx, c, pl__read_from_sources, w->err,
+                               sizeof w->err))
+            return pl__fail(l, PL_ENOMEM, "loader: out of memory");
     }
     pl__reset_position(l, 0);
     return PL_OK;
