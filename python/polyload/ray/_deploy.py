@@ -1,0 +1,270 @@
+"""``launch()``: start the actors of a deployment; ``Deployment``: its handle."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import ray
+
+import polyload
+
+from ._actors import DataConstructor, Planner, SourceLoader
+from ._common import config_payload, make_config, unwrap
+
+ROLES = ("planner", "source_loader", "constructor")
+
+
+def _get(refs, timeout: Optional[float] = None):
+    try:
+        return ray.get(refs, timeout=timeout)
+    except Exception as e:  # noqa: BLE001 - polyload's own exception, unwrapped
+        raise unwrap(e) from None
+
+
+def _role_options(placement: Optional[Mapping[str, Any]], role: str) -> Dict[str, Any]:
+    """Ray actor options of a role from ``placement[role]``: ``resources``, ``num_cpus``,
+    ``memory``, ``label_selector`` and other ``.options()`` keys pass through;
+    ``node_id`` pins the role to a node (NodeAffinitySchedulingStrategy, hard)."""
+    if not placement:
+        return {}
+    unknown = set(placement) - set(ROLES)
+    if unknown:
+        raise ValueError(f"placement: unknown roles {sorted(unknown)} (roles: {ROLES})")
+    opts = dict(placement.get(role) or {})
+    node_id = opts.pop("node_id", None)
+    if node_id is not None:
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)
+    return opts
+
+
+def _partitions(names: Sequence[str], num_documents: Sequence[int],
+                num_source_loaders: Union[int, Mapping[str, int]]) -> List[Tuple[int, int, int]]:
+    """Index-range partitions ``(source, first, end)``: ``num_source_loaders`` per source
+    (an int for every source, or a dict by source name, missing names 1), never more
+    partitions than documents."""
+    if isinstance(num_source_loaders, Mapping):
+        unknown = set(num_source_loaders) - set(names)
+        if unknown:
+            raise ValueError(f"num_source_loaders: unknown sources {sorted(unknown)}")
+        counts = [int(num_source_loaders.get(n, 1)) for n in names]
+    else:
+        counts = [int(num_source_loaders)] * len(names)
+    if any(c < 1 for c in counts):
+        raise ValueError("num_source_loaders must be at least 1 per source")
+    out = []
+    for s, (c, n) in enumerate(zip(counts, num_documents)):
+        c = max(1, min(c, n))
+        edges = np.linspace(0, n, c + 1).round().astype(np.int64)
+        out += [(s, int(edges[p]), int(edges[p + 1])) for p in range(c)]
+    return out
+
+
+class Deployment:
+    """The handle :func:`launch` returns: the actors of one deployment.
+
+    Attributes:
+        namespace, name: where the actors are registered (``ray.get_actor(name + ".planner",
+            namespace=namespace)``).
+        info: the layout (constructor names and DP groups, source partitions, nodes and
+            pids of every actor).
+    """
+
+    def __init__(self, namespace: str, name: str, planner, loaders, constructors,
+                 info: Dict[str, Any]) -> None:
+        self.namespace, self.name = namespace, name
+        self._planner, self._loaders, self._constructors = planner, loaders, constructors
+        self.info = info
+
+    @property
+    def actors(self) -> Dict[str, List[Any]]:
+        """Actor handles by role."""
+        return {"planner": [self._planner], "source_loader": list(self._loaders),
+                "constructor": list(self._constructors)}
+
+    def state_dict(self) -> Dict[str, Any]:
+        """``{"version": 1, "blob": bytes}``: the state after the micro-batches that every
+        rank has reported consumed (a trainer's ``Client.state_dict()`` is exact for its
+        own position; this one may trail it by the batches a client prefetched)."""
+        pos = _get([c.position.remote() for c in self._constructors])
+        gen = max(g for g, _ in pos)
+        i = min(range(len(pos)), key=lambda j: pos[j][1])
+        blob = _get(self._constructors[i].state.remote(pos[i][1], gen))
+        return {"version": polyload.STATE_VERSION, "blob": blob}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Restart every actor from ``state`` (always, even when it is the state the
+        deployment stands at).  Clients then call their own ``load_state_dict`` with the
+        same state (a no-op for the deployment) to take up the position."""
+        if state.get("version") != polyload.STATE_VERSION:
+            raise ValueError(f"unsupported polyload state version {state.get('version')!r}")
+        gen, _ = _get(self._planner.restart.remote(bytes(state["blob"]), True))
+        _get([c.sync.remote(gen) for c in self._constructors])
+
+    def pids(self) -> Dict[str, List[int]]:
+        return {role: [int(x) for x in _get([a.pid.remote() for a in handles])]
+                for role, handles in self.actors.items()}
+
+    def shutdown(self, timeout: float = 10.0) -> None:
+        """Stop and kill every actor of the deployment (idempotent)."""
+        handles = [h for hs in self.actors.values() for h in hs]
+        if not handles:
+            return
+        try:  # constructors first: their producer threads stop asking for payloads
+            ray.get([h.close.remote() for h in self._constructors], timeout=timeout)
+        except Exception:  # noqa: BLE001 - killing anyway
+            pass
+        for h in handles:
+            try:
+                ray.kill(h, no_restart=True)
+            except Exception:  # noqa: BLE001
+                pass
+        self._planner, self._loaders, self._constructors = None, [], []
+
+    def __enter__(self) -> "Deployment":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self._planner is not None:
+            self.shutdown()
+
+    def __repr__(self) -> str:
+        return (f"<polyload.ray.Deployment {self.namespace}/{self.name} "
+                f"source_loaders={len(self._loaders)} constructors={len(self._constructors)}>")
+
+
+def launch(
+    config,
+    num_source_loaders: Union[int, Mapping[str, int]] = 1,
+    num_constructors: int = 1,
+    namespace: str = "polyload",
+    *,
+    name: str = "polyload",
+    placement: Optional[Mapping[str, Mapping[str, Any]]] = None,
+    prefetch_steps: Optional[int] = None,
+    max_source_loader_actors: Optional[int] = None,
+    detached: bool = False,
+    timeout: Optional[float] = 300.0,
+) -> Deployment:
+    """Start a deployment: one planner, source loaders, ``num_constructors`` constructors.
+
+    Args:
+        config: a YAML path or a dict (SPEC section 5).  Relative source paths are
+            relative to the current directory, on every node.
+        num_source_loaders: partitions per source (by index ranges): an int for every
+            source or ``{source name: count}`` (missing sources: 1).
+        num_constructors: data constructors; DP ranks are split into this many contiguous
+            groups (at most ``topology.dp``).  Each serves its DP ranks and their TP, PP
+            and CP peers.
+        namespace, name: actors are named ``NAME.planner``, ``NAME.source_loader.J``,
+            ``NAME.constructor.G`` in the Ray namespace, so :class:`Client` finds them.
+        placement: Ray options per role (``"planner"``, ``"source_loader"``,
+            ``"constructor"``): e.g. ``{"source_loader": {"resources": {"cpu_node": 1}}}``,
+            ``{"constructor": {"node_id": "..."}}``, ``label_selector``, ``num_cpus``.
+            Actors default to ``num_cpus=0``.
+        prefetch_steps: steps a constructor builds ahead of its slowest rank (bounded
+            queue; back-pressure beyond).  Default: the config's ``prefetch`` micro-batches
+            rounded up to whole steps, at least 1.
+        max_source_loader_actors: host the partitions on at most this many actors
+            (round-robin); default one actor per partition.
+        detached: actors outlive the process that launched them (``polyload serve``).
+
+    Raises:
+        ConfigError, FormatError, PolyloadIOError: as the embedded loader, from the actor
+            that opened the source (unwrapped from Ray's errors).
+        ValueError: bad counts or placement.
+    """
+    payload = config_payload(config)
+    cfg = make_config(payload)  # ConfigError here, before anything starts
+    dp = cfg.get_int("topology.dp")
+    nmb = cfg.get_int("micro_batches_per_rank")
+    if not 1 <= int(num_constructors) <= dp:
+        raise ValueError(f"num_constructors must be in [1, dp={dp}], got {num_constructors}")
+    if prefetch_steps is None:
+        prefetch_steps = max(1, -(-cfg.get_int("prefetch") // nmb))
+    if not ray.is_initialized():
+        ray.init(namespace=namespace, include_dashboard=False)
+    cwd = os.getcwd()
+    common = {"namespace": namespace}
+    if detached:
+        common["lifetime"] = "detached"
+    for role in ROLES:
+        _role_options(placement, role)  # validate early
+
+    def opts(role, actor_name, **extra):
+        o = {"name": actor_name, **common, **extra}
+        o.update(_role_options(placement, role))
+        return o
+
+    created = []
+    try:
+        planner = Planner.options(**opts("planner", f"{name}.planner")).remote(
+            payload, cwd, int(num_constructors))
+        created.append(planner)
+        pinfo = _get(planner.setup.remote(), timeout)
+        names = pinfo["names"]
+        parts = _partitions(names, pinfo["num_documents"], num_source_loaders)
+        n_actors = len(parts) if not max_source_loader_actors else \
+            max(1, min(len(parts), int(max_source_loader_actors)))
+        shards: List[List[Tuple[int, int, int]]] = [[] for _ in range(n_actors)]
+        owner = []
+        for j, p in enumerate(parts):
+            shards[j % n_actors].append(p)
+            owner.append(j % n_actors)
+        loader_names = [f"{name}.source_loader.{j}" for j in range(n_actors)]
+        loaders = []
+        for j in range(n_actors):
+            a = SourceLoader.options(**opts("source_loader", loader_names[j],
+                                            max_concurrency=4)).remote(payload, cwd, shards[j])
+            created.append(a)
+            loaders.append(a)
+        linfo = _get([a.setup.remote() for a in loaders], timeout)
+        routing = []
+        for s in range(len(names)):
+            mine = [(lo, hi, owner[j]) for j, (src, lo, hi) in enumerate(parts) if src == s]
+            routing.append(([lo for lo, _, _ in mine], [o for _, _, o in mine]))
+        groups = [list(map(int, g)) for g in np.array_split(np.arange(dp), int(num_constructors))]
+        per_group_ranks = cfg.world_size() // dp
+        ctor_names = [f"{name}.constructor.{g}" for g in range(len(groups))]
+        ctors = []
+        for g, group in enumerate(groups):
+            conc = 8 + 6 * len(group) * per_group_ranks
+            a = DataConstructor.options(**opts("constructor", ctor_names[g],
+                                               max_concurrency=conc)).remote(
+                payload, cwd, g, group, f"{name}.planner", loader_names, routing, namespace,
+                prefetch_steps)
+            created.append(a)
+            ctors.append(a)
+        cinfo = _get([a.setup.remote() for a in ctors], timeout)
+        info = {
+            "name": name,
+            "namespace": namespace,
+            "world_size": cfg.world_size(),
+            "dp": dp,
+            "micro_batches_per_rank": nmb,
+            "sources": names,
+            "num_constructors": len(ctors),
+            "constructors": ctor_names,
+            "dp_groups": groups,
+            "source_loaders": loader_names,
+            "partitions": [[names[s], lo, hi, owner[j]] for j, (s, lo, hi) in enumerate(parts)],
+            "prefetch_steps": prefetch_steps,
+            "nodes": {"planner": [pinfo["node_id"]],
+                      "source_loader": [x["node_id"] for x in linfo],
+                      "constructor": [x["node_id"] for x in cinfo]},
+            "pids": {"planner": [pinfo["pid"]],
+                     "source_loader": [x["pid"] for x in linfo],
+                     "constructor": [x["pid"] for x in cinfo]},
+        }
+        _get(planner.set_info.remote(info), timeout)
+    except BaseException:
+        for a in created:
+            try:
+                ray.kill(a, no_restart=True)
+            except Exception:  # noqa: BLE001
+                pass
+        raise
+    return Deployment(namespace, name, planner, loaders, ctors, info)

@@ -1,0 +1,80 @@
+"""``polyload serve CONFIG --ray-address ADDR``: run a deployment until interrupted.
+
+Connects to a running Ray cluster, launches the actors of :func:`polyload.ray.launch`,
+prints one JSON line describing the deployment (namespace, actor names, nodes), then
+waits for SIGINT or SIGTERM and shuts the actors down.  Exit codes as the CLI's: 0 ok,
+1 runtime or data error, 2 usage or config error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+import threading
+from typing import List, Optional
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="polyload serve",
+        description="Run polyload's source loaders, planner and data constructors as Ray "
+                    "actors until interrupted; trainers connect with polyload.ray.Client.")
+    p.add_argument("config", help="YAML config (SPEC section 5)")
+    p.add_argument("--ray-address", required=True, help="address of the Ray cluster (or 'auto')")
+    p.add_argument("--num-source-loaders", type=int, default=1, metavar="N",
+                   help="partitions (source loader actors) per source (default 1)")
+    p.add_argument("--num-constructors", type=int, default=1, metavar="M",
+                   help="data constructors, one per group of DP ranks (default 1)")
+    p.add_argument("--max-source-loader-actors", type=int, default=None, metavar="K",
+                   help="host the partitions on at most K actors")
+    p.add_argument("--prefetch-steps", type=int, default=None, metavar="S")
+    p.add_argument("--namespace", default="polyload")
+    p.add_argument("--name", default="polyload")
+    return p
+
+
+def serve(argv: Optional[List[str]] = None) -> int:
+    """Entry point of ``polyload serve`` (also ``python -m polyload serve``)."""
+    args = _parser().parse_args(argv)
+    import ray
+
+    import polyload
+
+    from ._deploy import launch
+
+    try:
+        ray.init(address=args.ray_address, namespace=args.namespace, include_dashboard=False,
+                 log_to_driver=False)
+    except Exception as e:  # noqa: BLE001
+        sys.stderr.write(f"polyload serve: cannot connect to Ray at {args.ray_address}: {e}\n")
+        return 1
+    try:
+        dep = launch(args.config, num_source_loaders=args.num_source_loaders,
+                     num_constructors=args.num_constructors, namespace=args.namespace,
+                     name=args.name, max_source_loader_actors=args.max_source_loader_actors,
+                     prefetch_steps=args.prefetch_steps)
+    except (polyload.ConfigError, ValueError, TypeError) as e:
+        sys.stderr.write(f"polyload serve: {e}\n")
+        return 2
+    except (polyload.PolyloadError, OSError) as e:
+        sys.stderr.write(f"polyload serve: {e}\n")
+        return 1
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    print(json.dumps({"namespace": dep.namespace, "name": dep.name, **{
+        k: dep.info[k] for k in ("constructors", "dp_groups", "source_loaders", "nodes")}}),
+        flush=True)
+    try:
+        while not stop.wait(0.5):
+            pass
+    finally:
+        dep.shutdown()
+        ray.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(serve())

@@ -1,0 +1,295 @@
+"""polyload.ray on a local 3-node Ray cluster (ray.cluster_utils.Cluster, SPEC section 7):
+batches equal the embedded loader's whatever the numbers of actors, trainer clients in
+separate processes (gloo), placement by node resources, exact state round trip and
+restart, actor errors as polyload's exception types, the serve CLI, and no stray
+processes or shared-memory segments."""
+
+import hashlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+import polyload
+
+ray = pytest.importorskip("ray")
+torch = pytest.importorskip("torch")
+pr = pytest.importorskip("polyload.ray")
+
+from conftest import Corpus, write_megatron  # noqa: E402
+
+NS = "polyload_test"
+MiB = 1 << 20
+
+
+def batch_hash(b):
+    h = hashlib.sha256()
+    for k in sorted(b):
+        v = b[k]
+        h.update(k.encode())
+        h.update(v.numpy().tobytes() if isinstance(v, torch.Tensor) else str(v).encode())
+    return h.hexdigest()
+
+
+def loader_hashes(cfg, rank, state=None, n=None):
+    with polyload.Loader(cfg, rank=rank) as loader:
+        if state is not None:
+            loader.load_state_dict(state)
+        out = []
+        for b in loader:
+            out.append(batch_hash(b))
+            if n is not None and len(out) == n:
+                break
+        return out, loader.state_dict()
+
+
+def client_hashes(client, n=None):
+    out = []
+    for b in client:
+        out.append(batch_hash(b))
+        if n is not None and len(out) == n:
+            break
+    return out
+
+
+def _alive(pid):
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie is gone for our purposes
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+    return True
+
+
+def wait_gone(pids, timeout=30):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        left = [p for p in pids if _alive(p)]
+        if not left:
+            return []
+        time.sleep(0.2)
+    return [p for p in pids if _alive(p)]
+
+
+@pytest.fixture(scope="session")
+def cluster():
+    """Three Ray nodes on this machine: the head (planner, drivers), a "loader" node and a
+    "constructor" node, told apart by custom resources."""
+    from ray.cluster_utils import Cluster
+
+    shm_before = set(os.listdir("/dev/shm"))
+    node = {"num_cpus": 1, "object_store_memory": 256 * MiB}
+    c = Cluster(initialize_head=True,
+                head_node_args={**node, "include_dashboard": False, "resources": {"head_node": 1}})
+    c.add_node(**node, resources={"loader_node": 1})
+    c.add_node(**node, resources={"ctor_node": 1})
+    c.wait_for_nodes()
+    ray.init(address=c.address, namespace=NS, log_to_driver=False)
+    nodes = {}
+    for n in ray.nodes():
+        for key in ("head_node", "loader_node", "ctor_node"):
+            if key in n["Resources"]:
+                nodes[key] = n["NodeID"]
+    c.node_ids = nodes
+    yield c
+    ray.shutdown()
+    c.shutdown()
+    time.sleep(0.5)
+    leftover = set(os.listdir("/dev/shm")) - shm_before
+    assert not leftover, f"shared-memory segments left behind: {sorted(leftover)}"
+
+
+PLACEMENT = {"planner": {"resources": {"head_node": 0.01}},
+             "source_loader": {"resources": {"loader_node": 0.01}},
+             "constructor": {"resources": {"ctor_node": 0.01}}}
+
+
+# ------------------------------------------------------------------ trainer processes
+
+
+def _trainer(rank, world, init_file, address, cfg, out_dir):
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank,
+                            world_size=world)
+    try:
+        ray.init(address=address, namespace=NS, log_to_driver=False)
+        with pr.Client(cfg, namespace=NS, name="multi") as client:  # rank from torch.distributed
+            assert client.rank == rank
+            hashes = client_hashes(client)
+            stats = client.stats()
+        dist.barrier()
+        with open(os.path.join(out_dir, f"rank{rank}.json"), "w") as f:
+            json.dump({"hashes": hashes, "steps": stats["steps"], "pid": os.getpid()}, f)
+    finally:
+        ray.shutdown()
+        dist.destroy_process_group()
+
+
+def test_trainer_processes_get_the_embedded_batches(cluster, tmp_path_factory):
+    """dp 2 x tp 2: four gloo trainer processes, two constructors on the constructor node,
+    partitioned sources on the loader node; every rank's batches equal the Loader's."""
+    import torch.multiprocessing as mp
+
+    corpus = Corpus(tmp_path_factory.mktemp("multi"))
+    cfg = corpus.config(train_steps=5, topology={"dp": 2, "tp": 2})
+    world = 4
+    shm_before = set(os.listdir("/dev/shm"))
+    dep = pr.launch(cfg, num_source_loaders={"s0": 2, "s2": 3}, num_constructors=2,
+                    namespace=NS, name="multi", placement=PLACEMENT)
+    try:
+        ids = cluster.node_ids
+        assert dep.info["nodes"]["planner"] == [ids["head_node"]]
+        assert dep.info["nodes"]["source_loader"] == [ids["loader_node"]] * 6
+        assert dep.info["nodes"]["constructor"] == [ids["ctor_node"]] * 2
+        assert dep.info["dp_groups"] == [[0], [1]]
+        pids = [p for ps in dep.pids().values() for p in ps]
+        out = tmp_path_factory.mktemp("trainers")
+        mp.spawn(_trainer, args=(world, str(out / "init"), cluster.address, cfg, str(out)),
+                 nprocs=world, join=True)
+        for rank in range(world):
+            got = json.loads((out / f"rank{rank}.json").read_text())
+            want, _ = loader_hashes(cfg, rank)
+            assert got["hashes"] == want, f"rank {rank}"
+            assert got["steps"] == 5
+    finally:
+        dep.shutdown()
+    assert wait_gone(pids) == [], "actor processes left behind"
+    assert set(os.listdir("/dev/shm")) - shm_before == set()
+
+
+# ------------------------------------------------------------------ in-process clients
+
+
+@pytest.fixture(scope="module")
+def corpus2(tmp_path_factory):
+    return Corpus(tmp_path_factory.mktemp("ray_corpus"), sizes=(120, 80, 160), seed=3)
+
+
+@pytest.mark.parametrize("loaders,ctors", [(1, 1), ({"s0": 3, "s1": 2, "s2": 4}, 2)])
+def test_any_actor_counts_give_the_embedded_batches(cluster, corpus2, loaders, ctors):
+    cfg = corpus2.config(train_steps=6, topology={"dp": 2}, balance="karmarkar_karp",
+                         global_batch_size=8, micro_batch_size=2)
+    with pr.launch(cfg, num_source_loaders=loaders, num_constructors=ctors, namespace=NS,
+                   name=f"counts{ctors}", max_source_loader_actors=3 if ctors == 2 else None) as dep:
+        assert len(dep.actors["source_loader"]) == (1 * 3 if ctors == 1 else 3)
+        clients = [pr.Client(cfg, rank=r, namespace=NS, name=f"counts{ctors}") for r in (0, 1)]
+        got = {0: [], 1: []}
+        while True:  # interleaved, as trainers run
+            b = [c.next_batch() for c in clients]
+            if b[0] is None:
+                assert b[1] is None
+                break
+            for r in (0, 1):
+                got[r].append(batch_hash(b[r]))
+        for r in (0, 1):
+            assert got[r] == loader_hashes(cfg, r)[0], f"rank {r}"
+        st = clients[0].stats()
+        with polyload.Loader(cfg, rank=0) as loader:
+            list(loader)
+            want = loader.stats()
+        for key in ("steps", "tokens", "padding_fraction", "skipped", "imbalance", "sources"):
+            assert st[key] == want[key], key
+
+
+def test_state_round_trip_and_restart(cluster, corpus2):
+    cfg = corpus2.config(train_steps=7)
+    ref, _ = loader_hashes(cfg, 1)
+    nmb = 2
+    with pr.launch(cfg, num_source_loaders=2, namespace=NS, name="state") as dep:
+        c = pr.Client(cfg, rank=1, namespace=NS, name="state")
+        head = client_hashes(c, 5)  # mid-step cut: step 2, micro-batch 1
+        state = c.state_dict()
+        _, want_state = loader_hashes(cfg, 1, n=5)
+        assert state == want_state  # the embedded loader's blob, byte for byte
+        assert head == ref[:5]
+        # keep going a bit, then restart the same deployment from the saved state
+        client_hashes(c, 3)
+        c.load_state_dict(state)
+        assert client_hashes(c) == ref[5:]
+        assert dep.state_dict()["blob"][:4] == b"PLST"
+    # a fresh deployment continues exactly from the state (any rank, any process)
+    with pr.launch(cfg, num_source_loaders=1, num_constructors=2, namespace=NS, name="state2"):
+        clients = [pr.Client(cfg, rank=r, namespace=NS, name="state2") for r in (0, 1)]
+        for cl in clients:  # every rank loads the same state: one restart
+            cl.load_state_dict(state)
+        tail1 = client_hashes(clients[1])
+        tail0 = client_hashes(clients[0])
+        assert tail1 == ref[5:]
+        assert tail0 == loader_hashes(cfg, 0, state=state)[0]
+        assert len(ref[:5] + tail1) == 7 * nmb
+        with pytest.raises(polyload.StateError):
+            clients[0].load_state_dict({"version": 1, "blob": state["blob"][:-1] + b"x"})
+        bad = corpus2.config(train_steps=7, seed=99)
+        with polyload.Loader(bad, rank=0) as other:
+            with pytest.raises(polyload.StateError, match="seed|fingerprint"):
+                clients[0].load_state_dict(other.state_dict())
+
+
+def test_actor_errors_are_polyload_exceptions(cluster, tmp_path):
+    """A corrupt record hit by a source loader reaches the trainer as the Loader's
+    FormatError, with the same message (file, record, offset)."""
+    prefix = str(tmp_path / "bad")
+    lengths = [5] * 40
+    write_megatron(prefix, lengths)
+    with open(prefix + ".idx", "r+b") as f:  # pointer of record 3 far past the .bin's end
+        f.seek(9 + 8 + 1 + 8 + 8 + 4 * len(lengths) + 8 * 3)
+        f.write(np.int64(1 << 40).tobytes())
+    cfg = {"seed": 1, "seq_length": 16, "global_batch_size": 2, "micro_batch_size": 1,
+           "train_steps": 30, "topology": {"dp": 2},
+           "sources": [{"name": "bad", "type": "megatron", "path": prefix, "weight": 1.0}]}
+    with polyload.Loader(cfg, rank=0) as loader, pytest.raises(polyload.FormatError) as want:
+        list(loader)
+    with pr.launch(cfg, num_source_loaders=2, namespace=NS, name="err") as dep:
+        c = pr.Client(cfg, rank=0, namespace=NS, name="err")
+        with pytest.raises(polyload.FormatError) as got:
+            list(c)
+        assert type(got.value) is polyload.FormatError
+        assert "bad.idx" in got.value.message and "record 3" in got.value.message
+        assert got.value.code == want.value.code
+        assert got.value.message == want.value.message
+        # a client with another config is refused
+        other = dict(cfg, global_batch_size=4)
+        with pytest.raises(polyload.ConfigError):
+            pr.Client(other, rank=0, namespace=NS, name="err")
+        assert dep.info["num_constructors"] == 1
+    with pytest.raises(polyload.ConfigError):  # a missing source: before any actor starts
+        pr.launch(dict(cfg, sources=[dict(cfg["sources"][0], path=prefix + "_missing")]),
+                  namespace=NS, name="err2")
+    with pytest.raises(ValueError):  # nothing was left running
+        ray.get_actor("err2.planner", namespace=NS)
+
+
+def test_serve_cli(cluster, corpus2, tmp_path):
+    import yaml
+
+    cfg = corpus2.config(train_steps=3)
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "polyload", "serve", str(path), "--ray-address", cluster.address,
+         "--namespace", NS, "--name", "served", "--num-source-loaders", "2",
+         "--num-constructors", "2"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline()
+        assert line, proc.stderr.read()
+        desc = json.loads(line)
+        assert desc["constructors"] == ["served.constructor.0", "served.constructor.1"]
+        with pr.Client(str(path), rank=0, namespace=NS, name="served") as c:
+            assert client_hashes(c) == loader_hashes(cfg, 0)[0]
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+    bad = subprocess.run([sys.executable, "-m", "polyload", "serve", str(tmp_path / "nope.yaml"),
+                          "--ray-address", cluster.address], capture_output=True, text=True)
+    assert bad.returncode in (1, 2) and "polyload serve" in bad.stderr
