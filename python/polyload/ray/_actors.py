@@ -255,6 +255,7 @@ class DataConstructor:
         self._routing = routing  # per source: (bounds, actor index per partition)
         self._namespace = namespace
         self._prefetch_steps = max(1, int(prefetch_steps))
+        self._idle_steps = max(16, 4 * self._prefetch_steps)
         self._thread: Optional[threading.Thread] = None
         self._closed = False
 
@@ -295,7 +296,8 @@ class DataConstructor:
         # Ranks that asked for a batch in this generation.  Only they hold the producer
         # back, so a rank that never asks (e.g. a middle pipeline stage that needs no
         # data) does not stop its peers; its batches are dropped once they fall
-        # prefetch_steps behind the slowest active rank.
+        # _idle_steps behind the slowest active rank (trainers in lockstep are at most a
+        # step apart; a late start of a few steps is fine).
         self._active: set = set()
         self._blobs: Dict[int, bytes] = {}
         self._end_k: Optional[int] = None
@@ -513,7 +515,7 @@ class DataConstructor:
             self._published = (step + 1) * self._nmb
             if self._active and len(self._active) < len(self._ranks):
                 floor = (self._min_over_active(self._low) // self._nmb
-                         - self._prefetch_steps) * self._nmb
+                         - self._idle_steps) * self._nmb
                 for r in self._ranks:
                     if r not in self._active:
                         for kk in [kk for kk in self._queue[r] if kk < floor]:

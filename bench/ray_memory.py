@@ -1,0 +1,307 @@
+"""Memory of feeding 8 trainer ranks from N Megatron sources, every process counted.
+
+Baseline: 8 rank processes, each with a torch DataLoader (4 workers) over megatron-core's
+BlendedDataset of the N sources' GPTDatasets.  polyload: the Ray deployment (planner,
+source loaders, constructors, and Ray's own daemons: gcs_server, raylet, agents, idle
+workers) feeding 8 trainer clients (polyload.ray.Client), plus the driver that owns the
+deployment.  Both sides count their 8 trainer processes (each imports torch).
+
+Memory is proportional set size (PSS, /proc/PID/smaps_rollup), summed over every process
+of the side, measured after every rank has taken 8 micro-batches.  Reported at N = 30
+and N = 300, with the memory per added source (PSS(300) - PSS(30)) / 270.
+
+    .venv/bin/python bench/ray_memory.py [--sources 30 300] [--json bench/out/ray_memory.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+from _common import machine_note  # noqa: E402
+
+OUT = os.path.join(HERE, "out", "ray")
+FILES = os.path.join(OUT, "files")
+DOCS = 1000
+RANKS = 8
+WORKERS = 4
+SEQ, MBS, GBS, STEPS = 2048, 2, 64, 100
+TAKE = 8  # micro-batches each rank takes before the measurement
+
+
+def write_megatron(prefix, lengths, rng):
+    import numpy as np
+    lengths = np.asarray(lengths, dtype=np.int32)
+    tokens = rng.integers(2, 32000, size=int(lengths.sum()), dtype=np.uint16)
+    tokens[np.cumsum(lengths) - 1] = 0
+    tokens.tofile(prefix + ".bin")
+    pointers = np.zeros(len(lengths), dtype=np.int64)
+    pointers[1:] = np.cumsum(lengths[:-1].astype(np.int64) * 2)
+    with open(prefix + ".idx", "wb") as f:
+        f.write(b"MMIDIDX\x00\x00")
+        f.write(np.array([1], dtype=np.uint64).tobytes())
+        f.write(np.array([8], dtype=np.uint8).tobytes())
+        f.write(np.array([len(lengths)], dtype=np.uint64).tobytes())
+        f.write(np.array([len(lengths) + 1], dtype=np.uint64).tobytes())
+        f.write(lengths.tobytes())
+        f.write(pointers.tobytes())
+        f.write(np.arange(len(lengths) + 1, dtype=np.int64).tobytes())
+
+
+def make_files(n):
+    import numpy as np
+    os.makedirs(FILES, exist_ok=True)
+    rng = np.random.default_rng(1234)
+    for i in range(n):
+        p = os.path.join(FILES, f"s{i:04d}")
+        lens = rng.integers(10, 1001, size=DOCS)
+        if not os.path.exists(p + ".idx"):
+            write_megatron(p, lens, rng)
+
+
+def prefixes(n):
+    return [os.path.join(FILES, f"s{i:04d}") for i in range(n)]
+
+
+def config(n):
+    return {"seed": 1234, "seq_length": SEQ, "global_batch_size": GBS, "micro_batch_size": MBS,
+            "train_steps": STEPS, "dtype": "int64", "pad_id": 1, "balance": "greedy",
+            "topology": {"dp": RANKS}, "threads": 2, "prefetch": 4,
+            "sources": [{"name": f"s{i:04d}", "type": "megatron", "path": p, "weight": 1.0}
+                        for i, p in enumerate(prefixes(n))]}
+
+
+# ---------------------------------------------------------------- process accounting
+
+
+def children_map():
+    kids = {}
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/stat") as f:
+                ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+        except OSError:
+            continue
+        kids.setdefault(ppid, []).append(int(d))
+    return kids
+
+
+def tree(root):
+    kids, out, todo = children_map(), [], [root]
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo += kids.get(p, [])
+    return out
+
+
+def pss_kib(pid):
+    """{"Pss", "Pss_Anon", "Pss_File", "Pss_Shmem"} in KiB (zeros for a vanished pid)."""
+    out = {"Pss": 0, "Pss_Anon": 0, "Pss_File": 0, "Pss_Shmem": 0}
+    try:
+        with open(f"/proc/{pid}/smaps_rollup") as f:
+            for line in f:
+                key = line.split(":")[0]
+                if key in out:
+                    out[key] = int(line.split()[1])
+    except OSError:
+        pass
+    return out
+
+
+def comm(pid):
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return "?"
+
+
+def measure(pids):
+    rows = [(p, comm(p), pss_kib(p)) for p in pids]
+    by = {}
+    for _, c, k in rows:
+        by[c] = by.get(c, 0) + k["Pss"]
+    tot = lambda key: sum(k[key] for _, _, k in rows) / 1024  # noqa: E731
+    return {"processes": len(rows), "pss_mib": tot("Pss"), "pss_anon_mib": tot("Pss_Anon"),
+            "pss_file_mib": tot("Pss_File"), "pss_shmem_mib": tot("Pss_Shmem"),
+            "by_command_mib": {c: round(k / 1024, 1) for c, k in sorted(by.items(), key=lambda x: -x[1])}}
+
+
+def wait_files(paths, procs, timeout):
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        if all(os.path.exists(p) for p in paths):
+            return
+        for p in procs:
+            if p.poll() is not None:
+                raise RuntimeError(f"process exited with {p.returncode}")
+        time.sleep(0.5)
+    raise TimeoutError(f"not ready after {timeout} s")
+
+
+# ------------------------------------------------------------------------ baseline
+
+RANK_SCRIPT = r"""
+import os, sys, time, warnings
+warnings.filterwarnings("ignore")
+sys.path.insert(0, %(bench)r)
+import torch
+from _common import EodTokenizer, init_torch_distributed, megatron_quiet
+from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
+from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
+megatron_quiet()
+init_torch_distributed()
+rank = int(sys.argv[1])
+cfg = GPTDatasetConfig(random_seed=1234, sequence_length=%(seq)d,
+    blend=(%(prefixes)r, [1.0] * %(n)d), split="100,0,0", path_to_cache=%(cache)r,
+    tokenizer=EodTokenizer(), reset_position_ids=False, reset_attention_mask=False,
+    eod_mask_loss=False, create_attention_mask=False)
+train, _, _ = BlendedMegatronDatasetBuilder(GPTDataset, [%(size)d, 0, 0], lambda: True, cfg).build()
+if rank < 0:
+    sys.exit(0)  # cache builder
+idx = list(range(rank, len(train), %(ranks)d))
+loader = torch.utils.data.DataLoader(torch.utils.data.Subset(train, idx), batch_size=%(mbs)d,
+                                     num_workers=%(workers)d, persistent_workers=True)
+it = iter(loader)
+for _ in range(%(take)d):
+    next(it)
+open(%(ready)r + str(rank), "w").close()
+while True:
+    time.sleep(1)
+"""
+
+
+def run_baseline(n):
+    d = os.path.join(OUT, f"baseline_{n}")
+    shutil.rmtree(d, ignore_errors=True)
+    os.makedirs(d)
+    script = os.path.join(d, "rank.py")
+    ready = os.path.join(d, "ready")
+    with open(script, "w") as f:
+        f.write(RANK_SCRIPT % {"bench": HERE, "seq": SEQ, "prefixes": prefixes(n), "n": n,
+                               "cache": os.path.join(d, "cache"), "size": STEPS * GBS,
+                               "ranks": RANKS, "mbs": MBS, "workers": WORKERS, "take": TAKE,
+                               "ready": ready})
+    subprocess.run([sys.executable, script, "-1"], check=True, cwd=ROOT)  # index cache once
+    procs = [subprocess.Popen([sys.executable, script, str(r)], cwd=ROOT,
+                              start_new_session=True) for r in range(RANKS)]
+    try:
+        wait_files([ready + str(r) for r in range(RANKS)], procs, 900)
+        time.sleep(2)
+        pids = [p for pr in procs for p in tree(pr.pid)]
+        return measure(pids)
+    finally:
+        for p in procs:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
+
+# ------------------------------------------------------------------------ polyload
+
+CLIENT_SCRIPT = r"""
+import os, sys, time
+import ray, polyload.ray as pr
+ray.init(address=sys.argv[2], namespace="bench", log_to_driver=False)
+rank = int(sys.argv[1])
+c = pr.Client(%(cfg)r, rank=rank, namespace="bench")
+for _ in range(%(take)d):
+    b = next(c)
+open(%(ready)r + str(rank), "w").close()
+while True:
+    time.sleep(1)
+"""
+
+
+def run_polyload(n, loader_actors, constructors):
+    import ray
+
+    import polyload.ray as pr
+
+    d = os.path.join(OUT, f"polyload_{n}")
+    shutil.rmtree(d, ignore_errors=True)
+    os.makedirs(d)
+    cfg_path = os.path.join(d, "cfg.yaml")
+    import yaml
+    with open(cfg_path, "w") as f:
+        yaml.safe_dump(config(n), f, sort_keys=False)
+    ready = os.path.join(d, "ready")
+    script = os.path.join(d, "client.py")
+    with open(script, "w") as f:
+        f.write(CLIENT_SCRIPT % {"cfg": cfg_path, "take": TAKE, "ready": ready})
+    ctx = ray.init(address="local", num_cpus=2, include_dashboard=False, object_store_memory=256 << 20,
+                   namespace="bench", log_to_driver=False)
+    address = ctx.address_info["address"]
+    procs = []
+    try:
+        dep = pr.launch(cfg_path, num_source_loaders=1, num_constructors=constructors,
+                        namespace="bench", max_source_loader_actors=loader_actors)
+        procs = [subprocess.Popen([sys.executable, script, str(r), address], cwd=ROOT)
+                 for r in range(RANKS)]
+        wait_files([ready + str(r) for r in range(RANKS)], procs, 900)
+        time.sleep(2)
+        res = measure(tree(os.getpid()))
+        res["actors"] = {k: len(v) for k, v in dep.actors.items()}
+        return res
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+        ray.shutdown()
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--sources", type=int, nargs="+", default=[30, 300])
+    ap.add_argument("--loader-actors", type=int, default=2)
+    ap.add_argument("--constructors", type=int, default=2)
+    ap.add_argument("--skip-baseline", action="store_true")
+    ap.add_argument("--json", default=os.path.join(HERE, "out", "ray_memory.json"))
+    a = ap.parse_args()
+    make_files(max(a.sources))
+    res = {"machine": machine_note(), "ranks": RANKS, "workers": WORKERS, "docs_per_source": DOCS,
+           "seq_length": SEQ, "micro_batch_size": MBS, "global_batch_size": GBS,
+           "loader_actors": a.loader_actors, "constructors": a.constructors, "runs": {}}
+    for n in a.sources:
+        t0 = time.time()
+        r = {"polyload": run_polyload(n, a.loader_actors, a.constructors)}
+        print(n, "polyload", json.dumps(r["polyload"])[:400], f"{time.time() - t0:.0f}s", flush=True)
+        if not a.skip_baseline:
+            t0 = time.time()
+            r["baseline"] = run_baseline(n)
+            print(n, "baseline", json.dumps(r["baseline"])[:400], f"{time.time() - t0:.0f}s", flush=True)
+        res["runs"][str(n)] = r
+    if len(a.sources) == 2:
+        lo, hi = (str(x) for x in sorted(a.sources))
+        span = max(a.sources) - min(a.sources)
+        for side in ("polyload", "baseline"):
+            if side in res["runs"][lo]:
+                for kind in ("pss", "pss_anon", "pss_file", "pss_shmem"):
+                    res[f"{side}_per_source_{kind}_mib"] = (
+                        res["runs"][hi][side][f"{kind}_mib"] - res["runs"][lo][side][f"{kind}_mib"]) / span
+        if "baseline_per_source_pss_mib" in res:
+            res["per_source_ratio"] = (res["baseline_per_source_pss_mib"]
+                                       / res["polyload_per_source_pss_mib"])
+            res["per_source_anon_ratio"] = (res["baseline_per_source_pss_anon_mib"]
+                                            / max(1e-9, res["polyload_per_source_pss_anon_mib"]))
+            res["total_ratio"] = {n: res["runs"][n]["baseline"]["pss_mib"] / res["runs"][n]["polyload"]["pss_mib"]
+                                  for n in res["runs"]}
+    os.makedirs(os.path.dirname(a.json), exist_ok=True)
+    with open(a.json, "w") as f:
+        json.dump(res, f, indent=1)
+    print(json.dumps({k: v for k, v in res.items() if k != "runs"}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
