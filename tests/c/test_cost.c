@@ -83,8 +83,8 @@ static void test_fit(void) {
     CHECK(pl_cost_fit(tok, zero, t, N, &a, &b, &c, &r2) == PL_EINVAL);
     double bad[3] = {1, NAN, 3}, ok3[3] = {1, 4, 9}, t3[3] = {1, 2, 4};
     CHECK(pl_cost_fit(bad, ok3, t3, 3, &a, &b, &c, &r2) == PL_EINVAL);
-    double inf3[3] = {1, 2, INFINITY};
-    CHECK(pl_cost_fit(ok3, bad + 2, inf3, 3, &a, &b, &c, &r2) == PL_EINVAL);
+    double inf3[3] = {1, 2, INFINITY}, tk3[3] = {1, 2, 5}, sq3[3] = {1, 4, 25};
+    CHECK(pl_cost_fit(tk3, sq3, inf3, 3, &a, &b, &c, &r2) == PL_EINVAL);
     /* Equal times that the model fits exactly (a = b = 0): r2 is 1. */
     double flat[N];
     for (int i = 0; i < N; i++) flat[i] = 2.5;
