@@ -547,7 +547,11 @@ PL_API int pl_plan_reads(const pl_plan *plan, int64_t dp_rank,
 /*
  * Read many ranges of this source into `out` as int64 tokens, back to back
  * (out holds the sum of reads[i].count).  reads[i].source is ignored.
- * Thread-safe like pl_source_read; errors as pl_source_read.
+ * Unlike pl_source_read it reads the data file with pread(2), not through
+ * the mapping, so a long-lived source-loader process that reads a few
+ * documents from each of many sources keeps no file pages mapped.
+ * Thread-safe like pl_source_read; errors as pl_source_read, plus PL_EIO
+ * and PL_ETRUNC (the data file shrank) naming the file and offset.
  */
 PL_API int pl_source_read_many(pl_source *src, const pl_read *reads, int64_t n,
                                int64_t *out);
