@@ -44,7 +44,9 @@ typedef struct pl__group {
     int64_t first_member, n_members; /* its ranks: members[first ..] */
     int64_t at_min;     /* how many of them stand at min_cursor */
     int64_t min_cursor; /* least k not consumed by every rank of the group */
-    pl__slot *slots;    /* [depth] */
+    pl__slot *slots;    /* [slot_cap], k at slots[k % slot_cap] */
+    int64_t slot_cap;   /* >= depth; grows when a rank runs ahead of a peer */
+    int64_t demand_k;   /* the largest k a consumer of the group waits for */
 } pl__group;
 
 typedef struct pl__served {
@@ -88,6 +90,8 @@ struct pl_loader {
     pthread_cond_t work_cv;  /* workers: a slot freed, or stop */
     pthread_cond_t ready_cv; /* consumers: a slot filled; workers: planned */
     int stopping, running, planning;
+    int failed_reported; /* the failure was returned to a caller once */
+    int sync_inited;     /* mu, work_cv and ready_cv exist */
     int64_t work_waiters, ready_waiters; /* threads blocked on each */
     int failed;
 
@@ -170,6 +174,7 @@ static void pl__plan_until(pl_loader *l, int64_t step) {
         if (!e) { /* nowhere to put the failure: fail the loader */
             l->failed = PL_ENOMEM;
             pl__fmt(l->errmsg, sizeof l->errmsg, "loader: out of memory");
+            pl__wake(&l->ready_cv, l->ready_waiters);
             break;
         }
         if (l->n_entries == l->cap_entries) {
@@ -179,6 +184,7 @@ static void pl__plan_until(pl_loader *l, int64_t step) {
                 pl__entry_free(e);
                 l->failed = PL_ENOMEM;
                 pl__fmt(l->errmsg, sizeof l->errmsg, "loader: out of memory");
+                pl__wake(&l->ready_cv, l->ready_waiters);
                 break;
             }
             l->entries = v;
@@ -198,12 +204,37 @@ static pl__entry *pl__entry_at(pl_loader *l, int64_t step) {
     return l->entries[i];
 }
 
+static pl__slot *pl__slot_at(pl__group *gr, int64_t k) {
+    return &gr->slots[k % gr->slot_cap];
+}
+
+/* Make room for k in the group's ring (a rank that runs more than `prefetch`
+ * micro-batches ahead of a peer of its group keeps the batches the peer has
+ * not taken yet).  mu held.  PL_OK or PL_ENOMEM. */
+static int pl__slots_fit(pl__group *gr, int64_t k) {
+    if (k - gr->min_cursor < gr->slot_cap) return PL_OK;
+    int64_t cap = gr->slot_cap * 2;
+    while (k - gr->min_cursor >= cap) cap *= 2;
+    pl__slot *ns = pl__calloc((size_t)cap, sizeof *ns);
+    if (!ns) return PL_ENOMEM;
+    for (int64_t j = 0; j < cap; j++) ns[j].k = -1;
+    for (int64_t j = 0; j < gr->slot_cap; j++) {
+        pl__slot *o = &gr->slots[j];
+        if (o->k >= gr->min_cursor) ns[o->k % cap] = *o;
+    }
+    free(gr->slots);
+    gr->slots = ns;
+    gr->slot_cap = cap;
+    return PL_OK;
+}
+
 /* Pick the group furthest behind that may build; -1 if none. mu held. */
 static int64_t pl__pick_group(pl_loader *l) {
     int64_t best = -1;
     for (int64_t g = 0; g < l->n_groups; g++) {
         pl__group *gr = &l->groups[g];
-        if (gr->next_k >= gr->min_cursor + l->depth) continue;
+        if (gr->next_k >= gr->min_cursor + l->depth && gr->next_k > gr->demand_k)
+            continue;
         if (l->total_k >= 0 && gr->next_k >= l->total_k) continue;
         if (best < 0 || gr->next_k < l->groups[best].next_k) best = g;
     }
@@ -221,8 +252,15 @@ static void *pl__worker_main(void *arg) {
             continue;
         }
         pl__group *gr = &l->groups[g];
-        int64_t k = gr->next_k++;
-        pl__slot *slot = &gr->slots[k % l->depth];
+        int64_t k = gr->next_k;
+        if (pl__slots_fit(gr, k)) {
+            l->failed = PL_ENOMEM;
+            pl__fmt(l->errmsg, sizeof l->errmsg, "loader: out of memory");
+            pl__wake(&l->ready_cv, l->ready_waiters);
+            continue;
+        }
+        gr->next_k++;
+        pl__slot *slot = pl__slot_at(gr, k);
         slot->k = k;
         slot->state = PL__SLOT_BUILDING;
         int64_t step = k / l->nmb;
@@ -230,6 +268,7 @@ static void *pl__worker_main(void *arg) {
             if (l->planning) pl__wait(&l->ready_cv, &l->mu, &l->ready_waiters);
             else pl__plan_until(l, step);
         }
+        slot = pl__slot_at(gr, k); /* the ring may have grown meanwhile */
         pl__entry *e = pl__entry_at(l, step);
         if (!e) { /* stopping or failed */
             slot->state = PL__SLOT_ERROR;
@@ -258,6 +297,7 @@ static void *pl__worker_main(void *arg) {
                 }
             }
             pthread_mutex_lock(&l->mu);
+            slot = pl__slot_at(gr, k);
         }
         if (rc) {
             slot->state = PL__SLOT_ERROR;
@@ -288,11 +328,22 @@ static void pl__stop_workers(pl_loader *l) {
     l->running = 0;
 }
 
+/* Called with mu held (by pl_loader_next). */
 static int pl__start_workers(pl_loader *l) {
     for (int i = 0; i < l->n_threads; i++) {
         if (pthread_create(&l->workers[i].thread, NULL, pl__worker_main,
                            &l->workers[i]) != 0) {
-            pl__stop_workers(l);
+            /* Stop the ones that started; they need mu to see `stopping`. */
+            l->stopping = 1;
+            pthread_cond_broadcast(&l->work_cv);
+            pthread_cond_broadcast(&l->ready_cv);
+            pthread_mutex_unlock(&l->mu);
+            for (int j = 0; j < i; j++) {
+                pthread_join(l->workers[j].thread, NULL);
+                l->workers[j].started = 0;
+            }
+            pthread_mutex_lock(&l->mu);
+            l->stopping = 0;
             return pl__fail(l, PL_ENOMEM, "loader: cannot start worker thread");
         }
         l->workers[i].started = 1;
@@ -344,7 +395,7 @@ static int pl__cmp_group(const void *a, const void *b) {
 /* Drop pipeline contents: slots, entries. Workers must be stopped. */
 static void pl__clear_pipeline(pl_loader *l) {
     for (int64_t g = 0; g < l->n_groups; g++)
-        for (int64_t j = 0; j < l->depth; j++) {
+        for (int64_t j = 0; j < l->groups[g].slot_cap; j++) {
             pl__slot *s = &l->groups[g].slots[j];
             pl__buf_release(s->buf);
             free(s->msg);
@@ -364,6 +415,7 @@ static void pl__reset_position(pl_loader *l, int64_t k) {
         l->groups[g].next_k = k;
         l->groups[g].min_cursor = k;
         l->groups[g].at_min = l->groups[g].n_members;
+        l->groups[g].demand_k = -1;
     }
     l->planned_steps = l->planner->step;
     l->first_step = l->planner->step;
@@ -380,9 +432,18 @@ int pl_loader_create(const pl_config *cfg, const pl_loader_options *opts,
     if (opts && opts->version != PL_LOADER_OPTIONS_VERSION)
         return pl__fail(l, PL_EINVAL, "loader: options version %d, expected %d",
                         opts->version, PL_LOADER_OPTIONS_VERSION);
-    if (pthread_mutex_init(&l->mu, NULL) || pthread_cond_init(&l->work_cv, NULL) ||
-        pthread_cond_init(&l->ready_cv, NULL))
+    if (pthread_mutex_init(&l->mu, NULL))
         return pl__fail(l, PL_ENOMEM, "loader: cannot create mutex");
+    if (pthread_cond_init(&l->work_cv, NULL)) {
+        pthread_mutex_destroy(&l->mu);
+        return pl__fail(l, PL_ENOMEM, "loader: cannot create condition variable");
+    }
+    if (pthread_cond_init(&l->ready_cv, NULL)) {
+        pthread_cond_destroy(&l->work_cv);
+        pthread_mutex_destroy(&l->mu);
+        return pl__fail(l, PL_ENOMEM, "loader: cannot create condition variable");
+    }
+    l->sync_inited = 1;
     l->cfg = pl__config_clone(cfg);
     if (!l->cfg) return pl__fail(l, PL_ENOMEM, "loader: out of memory");
     const pl_config *c = l->cfg;
@@ -452,6 +513,7 @@ int pl_loader_create(const pl_config *cfg, const pl_loader_options *opts,
             g->cp = ri->cp_rank;
             g->first_member = j;
             g->slots = pl__calloc((size_t)l->depth, sizeof(pl__slot));
+            g->slot_cap = l->depth;
             if (!g->slots) return pl__fail(l, PL_ENOMEM, "loader: out of memory");
             for (int64_t t = 0; t < l->depth; t++) g->slots[t].k = -1;
             last = g;
@@ -499,9 +561,11 @@ void pl_loader_free(pl_loader *l) {
     free(l->sources);
     free(l->summary);
     pl_config_free(l->cfg);
-    pthread_cond_destroy(&l->work_cv);
-    pthread_cond_destroy(&l->ready_cv);
-    pthread_mutex_destroy(&l->mu);
+    if (l->sync_inited) {
+        pthread_cond_destroy(&l->work_cv);
+        pthread_cond_destroy(&l->ready_cv);
+        pthread_mutex_destroy(&l->mu);
+    }
     free(l);
 }
 
@@ -541,7 +605,7 @@ static void pl__advance(pl_loader *l, pl__served *s) {
         }
     }
     for (int64_t k = gr->min_cursor; k < m; k++) {
-        pl__slot *slot = &gr->slots[k % l->depth];
+        pl__slot *slot = pl__slot_at(gr, k);
         if (slot->k == k && slot->buf) {
             l->st_tokens += slot->buf->b.tokens;
             l->st_padding += slot->buf->b.rows * slot->buf->b.cols - slot->buf->b.tokens;
@@ -572,23 +636,23 @@ static void pl__advance(pl_loader *l, pl__served *s) {
 int pl_loader_next(pl_loader *l, int64_t rank, pl_batch **out) {
     *out = NULL;
     pl__served *s = pl__find_served(l, rank);
-    if (!s)
-        return pl__fail(l, PL_ERANGE, "loader: rank %lld is not served by this loader",
-                        (long long)rank);
+    if (!s) {
+        pthread_mutex_lock(&l->mu);
+        int rc = pl__fail(l, PL_ERANGE, "loader: rank %lld is not served by this loader",
+                          (long long)rank);
+        pthread_mutex_unlock(&l->mu);
+        return rc;
+    }
     pl_batch *prev = s->current;
     s->current = NULL;
     pl_batch_release(prev);
     pthread_mutex_lock(&l->mu);
-    if (l->failed) { /* the error itself was returned by an earlier call */
-        pthread_mutex_unlock(&l->mu);
-        return PL_ECLOSED;
-    }
     int64_t k = s->cursor;
-    if (l->total_k >= 0 && k >= l->total_k) {
+    if (!l->failed && l->total_k >= 0 && k >= l->total_k) {
         pthread_mutex_unlock(&l->mu);
         return PL_DONE;
     }
-    if (!l->running) {
+    if (!l->failed && !l->running) {
         int rc = pl__start_workers(l);
         if (rc) {
             pthread_mutex_unlock(&l->mu);
@@ -596,21 +660,35 @@ int pl_loader_next(pl_loader *l, int64_t rank, pl_batch **out) {
         }
     }
     pl__group *gr = &l->groups[s->group];
-    pl__slot *slot = &gr->slots[k % l->depth];
-    while (!(slot->k == k && slot->state >= PL__SLOT_READY))
-        pl__wait(&l->ready_cv, &l->mu, &l->ready_waiters);
-    if (slot->state == PL__SLOT_ERROR) {
-        int rc = slot->rc;
-        pl__fmt(l->errmsg, sizeof l->errmsg, "%s", slot->msg ? slot->msg : "");
-        l->failed = rc;
+    if (k > gr->demand_k) { /* a k beyond the prefetch window is still built */
+        gr->demand_k = k;
         pl__wake(&l->work_cv, l->work_waiters);
+    }
+    pl__slot *slot = pl__slot_at(gr, k);
+    while (!l->failed && !(slot->k == k && slot->state >= PL__SLOT_READY)) {
+        pl__wait(&l->ready_cv, &l->mu, &l->ready_waiters);
+        slot = pl__slot_at(gr, k); /* the ring may have grown */
+    }
+    if (!l->failed && slot->state == PL__SLOT_ERROR) {
+        pl__fmt(l->errmsg, sizeof l->errmsg, "%s", slot->msg ? slot->msg : "");
+        l->failed = slot->rc;
+        /* wake every waiter: no batch comes after a failure */
+        pl__wake(&l->work_cv, l->work_waiters);
+        pl__wake(&l->ready_cv, l->ready_waiters);
+    }
+    if (l->failed) {
+        /* The first caller to see the failure gets its code and message;
+           later calls get PL_ECLOSED (the message stays). */
+        int rc = l->failed_reported ? PL_ECLOSED : l->failed;
+        l->failed_reported = 1;
         pthread_mutex_unlock(&l->mu);
         return rc;
     }
     int rc = pl__view_create(slot->buf, s->info.fields, out);
     if (rc) {
+        pl__fmt(l->errmsg, sizeof l->errmsg, "loader: out of memory");
         pthread_mutex_unlock(&l->mu);
-        return pl__fail(l, rc, "loader: out of memory");
+        return rc;
     }
     s->current = *out;
     s->cursor++;
@@ -697,6 +775,7 @@ int pl_loader_set_state(pl_loader *l, const void *buf, size_t len) {
     }
     free(cur);
     l->failed = 0;
+    l->failed_reported = 0;
     pl__reset_position(l, l->planner->step * l->nmb + mb);
     l->st_micro_batches = l->st_tokens = l->st_padding = 0;
     l->st_mom_sum = l->st_molb_sum = 0;
