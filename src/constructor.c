@@ -352,7 +352,14 @@ static int pl__read_from_payloads(pl__build_ctx *x, int64_t ordinal,
         return PL_EINVAL;
     }
     const int64_t *src = x->payloads[ordinal];
-    const int64_t L = c->length;
+    const int64_t L = c->length, need = L + (next ? 1 : 0);
+    if (x->payload_lengths[ordinal] < need) {
+        pl__fmt(x->err, x->errcap,
+                "constructor: payload %lld holds %lld tokens, its read needs %lld",
+                (long long)ordinal, (long long)x->payload_lengths[ordinal],
+                (long long)need);
+        return PL_EINVAL;
+    }
     if (dt == PL_DTYPE_INT32) {
         int32_t *d = ids;
         for (int64_t t = 0; t < L; t++) d[t] = (int32_t)src[t];
@@ -434,7 +441,8 @@ const char *pl_constructor_errmsg(const pl_constructor *k) {
 
 int pl_constructor_build(pl_constructor *k, const pl_plan *plan, int64_t rank,
                          int64_t mb, const int64_t *const *payloads,
-                         int64_t n_payloads, pl_batch **out) {
+                         const int64_t *payload_lengths, int64_t n_payloads,
+                         pl_batch **out) {
     *out = NULL;
     pl_rank_info ri;
     int rc = pl_config_rank_info(k->cfg, rank, &ri);
@@ -485,7 +493,12 @@ int pl_constructor_build(pl_constructor *k, const pl_plan *plan, int64_t rank,
         pl__fmt(k->errmsg, sizeof k->errmsg, "constructor: out of memory");
         return rc;
     }
+    if (n_payloads > 0 && (!payloads || !payload_lengths)) {
+        pl__fmt(k->errmsg, sizeof k->errmsg, "constructor: NULL payloads");
+        return PL_EINVAL;
+    }
     k->ctx.payloads = payloads;
+    k->ctx.payload_lengths = payload_lengths;
     k->ctx.n_payloads = n_payloads;
     k->ctx.cp_rank = ri.cp_rank;
     rc = pl__construct(&k->ctx, plan, ri.dp_rank, mb, buf);

@@ -43,6 +43,7 @@ typedef int (*pl__chunk_reader)(pl__build_ctx *x, int64_t ordinal,
 struct pl__build_ctx {
     pl__chunk_reader read;
     const int64_t *const *payloads; /* payload reader */
+    const int64_t *payload_lengths;
     int64_t n_payloads;
     pl_source *const *sources;
     pl_dtype dtype;

@@ -62,13 +62,27 @@ void pl__pack_free(void *v) {
     free(k);
 }
 
+static int pl__pack_alloc_into(pl__pack *k, int64_t bins, int64_t space);
+
+/* Scratch for `bins` sequences of `space` tokens; on failure p->pack is
+ * NULL, so a later call starts over. */
 static int pl__pack_alloc(pl_planner *p, int64_t bins, int64_t space) {
     pl__pack *k = p->pack;
     if (k && k->bins == bins && k->space == space) return PL_OK;
     pl__pack_free(k);
+    p->pack = NULL;
     k = pl__calloc(1, sizeof *k);
-    p->pack = k;
     if (!k) return PL_ENOMEM;
+    int rc = pl__pack_alloc_into(k, bins, space);
+    if (rc) {
+        pl__pack_free(k);
+        return rc;
+    }
+    p->pack = k;
+    return PL_OK;
+}
+
+static int pl__pack_alloc_into(pl__pack *k, int64_t bins, int64_t space) {
     k->bins = bins;
     k->space = space;
     k->free_space = pl__calloc((size_t)bins, sizeof(int64_t));

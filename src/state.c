@@ -317,6 +317,16 @@ int pl__state_decode(pl_planner *p, const void *buf, size_t len, int64_t nmb,
             ch.length > p->max_chunk)
             goto corrupt;
         ch.source = (int32_t)map[si];
+        if (ch.index < 0 || ch.index >= p->num_docs[ch.source] || ch.offset < 0)
+            goto corrupt;
+        {   /* the chunk must lie inside its document */
+            int64_t dlen = 0;
+            char err[PL__ERRMSG_CAP];
+            if (pl__source_length(p->sources[ch.source], ch.index, &dlen, err,
+                                  sizeof err) == PL_OK &&
+                (ch.offset > dlen || ch.length > dlen - ch.offset))
+                goto corrupt;
+        }
         if ((rc = pl__chunks_push(&carry, &ch))) goto out;
     }
     if (r.bad || r.off != r.n) goto corrupt;

@@ -244,7 +244,9 @@ PL_API const char *pl_config_errmsg(const pl_config *cfg);
  */
 PL_API int pl_config_set(pl_config *cfg, const char *key, const char *value);
 
-/* Read a scalar key as an integer (e.g. "seq_length", "topology.dp"). */
+/* Read a scalar key as an integer (e.g. "seq_length", "topology.dp"; enum
+ * keys such as "packing" give their code).  Derived keys: "world_size",
+ * "num_sources", "micro_batches_per_rank".  PL_EINVAL for an unknown key. */
 PL_API int pl_config_get_int(const pl_config *cfg, const char *key,
                              int64_t *out);
 /* Number of sources, and the name/path/type of source i. */
@@ -399,11 +401,16 @@ PL_API void pl_loader_free(pl_loader *loader);
 PL_API const char *pl_loader_errmsg(const pl_loader *loader);
 
 /*
- * The next micro-batch for global rank `rank` (one of the served ranks).
- * Blocks until it is built.  Returns PL_OK, PL_DONE after train_steps, or the
- * error of the worker that built it (the loader then fails: later calls
- * return PL_ECLOSED).  With on_error: skip, a bad document is skipped and
- * counted instead.
+ * The next micro-batch for global rank `rank` (one of the served ranks;
+ * PL_ERANGE otherwise).  Blocks until it is built.  Returns PL_OK, PL_DONE
+ * after train_steps, or an error: the first call to meet a failure (of the
+ * worker that built its batch, or of the planner) returns its code and sets
+ * the message; the loader has then failed, and every later call (other
+ * ranks' waiting calls too) returns PL_ECLOSED until a successful
+ * pl_loader_set_state.  With on_error: skip, a bad document is skipped and
+ * counted instead.  A rank may run ahead of the other ranks of its DP group
+ * (e.g. one thread serving TP peers in turn): the batches the lagging ranks
+ * have not taken are kept, so memory grows with the lead, and nothing blocks.
  */
 PL_API int pl_loader_next(pl_loader *loader, int64_t rank, pl_batch **out);
 
@@ -419,9 +426,11 @@ PL_API int pl_loader_get_state(pl_loader *loader, void *buf, size_t cap,
 /*
  * Continue from a state.  Drops prefetched batches.  PL_ESTATE when the blob
  * is corrupt or a fingerprint field (seq_length, global_batch_size,
- * micro_batch_size, packing, long_documents, seed, source paths) differs; the
+ * micro_batch_size, packing, long_documents, seed, topology.cp, a source's
+ * path or document count) differs, or a source of the blob is missing; the
  * message names the field.  Weights, schedule, dp, threads and prefetch may
- * differ (dp only at a step boundary).
+ * differ (dp only at a step boundary); sources may be added.  On error the
+ * loader continues from where it was; on success a failed loader works again.
  */
 PL_API int pl_loader_set_state(pl_loader *loader, const void *buf,
                                size_t len);
@@ -439,9 +448,11 @@ typedef struct pl_source_summary {
 
 typedef struct pl_loader_stats {
     int64_t steps;          /* complete steps consumed by every served rank */
-    int64_t micro_batches;  /* micro-batches returned */
-    int64_t tokens;         /* non-padding tokens returned */
-    int64_t padding_tokens; /* padding tokens returned */
+    int64_t micro_batches;  /* pl_loader_next calls that returned a batch */
+    int64_t tokens;         /* non-padding tokens of the batches taken by all
+                               ranks of their group, counted once per (DP,
+                               CP) group: TP/PP peers do not multiply it */
+    int64_t padding_tokens; /* padding tokens, counted alike */
     int64_t skipped;
     double max_over_mean;   /* largest / mean DP-rank cost of a step, averaged
                                over the steps consumed so far (0: none yet) */
@@ -468,12 +479,23 @@ PL_API int pl_planner_create(const pl_config *cfg, pl_source *const *sources,
                              int64_t n_sources, pl_planner **out);
 PL_API void pl_planner_free(pl_planner *planner);
 PL_API const char *pl_planner_errmsg(const pl_planner *planner);
-/* Plan the next step.  The plan is owned by the caller: pl_plan_free. */
+/*
+ * Plan the next step (train_steps does not apply: the planner never returns
+ * PL_DONE).  The plan is owned by the caller: pl_plan_free.  Errors: a
+ * source error (PL_EBOUNDS, ... naming file and offset; with on_error: skip
+ * bad documents are skipped instead), PL_ECONFIG (every weight zero at this
+ * step), PL_ENOMEM.  A failure is sticky until pl_planner_set_state.
+ */
 PL_API int pl_planner_next(pl_planner *planner, pl_plan **out);
 PL_API void pl_plan_free(pl_plan *plan);
-/* State blob at the current step boundary (micro-batch cursor 0). */
+/* State blob at the current step boundary (micro-batch cursor 0); the
+ * cap/len convention of pl_loader_get_state. */
 PL_API int pl_planner_get_state(pl_planner *planner, void *buf, size_t cap,
                                 size_t *len);
+/* Continue from a state blob (pl_loader_get_state's or
+ * pl_planner_get_state's): the planner stands at the start of the blob's
+ * step; a mid-step micro-batch cursor is the loader's business and is
+ * ignored here.  PL_ESTATE as pl_loader_set_state; on error nothing changes. */
 PL_API int pl_planner_set_state(pl_planner *planner, const void *buf,
                                 size_t len);
 
@@ -578,14 +600,18 @@ PL_API const char *pl_constructor_errmsg(const pl_constructor *ctor);
 /*
  * Build micro-batch `micro_batch` of the plan for global rank `rank` (its DP
  * rank, CP slice and fields follow from the config's topology).  payloads[j]
- * holds reads[j].count int64 tokens of the j-th read of pl_plan_reads for
- * the rank's DP rank.  *out is owned by the caller: pl_batch_release.
- * Errors: PL_ERANGE (rank, micro-batch), PL_EINVAL (too few payloads, plan
- * made for another config), PL_ENOMEM.
+ * holds payload_lengths[j] int64 tokens, which must be at least
+ * reads[j].count of the j-th read of pl_plan_reads for the rank's DP rank.
+ * The plan is checked before use (sources, lengths, sequences that fit
+ * seq_length), so bytes from another process cannot make the build write
+ * or read out of bounds.  *out is owned by the caller: pl_batch_release.
+ * Errors: PL_ERANGE (rank, micro-batch), PL_EINVAL (too few or too short
+ * payloads, a plan made for another config), PL_ENOMEM.
  */
 PL_API int pl_constructor_build(pl_constructor *ctor, const pl_plan *plan,
                                 int64_t rank, int64_t micro_batch,
                                 const int64_t *const *payloads,
+                                const int64_t *payload_lengths,
                                 int64_t n_payloads, pl_batch **out);
 
 #ifdef __cplusplus

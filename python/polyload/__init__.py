@@ -277,7 +277,9 @@ class Loader:
         Raises:
             StateError: corrupt blob, or a fingerprint field (seq_length,
                 global_batch_size, micro_batch_size, packing, long_documents, seed,
-                source paths) differs; the message names the field.
+                topology.cp, a source's path or document count) differs, a source
+                of the state is missing, or a mid-step state meets another dp; the
+                message names the field.
             ValueError: an unknown ``version``.
         """
         version = state.get("version")

@@ -62,6 +62,7 @@ int main(void) {
                     pl_read *reads = calloc((size_t)nr, sizeof *reads);
                     CHECK_OK(pl_plan_reads(pl, ri.dp_rank, mb, reads, nr, &nr));
                     const int64_t **payloads = calloc((size_t)nr, sizeof *payloads);
+                    int64_t *plen = calloc((size_t)nr + 1, sizeof *plen);
                     int64_t total = 0;
                     for (int64_t j = 0; j < nr; j++) total += reads[j].count;
                     int64_t *tokens = calloc((size_t)total + 1, sizeof *tokens);
@@ -70,24 +71,31 @@ int main(void) {
                     for (int64_t j = 0; j < nr; j++) {
                         CHECK_OK(pl_source_read_many(src[reads[j].source], &reads[j], 1, tokens + at));
                         payloads[j] = tokens + at;
+                        plen[j] = reads[j].count;
                         at += reads[j].count;
                     }
                     pl_batch *built = NULL, *ref = NULL;
-                    CHECK_OK(pl_constructor_build(k, pl, r, mb, payloads, nr, &built));
+                    CHECK_OK(pl_constructor_build(k, pl, r, mb, payloads, plen, nr, &built));
                     CHECK_OK(pl_loader_next(l, r, &ref));
                     if (built && ref && !same_batch(built, ref)) all_same = 0;
                     if (nr > 0) {
                         pl_batch *x = NULL;
-                        CHECK_EQ_I64(pl_constructor_build(k, pl, r, mb, payloads, nr - 1, &x), PL_EINVAL);
+                        CHECK_EQ_I64(pl_constructor_build(k, pl, r, mb, payloads, plen, nr - 1, &x), PL_EINVAL);
                         CHECK(strstr(pl_constructor_errmsg(k), "payloads") != NULL);
+                        /* A payload shorter than its read is refused. */
+                        plen[nr - 1]--;
+                        CHECK_EQ_I64(pl_constructor_build(k, pl, r, mb, payloads, plen, nr, &x), PL_EINVAL);
+                        CHECK(strstr(pl_constructor_errmsg(k), "needs") != NULL);
+                        plen[nr - 1]++;
                     }
                     pl_batch_release(built);
                     free(tokens);
+                    free(plen);
                     free(payloads);
                     free(reads);
                 }
             pl_batch *x = NULL;
-            CHECK_EQ_I64(pl_constructor_build(k, pl, world, 0, NULL, 0, &x), PL_ERANGE);
+            CHECK_EQ_I64(pl_constructor_build(k, pl, world, 0, NULL, NULL, 0, &x), PL_ERANGE);
             pl_plan_free(pl0);
             pl_plan_free(pl);
         }

@@ -432,8 +432,8 @@ static PyObject *source_read(PyPlSource *o, PyObject *args, PyObject *kw) {
 static PyObject *source_read_many(PyPlSource *o, PyObject *arg) {
     Py_buffer v;
     if (PyObject_GetBuffer(arg, &v, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return NULL;
-    if (v.itemsize != 8 || !v.format || !strchr("qlQL", v.format[strlen(v.format) - 1]) ||
-        v.len % 32 != 0) {
+    if (v.itemsize != 8 || !v.format || !*v.format ||
+        !strchr("qlQL", v.format[strlen(v.format) - 1]) || v.len % 32 != 0) {
         PyBuffer_Release(&v);
         PyErr_SetString(PyExc_TypeError,
                         "read_many: reads must be an int64 buffer of shape [n, 4]");
@@ -451,13 +451,16 @@ static PyObject *source_read_many(PyPlSource *o, PyObject *arg) {
         reads[i].index = r[i * 4 + 1];
         reads[i].offset = r[i * 4 + 2];
         reads[i].count = r[i * 4 + 3];
-        if (reads[i].count < 0) total = -1;
-        if (total >= 0) total += reads[i].count;
+        if (reads[i].count < 0 || total < 0 ||
+            reads[i].count > (INT64_MAX / 8) - total)
+            total = -1; /* negative, or more tokens than memory can hold */
+        else
+            total += reads[i].count;
     }
     PyBuffer_Release(&v);
     if (total < 0) {
         PyMem_Free(reads);
-        return pypl_raise(PL_ERANGE, "read_many: negative count");
+        return pypl_raise(PL_ERANGE, "read_many: a count is negative or the total too large");
     }
     int64_t *out = malloc((size_t)(total ? total : 1) * sizeof(int64_t));
     if (!out) {

@@ -207,9 +207,10 @@ static PyObject *ctor_build(PyPlConstructor *o, PyObject *args) {
     Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
     Py_buffer *views = PyMem_Calloc((size_t)(n ? n : 1), sizeof *views);
     const int64_t **ptrs = PyMem_Calloc((size_t)(n ? n : 1), sizeof *ptrs);
+    int64_t *lens = PyMem_Calloc((size_t)(n ? n : 1), sizeof *lens);
     Py_ssize_t got = 0;
     PyObject *result = NULL;
-    if (!views || !ptrs) {
+    if (!views || !ptrs || !lens) {
         PyErr_NoMemory();
         goto done;
     }
@@ -218,12 +219,14 @@ static PyObject *ctor_build(PyPlConstructor *o, PyObject *args) {
         if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(seq, got), v,
                                PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
             goto done;
-        if (v->itemsize != 8 || !v->format || !strchr("qlQL", v->format[strlen(v->format) - 1])) {
+        if (v->itemsize != 8 || !v->format || !*v->format ||
+            !strchr("qlQL", v->format[strlen(v->format) - 1])) {
             PyErr_Format(PyExc_TypeError, "build: payload %zd is not an int64 buffer", got);
             PyBuffer_Release(v);
             goto done;
         }
         ptrs[got] = v->buf;
+        lens[got] = (int64_t)(v->len / 8);
     }
     if (o->busy) {
         PyErr_SetString(PyExc_RuntimeError, "Constructor is in use by another thread");
@@ -234,7 +237,7 @@ static PyObject *ctor_build(PyPlConstructor *o, PyObject *args) {
     int rc;
     const pl_plan *plan = ((PyPlPlan *)plan_obj)->plan;
     Py_BEGIN_ALLOW_THREADS
-    rc = pl_constructor_build(o->c, plan, rank, mb, ptrs, (int64_t)n, &b);
+    rc = pl_constructor_build(o->c, plan, rank, mb, ptrs, lens, (int64_t)n, &b);
     Py_END_ALLOW_THREADS
     o->busy = 0;
     if (rc != PL_OK) pypl_raise(rc, pl_constructor_errmsg(o->c));
@@ -243,6 +246,7 @@ done:
     for (Py_ssize_t i = 0; i < got; i++) PyBuffer_Release(&views[i]);
     PyMem_Free(views);
     PyMem_Free(ptrs);
+    PyMem_Free(lens);
     Py_DECREF(seq);
     return result;
 }
