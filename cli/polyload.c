@@ -16,13 +16,10 @@
  * micro-batch by micro-batch across all ranks (so that no rank runs ahead of
  * its DP-group peers by more than one batch and the prefetch ring never
  * stalls).  `plan` drives the planner alone and prints its plans as JSON
- * Lines; it opens sources through the library's internal helper
- * pl__config_open_source (the CLI links the static library), since the public
- * config accessors do not expose a source's type and token options.
+ * Lines; it opens the sources with pl_config_open_source.  The CLI uses the
+ * public header only.
  */
 #include "polyload/polyload.h"
-
-#include "../src/internal.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -218,10 +215,21 @@ static int parse_int(const char *s, int64_t min, int64_t max, int64_t *out) {
 /* ------------------------------------------------------------ files */
 
 static int read_file(const char *path, void **data, size_t *len) {
-    int e = 0;
-    int rc = pl__read_file(path, data, len, &e);
-    if (rc && e) errno = e;
-    return rc ? -1 : 0;
+    FILE *f = fopen(path, "rb");
+    if (!f) return -1;
+    long size = -1;
+    if (fseek(f, 0, SEEK_END) == 0) size = ftell(f);
+    void *buf = size >= 0 && fseek(f, 0, SEEK_SET) == 0 ? malloc((size_t)size + 1) : NULL;
+    size_t got = buf ? fread(buf, 1, (size_t)size, f) : 0;
+    int bad = !buf || got != (size_t)size || ferror(f);
+    fclose(f);
+    if (bad) {
+        free(buf);
+        return -1;
+    }
+    *data = buf;
+    *len = got;
+    return 0;
 }
 
 static int write_file(const char *path, const void *data, size_t len) {
@@ -615,7 +623,7 @@ static int cmd_plan(int argc, char **argv) {
     code = EXIT_OK;
     if (rc != PL_OK) code = fail(EXIT_RUNTIME, NULL, rc);
     for (int64_t i = 0; i < n && code == EXIT_OK; i++) {
-        rc = pl__config_open_source(cfg, i, &srcs[i]);
+        rc = pl_config_open_source(cfg, i, &srcs[i]);
         if (rc != PL_OK)
             code = fail(EXIT_RUNTIME, pl_source_errmsg(srcs[i]), rc);
     }

@@ -1207,3 +1207,7 @@ int pl__config_open_source(const pl_config *cfg, int64_t i, pl_source **out) {
     o.write_index = 0;
     return pl_source_open(&o, out);
 }
+
+int pl_config_open_source(const pl_config *cfg, int64_t i, pl_source **out) {
+    return pl__config_open_source(cfg, i, out);
+}

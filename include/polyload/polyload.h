@@ -249,6 +249,11 @@ PL_API int pl_config_set(pl_config *cfg, const char *key, const char *value);
  * "num_sources", "micro_batches_per_rank".  PL_EINVAL for an unknown key. */
 PL_API int pl_config_get_int(const pl_config *cfg, const char *key,
                              int64_t *out);
+/* Open source i of the config (type, path, token_dtype, eos_id as the config
+ * gives them), as pl_source_open: *out is set even on failure.  PL_ERANGE
+ * for a bad i. */
+PL_API int pl_config_open_source(const pl_config *cfg, int64_t i,
+                                 pl_source **out);
 /* Number of sources, and the name/path/type of source i. */
 PL_API int64_t pl_config_num_sources(const pl_config *cfg);
 PL_API const char *pl_config_source_name(const pl_config *cfg, int64_t i);

@@ -7,7 +7,7 @@
  */
 #include "core.h"
 
-#include "internal.h" /* pl__config_open_source, as the CLI uses it */
+#include "internal.h" /* pl__source_read/length: thread-safe error messages */
 
 #include <string.h>
 
@@ -193,7 +193,7 @@ static PyObject *config_open_source(PyPlConfig *o, PyObject *arg) {
     int rc;
     o->busy++;
     Py_BEGIN_ALLOW_THREADS
-    rc = pl__config_open_source(o->cfg, i, &src);
+    rc = pl_config_open_source(o->cfg, i, &src);
     Py_END_ALLOW_THREADS
     o->busy--;
     if (rc != PL_OK) {
