@@ -1211,3 +1211,32 @@ int pl__config_open_source(const pl_config *cfg, int64_t i, pl_source **out) {
 int pl_config_open_source(const pl_config *cfg, int64_t i, pl_source **out) {
     return pl__config_open_source(cfg, i, out);
 }
+
+uint64_t pl_config_fingerprint(const pl_config *c) {
+    if (!c) return 0;
+    /* Fields one by one (never the struct: its padding is not data). */
+    int64_t ints[] = {(int64_t)c->seed, c->seq_length, c->global_batch_size,
+                      c->micro_batch_size, c->train_steps, c->dtype, c->pad_id,
+                      c->long_documents, c->packing, c->balance, c->cost.window,
+                      c->long_short_threshold, c->on_error, c->topology.dp,
+                      c->topology.pp, c->topology.cp, c->topology.tp,
+                      c->n_sources, c->has_schedule, c->interpolation, c->n_points};
+    uint64_t h = pl__hash64(ints, sizeof ints, 0x706c6366ULL);
+    double cost[3] = {c->cost.a, c->cost.b, c->cost.c};
+    h = pl__hash64(cost, sizeof cost, h);
+    h = pl__hash64(c->cost.preset, strlen(c->cost.preset), h);
+    h = pl__hash64(c->topology.order, strlen(c->topology.order), h);
+    for (int64_t i = 0; i < c->n_sources; i++) {
+        const pl__source_cfg *sc = &c->sources[i];
+        int64_t si[3] = {sc->type, sc->token_dtype, sc->eos_id};
+        h = pl__hash64(sc->name, strlen(sc->name) + 1, h);
+        h = pl__hash64(sc->path, strlen(sc->path) + 1, h);
+        h = pl__hash64(si, sizeof si, h);
+        h = pl__hash64(&sc->weight, sizeof sc->weight, h);
+    }
+    for (int64_t k = 0; k < c->n_points; k++) {
+        h = pl__hash64(&c->points[k].step, sizeof(int64_t), h);
+        h = pl__hash64(c->points[k].weights, (size_t)c->n_sources * sizeof(double), h);
+    }
+    return h;
+}

@@ -217,8 +217,25 @@ int pl__state_decode(pl_planner *p, const void *buf, size_t len, int64_t nmb,
     PL__FP_CHECK("seq_length", pl__get_i64(&r), c->seq_length);
     PL__FP_CHECK("global_batch_size", pl__get_i64(&r), c->global_batch_size);
     PL__FP_CHECK("micro_batch_size", pl__get_i64(&r), c->micro_batch_size);
-    PL__FP_CHECK("packing", pl__get_i32(&r), c->packing);
-    PL__FP_CHECK("long_documents", pl__get_i32(&r), c->long_documents);
+    {   /* enum fields: name the values */
+        static const char *const packing[] = {"best_fit", "concat_chunk"};
+        static const char *const longdoc[] = {"split", "truncate"};
+        int32_t have[2];
+        have[0] = pl__get_i32(&r); /* in this order: two separate reads */
+        have[1] = pl__get_i32(&r);
+        const int want[2] = {c->packing, c->long_documents};
+        const char *const *names[2] = {packing, longdoc};
+        const char *field[2] = {"packing", "long_documents"};
+        for (int f = 0; f < 2; f++) {
+            if (have[f] == want[f]) continue;
+            pl__fmt(p->errmsg, sizeof p->errmsg,
+                    "state: fingerprint field '%s' differs (state %s, config %s)",
+                    field[f], have[f] == 0 || have[f] == 1 ? names[f][have[f]] : "?",
+                    names[f][want[f]]);
+            rc = PL_ESTATE;
+            goto out;
+        }
+    }
     PL__FP_CHECK("topology.cp", pl__get_i64(&r), c->topology.cp);
     if (step < 0 || step > PL__STATE_MAX || state_dp <= 0) goto corrupt;
     if (mb != 0 && dp > 0 && state_dp != dp) {

@@ -22,6 +22,7 @@ PyTorch is optional and imported lazily: without it, :class:`Loader` yields NumP
 
 from __future__ import annotations
 
+import operator
 import os
 import time
 import warnings
@@ -113,7 +114,34 @@ def _default_rank() -> int:
             return int(dist.get_rank())
     except ImportError:
         pass
-    return int(os.environ.get("RANK", "0"))
+    env = os.environ.get("RANK", "0")
+    try:
+        return int(env)
+    except ValueError:
+        raise ValueError(f"polyload: environment variable RANK={env!r} is not an integer") from None
+
+
+def _as_rank(rank: Any) -> int:
+    """An integer rank; floats, strings and bools are refused (TypeError)."""
+    if isinstance(rank, bool):
+        raise TypeError(f"polyload: a rank must be an int, got {rank!r}")
+    return operator.index(rank)
+
+
+def _state_blob(state: Any) -> bytes:
+    """The blob of a ``state_dict()`` mapping, checked (TypeError, ValueError)."""
+    if not isinstance(state, Mapping):
+        raise TypeError(f"polyload: a state must be a mapping from state_dict(), got "
+                        f"{type(state).__name__}")
+    version = state.get("version")
+    if type(version) is not int or version != STATE_VERSION:
+        raise ValueError(f"unsupported polyload state version {version!r} (expected {STATE_VERSION})")
+    if "blob" not in state:
+        raise ValueError("polyload: the state has no 'blob'")
+    blob = state["blob"]
+    if not isinstance(blob, (bytes, bytearray, memoryview)):
+        raise TypeError(f"polyload: state['blob'] must be bytes, got {type(blob).__name__}")
+    return bytes(blob)
 
 
 def _import_torch():
@@ -184,8 +212,8 @@ class Loader:
         core = _require_core()
         self._loader = None
         cfg = _make_config(config)
-        self.rank = _default_rank() if rank is None else int(rank)
-        served = [self.rank] if ranks is None else [int(r) for r in ranks]
+        self.rank = _default_rank() if rank is None else _as_rank(rank)
+        served = [self.rank] if ranks is None else [_as_rank(r) for r in ranks]
         if self.rank not in served:
             raise ValueError(f"rank {self.rank} is not among ranks {served}")
         for r in served:
@@ -238,7 +266,7 @@ class Loader:
         loader = self._loader if self._loader is not None else self._handle()
         if self._t0 is None:
             self._t0 = time.perf_counter()
-        b = loader.next(self.rank if rank is None else int(rank))
+        b = loader.next(self.rank if rank is None else _as_rank(rank))
         self._t1 = time.perf_counter()
         if b is None:
             return None
@@ -280,12 +308,10 @@ class Loader:
                 topology.cp, a source's path or document count) differs, a source
                 of the state is missing, or a mid-step state meets another dp; the
                 message names the field.
-            ValueError: an unknown ``version``.
+            TypeError: ``state`` is not a mapping with a bytes-like ``blob``.
+            ValueError: an unknown ``version``, or no ``blob``.
         """
-        version = state.get("version")
-        if version != STATE_VERSION:
-            raise ValueError(f"unsupported polyload state version {version!r} (expected {STATE_VERSION})")
-        self._handle().set_state(bytes(state["blob"]))
+        self._handle().set_state(_state_blob(state))
 
     # ---------------------------------------------------------------------- stats
 

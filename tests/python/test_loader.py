@@ -278,3 +278,25 @@ def test_roles_one_by_one_equal_the_loader(corpus):
     got = np.asarray(sources[0].read_many(reads))
     np.testing.assert_array_equal(got, np.concatenate([corpus.tokens(0, 3, 1, 4),
                                                        corpus.tokens(0, 5, 0, 2)]))
+
+
+def test_bad_state_and_rank_arguments(corpus, monkeypatch):
+    """load_state_dict and ranks check their types instead of converting silently."""
+    with polyload.Loader(corpus.config(train_steps=3), rank=0) as loader:
+        good = loader.state_dict()
+        for bad, exc in ((None, TypeError), ([], TypeError), ("blob", TypeError),
+                         ({"version": 1}, ValueError), ({"version": 2, "blob": b""}, ValueError),
+                         ({"version": True, "blob": good["blob"]}, ValueError),
+                         ({"version": 1, "blob": 5}, TypeError),
+                         ({"version": 1, "blob": [1, 2, 3]}, TypeError)):
+            with pytest.raises(exc):
+                loader.load_state_dict(bad)
+        loader.load_state_dict(dict(good, blob=bytearray(good["blob"])))
+        for bad in (1.7, "1", True):
+            with pytest.raises(TypeError):
+                loader.next_batch(bad)
+    with pytest.raises(TypeError):
+        polyload.Loader(corpus.config(train_steps=1), rank=0.5)
+    monkeypatch.setenv("RANK", "abc")
+    with pytest.raises(ValueError, match="RANK"):
+        polyload.Loader(corpus.config(train_steps=1))

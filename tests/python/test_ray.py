@@ -261,7 +261,14 @@ def test_actor_errors_are_polyload_exceptions(cluster, tmp_path):
         other = dict(cfg, global_batch_size=4)
         with pytest.raises(polyload.ConfigError):
             pr.Client(other, rank=0, namespace=NS, name="err")
+        # ... also when only a setting that changes the batches' contents differs
+        for key, value in (("seed", 2), ("seq_length", 32), ("packing", "concat_chunk")):
+            with pytest.raises(polyload.ConfigError, match="fingerprint"):
+                pr.Client(dict(cfg, **{key: value}), rank=0, namespace=NS, name="err")
+        pr.Client(dict(cfg, threads=1, prefetch=2), rank=0, namespace=NS, name="err").close()
         assert dep.info["num_constructors"] == 1
+    with pytest.raises(polyload.PolyloadError, match="shut down"):  # after shutdown
+        dep.state_dict()
     with pytest.raises(polyload.ConfigError):  # a missing source: before any actor starts
         pr.launch(dict(cfg, sources=[dict(cfg["sources"][0], path=prefix + "_missing")]),
                   namespace=NS, name="err2")

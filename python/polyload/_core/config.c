@@ -162,6 +162,11 @@ static PyObject *config_get_sources(PyPlConfig *o, void *c) {
     return list;
 }
 
+static PyObject *config_fingerprint(PyPlConfig *o, PyObject *unused) {
+    (void)unused;
+    return PyLong_FromUnsignedLongLong((unsigned long long)pl_config_fingerprint(o->cfg));
+}
+
 static PyObject *config_world_size(PyPlConfig *o, PyObject *unused) {
     (void)unused;
     return PyLong_FromLongLong((long long)pl_config_world_size(o->cfg));
@@ -253,6 +258,9 @@ static PyMethodDef config_methods[] = {
     {"source_weight", (PyCFunction)(void (*)(void))config_source_weight,
      METH_VARARGS | METH_KEYWORDS,
      "source_weight(i, step=0) -> float\n\nNormalized weight of source i at `step`."},
+    {"fingerprint", (PyCFunction)config_fingerprint, METH_NOARGS,
+     "fingerprint() -> int\n\nA 64-bit hash of every setting that decides the batches\n"
+     "(all keys but threads and prefetch): equal configs, equal batches."},
     {"world_size", (PyCFunction)config_world_size, METH_NOARGS,
      "world_size() -> int\n\ndp * pp * cp * tp."},
     {"rank_info", (PyCFunction)config_rank_info, METH_O,

@@ -63,7 +63,7 @@ class Client:
                  address: Optional[str] = None) -> None:
         self._closed = True
         cfg = polyload._make_config(config)
-        self.rank = polyload._default_rank() if rank is None else int(rank)
+        self.rank = polyload._default_rank() if rank is None else polyload._as_rank(rank)
         self.rank_info: Dict[str, int] = cfg.rank_info(self.rank)
         self.config = cfg
         self.world_size = cfg.world_size()
@@ -75,14 +75,17 @@ class Client:
         info = _get(self._planner.info.remote())
         names = [cfg.source_name(i) for i in range(cfg.num_sources)]
         nmb = cfg.get_int("micro_batches_per_rank")
-        if (info.get("world_size") != self.world_size or info.get("sources") != names
-                or info.get("micro_batches_per_rank") != nmb or info.get("dp") != cfg.get_int("topology.dp")):
+        if (info.get("fingerprint") != cfg.fingerprint() or info.get("world_size") != self.world_size
+                or info.get("sources") != names or info.get("micro_batches_per_rank") != nmb
+                or info.get("dp") != cfg.get_int("topology.dp")):
             raise polyload.ConfigError(
                 _core.ECONFIG, "ECONFIG",
                 f"polyload.ray.Client: the config does not match deployment {namespace}/{name} "
-                f"(world size {self.world_size} vs {info.get('world_size')}, sources {names} vs "
-                f"{info.get('sources')}, micro-batches per rank {nmb} vs "
-                f"{info.get('micro_batches_per_rank')})")
+                f"(a setting that decides the batches differs: world size {self.world_size} vs "
+                f"{info.get('world_size')}, sources {names} vs {info.get('sources')}, "
+                f"micro-batches per rank {nmb} vs {info.get('micro_batches_per_rank')}, "
+                f"config fingerprint {cfg.fingerprint():#x} vs {info.get('fingerprint', 0):#x}; "
+                f"only threads and prefetch may differ)")
         self.info = info
         self._nmb = nmb
         dp_rank = self.rank_info["dp_rank"]
@@ -217,11 +220,8 @@ class Client:
             ValueError: an unknown ``version``.
         """
         self._check_open()
-        version = state.get("version")
-        if version != polyload.STATE_VERSION:
-            raise ValueError(f"unsupported polyload state version {version!r} "
-                             f"(expected {polyload.STATE_VERSION})")
-        gen, k = _get(self._planner.restart.remote(bytes(state["blob"]), False))
+        blob = polyload._state_blob(state)
+        gen, k = _get(self._planner.restart.remote(blob, False))
         _get(self._ctor.sync.remote(gen))
         self._start(gen, k)
 
@@ -267,9 +267,10 @@ class Client:
             raise polyload.PolyloadError(_core.ECLOSED, "ECLOSED", "client is closed")
 
     def close(self) -> None:
-        """Drop the requests in flight; the deployment keeps running.  Idempotent."""
+        """Drop the requests in flight (collected, so Ray reports none of them as an
+        unhandled error); the deployment keeps running.  Idempotent."""
         if not self._closed:
-            self._inflight.clear()
+            self._drain()
             self._closed = True
 
     @property

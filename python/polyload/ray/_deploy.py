@@ -9,6 +9,7 @@ import numpy as np
 import ray
 
 import polyload
+from polyload import _core
 
 from ._actors import DataConstructor, Planner, SourceLoader
 from ._common import config_payload, make_config, unwrap
@@ -85,10 +86,16 @@ class Deployment:
         return {"planner": [self._planner], "source_loader": list(self._loaders),
                 "constructor": list(self._constructors)}
 
+    def _check_open(self) -> None:
+        if self._planner is None:
+            raise polyload.PolyloadError(_core.ECLOSED, "ECLOSED",
+                                         f"deployment {self.namespace}/{self.name} is shut down")
+
     def state_dict(self) -> Dict[str, Any]:
         """``{"version": 1, "blob": bytes}``: the state after the micro-batches that every
         rank has reported consumed (a trainer's ``Client.state_dict()`` is exact for its
         own position; this one may trail it by the batches a client prefetched)."""
+        self._check_open()
         pos = _get([c.position.remote() for c in self._constructors])
         gen = max(g for g, _ in pos)
         i = min(range(len(pos)), key=lambda j: pos[j][1])
@@ -99,12 +106,13 @@ class Deployment:
         """Restart every actor from ``state`` (always, even when it is the state the
         deployment stands at).  Clients then call their own ``load_state_dict`` with the
         same state (a no-op for the deployment) to take up the position."""
-        if state.get("version") != polyload.STATE_VERSION:
-            raise ValueError(f"unsupported polyload state version {state.get('version')!r}")
-        gen, _ = _get(self._planner.restart.remote(bytes(state["blob"]), True))
+        self._check_open()
+        gen, _ = _get(self._planner.restart.remote(polyload._state_blob(state), True))
         _get([c.sync.remote(gen) for c in self._constructors])
 
     def pids(self) -> Dict[str, List[int]]:
+        """Process ids of the actors, by role."""
+        self._check_open()
         return {role: [int(x) for x in _get([a.pid.remote() for a in handles])]
                 for role, handles in self.actors.items()}
 
@@ -243,6 +251,7 @@ def launch(
             "name": name,
             "namespace": namespace,
             "world_size": cfg.world_size(),
+            "fingerprint": cfg.fingerprint(),
             "dp": dp,
             "micro_batches_per_rank": nmb,
             "sources": names,
