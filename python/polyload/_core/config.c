@@ -97,7 +97,11 @@ static PyObject *config_get_int(PyPlConfig *o, PyObject *args) {
     if (!PyArg_ParseTuple(args, "s:get_int", &key)) return NULL;
     int64_t v = 0;
     int rc = pl_config_get_int(o->cfg, key, &v);
-    if (rc != PL_OK) return pypl_raise(rc, pl_config_errmsg(o->cfg));
+    if (rc != PL_OK) { /* the C call keeps no message (the config is const) */
+        char msg[256];
+        snprintf(msg, sizeof msg, "get_int: '%s' is not an integer key of the config", key);
+        return pypl_raise(rc == PL_EINVAL ? PL_ECONFIG : rc, msg);
+    }
     return PyLong_FromLongLong((long long)v);
 }
 
@@ -402,20 +406,20 @@ static PyObject *source_read(PyPlSource *o, PyObject *args, PyObject *kw) {
     }
     char err[PL__ERRMSG_CAP];
     err[0] = '\0';
-    int64_t count;
+    int64_t count, len = 0;
     int rc = PL_OK;
+    Py_BEGIN_ALLOW_THREADS
+    rc = pl__source_length(o->src, index, &len, err, sizeof err);
+    Py_END_ALLOW_THREADS
+    if (rc != PL_OK) return pypl_raise(rc, err);
     if (count_obj == Py_None) {
-        int64_t len = 0;
-        Py_BEGIN_ALLOW_THREADS
-        rc = pl__source_length(o->src, index, &len, err, sizeof err);
-        Py_END_ALLOW_THREADS
-        if (rc != PL_OK) return pypl_raise(rc, err);
         count = len - offset;
     } else {
         count = PyLong_AsLongLong(count_obj);
         if (count == -1 && PyErr_Occurred()) return NULL;
     }
-    if (count < 0 || offset < 0) {
+    /* Check the range against the document before allocating. */
+    if (count < 0 || offset < 0 || offset > len || count > len - offset) {
         char msg[128];
         snprintf(msg, sizeof msg, "read: offset %lld, count %lld out of range",
                  offset, (long long)count);
