@@ -55,14 +55,20 @@ def train(run_dir, name, steps, nproc=1, save=None, resume=None):
         args += ["--save", str(d / save)]
     if resume:
         args += ["--resume", str(d / resume)]
-    if nproc == 1:
-        cmd = [sys.executable] + args
-    else:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
-               "--master-addr", "127.0.0.1", "--master-port", str(free_port())] + args
     # One thread per process: deterministic, and fast on a small shared machine.
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    r = subprocess.run(cmd, cwd=d, env=env, capture_output=True, text=True, timeout=300)
+    for attempt in range(3):
+        if nproc == 1:
+            cmd = [sys.executable] + args
+        else:
+            cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
+                   "--master-addr", "127.0.0.1", "--master-port", str(free_port())] + args
+        r = subprocess.run(cmd, cwd=d, env=env, capture_output=True, text=True, timeout=300)
+        # The free port may be taken by another process before torchrun binds it: only
+        # that (the rendezvous, not the training) is retried.
+        if r.returncode == 0 or nproc == 1 or not any(
+                m in r.stderr for m in ("EADDRINUSE", "address already in use", "DistNetworkError")):
+            break
     assert r.returncode == 0, f"{' '.join(cmd)}\nstdout:\n{r.stdout}\nstderr:\n{r.stderr}"
     with open(d / f"{name}.metrics") as f:
         metrics = [json.loads(line) for line in f]
