@@ -10,7 +10,10 @@
  * for CP (up to a multiple of 2*cp) and a row's trailing padding carry
  * pad_id, label -100 and loss_mask 0.  CP rank i keeps pieces i and
  * 2*cp-1-i of each segment cut into 2*cp pieces (the load-balanced layout of
- * Megatron's context parallelism), so positions are the document's own.
+ * Megatron's context parallelism).  position_ids count from 0 in every
+ * segment of cu_seqlens (a CP slice keeps the positions of its pieces).
+ * Tokens come through a reader: from the mapped sources (the embedded
+ * loader) or from payloads another process read (pl_constructor_build).
  */
 #include "constructor.h"
 
@@ -308,7 +311,6 @@ int pl__construct(pl__build_ctx *x, const pl_plan *plan, int64_t dp_rank,
         base += cols;
     }
     b->n_cu_seqlens = ncu;
-    (void)S;
     return PL_OK;
 }
 
