@@ -168,8 +168,9 @@ PyObject *pypl_plan_to_dict(const pl_plan *pl) {
     return d;
 }
 
-static PyObject *planner_next(PyPlPlanner *o, PyObject *unused) {
-    (void)unused;
+/* The next plan (the planner never ends: it returns no PL_DONE), or NULL
+ * with an exception set. */
+static pl_plan *planner_next_raw(PyPlPlanner *o) {
     if (planner_enter(o)) return NULL;
     pl_plan *pl = NULL;
     int rc;
@@ -177,8 +178,17 @@ static PyObject *planner_next(PyPlPlanner *o, PyObject *unused) {
     rc = pl_planner_next(o->p, &pl);
     Py_END_ALLOW_THREADS
     o->busy = 0;
-    if (rc == PL_DONE) Py_RETURN_NONE;
-    if (rc != PL_OK) return pypl_raise(rc, pl_planner_errmsg(o->p));
+    if (rc != PL_OK) {
+        pypl_raise(rc, pl_planner_errmsg(o->p));
+        return NULL;
+    }
+    return pl;
+}
+
+static PyObject *planner_next(PyPlPlanner *o, PyObject *unused) {
+    (void)unused;
+    pl_plan *pl = planner_next_raw(o);
+    if (!pl) return NULL;
     PyObject *d = pypl_plan_to_dict(pl);
     pl_plan_free(pl);
     return d;
@@ -186,16 +196,8 @@ static PyObject *planner_next(PyPlPlanner *o, PyObject *unused) {
 
 static PyObject *planner_next_plan(PyPlPlanner *o, PyObject *unused) {
     (void)unused;
-    if (planner_enter(o)) return NULL;
-    pl_plan *pl = NULL;
-    int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = pl_planner_next(o->p, &pl);
-    Py_END_ALLOW_THREADS
-    o->busy = 0;
-    if (rc == PL_DONE) Py_RETURN_NONE;
-    if (rc != PL_OK) return pypl_raise(rc, pl_planner_errmsg(o->p));
-    return pypl_plan_wrap(pl);
+    pl_plan *pl = planner_next_raw(o);
+    return pl ? pypl_plan_wrap(pl) : NULL;
 }
 
 static PyObject *planner_get_state(PyPlPlanner *o, PyObject *unused) {
