@@ -14,6 +14,8 @@
 
 #include "internal.h"
 
+#include <string.h>
+
 #include <pthread.h>
 #include <sys/stat.h>
 #include <sys/types.h>
@@ -100,5 +102,30 @@ int pl__tokens_doc(const pl__sfile *f, int64_t r, const uint8_t **tokens,
 
 /* Release the mappings of a file (not its path). */
 void pl__sfile_unmap(pl__sfile *f);
+
+
+/* Unaligned little-endian loads and stores (index files are packed). */
+static inline int32_t pl__ld_i32(const uint8_t *p) {
+    int32_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+static inline uint32_t pl__ld_u32(const uint8_t *p) {
+    uint32_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+static inline int64_t pl__ld_i64(const uint8_t *p) {
+    int64_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+static inline uint64_t pl__ld_u64(const uint8_t *p) {
+    uint64_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+static inline void pl__st_u32(uint8_t *p, uint32_t v) { memcpy(p, &v, sizeof v); }
+static inline void pl__st_u64(uint8_t *p, uint64_t v) { memcpy(p, &v, sizeof v); }
 
 #endif

@@ -24,24 +24,6 @@
 static const unsigned char pl__mm_magic[9] = {'M', 'M', 'I', 'D', 'I',
                                               'D', 'X', 0,   0};
 
-static int64_t pl__ld_i64(const uint8_t *p) {
-    int64_t v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-
-static int32_t pl__ld_i32(const uint8_t *p) {
-    int32_t v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-
-static uint64_t pl__ld_u64(const uint8_t *p) {
-    uint64_t v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-
 /* Byte offsets of the arrays inside the .idx. */
 static int64_t pl__off_length(const pl__sfile *f, int64_t r) {
     (void)f;

@@ -33,19 +33,6 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-static uint32_t pl__rd_u32(const uint8_t *p) {
-    uint32_t v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-static uint64_t pl__rd_u64(const uint8_t *p) {
-    uint64_t v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-static void pl__wr_u32(uint8_t *p, uint32_t v) { memcpy(p, &v, sizeof v); }
-static void pl__wr_u64(uint8_t *p, uint64_t v) { memcpy(p, &v, sizeof v); }
-
 /* ------------------------------------------------------------ the scan */
 
 /* A growable array of u64 in anonymous memory (never the malloc heap). */
@@ -120,14 +107,14 @@ static void pl__plidx_header(uint8_t h[PL__PLIDX_HEADER], const pl__want *w,
                              uint64_t count) {
     memset(h, 0, PL__PLIDX_HEADER);
     memcpy(h, PL__PLIDX_MAGIC, 8);
-    pl__wr_u32(h + 8, PL__PLIDX_VERSION);
-    pl__wr_u32(h + 12, w->width);
-    pl__wr_u32(h + 16, w->type);
-    pl__wr_u64(h + 24, (uint64_t)w->eos);
-    pl__wr_u64(h + 32, w->size);
-    pl__wr_u64(h + 40, (uint64_t)w->mtime_ns);
-    pl__wr_u64(h + 48, count);
-    pl__wr_u32(h + 60, pl__crc32(0, h, 60));
+    pl__st_u32(h + 8, PL__PLIDX_VERSION);
+    pl__st_u32(h + 12, w->width);
+    pl__st_u32(h + 16, w->type);
+    pl__st_u64(h + 24, (uint64_t)w->eos);
+    pl__st_u64(h + 32, w->size);
+    pl__st_u64(h + 40, (uint64_t)w->mtime_ns);
+    pl__st_u64(h + 48, count);
+    pl__st_u32(h + 60, pl__crc32(0, h, 60));
 }
 
 /* Does a mapped sidecar fit the data file?  Returns the document count, or
@@ -136,26 +123,26 @@ static int64_t pl__plidx_check(const uint8_t *m, size_t len,
                                const pl__want *w) {
     if (len < PL__PLIDX_HEADER) return -1;
     if (memcmp(m, PL__PLIDX_MAGIC, 8) != 0) return -1;
-    if (pl__rd_u32(m + 60) != pl__crc32(0, m, 60)) return -1;
-    if (pl__rd_u32(m + 8) != PL__PLIDX_VERSION) return -1;
-    if (pl__rd_u32(m + 12) != w->width || pl__rd_u32(m + 16) != w->type)
+    if (pl__ld_u32(m + 60) != pl__crc32(0, m, 60)) return -1;
+    if (pl__ld_u32(m + 8) != PL__PLIDX_VERSION) return -1;
+    if (pl__ld_u32(m + 12) != w->width || pl__ld_u32(m + 16) != w->type)
         return -1;
-    if ((int64_t)pl__rd_u64(m + 24) != w->eos) return -1;
-    if (pl__rd_u64(m + 32) != w->size) return -1;
-    if ((int64_t)pl__rd_u64(m + 40) != w->mtime_ns) return -1;
-    uint64_t count = pl__rd_u64(m + 48);
+    if ((int64_t)pl__ld_u64(m + 24) != w->eos) return -1;
+    if (pl__ld_u64(m + 32) != w->size) return -1;
+    if ((int64_t)pl__ld_u64(m + 40) != w->mtime_ns) return -1;
+    uint64_t count = pl__ld_u64(m + 48);
     if (count > (len - PL__PLIDX_HEADER) / 8 ||
         len != PL__PLIDX_HEADER + count * 8)
         return -1;
     if (count == 0) return w->n_tokens == 0 ? 0 : -1;
-    if (pl__rd_u64(m + PL__PLIDX_HEADER + (count - 1) * 8) !=
+    if (pl__ld_u64(m + PL__PLIDX_HEADER + (count - 1) * 8) !=
         (uint64_t)w->n_tokens)
         return -1;
     /* The header's CRC does not cover the offsets: one pass checks that
      * they increase strictly (8 bytes per document), else rebuild. */
     uint64_t prev = 0;
     for (uint64_t i = 0; i < count; i++) {
-        uint64_t v = pl__rd_u64(m + PL__PLIDX_HEADER + i * 8);
+        uint64_t v = pl__ld_u64(m + PL__PLIDX_HEADER + i * 8);
         if (v <= prev) return -1;
         prev = v;
     }

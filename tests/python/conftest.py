@@ -105,3 +105,17 @@ class Corpus:
 @pytest.fixture(scope="session")
 def corpus(tmp_path_factory):
     return Corpus(tmp_path_factory.mktemp("corpus"))
+
+
+def batch_hash(b):
+    """sha256 over a micro-batch dict (field names and bytes, in key order)."""
+    import hashlib
+
+    import torch
+
+    h = hashlib.sha256()
+    for k in sorted(b):
+        v = b[k]
+        h.update(k.encode())
+        h.update(v.numpy().tobytes() if isinstance(v, torch.Tensor) else str(v).encode())
+    return h.hexdigest()

@@ -2,7 +2,6 @@
 pipeline fields, and polyload.torch.broadcast_tp over gloo."""
 
 import collections
-import hashlib
 import os
 
 import numpy as np
@@ -12,16 +11,9 @@ import yaml
 import polyload
 from polyload import _core
 
+from conftest import batch_hash  # noqa: E402
+
 torch = pytest.importorskip("torch")
-
-
-def batch_hash(b):
-    h = hashlib.sha256()
-    for k in sorted(b):
-        v = b[k]
-        h.update(k.encode())
-        h.update(v.numpy().tobytes() if isinstance(v, torch.Tensor) else str(v).encode())
-    return h.hexdigest()
 
 
 def expected_micro_batch(corpus, plan, r, mb, pad_id=0):

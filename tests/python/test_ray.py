@@ -4,7 +4,6 @@ separate processes (gloo), placement by node resources, exact state round trip a
 restart, actor errors as polyload's exception types, the serve CLI, and no stray
 processes or shared-memory segments."""
 
-import hashlib
 import json
 import os
 import signal
@@ -21,19 +20,10 @@ ray = pytest.importorskip("ray")
 torch = pytest.importorskip("torch")
 pr = pytest.importorskip("polyload.ray")
 
-from conftest import Corpus, write_megatron  # noqa: E402
+from conftest import Corpus, batch_hash, write_megatron  # noqa: E402
 
 NS = "polyload_test"
 MiB = 1 << 20
-
-
-def batch_hash(b):
-    h = hashlib.sha256()
-    for k in sorted(b):
-        v = b[k]
-        h.update(k.encode())
-        h.update(v.numpy().tobytes() if isinstance(v, torch.Tensor) else str(v).encode())
-    return h.hexdigest()
 
 
 def loader_hashes(cfg, rank, state=None, n=None):
