@@ -236,7 +236,7 @@ static int is_known_key(const char *key) {
     static const char *const known[] = {
         "seed", "seq_length", "global_batch_size", "micro_batch_size",
         "train_steps", "dtype", "pad_id", "long_documents", "packing",
-        "balance", "on_error", "threads", "prefetch", "cost.preset",
+        "balance", "on_error", "threads", "prefetch", "max_lag_steps", "cost.preset",
         "cost.a", "cost.b", "cost.c", "cost.window", "long_short.threshold",
         "topology.dp", "topology.pp", "topology.cp", "topology.tp",
         "topology.order"};
@@ -302,6 +302,8 @@ static int set_scalar(pl_config *cfg, const char *key, const sval *v) {
             cfg->prefetch = (int)x;
         return PL_OK;
     }
+    if (strcmp(key, "max_lag_steps") == 0)
+        return get_int(cfg, key, v, 1, (int64_t)1 << 20, &cfg->max_lag_steps);
     if (strcmp(key, "cost.preset") == 0) return set_preset(cfg, v);
     if (strcmp(key, "cost.a") == 0) return get_num(cfg, key, v, &cfg->cost.a);
     if (strcmp(key, "cost.b") == 0) return get_num(cfg, key, v, &cfg->cost.b);
@@ -456,6 +458,7 @@ static pl_config *config_new(const char *origin) {
             "tp-cp-ep-dp-pp");
     cfg->threads = 2;
     cfg->prefetch = 4;
+    cfg->max_lag_steps = 64;
     cfg->interpolation = PL__INTERP_LINEAR;
     return cfg;
 }
@@ -1066,6 +1069,7 @@ int pl_config_get_int(const pl_config *cfg, const char *key, int64_t *out) {
         {"on_error", cfg->on_error},
         {"threads", cfg->threads},
         {"prefetch", cfg->prefetch},
+        {"max_lag_steps", cfg->max_lag_steps},
         {"cost.window", cfg->cost.window},
         {"long_short.threshold", cfg->long_short_threshold},
         {"topology.dp", cfg->topology.dp},

@@ -45,6 +45,8 @@ struct pl__build_ctx {
     const int64_t *const *payloads; /* payload reader */
     const int64_t *payload_lengths;
     int64_t n_payloads;
+    const pl_payload *typed;        /* typed payload reader (packages) */
+    int64_t n_typed;
     pl_source *const *sources;
     pl_dtype dtype;
     int64_t pad_id;

@@ -81,6 +81,7 @@ struct pl_config {
     } topology;
     int threads;
     int prefetch;
+    int64_t max_lag_steps; /* lag policy of the pipeline */
     int64_t n_sources;
     pl__source_cfg *sources;
     int has_schedule;
@@ -112,6 +113,13 @@ int pl__topology_parse_order(const char *order, int *axes, int *n_axes,
  * Thread-safe variants of pl_source_document_length / pl_source_read that
  * write an error message into the caller's buffer instead of the handle.
  */
+/* Undo pl_pipeline_close (the embedded loader stops and restarts its
+ * workers around pl_loader_set_state). */
+void pl__pipeline_reopen(pl_pipeline *p);
+/* Convert n tokens from src_dtype (unaligned source allowed) to int64 or
+ * int32 (dst_dtype PL_DTYPE_INT64 or PL_DTYPE_INT32). */
+void pl__tokens_convert(const void *src, pl_dtype src_dtype, void *dst,
+                        pl_dtype dst_dtype, int64_t n);
 int pl__source_length(pl_source *src, int64_t index, int64_t *length,
                       char *err, size_t errcap);
 int pl__source_read(pl_source *src, int64_t index, int64_t offset,

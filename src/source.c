@@ -645,7 +645,7 @@ typedef struct pl__preader {
 
 static int pl__pread_range(const pl_source *src, pl__preader *r,
                            const pl__sfile *f, const uint8_t *tok,
-                           int64_t offset, int64_t count, int64_t *out,
+                           int64_t offset, int64_t count, void *out, int raw,
                            char *err, size_t errcap) {
     char path[4096];
     if (src->type == PL_SOURCE_MEGATRON)
@@ -662,8 +662,15 @@ static int pl__pread_range(const pl_source *src, pl__preader *r,
         }
         r->file = f;
     }
+    if (raw && f->dtype != src->dtype) {
+        pl__fmt(err, errcap,
+                "%s: token dtype %s differs from the source's %s (files of one "
+                "source read at stored width must share it)",
+                path, pl_dtype_name(f->dtype), pl_dtype_name(src->dtype));
+        return PL_EDTYPE;
+    }
     size_t bytes = (size_t)count * f->width;
-    if (bytes > r->cap) {
+    if (!raw && bytes > r->cap) {
         uint8_t *nb = realloc(r->buf, bytes);
         if (!nb) {
             pl__fmt(err, errcap, "pl_source_read_many: out of memory");
@@ -672,10 +679,11 @@ static int pl__pread_range(const pl_source *src, pl__preader *r,
         r->buf = nb;
         r->cap = bytes;
     }
+    uint8_t *dst = raw ? out : r->buf;
     off_t at = (off_t)((tok - (const uint8_t *)f->data_map) + offset * (int64_t)f->width);
     size_t got = 0;
     while (got < bytes) {
-        ssize_t k = pread(r->fd, r->buf + got, bytes - got, at + (off_t)got);
+        ssize_t k = pread(r->fd, dst + got, bytes - got, at + (off_t)got);
         if (k <= 0) {
             pl__fmt(err, errcap, "%s: read of %zu bytes at offset %lld failed: %s",
                     path, bytes, (long long)at,
@@ -684,14 +692,36 @@ static int pl__pread_range(const pl_source *src, pl__preader *r,
         }
         got += (size_t)k;
     }
-    pl__conv_table[f->dtype][0](r->buf, out, count);
+    if (!raw) pl__conv_table[f->dtype][0](r->buf, out, count);
     return PL_OK;
 }
 
-int pl_source_read_many(pl_source *src, const pl_read *reads, int64_t n,
-                        int64_t *out) {
+void pl__tokens_convert(const void *src, pl_dtype src_dtype, void *dst,
+                        pl_dtype dst_dtype, int64_t n) {
+    pl__conv_table[src_dtype][dst_dtype == PL_DTYPE_INT32](src, dst, n);
+}
+
+/* pl_source_read_many (raw 0: int64 tokens) and pl_source_read_raw (raw 1:
+ * stored width, at most cap bytes). */
+static int pl__read_ranges(pl_source *src, const pl_read *reads, int64_t n,
+                           void *out, size_t cap, int raw) {
     if (!src || (n > 0 && (!reads || !out)) || n < 0) return PL_EINVAL;
     char err[PL__ERRMSG_CAP];
+    size_t es = raw ? pl_dtype_size(src->dtype) : sizeof(int64_t);
+    if (raw) {
+        size_t need = 0;
+        for (int64_t i = 0; i < n; i++) {
+            if (reads[i].count < 0) return PL_EINVAL;
+            need += (size_t)reads[i].count * es;
+        }
+        if (need > cap) {
+            pl__fmt(err, sizeof err,
+                    "pl_source_read_raw: the reads need %zu bytes, the buffer holds %zu",
+                    need, cap);
+            pl__set_err(src, err);
+            return PL_EINVAL;
+        }
+    }
     pl__preader r = {NULL, -1, NULL, 0};
     int rc = PL_OK;
     for (int64_t i = 0; i < n && rc == PL_OK; i++) {
@@ -710,11 +740,21 @@ int pl_source_read_many(pl_source *src, const pl_read *reads, int64_t n,
             break;
         }
         if (count > 0)
-            rc = pl__pread_range(src, &r, f, tok, off, count, out, err, sizeof err);
-        out += count;
+            rc = pl__pread_range(src, &r, f, tok, off, count, out, raw, err, sizeof err);
+        out = (uint8_t *)out + (size_t)count * es;
     }
     if (r.fd >= 0) close(r.fd);
     free(r.buf);
     if (rc) pl__set_err(src, err);
     return rc;
+}
+
+int pl_source_read_many(pl_source *src, const pl_read *reads, int64_t n,
+                        int64_t *out) {
+    return pl__read_ranges(src, reads, n, out, 0, 0);
+}
+
+int pl_source_read_raw(pl_source *src, const pl_read *reads, int64_t n,
+                       void *out, size_t cap) {
+    return pl__read_ranges(src, reads, n, out, cap, 1);
 }

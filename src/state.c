@@ -374,3 +374,126 @@ out:
     pl__chunks_free(&carry);
     return rc;
 }
+
+/* ------------------------------------------------------------ accessors */
+/*
+ * The public accessors (pl_state_inspect, pl_state_source, pl_state_retarget)
+ * read a blob without a planner: what deployments and tools need (position,
+ * per-source counters) without knowing the layout above.  They check magic,
+ * version, length and CRC, then walk the source records.
+ */
+
+/* Check the envelope; on success r is positioned after the length field and
+ * r->n excludes the CRC. */
+static int pl__state_open(const void *buf, size_t len, pl__rbuf *r) {
+    if (!buf || len < 24 + 4) return PL_ESTATE;
+    *r = (pl__rbuf){buf, len, 0, 0};
+    char magic[4];
+    pl__get(r, magic, 4);
+    if (memcmp(magic, "PLST", 4) != 0) return PL_ESTATE;
+    if (pl__get_u32(r) != PL__STATE_VERSION) return PL_EVERSION;
+    if (pl__get_u64(r) != len) return PL_ESTATE;
+    uint32_t crc;
+    memcpy(&crc, (const unsigned char *)buf + len - 4, 4);
+    if (crc != pl__crc32(0, buf, len - 4)) return PL_ESTATE;
+    r->n = len - 4;
+    return PL_OK;
+}
+
+int pl_state_inspect(const void *buf, size_t len, pl_state_info *out) {
+    if (!out) return PL_EINVAL;
+    pl__rbuf r;
+    int rc = pl__state_open(buf, len, &r);
+    if (rc) return rc;
+    pl_state_info s;
+    memset(&s, 0, sizeof s);
+    s.version = PL__STATE_VERSION;
+    s.seed = pl__get_u64(&r);
+    s.step = pl__get_i64(&r);
+    s.micro_batch = pl__get_i64(&r);
+    s.dp = pl__get_i64(&r);
+    s.seq_length = pl__get_i64(&r);
+    s.global_batch_size = pl__get_i64(&r);
+    s.micro_batch_size = pl__get_i64(&r);
+    (void)pl__get_i32(&r);
+    (void)pl__get_i32(&r);
+    s.cp = pl__get_i64(&r);
+    (void)pl__get_u64(&r);
+    uint32_t ns = pl__get_u32(&r);
+    if (r.bad || s.step < 0 || s.step > PL__STATE_MAX || s.micro_batch < 0 ||
+        s.dp <= 0 || ns > r.n)
+        return PL_ESTATE;
+    s.n_sources = ns;
+    size_t first = r.off;
+    for (uint32_t j = 0; j < ns && !r.bad; j++) {
+        uint32_t n;
+        (void)pl__get_str(&r, &n);
+        (void)pl__get_str(&r, &n);
+        r.off += 8 * 11;
+        if (r.off > r.n) r.bad = 1;
+    }
+    uint32_t nc = pl__get_u32(&r);
+    if (r.bad || (uint64_t)nc * 32 != r.n - r.off) return PL_ESTATE;
+    s.carried_chunks = nc;
+    (void)first;
+    *out = s;
+    return PL_OK;
+}
+
+int pl_state_source(const void *buf, size_t len, int64_t i,
+                    pl_state_source_info *out) {
+    if (!out) return PL_EINVAL;
+    pl__rbuf r;
+    int rc = pl__state_open(buf, len, &r);
+    if (rc) return rc;
+    r.off = 96;
+    uint32_t ns = pl__get_u32(&r);
+    if (r.bad) return PL_ESTATE;
+    if (i < 0 || i >= (int64_t)ns) return PL_ERANGE;
+    for (uint32_t j = 0; j <= (uint32_t)i; j++) {
+        uint32_t nl, np;
+        const char *name = pl__get_str(&r, &nl);
+        const char *path = pl__get_str(&r, &np);
+        int64_t v[11];
+        for (int t = 0; t < 11; t++) v[t] = pl__get_i64(&r);
+        if (r.bad) return PL_ESTATE;
+        if (j == (uint32_t)i) {
+            pl_state_source_info s;
+            memset(&s, 0, sizeof s);
+            s.name = name;
+            s.name_len = nl;
+            s.path = path;
+            s.path_len = np;
+            s.num_documents = v[0];
+            s.epoch = v[1];
+            s.drawn_in_epoch = v[2];
+            s.current_document = v[3];
+            s.current_offset = v[4];
+            s.current_length = v[5];
+            s.drawn_tokens = v[6];
+            memcpy(&s.target_tokens, &v[7], 8);
+            s.documents = v[8];
+            s.skipped = v[10];
+            *out = s;
+        }
+    }
+    return PL_OK;
+}
+
+int pl_state_retarget(const void *buf, size_t len, int64_t micro_batch,
+                      int64_t dp, void *out, size_t cap, size_t *out_len) {
+    pl_state_info s;
+    int rc = pl_state_inspect(buf, len, &s);
+    if (rc) return rc;
+    if (out_len) *out_len = len;
+    if (micro_batch < 0 || dp <= 0) return PL_EINVAL;
+    if (!out) return PL_OK;
+    if (cap < len) return PL_EINVAL;
+    unsigned char *b = out;
+    if (b != buf) memmove(b, buf, len);
+    memcpy(b + 32, &micro_batch, 8);
+    memcpy(b + 40, &dp, 8);
+    uint32_t crc = pl__crc32(0, b, len - 4);
+    memcpy(b + len - 4, &crc, 4);
+    return PL_OK;
+}

@@ -80,7 +80,9 @@ PL_API const char *pl_version_string(void);
     X(ERANGE, -14, "index or rank out of range")                               \
     X(ETOPOLOGY, -15, "invalid topology")                                      \
     X(ERECORD, -16, "malformed record")                                        \
-    X(ECLOSED, -17, "handle is closed or failed earlier")
+    X(ECLOSED, -17, "handle is closed or failed earlier")                     \
+    X(ETIMEDOUT, -18, "a wait passed its deadline")                            \
+    X(ELAG, -19, "rank fell further behind its group than the lag limit")
 
 typedef enum pl_status {
 #define PL__STATUS_ENUM(name, value, desc) PL_##name = value,
@@ -377,6 +379,58 @@ typedef struct pl_batch {
 PL_API void pl_batch_retain(pl_batch *batch);
 PL_API void pl_batch_release(pl_batch *batch);
 
+/* =========================================================== state blobs */
+/*
+ * Read-only accessors of a state blob (SPEC section 4; pl_loader_get_state,
+ * pl_pipeline_get_state, pl_planner_get_state), so that callers never parse
+ * its bytes.  Each checks magic, version, length and CRC-32 first:
+ * PL_ESTATE for a corrupt blob, PL_EVERSION for a blob of another format
+ * version.  Thread-safe; they allocate nothing.
+ */
+typedef struct pl_state_info {
+    uint32_t version;          /* format version of the blob */
+    uint64_t seed;
+    int64_t step;              /* the step the position is in */
+    int64_t micro_batch;       /* micro-batch cursor within that step */
+    int64_t dp;                /* DP size the blob was saved with */
+    int64_t seq_length, global_batch_size, micro_batch_size, cp;
+    int64_t n_sources;         /* source records (see pl_state_source) */
+    int64_t carried_chunks;    /* chunks carried into `step` */
+} pl_state_info;
+PL_API int pl_state_inspect(const void *blob, size_t len, pl_state_info *out);
+
+/* Counters of source record i (0 .. n_sources-1, in the blob's order, which
+ * is the config's order of the run that saved it).  name and path point
+ * into the blob (not NUL-terminated; valid while the blob is).  PL_ERANGE
+ * for a bad i. */
+typedef struct pl_state_source_info {
+    const char *name;
+    size_t name_len;
+    const char *path;
+    size_t path_len;
+    int64_t num_documents;     /* documents of the source when saved */
+    int64_t epoch;             /* epochs completed */
+    int64_t drawn_in_epoch;    /* documents taken in the current epoch */
+    int64_t current_document;  /* document being chunked, -1 if none */
+    int64_t current_offset;    /* its tokens already drawn */
+    int64_t current_length;
+    int64_t drawn_tokens;      /* tokens drawn, all epochs */
+    double target_tokens;      /* the mixture's target for drawn_tokens */
+    int64_t documents;         /* documents started, all epochs */
+    int64_t skipped;           /* bad documents skipped (on_error: skip) */
+} pl_state_source_info;
+PL_API int pl_state_source(const void *blob, size_t len, int64_t i,
+                           pl_state_source_info *out);
+
+/* The same blob with another micro-batch cursor and dp (CRC resealed): the
+ * position `micro_batch` micro-batches into the blob's step.  Writes len
+ * bytes to out (cap >= len; out may be blob itself); *out_len receives len
+ * (out may be NULL to learn it).  The cursor is not range-checked here
+ * (pl_loader_set_state does that against a config); PL_EINVAL for a
+ * negative cursor or dp <= 0. */
+PL_API int pl_state_retarget(const void *blob, size_t len, int64_t micro_batch,
+                             int64_t dp, void *out, size_t cap, size_t *out_len);
+
 /* ================================================================ loader */
 /*
  * The embedded loader: sources, planner and data constructor in one process,
@@ -390,13 +444,22 @@ PL_API void pl_batch_release(pl_batch *batch);
 typedef struct pl_loader pl_loader;
 
 typedef struct pl_loader_options {
-    int version;           /* PL_LOADER_OPTIONS_VERSION */
+    int version;           /* PL_LOADER_OPTIONS_VERSION (1 is still read:
+                              the fields after `prefetch` are then 0) */
     const int64_t *ranks;  /* global ranks served; NULL = all */
     int64_t n_ranks;
     int threads;           /* worker threads; 0 = config's `threads` */
     int prefetch;          /* micro-batches per rank; 0 = config's */
+    /* version 2: */
+    int external;          /* 1: no sources and no planner in this process;
+                              steps arrive as packages (pl_loader_push_package)
+                              from a data constructor elsewhere (the trainer
+                              side of a distributed deployment) */
+    int64_t unit;          /* micro-batches a worker builds per hand-off
+                              (within one step); 0 = automatic */
+    int64_t max_lag_steps; /* lag policy (pl_pipeline_options); 0 = config's */
 } pl_loader_options;
-#define PL_LOADER_OPTIONS_VERSION 1
+#define PL_LOADER_OPTIONS_VERSION 2
 
 /*
  * Create a loader from a config (copied; cfg may be freed afterwards).
@@ -473,6 +536,213 @@ PL_API int pl_loader_get_stats(pl_loader *loader, pl_loader_stats *out);
 
 /* The config the loader was created with (borrowed). */
 PL_API const pl_config *pl_loader_config(const pl_loader *loader);
+
+/*
+ * The trainer side of a distributed deployment (options.external = 1): the
+ * loader holds no source and no planner; a transport thread asks which step
+ * to fetch next (pl_loader_want_step), fetches that step's package for the
+ * loader's DP rank from its data constructor (pl_package_encode there) and
+ * hands it over (pl_loader_push_package).  Everything else (workers,
+ * prefetch, pl_loader_next, state, statistics, lag policy) is the embedded
+ * loader's, so both deployments give the same batches, states and stats.
+ * An external loader serves ranks of one DP rank only.
+ *
+ * pl_loader_want_step blocks until the loader needs a step (its prefetch
+ * window has room), at most timeout_ms (< 0: no limit): PL_OK and *step,
+ * PL_DONE when every step up to train_steps has been pushed, PL_ETIMEDOUT,
+ * PL_ECLOSED after a failure.  Each step is returned once; push it before
+ * asking for the next.  Thread-safe against pl_loader_next.
+ *
+ * pl_loader_push_package copies the package (pl_package_encode of a step for
+ * this loader's DP rank, the state blob of the step's start included).
+ * PL_EINVAL when it is corrupt, for another step, rank or config.
+ * pl_loader_fail_step makes `step` fail with `status` and `message` (a
+ * transport error): the rank that reaches it gets them from pl_loader_next.
+ *
+ * pl_loader_reset makes an external loader (or an embedded one, as
+ * pl_loader_set_state) stand at a state blob's position.
+ */
+PL_API int pl_loader_want_step(pl_loader *loader, int64_t timeout_ms,
+                               int64_t *step);
+PL_API int pl_loader_push_package(pl_loader *loader, const void *package,
+                                  size_t len);
+PL_API int pl_loader_fail_step(pl_loader *loader, int64_t step, int status,
+                               const char *message);
+
+/* =============================================================== pipeline */
+/*
+ * The step ledger both deployments drive (DESIGN.md, "One pipeline, many
+ * transports").  It owns what is not transport:
+ *
+ *  - the ordered step entries: for each step its plan (owned), the state
+ *    blob of its start and, for the ranks' statistics, its costs;
+ *  - the served ranks, grouped: a group is a (DP rank, CP rank) pair when
+ *    group_by_cp is 1 (one build per CP slice, shared by its TP and PP
+ *    peers), or a DP rank when 0 (one unit per DP rank, e.g. a package that
+ *    every CP/TP/PP peer of the DP rank receives);
+ *  - per group a ring of work units: `unit` micro-batches of one step, built
+ *    once by a driver and handed to every rank of the group;
+ *  - back-pressure: a group builds at most `prefetch` micro-batches ahead of
+ *    its slowest attached rank (one that has asked for a batch);
+ *  - the lag policy, the same in every deployment: a rank that falls more
+ *    than max_lag_steps steps behind the most advanced rank of its group
+ *    (a rank that never asks stands at its start) is dropped from the
+ *    group; the group's memory stays bounded and its peers never wait for
+ *    it; if it asks later it gets PL_ELAG, alone;
+ *  - the consumed cursor (least position of the ranks not dropped) and its
+ *    state blob (pl_pipeline_get_state), and the statistics of
+ *    `polyload run --json` (pl_pipeline_get_stats).
+ *
+ * A driver (the embedded loader's worker threads, or a Ray actor) asks for
+ * work with pl_pipeline_get_work: PL_WORK_PLAN (supply step `step`:
+ * pl_pipeline_add_step) or PL_WORK_BUILD (build a unit, then
+ * pl_pipeline_complete).  Consumers take units with pl_pipeline_next.
+ * Every wait takes a deadline in milliseconds (< 0: none; 0: do not wait)
+ * and returns PL_ETIMEDOUT when it passes.
+ *
+ * Thread safety: every function may be called from any thread, concurrently,
+ * except pl_pipeline_reset and pl_pipeline_free (no other call may overlap
+ * them) and calls of pl_pipeline_next for the same rank.  Errors are
+ * returned per call; a message goes to the caller's buffer (err, errcap;
+ * err may be NULL), never to a shared one.
+ */
+typedef struct pl_pipeline pl_pipeline;
+
+/* Frees a unit's item (called once per completed item, outside the
+ * pipeline's lock, from the thread that released it). */
+typedef void (*pl_item_release_fn)(void *item, void *ctx);
+
+typedef struct pl_pipeline_options {
+    int version;            /* PL_PIPELINE_OPTIONS_VERSION */
+    const int64_t *ranks;   /* global ranks served; NULL = all */
+    int64_t n_ranks;
+    int group_by_cp;        /* see above */
+    int64_t unit;           /* micro-batches per unit, 1 .. micro-batches per
+                               rank (larger: the whole step); 0 = 1 */
+    int64_t prefetch;       /* micro-batches per group; 0 = config's */
+    int64_t max_lag_steps;  /* 0 = config's `max_lag_steps` */
+    pl_item_release_fn release; /* NULL: items are not freed */
+    void *release_ctx;
+} pl_pipeline_options;
+#define PL_PIPELINE_OPTIONS_VERSION 1
+
+/* Create a pipeline for cfg (copied); it touches no file.  It stands at step
+ * 0 until pl_pipeline_reset.  *out is set even on failure (NULL-safe free).
+ * PL_ERANGE for a rank outside the topology, PL_EINVAL for bad options. */
+PL_API int pl_pipeline_create(const pl_config *cfg,
+                              const pl_pipeline_options *opts,
+                              pl_pipeline **out);
+PL_API void pl_pipeline_free(pl_pipeline *p);
+/* The message of a failed create (per handle; only create writes it). */
+PL_API const char *pl_pipeline_errmsg(const pl_pipeline *p);
+
+/* Drop every entry, unit and failure and stand at the position of `blob`
+ * (a state blob for this config; the blob of its step's start is kept for
+ * pl_pipeline_get_state).  Statistics restart.  PL_ESTATE when the blob is
+ * corrupt, or its cursor is outside the step; on error nothing changes. */
+PL_API int pl_pipeline_reset(pl_pipeline *p, const void *blob, size_t len,
+                             char *err, size_t errcap);
+
+enum { PL_WORK_PLAN = 1, PL_WORK_BUILD = 2 };
+typedef struct pl_work {
+    int kind;                /* PL_WORK_PLAN or PL_WORK_BUILD */
+    int64_t step;
+    /* PL_WORK_BUILD: */
+    int64_t unit;            /* the unit's number (give it back to complete) */
+    int64_t group;
+    int64_t dp_rank, cp_rank;
+    int64_t micro_batch;     /* first micro-batch of the unit */
+    int64_t n_micro_batches;
+    const pl_plan *plan;     /* borrowed until pl_pipeline_complete */
+    void *aux;               /* the step's aux (pl_pipeline_add_step) */
+    uint64_t generation;     /* pl_pipeline_reset count when handed out: a
+                                unit completed after a reset is dropped */
+} pl_work;
+
+/*
+ * Work for a driver, of the kinds in `kinds` (PL_WORK_* bits): the group
+ * furthest behind that may build gets its next unit; a step is asked for
+ * (once) when a group may build a unit of a step not yet added.  Returns
+ * PL_OK, PL_DONE (no work will come: every step up to train_steps is built
+ * or, for kinds == PL_WORK_PLAN, added), PL_ETIMEDOUT, PL_ECLOSED (closed or
+ * failed).  A unit of a step that failed is not handed out: it fails.
+ */
+PL_API int pl_pipeline_get_work(pl_pipeline *p, unsigned kinds,
+                                int64_t timeout_ms, pl_work *work);
+
+/*
+ * Supply the step asked for by a PL_WORK_PLAN: its plan (ownership passes
+ * to the pipeline, even on error; NULL for the step train_steps, which only
+ * carries the final state), the state blob of its start (copied), and an aux
+ * pointer handed to the builders of its units (freed with aux_free, may be
+ * NULL, when the step retires).  PL_EINVAL when `step` was not asked for.
+ * pl_pipeline_fail_step instead marks the step failed with status and
+ * message (the planner's or the transport's error): the ranks that reach it
+ * get them.
+ */
+PL_API int pl_pipeline_add_step(pl_pipeline *p, int64_t step, pl_plan *plan,
+                                const void *blob, size_t blob_len, void *aux,
+                                void (*aux_free)(void *));
+PL_API int pl_pipeline_fail_step(pl_pipeline *p, int64_t step, int status,
+                                 const char *message);
+
+/*
+ * Finish a PL_WORK_BUILD unit.  status PL_OK: `item` (owned by the pipeline
+ * from now, freed with options.release) and, for the statistics, tokens[i]
+ * and padding[i] of its n_micro_batches micro-batches.  Else the unit
+ * failed with `message`; the rank that reaches it gets the error.
+ */
+PL_API int pl_pipeline_complete(pl_pipeline *p, const pl_work *work, int status,
+                                const char *message, void *item,
+                                const int64_t *tokens, const int64_t *padding);
+
+typedef struct pl_pipeline_item {
+    void *item;              /* the unit's item: borrowed until the next
+                                pl_pipeline_next for this rank, or reset */
+    int64_t step;
+    int64_t micro_batch;     /* first micro-batch taken */
+    int64_t count;           /* micro-batches taken (the cursor moved by it) */
+    int64_t index;           /* micro_batch - the unit's first micro-batch */
+    int64_t group;
+    uint32_t fields;         /* PL_FIELD_* the rank receives */
+} pl_pipeline_item;
+
+/*
+ * The unit holding rank `rank`'s next micro-batch: blocks until it is built.
+ * Takes up to max_count (>= 1) micro-batches of that unit and moves the
+ * rank's cursor by out->count.  PL_OK, PL_DONE after train_steps,
+ * PL_ETIMEDOUT, PL_ERANGE (rank not served), PL_ELAG (dropped by the lag
+ * policy; the message names the rank, its position, the group's lead and
+ * the limit), or the error of the unit or of its step: the first caller to
+ * meet a failure gets its status and message, every later call PL_ECLOSED
+ * (with the same message) until pl_pipeline_reset.
+ */
+PL_API int pl_pipeline_next(pl_pipeline *p, int64_t rank, int64_t max_count,
+                            int64_t timeout_ms, pl_pipeline_item *out,
+                            char *err, size_t errcap);
+
+/* The state after the micro-batches consumed so far by the served ranks that
+ * were not dropped (the least advanced of them), as pl_loader_get_state
+ * (cap/len convention).  PL_ETIMEDOUT when timeout passes before the blob of
+ * that step is added. */
+PL_API int pl_pipeline_get_state(pl_pipeline *p, int64_t timeout_ms, void *buf,
+                                 size_t cap, size_t *len, char *err,
+                                 size_t errcap);
+
+/* As pl_loader_get_stats.  stats->sources points into `sources`, caller
+ * owned, with room for cap entries (the config's number of sources; fewer:
+ * only the first cap are filled); names are borrowed from the pipeline's
+ * config.  The per-source counters are those of the state blob of the
+ * consumed position's step: waits (timeout_ms) until that step is added;
+ * PL_ETIMEDOUT. */
+PL_API int pl_pipeline_get_stats(pl_pipeline *p, int64_t timeout_ms,
+                                 pl_loader_stats *stats,
+                                 pl_source_summary *sources, int64_t cap);
+
+/* Stop: every wait returns PL_ECLOSED. */
+PL_API void pl_pipeline_close(pl_pipeline *p);
+/* Memory held by the pipeline (entries, rings), in bytes, items excluded. */
+PL_API size_t pl_pipeline_sizeof(const pl_pipeline *p);
 
 /* ================================================================ planner */
 /*
@@ -621,6 +891,51 @@ PL_API int pl_constructor_build(pl_constructor *ctor, const pl_plan *plan,
                                 const int64_t *const *payloads,
                                 const int64_t *payload_lengths,
                                 int64_t n_payloads, pl_batch **out);
+
+/*
+ * All reads of DP rank `dp_rank` for the whole step: pl_plan_reads of
+ * micro-batches 0, 1, ... back to back (same cap/n convention).
+ */
+PL_API int pl_plan_step_reads(const pl_plan *plan, int64_t dp_rank,
+                              pl_read *out, int64_t cap, int64_t *n);
+
+/*
+ * Read ranges of this source at its stored width (pl_source_token_dtype:
+ * 1, 2, 4 or 8 bytes a token) into out, back to back; cap is out's size in
+ * bytes (PL_EINVAL when the reads need more).  Reads with pread(2) as
+ * pl_source_read_many; errors alike.  This is the compact form a source
+ * loader ships to a data constructor.
+ */
+PL_API int pl_source_read_raw(pl_source *src, const pl_read *reads, int64_t n,
+                              void *out, size_t cap);
+
+/* Tokens of one read at the width of `dtype` (a pl_dtype of a token file). */
+typedef struct pl_payload {
+    const void *data;
+    int32_t dtype;
+    int32_t reserved; /* 0 */
+    int64_t count;    /* tokens */
+} pl_payload;
+
+/*
+ * A package: what a data constructor ships to the trainer ranks of one DP
+ * rank for one step, and what pl_loader_push_package expands into the
+ * micro-batches of SPEC section 3 at the receiver.  Versioned bytes (magic
+ * "PLPK", version, length, step, DP rank, the state blob of the step's
+ * start, the plan restricted to the DP rank's sequences (PLPN), the read
+ * table (dtype and count per read) and the tokens of every read of
+ * pl_plan_step_reads at their stored width, an XXH3-64 checksum).  payloads
+ * hold the reads of pl_plan_step_reads(plan, dp_rank) in that order, each
+ * at least its read's count long (only count tokens are stored).  cap/len
+ * convention of pl_plan_encode.  PL_EINVAL for a bad payload list.
+ */
+PL_API int pl_package_encode(const pl_plan *plan, int64_t dp_rank,
+                             const void *state, size_t state_len,
+                             const pl_payload *payloads, int64_t n_payloads,
+                             void *buf, size_t cap, size_t *len);
+/* Step and DP rank of a package (checks magic, version, length, checksum). */
+PL_API int pl_package_inspect(const void *buf, size_t len, int64_t *step,
+                              int64_t *dp_rank);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,1044 @@
+/*
+ * pipeline.c -- the step ledger that both deployments drive (DESIGN.md, "One
+ * pipeline, many transports"; the contract is in polyload.h).
+ *
+ * Positions are micro-batch numbers k = step * nmb + micro_batch.  Work is
+ * cut into units of `unit` micro-batches that never cross a step: unit u is
+ * micro-batches [k0(u), k0(u) + n(u)) with u = step * ups + j.  Each group
+ * has a fixed ring of `cap` unit slots, holding units [lo_u, next_u): lo_u is
+ * the oldest unit some rank of the group still needs, next_u the next one
+ * to hand to a driver.  A driver may build unit u of a group when
+ *   u < (unit of the least attached cursor) + depth_u,  or u <= demand_u
+ * (a rank waits for it), and u - lo_u < cap.  The lag policy bounds lo_u:
+ * a rank more than lag_k micro-batches behind the group's lead is dropped,
+ * so cap = depth_u + lag_u + 2 slots always suffice and nothing grows.
+ *
+ * Step entries (plan, blob of the step's start, aux) live from the step the
+ * pipeline stands at until no group needs their units and the consumed
+ * position has passed them.  The consumed position is the least cursor of
+ * the ranks not dropped; its blob is the entry's, re-targeted to the
+ * micro-batch (pl_state_retarget).  Statistics follow the embedded loader:
+ * tokens of a micro-batch count once every rank of its group took it;
+ * imbalance is folded when the position passes a step.
+ *
+ * One mutex guards everything; drivers wait on work_cv, consumers and
+ * get_state on ready_cv.  Item release callbacks run with the mutex held.
+ */
+#include "planner_internal.h"
+
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+enum { PL__U_EMPTY = 0, PL__U_BUILDING, PL__U_READY, PL__U_ERROR };
+
+typedef struct pl__uslot {
+    int64_t u;         /* unit number held, -1 if none */
+    int state;
+    int rc;
+    int64_t pins;      /* ranks holding its item between two next calls */
+    void *item;
+    char *msg;
+    int64_t *tokens;   /* [unit] statistics per micro-batch */
+    int64_t *padding;
+} pl__uslot;
+
+typedef struct pl__pgroup {
+    int64_t dp, cp;
+    int64_t first_member, n_members;
+    int64_t next_u, lo_u, demand_u;
+    int64_t lead_k;    /* largest cursor of its ranks */
+    int64_t counted_k; /* micro-batches below it are in the statistics */
+    pl__uslot *slots;  /* [cap] */
+} pl__pgroup;
+
+typedef struct pl__prank {
+    pl_rank_info info;
+    int64_t group;
+    int64_t cursor;
+    int64_t pin;       /* unit pinned, -1 */
+    int attached, lagged;
+} pl__prank;
+
+typedef struct pl__pentry {
+    int64_t step;
+    pl_plan *plan;
+    void *blob;
+    size_t blob_len;
+    void *aux;
+    void (*aux_free)(void *);
+    int rc;
+    char *msg;
+} pl__pentry;
+
+struct pl_pipeline {
+    char errmsg[PL__ERRMSG_CAP];
+    pl_config *cfg;
+    int64_t nmb, unit, ups, total_steps, total_k;
+    int64_t depth_u, lag_k, cap;
+    int group_by_cp;
+    pl_item_release_fn release;
+    void *release_ctx;
+
+    pthread_mutex_t mu;
+    pthread_cond_t work_cv, ready_cv;
+    int64_t work_cv_n, ready_cv_n; /* waiters */
+    int sync_inited;
+    int closed, failed, failed_reported;
+    char fail_msg[PL__ERRMSG_CAP];
+    uint64_t generation;
+
+    pl__prank *ranks; /* sorted by rank */
+    int64_t n_ranks;
+    int64_t *members; /* indices into ranks, grouped */
+    pl__pgroup *groups;
+    int64_t n_groups;
+
+    pl__pentry **entries; /* steps [first_step, first_step + n_entries) */
+    int64_t n_entries, cap_entries, first_step;
+    int64_t next_plan_step; /* next step to add */
+    int asked;              /* a PL_WORK_PLAN for next_plan_step is out */
+
+    void *base_blob; /* state of base_step's start */
+    size_t base_len;
+    int64_t base_step, start_k;
+
+    int64_t folded_step; /* steps below it are folded in the imbalance */
+    int64_t st_micro_batches, st_tokens, st_padding, st_folded;
+    double st_mom_sum, st_molb_sum;
+};
+
+/* ------------------------------------------------------------- helpers */
+
+static void pl__msg(char *err, size_t cap, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static void pl__msg(char *err, size_t cap, const char *fmt, ...) {
+    if (!err || !cap) return;
+    va_list ap;
+    va_start(ap, fmt);
+    pl__vfmt(err, cap, fmt, ap);
+    va_end(ap);
+}
+
+static int64_t pl__unit_of(const pl_pipeline *p, int64_t k) {
+    return (k / p->nmb) * p->ups + (k % p->nmb) / p->unit;
+}
+static int64_t pl__unit_k0(const pl_pipeline *p, int64_t u) {
+    return (u / p->ups) * p->nmb + (u % p->ups) * p->unit;
+}
+static int64_t pl__unit_n(const pl_pipeline *p, int64_t u) {
+    int64_t first = (u % p->ups) * p->unit;
+    return p->nmb - first < p->unit ? p->nmb - first : p->unit;
+}
+static pl__uslot *pl__slot(pl_pipeline *p, pl__pgroup *g, int64_t u) {
+    (void)p;
+    return &g->slots[u % p->cap];
+}
+static pl__pentry *pl__entry(pl_pipeline *p, int64_t step) {
+    int64_t i = step - p->first_step;
+    return i >= 0 && i < p->n_entries ? p->entries[i] : NULL;
+}
+
+/* Condition variables that count their waiters, so that a wake-up costs no
+ * system call when nobody waits (the common case once the rings are full). */
+#define pl__wake(cv) pl__wake_(&p->cv, &p->cv##_n)
+#define pl__wait(cv, mu, dl) pl__wait_(&p->cv, (mu), (dl), &p->cv##_n)
+static void pl__wake_(pthread_cond_t *cv, const int64_t *waiters) {
+    if (*waiters > 0) pthread_cond_broadcast(cv);
+}
+
+/* Wait with an absolute deadline (NULL: none); PL_ETIMEDOUT when it passed. */
+static int pl__wait_(pthread_cond_t *cv, pthread_mutex_t *mu,
+                     const struct timespec *deadline, int64_t *waiters) {
+    int rc = PL_OK;
+    (*waiters)++;
+    if (!deadline)
+        pthread_cond_wait(cv, mu);
+    else if (pthread_cond_timedwait(cv, mu, deadline) == ETIMEDOUT)
+        rc = PL_ETIMEDOUT;
+    (*waiters)--;
+    return rc;
+}
+
+/* Deadline for timeout_ms (< 0: none, *use = 0). */
+static void pl__deadline(int64_t timeout_ms, struct timespec *ts, int *use) {
+    *use = timeout_ms >= 0;
+    if (!*use) return;
+    clock_gettime(CLOCK_REALTIME, ts);
+    ts->tv_sec += (time_t)(timeout_ms / 1000);
+    ts->tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    if (ts->tv_nsec >= 1000000000L) {
+        ts->tv_sec++;
+        ts->tv_nsec -= 1000000000L;
+    }
+}
+static int pl__past(const struct timespec *ts) {
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    return now.tv_sec > ts->tv_sec ||
+           (now.tv_sec == ts->tv_sec && now.tv_nsec >= ts->tv_nsec);
+}
+
+static void pl__slot_clear(pl_pipeline *p, pl__uslot *s) {
+    if (s->item && p->release) p->release(s->item, p->release_ctx);
+    free(s->msg);
+    int64_t *t = s->tokens, *pd = s->padding;
+    memset(s, 0, sizeof *s);
+    s->tokens = t;
+    s->padding = pd;
+    s->u = -1;
+}
+
+static void pl__entry_free(pl__pentry *e) {
+    if (!e) return;
+    pl_plan_free(e->plan);
+    free(e->blob);
+    if (e->aux && e->aux_free) e->aux_free(e->aux);
+    free(e->msg);
+    free(e);
+}
+
+/* Least cursor of the group's ranks that were not dropped (and, with
+ * attached_only, that asked for a batch); -1 if none. */
+static int64_t pl__group_min(const pl_pipeline *p, const pl__pgroup *g,
+                             int attached_only) {
+    int64_t m = -1;
+    for (int64_t j = 0; j < g->n_members; j++) {
+        const pl__prank *r = &p->ranks[p->members[g->first_member + j]];
+        if (r->lagged || (attached_only && !r->attached)) continue;
+        if (m < 0 || r->cursor < m) m = r->cursor;
+    }
+    return m;
+}
+
+/* Consumed position: least cursor of every rank not dropped. */
+static int64_t pl__position(const pl_pipeline *p) {
+    int64_t m = -1;
+    for (int64_t i = 0; i < p->n_ranks; i++)
+        if (!p->ranks[i].lagged && (m < 0 || p->ranks[i].cursor < m))
+            m = p->ranks[i].cursor;
+    return m < 0 ? p->start_k : m;
+}
+
+/* The unit the group's window admits next (ignoring whether its step is
+ * planned and train_steps), or -1. */
+static int pl__window_admits(const pl_pipeline *p, const pl__pgroup *g) {
+    int64_t u = g->next_u;
+    if (u - g->lo_u >= p->cap) return 0;
+    int64_t a = pl__group_min(p, g, 1);
+    if (a < 0) a = pl__group_min(p, g, 0);
+    if (a < 0) return 0; /* every rank dropped */
+    return u < pl__unit_of(p, a) + p->depth_u || u <= g->demand_u;
+}
+
+static int pl__units_done(const pl_pipeline *p, const pl__pgroup *g) {
+    return p->total_steps >= 0 && g->next_u / p->ups >= p->total_steps;
+}
+
+/* Fold the imbalance of steps the position passed. */
+static void pl__fold(pl_pipeline *p) {
+    int64_t pos_step = pl__position(p) / p->nmb;
+    while (p->folded_step < pos_step) {
+        pl__pentry *e = pl__entry(p, p->folded_step);
+        if (!e) break;
+        if (e->plan) {
+            const pl_plan *pl = e->plan;
+            double mx = 0, sum = 0;
+            for (int64_t r = 0; r < pl->dp; r++) {
+                sum += pl->rank_cost[r];
+                if (pl->rank_cost[r] > mx) mx = pl->rank_cost[r];
+            }
+            if (sum > 0) p->st_mom_sum += mx / (sum / (double)pl->dp);
+            if (pl->lower_bound > 0) p->st_molb_sum += mx / pl->lower_bound;
+            p->st_folded++;
+        }
+        p->folded_step++;
+    }
+}
+
+/* Retire entries no group and no position needs. */
+static void pl__retire(pl_pipeline *p) {
+    int64_t keep = pl__position(p) / p->nmb;
+    for (int64_t g = 0; g < p->n_groups; g++) {
+        int64_t s = p->groups[g].lo_u / p->ups;
+        if (s < keep) keep = s;
+    }
+    if (p->folded_step < keep) keep = p->folded_step;
+    int64_t drop = 0;
+    while (drop < p->n_entries && p->entries[drop]->step < keep) {
+        pl__entry_free(p->entries[drop]);
+        drop++;
+    }
+    if (drop) {
+        memmove(p->entries, p->entries + drop,
+                (size_t)(p->n_entries - drop) * sizeof *p->entries);
+        p->n_entries -= drop;
+        p->first_step += drop;
+    }
+}
+
+/* After a cursor of group g moved (or a rank was dropped): count statistics,
+ * release units, retire entries, wake drivers. */
+static void pl__advance(pl_pipeline *p, pl__pgroup *g) {
+    int64_t m = pl__group_min(p, g, 0);
+    if (m < 0) m = g->lead_k;
+    for (int64_t k = g->counted_k; k < m; k++) {
+        int64_t u = pl__unit_of(p, k);
+        pl__uslot *s = pl__slot(p, g, u);
+        if (s->u == u && s->state == PL__U_READY) {
+            int64_t i = k - pl__unit_k0(p, u);
+            p->st_tokens += s->tokens[i];
+            p->st_padding += s->padding[i];
+        }
+    }
+    if (m > g->counted_k) g->counted_k = m;
+    int64_t lo0 = g->lo_u;
+    while (g->lo_u < g->next_u) {
+        int64_t u = g->lo_u;
+        pl__uslot *s = pl__slot(p, g, u);
+        if (s->u == u && (s->state == PL__U_BUILDING || s->pins > 0)) break;
+        if (pl__unit_k0(p, u) + pl__unit_n(p, u) > m) break;
+        if (s->u == u) pl__slot_clear(p, s);
+        g->lo_u++;
+    }
+    if (g->lo_u != lo0) pl__wake(work_cv);
+    pl__fold(p);
+    pl__retire(p);
+}
+
+/* Drop the ranks of g that are more than lag_k behind its lead. */
+static void pl__apply_lag(pl_pipeline *p, pl__pgroup *g) {
+    for (int64_t j = 0; j < g->n_members; j++) {
+        pl__prank *r = &p->ranks[p->members[g->first_member + j]];
+        if (r->lagged || g->lead_k - r->cursor <= p->lag_k) continue;
+        r->lagged = 1;
+        if (r->pin >= 0) {
+            pl__uslot *s = pl__slot(p, g, r->pin);
+            if (s->u == r->pin) s->pins--;
+            r->pin = -1;
+        }
+        pl__wake(ready_cv); /* it may be waiting */
+    }
+}
+
+/* ------------------------------------------------------------ lifecycle */
+
+static int pl__cmp_rank(const void *a, const void *b) {
+    int64_t x = ((const pl__prank *)a)->info.rank, y = ((const pl__prank *)b)->info.rank;
+    return (x > y) - (x < y);
+}
+
+typedef struct pl__pkey {
+    int64_t dp, cp, idx;
+} pl__pkey;
+static int pl__cmp_key(const void *a, const void *b) {
+    const pl__pkey *x = a, *y = b;
+    if (x->dp != y->dp) return x->dp < y->dp ? -1 : 1;
+    if (x->cp != y->cp) return x->cp < y->cp ? -1 : 1;
+    return (x->idx > y->idx) - (x->idx < y->idx);
+}
+
+static int pl__pfail(pl_pipeline *p, int rc, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+static int pl__pfail(pl_pipeline *p, int rc, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    pl__vfmt(p->errmsg, sizeof p->errmsg, fmt, ap);
+    va_end(ap);
+    return rc;
+}
+
+int pl_pipeline_create(const pl_config *cfg, const pl_pipeline_options *o,
+                       pl_pipeline **out) {
+    *out = NULL;
+    pl_pipeline *p = pl__calloc(1, sizeof *p);
+    if (!p) return PL_ENOMEM;
+    *out = p;
+    if (!cfg) return pl__pfail(p, PL_EINVAL, "pipeline: config is NULL");
+    if (o && o->version != PL_PIPELINE_OPTIONS_VERSION)
+        return pl__pfail(p, PL_EINVAL, "pipeline: options version %d, expected %d",
+                         o->version, PL_PIPELINE_OPTIONS_VERSION);
+    p->cfg = pl__config_clone(cfg);
+    if (!p->cfg) return pl__pfail(p, PL_ENOMEM, "pipeline: out of memory");
+    const pl_config *c = p->cfg;
+    p->nmb = c->global_batch_size / (c->topology.dp * c->micro_batch_size);
+    p->unit = o && o->unit > 0 ? o->unit : 1;
+    if (p->unit > p->nmb) p->unit = p->nmb;
+    p->ups = (p->nmb + p->unit - 1) / p->unit;
+    p->total_steps = c->train_steps;
+    p->total_k = c->train_steps >= 0 ? c->train_steps * p->nmb : -1;
+    int64_t prefetch = o && o->prefetch > 0 ? o->prefetch : c->prefetch;
+    if (prefetch < 1) prefetch = 1;
+    p->depth_u = (prefetch + p->unit - 1) / p->unit;
+    int64_t lag_steps = o && o->max_lag_steps > 0 ? o->max_lag_steps : c->max_lag_steps;
+    if (lag_steps < 1) lag_steps = 1;
+    p->lag_k = lag_steps * p->nmb;
+    p->cap = p->depth_u + lag_steps * p->ups + 2;
+    p->group_by_cp = o ? o->group_by_cp : 1;
+    p->release = o ? o->release : NULL;
+    p->release_ctx = o ? o->release_ctx : NULL;
+    if (pthread_mutex_init(&p->mu, NULL))
+        return pl__pfail(p, PL_ENOMEM, "pipeline: cannot create mutex");
+    if (pthread_cond_init(&p->work_cv, NULL)) {
+        pthread_mutex_destroy(&p->mu);
+        return pl__pfail(p, PL_ENOMEM, "pipeline: cannot create condition variable");
+    }
+    if (pthread_cond_init(&p->ready_cv, NULL)) {
+        pthread_cond_destroy(&p->work_cv);
+        pthread_mutex_destroy(&p->mu);
+        return pl__pfail(p, PL_ENOMEM, "pipeline: cannot create condition variable");
+    }
+    p->sync_inited = 1;
+
+    int64_t world = pl_config_world_size(c);
+    p->n_ranks = o && o->ranks ? o->n_ranks : world;
+    if (p->n_ranks <= 0) return pl__pfail(p, PL_EINVAL, "pipeline: no ranks to serve");
+    p->ranks = pl__calloc((size_t)p->n_ranks, sizeof *p->ranks);
+    p->groups = pl__calloc((size_t)p->n_ranks, sizeof *p->groups);
+    p->members = pl__calloc((size_t)p->n_ranks, sizeof *p->members);
+    pl__pkey *keys = pl__calloc((size_t)p->n_ranks, sizeof *keys);
+    if (!p->ranks || !p->groups || !p->members || !keys) {
+        free(keys);
+        return pl__pfail(p, PL_ENOMEM, "pipeline: out of memory");
+    }
+    for (int64_t i = 0; i < p->n_ranks; i++) {
+        int64_t rank = o && o->ranks ? o->ranks[i] : i;
+        int rc = pl_config_rank_info(c, rank, &p->ranks[i].info);
+        if (rc) {
+            free(keys);
+            return pl__pfail(p, rc, "pipeline: rank %lld out of range [0, %lld) of topology "
+                             "dp=%lld pp=%lld cp=%lld tp=%lld",
+                             (long long)rank, (long long)world, (long long)c->topology.dp,
+                             (long long)c->topology.pp, (long long)c->topology.cp,
+                             (long long)c->topology.tp);
+        }
+        p->ranks[i].pin = -1;
+    }
+    qsort(p->ranks, (size_t)p->n_ranks, sizeof *p->ranks, pl__cmp_rank);
+    for (int64_t i = 1; i < p->n_ranks; i++)
+        if (p->ranks[i].info.rank == p->ranks[i - 1].info.rank) {
+            free(keys);
+            return pl__pfail(p, PL_EINVAL, "pipeline: rank %lld given twice",
+                             (long long)p->ranks[i].info.rank);
+        }
+    for (int64_t i = 0; i < p->n_ranks; i++)
+        keys[i] = (pl__pkey){p->ranks[i].info.dp_rank,
+                             p->group_by_cp ? p->ranks[i].info.cp_rank : 0, i};
+    qsort(keys, (size_t)p->n_ranks, sizeof *keys, pl__cmp_key);
+    for (int64_t j = 0; j < p->n_ranks; j++) {
+        p->members[j] = keys[j].idx;
+        pl__pgroup *last = p->n_groups ? &p->groups[p->n_groups - 1] : NULL;
+        if (!last || last->dp != keys[j].dp || last->cp != keys[j].cp) {
+            last = &p->groups[p->n_groups++];
+            last->dp = keys[j].dp;
+            last->cp = keys[j].cp;
+            last->first_member = j;
+            last->slots = pl__calloc((size_t)p->cap, sizeof *last->slots);
+            if (!last->slots) {
+                free(keys);
+                return pl__pfail(p, PL_ENOMEM, "pipeline: out of memory");
+            }
+            for (int64_t t = 0; t < p->cap; t++) {
+                last->slots[t].u = -1;
+                last->slots[t].tokens = pl__calloc((size_t)p->unit, 8);
+                last->slots[t].padding = pl__calloc((size_t)p->unit, 8);
+                if (!last->slots[t].tokens || !last->slots[t].padding) {
+                    free(keys);
+                    return pl__pfail(p, PL_ENOMEM, "pipeline: out of memory");
+                }
+            }
+        }
+        last->n_members++;
+        p->ranks[keys[j].idx].group = p->n_groups - 1;
+    }
+    free(keys);
+    p->base_step = -1;
+    return PL_OK;
+}
+
+static void pl__clear(pl_pipeline *p) {
+    for (int64_t g = 0; g < p->n_groups; g++)
+        for (int64_t t = 0; p->groups[g].slots && t < p->cap; t++)
+            pl__slot_clear(p, &p->groups[g].slots[t]);
+    for (int64_t i = 0; i < p->n_entries; i++) pl__entry_free(p->entries[i]);
+    p->n_entries = 0;
+}
+
+void pl_pipeline_free(pl_pipeline *p) {
+    if (!p) return;
+    pl__clear(p);
+    for (int64_t g = 0; g < p->n_groups; g++) {
+        for (int64_t t = 0; p->groups[g].slots && t < p->cap; t++) {
+            free(p->groups[g].slots[t].tokens);
+            free(p->groups[g].slots[t].padding);
+        }
+        free(p->groups[g].slots);
+    }
+    free(p->groups);
+    free(p->ranks);
+    free(p->members);
+    free(p->entries);
+    free(p->base_blob);
+    pl_config_free(p->cfg);
+    if (p->sync_inited) {
+        pthread_cond_destroy(&p->work_cv);
+        pthread_cond_destroy(&p->ready_cv);
+        pthread_mutex_destroy(&p->mu);
+    }
+    free(p);
+}
+
+const char *pl_pipeline_errmsg(const pl_pipeline *p) {
+    return p ? p->errmsg : "out of memory";
+}
+
+int pl_pipeline_reset(pl_pipeline *p, const void *blob, size_t len, char *err,
+                      size_t errcap) {
+    pl_state_info si;
+    int rc = pl_state_inspect(blob, len, &si);
+    if (rc) {
+        pl__msg(err, errcap, "pipeline: the state blob is corrupt or of another version");
+        return PL_ESTATE;
+    }
+    if (si.micro_batch >= p->nmb) {
+        pl__msg(err, errcap, "state: micro-batch cursor %lld out of range [0, %lld)",
+                (long long)si.micro_batch, (long long)p->nmb);
+        return PL_ESTATE;
+    }
+    void *copy = malloc(len);
+    if (!copy) {
+        pl__msg(err, errcap, "pipeline: out of memory");
+        return PL_ENOMEM;
+    }
+    memcpy(copy, blob, len);
+    pthread_mutex_lock(&p->mu);
+    pl__clear(p);
+    free(p->base_blob);
+    p->base_blob = copy;
+    p->base_len = len;
+    p->base_step = si.step;
+    int64_t k = si.step * p->nmb + si.micro_batch;
+    p->start_k = k;
+    for (int64_t i = 0; i < p->n_ranks; i++) {
+        pl__prank *r = &p->ranks[i];
+        r->cursor = k;
+        r->pin = -1;
+        r->attached = r->lagged = 0;
+    }
+    int64_t u = pl__unit_of(p, k);
+    for (int64_t g = 0; g < p->n_groups; g++) {
+        pl__pgroup *gr = &p->groups[g];
+        gr->next_u = gr->lo_u = u;
+        gr->demand_u = -1;
+        gr->lead_k = gr->counted_k = k;
+    }
+    p->first_step = p->next_plan_step = si.step;
+    p->asked = 0;
+    p->failed = p->failed_reported = 0;
+    p->closed = 0;
+    p->fail_msg[0] = '\0';
+    p->generation++;
+    p->folded_step = si.step;
+    p->st_micro_batches = p->st_tokens = p->st_padding = p->st_folded = 0;
+    p->st_mom_sum = p->st_molb_sum = 0;
+    pl__wake(work_cv);
+    pl__wake(ready_cv);
+    pthread_mutex_unlock(&p->mu);
+    return PL_OK;
+}
+
+void pl_pipeline_close(pl_pipeline *p) {
+    if (!p) return;
+    pthread_mutex_lock(&p->mu);
+    p->closed = 1;
+    pl__wake(work_cv);
+    pl__wake(ready_cv);
+    pthread_mutex_unlock(&p->mu);
+}
+
+void pl__pipeline_reopen(pl_pipeline *p) {
+    pthread_mutex_lock(&p->mu);
+    p->closed = 0;
+    pthread_mutex_unlock(&p->mu);
+}
+
+size_t pl_pipeline_sizeof(const pl_pipeline *p) {
+    if (!p) return 0;
+    size_t n = sizeof *p + (size_t)p->n_ranks * (sizeof(pl__prank) + 8) +
+               (size_t)p->n_groups * (sizeof(pl__pgroup) +
+                                      (size_t)p->cap * (sizeof(pl__uslot) +
+                                                        16 * (size_t)p->unit)) +
+               p->base_len + (size_t)p->cap_entries * sizeof(void *);
+    for (int64_t i = 0; i < p->n_entries; i++) n += sizeof(pl__pentry) + p->entries[i]->blob_len;
+    return n;
+}
+
+/* --------------------------------------------------------------- driver */
+
+/* A group that may build a unit whose step is added; -1 if none. */
+static int64_t pl__pick(pl_pipeline *p) {
+    int64_t best = -1;
+    for (int64_t g = 0; g < p->n_groups; g++) {
+        pl__pgroup *gr = &p->groups[g];
+        if (pl__units_done(p, gr) || !pl__window_admits(p, gr)) continue;
+        if (gr->next_u / p->ups >= p->next_plan_step) continue;
+        if (best < 0 || gr->next_u < p->groups[best].next_u) best = g;
+    }
+    return best;
+}
+
+/* Whether a step must be added before some group can go on. */
+static int pl__needs_plan(pl_pipeline *p) {
+    if (p->asked) return 0;
+    if (p->total_steps >= 0 && p->next_plan_step > p->total_steps) return 0;
+    for (int64_t g = 0; g < p->n_groups; g++) {
+        pl__pgroup *gr = &p->groups[g];
+        if (gr->next_u / p->ups >= p->next_plan_step && pl__window_admits(p, gr))
+            return 1;
+    }
+    return 0;
+}
+
+static int pl__all_built(pl_pipeline *p) {
+    if (p->total_steps < 0) return 0;
+    for (int64_t g = 0; g < p->n_groups; g++)
+        if (!pl__units_done(p, &p->groups[g])) return 0;
+    return 1;
+}
+
+int pl_pipeline_get_work(pl_pipeline *p, unsigned kinds, int64_t timeout_ms,
+                         pl_work *w) {
+    memset(w, 0, sizeof *w);
+    struct timespec ts;
+    int use;
+    pl__deadline(timeout_ms, &ts, &use);
+    pthread_mutex_lock(&p->mu);
+    int rc = PL_OK;
+    for (;;) {
+        if (p->closed || p->failed) {
+            rc = PL_ECLOSED;
+            break;
+        }
+        if (kinds & PL_WORK_BUILD) {
+            int64_t g = pl__pick(p);
+            if (g >= 0) {
+                pl__pgroup *gr = &p->groups[g];
+                int64_t u = gr->next_u++;
+                pl__uslot *s = pl__slot(p, gr, u);
+                pl__slot_clear(p, s);
+                s->u = u;
+                pl__pentry *e = pl__entry(p, u / p->ups);
+                if (!e || e->rc || !e->plan) {
+                    s->state = PL__U_ERROR;
+                    s->rc = e && e->rc ? e->rc : PL_ESTATE;
+                    s->msg = pl__strdup(e && e->msg ? e->msg : "pipeline: no plan for this step");
+                    pl__wake(ready_cv);
+                    continue;
+                }
+                s->state = PL__U_BUILDING;
+                w->kind = PL_WORK_BUILD;
+                w->step = u / p->ups;
+                w->unit = u;
+                w->group = g;
+                w->dp_rank = gr->dp;
+                w->cp_rank = gr->cp;
+                w->micro_batch = pl__unit_k0(p, u) - w->step * p->nmb;
+                w->n_micro_batches = pl__unit_n(p, u);
+                w->plan = e->plan;
+                w->aux = e->aux;
+                w->generation = p->generation;
+                break;
+            }
+        }
+        if ((kinds & PL_WORK_PLAN) && pl__needs_plan(p)) {
+            p->asked = 1;
+            w->kind = PL_WORK_PLAN;
+            w->step = p->next_plan_step;
+            w->generation = p->generation;
+            break;
+        }
+        int done_build = pl__all_built(p);
+        int done_plan = p->total_steps >= 0 && p->next_plan_step > p->total_steps;
+        if ((!(kinds & PL_WORK_BUILD) || done_build) &&
+            (!(kinds & PL_WORK_PLAN) || done_plan)) {
+            rc = PL_DONE;
+            break;
+        }
+        if (use && (timeout_ms == 0 || pl__past(&ts))) {
+            rc = PL_ETIMEDOUT;
+            break;
+        }
+        pl__wait(work_cv, &p->mu, use ? &ts : NULL);
+    }
+    pthread_mutex_unlock(&p->mu);
+    return rc;
+}
+
+static int pl__add(pl_pipeline *p, int64_t step, pl_plan *plan, const void *blob,
+                   size_t blob_len, void *aux, void (*aux_free)(void *), int status,
+                   const char *message) {
+    pl__pentry *e = pl__calloc(1, sizeof *e);
+    void *b = blob_len ? malloc(blob_len) : NULL;
+    if (!e || (blob_len && !b)) {
+        free(e);
+        free(b);
+        pl_plan_free(plan);
+        if (aux && aux_free) aux_free(aux);
+        return PL_ENOMEM;
+    }
+    if (b) memcpy(b, blob, blob_len);
+    e->step = step;
+    e->plan = plan;
+    e->blob = b;
+    e->blob_len = blob_len;
+    e->aux = aux;
+    e->aux_free = aux_free;
+    e->rc = status;
+    e->msg = message ? pl__strdup(message) : NULL;
+    pthread_mutex_lock(&p->mu);
+    if (!p->asked || step != p->next_plan_step) {
+        pthread_mutex_unlock(&p->mu);
+        pl__entry_free(e);
+        return PL_EINVAL;
+    }
+    if (p->n_entries == p->cap_entries) {
+        int64_t nc = p->cap_entries ? p->cap_entries * 2 : 8;
+        pl__pentry **v = pl__realloc_array(p->entries, (size_t)nc, sizeof *v);
+        if (!v) {
+            pthread_mutex_unlock(&p->mu);
+            pl__entry_free(e);
+            return PL_ENOMEM;
+        }
+        p->entries = v;
+        p->cap_entries = nc;
+    }
+    if (p->n_entries == 0) p->first_step = step;
+    p->entries[p->n_entries++] = e;
+    p->next_plan_step++;
+    p->asked = 0;
+    pl__wake(work_cv);
+    pl__wake(ready_cv);
+    pthread_mutex_unlock(&p->mu);
+    return PL_OK;
+}
+
+int pl_pipeline_add_step(pl_pipeline *p, int64_t step, pl_plan *plan,
+                         const void *blob, size_t blob_len, void *aux,
+                         void (*aux_free)(void *)) {
+    if (!blob && blob_len) {
+        pl_plan_free(plan);
+        if (aux && aux_free) aux_free(aux);
+        return PL_EINVAL;
+    }
+    if (plan && plan->step != step) {
+        pl_plan_free(plan);
+        if (aux && aux_free) aux_free(aux);
+        return PL_EINVAL;
+    }
+    return pl__add(p, step, plan, blob, blob_len, aux, aux_free, PL_OK, NULL);
+}
+
+int pl_pipeline_fail_step(pl_pipeline *p, int64_t step, int status,
+                          const char *message) {
+    return pl__add(p, step, NULL, NULL, 0, NULL, NULL, status ? status : PL_EIO,
+                   message ? message : "step failed");
+}
+
+int pl_pipeline_complete(pl_pipeline *p, const pl_work *w, int status,
+                         const char *message, void *item, const int64_t *tokens,
+                         const int64_t *padding) {
+    pthread_mutex_lock(&p->mu);
+    pl__uslot *s = NULL;
+    if (w->kind == PL_WORK_BUILD && w->generation == p->generation && w->group >= 0 &&
+        w->group < p->n_groups) {
+        s = pl__slot(p, &p->groups[w->group], w->unit);
+        if (s->u != w->unit || s->state != PL__U_BUILDING) s = NULL;
+    }
+    if (!s) { /* reset meanwhile: drop it */
+        if (item && p->release) p->release(item, p->release_ctx);
+        pthread_mutex_unlock(&p->mu);
+        return PL_ECLOSED;
+    }
+    if (status == PL_OK) {
+        s->state = PL__U_READY;
+        s->item = item;
+        for (int64_t i = 0; i < w->n_micro_batches; i++) {
+            s->tokens[i] = tokens ? tokens[i] : 0;
+            s->padding[i] = padding ? padding[i] : 0;
+        }
+    } else {
+        if (item && p->release) p->release(item, p->release_ctx);
+        s->state = PL__U_ERROR;
+        s->rc = status;
+        s->msg = pl__strdup(message ? message : pl_strerror(status));
+    }
+    pl__wake(ready_cv);
+    pthread_mutex_unlock(&p->mu);
+    return PL_OK;
+}
+
+/* ------------------------------------------------------------- consumer */
+
+static pl__prank *pl__find(pl_pipeline *p, int64_t rank) {
+    int64_t lo = 0, hi = p->n_ranks;
+    while (lo < hi) {
+        int64_t mid = lo + (hi - lo) / 2;
+        if (p->ranks[mid].info.rank < rank) lo = mid + 1;
+        else hi = mid;
+    }
+    return lo < p->n_ranks && p->ranks[lo].info.rank == rank ? &p->ranks[lo] : NULL;
+}
+
+/* The failure, once with its status, then PL_ECLOSED. mu held. */
+static int pl__report_failure(pl_pipeline *p, char *err, size_t errcap) {
+    pl__msg(err, errcap, "%s", p->fail_msg);
+    int rc = p->failed_reported ? PL_ECLOSED : p->failed;
+    p->failed_reported = 1;
+    return rc;
+}
+
+int pl_pipeline_next(pl_pipeline *p, int64_t rank, int64_t max_count,
+                     int64_t timeout_ms, pl_pipeline_item *out, char *err,
+                     size_t errcap) {
+    memset(out, 0, sizeof *out);
+    if (max_count < 1) max_count = 1;
+    pl__prank *r = pl__find(p, rank);
+    if (!r) {
+        pl__msg(err, errcap, "pipeline: rank %lld is not served here", (long long)rank);
+        return PL_ERANGE;
+    }
+    struct timespec ts;
+    int use;
+    pl__deadline(timeout_ms, &ts, &use);
+    pthread_mutex_lock(&p->mu);
+    pl__pgroup *g = &p->groups[r->group];
+    if (r->pin >= 0) {
+        pl__uslot *s = pl__slot(p, g, r->pin);
+        if (s->u == r->pin) s->pins--;
+        r->pin = -1;
+        pl__advance(p, g);
+    }
+    int rc = PL_OK;
+    int64_t k = r->cursor;
+    if (!r->attached) {
+        r->attached = 1;
+        pl__wake(work_cv);
+    }
+    int64_t u = pl__unit_of(p, k);
+    pl__uslot *s = pl__slot(p, g, u);
+    for (;;) {
+        if (p->failed) {
+            rc = pl__report_failure(p, err, errcap);
+            goto out;
+        }
+        if (r->lagged) {
+            pl__msg(err, errcap,
+                    "rank %lld (DP rank %lld) stands at step %lld, micro-batch %lld, more "
+                    "than max_lag_steps=%lld steps behind the most advanced rank of its "
+                    "group (step %lld); its batches were dropped so that the others do "
+                    "not wait. Start the ranks together, or raise max_lag_steps",
+                    (long long)rank, (long long)r->info.dp_rank, (long long)(k / p->nmb),
+                    (long long)(k % p->nmb), (long long)(p->lag_k / p->nmb),
+                    (long long)(g->lead_k / p->nmb));
+            rc = PL_ELAG;
+            goto out;
+        }
+        if (p->total_k >= 0 && k >= p->total_k) {
+            rc = PL_DONE;
+            goto out;
+        }
+        if (p->closed) {
+            pl__msg(err, errcap, "pipeline: closed");
+            rc = PL_ECLOSED;
+            goto out;
+        }
+        if (u > g->demand_u) {
+            g->demand_u = u;
+            pl__wake(work_cv);
+        }
+        if (s->u == u && s->state == PL__U_ERROR) {
+            p->failed = s->rc;
+            pl__fmt(p->fail_msg, sizeof p->fail_msg, "%s", s->msg ? s->msg : "");
+            pl__wake(ready_cv);
+            pl__wake(work_cv);
+            continue;
+        }
+        if (s->u == u && s->state == PL__U_READY) break;
+        if (use && (timeout_ms == 0 || pl__past(&ts))) {
+            pl__msg(err, errcap,
+                    "pipeline: rank %lld waited %lld ms for step %lld, micro-batch %lld",
+                    (long long)rank, (long long)timeout_ms, (long long)(k / p->nmb),
+                    (long long)(k % p->nmb));
+            rc = PL_ETIMEDOUT;
+            goto out;
+        }
+        pl__wait(ready_cv, &p->mu, use ? &ts : NULL);
+    }
+    int64_t k0 = pl__unit_k0(p, u), n = pl__unit_n(p, u);
+    int64_t take = k0 + n - k < max_count ? k0 + n - k : max_count;
+    out->item = s->item;
+    out->step = k / p->nmb;
+    out->micro_batch = k % p->nmb;
+    out->count = take;
+    out->index = k - k0;
+    out->group = r->group;
+    out->fields = r->info.fields;
+    s->pins++;
+    r->pin = u;
+    r->cursor = k + take;
+    pl__wake(work_cv); /* the group's window may have moved */
+    p->st_micro_batches += take;
+    if (r->cursor > g->lead_k) {
+        g->lead_k = r->cursor;
+        pl__apply_lag(p, g);
+    }
+    pl__advance(p, g);
+out:
+    pthread_mutex_unlock(&p->mu);
+    return rc;
+}
+
+/* ---------------------------------------------------- state, statistics */
+
+/* The blob of `step`'s start (entry or base); NULL if not there. mu held. */
+static const void *pl__blob_of(pl_pipeline *p, int64_t step, size_t *len) {
+    pl__pentry *e = pl__entry(p, step);
+    if (e && e->blob) {
+        *len = e->blob_len;
+        return e->blob;
+    }
+    if (step == p->base_step && p->base_blob) {
+        *len = p->base_len;
+        return p->base_blob;
+    }
+    return NULL;
+}
+
+int pl_pipeline_get_state(pl_pipeline *p, int64_t timeout_ms, void *buf,
+                          size_t cap, size_t *len, char *err, size_t errcap) {
+    struct timespec ts;
+    int use;
+    pl__deadline(timeout_ms, &ts, &use);
+    pthread_mutex_lock(&p->mu);
+    int rc = PL_OK;
+    const void *blob = NULL;
+    size_t n = 0;
+    int64_t k = 0;
+    for (;;) {
+        k = pl__position(p);
+        blob = pl__blob_of(p, k / p->nmb, &n);
+        if (blob) break;
+        pl__pentry *e = pl__entry(p, k / p->nmb);
+        if (e || p->failed || p->closed || p->base_step < 0) {
+            pl__msg(err, errcap, "pipeline: no state for step %lld (%s)",
+                    (long long)(k / p->nmb),
+                    p->base_step < 0 ? "never reset"
+                    : e && e->msg ? e->msg : "the step failed or the pipeline closed");
+            rc = PL_ESTATE;
+            break;
+        }
+        if (use && (timeout_ms == 0 || pl__past(&ts))) {
+            pl__msg(err, errcap, "pipeline: the state of step %lld is not there yet",
+                    (long long)(k / p->nmb));
+            rc = PL_ETIMEDOUT;
+            break;
+        }
+        pl__wait(ready_cv, &p->mu, use ? &ts : NULL);
+    }
+    if (!rc) {
+        *len = n;
+        if (buf) {
+            if (cap < n) {
+                pl__msg(err, errcap, "state buffer too small: %zu bytes, need %zu", cap, n);
+                rc = PL_EINVAL;
+            } else {
+                rc = pl_state_retarget(blob, n, k % p->nmb, p->cfg->topology.dp, buf, cap,
+                                       len);
+                if (rc) pl__msg(err, errcap, "pipeline: corrupt state blob");
+            }
+        }
+    }
+    pthread_mutex_unlock(&p->mu);
+    return rc;
+}
+
+static int pl__name_is(const pl_state_source_info *si, const char *name) {
+    return strlen(name) == si->name_len && memcmp(si->name, name, si->name_len) == 0;
+}
+
+int pl_pipeline_get_stats(pl_pipeline *p, int64_t timeout_ms, pl_loader_stats *out,
+                          pl_source_summary *sources, int64_t cap) {
+    memset(out, 0, sizeof *out);
+    struct timespec ts;
+    int use;
+    pl__deadline(timeout_ms, &ts, &use);
+    pthread_mutex_lock(&p->mu);
+    int64_t k = pl__position(p);
+    int64_t step = k / p->nmb;
+    size_t blen = 0;
+    const void *blob = NULL;
+    /* The per-source counters are those of the blob of the position's step
+       (the planner's counters when the step began): wait for it. */
+    for (;;) {
+        k = pl__position(p);
+        step = k / p->nmb;
+        blob = pl__blob_of(p, step, &blen);
+        if (blob || p->failed || p->closed || p->base_step < 0 || pl__entry(p, step)) break;
+        if (use && (timeout_ms == 0 || pl__past(&ts))) {
+            pthread_mutex_unlock(&p->mu);
+            return PL_ETIMEDOUT;
+        }
+        pl__wait(ready_cv, &p->mu, use ? &ts : NULL);
+    }
+    out->steps = step - p->start_k / p->nmb;
+    if (out->steps < 0) out->steps = 0;
+    out->micro_batches = p->st_micro_batches;
+    out->tokens = p->st_tokens;
+    out->padding_tokens = p->st_padding;
+    if (p->st_folded > 0) {
+        out->max_over_mean = p->st_mom_sum / (double)p->st_folded;
+        out->max_over_lower_bound = p->st_molb_sum / (double)p->st_folded;
+    }
+    const pl_config *c = p->cfg;
+    int64_t ns = c->n_sources < cap ? c->n_sources : cap;
+    if (ns < 0) ns = 0;
+    pl_state_info info;
+    int have = blob && pl_state_inspect(blob, blen, &info) == PL_OK;
+    double drawn_all = 0, target_all = 0;
+    for (int64_t i = 0; i < ns; i++) {
+        pl_source_summary *m = &sources[i];
+        memset(m, 0, sizeof *m);
+        m->name = c->sources[i].name;
+    }
+    /* Counters by name; records are usually in config order. */
+    double *target = pl__calloc(ns ? (size_t)ns : 1, sizeof *target);
+    for (int64_t j = 0; have && target && j < info.n_sources; j++) {
+        pl_state_source_info si;
+        if (pl_state_source(blob, blen, j, &si)) break;
+        int64_t i = j < ns && pl__name_is(&si, c->sources[j].name) ? j : -1;
+        for (int64_t t = 0; i < 0 && t < ns; t++)
+            if (pl__name_is(&si, c->sources[t].name)) i = t;
+        drawn_all += (double)si.drawn_tokens;
+        target_all += si.target_tokens;
+        if (i < 0) continue;
+        pl_source_summary *m = &sources[i];
+        m->documents = si.documents;
+        m->tokens = si.drawn_tokens;
+        m->epochs_completed = si.epoch;
+        m->skipped = si.skipped;
+        target[i] = si.target_tokens;
+        out->skipped += si.skipped;
+    }
+    for (int64_t i = 0; i < ns; i++) {
+        pl_source_summary *m = &sources[i];
+        m->realized_fraction = drawn_all > 0 ? (double)m->tokens / drawn_all : 0;
+        m->scheduled_fraction = target && target_all > 0 ? target[i] / target_all : 0;
+    }
+    free(target);
+    out->n_sources = ns;
+    out->sources = sources;
+    pthread_mutex_unlock(&p->mu);
+    return PL_OK;
+}
