@@ -247,8 +247,25 @@ static double now_s(void) {
 }
 
 /* Parse CONFIG; prints the error and returns the exit code on failure. */
+/* Parse a config, print its warnings to stderr, and take topology.dp: auto
+ * from $WORLD_SIZE (as torchrun sets it; without it dp stays 1). */
 static int load_config(const char *path, pl_config **cfg) {
     int rc = pl_config_parse_file(path, cfg);
+    if (rc == PL_OK) {
+        for (int64_t i = 0; i < pl_config_num_warnings(*cfg); i++)
+            fprintf(stderr, "polyload: warning: %s\n", pl_config_warning(*cfg, i));
+        int64_t dp_auto = 0, world = 0;
+        const char *env = getenv("WORLD_SIZE");
+        if (pl_config_get_int(*cfg, "topology.dp_auto", &dp_auto) == PL_OK && dp_auto &&
+            env && *env) {
+            if (!parse_int(env, 1, INT32_MAX, &world)) {
+                pl_config_free(*cfg);
+                *cfg = NULL;
+                return usage_error("WORLD_SIZE='%s' is not a positive integer", env);
+            }
+            rc = pl_config_set_world_size(*cfg, world);
+        }
+    }
     if (rc != PL_OK) {
         int code = fail(EXIT_USAGE, pl_config_errmsg(*cfg), rc);
         pl_config_free(*cfg);
