@@ -8,6 +8,10 @@ library; this package is its Python face.  Modules:
   ``Loader``, ``Batch``, ``Array``), a CPython extension written in C.
 - ``polyload.torch``: PyTorch helpers (``broadcast_tp``: the Megatron pattern where TP
   rank 0 reads and broadcasts over the TP process group).
+- ``polyload.megatron``: Megatron-LM's ``--dataloader-type external`` (batches under
+  Megatron's names, ``PackedSeqParams``, argument check, checkpointed state).
+- ``polyload.hf``: Hugging Face transformers causal-LM fields for packed batches
+  (unshifted labels or ``shift_labels``, ``position_ids``, FlashAttention varlen kwargs).
 - ``polyload.prepare``: raw text -> Megatron indexed dataset (``polyload prepare``).
 - ``python -m polyload ARGS``: the bundled ``polyload`` CLI (``run``, ``plan``, ``inspect``,
   ``calibrate``) and ``prepare``.

@@ -232,7 +232,8 @@ def check_args(args: Any, config: Any) -> None:
     Raises:
         ConfigError: a value differs; the message names Megatron's option and polyload's
             key with both values.  Also when ``rampup_batch_size`` is set (polyload's
-            ``global_batch_size`` is fixed) or ``train_iters`` exceeds ``train_steps``.
+            ``global_batch_size`` is fixed), ``train_iters`` exceeds ``train_steps``, or
+            ``pad_id`` is not below ``padded_vocab_size``.
 
     Warns (``UserWarning``) when ``eod_mask_loss``, ``reset_position_ids`` or
     ``reset_attention_mask`` is off: polyload's batches always behave as if they were on.
@@ -262,6 +263,10 @@ def check_args(args: Any, config: Any) -> None:
     if getattr(args, "rampup_batch_size", None):
         problems.append(f"Megatron --rampup-batch-size {args.rampup_batch_size} is set but "
                         f"polyload's global_batch_size is fixed at {gi('global_batch_size')}")
+    vocab = getattr(args, "padded_vocab_size", None)
+    if vocab is not None and gi("pad_id") >= int(vocab):
+        problems.append(f"polyload pad_id {gi('pad_id')} is outside Megatron's vocabulary "
+                        f"(padded_vocab_size {int(vocab)})")
     train_iters = getattr(args, "train_iters", None)
     steps = gi("train_steps")
     if train_iters is not None and steps >= 0 and int(train_iters) > steps:

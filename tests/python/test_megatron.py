@@ -200,6 +200,8 @@ def test_check_args(corpus):
         (dict(data_parallel_size=4), "data_parallel_size (world size / (tp*pp*cp)) is 4 but "
                                      "polyload topology.dp is 2"),
         (dict(rampup_batch_size=[4, 4, 100]), "--rampup-batch-size"),
+        (dict(padded_vocab_size=0), "polyload pad_id 0 is outside Megatron's vocabulary "
+                                    "(padded_vocab_size 0)"),
     ]
     for over, msg in cases:
         with pytest.raises(ConfigError) as e:
