@@ -380,8 +380,12 @@ typedef struct pl_plan {
  *   position_ids  [rows, cols] int64; restart at 0 at each segment
  *   cu_seqlens    [n_cu_seqlens] int32, n_cu_seqlens = segments + 1, over the
  *                 flattened rows*cols tokens; a row's trailing padding is a
- *                 segment of its own
- *   max_seqlen    the longest segment
+ *                 segment of its own.  Under CP (cols = seq_length / cp) they
+ *                 are offsets over this CP rank's own tokens, i.e. the global
+ *                 padded offsets divided by cp: Transformer Engine's THD
+ *                 attention (cu_seqlens_q_padded) wants cp times these
+ *   max_seqlen    the longest segment (of this CP rank's tokens; cp times it
+ *                 globally)
  *
  * A batch returned by pl_loader_next is borrowed: it stays valid until the
  * next pl_loader_next for the same rank, or pl_loader_free.  To keep it longer
