@@ -718,10 +718,10 @@ static int walk_source(walk *w, int64_t i, yaml_node_t *map) {
         pl__fmt(key, sizeof key, "%s.%s", what, k);
         if (strcmp(k, "name") && strcmp(k, "type") && strcmp(k, "path") &&
             strcmp(k, "weight") && strcmp(k, "token_dtype") &&
-            strcmp(k, "eos_id"))
+            strcmp(k, "eos_id") && strcmp(k, "max_epochs"))
             return cfg_err(cfg, PL_ECONFIG, line_of(node(w, p->key)),
                            "unknown key '%s' (expected name, type, path, "
-                           "weight, token_dtype, eos_id)",
+                           "weight, token_dtype, eos_id, max_epochs)",
                            key);
         if (vn->type != YAML_SCALAR_NODE)
             return cfg_err(cfg, PL_ECONFIG, line_of(vn),
@@ -754,6 +754,9 @@ static int walk_source(walk *w, int64_t i, yaml_node_t *map) {
             rc = get_int(cfg, key, &v, 0, INT64_MAX, &s->eos_id);
             if (rc != PL_OK) return rc;
             line_eos = v.line;
+        } else if (strcmp(k, "max_epochs") == 0) {
+            rc = get_int(cfg, key, &v, 1, INT32_MAX, &s->max_epochs);
+            if (rc != PL_OK) return rc;
         } else {
             rc = get_num(cfg, key, &v, &s->weight);
             if (rc != PL_OK) return rc;
@@ -1442,7 +1445,8 @@ uint64_t pl_config_fingerprint(const pl_config *c) {
     h = pl__hash64(c->topology.order, strlen(c->topology.order), h);
     for (int64_t i = 0; i < c->n_sources; i++) {
         const pl__source_cfg *sc = &c->sources[i];
-        int64_t si[3] = {sc->type, sc->token_dtype, sc->eos_id};
+        int64_t si[4] = {sc->type, sc->token_dtype, sc->eos_id,
+                         sc->max_epochs};
         h = pl__hash64(sc->name, strlen(sc->name) + 1, h);
         h = pl__hash64(sc->path, strlen(sc->path) + 1, h);
         h = pl__hash64(si, sizeof si, h);

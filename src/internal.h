@@ -48,6 +48,7 @@ typedef struct pl__source_cfg {
     pl_dtype token_dtype; /* flat: UINT16 default */
     int64_t eos_id;       /* -1: type default */
     double weight;        /* raw weight (not normalized) */
+    int64_t max_epochs;   /* 0: no cap; else drawn from no more than N epochs */
 } pl__source_cfg;
 
 typedef struct pl__sched_point {

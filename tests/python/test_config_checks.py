@@ -174,3 +174,36 @@ def test_text_file_as_flat_source(tmp_path, no_world):
     toks.tofile(tmp_path / "tok.bin")
     src = polyload._core.Source.open("flat", str(tmp_path / "tok.bin"), write_index=-1)
     assert src.num_documents == 21
+
+
+def test_max_epochs_caps_a_source(corpus, no_world):
+    """A source with max_epochs: 1 is read once, then its weight goes to the others; when
+    every source is spent, the planner stops with an error that says so."""
+    small = int(np.sum(corpus.lengths[1]))  # s1: 61 short documents
+    base = corpus.config(topology={"dp": 1}, train_steps=30)
+    capped = corpus.config(topology={"dp": 1}, train_steps=30)
+    capped["sources"][1]["max_epochs"] = 1
+
+    def run(cfg):
+        with _loader(cfg) as loader:
+            n = sum(1 for _ in loader)
+            return n, loader.stats()
+
+    n0, st0 = run(base)
+    n1, st1 = run(capped)
+    assert n0 == n1 == 30 * 4
+    assert st0["sources"]["s1"]["epochs_completed"] >= 2  # without the cap: read again
+    s1 = st1["sources"]["s1"]
+    assert s1["epochs_completed"] == 1
+    assert s1["documents"] == len(corpus.lengths[1])
+    assert s1["tokens"] == small
+    assert st1["sources"]["s0"]["tokens"] > st0["sources"]["s0"]["tokens"]
+    # Every source capped: the run stops with an error naming max_epochs.
+    only = corpus.config(topology={"dp": 1}, train_steps=None,
+                         sources=[dict(capped["sources"][1], weight=1.0)])
+    with _loader(only) as loader:
+        with pytest.raises(ConfigError, match="has been read max_epochs times"):
+            for _ in range(1000):
+                next(loader)
+    with pytest.raises(ConfigError, match="max_epochs must be a positive integer"):
+        _loader(corpus.config(sources=[dict(capped["sources"][1], max_epochs=0)]))
