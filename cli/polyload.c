@@ -617,10 +617,18 @@ static int cmd_plan(int argc, char **argv) {
     if (a.rank) {
         int64_t world = pl_config_world_size(cfg);
         if (!parse_int(a.rank, 0, world - 1, &rank)) {
+            int64_t t[4] = {0, 0, 0, 0};
+            pl_config_get_int(cfg, "topology.dp", &t[0]);
+            pl_config_get_int(cfg, "topology.pp", &t[1]);
+            pl_config_get_int(cfg, "topology.cp", &t[2]);
+            pl_config_get_int(cfg, "topology.tp", &t[3]);
+            const char *env = getenv("WORLD_SIZE");
             pl_config_free(cfg);
             return usage_error("plan: --rank wants a rank in [0, %" PRId64
-                               "), got '%s'",
-                               world, a.rank);
+                               "), got '%s' (topology dp=%" PRId64 " pp=%" PRId64
+                               " cp=%" PRId64 " tp=%" PRId64 "; WORLD_SIZE %s%s)",
+                               world, a.rank, t[0], t[1], t[2], t[3],
+                               env ? "is " : "not set", env ? env : "");
         }
         int rc = pl_config_rank_info(cfg, rank, &info);
         if (rc != PL_OK) {

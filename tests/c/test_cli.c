@@ -477,6 +477,9 @@ static void test_checks(void) {
     CHECK_CODE(r, 2);
     CHECK(strstr(r->err, "WORLD_SIZE='x'") != NULL);
     unsetenv("WORLD_SIZE");
+    r = cli("plan good.yaml --steps 0:1 --rank 8 --json");
+    CHECK_CODE(r, 2);
+    CHECK(strstr(r->err, "got '8' (topology dp=2 pp=2 cp=1 tp=2; WORLD_SIZE not set)") != NULL);
     r = cli("plan auto.yaml --steps 0:1 --json");
     CHECK_CODE(r, 0);
     CHECK(check_plan_lines(r->out, 0, 1, 8) == 1);
