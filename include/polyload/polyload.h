@@ -258,7 +258,8 @@ PL_API int pl_config_set(pl_config *cfg, const char *key, const char *value);
 PL_API int pl_config_get_int(const pl_config *cfg, const char *key,
                              int64_t *out);
 /* A 64-bit hash of every setting that decides the batches (all keys except
- * threads and prefetch), so that processes can check they share a config. */
+ * threads, prefetch and vocab_size, which only checks pad_id), so that
+ * processes can check they share a config. */
 PL_API uint64_t pl_config_fingerprint(const pl_config *cfg);
 /* Open source i of the config (type, path, token_dtype, eos_id as the config
  * gives them), as pl_source_open: *out is set even on failure.  PL_ERANGE
