@@ -288,8 +288,14 @@ static void progress(int64_t done, int64_t total, int64_t tokens,
     for (int i = 0; i < width; i++) bar[i] = i < filled ? '#' : '.';
     bar[width] = '\0';
     double tps = secs > 0 ? (double)tokens / secs : 0.0;
-    fprintf(stderr, "\r[%s] %" PRId64 "/%" PRId64 " steps  %.3g tokens/s ",
-            bar, done, total, tps);
+    char eta[32] = "";
+    if (done > 0 && total > done && secs > 0) {
+        double left = secs * (double)(total - done) / (double)done;
+        long long m = (long long)(left / 60.0), sec = (long long)left % 60;
+        snprintf(eta, sizeof eta, "  ETA %lld:%02lld", m, sec);
+    }
+    fprintf(stderr, "\r[%s] %" PRId64 "/%" PRId64 " steps  %.3g tokens/s%s   ",
+            bar, done, total, tps, eta);
     fflush(stderr);
 }
 
