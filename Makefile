@@ -24,7 +24,8 @@ export PATH := $(abspath $(VENV))/bin:$(PATH)
 APT_PACKAGES := gcc make libyaml-dev libxxhash-dev zlib1g-dev \
                 linux-doc fortunes manpages-de manpages-fr manpages-ja
 # torch==2.13.0 is the CPU build on local disk; an unpinned torch pulls a CUDA build of GBs.
-PY_PACKAGES := torch==2.13.0 megatron-core tokenizers numpy pytest pyyaml tqdm ray==2.60.0
+PY_PACKAGES := torch==2.13.0 megatron-core tokenizers numpy pytest pyyaml tqdm ray==2.60.0 \
+               transformers==5.24.0 matplotlib==3.11.2
 BUILD_TOOLS := scikit-build-core cmake ninja
 
 # -Werror in CI (CI=true), as STYLE.md asks.

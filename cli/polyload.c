@@ -247,8 +247,25 @@ static double now_s(void) {
 }
 
 /* Parse CONFIG; prints the error and returns the exit code on failure. */
+/* Parse a config, print its warnings to stderr, and take topology.dp: auto
+ * from $WORLD_SIZE (as torchrun sets it; without it dp stays 1). */
 static int load_config(const char *path, pl_config **cfg) {
     int rc = pl_config_parse_file(path, cfg);
+    if (rc == PL_OK) {
+        for (int64_t i = 0; i < pl_config_num_warnings(*cfg); i++)
+            fprintf(stderr, "polyload: warning: %s\n", pl_config_warning(*cfg, i));
+        int64_t dp_auto = 0, world = 0;
+        const char *env = getenv("WORLD_SIZE");
+        if (pl_config_get_int(*cfg, "topology.dp_auto", &dp_auto) == PL_OK && dp_auto &&
+            env && *env) {
+            if (!parse_int(env, 1, INT32_MAX, &world)) {
+                pl_config_free(*cfg);
+                *cfg = NULL;
+                return usage_error("WORLD_SIZE='%s' is not a positive integer", env);
+            }
+            rc = pl_config_set_world_size(*cfg, world);
+        }
+    }
     if (rc != PL_OK) {
         int code = fail(EXIT_USAGE, pl_config_errmsg(*cfg), rc);
         pl_config_free(*cfg);
@@ -271,8 +288,14 @@ static void progress(int64_t done, int64_t total, int64_t tokens,
     for (int i = 0; i < width; i++) bar[i] = i < filled ? '#' : '.';
     bar[width] = '\0';
     double tps = secs > 0 ? (double)tokens / secs : 0.0;
-    fprintf(stderr, "\r[%s] %" PRId64 "/%" PRId64 " steps  %.3g tokens/s ",
-            bar, done, total, tps);
+    char eta[32] = "";
+    if (done > 0 && total > done && secs > 0) {
+        double left = secs * (double)(total - done) / (double)done;
+        long long m = (long long)(left / 60.0), sec = (long long)left % 60;
+        snprintf(eta, sizeof eta, "  ETA %lld:%02lld", m, sec);
+    }
+    fprintf(stderr, "\r[%s] %" PRId64 "/%" PRId64 " steps  %.3g tokens/s%s   ",
+            bar, done, total, tps, eta);
     fflush(stderr);
 }
 
@@ -600,10 +623,18 @@ static int cmd_plan(int argc, char **argv) {
     if (a.rank) {
         int64_t world = pl_config_world_size(cfg);
         if (!parse_int(a.rank, 0, world - 1, &rank)) {
+            int64_t t[4] = {0, 0, 0, 0};
+            pl_config_get_int(cfg, "topology.dp", &t[0]);
+            pl_config_get_int(cfg, "topology.pp", &t[1]);
+            pl_config_get_int(cfg, "topology.cp", &t[2]);
+            pl_config_get_int(cfg, "topology.tp", &t[3]);
+            const char *env = getenv("WORLD_SIZE");
             pl_config_free(cfg);
             return usage_error("plan: --rank wants a rank in [0, %" PRId64
-                               "), got '%s'",
-                               world, a.rank);
+                               "), got '%s' (topology dp=%" PRId64 " pp=%" PRId64
+                               " cp=%" PRId64 " tp=%" PRId64 "; WORLD_SIZE %s%s)",
+                               world, a.rank, t[0], t[1], t[2], t[3],
+                               env ? "is " : "not set", env ? env : "");
         }
         int rc = pl_config_rank_info(cfg, rank, &info);
         if (rc != PL_OK) {

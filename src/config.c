@@ -15,6 +15,13 @@
  * and line: "pretrain.yaml:7: unknown key 'seq_lenght'".  Problems with
  * topology.order are PL_ETOPOLOGY; everything else is PL_ECONFIG.
  *
+ * Warnings (pl_config_warning) record what a parse accepted but a user may
+ * not have meant: weights that do not sum to 1 (they are normalized), a
+ * schedule point that leaves a source out (its weight there is 0), source
+ * weights that a schedule overrides, seq_length left at its default.  They
+ * are collected while walking the YAML, with the line, and belong to the
+ * parse: pl_config_set neither adds nor clears them.
+ *
  * Cost presets set a, b and c; explicit a, b or c keys override them,
  * whatever their position in the YAML mapping.  pl_config_set("cost.preset")
  * resets a, b, c (and window) to the preset's values.
@@ -67,6 +74,31 @@ cfg_err(pl_config *cfg, int code, int line, const char *fmt, ...) {
     else
         pl__fmt(cfg->errmsg, sizeof cfg->errmsg, "%s", msg);
     return code;
+}
+
+/* Append a warning (formatted as cfg_err formats messages).  PL_ENOMEM when
+ * it cannot be stored. */
+__attribute__((format(printf, 3, 4))) static int
+cfg_warn(pl_config *cfg, int line, const char *fmt, ...) {
+    char msg[PL__ERRMSG_CAP], full[PL__ERRMSG_CAP];
+    va_list ap;
+    va_start(ap, fmt);
+    pl__vfmt(msg, sizeof msg, fmt, ap);
+    va_end(ap);
+    const char *origin = cfg->origin ? cfg->origin : "<config>";
+    if (line > 0)
+        pl__fmt(full, sizeof full, "%s:%d: %s", origin, line, msg);
+    else
+        pl__fmt(full, sizeof full, "%s: %s", origin, msg);
+    char **grown = pl__realloc_array(cfg->warnings, (size_t)cfg->n_warnings + 1,
+                                     sizeof *grown);
+    if (!grown) return cfg_err(cfg, PL_ENOMEM, 0, "out of memory");
+    cfg->warnings = grown;
+    grown[cfg->n_warnings] = pl__strdup(full);
+    if (!grown[cfg->n_warnings])
+        return cfg_err(cfg, PL_ENOMEM, 0, "out of memory");
+    cfg->n_warnings++;
+    return PL_OK;
 }
 
 /* ------------------------------------------------------------ scalars */
@@ -239,7 +271,7 @@ static int is_known_key(const char *key) {
         "balance", "on_error", "threads", "prefetch", "max_lag_steps", "cost.preset",
         "cost.a", "cost.b", "cost.c", "cost.window", "long_short.threshold",
         "topology.dp", "topology.pp", "topology.cp", "topology.tp",
-        "topology.order"};
+        "topology.order", "vocab_size"};
     for (int i = 0; i < NELEM(known); i++)
         if (strcmp(key, known[i]) == 0) return 1;
     return 0;
@@ -284,6 +316,8 @@ static int set_scalar(pl_config *cfg, const char *key, const sval *v) {
     }
     if (strcmp(key, "pad_id") == 0)
         return get_int(cfg, key, v, 0, INT64_MAX, &cfg->pad_id);
+    if (strcmp(key, "vocab_size") == 0)
+        return get_int(cfg, key, v, 1, INT64_MAX, &cfg->vocab_size);
     if (strcmp(key, "long_documents") == 0)
         return get_enum(cfg, key, v, ENUM_ARGS(longdoc),
                         &cfg->long_documents);
@@ -319,11 +353,17 @@ static int set_scalar(pl_config *cfg, const char *key, const sval *v) {
         pl__fmt(cfg->topology.order, sizeof cfg->topology.order, "%s", v->s);
         return PL_OK;
     }
-    /* topology.dp, .pp, .cp, .tp */
+    /* topology.dp (or auto: from the world size), .pp, .cp, .tp */
+    if (strcmp(key, "topology.dp") == 0 && !v->quoted &&
+        strcmp(v->s, "auto") == 0) {
+        cfg->topology.dp = 1;
+        cfg->topology.dp_auto = 1;
+        return PL_OK;
+    }
     rc = get_int(cfg, key, v, 1, INT32_MAX, &x);
     if (rc != PL_OK) return rc;
     switch (key[9]) {
-    case 'd': cfg->topology.dp = x; break;
+    case 'd': cfg->topology.dp = x; cfg->topology.dp_auto = 0; break;
     case 'p': cfg->topology.pp = x; break;
     case 'c': cfg->topology.cp = x; break;
     default: cfg->topology.tp = x; break;
@@ -341,9 +381,26 @@ static double source_weight_sum(const pl_config *cfg) {
 
 static int validate(pl_config *cfg, const vlines *ln) {
     char err[PL__ERRMSG_CAP];
-    if (pl__topology_parse_order(cfg->topology.order, NULL, NULL, err,
+    int order_axes[5], n_axes = 0;
+    if (pl__topology_parse_order(cfg->topology.order, order_axes, &n_axes, err,
                                  sizeof err) != PL_OK)
         return cfg_err(cfg, PL_ETOPOLOGY, ln->order, "%s", err);
+    {
+        /* An axis may be left out of the order only if its size is 1. */
+        static const char *const names[5] = {"tp", "cp", "ep", "dp", "pp"};
+        const int64_t sizes[5] = {cfg->topology.tp, cfg->topology.cp, 1,
+                                  cfg->topology.dp, cfg->topology.pp};
+        int seen[5] = {0, 0, 0, 0, 0};
+        for (int k = 0; k < n_axes; k++) seen[order_axes[k]] = 1;
+        for (int a = 0; a < 5; a++)
+            if (!seen[a] && sizes[a] != 1)
+                return cfg_err(cfg, PL_ETOPOLOGY, ln->order,
+                               "topology.order '%s': axis '%s' missing, but "
+                               "topology.%s is %" PRId64
+                               " (only axes of size 1 may be left out)",
+                               cfg->topology.order, names[a], names[a],
+                               sizes[a]);
+    }
     int64_t per = cfg->topology.dp * cfg->micro_batch_size;
     if (cfg->global_batch_size % per != 0)
         return cfg_err(cfg, PL_ECONFIG, ln->global_batch_size,
@@ -371,6 +428,19 @@ static int validate(pl_config *cfg, const vlines *ln) {
         return cfg_err(cfg, PL_ECONFIG, 0,
                        "pad_id %" PRId64 " does not fit dtype int32",
                        cfg->pad_id);
+    if (cfg->vocab_size > 0 && cfg->pad_id >= cfg->vocab_size)
+        return cfg_err(cfg, PL_ECONFIG, 0,
+                       "pad_id %" PRId64 " is outside the vocabulary "
+                       "(vocab_size %" PRId64 ")",
+                       cfg->pad_id, cfg->vocab_size);
+    for (int64_t i = 0; cfg->vocab_size > 0 && i < cfg->n_sources; i++)
+        if (cfg->sources[i].eos_id >= cfg->vocab_size)
+            return cfg_err(cfg, PL_ECONFIG, ln->sources,
+                           "sources[%" PRId64 "] '%s': eos_id %" PRId64
+                           " is outside the vocabulary (vocab_size %" PRId64
+                           ")",
+                           i, cfg->sources[i].name, cfg->sources[i].eos_id,
+                           cfg->vocab_size);
     if (cfg->n_sources < 1)
         return cfg_err(cfg, PL_ECONFIG, ln->sources,
                        "sources: at least one source is required");
@@ -472,6 +542,8 @@ void pl_config_free(pl_config *cfg) {
     free(cfg->sources);
     for (int64_t k = 0; k < cfg->n_points; k++) free(cfg->points[k].weights);
     free(cfg->points);
+    for (int64_t k = 0; k < cfg->n_warnings; k++) free(cfg->warnings[k]);
+    free(cfg->warnings);
     free(cfg->origin);
     free(cfg);
 }
@@ -486,6 +558,8 @@ typedef struct walk {
     pl_config *cfg;
     yaml_document_t *doc;
     vlines ln;
+    int weight_line;   /* line of the first explicit sources[i].weight */
+    int64_t weight_of; /* ... and its source */
 } walk;
 
 static int line_of(const yaml_node_t *n) {
@@ -647,10 +721,10 @@ static int walk_source(walk *w, int64_t i, yaml_node_t *map) {
         pl__fmt(key, sizeof key, "%s.%s", what, k);
         if (strcmp(k, "name") && strcmp(k, "type") && strcmp(k, "path") &&
             strcmp(k, "weight") && strcmp(k, "token_dtype") &&
-            strcmp(k, "eos_id"))
+            strcmp(k, "eos_id") && strcmp(k, "max_epochs"))
             return cfg_err(cfg, PL_ECONFIG, line_of(node(w, p->key)),
                            "unknown key '%s' (expected name, type, path, "
-                           "weight, token_dtype, eos_id)",
+                           "weight, token_dtype, eos_id, max_epochs)",
                            key);
         if (vn->type != YAML_SCALAR_NODE)
             return cfg_err(cfg, PL_ECONFIG, line_of(vn),
@@ -683,9 +757,16 @@ static int walk_source(walk *w, int64_t i, yaml_node_t *map) {
             rc = get_int(cfg, key, &v, 0, INT64_MAX, &s->eos_id);
             if (rc != PL_OK) return rc;
             line_eos = v.line;
+        } else if (strcmp(k, "max_epochs") == 0) {
+            rc = get_int(cfg, key, &v, 1, INT32_MAX, &s->max_epochs);
+            if (rc != PL_OK) return rc;
         } else {
             rc = get_num(cfg, key, &v, &s->weight);
             if (rc != PL_OK) return rc;
+            if (!w->weight_line) {
+                w->weight_line = v.line;
+                w->weight_of = i;
+            }
         }
     }
     const int line = line_of(map);
@@ -757,6 +838,77 @@ static int64_t source_index(const pl_config *cfg, const char *name) {
     return -1;
 }
 
+/* Warnings of schedule point k: sources it leaves out (weight 0 there) and
+ * weights that do not sum to 1 (normalized). */
+static int point_warnings(walk *w, int64_t k, yaml_node_t *wmap, double sum,
+                          int line) {
+    pl_config *cfg = w->cfg;
+    const pl__sched_point *pt = &cfg->points[k];
+    unsigned char *named = pl__calloc((size_t)cfg->n_sources, 1);
+    if (!named) return cfg_err(cfg, PL_ENOMEM, 0, "out of memory");
+    for (yaml_node_pair_t *q = wmap->data.mapping.pairs.start;
+         q < wmap->data.mapping.pairs.top; q++)
+        named[source_index(cfg, key_str(w, q))] = 1; /* names were checked */
+    char list[256] = "";
+    size_t used = 0;
+    int64_t omitted = 0;
+    for (int64_t i = 0; i < cfg->n_sources; i++) {
+        if (named[i]) continue;
+        if (omitted < 8 && used < sizeof list) {
+            int n = snprintf(list + used, sizeof list - used, "%s'%s'",
+                             omitted ? ", " : "", cfg->sources[i].name);
+            if (n > 0) used += (size_t)n;
+        }
+        omitted++;
+    }
+    free(named);
+    int rc = PL_OK;
+    if (omitted)
+        rc = cfg_warn(cfg, line,
+                      "schedule.points[%" PRId64 "] (step %" PRId64
+                      ") omits source%s %s%s: %s weight is 0 there",
+                      k, pt->step, omitted > 1 ? "s" : "", list,
+                      omitted > 8 ? ", ..." : "", omitted > 1 ? "their" : "its");
+    if (rc == PL_OK && fabs(sum - 1.0) > 1e-6)
+        rc = cfg_warn(cfg, line,
+                      "schedule.points[%" PRId64 "].weights sum to %g, not 1: "
+                      "they are normalized (divided by %g)",
+                      k, sum, sum);
+    return rc;
+}
+
+/* Warnings of the whole config, after validation (see the file comment). */
+static int config_warnings(walk *w) {
+    pl_config *cfg = w->cfg;
+    int rc = PL_OK;
+    if (!w->ln.seq_length)
+        rc = cfg_warn(cfg, 0,
+                      "seq_length is not set: using the default %" PRId64,
+                      cfg->seq_length);
+    if (rc == PL_OK && cfg->has_schedule && w->weight_line)
+        rc = cfg_warn(cfg, w->weight_line,
+                      "sources[%" PRId64 "].weight ('%s') is ignored: the "
+                      "schedule sets every weight",
+                      w->weight_of, cfg->sources[w->weight_of].name);
+    double sum = source_weight_sum(cfg);
+    if (rc == PL_OK && !cfg->has_schedule && fabs(sum - 1.0) > 1e-6) {
+        char list[256] = "";
+        size_t used = 0;
+        for (int64_t i = 0; i < cfg->n_sources && i < 8 && used < sizeof list;
+             i++) {
+            int n = snprintf(list + used, sizeof list - used, "%s%s %.4g",
+                             i ? ", " : "", cfg->sources[i].name,
+                             cfg->sources[i].weight / sum);
+            if (n > 0) used += (size_t)n;
+        }
+        rc = cfg_warn(cfg, w->ln.sources,
+                      "weights of sources sum to %g, not 1: they are "
+                      "normalized to %s%s",
+                      sum, list, cfg->n_sources > 8 ? ", ..." : "");
+    }
+    return rc;
+}
+
 static int walk_point(walk *w, int64_t k, yaml_node_t *map) {
     pl_config *cfg = w->cfg;
     char what[64];
@@ -769,6 +921,7 @@ static int walk_point(walk *w, int64_t k, yaml_node_t *map) {
     if (!pt->weights) return cfg_err(cfg, PL_ENOMEM, 0, "out of memory");
     int has_step = 0, has_weights = 0, line_step = line_of(map);
     int line_weights = line_of(map);
+    yaml_node_t *wmap = NULL;
     yaml_node_pair_t *b = map->data.mapping.pairs.start;
     yaml_node_pair_t *e = map->data.mapping.pairs.top;
     for (yaml_node_pair_t *p = b; p < e; p++) {
@@ -789,6 +942,7 @@ static int walk_point(walk *w, int64_t k, yaml_node_t *map) {
             rc = check_mapping(w, vn, key);
             if (rc != PL_OK) return rc;
             line_weights = line_of(vn);
+            wmap = vn;
             for (yaml_node_pair_t *q = vn->data.mapping.pairs.start;
                  q < vn->data.mapping.pairs.top; q++) {
                 const char *sname = key_str(w, q);
@@ -832,7 +986,7 @@ static int walk_point(walk *w, int64_t k, yaml_node_t *map) {
     if (!isfinite(sum))
         return cfg_err(cfg, PL_ECONFIG, line_weights,
                        "%s.weights sum to infinity", what);
-    return PL_OK;
+    return point_warnings(w, k, wmap, sum, line_weights);
 }
 
 static int walk_schedule(walk *w, yaml_node_t *map) {
@@ -922,7 +1076,9 @@ static int walk_root(walk *w) {
         rc = walk_schedule(w, schedule);
         if (rc != PL_OK) return rc;
     }
-    return validate(cfg, &w->ln);
+    rc = validate(cfg, &w->ln);
+    if (rc != PL_OK) return rc;
+    return config_warnings(w);
 }
 
 int pl_config_parse_string(const char *yaml, size_t len, const char *origin,
@@ -1076,6 +1232,9 @@ int pl_config_get_int(const pl_config *cfg, const char *key, int64_t *out) {
         {"topology.pp", cfg->topology.pp},
         {"topology.cp", cfg->topology.cp},
         {"topology.tp", cfg->topology.tp},
+        {"topology.dp_auto", cfg->topology.dp_auto},
+        {"vocab_size", cfg->vocab_size},
+        {"num_warnings", cfg->n_warnings},
         {"schedule.interpolation", cfg->interpolation},
         {"num_sources", cfg->n_sources},
         {"world_size", pl_config_world_size(cfg)},
@@ -1089,6 +1248,53 @@ int pl_config_get_int(const pl_config *cfg, const char *key, int64_t *out) {
         }
     }
     return PL_EINVAL;
+}
+
+int64_t pl_config_num_warnings(const pl_config *cfg) {
+    return cfg ? cfg->n_warnings : 0;
+}
+
+const char *pl_config_warning(const pl_config *cfg, int64_t i) {
+    if (!cfg || i < 0 || i >= cfg->n_warnings) return NULL;
+    return cfg->warnings[i];
+}
+
+int pl_config_set_world_size(pl_config *cfg, int64_t world_size) {
+    if (!cfg) return PL_EINVAL;
+    const int64_t pp = cfg->topology.pp, cp = cfg->topology.cp,
+                  tp = cfg->topology.tp;
+    if (world_size < 1)
+        return cfg_err(cfg, PL_EINVAL, -1,
+                       "world size must be positive, got %" PRId64,
+                       world_size);
+    if (!cfg->topology.dp_auto) {
+        int64_t mine = pl_config_world_size(cfg);
+        if (mine == world_size) return PL_OK;
+        return cfg_err(cfg, PL_ECONFIG, -1,
+                       "topology dp=%" PRId64 " pp=%" PRId64 " cp=%" PRId64
+                       " tp=%" PRId64 " has world size %" PRId64
+                       ", but the trainer's world size is %" PRId64
+                       " (set topology.dp: auto to take dp from it)",
+                       cfg->topology.dp, pp, cp, tp, mine, world_size);
+    }
+    if (world_size % (pp * cp * tp) != 0)
+        return cfg_err(cfg, PL_ECONFIG, -1,
+                       "topology.dp: auto: the trainer's world size %" PRId64
+                       " is not divisible by pp*cp*tp = %" PRId64 "*%" PRId64
+                       "*%" PRId64,
+                       world_size, pp, cp, tp);
+    char value[32];
+    pl__fmt(value, sizeof value, "%" PRId64, world_size / (pp * cp * tp));
+    int rc = pl_config_set(cfg, "topology.dp", value);
+    if (rc != PL_OK) {
+        char msg[PL__ERRMSG_CAP];
+        pl__fmt(msg, sizeof msg, "%s", cfg->errmsg);
+        return cfg_err(cfg, rc, -1,
+                       "topology.dp: auto = %s (world size %" PRId64
+                       "): %s",
+                       value, world_size, msg);
+    }
+    return PL_OK;
 }
 
 int64_t pl_config_num_sources(const pl_config *cfg) {
@@ -1169,6 +1375,8 @@ pl_config *pl__config_clone(const pl_config *cfg) {
     c->points = NULL;
     c->n_sources = 0;
     c->n_points = 0;
+    c->warnings = NULL;
+    c->n_warnings = 0;
     c->origin = pl__strdup(cfg->origin ? cfg->origin : "<string>");
     c->sources = pl__calloc((size_t)cfg->n_sources, sizeof *c->sources);
     c->points = pl__calloc((size_t)cfg->n_points, sizeof *c->points);
@@ -1188,6 +1396,15 @@ pl_config *pl__config_clone(const pl_config *cfg) {
         if (!c->points[k].weights) goto fail;
         memcpy(c->points[k].weights, cfg->points[k].weights,
                (size_t)cfg->n_sources * sizeof(double));
+    }
+    if (cfg->n_warnings) {
+        c->warnings = pl__calloc((size_t)cfg->n_warnings, sizeof *c->warnings);
+        if (!c->warnings) goto fail;
+        for (int64_t k = 0; k < cfg->n_warnings; k++) {
+            c->warnings[k] = pl__strdup(cfg->warnings[k]);
+            c->n_warnings = k + 1;
+            if (!c->warnings[k]) goto fail;
+        }
     }
     return c;
 fail:
@@ -1232,7 +1449,8 @@ uint64_t pl_config_fingerprint(const pl_config *c) {
     h = pl__hash64(c->topology.order, strlen(c->topology.order), h);
     for (int64_t i = 0; i < c->n_sources; i++) {
         const pl__source_cfg *sc = &c->sources[i];
-        int64_t si[3] = {sc->type, sc->token_dtype, sc->eos_id};
+        int64_t si[4] = {sc->type, sc->token_dtype, sc->eos_id,
+                         sc->max_epochs};
         h = pl__hash64(sc->name, strlen(sc->name) + 1, h);
         h = pl__hash64(sc->path, strlen(sc->path) + 1, h);
         h = pl__hash64(si, sizeof si, h);

@@ -48,6 +48,7 @@ typedef struct pl__source_cfg {
     pl_dtype token_dtype; /* flat: UINT16 default */
     int64_t eos_id;       /* -1: type default */
     double weight;        /* raw weight (not normalized) */
+    int64_t max_epochs;   /* 0: no cap; else drawn from no more than N epochs */
 } pl__source_cfg;
 
 typedef struct pl__sched_point {
@@ -78,7 +79,9 @@ struct pl_config {
     struct {
         int64_t dp, pp, cp, tp;
         char order[64];
+        int dp_auto; /* topology.dp: auto, until pl_config_set_world_size */
     } topology;
+    int64_t vocab_size; /* 0: unknown */
     int threads;
     int prefetch;
     int64_t max_lag_steps; /* lag policy of the pipeline */
@@ -88,6 +91,8 @@ struct pl_config {
     int interpolation;
     int64_t n_points;
     pl__sched_point *points; /* sorted by step */
+    int64_t n_warnings;
+    char **warnings; /* [n_warnings], from the parse (pl_config_warning) */
 };
 
 /* Deep copy of a config (NULL on allocation failure). */
@@ -101,8 +106,9 @@ int pl__config_open_source(const pl_config *cfg, int64_t i, pl_source **out);
 /*
  * Parse a topology order such as "tp-cp-ep-dp-pp" into axes[0..*n_axes)
  * (PL__AXIS_*; room for 5), leftmost first, i.e. fastest-varying first.
- * tp, cp, dp and pp must each appear exactly once, ep at most once.
- * PL_ETOPOLOGY with a message in err otherwise.
+ * Each axis appears at most once; an axis left out has index 0 (the config
+ * check requires its size to be 1).  PL_ETOPOLOGY with a message in err for
+ * an unknown or repeated axis.
  */
 enum { PL__AXIS_TP = 0, PL__AXIS_CP, PL__AXIS_EP, PL__AXIS_DP, PL__AXIS_PP };
 int pl__topology_parse_order(const char *order, int *axes, int *n_axes,

@@ -126,11 +126,15 @@ const char *pl_planner_errmsg(const pl_planner *p) {
     return p ? p->errmsg : "out of memory";
 }
 
-/* Move source i to its next usable document.  PL_OK, or an error. */
+/* Move source i to its next usable document.  PL_OK, PL_DONE when the
+ * source has been read max_epochs times, or an error.  A capped source counts
+ * its last epoch as completed as soon as its last document is drawn, so that
+ * epochs_completed says so and pl__exhausted needs no lookahead. */
 static int pl__next_document(pl_planner *p, int64_t i) {
     pl__src_state *s = &p->src[i];
     const pl__source_cfg *sc = &p->cfg->sources[i];
     while (s->cur_index < 0) {
+        if (sc->max_epochs > 0 && s->epoch >= sc->max_epochs) return PL_DONE;
         if (s->drawn_in_epoch >= p->num_docs[i]) {
             s->epoch++;
             s->drawn_in_epoch = 0;
@@ -147,6 +151,11 @@ static int pl__next_document(pl_planner *p, int64_t i) {
                                               (uint64_t)s->drawn_in_epoch);
         s->drawn_in_epoch++;
         s->since_yield++;
+        if (sc->max_epochs > 0 && s->drawn_in_epoch >= p->num_docs[i] &&
+            s->epoch + 1 >= sc->max_epochs) {
+            s->epoch++;
+            s->drawn_in_epoch = 0;
+        }
         int64_t len = 0;
         char err[PL__ERRMSG_CAP];
         int rc = pl__source_length(p->sources[i], idx, &len, err, sizeof err);
@@ -169,16 +178,38 @@ static int pl__next_document(pl_planner *p, int64_t i) {
     return PL_OK;
 }
 
+/* A source with max_epochs that has completed them (and holds no partly
+ * drawn document) is drawn no more; the others share its weight. */
+static int pl__exhausted(const pl_planner *p, int64_t i) {
+    int64_t cap = p->cfg->sources[i].max_epochs;
+    const pl__src_state *s = &p->src[i];
+    return cap > 0 && s->cur_index < 0 && s->epoch >= cap;
+}
+
 int pl__planner_draw(pl_planner *p, pl_chunk *out) {
     int64_t best = -1;
     double best_deficit = 0;
+    int capped = 0;
+again:
+    best = -1;
     for (int64_t i = 0; i < p->n_sources; i++) {
         if (p->weights[i] <= 0) continue;
+        if (pl__exhausted(p, i)) {
+            capped = 1;
+            continue;
+        }
         double d = p->src[i].target_tokens - (double)p->src[i].drawn_tokens;
         if (best < 0 || d > best_deficit) {
             best = i;
             best_deficit = d;
         }
+    }
+    if (best < 0 && capped) {
+        pl__fmt(p->errmsg, sizeof p->errmsg,
+                "step %lld: every source with a positive weight has been read "
+                "max_epochs times",
+                (long long)p->step);
+        return PL_ECONFIG;
     }
     if (best < 0) {
         pl__fmt(p->errmsg, sizeof p->errmsg,
@@ -186,6 +217,7 @@ int pl__planner_draw(pl_planner *p, pl_chunk *out) {
         return PL_ECONFIG;
     }
     int rc = pl__next_document(p, best);
+    if (rc == PL_DONE) goto again; /* spent its max_epochs: now exhausted */
     if (rc) return rc;
     pl__src_state *s = &p->src[best];
     int64_t take = s->cur_length - s->cur_offset;

@@ -205,6 +205,36 @@ static int pl__plidx_write(const char *ipath, const pl__want *w,
 
 /* ------------------------------------------------------------ open */
 
+/*
+ * A flat file has no magic, so a text file (a config, a JSONL, a README
+ * passed by mistake) would be read as tokens.  Text has no NUL byte and is
+ * UTF-8; a token file of 16- or 32-bit ids has a zero high byte in every id
+ * below 256 (or 65536) and, with eos_id 0, NULs at every document end, so
+ * its first 4 KiB almost never pass.  At least 16 bytes are needed to judge.
+ */
+static int pl__looks_like_text(const uint8_t *m, int64_t size) {
+    int64_t n = size < 4096 ? size : 4096;
+    if (n < 16) return 0;
+    for (int64_t i = 0; i < n;) {
+        uint8_t c = m[i];
+        if (c < 0x80) {
+            if (c < 0x20 && c != '\n' && c != '\r' && c != '\t' && c != '\f')
+                return 0;
+            if (c == 0x7f) return 0;
+            i++;
+            continue;
+        }
+        int extra = (c & 0xe0) == 0xc0 ? 1 : (c & 0xf0) == 0xe0 ? 2
+                  : (c & 0xf8) == 0xf0 ? 3 : -1;
+        if (extra < 0 || c == 0xc0 || c == 0xc1) return 0;
+        if (i + extra >= n) break; /* a character cut by the 4 KiB window */
+        for (int k = 1; k <= extra; k++)
+            if ((m[i + k] & 0xc0) != 0x80) return 0;
+        i += 1 + extra;
+    }
+    return 1;
+}
+
 int pl__tokens_open(pl__sfile *f, pl_source_type type, pl_dtype flat_dtype,
                     int64_t eos_id, int write_index, char *err,
                     size_t errcap) {
@@ -270,6 +300,21 @@ int pl__tokens_open(pl__sfile *f, pl_source_type type, pl_dtype flat_dtype,
     } else {
         f->dtype = flat_dtype;
         f->width = pl_dtype_size(flat_dtype);
+        if (pl__looks_like_text(m, size)) {
+            char head[33];
+            int64_t k = 0;
+            for (; k < size && k < 32; k++)
+                head[k] = m[k] == '\n' || m[k] == '\r' || m[k] == '\t'
+                              ? ' '
+                              : (m[k] < 0x80 ? (char)m[k] : '?');
+            head[k] = '\0';
+            pl__fmt(err, errcap,
+                    "%s: the file holds text (or YAML), not %s tokens: it "
+                    "starts with \"%s\"; a flat source is a raw token array "
+                    "(tokenize text with `polyload prepare`)",
+                    f->path, pl_dtype_name(flat_dtype), head);
+            return PL_EMAGIC;
+        }
         if (size % (int64_t)f->width != 0) {
             pl__fmt(err, errcap,
                     "%s: truncated at offset %lld: the size is not a multiple "

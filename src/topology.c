@@ -8,9 +8,12 @@
  * receives, so `ep` may appear in the order but counts as size 1.  Nothing is
  * cached: the order is parsed on each call, which costs a few comparisons.
  *
- * Problems with `order` (unknown axis, repeats, missing axes) are reported as
- * PL_ETOPOLOGY, both here and when a config is parsed, so that a caller can
- * tell a malformed topology from other configuration errors.
+ * Problems with `order` (unknown axis, repeats, a missing axis whose size is
+ * not 1) are reported as PL_ETOPOLOGY, both here and when a config is parsed,
+ * so that a caller can tell a malformed topology from other configuration
+ * errors.  An axis of size 1 may be left out of `order`: Megatron's
+ * RankGenerator appends it, and a size-1 axis never changes the
+ * decomposition, so its index is simply 0.
  */
 #include "internal.h"
 
@@ -53,15 +56,6 @@ int pl__topology_parse_order(const char *order, int *axes, int *n_axes,
         n++;
         if (!end) break;
         p = end + 1;
-    }
-    static const int required[4] = {PL__AXIS_TP, PL__AXIS_CP, PL__AXIS_DP,
-                                    PL__AXIS_PP};
-    for (int k = 0; k < 4; k++) {
-        if (!seen[required[k]]) {
-            pl__fmt(err, errcap, "topology.order '%s': axis '%s' missing",
-                    order, axis_names[required[k]]);
-            return PL_ETOPOLOGY;
-        }
     }
     if (n_axes) *n_axes = n;
     return PL_OK;

@@ -221,10 +221,16 @@ PL_API int pl_source_get_stats(pl_source *src, pl_source_stats *out);
 /* ================================================================ config */
 /*
  * A parsed configuration (SPEC section 5).  Unknown keys, wrong types, values
- * out of range, missing source paths, weights summing to zero and a
- * global_batch_size not divisible by dp * micro_batch_size are PL_ECONFIG
- * errors whose message names the key (and the line of the YAML file).
- * Relative source paths are taken relative to the current directory.
+ * out of range, missing source paths, weights summing to zero, a
+ * global_batch_size not divisible by dp * micro_batch_size, and a pad_id or
+ * eos_id outside the vocabulary (when the optional key vocab_size gives it)
+ * are PL_ECONFIG errors whose message names the key (and the line of the YAML
+ * file).  Relative source paths are taken relative to the current directory.
+ *
+ * topology.order may leave out axes of size 1 (as Megatron's RankGenerator
+ * fills them in); leaving out an axis of size > 1 is PL_ETOPOLOGY.
+ * topology.dp may be `auto`: dp is then 1 until pl_config_set_world_size
+ * sets it from the trainer's world size.
  *
  * A pl_config is immutable after parsing except through pl_config_set; it may
  * be shared by several loaders (read-only) from many threads.
@@ -247,18 +253,47 @@ PL_API const char *pl_config_errmsg(const pl_config *cfg);
 PL_API int pl_config_set(pl_config *cfg, const char *key, const char *value);
 
 /* Read a scalar key as an integer (e.g. "seq_length", "topology.dp"; enum
- * keys such as "packing" give their code).  Derived keys: "world_size",
- * "num_sources", "micro_batches_per_rank".  PL_EINVAL for an unknown key. */
+ * keys such as "packing" give their code; "vocab_size" is 0 when not set).
+ * Derived keys: "world_size", "num_sources", "micro_batches_per_rank",
+ * "num_warnings", "topology.dp_auto" (1 while dp: auto waits for
+ * pl_config_set_world_size).  PL_EINVAL for an unknown key. */
 PL_API int pl_config_get_int(const pl_config *cfg, const char *key,
                              int64_t *out);
 /* A 64-bit hash of every setting that decides the batches (all keys except
- * threads and prefetch), so that processes can check they share a config. */
+ * threads, prefetch and vocab_size, which only checks pad_id), so that
+ * processes can check they share a config. */
 PL_API uint64_t pl_config_fingerprint(const pl_config *cfg);
 /* Open source i of the config (type, path, token_dtype, eos_id as the config
  * gives them), as pl_source_open: *out is set even on failure.  PL_ERANGE
  * for a bad i. */
 PL_API int pl_config_open_source(const pl_config *cfg, int64_t i,
                                  pl_source **out);
+/*
+ * Warnings: what the parse accepted but may not be what was meant, one full
+ * sentence each with origin and line ("mix.yaml:9: weights of sources sum to
+ * 1.5, not 1: they are normalized to web 0.6667, code 0.3333").  Reported:
+ * source weights (or a schedule point's weights) that do not sum to 1, a
+ * schedule point that leaves sources out (their weight there is 0), source
+ * weights that a schedule overrides, seq_length left at its default.  The
+ * library never prints them; the CLI prints them to stderr and the Python
+ * package issues them as warnings.  They belong to the parse: pl_config_set
+ * neither adds nor clears them.  pl_config_warning returns NULL for i outside
+ * [0, pl_config_num_warnings); the string lives as long as cfg.
+ */
+PL_API int64_t pl_config_num_warnings(const pl_config *cfg);
+PL_API const char *pl_config_warning(const pl_config *cfg, int64_t i);
+
+/*
+ * Fit the topology to the trainer's world size (torch.distributed's, or
+ * $WORLD_SIZE).  With topology.dp: auto, sets dp = world_size / (pp*cp*tp)
+ * (PL_ECONFIG when it does not divide, or when global_batch_size is then not
+ * divisible by dp * micro_batch_size; the config is left unchanged).
+ * Otherwise checks that dp*pp*cp*tp equals world_size: PL_ECONFIG naming both
+ * numbers if not.  PL_EINVAL for world_size < 1.  Not thread-safe (it may
+ * change cfg, as pl_config_set).
+ */
+PL_API int pl_config_set_world_size(pl_config *cfg, int64_t world_size);
+
 /* Number of sources, and the name/path/type of source i. */
 PL_API int64_t pl_config_num_sources(const pl_config *cfg);
 PL_API const char *pl_config_source_name(const pl_config *cfg, int64_t i);
@@ -348,8 +383,12 @@ typedef struct pl_plan {
  *   position_ids  [rows, cols] int64; restart at 0 at each segment
  *   cu_seqlens    [n_cu_seqlens] int32, n_cu_seqlens = segments + 1, over the
  *                 flattened rows*cols tokens; a row's trailing padding is a
- *                 segment of its own
- *   max_seqlen    the longest segment
+ *                 segment of its own.  Under CP (cols = seq_length / cp) they
+ *                 are offsets over this CP rank's own tokens, i.e. the global
+ *                 padded offsets divided by cp: Transformer Engine's THD
+ *                 attention (cu_seqlens_q_padded) wants cp times these
+ *   max_seqlen    the longest segment (of this CP rank's tokens; cp times it
+ *                 globally)
  *
  * A batch returned by pl_loader_next is borrowed: it stays valid until the
  * next pl_loader_next for the same rank, or pl_loader_free.  To keep it longer

@@ -8,6 +8,10 @@ library; this package is its Python face.  Modules:
   ``Loader``, ``Batch``, ``Array``), a CPython extension written in C.
 - ``polyload.torch``: PyTorch helpers (``broadcast_tp``: the Megatron pattern where TP
   rank 0 reads and broadcasts over the TP process group).
+- ``polyload.megatron``: Megatron-LM's ``--dataloader-type external`` (batches under
+  Megatron's names, ``PackedSeqParams``, argument check, checkpointed state).
+- ``polyload.hf``: Hugging Face transformers causal-LM fields for packed batches
+  (unshifted labels or ``shift_labels``, ``position_ids``, FlashAttention varlen kwargs).
 - ``polyload.prepare``: raw text -> Megatron indexed dataset (``polyload prepare``).
 - ``python -m polyload ARGS``: the bundled ``polyload`` CLI (``run``, ``plan``, ``inspect``,
   ``calibrate``) and ``prepare``.
@@ -31,6 +35,7 @@ from typing import Any, Dict, Iterator, Mapping, Optional, Sequence, Union
 
 from ._errors import (
     ConfigError,
+    ConfigWarning,
     FormatError,
     PolyloadError,
     PolyloadIOError,
@@ -64,6 +69,8 @@ __all__ = [
     "StateError",
     "PolyloadIOError",
     "RangeError",
+    "ConfigWarning",
+    "trainer_world_size",
 ]
 
 #: Version of the dict that :meth:`Loader.state_dict` returns.
@@ -119,6 +126,53 @@ def _default_rank() -> int:
         return int(env)
     except ValueError:
         raise ValueError(f"polyload: environment variable RANK={env!r} is not an integer") from None
+
+
+def trainer_world_size() -> "tuple[Optional[int], Optional[str]]":
+    """The trainer's world size and where it came from: ``torch.distributed``'s when a
+    process group is initialized, else ``$WORLD_SIZE`` (as torchrun sets it), else
+    ``(None, None)`` (one process serving whatever ranks it asks for).
+
+    Raises:
+        ValueError: ``$WORLD_SIZE`` is not a positive integer.
+    """
+    try:
+        import torch.distributed as dist  # noqa: PLC0415 - optional and lazy
+
+        if dist.is_available() and dist.is_initialized():
+            return int(dist.get_world_size()), "torch.distributed.get_world_size()"
+    except ImportError:
+        pass
+    env = os.environ.get("WORLD_SIZE")
+    if env is None or env == "":
+        return None, None
+    try:
+        n = int(env)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise ValueError(f"polyload: environment variable WORLD_SIZE={env!r} is not a "
+                         "positive integer")
+    return n, "WORLD_SIZE"
+
+
+def _fit_world_size(cfg) -> Optional[int]:
+    """Check the config's topology against the trainer's world size, or take
+    ``topology.dp: auto`` from it (``pl_config_set_world_size``).  Returns the world size
+    (None when no trainer world is known).  Raises ConfigError naming both numbers."""
+    world, origin = trainer_world_size()
+    if world is None:
+        return None
+    try:
+        cfg.set_world_size(world)
+    except ConfigError as e:
+        raise ConfigError(e.code, e.name, f"{e.message} (trainer world size from {origin})") from None
+    return world
+
+
+def _issue_warnings(cfg, stacklevel: int) -> None:
+    for w in cfg.warnings:
+        warnings.warn(w, ConfigWarning, stacklevel=stacklevel + 1)
 
 
 def _as_rank(rank: Any) -> int:
@@ -188,11 +242,18 @@ class Loader:
     last tensor using it is gone.  Do not modify them in place: ranks of one DP group
     served by the same loader share a buffer.
 
+    The topology must match the trainer: when ``torch.distributed`` is initialized (or
+    ``$WORLD_SIZE`` is set), ``dp * pp * cp * tp`` must equal its world size, and
+    ``topology.dp: auto`` takes dp from it (:func:`trainer_world_size`).  The config's
+    warnings (weights normalized, ...) are issued as :class:`ConfigWarning`.
+
     Raises:
         PolyloadIOError: a source file is missing or unreadable.
         FormatError: a source file is corrupt (the message names file, field, offset).
-        ConfigError: the config is invalid (the message names the key).
-        RangeError: ``rank`` or a rank of ``ranks`` is outside the topology.
+        ConfigError: the config is invalid (the message names the key), or its world size
+            differs from the trainer's (the message names both).
+        RangeError: ``rank`` or a rank of ``ranks`` is outside the topology (the message
+            names the topology and the trainer's world size or ``$WORLD_SIZE``).
 
     A Loader is a context manager; :meth:`close` frees it.  It is not picklable (build
     one per process from the config).  After ``os.fork`` the child must not use the
@@ -212,12 +273,20 @@ class Loader:
         core = _require_core()
         self._loader = None
         cfg = _make_config(config)
+        _issue_warnings(cfg, stacklevel=2)
+        trainer_world = _fit_world_size(cfg)
         self.rank = _default_rank() if rank is None else _as_rank(rank)
         served = [self.rank] if ranks is None else [_as_rank(r) for r in ranks]
         if self.rank not in served:
             raise ValueError(f"rank {self.rank} is not among ranks {served}")
         for r in served:
-            cfg.rank_info(r)  # RangeError naming the world size for a bad rank
+            try:
+                cfg.rank_info(r)  # RangeError naming the topology for a bad rank
+            except RangeError as e:
+                env = os.environ.get("WORLD_SIZE")
+                where = (f"the trainer's world size is {trainer_world}" if trainer_world
+                         else "WORLD_SIZE is " + (repr(env) if env is not None else "not set"))
+                raise RangeError(e.code, e.name, f"{e.message}; {where}") from None
         self._torch = _import_torch()
         self._pin = False
         if pin_memory:

@@ -1,7 +1,7 @@
 """``python -m polyload ARGS``: run the bundled C CLI, or ``prepare`` in Python.
 
 ``prepare`` (text -> Megatron indexed dataset, tokenizer training) is handled by
-:mod:`polyload.prepare` and ``serve`` (a Ray deployment) by :mod:`polyload.ray.serve`; every other command (``run``, ``plan``, ``inspect``, ``calibrate``,
+:mod:`polyload.prepare`, ``report`` (a picture of the plan) by :mod:`polyload.report` and ``serve`` (a Ray deployment) by :mod:`polyload.ray.serve`; every other command (``run``, ``plan``, ``inspect``, ``calibrate``,
 ``--help``) replaces this process with the ``polyload`` binary installed in
 ``polyload/bin/``, so exit codes and output are the CLI's own.
 """
@@ -38,6 +38,10 @@ def main(argv=None):
         from polyload import prepare
 
         return prepare.main(argv[1:])
+    if argv and argv[0] == "report":
+        from polyload import report
+
+        return report.main(argv[1:])
     if argv and argv[0] == "serve":
         from polyload.ray.serve import serve
 

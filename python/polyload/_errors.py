@@ -30,6 +30,7 @@ __all__ = [
     "StateError",
     "PolyloadIOError",
     "RangeError",
+    "ConfigWarning",
 ]
 
 
@@ -84,3 +85,10 @@ class PolyloadIOError(PolyloadError, OSError):
 
 class RangeError(PolyloadError, IndexError):
     """An index or rank out of range (ERANGE); also an IndexError."""
+
+
+class ConfigWarning(UserWarning):
+    """Something a config was accepted with but may not mean (``pl_config_warning``):
+    weights that do not sum to 1 (normalized), a schedule point that leaves a source out,
+    source weights a schedule overrides, ``seq_length`` left at its default.
+    :class:`polyload.Loader` issues one per warning of its config."""

@@ -448,6 +448,56 @@ static void test_run(void) {
     CHECK_CODE(r, 1);
 }
 
+/* Warnings go to stderr; dp: auto follows $WORLD_SIZE; text is not tokens. */
+static void test_checks(void) {
+    result *r = cli("plan good.yaml --steps 0:1 --json");
+    CHECK_CODE(r, 0);
+    CHECK(strstr(r->err, "polyload: warning: good.yaml:7: weights of sources "
+                         "sum to 4, not 1: they are normalized to web 0.75, "
+                         "wiki 0.25") != NULL);
+    r = cli("plan endless.yaml --steps 0:1 --json");
+    CHECK_CODE(r, 0);
+    CHECK(strstr(r->err, "warning") == NULL);
+
+    write_text("auto.yaml", "seq_length: 64\n"
+                            "global_batch_size: 8\n"
+                            "topology: {dp: auto, tp: 2, order: tp-dp}\n"
+                            "sources:\n"
+                            "  - {name: web, type: megatron, path: web}\n");
+    setenv("WORLD_SIZE", "8", 1);
+    r = cli("plan auto.yaml --steps 0:1 --json");
+    CHECK_CODE(r, 0);
+    CHECK(check_plan_lines(r->out, 0, 4, 2) == 4); /* dp = 8 / tp */
+    setenv("WORLD_SIZE", "3", 1);
+    r = cli("plan auto.yaml --steps 0:1 --json");
+    CHECK_CODE(r, 2);
+    CHECK(strstr(r->err, "world size 3 is not divisible by pp*cp*tp = 1*1*2") != NULL);
+    setenv("WORLD_SIZE", "x", 1);
+    r = cli("plan auto.yaml --steps 0:1 --json");
+    CHECK_CODE(r, 2);
+    CHECK(strstr(r->err, "WORLD_SIZE='x'") != NULL);
+    unsetenv("WORLD_SIZE");
+    r = cli("plan good.yaml --steps 0:1 --rank 8 --json");
+    CHECK_CODE(r, 2);
+    CHECK(strstr(r->err, "got '8' (topology dp=2 pp=2 cp=1 tp=2; WORLD_SIZE not set)") != NULL);
+    r = cli("plan auto.yaml --steps 0:1 --json");
+    CHECK_CODE(r, 0);
+    CHECK(check_plan_lines(r->out, 0, 1, 8) == 1);
+
+    /* A YAML file read as a flat token file is an error naming what it is. */
+    r = cli("inspect good.yaml --json");
+    CHECK_CODE(r, 1);
+    CHECK(strstr(r->err, "good.yaml: the file holds text (or YAML), not uint16 "
+                         "tokens: it starts with \"seq_length: 64 global_batch_size\"") != NULL);
+    write_text("flat_text.yaml", "seq_length: 64\n"
+                                 "global_batch_size: 4\n"
+                                 "sources:\n"
+                                 "  - {name: t, type: flat, path: good.yaml}\n");
+    r = cli("run flat_text.yaml --steps 1 --no-progress");
+    CHECK_CODE(r, 1);
+    CHECK(strstr(r->err, "holds text (or YAML)") != NULL);
+}
+
 int main(void) {
     snprintf(g_dir, sizeof g_dir, "%s", pl_test_tmpdir());
     make_fixtures();
@@ -457,5 +507,6 @@ int main(void) {
     test_inspect();
     test_plan();
     test_run();
+    test_checks();
     TEST_END();
 }

@@ -311,8 +311,12 @@ static void test_set(void) {
     CHECK(strstr(pl_config_errmsg(cfg), "unknown key 'seq_lenght'") != NULL);
     CHECK(pl_config_set(cfg, "packing", "tight") == PL_ECONFIG);
     CHECK_EQ_I64(cfg->packing, PL__PACK_BEST_FIT);
-    CHECK(pl_config_set(cfg, "topology.order", "tp-cp-dp") == PL_ETOPOLOGY);
+    CHECK(pl_config_set(cfg, "topology.order", "tp-cp-pp") == PL_ETOPOLOGY);
+    CHECK(strstr(pl_config_errmsg(cfg), "axis 'dp' missing, but topology.dp is 2") != NULL);
     CHECK(strcmp(cfg->topology.order, "tp-dp-cp-pp") == 0);
+    /* Axes of size 1 may be left out (Megatron's RankGenerator adds them). */
+    CHECK_OK(pl_config_set(cfg, "topology.order", "tp-dp"));
+    CHECK_OK(pl_config_set(cfg, "topology.order", "tp-dp-cp-pp"));
     CHECK(pl_config_set(cfg, "sources.web.weight", "0") == PL_ECONFIG);
     CHECK(strstr(pl_config_errmsg(cfg), "sum to zero") != NULL);
     CHECK(cfg->sources[0].weight == 3.0);
@@ -516,8 +520,9 @@ static void test_errors(void) {
                "test.yaml:2:", "unknown axis 'xx'");
     EXPECT_ERR("topology: {order: tp-cp-dp-pp-tp}\n" SRC1, PL_ETOPOLOGY,
                "axis 'tp' repeated", NULL);
-    EXPECT_ERR("topology: {order: tp-cp-dp}\n" SRC1, PL_ETOPOLOGY,
-               "axis 'pp' missing", NULL);
+    EXPECT_ERR("topology: {pp: 2, order: tp-cp-dp}\n" SRC1, PL_ETOPOLOGY,
+               "axis 'pp' missing, but topology.pp is 2",
+               "only axes of size 1 may be left out");
     EXPECT_ERR("topology: {order: tp--cp-dp-pp}\n" SRC1, PL_ETOPOLOGY,
                "unknown axis ''", NULL);
 
@@ -558,6 +563,137 @@ static void test_file(void) {
     pl_config_free(cfg);
 }
 
+/* Index of the first warning containing `needle`, or -1. */
+static int64_t find_warning(const pl_config *cfg, const char *needle) {
+    for (int64_t i = 0; i < pl_config_num_warnings(cfg); i++)
+        if (strstr(pl_config_warning(cfg, i), needle)) return i;
+    return -1;
+}
+
+static void test_warnings(void) {
+    pl_config *cfg = NULL;
+    /* Defaults that decide the batches are reported; a clean config has none. */
+    CHECK_OK(parse(SRC1, &cfg));
+    CHECK_EQ_I64(pl_config_num_warnings(cfg), 1);
+    CHECK(find_warning(cfg, "test.yaml: seq_length is not set: using the default 8192") == 0);
+    CHECK(pl_config_warning(cfg, 1) == NULL);
+    CHECK(pl_config_warning(cfg, -1) == NULL);
+    int64_t v = 0;
+    CHECK_OK(pl_config_get_int(cfg, "num_warnings", &v));
+    CHECK_EQ_I64(v, 1);
+    pl_config_free(cfg);
+    CHECK_OK(parse("seq_length: 64\n" SRC1, &cfg));
+    CHECK_EQ_I64(pl_config_num_warnings(cfg), 0);
+    pl_config_free(cfg);
+
+    /* Weights not summing to 1 are normalized, and the warning says to what. */
+    CHECK_OK(parse("seq_length: 64\nsources:\n"
+                   "  - {name: web, type: megatron, path: $D/web, weight: 3}\n"
+                   "  - {name: code, type: llmc, path: $D/code_*.bin, weight: 1}\n",
+                   &cfg));
+    CHECK_EQ_I64(pl_config_num_warnings(cfg), 1);
+    CHECK(find_warning(cfg, "test.yaml:2: weights of sources sum to 4, not 1: "
+                            "they are normalized to web 0.75, code 0.25") == 0);
+    CHECK(fabs(pl_config_source_weight(cfg, 0, 0) - 0.75) < 1e-12);
+    /* A clone (what a loader keeps) has the same warnings. */
+    pl_config *c2 = pl__config_clone(cfg);
+    CHECK(c2 != NULL);
+    CHECK_EQ_I64(pl_config_num_warnings(c2), 1);
+    CHECK(strcmp(pl_config_warning(c2, 0), pl_config_warning(cfg, 0)) == 0);
+    pl_config_free(c2);
+    /* pl_config_set neither adds nor clears them. */
+    CHECK_OK(pl_config_set(cfg, "sources.web.weight", "5"));
+    CHECK_EQ_I64(pl_config_num_warnings(cfg), 1);
+    pl_config_free(cfg);
+
+    /* A schedule: points that omit sources, that do not sum to 1, and source
+     * weights it overrides. */
+    CHECK_OK(parse("seq_length: 64\nsources:\n"
+                   "  - {name: web, type: megatron, path: $D/web, weight: 0.5}\n"
+                   "  - {name: code, type: llmc, path: $D/code_*.bin}\n"
+                   "  - {name: logs, type: flat, path: $D/logs.bin}\n"
+                   "schedule:\n  points:\n"
+                   "    - {step: 0, weights: {web: 0.8, code: 0.2}}\n"
+                   "    - {step: 10, weights: {web: 1, code: 1, logs: 2}}\n",
+                   &cfg));
+    CHECK_EQ_I64(pl_config_num_warnings(cfg), 3);
+    CHECK(find_warning(cfg, "test.yaml:8: schedule.points[0] (step 0) omits "
+                            "source 'logs': its weight is 0 there") >= 0);
+    CHECK(find_warning(cfg, "test.yaml:9: schedule.points[1].weights sum to 4, "
+                            "not 1: they are normalized") >= 0);
+    CHECK(find_warning(cfg, "test.yaml:3: sources[0].weight ('web') is ignored: "
+                            "the schedule sets every weight") >= 0);
+    CHECK(pl_config_source_weight(cfg, 2, 0) == 0.0);
+    CHECK(fabs(pl_config_source_weight(cfg, 2, 10) - 0.5) < 1e-12);
+    pl_config_free(cfg);
+}
+
+static void test_vocab_and_world(void) {
+    pl_config *cfg = NULL;
+    /* pad_id and eos_id outside a known vocabulary are errors. */
+    EXPECT_ERR("seq_length: 64\nvocab_size: 100\npad_id: 100\n" SRC1, PL_ECONFIG,
+               "pad_id 100 is outside the vocabulary (vocab_size 100)", NULL);
+    EXPECT_ERR("seq_length: 64\nvocab_size: 1000\nsources:\n"
+               "  - {name: logs, type: flat, path: $D/logs.bin, eos_id: 5000}\n",
+               PL_ECONFIG, "eos_id 5000 is outside the vocabulary (vocab_size 1000)",
+               "'logs'");
+    EXPECT_ERR("seq_length: 64\nvocab_size: 0\n" SRC1, PL_ECONFIG, "vocab_size", NULL);
+    CHECK_OK(parse("seq_length: 64\nvocab_size: 100\npad_id: 99\n" SRC1, &cfg));
+    int64_t v = 0;
+    CHECK_OK(pl_config_get_int(cfg, "vocab_size", &v));
+    CHECK_EQ_I64(v, 100);
+    CHECK(pl_config_set(cfg, "pad_id", "100") == PL_ECONFIG);
+    CHECK_EQ_I64(cfg->pad_id, 99);
+    pl_config_free(cfg);
+
+    /* A fixed topology must match the trainer's world size. */
+    CHECK_OK(parse("seq_length: 64\nglobal_batch_size: 16\n"
+                   "topology: {dp: 2, tp: 2}\n" SRC1, &cfg));
+    CHECK_OK(pl_config_set_world_size(cfg, 4));
+    CHECK(pl_config_set_world_size(cfg, 8) == PL_ECONFIG);
+    CHECK(strstr(pl_config_errmsg(cfg), "topology dp=2 pp=1 cp=1 tp=2 has world "
+                                        "size 4, but the trainer's world size is 8") != NULL);
+    CHECK(pl_config_set_world_size(cfg, 0) == PL_EINVAL);
+    CHECK_EQ_I64(cfg->topology.dp, 2);
+    pl_config_free(cfg);
+
+    /* dp: auto takes dp from the world size and the other axes. */
+    CHECK_OK(parse("seq_length: 64\nglobal_batch_size: 24\nmicro_batch_size: 2\n"
+                   "topology: {dp: auto, tp: 2, cp: 2}\n" SRC1, &cfg));
+    CHECK_OK(pl_config_get_int(cfg, "topology.dp_auto", &v));
+    CHECK_EQ_I64(v, 1);
+    CHECK_EQ_I64(pl_config_world_size(cfg), 4); /* dp is 1 until resolved */
+    CHECK(pl_config_set_world_size(cfg, 6) == PL_ECONFIG);
+    CHECK(strstr(pl_config_errmsg(cfg), "world size 6 is not divisible by "
+                                        "pp*cp*tp = 1*2*2") != NULL);
+    /* dp 4: 24 % (4 * 2) == 0 */
+    uint64_t before = pl_config_fingerprint(cfg);
+    CHECK_OK(pl_config_set_world_size(cfg, 16));
+    CHECK_EQ_I64(cfg->topology.dp, 4);
+    CHECK_EQ_I64(pl_config_world_size(cfg), 16);
+    CHECK(pl_config_fingerprint(cfg) != before);
+    pl_config_free(cfg);
+    CHECK_OK(parse("seq_length: 64\nglobal_batch_size: 24\nmicro_batch_size: 2\n"
+                   "topology: {dp: auto}\n" SRC1, &cfg));
+    /* dp 5 does not divide global_batch_size: the config stays as it was. */
+    CHECK(pl_config_set_world_size(cfg, 5) == PL_ECONFIG);
+    CHECK(strstr(pl_config_errmsg(cfg), "topology.dp: auto = 5 (world size 5)") != NULL);
+    CHECK(strstr(pl_config_errmsg(cfg), "not divisible") != NULL);
+    CHECK_EQ_I64(cfg->topology.dp, 1);
+    CHECK_OK(pl_config_get_int(cfg, "topology.dp_auto", &v));
+    CHECK_EQ_I64(v, 1);
+    CHECK_OK(pl_config_set_world_size(cfg, 3));
+    CHECK_EQ_I64(cfg->topology.dp, 3);
+    pl_config_free(cfg);
+    /* "auto" also through pl_config_set; a quoted "auto" is a string. */
+    CHECK_OK(parse("seq_length: 64\n" SRC1, &cfg));
+    CHECK_OK(pl_config_set(cfg, "topology.dp", "auto"));
+    CHECK_EQ_I64(cfg->topology.dp_auto, 1);
+    pl_config_free(cfg);
+    EXPECT_ERR("seq_length: 64\ntopology: {dp: 'auto'}\n" SRC1, PL_ECONFIG,
+               "topology.dp: expected an integer", NULL);
+}
+
 int main(void) {
     snprintf(g_dir, sizeof g_dir, "%s", pl_test_tmpdir());
     char p[512];
@@ -577,5 +713,7 @@ int main(void) {
     test_set();
     test_errors();
     test_file();
+    test_warnings();
+    test_vocab_and_world();
     TEST_END();
 }

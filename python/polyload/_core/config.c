@@ -176,15 +176,54 @@ static PyObject *config_world_size(PyPlConfig *o, PyObject *unused) {
     return PyLong_FromLongLong((long long)pl_config_world_size(o->cfg));
 }
 
+static PyObject *config_set_world_size(PyPlConfig *o, PyObject *arg) {
+    long long world = PyLong_AsLongLong(arg);
+    if (world == -1 && PyErr_Occurred()) return NULL;
+    if (o->busy) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "Config.set_world_size: the config is being read by another thread");
+        return NULL;
+    }
+    int rc = pl_config_set_world_size(o->cfg, (int64_t)world);
+    if (rc != PL_OK) return pypl_raise(rc, pl_config_errmsg(o->cfg));
+    Py_RETURN_NONE;
+}
+
+static PyObject *config_get_warnings(PyPlConfig *o, void *c) {
+    (void)c;
+    int64_t n = pl_config_num_warnings(o->cfg);
+    PyObject *list = PyList_New((Py_ssize_t)n);
+    if (!list) return NULL;
+    for (int64_t i = 0; i < n; i++) {
+        PyObject *w = PyUnicode_DecodeUTF8(pl_config_warning(o->cfg, i),
+                                           (Py_ssize_t)strlen(pl_config_warning(o->cfg, i)),
+                                           "replace");
+        if (!w) {
+            Py_DECREF(list);
+            return NULL;
+        }
+        PyList_SET_ITEM(list, (Py_ssize_t)i, w);
+    }
+    return list;
+}
+
 static PyObject *config_rank_info(PyPlConfig *o, PyObject *arg) {
     long long rank = PyLong_AsLongLong(arg);
     if (rank == -1 && PyErr_Occurred()) return NULL;
     pl_rank_info ri;
     int rc = pl_config_rank_info(o->cfg, rank, &ri);
     if (rc != PL_OK) {
-        char msg[128];
-        snprintf(msg, sizeof msg, "rank %lld out of range [0, %lld)", rank,
-                 (long long)pl_config_world_size(o->cfg));
+        char msg[256];
+        int64_t t[4] = {0, 0, 0, 0};
+        pl_config_get_int(o->cfg, "topology.dp", &t[0]);
+        pl_config_get_int(o->cfg, "topology.pp", &t[1]);
+        pl_config_get_int(o->cfg, "topology.cp", &t[2]);
+        pl_config_get_int(o->cfg, "topology.tp", &t[3]);
+        snprintf(msg, sizeof msg,
+                 "rank %lld out of range [0, %lld): the topology is dp=%lld pp=%lld "
+                 "cp=%lld tp=%lld",
+                 rank, (long long)pl_config_world_size(o->cfg), (long long)t[0],
+                 (long long)t[1], (long long)t[2], (long long)t[3]);
         const char *m = pl_config_errmsg(o->cfg);
         return pypl_raise(rc, rc == PL_ERANGE || !*m ? msg : m);
     }
@@ -267,6 +306,10 @@ static PyMethodDef config_methods[] = {
      "(all keys but threads and prefetch): equal configs, equal batches."},
     {"world_size", (PyCFunction)config_world_size, METH_NOARGS,
      "world_size() -> int\n\ndp * pp * cp * tp."},
+    {"set_world_size", (PyCFunction)config_set_world_size, METH_O,
+     "set_world_size(n)\n\nFit the topology to the trainer's world size: with "
+     "topology.dp: auto,\ndp = n / (pp*cp*tp); otherwise check dp*pp*cp*tp == n.  "
+     "Raises ConfigError\nnaming both numbers (pl_config_set_world_size)."},
     {"rank_info", (PyCFunction)config_rank_info, METH_O,
      "rank_info(rank) -> dict\n\n{'rank', 'dp_rank', 'pp_rank', 'cp_rank', 'tp_rank', "
      "'fields'} of a global rank (Megatron's RankGenerator order).  Raises RangeError."},
@@ -284,6 +327,9 @@ static PyGetSetDef config_getset[] = {
     {"sources", (getter)config_get_sources, NULL,
      "list of dict: {'name', 'path', 'weight' (normalized, at step 0)} per source", NULL},
     {"errmsg", (getter)config_get_errmsg, NULL, "str: the last error message", NULL},
+    {"warnings", (getter)config_get_warnings, NULL,
+     "list of str: what the parse accepted but may not be meant (pl_config_warning)",
+     NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 

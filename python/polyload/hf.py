@@ -1,0 +1,134 @@
+"""Hugging Face transformers integration: packed polyload batches for causal-LM models.
+
+polyload's ``labels`` are shifted (Megatron's convention: ``labels[t]`` is the token after
+``input_ids[t]``), while a transformers causal-LM model shifts ``labels`` itself
+(``ForCausalLMLoss``: logits at ``t`` are scored against ``labels[t + 1]``).  Passing
+polyload's ``labels`` as they are would train each token to predict the one two places
+ahead.  :func:`causal_lm_batch` gives the fields a transformers model wants instead:
+
+- ``input_ids``, ``position_ids`` (restarting at 0 in every packed document);
+- ``shift_labels``: polyload's labels, already shifted, which ``ForCausalLMLoss`` uses as
+  they are when given (exact);
+- ``labels``: the unshifted labels (``labels[t + 1] = shift_labels[t]``, -100 at 0), for
+  code that reads ``labels``; when a model gets both, its loss uses ``shift_labels``.
+  Unshifted labels cannot carry the label of the very last position (it would sit at index
+  ``T``), which exists when a long document continues in the next micro-batch: that one
+  token's loss is lost with ``labels`` alone, never with ``shift_labels``;
+- the FlashAttention varlen keyword arguments ``cu_seq_lens_q``, ``cu_seq_lens_k`` (int32
+  offsets of the packed documents) and ``max_length_q``, ``max_length_k`` (int).
+
+Rows are laid end to end as one packed row ``[1, rows * cols]`` (``flatten=True``, the
+layout FlashAttention's varlen kernels and polyload's ``cu_seqlens`` use).  How attention
+stays within documents depends on ``attn_implementation``:
+
+- ``"flash_attention_2"`` / ``"flash_attention_3"`` (GPU): the ``cu_seq_lens_*`` and
+  ``max_length_*`` keyword arguments select the varlen kernels;
+- ``"sdpa"`` and ``"eager"`` (also on CPU): transformers builds a block-diagonal causal mask
+  from ``position_ids`` when no ``attention_mask`` is given (``masking_utils.
+  find_packed_sequence_indices``: a new document starts wherever the position does not
+  grow by 1).  That detection is off when an ``attention_mask`` or a KV cache is given,
+  and models default to ``use_cache=True``: the returned dict sets ``use_cache=False``;
+  do not add an ``attention_mask``.  The FA keyword arguments are ignored there.
+
+Context parallelism is not supported here (``topology.cp`` must be 1): a CP slice's
+positions are not contiguous within a document.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Mapping, Optional
+
+import torch
+
+from . import ConfigError, _core
+
+__all__ = ["causal_lm_batch", "check_model"]
+
+IGNORE_INDEX = -100
+
+
+def causal_lm_batch(batch: Mapping[str, Any], flatten: bool = True,
+                    flash_kwargs: bool = True) -> Dict[str, Any]:
+    """The keyword arguments of a transformers causal-LM forward for one polyload batch.
+
+    Args:
+        batch: a polyload micro-batch dict (``input_ids``, ``labels``, ``position_ids``,
+            ``cu_seqlens``, ``max_seqlen``; :class:`polyload.Loader` with ``topology.cp``
+            1).
+        flatten: lay the rows end to end as ``[1, rows * cols]`` (default).  With False
+            the shape stays ``[rows, cols]`` (fine for sdpa/eager, whose packed mask works
+            per row); the FA keyword arguments are then left out, since they index the
+            flattened tokens.
+        flash_kwargs: include ``cu_seq_lens_q/k`` and ``max_length_q/k``.
+
+    Returns a dict: ``input_ids`` (int64), ``labels`` (unshifted, int64), ``shift_labels``
+    (int64, polyload's labels), ``position_ids`` (int64), ``use_cache`` (False), and with
+    ``flash_kwargs``
+    ``cu_seq_lens_q``, ``cu_seq_lens_k`` (int32 ``[n_segments + 1]``), ``max_length_q``,
+    ``max_length_k`` (int).  Call ``model(**causal_lm_batch(batch))``: the loss is the mean
+    over the tokens with a label (``ForCausalLMLoss`` with ``shift_labels``).
+
+    Raises:
+        ValueError: the batch lacks a field (a pipeline stage's batch), or its positions
+            do not count 0, 1, ... in every segment of ``cu_seqlens`` (a CP slice).
+    """
+    for f in ("input_ids", "labels", "position_ids", "cu_seqlens", "max_seqlen"):
+        if batch.get(f) is None:
+            raise ValueError(f"polyload.hf: the batch has no {f!r} (a pipeline stage's "
+                             "batch? transformers models need every field)")
+    ids = torch.as_tensor(batch["input_ids"]).long()
+    lab = torch.as_tensor(batch["labels"]).long()
+    pos = torch.as_tensor(batch["position_ids"]).long()
+    cu = torch.as_tensor(batch["cu_seqlens"]).to(torch.int32)
+    if int(cu[-1]) != ids.numel():
+        raise ValueError("polyload.hf: cu_seqlens do not cover the batch's tokens")
+    starts = cu[:-1].long()
+    expect = torch.arange(ids.numel()) - torch.repeat_interleave(starts, cu.diff().long())
+    if not torch.equal(pos.reshape(-1), expect):
+        raise ValueError("polyload.hf: position_ids do not count 0, 1, ... in every segment "
+                         "(a context-parallel slice? use topology.cp 1)")
+    if flatten:
+        ids, lab, pos = ids.reshape(1, -1), lab.reshape(1, -1), pos.reshape(1, -1)
+    unshifted = torch.full_like(lab, IGNORE_INDEX)
+    unshifted[..., 1:] = lab[..., :-1]
+    out: Dict[str, Any] = {
+        "input_ids": ids,
+        "labels": unshifted,
+        "shift_labels": lab,
+        "position_ids": pos,
+        # With a KV cache, transformers does not look for packed documents in
+        # position_ids (masking_utils._preprocess_mask_arguments), and models default to
+        # use_cache=True: sdpa/eager attention would then cross documents.
+        "use_cache": False,
+    }
+    if flash_kwargs and flatten:
+        max_len = int(batch["max_seqlen"])
+        out.update(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=max_len,
+                   max_length_k=max_len)
+    return out
+
+
+def check_model(model_or_config: Any, config: Any) -> None:
+    """Check a transformers model (or its ``PretrainedConfig``) against a polyload config:
+    ``pad_id`` must be inside the model's vocabulary, and so must ``vocab_size`` when
+    the config gives one.
+
+    Raises:
+        ConfigError: naming both numbers.
+    """
+    from . import Loader, _make_config  # noqa: PLC0415
+
+    mc = getattr(model_or_config, "config", model_or_config)
+    vocab = int(mc.vocab_size)
+    cfg = config.config if isinstance(config, Loader) else _make_config(config)
+    pad = cfg.get_int("pad_id")
+    problems = []
+    if pad >= vocab:
+        problems.append(f"polyload pad_id {pad} is outside the model's vocabulary "
+                        f"(vocab_size {vocab})")
+    mine = cfg.get_int("vocab_size")
+    if mine > vocab:
+        problems.append(f"polyload vocab_size {mine} is larger than the model's "
+                        f"vocab_size {vocab}")
+    if problems:
+        raise ConfigError(_core.ECONFIG, "ECONFIG", "; ".join(problems))
