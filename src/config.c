@@ -797,17 +797,7 @@ static int walk_source(walk *w, int64_t i, yaml_node_t *map) {
                        "%s.eos_id applies only to llmc and flat sources "
                        "(source '%s' is megatron)",
                        what, s->name);
-    if (!path_exists(s->type, s->path)) {
-        if (s->type == PL_SOURCE_MEGATRON)
-            return cfg_err(cfg, PL_ECONFIG, line_path,
-                           "source '%s': path '%s' not found (no '%s.idx', "
-                           "directory or matching glob)",
-                           s->name, s->path, s->path);
-        return cfg_err(cfg, PL_ECONFIG, line_path,
-                       "source '%s': path '%s' not found (no file or "
-                       "matching glob)",
-                       s->name, s->path);
-    }
+    s->path_line = line_path; /* paths are checked when the source opens */
     return PL_OK;
 }
 
@@ -1426,7 +1416,28 @@ int pl__config_open_source(const pl_config *cfg, int64_t i, pl_source **out) {
     o.token_dtype = s->token_dtype;
     o.eos_id = s->eos_id;
     o.write_index = 0;
-    return pl_source_open(&o, out);
+    int rc = pl_source_open(&o, out);
+    if (rc == PL_ENOENT && *out && !path_exists(s->type, s->path)) {
+        /* A path that matches nothing is the config's mistake: say which. */
+        char msg[PL__ERRMSG_CAP], at[600];
+        if (s->path_line > 0)
+            pl__fmt(at, sizeof at, "%s:%d: ", cfg->origin ? cfg->origin : "<string>",
+                    s->path_line);
+        else
+            at[0] = '\0';
+        if (s->type == PL_SOURCE_MEGATRON)
+            pl__fmt(msg, sizeof msg,
+                    "%ssource '%s': path '%s' not found (no '%s.idx', directory or "
+                    "matching glob)",
+                    at, s->name, s->path, s->path);
+        else
+            pl__fmt(msg, sizeof msg,
+                    "%ssource '%s': path '%s' not found (no file or matching glob)", at,
+                    s->name, s->path);
+        pl__source_set_err(*out, msg);
+        rc = PL_ECONFIG;
+    }
+    return rc;
 }
 
 int pl_config_open_source(const pl_config *cfg, int64_t i, pl_source **out) {

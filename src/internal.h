@@ -49,6 +49,7 @@ typedef struct pl__source_cfg {
     int64_t eos_id;       /* -1: type default */
     double weight;        /* raw weight (not normalized) */
     int64_t max_epochs;   /* 0: no cap; else drawn from no more than N epochs */
+    int path_line;        /* line of `path` in the config (0: unknown) */
 } pl__source_cfg;
 
 typedef struct pl__sched_point {
@@ -122,6 +123,8 @@ int pl__topology_parse_order(const char *order, int *axes, int *n_axes,
 /* Undo pl_pipeline_close (the embedded loader stops and restarts its
  * workers around pl_loader_set_state). */
 void pl__pipeline_reopen(pl_pipeline *p);
+/* Replace a source's message (config.c names the source's config key). */
+void pl__source_set_err(pl_source *src, const char *msg);
 /* Convert n tokens from src_dtype (unaligned source allowed) to int64 or
  * int32 (dst_dtype PL_DTYPE_INT64 or PL_DTYPE_INT32). */
 void pl__tokens_convert(const void *src, pl_dtype src_dtype, void *dst,

@@ -525,3 +525,7 @@ int pl_loader_fail_step(pl_loader *l, int64_t step, int status, const char *mess
     if (rc) return pl__fail(l, rc, "loader: step %lld was not asked for", (long long)step);
     return PL_OK;
 }
+
+void pl_loader_stop(pl_loader *l) {
+    if (l && l->pipe) pl_pipeline_close(l->pipe);
+}

@@ -648,6 +648,8 @@ int pl_pipeline_get_work(pl_pipeline *p, unsigned kinds, int64_t timeout_ms,
                 w->n_micro_batches = pl__unit_n(p, u);
                 w->plan = e->plan;
                 w->aux = e->aux;
+                w->blob = e->blob;
+                w->blob_len = e->blob_len;
                 w->generation = p->generation;
                 break;
             }

@@ -244,6 +244,8 @@ static int pl__expand(const char *path, int megatron, pl__paths *p, char *err,
 
 /* ------------------------------------------------------------ handle */
 
+static void pl__set_err(pl_source *src, const char *msg);
+void pl__source_set_err(pl_source *src, const char *msg) { pl__set_err(src, msg); }
 static void pl__set_err(pl_source *src, const char *msg) {
     pthread_mutex_lock(&src->mu);
     pl__fmt(src->errmsg, sizeof src->errmsg, "%s", msg);

@@ -477,8 +477,13 @@ PL_API int pl_state_retarget(const void *blob, size_t len, int64_t micro_batch,
  * "Roles").  Batches are a pure function of (config, seed, step, rank): thread
  * count and prefetch depth never change them.
  *
- * Thread safety: pl_loader_next may be called concurrently for different
- * ranks; calls for the same rank, and all other functions, must not overlap.
+ * Thread safety: pl_loader_next (for different ranks), pl_loader_get_state,
+ * pl_loader_get_stats, pl_loader_want_step, pl_loader_push_package,
+ * pl_loader_fail_step and pl_loader_stop may be called concurrently; calls
+ * of pl_loader_next for the same rank must not overlap, nor may
+ * pl_loader_set_state and pl_loader_free overlap any other call.  Error
+ * messages (pl_loader_errmsg) are per handle: read them from the thread
+ * that got the error before another call fails.
  */
 typedef struct pl_loader pl_loader;
 
@@ -607,6 +612,10 @@ PL_API int pl_loader_push_package(pl_loader *loader, const void *package,
                                   size_t len);
 PL_API int pl_loader_fail_step(pl_loader *loader, int64_t step, int status,
                                const char *message);
+/* Wake every waiting call (pl_loader_next, pl_loader_want_step, ...) with
+ * PL_ECLOSED, and make new ones return it, until pl_loader_set_state: how a
+ * transport thread is stopped before pl_loader_set_state or _free. */
+PL_API void pl_loader_stop(pl_loader *loader);
 
 /* =============================================================== pipeline */
 /*
@@ -694,6 +703,8 @@ typedef struct pl_work {
     int64_t n_micro_batches;
     const pl_plan *plan;     /* borrowed until pl_pipeline_complete */
     void *aux;               /* the step's aux (pl_pipeline_add_step) */
+    const void *blob;        /* the step's state blob, borrowed as plan */
+    size_t blob_len;
     uint64_t generation;     /* pl_pipeline_reset count when handed out: a
                                 unit completed after a reset is dropped */
 } pl_work;

@@ -39,6 +39,8 @@ from ._errors import (
     FormatError,
     PolyloadError,
     PolyloadIOError,
+    PolyloadTimeoutError,
+    LagError,
     RangeError,
     StateError,
 )
@@ -68,6 +70,8 @@ __all__ = [
     "ConfigError",
     "StateError",
     "PolyloadIOError",
+    "PolyloadTimeoutError",
+    "LagError",
     "RangeError",
     "ConfigWarning",
     "trainer_world_size",

@@ -11,6 +11,8 @@ ECONFIG, ETOPOLOGY                                                     ConfigErr
 ESTATE                                                                 StateError
 EIO, ENOENT                                                            PolyloadIOError
 ERANGE                                                                 RangeError
+ETIMEDOUT                                                              PolyloadTimeoutError
+ELAG                                                                   LagError
 EINVAL, ENOMEM, ECLOSED, others                                        PolyloadError
 =====================================================================  ====================
 
@@ -30,6 +32,8 @@ __all__ = [
     "StateError",
     "PolyloadIOError",
     "RangeError",
+    "PolyloadTimeoutError",
+    "LagError",
     "ConfigWarning",
 ]
 
@@ -85,6 +89,16 @@ class PolyloadIOError(PolyloadError, OSError):
 
 class RangeError(PolyloadError, IndexError):
     """An index or rank out of range (ERANGE); also an IndexError."""
+
+
+class PolyloadTimeoutError(PolyloadError, TimeoutError):
+    """A wait passed its deadline (ETIMEDOUT); the message names the role, the actor and
+    what it waited for.  Also a :class:`TimeoutError`."""
+
+
+class LagError(PolyloadError):
+    """This rank fell further behind its group than ``max_lag_steps`` (ELAG): its
+    batches were dropped so that its peers never wait for it.  Only this rank fails."""
 
 
 class ConfigWarning(UserWarning):

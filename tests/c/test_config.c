@@ -51,6 +51,27 @@ static void expect_err_at(int src_line, const char *tmpl, int code,
 }
 #define EXPECT_ERR(y, code, s1, s2) expect_err_at(__LINE__, y, code, s1, s2)
 
+/* Parsing touches no file: the config parses, and opening source 0 fails
+ * with `code` and a message containing s1 and s2. */
+static void expect_open_err_at(int src_line, const char *tmpl, int code,
+                               const char *s1, const char *s2) {
+    pl_config *cfg = NULL;
+    int prc = parse(tmpl, &cfg);
+    pl_source *src = NULL;
+    int rc = prc ? prc : pl_config_open_source(cfg, 0, &src);
+    const char *msg = prc ? pl_config_errmsg(cfg) : src ? pl_source_errmsg(src) : "";
+    pl_test_checks++;
+    if (prc || rc != code || (s1 && !strstr(msg, s1)) || (s2 && !strstr(msg, s2))) {
+        fprintf(stderr, "%s:%d: expected open to give %s with '%s' '%s', got %s (parse %s): %s\n",
+                __FILE__, src_line, pl_err_name(code), s1 ? s1 : "", s2 ? s2 : "",
+                pl_err_name(rc), pl_err_name(prc), msg);
+        pl_test_failures++;
+    }
+    pl_source_free(src);
+    pl_config_free(cfg);
+}
+#define EXPECT_OPEN_ERR(y, code, s1, s2) expect_open_err_at(__LINE__, y, code, s1, s2)
+
 #define SRC1 "sources:\n  - {name: web, type: megatron, path: $D/web}\n"
 
 static void test_defaults(void) {
@@ -491,13 +512,14 @@ static void test_errors(void) {
                "  - {name: l, type: flat, path: $D/logs.bin, weight: 0.0}\n",
                PL_ECONFIG, "weights of sources sum to zero", NULL);
 
-    /* Missing paths, naming the source and the path. */
-    EXPECT_ERR("sources:\n  - {name: web, type: megatron, path: $D/nothere}\n",
-               PL_ECONFIG, "test.yaml:2: source 'web': path '", "nothere");
-    EXPECT_ERR("sources:\n  - {name: c, type: llmc, path: \"$D/zz_*.bin\"}\n",
-               PL_ECONFIG, "source 'c': path '", "zz_*.bin' not found");
-    EXPECT_ERR("sources:\n  - {name: l, type: flat, path: $D/web}\n",
-               PL_ECONFIG, "source 'l'", "not found");
+    /* Missing paths, naming the source and the path, when the source opens
+       (parsing touches no file). */
+    EXPECT_OPEN_ERR("sources:\n  - {name: web, type: megatron, path: $D/nothere}\n",
+                    PL_ECONFIG, "test.yaml:2: source 'web': path '", "nothere");
+    EXPECT_OPEN_ERR("sources:\n  - {name: c, type: llmc, path: \"$D/zz_*.bin\"}\n",
+                    PL_ECONFIG, "source 'c': path '", "zz_*.bin' not found");
+    EXPECT_OPEN_ERR("sources:\n  - {name: l, type: flat, path: $D/web}\n",
+                    PL_ECONFIG, "source 'l'", "not found");
 
     /* Cross-key checks. */
     EXPECT_ERR("global_batch_size: 10\nmicro_batch_size: 2\n"

@@ -487,35 +487,48 @@ static PyObject *source_read(PyPlSource *o, PyObject *args, PyObject *kw) {
 
 /* read_many(reads) with reads an int64 buffer [n, 4] of (source, index,
  * offset, count): every range back to back, as one int64 Array. */
-static PyObject *source_read_many(PyPlSource *o, PyObject *arg) {
+int pypl_parse_reads(PyObject *arg, const char *what, pl_read **out, int64_t *n_out,
+                     int64_t *total_out) {
     Py_buffer v;
-    if (PyObject_GetBuffer(arg, &v, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return NULL;
+    if (PyObject_GetBuffer(arg, &v, PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0) return -1;
     if (v.itemsize != 8 || !v.format || !*v.format ||
         !strchr("qlQL", v.format[strlen(v.format) - 1]) || v.len % 32 != 0) {
         PyBuffer_Release(&v);
-        PyErr_SetString(PyExc_TypeError,
-                        "read_many: reads must be an int64 buffer of shape [n, 4]");
-        return NULL;
+        PyErr_Format(PyExc_TypeError, "%s: reads must be an int64 buffer of shape [n, 4]",
+                     what);
+        return -1;
     }
     int64_t n = (int64_t)(v.len / 32), total = 0;
     const int64_t *r = v.buf;
     pl_read *reads = PyMem_Calloc((size_t)(n ? n : 1), sizeof *reads);
     if (!reads) {
         PyBuffer_Release(&v);
-        return PyErr_NoMemory();
+        PyErr_NoMemory();
+        return -1;
     }
     for (int64_t i = 0; i < n; i++) {
         reads[i].source = (int32_t)r[i * 4];
         reads[i].index = r[i * 4 + 1];
         reads[i].offset = r[i * 4 + 2];
         reads[i].count = r[i * 4 + 3];
-        if (reads[i].count < 0 || total < 0 ||
-            reads[i].count > (INT64_MAX / 8) - total)
+        if (reads[i].count < 0 || total < 0 || reads[i].count > (INT64_MAX / 8) - total)
             total = -1; /* negative, or more tokens than memory can hold */
         else
             total += reads[i].count;
     }
     PyBuffer_Release(&v);
+    *out = reads;
+    *n_out = n;
+    *total_out = total;
+    return 0;
+}
+
+/* read_many(reads) with reads an int64 buffer [n, 4] of (source, index,
+ * offset, count): every range back to back, as one int64 Array. */
+static PyObject *source_read_many(PyPlSource *o, PyObject *arg) {
+    pl_read *reads;
+    int64_t n, total;
+    if (pypl_parse_reads(arg, "read_many", &reads, &n, &total) < 0) return NULL;
     if (total < 0) {
         PyMem_Free(reads);
         return pypl_raise(PL_ERANGE, "read_many: a count is negative or the total too large");
@@ -536,6 +549,34 @@ static PyObject *source_read_many(PyPlSource *o, PyObject *arg) {
     }
     Py_ssize_t shape[1] = {(Py_ssize_t)total};
     return pypl_array_owned(out, "q", 8, 1, shape);
+}
+
+/* read_raw(reads) -> bytes: the ranges at the source's stored width. */
+static PyObject *source_read_raw(PyPlSource *o, PyObject *arg) {
+    pl_read *reads;
+    int64_t n, total;
+    if (pypl_parse_reads(arg, "read_raw", &reads, &n, &total) < 0) return NULL;
+    if (total < 0) {
+        PyMem_Free(reads);
+        return pypl_raise(PL_ERANGE, "read_raw: a count is negative or the total too large");
+    }
+    size_t es = pl_dtype_size(pl_source_token_dtype(o->src));
+    PyObject *b = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)((size_t)total * es));
+    if (!b) {
+        PyMem_Free(reads);
+        return NULL;
+    }
+    char *buf = PyBytes_AS_STRING(b);
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = pl_source_read_raw(o->src, reads, n, buf, (size_t)total * es);
+    Py_END_ALLOW_THREADS
+    PyMem_Free(reads);
+    if (rc != PL_OK) {
+        Py_DECREF(b);
+        return pypl_raise(rc, pl_source_errmsg(o->src));
+    }
+    return b;
 }
 
 static PyObject *source_stats(PyPlSource *o, PyObject *unused) {
@@ -614,6 +655,10 @@ static PyMethodDef source_methods[] = {
      "Tokens [offset, offset+count) of document `index` (count None: to its end) as a\n"
      "new 1-D Array of int64 or int32.  Float token files are truncated toward zero.\n"
      "Raises RangeError or FormatError."},
+    {"read_raw", (PyCFunction)source_read_raw, METH_O,
+     "read_raw(reads) -> bytes\n\nThe token ranges of `reads` (int64 [n, 4]) back to "
+     "back at the source's\nstored width (token_dtype), read with pread "
+     "(pl_source_read_raw)."},
     {"read_many", (PyCFunction)source_read_many, METH_O,
      "read_many(reads) -> Array\n\nThe token ranges of `reads` (int64 [n, 4]: source "
      "(ignored), index, offset,\ncount; e.g. Plan.reads) back to back as one int64 "

@@ -103,6 +103,18 @@ PyObject *pypl_source_wrap(pl_source *src);
 
 extern PyTypeObject PyPl_PlanType;
 extern PyTypeObject PyPl_ConstructorType;
+extern PyTypeObject PyPl_PipelineType;
+extern PyTypeObject PyPl_WorkType;
+
+/* Module functions of pipeline.c. */
+PyObject *pypl_state_info(PyObject *self, PyObject *arg);
+PyObject *pypl_state_retarget(PyObject *self, PyObject *args);
+PyObject *pypl_package_info(PyObject *self, PyObject *arg);
+/* Parse reads (an int64 buffer [n, 4]) into a PyMem array; *total: the sum
+ * of counts (-1 when a count is negative or the sum overflows).  -1 with an
+ * exception set. */
+int pypl_parse_reads(PyObject *arg, const char *what, pl_read **out, int64_t *n,
+                     int64_t *total);
 
 /* The plan as a dict of ints and owned Arrays (Planner.next). */
 PyObject *pypl_plan_to_dict(const pl_plan *pl);

@@ -319,11 +319,14 @@ static int loader_check(PyPlLoader *o) {
 
 static PyObject *loader_create(PyTypeObject *cls, PyObject *args, PyObject *kw) {
     (void)cls;
-    static char *kwlist[] = {"config", "ranks", "threads", "prefetch", NULL};
+    static char *kwlist[] = {"config", "ranks", "threads", "prefetch", "external", "unit",
+                             "max_lag_steps", NULL};
     PyObject *cfg_obj, *ranks_obj = Py_None;
-    int threads = 0, prefetch = 0;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O!|Oii:create", kwlist, &PyPl_ConfigType,
-                                     &cfg_obj, &ranks_obj, &threads, &prefetch))
+    int threads = 0, prefetch = 0, external = 0;
+    long long unit = 0, max_lag = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O!|OiipLL:create", kwlist, &PyPl_ConfigType,
+                                     &cfg_obj, &ranks_obj, &threads, &prefetch, &external,
+                                     &unit, &max_lag))
         return NULL;
     PyPlConfig *cfg = (PyPlConfig *)cfg_obj;
     if (threads < 0 || prefetch < 0) {
@@ -385,6 +388,9 @@ static PyObject *loader_create(PyTypeObject *cls, PyObject *args, PyObject *kw) 
     opts.n_ranks = all ? 0 : (int64_t)o->n_ranks;
     opts.threads = threads;
     opts.prefetch = prefetch;
+    opts.external = external;
+    opts.unit = unit;
+    opts.max_lag_steps = max_lag;
     pl_loader *l = NULL;
     int rc;
     cfg->busy++;
@@ -498,9 +504,23 @@ static int loader_lock(PyPlLoader *o) {
     return 0;
 }
 
+/* Take the shared lock with the GIL released; 0 on success. */
+static int loader_rdlock(PyPlLoader *o) {
+    if (loader_check(o)) return -1;
+    Py_BEGIN_ALLOW_THREADS
+    pthread_rwlock_rdlock(&o->lock);
+    Py_END_ALLOW_THREADS
+    if (!o->l) {
+        pthread_rwlock_unlock(&o->lock);
+        pypl_raise(PL_ECLOSED, "loader is closed");
+        return -1;
+    }
+    return 0;
+}
+
 static PyObject *loader_get_state(PyPlLoader *o, PyObject *unused) {
     (void)unused;
-    if (loader_lock(o)) return NULL;
+    if (loader_rdlock(o)) return NULL;
     size_t n = 0;
     int rc;
     Py_BEGIN_ALLOW_THREADS
@@ -543,7 +563,7 @@ static PyObject *loader_set_state(PyPlLoader *o, PyObject *arg) {
 
 static PyObject *loader_stats(PyPlLoader *o, PyObject *unused) {
     (void)unused;
-    if (loader_lock(o)) return NULL;
+    if (loader_rdlock(o)) return NULL;
     pl_loader_stats st;
     int rc;
     Py_BEGIN_ALLOW_THREADS
@@ -583,6 +603,70 @@ fail:
 done:
     pthread_rwlock_unlock(&o->lock);
     return d;
+}
+
+/* want_step(timeout_ms=-1) -> int, None (timeout) or 'done' (external mode). */
+static PyObject *loader_want_step(PyPlLoader *o, PyObject *args) {
+    long long timeout = -1;
+    if (!PyArg_ParseTuple(args, "|L:want_step", &timeout)) return NULL;
+    if (loader_rdlock(o)) return NULL;
+    int64_t step = 0;
+    char err[PL__ERRMSG_CAP];
+    err[0] = '\0';
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = pl_loader_want_step(o->l, timeout, &step);
+    if (rc < 0 && rc != PL_ETIMEDOUT) snprintf(err, sizeof err, "%s", pl_loader_errmsg(o->l));
+    Py_END_ALLOW_THREADS
+    pthread_rwlock_unlock(&o->lock);
+    if (rc == PL_OK) return PyLong_FromLongLong((long long)step);
+    if (rc == PL_DONE) return PyUnicode_FromString("done");
+    if (rc == PL_ETIMEDOUT) Py_RETURN_NONE;
+    return pypl_raise(rc, err[0] ? err : "loader: stopped");
+}
+
+static PyObject *loader_push_package(PyPlLoader *o, PyObject *arg) {
+    Py_buffer v;
+    if (PyObject_GetBuffer(arg, &v, PyBUF_SIMPLE) < 0) return NULL;
+    if (loader_rdlock(o)) {
+        PyBuffer_Release(&v);
+        return NULL;
+    }
+    char err[PL__ERRMSG_CAP];
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = pl_loader_push_package(o->l, v.buf, (size_t)v.len);
+    if (rc) snprintf(err, sizeof err, "%s", pl_loader_errmsg(o->l));
+    Py_END_ALLOW_THREADS
+    pthread_rwlock_unlock(&o->lock);
+    PyBuffer_Release(&v);
+    if (rc != PL_OK) return pypl_raise(rc, err);
+    Py_RETURN_NONE;
+}
+
+static PyObject *loader_fail_step(PyPlLoader *o, PyObject *args) {
+    long long step;
+    int code;
+    const char *msg;
+    if (!PyArg_ParseTuple(args, "Lis:fail_step", &step, &code, &msg)) return NULL;
+    if (loader_rdlock(o)) return NULL;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = pl_loader_fail_step(o->l, step, code, msg);
+    Py_END_ALLOW_THREADS
+    pthread_rwlock_unlock(&o->lock);
+    if (rc != PL_OK) return pypl_raise(rc, "loader: fail_step: a step not asked for");
+    Py_RETURN_NONE;
+}
+
+static PyObject *loader_stop(PyPlLoader *o, PyObject *unused) {
+    (void)unused;
+    if (loader_rdlock(o)) return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    pl_loader_stop(o->l);
+    Py_END_ALLOW_THREADS
+    pthread_rwlock_unlock(&o->lock);
+    Py_RETURN_NONE;
 }
 
 static PyObject *loader_enter(PyPlLoader *o, PyObject *unused) {
@@ -626,10 +710,12 @@ static PyObject *loader_get_pid(PyPlLoader *o, void *c) {
 static PyMethodDef loader_methods[] = {
     {"create", (PyCFunction)(void (*)(void))loader_create,
      METH_VARARGS | METH_KEYWORDS | METH_CLASS,
-     "Loader.create(config, ranks=None, threads=0, prefetch=0) -> Loader\n\n"
+     "Loader.create(config, ranks=None, threads=0, prefetch=0, external=False, unit=0,\n"
+     "max_lag_steps=0) -> Loader\n\n"
      "An embedded loader serving global `ranks` (None: all ranks of the topology).\n"
-     "threads/prefetch 0 take the config's values.  Opens every source: raises\n"
-     "PolyloadIOError, FormatError or ConfigError."},
+     "threads/prefetch/max_lag_steps 0 take the config's values; unit: micro-batches per\n"
+     "hand-off (0: automatic).  Opens every source: raises PolyloadIOError, FormatError\n"
+     "or ConfigError.  external=True: no sources (steps come as packages; see want_step)."},
     {"next", (PyCFunction)loader_next, METH_O,
      "next(rank) -> Batch or None\n\nThe next micro-batch of global `rank`; None after "
      "train_steps.\nBlocks (without the GIL) until it is built.  Raises RangeError for "
@@ -646,6 +732,19 @@ static PyMethodDef loader_methods[] = {
      "'skipped',\n'max_over_mean', 'max_over_lower_bound', 'sources': {name: {'documents',\n"
      "'tokens', 'epochs_completed', 'skipped', 'realized_fraction', "
      "'scheduled_fraction'}}}."},
+    {"want_step", (PyCFunction)loader_want_step, METH_VARARGS,
+     "want_step(timeout_ms=-1) -> int, None or 'done'\n\nExternal loaders: the step to "
+     "fetch next (pl_loader_want_step); None\nwhen the timeout passed; 'done' after "
+     "train_steps.  PolyloadError ECLOSED after\nstop() or a failure."},
+    {"push_package", (PyCFunction)loader_push_package, METH_O,
+     "push_package(package)\n\nHand over the package of the step want_step gave "
+     "(PLPK bytes; for step\ntrain_steps its state blob).  PolyloadError EINVAL when "
+     "corrupt or for another\nrank, step or config."},
+    {"fail_step", (PyCFunction)loader_fail_step, METH_VARARGS,
+     "fail_step(step, code, message)\n\nThe step could not be fetched: the rank that "
+     "reaches it gets the error."},
+    {"stop", (PyCFunction)loader_stop, METH_NOARGS,
+     "stop()\n\nWake every waiting call with ECLOSED until set_state (pl_loader_stop)."},
     {"close", (PyCFunction)loader_close, METH_NOARGS,
      "close()\n\nStop the workers and free the loader.  Batches already returned stay "
      "valid.\nIdempotent.  In a forked child it only forgets the parent's loader."},

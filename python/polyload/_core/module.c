@@ -12,7 +12,7 @@
 
 /* Classes from polyload._errors, owned by the module (kept for its life). */
 static PyObject *pypl_exc_base, *pypl_exc_format, *pypl_exc_config,
-    *pypl_exc_state, *pypl_exc_io, *pypl_exc_range;
+    *pypl_exc_state, *pypl_exc_io, *pypl_exc_range, *pypl_exc_timeout, *pypl_exc_lag;
 
 static PyObject *pypl_class_of(int rc) {
     switch (rc) {
@@ -27,6 +27,10 @@ static PyObject *pypl_class_of(int rc) {
         return pypl_exc_io;
     case PL_ERANGE:
         return pypl_exc_range;
+    case PL_ETIMEDOUT:
+        return pypl_exc_timeout;
+    case PL_ELAG:
+        return pypl_exc_lag;
     default: /* EINVAL, ENOMEM, ECLOSED and codes of newer libraries */
         return pypl_exc_base;
     }
@@ -53,6 +57,7 @@ int pypl_errors_init(PyObject *module) {
         {&pypl_exc_base, "PolyloadError"}, {&pypl_exc_format, "FormatError"},
         {&pypl_exc_config, "ConfigError"}, {&pypl_exc_state, "StateError"},
         {&pypl_exc_io, "PolyloadIOError"}, {&pypl_exc_range, "RangeError"},
+        {&pypl_exc_timeout, "PolyloadTimeoutError"}, {&pypl_exc_lag, "LagError"},
     };
     for (size_t i = 0; i < sizeof tab / sizeof tab[0]; i++) {
         PyObject *cls = PyObject_GetAttrString(m, tab[i].name);
@@ -239,6 +244,16 @@ static PyObject *m_cost_fit(PyObject *self, PyObject *args) {
 }
 
 static PyMethodDef module_methods[] = {
+    {"state_info", pypl_state_info, METH_O,
+     "state_info(blob) -> dict\n\nPosition and per-source counters of a state blob "
+     "(pl_state_inspect,\npl_state_source): version, seed, step, micro_batch, dp, "
+     "seq_length, ...,\nsources: [{name, path, num_documents, epoch, drawn_tokens, "
+     "target_tokens,\ndocuments, skipped, ...}].  StateError when corrupt."},
+    {"state_retarget", pypl_state_retarget, METH_VARARGS,
+     "state_retarget(blob, micro_batch, dp) -> bytes\n\nThe blob with another cursor "
+     "(pl_state_retarget)."},
+    {"package_info", pypl_package_info, METH_O,
+     "package_info(package) -> (step, dp_rank)\n\npl_package_inspect."},
     {"cost_fit", m_cost_fit, METH_VARARGS,
      "cost_fit(tokens, sum_sq, time) -> dict\n\nLeast-squares fit of time ~= a*tokens + "
      "b*sum_sq + c\n(`polyload calibrate`): {'a', 'b', 'c', 'r2'}.  PolyloadError EINVAL "
@@ -274,7 +289,8 @@ static struct PyModuleDef core_module = {
 static int add_types(PyObject *m) {
     PyTypeObject *types[] = {&PyPl_ArrayType, &PyPl_BatchType, &PyPl_ConfigType,
                              &PyPl_SourceType, &PyPl_PlannerType, &PyPl_LoaderType,
-                             &PyPl_PlanType, &PyPl_ConstructorType};
+                             &PyPl_PlanType, &PyPl_ConstructorType, &PyPl_PipelineType,
+                             &PyPl_WorkType};
     for (size_t i = 0; i < sizeof types / sizeof types[0]; i++) {
         if (PyType_Ready(types[i]) < 0) return -1;
         const char *name = strrchr(types[i]->tp_name, '.') + 1;

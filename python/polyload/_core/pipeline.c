@@ -1,0 +1,649 @@
+/*
+ * pipeline.c -- Pipeline (pl_pipeline) and Work (pl_work), the package
+ * encoder and the state-blob accessors, for the distributed roles of
+ * polyload.ray.  A Pipeline's items are packages (PLPK bytes) that it owns
+ * in C memory; next() returns a copy as bytes (what a Ray task returns).
+ *
+ * Every C call runs with the GIL released.  reset() and close() take a
+ * write lock; every other call a read lock, so that they run concurrently
+ * (the C object is thread-safe) but never against a reset or a free.
+ */
+#include "core.h"
+
+#include "internal.h" /* PL__ERRMSG_CAP */
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+/* A package held by the pipeline. */
+typedef struct {
+    size_t len;
+    unsigned char data[];
+} pypl_item;
+
+static void item_release(void *item, void *ctx) {
+    (void)ctx;
+    free(item);
+}
+
+/* ================================================================ Work */
+
+typedef struct {
+    PyObject_HEAD
+    pl_work w;
+    PyObject *pipeline; /* keeps the plan alive until complete */
+    int done;
+} PyPlWork;
+
+extern PyTypeObject PyPl_WorkType;
+
+typedef struct {
+    PyObject_HEAD
+    pl_pipeline *p;
+    pid_t pid;
+    pthread_rwlock_t lock;
+    int64_t nmb;
+} PyPlPipeline;
+
+static int pipe_rd(PyPlPipeline *o) {
+    if (o->pid != getpid()) {
+        PyErr_SetString(PyExc_RuntimeError, "Pipeline used in a forked child");
+        return -1;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    pthread_rwlock_rdlock(&o->lock);
+    Py_END_ALLOW_THREADS
+    if (!o->p) {
+        pthread_rwlock_unlock(&o->lock);
+        pypl_raise(PL_ECLOSED, "pipeline is closed");
+        return -1;
+    }
+    return 0;
+}
+
+static PyObject *work_get(PyPlWork *o, void *c) {
+    const char *which = c;
+    const pl_work *w = &o->w;
+    if (!strcmp(which, "kind")) return PyUnicode_FromString(w->kind == PL_WORK_PLAN ? "plan" : "build");
+    long long v = 0;
+    if (!strcmp(which, "step")) v = w->step;
+    else if (!strcmp(which, "unit")) v = w->unit;
+    else if (!strcmp(which, "group")) v = w->group;
+    else if (!strcmp(which, "dp_rank")) v = w->dp_rank;
+    else if (!strcmp(which, "cp_rank")) v = w->cp_rank;
+    else if (!strcmp(which, "micro_batch")) v = w->micro_batch;
+    else if (!strcmp(which, "n_micro_batches")) v = w->n_micro_batches;
+    return PyLong_FromLongLong(v);
+}
+
+/* reads() -> int64 Array [n, 4]: pl_plan_step_reads of the unit's DP rank. */
+static PyObject *work_reads(PyPlWork *o, PyObject *unused) {
+    (void)unused;
+    if (o->w.kind != PL_WORK_BUILD || o->done || !o->w.plan) {
+        PyErr_SetString(PyExc_ValueError, "reads(): not an open build unit");
+        return NULL;
+    }
+    int64_t n = 0;
+    int rc = pl_plan_step_reads(o->w.plan, o->w.dp_rank, NULL, 0, &n);
+    if (rc != PL_OK && rc != PL_EINVAL) return pypl_raise(rc, "plan: step reads");
+    pl_read *r = PyMem_Calloc((size_t)(n ? n : 1), sizeof *r);
+    int64_t *out = malloc((size_t)(n ? n : 1) * 4 * sizeof(int64_t));
+    if (!r || !out) {
+        PyMem_Free(r);
+        free(out);
+        return PyErr_NoMemory();
+    }
+    rc = pl_plan_step_reads(o->w.plan, o->w.dp_rank, r, n, &n);
+    for (int64_t i = 0; rc == PL_OK && i < n; i++) {
+        out[i * 4 + 0] = r[i].source;
+        out[i * 4 + 1] = r[i].index;
+        out[i * 4 + 2] = r[i].offset;
+        out[i * 4 + 3] = r[i].count;
+    }
+    PyMem_Free(r);
+    if (rc != PL_OK) {
+        free(out);
+        return pypl_raise(rc, "plan: step reads");
+    }
+    Py_ssize_t shape[2] = {(Py_ssize_t)n, 4};
+    return pypl_array_owned(out, "q", 8, 2, shape);
+}
+
+static void work_dealloc(PyPlWork *o) {
+    Py_XDECREF(o->pipeline);
+    PyObject_Free(o);
+}
+
+static PyMethodDef work_methods[] = {
+    {"reads", (PyCFunction)work_reads, METH_NOARGS,
+     "reads() -> Array int64 [n, 4]\n\nThe reads of the unit's DP rank for the whole step "
+     "(pl_plan_step_reads):\ncolumns source, index, offset, count."},
+    {"__reduce__", pypl_no_reduce, METH_NOARGS, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+static PyGetSetDef work_getset[] = {
+    {"kind", (getter)work_get, NULL, "'plan' or 'build'", "kind"},
+    {"step", (getter)work_get, NULL, "int", "step"},
+    {"unit", (getter)work_get, NULL, "int", "unit"},
+    {"group", (getter)work_get, NULL, "int", "group"},
+    {"dp_rank", (getter)work_get, NULL, "int", "dp_rank"},
+    {"cp_rank", (getter)work_get, NULL, "int", "cp_rank"},
+    {"micro_batch", (getter)work_get, NULL, "int: first micro-batch", "micro_batch"},
+    {"n_micro_batches", (getter)work_get, NULL, "int", "n_micro_batches"},
+    {NULL, NULL, NULL, NULL, NULL},
+};
+
+PyTypeObject PyPl_WorkType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "polyload._core.Work",
+    .tp_basicsize = sizeof(PyPlWork),
+    .tp_dealloc = (destructor)work_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "A unit of work of a Pipeline (pl_work): 'plan' (add step `step`) or 'build'.",
+    .tp_methods = work_methods,
+    .tp_getset = work_getset,
+};
+
+/* ============================================================ Pipeline */
+
+static PyObject *pipe_create(PyTypeObject *cls, PyObject *args, PyObject *kw) {
+    (void)cls;
+    static char *kwlist[] = {"config", "ranks", "group_by_cp", "unit", "prefetch",
+                             "max_lag_steps", NULL};
+    PyObject *cfg_obj, *ranks_obj = Py_None;
+    int group_by_cp = 1;
+    long long unit = 0, prefetch = 0, lag = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O!|OpLLL:create", kwlist, &PyPl_ConfigType,
+                                     &cfg_obj, &ranks_obj, &group_by_cp, &unit, &prefetch,
+                                     &lag))
+        return NULL;
+    int64_t *ranks = NULL;
+    Py_ssize_t n = 0;
+    if (ranks_obj != Py_None) {
+        PyObject *seq = PySequence_Fast(ranks_obj, "ranks must be a sequence of int");
+        if (!seq) return NULL;
+        n = PySequence_Fast_GET_SIZE(seq);
+        ranks = PyMem_Calloc((size_t)(n ? n : 1), sizeof *ranks);
+        if (!ranks) {
+            Py_DECREF(seq);
+            return PyErr_NoMemory();
+        }
+        for (Py_ssize_t i = 0; i < n; i++) {
+            ranks[i] = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(seq, i));
+            if (ranks[i] == -1 && PyErr_Occurred()) {
+                Py_DECREF(seq);
+                PyMem_Free(ranks);
+                return NULL;
+            }
+        }
+        Py_DECREF(seq);
+    }
+    pl_pipeline_options po;
+    memset(&po, 0, sizeof po);
+    po.version = PL_PIPELINE_OPTIONS_VERSION;
+    po.ranks = ranks;
+    po.n_ranks = (int64_t)n;
+    po.group_by_cp = group_by_cp;
+    po.unit = unit;
+    po.prefetch = prefetch;
+    po.max_lag_steps = lag;
+    po.release = item_release;
+    PyPlConfig *cfg = (PyPlConfig *)cfg_obj;
+    pl_pipeline *p = NULL;
+    int rc;
+    cfg->busy++;
+    Py_BEGIN_ALLOW_THREADS
+    rc = pl_pipeline_create(cfg->cfg, &po, &p);
+    Py_END_ALLOW_THREADS
+    cfg->busy--;
+    PyMem_Free(ranks);
+    if (rc != PL_OK) {
+        pypl_raise(rc, pl_pipeline_errmsg(p));
+        pl_pipeline_free(p);
+        return NULL;
+    }
+    PyPlPipeline *o = PyObject_New(PyPlPipeline, &PyPl_PipelineType);
+    if (!o) {
+        pl_pipeline_free(p);
+        return NULL;
+    }
+    o->p = p;
+    o->pid = getpid();
+    long long nmb = 0;
+    pl_config_get_int(cfg->cfg, "micro_batches_per_rank", &nmb);
+    o->nmb = nmb;
+    if (pthread_rwlock_init(&o->lock, NULL) != 0) {
+        o->pid = -1;
+        Py_DECREF(o);
+        return PyErr_NoMemory();
+    }
+    return (PyObject *)o;
+}
+
+static void pipe_free_c(PyPlPipeline *o) {
+    pl_pipeline *p = o->p;
+    if (!p) return;
+    Py_BEGIN_ALLOW_THREADS
+    pl_pipeline_close(p);
+    pthread_rwlock_wrlock(&o->lock);
+    o->p = NULL;
+    pthread_rwlock_unlock(&o->lock);
+    pl_pipeline_free(p);
+    Py_END_ALLOW_THREADS
+}
+
+static void pipe_dealloc(PyPlPipeline *o) {
+    if (o->pid == getpid()) {
+        pipe_free_c(o);
+        pthread_rwlock_destroy(&o->lock);
+    }
+    PyObject_Free(o);
+}
+
+static PyObject *pipe_close(PyPlPipeline *o, PyObject *unused) {
+    (void)unused;
+    if (o->pid != getpid()) {
+        o->p = NULL;
+        Py_RETURN_NONE;
+    }
+    pipe_free_c(o);
+    Py_RETURN_NONE;
+}
+
+static PyObject *pipe_stop(PyPlPipeline *o, PyObject *unused) {
+    (void)unused;
+    if (pipe_rd(o)) return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    pl_pipeline_close(o->p);
+    Py_END_ALLOW_THREADS
+    pthread_rwlock_unlock(&o->lock);
+    Py_RETURN_NONE;
+}
+
+static PyObject *pipe_reset(PyPlPipeline *o, PyObject *arg) {
+    Py_buffer v;
+    if (PyObject_GetBuffer(arg, &v, PyBUF_SIMPLE) < 0) return NULL;
+    if (o->pid != getpid() || !o->p) {
+        PyBuffer_Release(&v);
+        return pypl_raise(PL_ECLOSED, "pipeline is closed");
+    }
+    char err[PL__ERRMSG_CAP];
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    pl_pipeline_close(o->p); /* wake waiters so that the write lock comes */
+    pthread_rwlock_wrlock(&o->lock);
+    rc = pl_pipeline_reset(o->p, v.buf, (size_t)v.len, err, sizeof err);
+    pthread_rwlock_unlock(&o->lock);
+    Py_END_ALLOW_THREADS
+    PyBuffer_Release(&v);
+    if (rc != PL_OK) return pypl_raise(rc, err);
+    Py_RETURN_NONE;
+}
+
+static PyObject *pipe_get_work(PyPlPipeline *o, PyObject *args) {
+    unsigned kinds = PL_WORK_PLAN | PL_WORK_BUILD;
+    long long timeout = -1;
+    if (!PyArg_ParseTuple(args, "|IL:get_work", &kinds, &timeout)) return NULL;
+    if (pipe_rd(o)) return NULL;
+    PyPlWork *w = PyObject_New(PyPlWork, &PyPl_WorkType);
+    if (!w) {
+        pthread_rwlock_unlock(&o->lock);
+        return NULL;
+    }
+    w->pipeline = Py_NewRef((PyObject *)o);
+    w->done = 0;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = pl_pipeline_get_work(o->p, kinds, timeout, &w->w);
+    Py_END_ALLOW_THREADS
+    pthread_rwlock_unlock(&o->lock);
+    if (rc == PL_OK) return (PyObject *)w;
+    Py_DECREF(w);
+    if (rc == PL_DONE) return PyUnicode_FromString("done");
+    if (rc == PL_ETIMEDOUT) Py_RETURN_NONE;
+    return pypl_raise(rc, "pipeline: closed or failed");
+}
+
+static PyObject *pipe_add_step(PyPlPipeline *o, PyObject *args) {
+    long long step;
+    PyObject *plan_obj, *blob_obj;
+    if (!PyArg_ParseTuple(args, "LOO:add_step", &step, &plan_obj, &blob_obj)) return NULL;
+    Py_buffer pv = {0}, bv;
+    int have_plan = plan_obj != Py_None;
+    if (have_plan && PyObject_GetBuffer(plan_obj, &pv, PyBUF_SIMPLE) < 0) return NULL;
+    if (PyObject_GetBuffer(blob_obj, &bv, PyBUF_SIMPLE) < 0) {
+        if (have_plan) PyBuffer_Release(&pv);
+        return NULL;
+    }
+    if (pipe_rd(o)) {
+        if (have_plan) PyBuffer_Release(&pv);
+        PyBuffer_Release(&bv);
+        return NULL;
+    }
+    int rc = PL_OK;
+    Py_BEGIN_ALLOW_THREADS
+    pl_plan *plan = NULL;
+    if (have_plan) rc = pl_plan_decode(pv.buf, (size_t)pv.len, &plan);
+    if (rc == PL_OK)
+        rc = pl_pipeline_add_step(o->p, step, plan, bv.buf, (size_t)bv.len, NULL, NULL);
+    Py_END_ALLOW_THREADS
+    pthread_rwlock_unlock(&o->lock);
+    if (have_plan) PyBuffer_Release(&pv);
+    PyBuffer_Release(&bv);
+    if (rc != PL_OK) return pypl_raise(rc, "pipeline: add_step: corrupt plan or a step not asked for");
+    Py_RETURN_NONE;
+}
+
+static PyObject *pipe_fail_step(PyPlPipeline *o, PyObject *args) {
+    long long step;
+    int code;
+    const char *msg;
+    if (!PyArg_ParseTuple(args, "Lis:fail_step", &step, &code, &msg)) return NULL;
+    if (pipe_rd(o)) return NULL;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = pl_pipeline_fail_step(o->p, step, code, msg);
+    Py_END_ALLOW_THREADS
+    pthread_rwlock_unlock(&o->lock);
+    if (rc != PL_OK) return pypl_raise(rc, "pipeline: fail_step: a step not asked for");
+    Py_RETURN_NONE;
+}
+
+/* complete(work, buffers, dtypes, read_buf, read_off): encode the unit's
+ * package from payload buffers (read j is at byte read_off[j] of
+ * buffers[read_buf[j]], dtype dtypes[read_buf[j]]) and hand it over. */
+static PyObject *pipe_complete(PyPlPipeline *o, PyObject *args) {
+    PyObject *wo, *bufs;
+    Py_buffer dt, rb, ro;
+    if (!PyArg_ParseTuple(args, "O!Oy*y*y*:complete", &PyPl_WorkType, &wo, &bufs, &dt, &rb,
+                          &ro))
+        return NULL;
+    PyPlWork *w = (PyPlWork *)wo;
+    PyObject *seq = NULL;
+    Py_buffer *views = NULL;
+    pl_payload *pay = NULL;
+    Py_ssize_t nb = 0, got = 0;
+    PyObject *ret = NULL;
+    int64_t n = (int64_t)(rb.len / 8);
+    if (w->done || w->w.kind != PL_WORK_BUILD || w->pipeline != (PyObject *)o ||
+        ro.len != rb.len || rb.len % 8) {
+        PyErr_SetString(PyExc_ValueError, "complete: not an open build unit of this pipeline, "
+                                          "or read_buf/read_off lengths differ");
+        goto out;
+    }
+    seq = PySequence_Fast(bufs, "buffers must be a sequence");
+    if (!seq) goto out;
+    nb = PySequence_Fast_GET_SIZE(seq);
+    if (dt.len != nb * 8) {
+        PyErr_SetString(PyExc_ValueError, "complete: one int64 dtype per buffer");
+        goto out;
+    }
+    views = PyMem_Calloc((size_t)(nb ? nb : 1), sizeof *views);
+    pay = PyMem_Calloc((size_t)(n ? n : 1), sizeof *pay);
+    if (!views || !pay) {
+        PyErr_NoMemory();
+        goto out;
+    }
+    for (; got < nb; got++)
+        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(seq, got), &views[got], PyBUF_SIMPLE) < 0)
+            goto out;
+    const int64_t *dts = dt.buf, *rbv = rb.buf, *rov = ro.buf;
+    for (int64_t j = 0; j < n; j++) {
+        if (rbv[j] < 0 || rbv[j] >= nb || rov[j] < 0 || rov[j] > views[rbv[j]].len) {
+            PyErr_Format(PyExc_ValueError, "complete: read %lld points outside its buffer",
+                         (long long)j);
+            goto out;
+        }
+        int64_t d = dts[rbv[j]];
+        size_t es = d >= PL_DTYPE_UINT8 && d <= PL_DTYPE_UINT32 ? pl_dtype_size((int)d) : 0;
+        if (!es) {
+            PyErr_Format(PyExc_ValueError, "complete: bad dtype %lld", (long long)d);
+            goto out;
+        }
+        pay[j].data = (const unsigned char *)views[rbv[j]].buf + rov[j];
+        pay[j].dtype = (int32_t)d;
+        pay[j].count = (int64_t)((size_t)(views[rbv[j]].len - rov[j]) / es);
+    }
+    if (pipe_rd(o)) goto out;
+    int rc;
+    size_t len = 0;
+    Py_BEGIN_ALLOW_THREADS
+    rc = pl_package_encode(w->w.plan, w->w.dp_rank, w->w.blob, w->w.blob_len, pay, n, NULL,
+                           0, &len);
+    pypl_item *item = NULL;
+    if (rc == PL_OK) {
+        item = malloc(sizeof *item + len);
+        rc = item ? PL_OK : PL_ENOMEM;
+    }
+    if (rc == PL_OK) {
+        item->len = len;
+        rc = pl_package_encode(w->w.plan, w->w.dp_rank, w->w.blob, w->w.blob_len, pay, n,
+                               item->data, len, &len);
+    }
+    if (rc == PL_OK) {
+        pl_pipeline_complete(o->p, &w->w, PL_OK, NULL, item, NULL, NULL);
+    } else {
+        free(item);
+        pl_pipeline_complete(o->p, &w->w, rc, "constructor: payloads do not match the plan",
+                             NULL, NULL, NULL);
+    }
+    Py_END_ALLOW_THREADS
+    pthread_rwlock_unlock(&o->lock);
+    w->done = 1;
+    if (rc != PL_OK) {
+        pypl_raise(rc, "constructor: payloads do not match the plan's reads");
+        goto out;
+    }
+    ret = Py_NewRef(Py_None);
+out:
+    for (Py_ssize_t i = 0; i < got; i++) PyBuffer_Release(&views[i]);
+    PyMem_Free(views);
+    PyMem_Free(pay);
+    Py_XDECREF(seq);
+    PyBuffer_Release(&dt);
+    PyBuffer_Release(&rb);
+    PyBuffer_Release(&ro);
+    return ret;
+}
+
+static PyObject *pipe_fail(PyPlPipeline *o, PyObject *args) {
+    PyObject *wo;
+    int code;
+    const char *msg;
+    if (!PyArg_ParseTuple(args, "O!is:fail", &PyPl_WorkType, &wo, &code, &msg)) return NULL;
+    PyPlWork *w = (PyPlWork *)wo;
+    if (w->done || w->pipeline != (PyObject *)o) Py_RETURN_NONE;
+    if (pipe_rd(o)) return NULL;
+    Py_BEGIN_ALLOW_THREADS
+    pl_pipeline_complete(o->p, &w->w, code ? code : PL_EIO, msg, NULL, NULL, NULL);
+    Py_END_ALLOW_THREADS
+    pthread_rwlock_unlock(&o->lock);
+    w->done = 1;
+    Py_RETURN_NONE;
+}
+
+/* next(rank, max_count=1, timeout_ms=-1) -> (bytes, step, micro_batch, count),
+ * None after train_steps; PolyloadTimeoutError, LagError, ... */
+static PyObject *pipe_next(PyPlPipeline *o, PyObject *args) {
+    long long rank, max_count = 1, timeout = -1;
+    if (!PyArg_ParseTuple(args, "L|LL:next", &rank, &max_count, &timeout)) return NULL;
+    if (pipe_rd(o)) return NULL;
+    pl_pipeline_item it;
+    char err[PL__ERRMSG_CAP];
+    err[0] = '\0';
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = pl_pipeline_next(o->p, rank, max_count, timeout, &it, err, sizeof err);
+    Py_END_ALLOW_THREADS
+    PyObject *ret = NULL;
+    if (rc == PL_OK) {
+        /* The item stays pinned until this rank's next call: copy it now. */
+        pypl_item *item = it.item;
+        PyObject *b = PyBytes_FromStringAndSize((const char *)item->data, (Py_ssize_t)item->len);
+        if (b) ret = Py_BuildValue("(NLLL)", b, (long long)it.step, (long long)it.micro_batch,
+                                   (long long)it.count);
+    }
+    pthread_rwlock_unlock(&o->lock);
+    if (rc == PL_DONE) Py_RETURN_NONE;
+    if (rc != PL_OK) return pypl_raise(rc, err);
+    return ret;
+}
+
+static PyObject *pipe_get_state(PyPlPipeline *o, PyObject *args) {
+    long long timeout = -1;
+    if (!PyArg_ParseTuple(args, "|L:get_state", &timeout)) return NULL;
+    if (pipe_rd(o)) return NULL;
+    char err[PL__ERRMSG_CAP];
+    size_t n = 0;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = pl_pipeline_get_state(o->p, timeout, NULL, 0, &n, err, sizeof err);
+    Py_END_ALLOW_THREADS
+    PyObject *b = NULL;
+    if (rc == PL_OK) {
+        b = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)n);
+        if (b) {
+            char *buf = PyBytes_AS_STRING(b);
+            Py_BEGIN_ALLOW_THREADS
+            rc = pl_pipeline_get_state(o->p, timeout, buf, n, &n, err, sizeof err);
+            Py_END_ALLOW_THREADS
+        }
+    }
+    pthread_rwlock_unlock(&o->lock);
+    if (rc != PL_OK) {
+        Py_XDECREF(b);
+        return pypl_raise(rc, err);
+    }
+    return b;
+}
+
+static PyObject *pipe_sizeof(PyPlPipeline *o, PyObject *unused) {
+    (void)unused;
+    return PyLong_FromSize_t(o->p ? pl_pipeline_sizeof(o->p) : 0);
+}
+
+static PyMethodDef pipe_methods[] = {
+    {"create", (PyCFunction)(void (*)(void))pipe_create,
+     METH_VARARGS | METH_KEYWORDS | METH_CLASS,
+     "Pipeline.create(config, ranks=None, group_by_cp=True, unit=0, prefetch=0,\n"
+     "max_lag_steps=0) -> Pipeline\n\nThe step ledger (pl_pipeline) for `ranks`; items are "
+     "packages.  Touches no file."},
+    {"reset", (PyCFunction)pipe_reset, METH_O,
+     "reset(blob)\n\nStand at a state blob's position; drops everything.  StateError."},
+    {"get_work", (PyCFunction)pipe_get_work, METH_VARARGS,
+     "get_work(kinds=3, timeout_ms=-1) -> Work, None (timeout) or 'done'\n\n"
+     "kinds: 1 plan, 2 build, 3 both.  Raises PolyloadError ECLOSED when closed/failed."},
+    {"add_step", (PyCFunction)pipe_add_step, METH_VARARGS,
+     "add_step(step, plan_bytes or None, state_blob)\n\nSupply the step a 'plan' Work "
+     "asked for (PLPN bytes; None for step train_steps)."},
+    {"fail_step", (PyCFunction)pipe_fail_step, METH_VARARGS,
+     "fail_step(step, code, message)\n\nThe step failed (the ranks reaching it get the error)."},
+    {"complete", (PyCFunction)pipe_complete, METH_VARARGS,
+     "complete(work, buffers, dtypes, read_buf, read_off)\n\nEncode the unit's package "
+     "(pl_package_encode) from payload buffers at stored width:\nread j lies at byte "
+     "read_off[j] of buffers[read_buf[j]] whose dtype is dtypes[read_buf[j]]\n(int64 "
+     "buffers).  The reads are work.reads() in order."},
+    {"fail", (PyCFunction)pipe_fail, METH_VARARGS,
+     "fail(work, code, message)\n\nThe unit failed; the rank that reaches it gets the error."},
+    {"next", (PyCFunction)pipe_next, METH_VARARGS,
+     "next(rank, max_count=1, timeout_ms=-1) -> (package bytes, step, micro_batch, count)\n"
+     "or None after train_steps.  PolyloadTimeoutError, LagError, RangeError, or the "
+     "error of\nthe unit or step."},
+    {"get_state", (PyCFunction)pipe_get_state, METH_VARARGS,
+     "get_state(timeout_ms=-1) -> bytes\n\nThe state blob of the consumed position."},
+    {"stop", (PyCFunction)pipe_stop, METH_NOARGS,
+     "stop()\n\nWake every waiting call with ECLOSED until reset()."},
+    {"close", (PyCFunction)pipe_close, METH_NOARGS, "close()\n\nFree the pipeline; idempotent."},
+    {"sizeof", (PyCFunction)pipe_sizeof, METH_NOARGS,
+     "sizeof() -> int\n\nBytes held by the ledger (pl_pipeline_sizeof), items excluded."},
+    {"__reduce__", pypl_no_reduce, METH_NOARGS, NULL},
+    {NULL, NULL, 0, NULL},
+};
+
+PyTypeObject PyPl_PipelineType = {
+    PyVarObject_HEAD_INIT(NULL, 0)
+    .tp_name = "polyload._core.Pipeline",
+    .tp_basicsize = sizeof(PyPlPipeline),
+    .tp_dealloc = (destructor)pipe_dealloc,
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "The step ledger both deployments drive (pl_pipeline), holding packages.\n"
+              "Thread-safe: calls may come from several threads.",
+    .tp_methods = pipe_methods,
+};
+
+/* ================================================== module-level helpers */
+
+/* state_info(blob) -> dict (pl_state_inspect + pl_state_source). */
+PyObject *pypl_state_info(PyObject *self, PyObject *arg) {
+    (void)self;
+    Py_buffer v;
+    if (PyObject_GetBuffer(arg, &v, PyBUF_SIMPLE) < 0) return NULL;
+    pl_state_info si;
+    int rc = pl_state_inspect(v.buf, (size_t)v.len, &si);
+    if (rc != PL_OK) {
+        PyBuffer_Release(&v);
+        return pypl_raise(rc == PL_EVERSION ? PL_ESTATE : rc,
+                          rc == PL_EVERSION ? "state: a blob of another format version"
+                                            : "state: not a valid polyload state blob");
+    }
+    PyObject *srcs = PyList_New(0);
+    for (int64_t i = 0; srcs && i < si.n_sources; i++) {
+        pl_state_source_info s;
+        if (pl_state_source(v.buf, (size_t)v.len, i, &s) != PL_OK) break;
+        PyObject *e = Py_BuildValue(
+            "{s:s#,s:s#,s:L,s:L,s:L,s:L,s:L,s:d,s:L,s:L}", "name", s.name,
+            (Py_ssize_t)s.name_len, "path", s.path, (Py_ssize_t)s.path_len, "num_documents",
+            (long long)s.num_documents, "epoch", (long long)s.epoch, "drawn_in_epoch",
+            (long long)s.drawn_in_epoch, "current_document", (long long)s.current_document,
+            "drawn_tokens", (long long)s.drawn_tokens, "target_tokens", s.target_tokens,
+            "documents", (long long)s.documents, "skipped", (long long)s.skipped);
+        if (!e || PyList_Append(srcs, e) < 0) {
+            Py_XDECREF(e);
+            Py_CLEAR(srcs);
+            break;
+        }
+        Py_DECREF(e);
+    }
+    PyBuffer_Release(&v);
+    if (!srcs) return NULL;
+    return Py_BuildValue("{s:I,s:K,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:N}", "version",
+                         si.version, "seed", (unsigned long long)si.seed, "step",
+                         (long long)si.step, "micro_batch", (long long)si.micro_batch, "dp",
+                         (long long)si.dp, "seq_length", (long long)si.seq_length,
+                         "global_batch_size", (long long)si.global_batch_size,
+                         "micro_batch_size", (long long)si.micro_batch_size, "cp",
+                         (long long)si.cp, "carried_chunks", (long long)si.carried_chunks,
+                         "sources", srcs);
+}
+
+/* state_retarget(blob, micro_batch, dp) -> bytes. */
+PyObject *pypl_state_retarget(PyObject *self, PyObject *args) {
+    (void)self;
+    Py_buffer v;
+    long long mb, dp;
+    if (!PyArg_ParseTuple(args, "y*LL:state_retarget", &v, &mb, &dp)) return NULL;
+    PyObject *b = PyBytes_FromStringAndSize(NULL, v.len);
+    int rc = b ? pl_state_retarget(v.buf, (size_t)v.len, mb, dp, PyBytes_AS_STRING(b),
+                                   (size_t)v.len, NULL)
+               : PL_ENOMEM;
+    PyBuffer_Release(&v);
+    if (rc != PL_OK) {
+        Py_XDECREF(b);
+        return pypl_raise(PL_ESTATE, "state: not a valid blob, or a negative cursor");
+    }
+    return b;
+}
+
+/* package_info(bytes) -> (step, dp_rank). */
+PyObject *pypl_package_info(PyObject *self, PyObject *arg) {
+    (void)self;
+    Py_buffer v;
+    if (PyObject_GetBuffer(arg, &v, PyBUF_SIMPLE) < 0) return NULL;
+    int64_t step = 0, dp = 0;
+    int rc = pl_package_inspect(v.buf, (size_t)v.len, &step, &dp);
+    PyBuffer_Release(&v);
+    if (rc != PL_OK) return pypl_raise(PL_EINVAL, "package: corrupt");
+    return Py_BuildValue("(LL)", (long long)step, (long long)dp);
+}
