@@ -273,6 +273,8 @@ class Loader:
         pin_memory: bool = False,
         threads: Optional[int] = None,
         prefetch: Optional[int] = None,
+        *,
+        _external: bool = False,
     ) -> None:
         core = _require_core()
         self._loader = None
@@ -306,7 +308,8 @@ class Loader:
         self.world_size = cfg.world_size()
         self.rank_info: Dict[str, int] = cfg.rank_info(self.rank)
         self._loader = core.Loader.create(
-            cfg, ranks=served, threads=threads or 0, prefetch=prefetch or 0
+            cfg, ranks=served, threads=threads or 0, prefetch=prefetch or 0,
+            external=_external,
         )
         self._t0: Optional[float] = None
         self._t1: Optional[float] = None

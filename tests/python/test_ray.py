@@ -77,7 +77,7 @@ def cluster():
     from ray.cluster_utils import Cluster
 
     shm_before = set(os.listdir("/dev/shm"))
-    node = {"num_cpus": 1, "object_store_memory": 256 * MiB}
+    node = {"num_cpus": 8, "object_store_memory": 256 * MiB}
     c = Cluster(initialize_head=True,
                 head_node_args={**node, "include_dashboard": False, "resources": {"head_node": 1}})
     c.add_node(**node, resources={"loader_node": 1})

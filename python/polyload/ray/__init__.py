@@ -8,16 +8,19 @@ polyload adds no cluster manager or RPC of its own.
   it) and answer token ranges; they hold no training progress.
 - The :class:`Planner` actor opens the sources for document lengths only and emits one
   encoded plan per step (``pl_plan_encode``); it never sees a payload.
-- :class:`DataConstructor` actors, one per group of DP ranks, fetch plans, ask the source
-  loaders for the ranges of their ranks' micro-batches (``pl_plan_reads``,
-  ``pl_source_read_many``), build them (``pl_constructor_build``) a bounded number of
-  steps ahead, and serve every rank of the group (TP, PP and CP peers included).
-- :class:`Client` is a trainer rank's iterator, with the interface of
-  :class:`polyload.Loader`.
+- :class:`DataConstructor` actors, one per group of DP ranks, host the C pipeline
+  (``pl_pipeline``: which step to plan, which unit to build, back-pressure, the lag
+  policy), fetch plans, ask the source loaders for each DP rank's reads once per step
+  (``pl_plan_step_reads``, ``pl_source_read_raw``) and pack them with the rank's plan and
+  the state blob into one package per DP rank and step (``pl_package_encode``), which
+  every TP, PP and CP peer of that DP rank fetches as the result of its own call.
+- :class:`Client` is a trainer rank's iterator: the embedded loader in external mode
+  (``pl_loader_push_package``), so batches, states and statistics are the embedded
+  loader's by construction.
 
-Payloads travel source loader -> constructor -> trainer through Ray's object store (NumPy
-arrays; zero-copy on one node).  Batches equal the embedded loader's bit for bit, and the
-state blob is the embedded loader's (SPEC section 4)::
+Payloads travel source loader -> constructor -> trainer through Ray's object store as
+tokens at their stored width (zero-copy on one node) and become the SPEC section 3 fields
+in C at the trainer.  The state blob is the embedded loader's (SPEC section 4)::
 
     # once, anywhere in the cluster (or: polyload serve CONFIG --ray-address ADDR)
     deployment = polyload.ray.launch("mix.yaml", num_source_loaders=2, num_constructors=2)
@@ -28,8 +31,8 @@ state blob is the embedded loader's (SPEC section 4)::
 
 from ._actors import DataConstructor, Planner, SourceLoader
 from ._client import Client
-from ._deploy import Deployment, launch
+from ._deploy import DEFAULT_NUM_CPUS, DEFAULT_SOURCE_LOADER_ACTORS, Deployment, launch
 from .serve import serve
 
 __all__ = ["launch", "Deployment", "Client", "SourceLoader", "Planner", "DataConstructor",
-           "serve"]
+           "serve", "DEFAULT_NUM_CPUS", "DEFAULT_SOURCE_LOADER_ACTORS"]

@@ -16,6 +16,19 @@ from ._common import config_payload, make_config, unwrap
 
 ROLES = ("planner", "source_loader", "constructor")
 
+#: CPUs each role asks Ray for, unless ``placement[role]["num_cpus"]`` says otherwise:
+#: source loaders read (and later tokenize and decode) and constructors route and pack
+#: payloads, so both are CPU work; the planner works once per step.
+DEFAULT_NUM_CPUS = {"planner": 0.5, "source_loader": 1.0, "constructor": 1.0}
+
+#: Source-loader actors when ``num_source_loaders`` is not given: the partitions of all
+#: sources are packed onto at most this many actors, so 300 sources cost a few actors.
+DEFAULT_SOURCE_LOADER_ACTORS = 4
+
+_PlannerActor = ray.remote(Planner)
+_SourceLoaderActor = ray.remote(SourceLoader)
+_DataConstructorActor = ray.remote(DataConstructor)
+
 
 def _get(refs, timeout: Optional[float] = None):
     try:
@@ -29,11 +42,12 @@ def _role_options(placement: Optional[Mapping[str, Any]], role: str) -> Dict[str
     ``memory``, ``label_selector`` and other ``.options()`` keys pass through;
     ``node_id`` pins the role to a node (NodeAffinitySchedulingStrategy, hard)."""
     if not placement:
-        return {}
+        return {"num_cpus": DEFAULT_NUM_CPUS[role]}
     unknown = set(placement) - set(ROLES)
     if unknown:
         raise ValueError(f"placement: unknown roles {sorted(unknown)} (roles: {ROLES})")
     opts = dict(placement.get(role) or {})
+    opts.setdefault("num_cpus", DEFAULT_NUM_CPUS[role])
     node_id = opts.pop("node_id", None)
     if node_id is not None:
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
@@ -92,20 +106,20 @@ class Deployment:
                                          f"deployment {self.namespace}/{self.name} is shut down")
 
     def state_dict(self) -> Dict[str, Any]:
-        """``{"version": 1, "blob": bytes}``: the state after the micro-batches that every
-        rank has reported consumed (a trainer's ``Client.state_dict()`` is exact for its
-        own position; this one may trail it by the batches a client prefetched)."""
+        """``{"version": 1, "blob": bytes}``: the state after the steps every
+        constructor has delivered to all its ranks (a trainer's ``Client.state_dict()``
+        is exact for its own position; this one may lead it by the steps a client
+        prefetched)."""
         self._check_open()
-        pos = _get([c.position.remote() for c in self._constructors])
-        gen = max(g for g, _ in pos)
-        i = min(range(len(pos)), key=lambda j: pos[j][1])
-        blob = _get(self._constructors[i].state.remote(pos[i][1], gen))
-        return {"version": polyload.STATE_VERSION, "blob": blob}
+        blobs = _get([c.state.remote() for c in self._constructors])
+        pos = [(_core.state_info(b)["step"], _core.state_info(b)["micro_batch"]) for b in blobs]
+        i = min(range(len(blobs)), key=lambda j: pos[j])
+        return {"version": polyload.STATE_VERSION, "blob": blobs[i]}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restart every actor from ``state`` (always, even when it is the state the
         deployment stands at).  Clients then call their own ``load_state_dict`` with the
-        same state (a no-op for the deployment) to take up the position."""
+        same state (which joins this restart) to take up the position."""
         self._check_open()
         gen, _ = _get(self._planner.restart.remote(polyload._state_blob(state), True))
         _get([c.sync.remote(gen) for c in self._constructors])
@@ -146,7 +160,7 @@ class Deployment:
 
 def launch(
     config,
-    num_source_loaders: Union[int, Mapping[str, int]] = 1,
+    num_source_loaders: Union[None, int, Mapping[str, int]] = None,
     num_constructors: int = 1,
     namespace: str = "polyload",
     *,
@@ -154,6 +168,7 @@ def launch(
     placement: Optional[Mapping[str, Mapping[str, Any]]] = None,
     prefetch_steps: Optional[int] = None,
     max_source_loader_actors: Optional[int] = None,
+    max_lag_steps: Optional[int] = None,
     detached: bool = False,
     timeout: Optional[float] = 300.0,
 ) -> Deployment:
@@ -163,7 +178,10 @@ def launch(
         config: a YAML path or a dict (SPEC section 5).  Relative source paths are
             relative to the current directory, on every node.
         num_source_loaders: partitions per source (by index ranges): an int for every
-            source or ``{source name: count}`` (missing sources: 1).
+            source or ``{source name: count}`` (missing sources: 1), each partition on an
+            actor of its own unless ``max_source_loader_actors`` packs them.  Default: one
+            partition per source, packed onto at most ``DEFAULT_SOURCE_LOADER_ACTORS``
+            actors.
         num_constructors: data constructors; DP ranks are split into this many contiguous
             groups (at most ``topology.dp``).  Each serves its DP ranks and their TP, PP
             and CP peers.
@@ -172,12 +190,15 @@ def launch(
         placement: Ray options per role (``"planner"``, ``"source_loader"``,
             ``"constructor"``): e.g. ``{"source_loader": {"resources": {"cpu_node": 1}}}``,
             ``{"constructor": {"node_id": "..."}}``, ``label_selector``, ``num_cpus``.
-            Actors default to ``num_cpus=0``.
+            CPUs default to ``DEFAULT_NUM_CPUS`` per role.
         prefetch_steps: steps a constructor builds ahead of its slowest rank (bounded
             queue; back-pressure beyond).  Default: the config's ``prefetch`` micro-batches
             rounded up to whole steps, at least 1.
         max_source_loader_actors: host the partitions on at most this many actors
-            (round-robin); default one actor per partition.
+            (round-robin).
+        max_lag_steps: the lag policy (``pl_pipeline``): a rank more than this many steps
+            behind the most advanced rank of its DP rank is dropped and gets LagError,
+            alone; default the config's ``max_lag_steps``.
         detached: actors outlive the process that launched them (``polyload serve``).
 
     Raises:
@@ -192,7 +213,13 @@ def launch(
     if not 1 <= int(num_constructors) <= dp:
         raise ValueError(f"num_constructors must be in [1, dp={dp}], got {num_constructors}")
     if prefetch_steps is None:
-        prefetch_steps = max(1, -(-cfg.get_int("prefetch") // nmb))
+        prefetch_steps = max(2, -(-cfg.get_int("prefetch") // nmb))
+    if max_lag_steps is None:
+        max_lag_steps = cfg.get_int("max_lag_steps")
+    if num_source_loaders is None:
+        num_source_loaders = 1
+        if max_source_loader_actors is None:
+            max_source_loader_actors = DEFAULT_SOURCE_LOADER_ACTORS
     if not ray.is_initialized():
         ray.init(namespace=namespace, include_dashboard=False)
     cwd = os.getcwd()
@@ -209,8 +236,8 @@ def launch(
 
     created = []
     try:
-        planner = Planner.options(**opts("planner", f"{name}.planner")).remote(
-            payload, cwd, int(num_constructors))
+        planner = _PlannerActor.options(**opts("planner", f"{name}.planner")).remote(
+            payload, cwd, int(num_constructors), int(max_lag_steps))
         created.append(planner)
         pinfo = _get(planner.setup.remote(), timeout)
         names = pinfo["names"]
@@ -225,8 +252,9 @@ def launch(
         loader_names = [f"{name}.source_loader.{j}" for j in range(n_actors)]
         loaders = []
         for j in range(n_actors):
-            a = SourceLoader.options(**opts("source_loader", loader_names[j],
-                                            max_concurrency=4)).remote(payload, cwd, shards[j])
+            a = _SourceLoaderActor.options(**opts("source_loader", loader_names[j],
+                                                  max_concurrency=2)).remote(
+                payload, cwd, shards[j])
             created.append(a)
             loaders.append(a)
         linfo = _get([a.setup.remote() for a in loaders], timeout)
@@ -235,15 +263,12 @@ def launch(
             mine = [(lo, hi, owner[j]) for j, (src, lo, hi) in enumerate(parts) if src == s]
             routing.append(([lo for lo, _, _ in mine], [o for _, _, o in mine]))
         groups = [list(map(int, g)) for g in np.array_split(np.arange(dp), int(num_constructors))]
-        per_group_ranks = cfg.world_size() // dp
         ctor_names = [f"{name}.constructor.{g}" for g in range(len(groups))]
         ctors = []
         for g, group in enumerate(groups):
-            conc = 8 + 6 * len(group) * per_group_ranks
-            a = DataConstructor.options(**opts("constructor", ctor_names[g],
-                                               max_concurrency=conc)).remote(
-                payload, cwd, g, group, f"{name}.planner", loader_names, routing, namespace,
-                prefetch_steps)
+            a = _DataConstructorActor.options(**opts("constructor", ctor_names[g])).remote(
+                payload, cwd, g, group, f"{name}.planner", loader_names, routing,
+                pinfo["dtypes"], namespace, prefetch_steps, max_lag_steps)
             created.append(a)
             ctors.append(a)
         cinfo = _get([a.setup.remote() for a in ctors], timeout)
@@ -261,6 +286,7 @@ def launch(
             "source_loaders": loader_names,
             "partitions": [[names[s], lo, hi, owner[j]] for j, (s, lo, hi) in enumerate(parts)],
             "prefetch_steps": prefetch_steps,
+            "max_lag_steps": int(max_lag_steps),
             "nodes": {"planner": [pinfo["node_id"]],
                       "source_loader": [x["node_id"] for x in linfo],
                       "constructor": [x["node_id"] for x in cinfo]},
