@@ -1,0 +1,351 @@
+/*
+ * The pipeline (pl_pipeline) both deployments drive:
+ *  - packages (pl_package_encode of the planner's plan and stored-width
+ *    reads) pushed into external loaders give exactly the embedded loader's
+ *    batches, state blobs (at every consumed position) and statistics, for
+ *    dp x cp x tp and dp x pp topologies;
+ *  - the lag policy: a served rank that never consumes is dropped after
+ *    max_lag_steps, gets PL_ELAG alone, and memory stays bounded over 1,000
+ *    steps; a late starter within the limit is served from its position;
+ *  - corrupt packages and state blobs are refused; state accessors.
+ */
+#include "corpus.h"
+#include "planner_internal.h"
+
+#include <stdlib.h>
+
+static uint64_t bhash(const pl_batch *b) {
+    size_t n = (size_t)(b->rows * b->cols), es = pl_dtype_size(b->dtype);
+    uint64_t h = pl__hash64(&b->step, 8, 1);
+    h = pl__hash64(&b->fields, 4, h);
+    if (b->input_ids) h = pl__hash64(b->input_ids, n * es, h);
+    if (b->labels) h = pl__hash64(b->labels, n * es, h);
+    if (b->loss_mask) h = pl__hash64(b->loss_mask, n * 4, h);
+    if (b->position_ids) h = pl__hash64(b->position_ids, n * 8, h);
+    if (b->cu_seqlens) h = pl__hash64(b->cu_seqlens, (size_t)b->n_cu_seqlens * 4, h);
+    return pl__hash64(&b->max_seqlen, 8, h);
+}
+
+/* The package of (plan, dp_rank) with the state blob `st`, read at stored
+ * width from the sources (what a data constructor does). */
+static void *make_package(pl_source **src, const pl_plan *plan, int64_t dp, const void *st,
+                          size_t st_len, size_t *len) {
+    int64_t n = 0;
+    CHECK_OK(pl_plan_step_reads(plan, dp, NULL, 0, &n));
+    pl_read *reads = calloc((size_t)n + 1, sizeof *reads);
+    pl_payload *pay = calloc((size_t)n + 1, sizeof *pay);
+    CHECK_OK(pl_plan_step_reads(plan, dp, reads, n, &n));
+    for (int64_t i = 0; i < n; i++) {
+        pl_source *s = src[reads[i].source];
+        size_t es = pl_dtype_size(pl_source_token_dtype(s));
+        void *buf = malloc((size_t)reads[i].count * es + 1);
+        CHECK_OK(pl_source_read_raw(s, &reads[i], 1, buf, (size_t)reads[i].count * es));
+        pay[i] = (pl_payload){buf, pl_source_token_dtype(s), 0, reads[i].count};
+    }
+    CHECK_OK(pl_package_encode(plan, dp, st, st_len, pay, n, NULL, 0, len));
+    void *out = malloc(*len);
+    CHECK_OK(pl_package_encode(plan, dp, st, st_len, pay, n, out, *len, len));
+    /* Too few payloads, or a short one, are refused. */
+    size_t dummy = 0;
+    if (n > 0) {
+        CHECK_EQ_I64(pl_package_encode(plan, dp, st, st_len, pay, n - 1, NULL, 0, &dummy),
+                     PL_EINVAL);
+        pay[0].count--;
+        CHECK_EQ_I64(pl_package_encode(plan, dp, st, st_len, pay, n, NULL, 0, &dummy),
+                     PL_EINVAL);
+        pay[0].count++;
+    }
+    for (int64_t i = 0; i < n; i++) free((void *)pay[i].data);
+    free(pay);
+    free(reads);
+    return out;
+}
+
+static void *state_of(pl_loader *l, size_t *n) {
+    CHECK_OK(pl_loader_get_state(l, NULL, 0, n));
+    void *b = malloc(*n);
+    CHECK_OK(pl_loader_get_state(l, b, *n, n));
+    return b;
+}
+
+/* Push whatever the external loader asks for (what a transport thread does). */
+static void feed(pl_loader *ext, pl_source **src, pl_plan **plans, void **blobs,
+                 const size_t *blen, int64_t steps, int64_t dp, int64_t *pushed) {
+    int64_t want = -1;
+    while (pl_loader_want_step(ext, 0, &want) == PL_OK) {
+        CHECK_EQ_I64(want, *pushed);
+        if (want == steps) {
+            CHECK_OK(pl_loader_push_package(ext, blobs[want], blen[want]));
+        } else {
+            size_t n = 0;
+            void *pkg = make_package(src, plans[want], dp, blobs[want], blen[want], &n);
+            int64_t st = -1, d = -1;
+            CHECK_OK(pl_package_inspect(pkg, n, &st, &d));
+            CHECK(st == want && d == dp);
+            CHECK_OK(pl_loader_push_package(ext, pkg, n));
+            free(pkg);
+        }
+        (*pushed)++;
+    }
+}
+
+/* External loaders, one per DP rank's ranks, fed packages: same as embedded. */
+static void test_packages_equal_embedded(corpus *c, const char *extra) {
+    pl_config *cfg = corpus_config(c, extra, NULL);
+    int64_t world = pl_config_world_size(cfg), dp = cfg->topology.dp;
+    int64_t nmb = cfg->global_batch_size / (dp * cfg->micro_batch_size);
+    int64_t steps = cfg->train_steps;
+    pl_source *src[NSRC];
+    for (int s = 0; s < NSRC; s++) CHECK_OK(pl__config_open_source(cfg, s, &src[s]));
+    pl_planner *p = NULL;
+    CHECK_OK(pl_planner_create(cfg, src, NSRC, &p));
+    /* The planner's steps: plans and state blobs. */
+    pl_plan **plans = calloc((size_t)steps + 1, sizeof *plans);
+    void **blobs = calloc((size_t)steps + 1, sizeof *blobs);
+    size_t *blen = calloc((size_t)steps + 1, sizeof *blen);
+    for (int64_t s = 0; s <= steps; s++) {
+        CHECK_OK(pl_planner_get_state(p, NULL, 0, &blen[s]));
+        blobs[s] = malloc(blen[s]);
+        CHECK_OK(pl_planner_get_state(p, blobs[s], blen[s], &blen[s]));
+        if (s < steps) CHECK_OK(pl_planner_next(p, &plans[s]));
+    }
+    for (int64_t r = 0; r < world; r++) {
+        pl_rank_info ri;
+        CHECK_OK(pl_config_rank_info(cfg, r, &ri));
+        pl_loader_options eo = {PL_LOADER_OPTIONS_VERSION, &r, 1, 2, 3, 0, 0, 0};
+        pl_loader *emb = NULL, *ext = NULL;
+        CHECK_OK(pl_loader_create(cfg, &eo, &emb));
+        eo.external = 1;
+        eo.unit = 1;
+        CHECK_OK(pl_loader_create(cfg, &eo, &ext));
+        CHECK_OK(pl_loader_set_state(ext, blobs[0], blen[0]));
+        int64_t pushed = 0;
+        for (int64_t k = 0; k <= steps * nmb; k++) {
+            feed(ext, src, plans, blobs, blen, steps, ri.dp_rank, &pushed);
+            pl_batch *a = NULL, *b = NULL;
+            int ra = pl_loader_next(emb, r, &a);
+            int rb = pl_loader_next(ext, r, &b);
+            CHECK_EQ_I64(ra, rb);
+            if (ra == PL_DONE) break;
+            CHECK(a && b && bhash(a) == bhash(b));
+            if (k % 3 == 0) { /* states equal byte for byte at consumed positions */
+                feed(ext, src, plans, blobs, blen, steps, ri.dp_rank, &pushed);
+                size_t na = 0, nb = 0;
+                void *sa = state_of(emb, &na), *sb = state_of(ext, &nb);
+                CHECK(na == nb && memcmp(sa, sb, na) == 0);
+                free(sa);
+                free(sb);
+            }
+        }
+        pl_loader_stats sa, sb;
+        CHECK_OK(pl_loader_get_stats(emb, &sa));
+        CHECK_OK(pl_loader_get_stats(ext, &sb));
+        CHECK_EQ_I64(sa.steps, steps);
+        CHECK_EQ_I64(sa.steps, sb.steps);
+        CHECK_EQ_I64(sa.tokens, sb.tokens);
+        CHECK_EQ_I64(sa.padding_tokens, sb.padding_tokens);
+        CHECK(sa.max_over_mean == sb.max_over_mean);
+        for (int64_t s = 0; s < sa.n_sources; s++) {
+            CHECK_EQ_I64(sa.sources[s].tokens, sb.sources[s].tokens);
+            CHECK_EQ_I64(sa.sources[s].documents, sb.sources[s].documents);
+        }
+        pl_loader_free(emb);
+        pl_loader_free(ext);
+    }
+    /* A corrupt package is refused with a message; the loader goes on. */
+    {
+        int64_t r0 = 0;
+        pl_loader_options eo = {PL_LOADER_OPTIONS_VERSION, &r0, 1, 1, 2, 1, 1, 0};
+        pl_loader *ext = NULL;
+        CHECK_OK(pl_loader_create(cfg, &eo, &ext));
+        CHECK_OK(pl_loader_set_state(ext, blobs[0], blen[0]));
+        int64_t want = -1;
+        CHECK_OK(pl_loader_want_step(ext, 1000, &want));
+        size_t n = 0;
+        unsigned char *pkg = make_package(src, plans[0], 0, blobs[0], blen[0], &n);
+        pkg[n / 2] ^= 0x40;
+        CHECK_EQ_I64(pl_loader_push_package(ext, pkg, n), PL_EINVAL);
+        CHECK(strstr(pl_loader_errmsg(ext), "package") != NULL);
+        pkg[n / 2] ^= 0x40;
+        CHECK_OK(pl_loader_push_package(ext, pkg, n));
+        free(pkg);
+        pl_loader_free(ext);
+    }
+    for (int64_t s = 0; s <= steps; s++) {
+        pl_plan_free(plans[s]);
+        free(blobs[s]);
+    }
+    free(plans);
+    free(blobs);
+    free(blen);
+    pl_planner_free(p);
+    for (int s = 0; s < NSRC; s++) pl_source_free(src[s]);
+    pl_config_free(cfg);
+}
+
+static int64_t g_items;
+static void count_release(void *item, void *ctx) {
+    (void)ctx;
+    free(item);
+    g_items--;
+}
+
+/* Drive a pipeline by hand: ranks 0 and 1 (TP peers); rank 1 never consumes.
+ * Memory stays bounded over 1,000 steps; rank 1 gets PL_ELAG alone. */
+static void test_lag_policy(corpus *c) {
+    pl_config *cfg = corpus_config(c, "seq_length: 32\nglobal_batch_size: 4\nmicro_batch_size: 2\n"
+                                      "topology: {dp: 1, tp: 2}\nmax_lag_steps: 5", NULL);
+    pl_source *src[NSRC];
+    for (int s = 0; s < NSRC; s++) CHECK_OK(pl__config_open_source(cfg, s, &src[s]));
+    pl_planner *p = NULL;
+    CHECK_OK(pl_planner_create(cfg, src, NSRC, &p));
+    pl_pipeline_options o = {PL_PIPELINE_OPTIONS_VERSION, NULL, 0, 1, 1, 2, 0,
+                             count_release, NULL};
+    pl_pipeline *pipe = NULL;
+    CHECK_OK(pl_pipeline_create(cfg, &o, &pipe));
+    size_t n = 0;
+    CHECK_OK(pl_planner_get_state(p, NULL, 0, &n));
+    void *b0 = malloc(n);
+    CHECK_OK(pl_planner_get_state(p, b0, n, &n));
+    CHECK_OK(pl_pipeline_reset(pipe, b0, n, NULL, 0));
+    size_t peak = 0, first = 0;
+    int64_t peak_items = 0;
+    char err[512];
+    int64_t late_k = -1;
+    for (int64_t k = 0; k < 2000; k++) { /* nmb = 2: 1,000 steps */
+      pl_pipeline_item it;
+      for (;;) { /* one thread: drive, then consume without waiting */
+        pl_work w;
+        while (pl_pipeline_get_work(pipe, PL_WORK_PLAN | PL_WORK_BUILD, 0, &w) == PL_OK) {
+            if (w.kind == PL_WORK_PLAN) {
+                void *blob = NULL;
+                size_t bl = 0;
+                CHECK_OK(pl__state_encode(p, 0, &blob, &bl));
+                pl_plan *pl = NULL;
+                CHECK_OK(pl_planner_next(p, &pl));
+                CHECK_OK(pl_pipeline_add_step(pipe, w.step, pl, blob, bl, NULL, NULL));
+                free(blob);
+            } else {
+                int64_t *item = malloc(sizeof *item);
+                *item = w.step * 2 + w.micro_batch;
+                g_items++;
+                int64_t tok[2] = {1, 1}, pad[2] = {0, 0};
+                CHECK_OK(pl_pipeline_complete(pipe, &w, PL_OK, NULL, item, tok, pad));
+            }
+        }
+        int rc = pl_pipeline_next(pipe, 0, 1, 0, &it, err, sizeof err);
+        if (rc == PL_ETIMEDOUT) continue;
+        CHECK_OK(rc);
+        break;
+      }
+        CHECK_EQ_I64(*(int64_t *)it.item, k);
+        if (k == 6) { /* a late starter within the limit is served from its start */
+            CHECK_OK(pl_pipeline_next(pipe, 1, 1, 1000, &it, err, sizeof err));
+            CHECK_EQ_I64(*(int64_t *)it.item, 0);
+            late_k = 1;
+        }
+        size_t sz = pl_pipeline_sizeof(pipe);
+        if (k == 100) first = sz;
+        if (sz > peak) peak = sz;
+        if (g_items > peak_items) peak_items = g_items;
+    }
+    (void)late_k;
+    /* Items: at most the ring (the lag window of 5 steps * 2 micro-batches,
+       prefetch 2, and 2 slots). */
+    CHECK(peak_items <= 5 * 2 + 2 + 2);
+    CHECK(peak_items >= 5 * 2); /* the late starter did hold units back */
+    CHECK(peak <= first + 4096);
+    pl_pipeline_item it;
+    CHECK_EQ_I64(pl_pipeline_next(pipe, 1, 1, 0, &it, err, sizeof err), PL_ELAG);
+    CHECK(strstr(err, "rank 1") && strstr(err, "max_lag_steps=5"));
+    /* rank 0 goes on */
+    pl_work w;
+    while (pl_pipeline_get_work(pipe, 3, 0, &w) == PL_OK) {
+        if (w.kind == PL_WORK_PLAN) {
+            void *blob = NULL;
+            size_t bl = 0;
+            CHECK_OK(pl__state_encode(p, 0, &blob, &bl));
+            pl_plan *pl = NULL;
+            CHECK_OK(pl_planner_next(p, &pl));
+            CHECK_OK(pl_pipeline_add_step(pipe, w.step, pl, blob, bl, NULL, NULL));
+            free(blob);
+        } else {
+            int64_t *item = malloc(sizeof *item);
+            *item = w.step * 2 + w.micro_batch;
+            g_items++;
+            CHECK_OK(pl_pipeline_complete(pipe, &w, PL_OK, NULL, item, NULL, NULL));
+        }
+    }
+    CHECK_OK(pl_pipeline_next(pipe, 0, 1, 1000, &it, err, sizeof err));
+    CHECK_EQ_I64(*(int64_t *)it.item, 2000);
+    /* The state is rank 0's (rank 1 was dropped). */
+    size_t sl = 0;
+    CHECK_OK(pl_pipeline_get_state(pipe, 1000, NULL, 0, &sl, err, sizeof err));
+    void *st = malloc(sl);
+    CHECK_OK(pl_pipeline_get_state(pipe, 1000, st, sl, &sl, err, sizeof err));
+    pl_state_info si;
+    CHECK_OK(pl_state_inspect(st, sl, &si));
+    CHECK_EQ_I64(si.step, 1000);
+    CHECK_EQ_I64(si.micro_batch, 1);
+    CHECK_EQ_I64(si.n_sources, NSRC);
+    pl_state_source_info ss;
+    CHECK_OK(pl_state_source(st, sl, 0, &ss));
+    CHECK(ss.drawn_tokens > 0 && ss.name_len > 0);
+    CHECK_EQ_I64(pl_state_source(st, sl, NSRC, &ss), PL_ERANGE);
+    /* Retarget, and refuse a corrupt blob. */
+    CHECK_OK(pl_state_retarget(st, sl, 0, 3, st, sl, &sl));
+    CHECK_OK(pl_state_inspect(st, sl, &si));
+    CHECK(si.micro_batch == 0 && si.dp == 3);
+    ((unsigned char *)st)[sl / 2] ^= 1;
+    CHECK_EQ_I64(pl_state_inspect(st, sl, &si), PL_ESTATE);
+    CHECK_EQ_I64(pl_pipeline_reset(pipe, st, sl, err, sizeof err), PL_ESTATE);
+    free(st);
+    free(b0);
+    pl_pipeline_free(pipe);
+    CHECK_EQ_I64(g_items, 0); /* every item released exactly once */
+    pl_planner_free(p);
+    for (int s = 0; s < NSRC; s++) pl_source_free(src[s]);
+    pl_config_free(cfg);
+}
+
+/* The embedded loader: a served rank that never consumes is dropped and the
+ * other is not held back; memory (pool) stays bounded. */
+static void test_loader_never_consumes(corpus *c) {
+    pl_config *cfg = corpus_config(c, "seq_length: 32\nglobal_batch_size: 4\nmicro_batch_size: 1\n"
+                                      "topology: {dp: 1, pp: 3}\nmax_lag_steps: 3\ntrain_steps: 1000", NULL);
+    pl_loader *l = NULL;
+    CHECK_OK(pl_loader_create(cfg, NULL, &l));
+    /* ranks 0 and 2 (first and last stage) consume; 1 (middle) never does */
+    int64_t k = 0;
+    for (;; k++) {
+        pl_batch *a = NULL, *b = NULL;
+        int ra = pl_loader_next(l, 0, &a);
+        if (ra == PL_DONE) break;
+        CHECK_OK(ra);
+        CHECK_OK(pl_loader_next(l, 2, &b));
+        CHECK(a->fields != b->fields);
+    }
+    CHECK_EQ_I64(k, 4000);
+    pl_batch *m = NULL;
+    CHECK_EQ_I64(pl_loader_next(l, 1, &m), PL_ELAG);
+    pl_loader_stats st;
+    CHECK_OK(pl_loader_get_stats(l, &st));
+    CHECK_EQ_I64(st.steps, 1000);
+    pl_loader_free(l);
+    pl_config_free(cfg);
+}
+
+int main(void) {
+    corpus c;
+    corpus_make(&c, 64);
+    test_packages_equal_embedded(&c, "seq_length: 64\nglobal_batch_size: 8\nmicro_batch_size: 2\n"
+                                     "topology: {dp: 2, cp: 2, tp: 2}\nbalance: greedy\n"
+                                     "train_steps: 6\nseed: 5");
+    test_packages_equal_embedded(&c, "seq_length: 64\nglobal_batch_size: 8\nmicro_batch_size: 1\n"
+                                     "topology: {dp: 2, pp: 3}\ndtype: int32\ntrain_steps: 5\n"
+                                     "seed: 9");
+    test_lag_policy(&c);
+    test_loader_never_consumes(&c);
+    corpus_free(&c);
+    TEST_END();
+}
