@@ -290,3 +290,185 @@ def test_serve_cli(cluster, corpus2, tmp_path):
     bad = subprocess.run([sys.executable, "-m", "polyload", "serve", str(tmp_path / "nope.yaml"),
                           "--ray-address", cluster.address], capture_output=True, text=True)
     assert bad.returncode in (1, 2) and "polyload serve" in bad.stderr
+
+
+# ------------------------------------------------- one pipeline for every deployment
+
+
+def _interleaved(clients, record_state=False):
+    """Drain clients in lockstep (as trainers run); per rank the batch hashes and,
+    with record_state, the state blob after every micro-batch."""
+    got = {c.rank: [] for c in clients}
+    states = {c.rank: [] for c in clients}
+    live = list(clients)
+    while live:
+        for c in list(live):
+            b = c.next_batch()
+            if b is None:
+                live.remove(c)
+                continue
+            got[c.rank].append(batch_hash(b))
+            if record_state:
+                states[c.rank].append(c.state_dict()["blob"])
+    return got, states
+
+
+def _loader_run(cfg, rank):
+    with polyload.Loader(cfg, rank=rank) as loader:
+        hashes, states = [], []
+        for b in loader:
+            hashes.append(batch_hash(b))
+            states.append(loader.state_dict()["blob"])
+        return hashes, states, loader.stats()
+
+
+@pytest.mark.parametrize("topology,consumers", [
+    ({"dp": 2, "cp": 2, "tp": 2}, None),             # 2x2x2x1: every rank consumes
+    ({"dp": 2, "pp": 3}, "first_last"),              # a middle stage that never consumes
+])
+def test_topologies_equal_embedded(cluster, corpus2, topology, consumers):
+    """Ray and embedded batch hashes, stats() and state blobs (byte for byte, at every
+    consumed position) are equal for dp x cp x tp and dp x pp topologies."""
+    cfg = corpus2.config(train_steps=4, topology=topology, global_batch_size=8,
+                         micro_batch_size=2, seq_length=64)
+    world = int(np.prod(list(topology.values())))
+    name = "topo" + "".join(str(v) for v in topology.values())
+    with pr.launch(cfg, num_source_loaders=2, num_constructors=2, namespace=NS, name=name):
+        ranks = list(range(world))
+        if consumers == "first_last":
+            ranks = [r for r in ranks if polyload._make_config(cfg).rank_info(r)["pp_rank"] != 1]
+        clients = [pr.Client(cfg, rank=r, namespace=NS, name=name) for r in ranks]
+        got, states = _interleaved(clients, record_state=True)
+        for c in clients:
+            want, want_states, want_stats = _loader_run(cfg, c.rank)
+            assert got[c.rank] == want, f"rank {c.rank}"
+            assert states[c.rank] == want_states, f"rank {c.rank}: state blobs differ"
+            st = c.stats()
+            for key in ("steps", "tokens", "padding_fraction", "skipped", "imbalance", "sources"):
+                assert st[key] == want_stats[key], (c.rank, key)
+            c.close()
+
+
+def _rss(pid):
+    with open(f"/proc/{pid}/statm") as f:
+        return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def test_never_consuming_rank_keeps_memory_bounded(cluster, corpus2):
+    """tp=2, rank 1 never asks: over 1,000 steps the constructor's ledger and RSS stay
+    bounded in the deployment and in the embedded loader; rank 1 alone gets LagError."""
+    cfg = corpus2.config(train_steps=1000, topology={"dp": 1, "tp": 2}, global_batch_size=2,
+                         micro_batch_size=1, seq_length=32, max_lag_steps=8)
+    with pr.launch(cfg, namespace=NS, name="bounded") as dep:
+        ctor = dep.actors["constructor"][0]
+        c0 = pr.Client(cfg, rank=0, namespace=NS, name="bounded")
+        mem = []
+        for i, _ in enumerate(c0):
+            if i % 200 == 199:
+                mem.append(ray.get(ctor.memory.remote()))
+        assert i + 1 == 2000
+        ledger = [m["pipeline_bytes"] for m in mem]
+        assert max(ledger) <= ledger[0] + 4096, ledger
+        rss = [m["rss_bytes"] for m in mem]
+        assert rss[-1] - rss[0] < 32 * MiB, rss
+        c1 = pr.Client(cfg, rank=1, namespace=NS, name="bounded")
+        with pytest.raises(polyload.LagError, match="max_lag_steps=8"):
+            c1.next_batch()
+        c0.close()
+        c1.close()
+    # The embedded loader, same policy: rank 1 served but never consuming.
+    with polyload.Loader(cfg, rank=0, ranks=[0, 1]) as loader:
+        pid = os.getpid()
+        n = 0
+        for _ in loader:
+            n += 1
+            if n == 200:
+                r0 = _rss(pid)
+        assert n == 2000
+        assert _rss(pid) - r0 < 32 * MiB
+        with pytest.raises(polyload.LagError):
+            loader.next_batch(1)
+
+
+def test_client_without_the_data_files(cluster, corpus2, tmp_path, monkeypatch):
+    """Relative source paths, a deployment launched where they exist, a Client in a
+    directory where they do not: the config parses and the Client gets the batches."""
+    root = os.path.dirname(corpus2.prefixes[0])
+    cfg = corpus2.config(train_steps=3)
+    cfg["sources"] = [dict(s, path=os.path.relpath(s["path"], root)) for s in cfg["sources"]]
+    monkeypatch.chdir(root)
+    want = loader_hashes(cfg, 0)[0]
+    with pr.launch(cfg, namespace=NS, name="nodata"):
+        empty = tmp_path / "trainer_cwd"
+        empty.mkdir()
+        monkeypatch.chdir(empty)
+        assert not os.path.exists(cfg["sources"][0]["path"] + ".idx")
+        with pr.Client(cfg, rank=0, namespace=NS, name="nodata") as c:
+            assert client_hashes(c) == want
+
+
+def test_ray_code_parses_no_c_format():
+    """The Ray layer moves bytes between C calls; it never reads a C format's layout."""
+    import re
+
+    pkg = os.path.dirname(pr.__file__)
+    for fn in sorted(os.listdir(pkg)):
+        if not fn.endswith(".py"):
+            continue
+        text = open(os.path.join(pkg, fn)).read()
+        for pattern in (r"\bstruct\.", r"unpack_from", r"pack_into", r"\bzlib\b", r"crc32",
+                        r"blob\[\d", r"b\"PLST\"", r"b'PLST'"):
+            assert not re.search(pattern, text), f"{fn}: {pattern}"
+
+
+def test_late_starter_and_lag_limit(cluster, corpus2):
+    """A rank whose Client starts 20 steps after its DP peer is served from its position;
+    beyond max_lag_steps it alone gets LagError and its peer keeps going."""
+    cfg = corpus2.config(train_steps=40, topology={"dp": 1, "tp": 2}, global_batch_size=4,
+                         micro_batch_size=2)
+    want1 = loader_hashes(cfg, 1)[0]
+    with pr.launch(cfg, namespace=NS, name="late", max_lag_steps=25):
+        c0 = pr.Client(cfg, rank=0, namespace=NS, name="late")
+        head = client_hashes(c0, 2 * 20)
+        with pr.Client(cfg, rank=1, namespace=NS, name="late") as c1:
+            assert client_hashes(c1, 10) == want1[:10]
+            assert head == loader_hashes(cfg, 0, n=40)[0]
+            rest = client_hashes(c0)  # rank 1 stops at step 5: c0 runs 35 steps ahead
+            assert len(head) + len(rest) == 80
+            more = []
+            with pytest.raises(polyload.LagError, match="max_lag_steps=25"):
+                while True:  # what c1 had prefetched, then the error
+                    more.append(batch_hash(c1.next_batch()))
+            assert more == want1[10:10 + len(more)] and len(more) <= 2 * 8
+        c0.close()
+
+
+def test_resume_twice_from_one_checkpoint(cluster, corpus2):
+    cfg = corpus2.config(train_steps=6)
+    ref, _ = loader_hashes(cfg, 0)
+    with pr.launch(cfg, namespace=NS, name="twice"):
+        c = pr.Client(cfg, rank=0, namespace=NS, name="twice")
+        client_hashes(c, 3)
+        ck = c.state_dict()
+        for _ in range(2):  # resume from the same checkpoint twice
+            c.load_state_dict(ck)
+            assert client_hashes(c) == ref[3:]
+        c.close()
+
+
+def test_on_error_skip_in_the_deployment(cluster, tmp_path):
+    prefix = str(tmp_path / "bad")
+    lengths = [5 + (i % 7) for i in range(40)]
+    write_megatron(prefix, lengths)
+    with open(prefix + ".idx", "r+b") as f:  # pointer of record 3 far past the .bin's end
+        f.seek(9 + 8 + 1 + 8 + 8 + 4 * len(lengths) + 8 * 3)
+        f.write(np.int64(1 << 40).tobytes())
+    cfg = {"seed": 1, "seq_length": 16, "global_batch_size": 2, "micro_batch_size": 1,
+           "train_steps": 30, "topology": {"dp": 2}, "on_error": "skip",
+           "sources": [{"name": "bad", "type": "megatron", "path": prefix, "weight": 1.0}]}
+    want, _, want_stats = _loader_run(cfg, 0)
+    assert want_stats["skipped"] >= 1
+    with pr.launch(cfg, num_source_loaders=2, namespace=NS, name="skip"):
+        with pr.Client(cfg, rank=0, namespace=NS, name="skip") as c:
+            assert client_hashes(c) == want
+            assert c.stats()["skipped"] == want_stats["skipped"]

@@ -437,6 +437,7 @@ class DataConstructor:
             try:
                 res = self._pipe.next(rank, self._nmb, 0)
             except polyload.PolyloadTimeoutError:  # not built yet: woken by the drivers
+                await self._notify()  # the request may have opened the window: drivers look
                 await self._wait_change()
                 continue
             break
@@ -456,6 +457,13 @@ class DataConstructor:
         """The state after the steps delivered to every served rank (the deployment's
         view; a Client's own state is exact for its rank)."""
         return self._pipe.get_state(5000)
+
+    def memory(self) -> Dict[str, int]:
+        """``{"pipeline_bytes": pl_pipeline_sizeof, "rss_bytes": resident set size}``
+        of this actor, to check that it stays bounded."""
+        with open("/proc/self/statm") as f:
+            rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+        return {"pipeline_bytes": int(self._pipe.sizeof()), "rss_bytes": rss}
 
     def pid(self) -> int:
         return os.getpid()
