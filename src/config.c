@@ -379,7 +379,7 @@ static int validate(pl_config *cfg, const vlines *ln) {
         return cfg_err(cfg, PL_ECONFIG, ln->sources,
                        "weights of sources sum to infinity");
     /* Limits of the implementation, so that sizes never overflow. */
-    const int64_t lim = (int64_t)1 << 24;
+    const int64_t lim = PL__MAX_SEQ_LENGTH;
     if (cfg->seq_length > lim)
         return cfg_err(cfg, PL_ECONFIG, ln->seq_length,
                        "seq_length %" PRId64 " is above the limit %" PRId64,
@@ -408,6 +408,15 @@ static int validate(pl_config *cfg, const vlines *ln) {
                        "train_steps %" PRId64 " is above the limit 2^40 "
                        "(leave it out for an endless run)",
                        cfg->train_steps);
+    /* Micro-batch cursors are step * micro-batches per rank; bound them for
+       any dp (dp = 1 has the most micro-batches per rank). */
+    const int64_t mb_per_step = cfg->global_batch_size / cfg->micro_batch_size;
+    if (cfg->train_steps > PL__MAX_MICRO_BATCHES / mb_per_step)
+        return cfg_err(cfg, PL_ECONFIG, 0,
+                       "train_steps %" PRId64 " * %" PRId64
+                       " micro-batches per step (global_batch_size / "
+                       "micro_batch_size) is above the limit 2^50",
+                       cfg->train_steps, mb_per_step);
     for (int64_t i = 0; i < cfg->n_sources; i++) {
         const pl__source_cfg *sc = &cfg->sources[i];
         int64_t max_tok = sc->type == PL_SOURCE_FLAT &&
@@ -483,6 +492,7 @@ typedef struct walk {
     pl_config *cfg;
     yaml_document_t *doc;
     vlines ln;
+    pl__names names; /* source names -> index (walk_sources) */
 } walk;
 
 static int line_of(const yaml_node_t *n) {
@@ -697,10 +707,10 @@ static int walk_source(walk *w, int64_t i, yaml_node_t *map) {
     if (!s->path)
         return cfg_err(cfg, PL_ECONFIG, line, "%s (%s): missing key 'path'",
                        what, s->name);
-    for (int64_t j = 0; j < i; j++)
-        if (strcmp(cfg->sources[j].name, s->name) == 0)
-            return cfg_err(cfg, PL_ECONFIG, line,
-                           "%s: duplicate source name '%s'", what, s->name);
+    /* Duplicates through the name index: O(1) per source, not a scan. */
+    if (pl__names_put(&w->names, s->name, strlen(s->name), i) != -1)
+        return cfg_err(cfg, PL_ECONFIG, line,
+                       "%s: duplicate source name '%s'", what, s->name);
     if (s->token_dtype && s->type != PL_SOURCE_FLAT)
         return cfg_err(cfg, PL_ECONFIG, line_tdtype,
                        "%s.token_dtype applies only to flat sources "
@@ -739,7 +749,8 @@ static int walk_sources(walk *w, yaml_node_t *seq) {
         return cfg_err(cfg, PL_ECONFIG, line_of(seq),
                        "sources: at least one source is required");
     cfg->sources = pl__calloc(n, sizeof *cfg->sources);
-    if (!cfg->sources) return cfg_err(cfg, PL_ENOMEM, 0, "out of memory");
+    if (!cfg->sources || pl__names_init(&w->names, (int64_t)n) != PL_OK)
+        return cfg_err(cfg, PL_ENOMEM, 0, "out of memory");
     for (size_t i = 0; i < n; i++) {
         cfg->n_sources = (int64_t)i + 1;
         int rc = walk_source(w, (int64_t)i, node(w, b[i]));
@@ -748,10 +759,8 @@ static int walk_sources(walk *w, yaml_node_t *seq) {
     return PL_OK;
 }
 
-static int64_t source_index(const pl_config *cfg, const char *name) {
-    for (int64_t i = 0; i < cfg->n_sources; i++)
-        if (strcmp(cfg->sources[i].name, name) == 0) return i;
-    return -1;
+static int64_t source_index(const walk *w, const char *name) {
+    return pl__names_get(&w->names, name, strlen(name));
 }
 
 static int walk_point(walk *w, int64_t k, yaml_node_t *map) {
@@ -789,7 +798,7 @@ static int walk_point(walk *w, int64_t k, yaml_node_t *map) {
             for (yaml_node_pair_t *q = vn->data.mapping.pairs.start;
                  q < vn->data.mapping.pairs.top; q++) {
                 const char *sname = key_str(w, q);
-                int64_t si = source_index(cfg, sname);
+                int64_t si = source_index(w, sname);
                 if (si < 0)
                     return cfg_err(cfg, PL_ECONFIG, line_of(node(w, q->key)),
                                    "%s: unknown source '%s'", key, sname);
@@ -922,6 +931,46 @@ static int walk_root(walk *w) {
     return validate(cfg, &w->ln);
 }
 
+/*
+ * Limits on the YAML text, checked before libyaml builds a document: a config
+ * is never this large or deep, and libyaml's time grows faster than linearly
+ * with nesting (100k nested mappings take a minute).
+ */
+#define PL__CONFIG_MAX_BYTES ((size_t)64 << 20)
+#define PL__CONFIG_MAX_DEPTH 32
+
+/* A pass over libyaml's events that refuses nesting deeper than the limit.
+ * Syntax errors are left to the loader, which reports them. */
+static int check_depth(pl_config *cfg, const char *yaml, size_t len) {
+    yaml_parser_t parser;
+    if (!yaml_parser_initialize(&parser))
+        return cfg_err(cfg, PL_ENOMEM, 0, "out of memory (libyaml)");
+    yaml_parser_set_input_string(&parser, (const unsigned char *)yaml, len);
+    int rc = PL_OK, depth = 0;
+    for (;;) {
+        yaml_event_t ev;
+        if (!yaml_parser_parse(&parser, &ev)) break;
+        yaml_event_type_t t = ev.type;
+        int line = (int)ev.start_mark.line + 1;
+        yaml_event_delete(&ev);
+        if (t == YAML_SEQUENCE_START_EVENT || t == YAML_MAPPING_START_EVENT) {
+            if (++depth > PL__CONFIG_MAX_DEPTH) {
+                rc = cfg_err(cfg, PL_ECONFIG, line,
+                             "YAML nesting deeper than the limit of %d "
+                             "mappings and lists",
+                             PL__CONFIG_MAX_DEPTH);
+                break;
+            }
+        } else if (t == YAML_SEQUENCE_END_EVENT || t == YAML_MAPPING_END_EVENT) {
+            depth--;
+        } else if (t == YAML_STREAM_END_EVENT) {
+            break;
+        }
+    }
+    yaml_parser_delete(&parser);
+    return rc;
+}
+
 int pl_config_parse_string(const char *yaml, size_t len, const char *origin,
                            pl_config **out) {
     if (!out) return PL_EINVAL;
@@ -930,6 +979,13 @@ int pl_config_parse_string(const char *yaml, size_t len, const char *origin,
     if (!cfg) return PL_ENOMEM;
     *out = cfg;
     if (!yaml) return cfg_err(cfg, PL_EINVAL, 0, "no YAML text");
+    if (len > PL__CONFIG_MAX_BYTES)
+        return cfg_err(cfg, PL_ECONFIG, 0,
+                       "configuration of %zu bytes is above the limit of %zu "
+                       "bytes",
+                       len, PL__CONFIG_MAX_BYTES);
+    int drc = check_depth(cfg, yaml, len);
+    if (drc != PL_OK) return drc;
 
     yaml_parser_t parser;
     yaml_document_t doc;
@@ -952,6 +1008,7 @@ int pl_config_parse_string(const char *yaml, size_t len, const char *origin,
     w.cfg = cfg;
     w.doc = &doc;
     int rc = walk_root(&w);
+    pl__names_free(&w.names);
     yaml_document_delete(&doc);
     if (rc == PL_OK) { /* one document per config: a second is a mistake */
         yaml_document_t more;

@@ -34,7 +34,39 @@ uint64_t pl__hash64(const void *data, size_t len, uint64_t seed);
 /* CRC-32 (zlib's, IEEE polynomial). */
 uint32_t pl__crc32(uint32_t crc, const void *data, size_t len);
 
+/*
+ * An index of borrowed strings by content (names.c): O(1) lookups of source
+ * names.  Init with the number of names it will hold; the strings must
+ * outlive it.
+ */
+typedef struct pl__name_slot {
+    const char *s; /* NULL: empty */
+    size_t n;
+    uint64_t hash;
+    int64_t value;
+} pl__name_slot;
+typedef struct pl__names {
+    pl__name_slot *slot;
+    uint64_t mask, used;
+} pl__names;
+int pl__names_init(pl__names *x, int64_t n);
+void pl__names_free(pl__names *x);
+/* The value stored for (s, n), or -1. */
+int64_t pl__names_get(const pl__names *x, const char *s, size_t n);
+/* Store (s, n) -> value unless present: -1 when stored, the earlier value
+ * when the name is already there, -2 when the index is full. */
+int64_t pl__names_put(pl__names *x, const char *s, size_t n, int64_t value);
+
 /* ------------------------------------------------------------ config */
+/* The most micro-batches a run may count (per rank, at any dp): steps times
+ * micro-batches per step stay far from overflow (config and state check). */
+#define PL__MAX_MICRO_BATCHES ((int64_t)1 << 50)
+/* The config's limit on seq_length, global_batch_size and the world size;
+ * decoded plans are held to it too, so their sums cannot overflow. */
+#define PL__MAX_SEQ_LENGTH ((int64_t)1 << 24)
+/* No document offset in tokens is larger (offset + length stays an int64). */
+#define PL__MAX_TOKEN_OFFSET ((int64_t)1 << 62)
+
 enum { PL__LONGDOC_SPLIT = 0, PL__LONGDOC_TRUNCATE = 1 };
 enum { PL__PACK_BEST_FIT = 0, PL__PACK_CONCAT_CHUNK = 1 };
 enum { PL__BALANCE_NONE = 0, PL__BALANCE_GREEDY = 1, PL__BALANCE_KK = 2 };

@@ -180,7 +180,10 @@ int pl__megatron_doc(const pl__sfile *f, int64_t r, const uint8_t **tokens,
                 (long long)f->token_bytes);
         return PL_EBOUNDS;
     }
-    *tokens = f->tokens + ptr;
+    /* An empty .bin is not mapped: its documents are empty and point at a
+     * static byte (NULL + 0 is undefined behaviour). */
+    static const uint8_t empty[8];
+    *tokens = f->tokens ? f->tokens + ptr : empty;
     *length = len;
     return PL_OK;
 }
