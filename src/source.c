@@ -15,6 +15,26 @@
  * the handle's message under a mutex.  pl_source_read converts tokens with
  * one straight loop per (file dtype, output dtype) pair, picked once per call
  * from a table, so the per-token work has no branch on the dtype.
+ *
+ * Data files are read through what was opened, never reopened by path: the
+ * descriptor of each data file (a Megatron .bin, an llm.c shard, a flat
+ * file) is kept from open time, so a file replaced by rename(2) during a run
+ * is still read from the file that was mapped and indexed.  A file that
+ * shrinks after open would make a read through the mapping raise SIGBUS:
+ * pl__source_read checks the file size with fstat(2) on that descriptor
+ * and returns PL_ETRUNC naming the file and offset, and pl_source_read_many
+ * reads with pread(2), where a short read is PL_ETRUNC.  A system call per
+ * read would cost more than the read (about 300 ns against 40 ns for 256
+ * tokens), so a size seen by fstat serves the reads of the next 10 ms
+ * (CLOCK_MONOTONIC_COARSE, a few ns): a file that shrinks is reported from
+ * then on, and only a read in the 10 ms after the truncation can still
+ * fault.  Index files are mapped and not checked on each lookup.
+ *
+ * Descriptor budget: one per data file, for the life of the handle, while
+ * the process holds fewer than half of its RLIMIT_NOFILE soft limit in such
+ * descriptors (all sources together).  Beyond that a data file is reopened
+ * by path for each read and refused with PL_EIO if it is not the file that
+ * was opened (device and inode differ).
  */
 #include "source_internal.h"
 
@@ -25,14 +45,17 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
+#include <time.h>
 #include <unistd.h>
 
 /* ------------------------------------------------------------ mapping */
 
 int pl__map_file(const char *path, void **map, size_t *len, struct stat *st,
-                 char *err, size_t errcap) {
+                 int *fd_out, char *err, size_t errcap) {
     *map = NULL;
     *len = 0;
+    if (fd_out) *fd_out = -1;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
         int e = errno;
@@ -62,11 +85,101 @@ int pl__map_file(const char *path, void **map, size_t *len, struct stat *st,
         *map = m;
         *len = (size_t)st->st_size;
     }
-    close(fd);
+    if (fd_out)
+        *fd_out = fd;
+    else
+        close(fd);
+    return PL_OK;
+}
+
+/* ------------------------------------------------------------ descriptors */
+
+static atomic_long pl__fds_kept;  /* data-file descriptors kept, all sources */
+static atomic_long pl__fds_limit; /* 0: not computed yet */
+
+static long pl__fd_budget(void) {
+    long lim = atomic_load(&pl__fds_limit);
+    if (lim) return lim;
+    struct rlimit rl;
+    lim = 512;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0)
+        lim = rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur > (rlim_t)1 << 21
+                  ? (long)1 << 20
+                  : (long)(rl.rlim_cur / 2);
+    atomic_store(&pl__fds_limit, lim);
+    return lim;
+}
+
+/* Take one descriptor from the budget; 0 when none is left. */
+static int pl__fd_take(void) {
+    if (atomic_fetch_add(&pl__fds_kept, 1) < pl__fd_budget()) return 1;
+    atomic_fetch_sub(&pl__fds_kept, 1);
+    return 0;
+}
+
+void pl__sfile_keep_fd(pl__sfile *f, int fd, const struct stat *st) {
+    f->data_dev = st->st_dev;
+    f->data_ino = st->st_ino;
+    atomic_store(&f->data_fd1, 0);
+    if (fd < 0) return;
+    if (pl__fd_take())
+        atomic_store(&f->data_fd1, fd + 1);
+    else
+        close(fd);
+}
+
+static void pl__data_path(const pl_source *src, const pl__sfile *f, char *path,
+                          size_t cap) {
+    if (src->type == PL_SOURCE_MEGATRON)
+        pl__fmt(path, cap, "%s.bin", f->path);
+    else
+        pl__fmt(path, cap, "%s", f->path);
+}
+
+/*
+ * A descriptor of f's data file: the kept one (*owned 0), or, beyond the
+ * budget, the path opened now and checked to be the file that was mapped
+ * (*owned 1: the caller closes it).  PL_EIO with a message otherwise.
+ */
+static int pl__data_fd(const pl_source *src, const pl__sfile *f, int *fd,
+                       int *owned, char *err, size_t errcap) {
+    int k = atomic_load(&f->data_fd1);
+    *owned = 0;
+    if (k > 0) {
+        *fd = k - 1;
+        return PL_OK;
+    }
+    char path[4096];
+    pl__data_path(src, f, path, sizeof path);
+    int d = open(path, O_RDONLY | O_CLOEXEC);
+    struct stat st;
+    if (d < 0 || fstat(d, &st) != 0) {
+        int e = errno;
+        if (d >= 0) close(d);
+        pl__fmt(err, errcap, "%s: cannot reopen (descriptor budget of %ld "
+                             "spent): %s",
+                path, pl__fd_budget(), strerror(e));
+        return PL_EIO;
+    }
+    if (st.st_dev != f->data_dev || st.st_ino != f->data_ino) {
+        close(d);
+        pl__fmt(err, errcap,
+                "%s: replaced since the source was opened (descriptor budget "
+                "of %ld spent, so it is reopened by path)",
+                path, pl__fd_budget());
+        return PL_EIO;
+    }
+    *fd = d;
+    *owned = 1;
     return PL_OK;
 }
 
 void pl__sfile_unmap(pl__sfile *f) {
+    int k = atomic_exchange(&f->data_fd1, 0);
+    if (k > 0) {
+        close(k - 1);
+        atomic_fetch_sub(&pl__fds_kept, 1);
+    }
     if (f->data_map) munmap(f->data_map, f->data_len);
     if (f->idx_map) munmap(f->idx_map, f->idx_len);
     f->data_map = NULL;
@@ -493,6 +606,42 @@ static const pl__conv_fn pl__conv_table[10][2] = {
     [PL_DTYPE_UINT32] = {pl__conv_u32_i64, pl__conv_u32_i32},
 };
 
+/*
+ * The data file of f must still hold bytes [at, end) (offsets in the file)
+ * of document `index`: fstat(2) on its descriptor, or a size seen in the
+ * last 10 ms.  PL_ETRUNC (or PL_EIO) with a message naming the file.
+ */
+static int pl__check_size(const pl_source *src, pl__sfile *f, int64_t index,
+                          int64_t at, int64_t end, char *err, size_t errcap) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+    long long now = (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+    if (end <= atomic_load(&f->seen_size) && now < atomic_load(&f->seen_until))
+        return PL_OK;
+    int fd, owned, rc;
+    if ((rc = pl__data_fd(src, f, &fd, &owned, err, errcap))) return rc;
+    struct stat st;
+    int frc = fstat(fd, &st), e = errno;
+    if (owned) close(fd);
+    if (frc == 0) {
+        atomic_store(&f->seen_size, (long long)st.st_size);
+        atomic_store(&f->seen_until, now + 10000000LL);
+    }
+    if (frc == 0 && (int64_t)st.st_size >= end) return PL_OK;
+    char path[4096];
+    pl__data_path(src, f, path, sizeof path);
+    if (frc != 0) {
+        pl__fmt(err, errcap, "%s: cannot stat: %s", path, strerror(e));
+        return PL_EIO;
+    }
+    pl__fmt(err, errcap,
+            "%s: truncated to %lld bytes since open; document %lld needs "
+            "bytes [%lld, %lld)",
+            path, (long long)st.st_size, (long long)index, (long long)at,
+            (long long)end);
+    return PL_ETRUNC;
+}
+
 int pl__source_read(pl_source *src, int64_t index, int64_t offset,
                     int64_t count, void *out, pl_dtype out_dtype, char *err,
                     size_t errcap) {
@@ -520,7 +669,16 @@ int pl__source_read(pl_source *src, int64_t index, int64_t offset,
         return PL_ERANGE;
     }
     if (count == 0) return PL_OK;
+    /* The file must still hold the range: reading a page past its end
+       through the mapping would raise SIGBUS. */
+    int64_t at = (int64_t)(tok - (const uint8_t *)f->data_map) +
+                 offset * (int64_t)f->width;
+    int64_t end = at + count * (int64_t)f->width;
+    /* The file record is immutable but for its atomics: cast away const. */
+    if ((rc = pl__check_size(src, (pl__sfile *)f, index, at, end, err, errcap)))
+        return rc;
     pl__conv_fn fn = pl__conv_table[f->dtype][out_dtype == PL_DTYPE_INT32];
+
     fn(tok + (size_t)offset * f->width, out, count);
     return PL_OK;
 }
@@ -634,11 +792,12 @@ int pl_source_get_stats(pl_source *src, pl_source_stats *out) {
  * it serves source-loader processes that read a few documents from each of
  * many sources, and a mapping would leave the pages around every read
  * (fault-around) mapped, and counted, in that process.  Bounds are checked
- * on the mapped index exactly as for pl_source_read.
+ * on the mapped index exactly as for pl_source_read.  It reads through the
+ * descriptor kept from open time, never a reopened path (see above).
  */
 typedef struct pl__preader {
-    const pl__sfile *file; /* whose data file fd is open */
-    int fd;
+    const pl__sfile *file; /* whose data file fd is at hand */
+    int fd, owned;         /* owned: opened for this call, closed after */
     uint8_t *buf;
     size_t cap;
 } pl__preader;
@@ -648,18 +807,13 @@ static int pl__pread_range(const pl_source *src, pl__preader *r,
                            int64_t offset, int64_t count, int64_t *out,
                            char *err, size_t errcap) {
     char path[4096];
-    if (src->type == PL_SOURCE_MEGATRON)
-        pl__fmt(path, sizeof path, "%s.bin", f->path);
-    else
-        pl__fmt(path, sizeof path, "%s", f->path);
     if (r->file != f) {
-        if (r->fd >= 0) close(r->fd);
+        if (r->owned) close(r->fd);
         r->file = NULL;
-        r->fd = open(path, O_RDONLY | O_CLOEXEC);
-        if (r->fd < 0) {
-            pl__fmt(err, errcap, "%s: cannot open: %s", path, strerror(errno));
-            return PL_EIO;
-        }
+        r->fd = -1;
+        r->owned = 0;
+        int rc = pl__data_fd(src, f, &r->fd, &r->owned, err, errcap);
+        if (rc) return rc;
         r->file = f;
     }
     size_t bytes = (size_t)count * f->width;
@@ -677,9 +831,11 @@ static int pl__pread_range(const pl_source *src, pl__preader *r,
     while (got < bytes) {
         ssize_t k = pread(r->fd, r->buf + got, bytes - got, at + (off_t)got);
         if (k <= 0) {
+            int e = errno;
+            pl__data_path(src, f, path, sizeof path);
             pl__fmt(err, errcap, "%s: read of %zu bytes at offset %lld failed: %s",
                     path, bytes, (long long)at,
-                    k == 0 ? "file shrank" : strerror(errno));
+                    k == 0 ? "file shrank since open" : strerror(e));
             return k == 0 ? PL_ETRUNC : PL_EIO;
         }
         got += (size_t)k;
@@ -692,7 +848,7 @@ int pl_source_read_many(pl_source *src, const pl_read *reads, int64_t n,
                         int64_t *out) {
     if (!src || (n > 0 && (!reads || !out)) || n < 0) return PL_EINVAL;
     char err[PL__ERRMSG_CAP];
-    pl__preader r = {NULL, -1, NULL, 0};
+    pl__preader r = {NULL, -1, 0, NULL, 0};
     int rc = PL_OK;
     for (int64_t i = 0; i < n && rc == PL_OK; i++) {
         const pl__sfile *f;
@@ -713,7 +869,7 @@ int pl_source_read_many(pl_source *src, const pl_read *reads, int64_t n,
             rc = pl__pread_range(src, &r, f, tok, off, count, out, err, sizeof err);
         out += count;
     }
-    if (r.fd >= 0) close(r.fd);
+    if (r.owned) close(r.fd);
     free(r.buf);
     if (rc) pl__set_err(src, err);
     return rc;

@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 
@@ -48,6 +49,16 @@ typedef struct pl__sfile {
     size_t data_len;
     const uint8_t *tokens;
     int64_t token_bytes; /* bytes from tokens to the end of the file */
+    /* The data file's descriptor, kept from open time while the process's
+     * budget allows (see source.c), as fd + 1 (0: none kept), and the
+     * identity of the file that was mapped. */
+    atomic_int data_fd1;
+    dev_t data_dev;
+    ino_t data_ino;
+    /* The data file's size as last seen by fstat(2), and until when (coarse
+     * monotonic ns) reads up to it skip the check. */
+    atomic_llong seen_size;
+    atomic_llong seen_until;
 
     /* Index mapping (.idx, or .plidx / anonymous memory). */
     void *idx_map;
@@ -80,9 +91,13 @@ struct pl_source {
 };
 
 /* Map a whole file read-only (MAP_SHARED), then close it.  A file of size 0
- * gives *map NULL and *len 0.  PL_ENOENT / PL_EIO with a message. */
+ * gives *map NULL and *len 0.  PL_ENOENT / PL_EIO with a message.  With
+ * fd_out, the descriptor is returned open instead (-1 on error). */
 int pl__map_file(const char *path, void **map, size_t *len, struct stat *st,
-                 char *err, size_t errcap);
+                 int *fd_out, char *err, size_t errcap);
+/* Record the identity of f's data file (st, from pl__map_file) and keep its
+ * descriptor fd if the budget allows, else close it. */
+void pl__sfile_keep_fd(pl__sfile *f, int fd, const struct stat *st);
 
 /* ------------------------------------------------------------ megatron */
 /* Open f->path + ".idx" / ".bin"; checks are O(1) in the document count. */

@@ -42,7 +42,7 @@ int pl__megatron_open(pl__sfile *f, char *err, size_t errcap) {
     int rc;
 
     pl__fmt(path, sizeof path, "%s.idx", f->path);
-    rc = pl__map_file(path, &f->idx_map, &f->idx_len, &st, err, errcap);
+    rc = pl__map_file(path, &f->idx_map, &f->idx_len, &st, NULL, err, errcap);
     if (rc) return rc;
     const uint8_t *m = f->idx_map;
     int64_t size = (int64_t)f->idx_len;
@@ -128,8 +128,10 @@ int pl__megatron_open(pl__sfile *f, char *err, size_t errcap) {
     if (rc) return rc;
 
     pl__fmt(path, sizeof path, "%s.bin", f->path);
-    rc = pl__map_file(path, &f->data_map, &f->data_len, &st, err, errcap);
+    int fd = -1;
+    rc = pl__map_file(path, &f->data_map, &f->data_len, &st, &fd, err, errcap);
     if (rc) return rc;
+    pl__sfile_keep_fd(f, fd, &st);
     f->tokens = f->data_map;
     f->token_bytes = (int64_t)f->data_len;
 

@@ -209,9 +209,11 @@ int pl__tokens_open(pl__sfile *f, pl_source_type type, pl_dtype flat_dtype,
                     int64_t eos_id, int write_index, char *err,
                     size_t errcap) {
     struct stat st;
-    int rc = pl__map_file(f->path, &f->data_map, &f->data_len, &st, err,
+    int fd = -1;
+    int rc = pl__map_file(f->path, &f->data_map, &f->data_len, &st, &fd, err,
                           errcap);
     if (rc) return rc;
+    pl__sfile_keep_fd(f, fd, &st);
     const uint8_t *m = f->data_map;
     int64_t size = (int64_t)f->data_len;
 

@@ -201,7 +201,17 @@ PL_API int pl_source_document_length(pl_source *src, int64_t index,
  * Copy tokens [offset, offset + count) of document `index` into `out`, which
  * has room for `count` elements of `out_dtype` (PL_DTYPE_INT64 or
  * PL_DTYPE_INT32).  Float token files are truncated toward zero.
- * Errors: PL_ERANGE (index, or range past the document), PL_EBOUNDS, PL_EINVAL.
+ * Errors: PL_ERANGE (index, or range past the document), PL_EBOUNDS, PL_EINVAL,
+ * PL_ETRUNC (the data file shrank since open: checked with fstat, a size
+ * seen within the last 10 ms is trusted) and PL_EIO (beyond the descriptor
+ * budget, the file was replaced since open), naming the file and offset.
+ *
+ * Descriptors: a source keeps one descriptor per data file (.bin, llm.c
+ * shard, flat file) from open to pl_source_free, so data files replaced by
+ * rename(2) during a run are still read from the files that were opened.
+ * All sources of a process together keep at most half of RLIMIT_NOFILE's
+ * soft limit (as read at the first open); beyond that a data file is
+ * reopened by path per read and refused if it is not the opened file.
  */
 PL_API int pl_source_read(pl_source *src, int64_t index, int64_t offset,
                           int64_t count, void *out, pl_dtype out_dtype);
@@ -581,7 +591,8 @@ PL_API int pl_plan_reads(const pl_plan *plan, int64_t dp_rank,
  * the mapping, so a long-lived source-loader process that reads a few
  * documents from each of many sources keeps no file pages mapped.
  * Thread-safe like pl_source_read; errors as pl_source_read, plus PL_EIO
- * and PL_ETRUNC (the data file shrank) naming the file and offset.
+ * and PL_ETRUNC (the data file shrank) naming the file and offset.  It reads
+ * through the descriptor kept from open time, never a path opened anew.
  */
 PL_API int pl_source_read_many(pl_source *src, const pl_read *reads, int64_t n,
                                int64_t *out);

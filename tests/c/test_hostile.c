@@ -303,7 +303,7 @@ static void test_hand_built_plan(const corpus *c) {
     offsets[1] = 1;
     offsets[2] = 2;
     /* a negative start, and a rank slot naming a sequence that is not there */
-    offsets[1] = -(int64_t)1 << 40;
+    offsets[1] = -((int64_t)1 << 40);
     CHECK_EQ_I64(pl_constructor_build(k, &plan, 0, 1, pay, plen, 1, &out), PL_EINVAL);
     offsets[1] = 1;
     ranks[1] = 1 << 30;
