@@ -195,11 +195,157 @@ static void test_golden(const corpus *c) {
     }
 }
 
+/* ------------------------------------------------------------ reference */
+
+/* The old planner.c's document step and two-scan draw, verbatim but for
+ * names: the reference the library's draw must match. */
+static int ref_next_document(pl_planner *p, int64_t i) {
+    pl__src_state *s = &p->src[i];
+    const pl__source_cfg *sc = &p->cfg->sources[i];
+    while (s->cur_index < 0) {
+        if (s->drawn_in_epoch >= p->num_docs[i]) {
+            s->epoch++;
+            s->drawn_in_epoch = 0;
+            pl__perm_init(&p->perm[i], (uint64_t)p->num_docs[i], p->cfg->seed,
+                          p->cfg->sources[i].name, (uint64_t)p->src[i].epoch);
+        }
+        if (s->since_yield > p->num_docs[i]) return PL_ERECORD;
+        int64_t idx = (int64_t)pl__perm_apply(&p->perm[i], (uint64_t)s->drawn_in_epoch);
+        s->drawn_in_epoch++;
+        s->since_yield++;
+        int64_t len = 0;
+        char err[PL__ERRMSG_CAP];
+        int rc = pl__source_length(p->sources[i], idx, &len, err, sizeof err);
+        if (rc < 0) {
+            if (p->cfg->on_error == PL__ONERR_SKIP && rc != PL_ENOMEM) {
+                s->skipped++;
+                continue;
+            }
+            (void)sc;
+            return rc;
+        }
+        if (len <= 0) continue;
+        s->cur_index = idx;
+        s->cur_offset = 0;
+        s->cur_length = len;
+        s->documents++;
+        s->since_yield = 0;
+    }
+    return PL_OK;
+}
+
+static int ref_draw(pl_planner *p, pl_chunk *out) {
+    int64_t best = -1;
+    double best_deficit = 0;
+    for (int64_t i = 0; i < p->n_sources; i++) {
+        if (p->weights[i] <= 0) continue;
+        double d = p->src[i].target_tokens - (double)p->src[i].drawn_tokens;
+        if (best < 0 || d > best_deficit) {
+            best = i;
+            best_deficit = d;
+        }
+    }
+    if (best < 0) return PL_ECONFIG;
+    int rc = ref_next_document(p, best);
+    if (rc) return rc;
+    pl__src_state *s = &p->src[best];
+    int64_t take = s->cur_length - s->cur_offset;
+    if (take > p->max_chunk) take = p->max_chunk;
+    out->source = (int32_t)best;
+    out->index = s->cur_index;
+    out->offset = s->cur_offset;
+    out->length = take;
+    out->flags = 0;
+    s->cur_offset += take;
+    if (s->cur_offset >= s->cur_length ||
+        p->cfg->long_documents == PL__LONGDOC_TRUNCATE) {
+        out->flags = PL_CHUNK_DOC_END;
+        s->cur_index = -1;
+        s->cur_offset = s->cur_length = 0;
+    }
+    s->drawn_tokens += take;
+    for (int64_t i = 0; i < p->n_sources; i++)
+        p->src[i].target_tokens += p->weights[i] * (double)take;
+    return PL_OK;
+}
+
+static uint64_t rng(uint64_t *x) {
+    *x ^= *x << 13;
+    *x ^= *x >> 7;
+    *x ^= *x << 17;
+    return *x;
+}
+
+/* Side by side over `rounds` weight vectors of `draws` draws each. */
+static void compare_draws(const char *yaml, int rounds, int draws, uint64_t seed) {
+    run a, b;
+    run_open(&a, yaml);
+    run_open(&b, yaml);
+    const int64_t n = a.n;
+    uint64_t x = seed;
+    int64_t mismatches = 0, compared = 0;
+    for (int r = 0; r < rounds; r++) {
+        int kind = (int)(rng(&x) % 5);
+        for (int64_t i = 0; i < n; i++) {
+            double w;
+            switch (kind) {
+            case 0: w = 1.0 / (double)n; break;                      /* ties */
+            case 1: w = (double)(rng(&x) % 4) / 3.0; break;          /* zeros, thirds */
+            case 2: w = (double)(rng(&x) >> 11) * 0x1.0p-53; break;  /* any */
+            case 3: w = i == r % n ? 1.0 : 0.0; break;               /* one source */
+            default: w = (double)(1 + i % 5) / (double)(3 * n); break;
+            }
+            a.p->weights[i] = b.p->weights[i] = w;
+        }
+        pl__planner_draw_begin(a.p);
+        for (int j = 0; j < draws; j++) {
+            pl_chunk ca, cb;
+            memset(&ca, 0, sizeof ca);
+            memset(&cb, 0, sizeof cb);
+            int ra = pl__planner_draw(a.p, &ca), rb = ref_draw(b.p, &cb);
+            compared++;
+            if (ra != rb || (ra == PL_OK && memcmp(&ca, &cb, sizeof ca))) mismatches++;
+            if (ra || rb) break;
+        }
+        pl__planner_draw_end(a.p);
+        /* Every counter and every target, bit for bit. */
+        if (memcmp(a.p->src, b.p->src, (size_t)n * sizeof *a.p->src)) mismatches++;
+    }
+    fprintf(stderr, "compare_draws: %lld sources, %lld draws, %lld mismatches\n",
+            (long long)n, (long long)compared, (long long)mismatches);
+    CHECK_EQ_I64(mismatches, 0);
+    CHECK(compared > (int64_t)rounds * draws / 2);
+    run_close(&a);
+    run_close(&b);
+}
+
+static void test_reference(const corpus *c) {
+    static char y[16384];
+    const char *w3[3] = {"0.5", "0.3", "0.2"};
+    const char *w60[60];
+    char wbuf[60][8];
+    for (int i = 0; i < 60; i++) {
+        snprintf(wbuf[i], sizeof wbuf[i], "%d", 1 + i % 7);
+        w60[i] = wbuf[i];
+    }
+    y[0] = '\0';
+    snprintf(y, sizeof y, "seq_length: 64\nglobal_batch_size: 8\nseed: 4\n");
+    sources_yaml(y, sizeof y, c, 3, w3);
+    compare_draws(y, 60, 700, 12345);
+    snprintf(y, sizeof y, "seq_length: 64\nglobal_batch_size: 8\nseed: 4\nlong_documents: truncate\n");
+    sources_yaml(y, sizeof y, c, 60, w60);
+    compare_draws(y, 60, 1500, 999);
+    snprintf(y, sizeof y, "seq_length: 64\nglobal_batch_size: 8\nseed: 6\ntopology: {cp: 2}\n");
+    sources_yaml(y, sizeof y, c, 59, w60); /* odd count: the vector tail */
+    compare_draws(y, 40, 1500, 4242);
+}
+
 int main(void) {
     corpus c;
     corpus_make(&c, 64);
     if (chdir(c.dir) != 0) return 2;
     test_golden(&c);
+    test_reference(&c);
     corpus_free(&c);
     TEST_END();
 }
