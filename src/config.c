@@ -1262,7 +1262,7 @@ int pl__config_open_source(const pl_config *cfg, int64_t i, pl_source **out) {
     o.token_dtype = s->token_dtype;
     o.eos_id = s->eos_id;
     o.write_index = 0;
-    return pl_source_open(&o, out);
+    return pl__source_open(&o, cfg->on_error == PL__ONERR_SKIP, out);
 }
 
 int pl_config_open_source(const pl_config *cfg, int64_t i, pl_source **out) {

@@ -140,6 +140,11 @@ int pl__topology_parse_order(const char *order, int *axes, int *n_axes,
                              char *err, size_t errcap);
 
 /* ------------------------------------------------------------ sources */
+/* pl_source_open, with on_error: skip applied to damage found at open
+ * (skip_damaged 1: a Megatron file's trailing records that point past its
+ * .bin are left out and counted, pl_source_num_skipped). */
+int pl__source_open(const pl_source_options *opts, int skip_damaged,
+                    pl_source **out);
 /*
  * Thread-safe variants of pl_source_document_length / pl_source_read that
  * write an error message into the caller's buffer instead of the handle.

@@ -124,6 +124,8 @@ int pl_planner_create(const pl_config *cfg, pl_source *const *sources,
     for (int64_t i = 0; i < n_sources; i++) {
         p->num_docs[i] = pl_source_num_documents(sources[i]);
         p->src[i].cur_index = -1;
+        /* Records left out at open count as skipped (on_error: skip). */
+        p->src[i].skipped = pl_source_num_skipped(sources[i]);
         pl__planner_perm(p, i);
         int used = c->has_schedule ? 0 : c->sources[i].weight > 0;
         for (int64_t k = 0; k < c->n_points && !used; k++)

@@ -375,6 +375,11 @@ static void pl__release_files(pl_source *src) {
 }
 
 int pl_source_open(const pl_source_options *opts, pl_source **out) {
+    return pl__source_open(opts, 0, out);
+}
+
+int pl__source_open(const pl_source_options *opts, int skip_damaged,
+                    pl_source **out) {
     if (!out) return PL_EINVAL;
     *out = NULL;
     pl_source *src = calloc(1, sizeof *src);
@@ -451,7 +456,7 @@ int pl_source_open(const pl_source_options *opts, pl_source **out) {
     for (int64_t i = 0; i < src->n_files; i++) {
         pl__sfile *f = &src->files[i];
         if (opts->type == PL_SOURCE_MEGATRON)
-            rc = pl__megatron_open(f, err, cap);
+            rc = pl__megatron_open(f, skip_damaged, err, cap);
         else
             rc = pl__tokens_open(f, opts->type, flat, src->eos_id,
                                  src->write_index, err, cap);
@@ -461,6 +466,7 @@ int pl_source_open(const pl_source_options *opts, pl_source **out) {
         }
         f->first_doc = src->n_docs;
         src->n_docs += f->n_docs;
+        src->skipped += f->skipped;
     }
     src->dtype = src->files[0].dtype;
     return PL_OK;
@@ -496,6 +502,10 @@ int64_t pl_source_num_documents(const pl_source *src) {
 
 int64_t pl_source_num_files(const pl_source *src) {
     return src ? src->n_files : 0;
+}
+
+int64_t pl_source_num_skipped(const pl_source *src) {
+    return src ? src->skipped : 0;
 }
 
 size_t pl_source_sizeof(const pl_source *src) {

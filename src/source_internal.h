@@ -71,6 +71,8 @@ typedef struct pl__sfile {
     const uint8_t *pointers; /* int64[seq_count], unaligned */
     const uint8_t *docidx;   /* int64[docidx_count], unaligned */
 
+    int64_t skipped;         /* trailing records past the .bin, left out */
+
     /* llmc / flat */
     int64_t n_tokens;
     const uint64_t *ends; /* [n_docs] exclusive end offsets, in tokens */
@@ -87,6 +89,7 @@ struct pl_source {
     int write_index;
     int64_t n_files;
     int64_t n_docs;
+    int64_t skipped; /* records left out at open (on_error: skip) */
     pl__sfile *files;
 };
 
@@ -100,8 +103,12 @@ int pl__map_file(const char *path, void **map, size_t *len, struct stat *st,
 void pl__sfile_keep_fd(pl__sfile *f, int fd, const struct stat *st);
 
 /* ------------------------------------------------------------ megatron */
-/* Open f->path + ".idx" / ".bin"; checks are O(1) in the document count. */
-int pl__megatron_open(pl__sfile *f, char *err, size_t errcap);
+/* Open f->path + ".idx" / ".bin"; checks are O(1) in the document count.
+ * skip_trailing: records at the end that point past the end of the .bin
+ * (a truncated .bin) are left out and counted in f->skipped instead of
+ * refusing the file (PL_ETRUNC). */
+int pl__megatron_open(pl__sfile *f, int skip_trailing, char *err,
+                      size_t errcap);
 /* Local document r: pointer to its first token and its length, with the
  * PL_EBOUNDS checks of that record. */
 int pl__megatron_doc(const pl__sfile *f, int64_t r, const uint8_t **tokens,

@@ -36,7 +36,16 @@ static int64_t pl__off_docidx(const pl__sfile *f, int64_t i) {
     return PL__MEGATRON_HEADER + 12 * f->seq_count + 8 * i;
 }
 
-int pl__megatron_open(pl__sfile *f, char *err, size_t errcap) {
+/* Does record r end past the .bin (or point at nonsense)? */
+static int pl__past_end(const pl__sfile *f, int64_t r) {
+    int64_t ptr = pl__ld_i64(f->pointers + 8 * r);
+    int64_t len = pl__ld_i32(f->lengths + 4 * r);
+    if (ptr < 0 || len < 0 || ptr > f->token_bytes) return 1;
+    return len > (f->token_bytes - ptr) / (int64_t)f->width;
+}
+
+int pl__megatron_open(pl__sfile *f, int skip_trailing, char *err,
+                      size_t errcap) {
     char path[4096];
     struct stat st;
     int rc;
@@ -143,7 +152,13 @@ int pl__megatron_open(pl__sfile *f, char *err, size_t errcap) {
         int64_t len = pl__ld_i32(f->lengths + 4 * r);
         if (ptr >= 0 && len >= 0 && ptr <= INT64_MAX / 2) {
             int64_t end = ptr + len * (int64_t)f->width;
-            if (end > f->token_bytes) {
+            if (end > f->token_bytes && skip_trailing) {
+                /* A truncated .bin: leave out the records at the end that
+                   point past it, the same on every rank. */
+                while (r >= 0 && pl__past_end(f, r)) r--;
+                f->n_docs = r + 1;
+                f->skipped = f->seq_count - f->n_docs;
+            } else if (end > f->token_bytes) {
                 pl__fmt(err, errcap,
                         "%s: truncated at offset %lld: the last sequence "
                         "(record %lld, pointer at %s.idx offset %lld) ends at "

@@ -186,6 +186,13 @@ PL_API pl_source_type pl_source_get_type(const pl_source *src);
 PL_API pl_dtype pl_source_token_dtype(const pl_source *src);
 PL_API int64_t pl_source_num_documents(const pl_source *src);
 PL_API int64_t pl_source_num_files(const pl_source *src);
+/* Records left out at open: with on_error: skip (sources opened through a
+ * config), a Megatron file whose trailing records point past the end of its
+ * .bin (a truncated .bin) opens without them instead of failing with
+ * PL_ETRUNC; they are not documents of the source (num_documents excludes
+ * them) and are counted here.  0 for pl_source_open, which refuses such
+ * files. */
+PL_API int64_t pl_source_num_skipped(const pl_source *src);
 /* Heap bytes held by the handle, excluding mapped file pages. */
 PL_API size_t pl_source_sizeof(const pl_source *src);
 

@@ -441,6 +441,58 @@ static void test_config_limits(const corpus *c) {
     free(z);
 }
 
+/* on_error: skip opens a Megatron file whose .bin was truncated without its
+ * trailing records, and counts them; on_error: fail refuses it. */
+static void test_skip_truncated_bin(const corpus *c) {
+    char prefix[512], bin[600], y[2048];
+    snprintf(prefix, sizeof prefix, "%s/cut", c->dir);
+    snprintf(bin, sizeof bin, "%s.bin", prefix);
+    int64_t lens[10];
+    for (int i = 0; i < 10; i++) lens[i] = 30;
+    CHECK(plf_write_megatron(prefix, PL_DTYPE_INT32, 10, lens, 0) == 0);
+    CHECK(truncate(bin, (7 * 30 + 11) * 4) == 0); /* documents 7.. past the end */
+    for (int skip = 0; skip < 2; skip++) {
+        snprintf(y, sizeof y,
+                 "seq_length: 64\nglobal_batch_size: 2\nmicro_batch_size: 1\n"
+                 "on_error: %s\nsources:\n  - {name: cut, type: megatron, path: %s}\n",
+                 skip ? "skip" : "fail", prefix);
+        pl_config *cfg = NULL;
+        CHECK_OK(pl_config_parse_string(y, strlen(y), "t", &cfg));
+        pl_source *s = NULL;
+        int rc = pl__config_open_source(cfg, 0, &s);
+        if (!skip) {
+            CHECK_EQ_I64(rc, PL_ETRUNC);
+            CHECK(strstr(pl_source_errmsg(s), "truncated") != NULL);
+        } else {
+            CHECK_OK(rc);
+            CHECK_EQ_I64(pl_source_num_documents(s), 7);
+            CHECK_EQ_I64(pl_source_num_skipped(s), 3);
+            int64_t t = -1;
+            CHECK_OK(pl_source_read(s, 6, 29, 1, &t, PL_DTYPE_INT64));
+            CHECK_EQ_I64(t, 6 * 30 + 29);
+            pl_planner *p = NULL;
+            CHECK_OK(pl_planner_create(cfg, &s, 1, &p));
+            CHECK_EQ_I64(p->src[0].skipped, 3);
+            for (int step = 0; step < 20; step++) {
+                pl_plan *pl = NULL;
+                CHECK_OK(pl_planner_next(p, &pl));
+                for (int64_t j = 0; pl && j < pl->n_chunks; j++) CHECK(pl->chunks[j].index < 7);
+                pl_plan_free(pl);
+            }
+            pl_planner_free(p);
+        }
+        pl_source_free(s);
+        pl_config_free(cfg);
+    }
+    pl_source_options o = {0};
+    o.version = PL_SOURCE_OPTIONS_VERSION;
+    o.type = PL_SOURCE_MEGATRON;
+    o.path = prefix;
+    pl_source *s = NULL;
+    CHECK_EQ_I64(pl_source_open(&o, &s), PL_ETRUNC); /* the public open refuses */
+    pl_source_free(s);
+}
+
 int main(void) {
     corpus c;
     corpus_make(&c, 64);
@@ -452,6 +504,7 @@ int main(void) {
     test_empty_bin(&c);
     test_many_sources(&c);
     test_config_limits(&c);
+    test_skip_truncated_bin(&c);
     corpus_free(&c);
     TEST_END();
 }
