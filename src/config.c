@@ -1032,6 +1032,18 @@ int pl_config_parse_file(const char *path, pl_config **out) {
     if (!out) return PL_EINVAL;
     *out = NULL;
     if (!path) return PL_EINVAL;
+    /* A file above the size limit is refused before it is read. */
+    struct stat st;
+    if (stat(path, &st) == 0 && S_ISREG(st.st_mode) &&
+        (uint64_t)st.st_size > (uint64_t)PL__CONFIG_MAX_BYTES) {
+        pl_config *cfg = config_new(path);
+        if (!cfg) return PL_ENOMEM;
+        *out = cfg;
+        return cfg_err(cfg, PL_ECONFIG, 0,
+                       "configuration of %lld bytes is above the limit of %zu "
+                       "bytes",
+                       (long long)st.st_size, PL__CONFIG_MAX_BYTES);
+    }
     void *buf = NULL;
     size_t n = 0;
     int e = 0;

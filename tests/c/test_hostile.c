@@ -439,6 +439,19 @@ static void test_config_limits(const corpus *c) {
     CHECK(strstr(pl_config_errmsg(cfg), "above the limit") != NULL);
     pl_config_free(cfg);
     free(z);
+    /* A config file above the limit (sparse, 1 GiB) is refused unread. */
+    char path[600];
+    snprintf(path, sizeof path, "%s/huge.yaml", c->dir);
+    FILE *f = fopen(path, "wb");
+    CHECK(f != NULL);
+    if (f) fclose(f);
+    CHECK(truncate(path, (off_t)1 << 30) == 0);
+    t0 = now_s();
+    CHECK_EQ_I64(pl_config_parse_file(path, &cfg), PL_ECONFIG);
+    CHECK(strstr(pl_config_errmsg(cfg), "above the limit") != NULL);
+    CHECK(now_s() - t0 < 0.5);
+    pl_config_free(cfg);
+    unlink(path);
 }
 
 /* on_error: skip opens a Megatron file whose .bin was truncated without its
