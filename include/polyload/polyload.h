@@ -240,6 +240,11 @@ PL_API int pl_source_get_stats(pl_source *src, pl_source_stats *out);
  * global_batch_size not divisible by dp * micro_batch_size are PL_ECONFIG
  * errors whose message names the key (and the line of the YAML file).
  * Relative source paths are taken relative to the current directory.
+ * Limits of the implementation, also PL_ECONFIG: YAML text above 64 MiB or
+ * nested deeper than 32 mappings/lists (refused before libyaml builds the
+ * document); seq_length, global_batch_size and the world size above 2^24;
+ * train_steps above 2^40, or train_steps * global_batch_size /
+ * micro_batch_size above 2^50 (micro-batch counters never overflow).
  *
  * A pl_config is immutable after parsing except through pl_config_set; it may
  * be shared by several loaders (read-only) from many threads.
