@@ -25,16 +25,19 @@
  * and returns PL_ETRUNC naming the file and offset, and pl_source_read_many
  * reads with pread(2), where a short read is PL_ETRUNC.  A system call per
  * read would cost more than the read (about 300 ns against 40 ns for 256
- * tokens), so a size seen by fstat serves the reads of the next 10 ms
- * (CLOCK_MONOTONIC_COARSE, a few ns): a file that shrinks is reported from
- * then on, and only a read in the 10 ms after the truncation can still
- * fault.  Index files are mapped and not checked on each lookup.
+ * tokens; it halves the loader's tokens/s, bench/README.md), so a size seen
+ * by fstat serves the reads of the next 10 ms (CLOCK_MONOTONIC_COARSE, a
+ * few ns): a file that shrinks is reported from then on, and only a read in
+ * the 10 ms after the truncation can still fault.  Index files (.idx, .plidx) are watched the same way: every
+ * document lookup checks that the index is still as long as it was mapped
+ * (PL_ETRUNC otherwise).
  *
- * Descriptor budget: one per data file, for the life of the handle, while
- * the process holds fewer than half of its RLIMIT_NOFILE soft limit in such
- * descriptors (all sources together).  Beyond that a data file is reopened
- * by path for each read and refused with PL_EIO if it is not the file that
- * was opened (device and inode differ).
+ * Descriptor budget: one per data file and one per index file (not for an
+ * in-memory index), for the life of the handle, while the process holds
+ * fewer than half of its RLIMIT_NOFILE soft limit in such descriptors (all
+ * sources together).  Beyond that a file is reopened by path for each check
+ * or read and refused with PL_EIO if it is not the file that was opened
+ * (device and inode differ).
  */
 #include "source_internal.h"
 
@@ -94,6 +97,11 @@ int pl__map_file(const char *path, void **map, size_t *len, struct stat *st,
 
 /* ------------------------------------------------------------ descriptors */
 
+/* How long a size seen by fstat(2) is trusted (ns; -D to measure). */
+#ifndef PL__FWATCH_TRUST_NS
+#define PL__FWATCH_TRUST_NS 10000000LL
+#endif
+
 static atomic_long pl__fds_kept;  /* data-file descriptors kept, all sources */
 static atomic_long pl__fds_limit; /* 0: not computed yet */
 
@@ -117,40 +125,52 @@ static int pl__fd_take(void) {
     return 0;
 }
 
-void pl__sfile_keep_fd(pl__sfile *f, int fd, const struct stat *st) {
-    f->data_dev = st->st_dev;
-    f->data_ino = st->st_ino;
-    atomic_store(&f->data_fd1, 0);
+void pl__fwatch_keep(pl__fwatch *w, int fd, const struct stat *st) {
+    w->dev = st->st_dev;
+    w->ino = st->st_ino;
+    atomic_store(&w->fd1, 0);
     if (fd < 0) return;
     if (pl__fd_take())
-        atomic_store(&f->data_fd1, fd + 1);
+        atomic_store(&w->fd1, fd + 1);
     else
         close(fd);
 }
 
+static void pl__fwatch_release(pl__fwatch *w) {
+    int k = atomic_exchange(&w->fd1, 0);
+    if (k > 0) {
+        close(k - 1);
+        atomic_fetch_sub(&pl__fds_kept, 1);
+    }
+}
+
+/* The path of f's data file (idx 0) or index file (idx 1). */
+static void pl__file_path(const pl_source *src, const pl__sfile *f, int idx,
+                          char *path, size_t cap) {
+    if (src->type == PL_SOURCE_MEGATRON)
+        pl__fmt(path, cap, "%s.%s", f->path, idx ? "idx" : "bin");
+    else
+        pl__fmt(path, cap, "%s%s", f->path, idx ? ".plidx" : "");
+}
+
 static void pl__data_path(const pl_source *src, const pl__sfile *f, char *path,
                           size_t cap) {
-    if (src->type == PL_SOURCE_MEGATRON)
-        pl__fmt(path, cap, "%s.bin", f->path);
-    else
-        pl__fmt(path, cap, "%s", f->path);
+    pl__file_path(src, f, 0, path, cap);
 }
 
 /*
- * A descriptor of f's data file: the kept one (*owned 0), or, beyond the
+ * A descriptor of a watched file: the kept one (*owned 0), or, beyond the
  * budget, the path opened now and checked to be the file that was mapped
  * (*owned 1: the caller closes it).  PL_EIO with a message otherwise.
  */
-static int pl__data_fd(const pl_source *src, const pl__sfile *f, int *fd,
-                       int *owned, char *err, size_t errcap) {
-    int k = atomic_load(&f->data_fd1);
+static int pl__fwatch_fd(pl__fwatch *w, const char *path, int *fd, int *owned,
+                         char *err, size_t errcap) {
+    int k = atomic_load(&w->fd1);
     *owned = 0;
     if (k > 0) {
         *fd = k - 1;
         return PL_OK;
     }
-    char path[4096];
-    pl__data_path(src, f, path, sizeof path);
     int d = open(path, O_RDONLY | O_CLOEXEC);
     struct stat st;
     if (d < 0 || fstat(d, &st) != 0) {
@@ -161,7 +181,7 @@ static int pl__data_fd(const pl_source *src, const pl__sfile *f, int *fd,
                 path, pl__fd_budget(), strerror(e));
         return PL_EIO;
     }
-    if (st.st_dev != f->data_dev || st.st_ino != f->data_ino) {
+    if (st.st_dev != w->dev || st.st_ino != w->ino) {
         close(d);
         pl__fmt(err, errcap,
                 "%s: replaced since the source was opened (descriptor budget "
@@ -174,12 +194,57 @@ static int pl__data_fd(const pl_source *src, const pl__sfile *f, int *fd,
     return PL_OK;
 }
 
-void pl__sfile_unmap(pl__sfile *f) {
-    int k = atomic_exchange(&f->data_fd1, 0);
-    if (k > 0) {
-        close(k - 1);
-        atomic_fetch_sub(&pl__fds_kept, 1);
+/* The data file's descriptor (see pl__fwatch_fd). */
+static int pl__data_fd(const pl_source *src, const pl__sfile *f, int *fd,
+                       int *owned, char *err, size_t errcap) {
+    char path[4096];
+    pl__data_path(src, f, path, sizeof path);
+    /* The file record is immutable but for its atomics: cast away const. */
+    return pl__fwatch_fd((pl__fwatch *)&f->data_w, path, fd, owned, err, errcap);
+}
+
+/*
+ * Is the watched file (idx: f's index, else its data file) still at least
+ * `end` bytes long?  A size seen by fstat(2) in the last 10 ms is trusted.
+ * PL_OK, or PL_ETRUNC / PL_EIO with a message naming the file; what needed
+ * the bytes is described by `what` (a printf format with one %lld, `arg`).
+ */
+static int pl__fwatch_check(const pl_source *src, const pl__sfile *f, int idx,
+                            int64_t end, const char *what, long long arg,
+                            char *err, size_t errcap) {
+    pl__fwatch *w = (pl__fwatch *)(idx ? &f->idx_w : &f->data_w);
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+    long long now = (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+    if (end <= atomic_load(&w->seen_size) && now < atomic_load(&w->seen_until))
+        return PL_OK;
+    char path[4096];
+    pl__file_path(src, f, idx, path, sizeof path);
+    int fd, owned, rc;
+    if ((rc = pl__fwatch_fd(w, path, &fd, &owned, err, errcap))) return rc;
+    struct stat st;
+    int frc = fstat(fd, &st), e = errno;
+    if (owned) close(fd);
+    if (frc == 0) {
+        atomic_store(&w->seen_size, (long long)st.st_size);
+        atomic_store(&w->seen_until, now + PL__FWATCH_TRUST_NS);
     }
+    if (frc == 0 && (int64_t)st.st_size >= end) return PL_OK;
+    if (frc != 0) {
+        pl__fmt(err, errcap, "%s: cannot stat: %s", path, strerror(e));
+        return PL_EIO;
+    }
+    char need[160];
+    pl__fmt(need, sizeof need, what, arg);
+    pl__fmt(err, errcap,
+            "%s: truncated to %lld bytes since open; %s needs bytes up to %lld",
+            path, (long long)st.st_size, need, (long long)end);
+    return PL_ETRUNC;
+}
+
+void pl__sfile_unmap(pl__sfile *f) {
+    pl__fwatch_release(&f->data_w);
+    pl__fwatch_release(&f->idx_w);
     if (f->data_map) munmap(f->data_map, f->data_len);
     if (f->idx_map) munmap(f->idx_map, f->idx_len);
     f->data_map = NULL;
@@ -554,6 +619,13 @@ static int pl__doc(const pl_source *src, int64_t index,
     }
     const pl__sfile *f = pl__locate(src, index);
     *file = f;
+    /* The index is read through its mapping: it must not have shrunk. */
+    if (f->idx_map && !f->index_in_memory) {
+        int rc = pl__fwatch_check(src, f, 1, (int64_t)f->idx_len,
+                                  "the index lookup of document %lld",
+                                  (long long)index, err, errcap);
+        if (rc) return rc;
+    }
     return pl__file_doc(src, f, index - f->first_doc, tokens, length, err,
                         errcap);
 }
@@ -616,42 +688,6 @@ static const pl__conv_fn pl__conv_table[10][2] = {
     [PL_DTYPE_UINT32] = {pl__conv_u32_i64, pl__conv_u32_i32},
 };
 
-/*
- * The data file of f must still hold bytes [at, end) (offsets in the file)
- * of document `index`: fstat(2) on its descriptor, or a size seen in the
- * last 10 ms.  PL_ETRUNC (or PL_EIO) with a message naming the file.
- */
-static int pl__check_size(const pl_source *src, pl__sfile *f, int64_t index,
-                          int64_t at, int64_t end, char *err, size_t errcap) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
-    long long now = (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
-    if (end <= atomic_load(&f->seen_size) && now < atomic_load(&f->seen_until))
-        return PL_OK;
-    int fd, owned, rc;
-    if ((rc = pl__data_fd(src, f, &fd, &owned, err, errcap))) return rc;
-    struct stat st;
-    int frc = fstat(fd, &st), e = errno;
-    if (owned) close(fd);
-    if (frc == 0) {
-        atomic_store(&f->seen_size, (long long)st.st_size);
-        atomic_store(&f->seen_until, now + 10000000LL);
-    }
-    if (frc == 0 && (int64_t)st.st_size >= end) return PL_OK;
-    char path[4096];
-    pl__data_path(src, f, path, sizeof path);
-    if (frc != 0) {
-        pl__fmt(err, errcap, "%s: cannot stat: %s", path, strerror(e));
-        return PL_EIO;
-    }
-    pl__fmt(err, errcap,
-            "%s: truncated to %lld bytes since open; document %lld needs "
-            "bytes [%lld, %lld)",
-            path, (long long)st.st_size, (long long)index, (long long)at,
-            (long long)end);
-    return PL_ETRUNC;
-}
-
 int pl__source_read(pl_source *src, int64_t index, int64_t offset,
                     int64_t count, void *out, pl_dtype out_dtype, char *err,
                     size_t errcap) {
@@ -684,8 +720,8 @@ int pl__source_read(pl_source *src, int64_t index, int64_t offset,
     int64_t at = (int64_t)(tok - (const uint8_t *)f->data_map) +
                  offset * (int64_t)f->width;
     int64_t end = at + count * (int64_t)f->width;
-    /* The file record is immutable but for its atomics: cast away const. */
-    if ((rc = pl__check_size(src, (pl__sfile *)f, index, at, end, err, errcap)))
+    if ((rc = pl__fwatch_check(src, f, 0, end, "document %lld", (long long)index,
+                               err, errcap)))
         return rc;
     pl__conv_fn fn = pl__conv_table[f->dtype][out_dtype == PL_DTYPE_INT32];
 
@@ -712,6 +748,14 @@ int pl_source_read(pl_source *src, int64_t index, int64_t offset,
 
 /* ------------------------------------------------------------ stats */
 
+/* The index of f, read through its mapping, has not shrunk since open. */
+static int pl__index_intact(const pl_source *src, const pl__sfile *f,
+                            char *err, size_t errcap) {
+    if (!f->idx_map || f->index_in_memory) return PL_OK;
+    return pl__fwatch_check(src, f, 1, (int64_t)f->idx_len, "a scan of %lld documents",
+                            (long long)f->n_docs, err, errcap);
+}
+
 #define PL__HIST_BITS 16
 
 /* The k-th smallest (1-based) document length, by narrowing a histogram:
@@ -729,6 +773,8 @@ static int pl__kth_length(const pl_source *src, int64_t k, int bits,
         memset(hist, 0, nb * sizeof *hist);
         for (int64_t i = 0; i < src->n_files; i++) {
             const pl__sfile *f = &src->files[i];
+            int irc = pl__index_intact(src, f, err, errcap);
+            if (irc) return irc;
             for (int64_t r = 0; r < f->n_docs; r++) {
                 const uint8_t *tok;
                 int64_t len;
@@ -758,6 +804,11 @@ int pl_source_get_stats(pl_source *src, pl_source_stats *out) {
     int64_t maxlen = 0, total = 0;
     for (int64_t i = 0; i < src->n_files; i++) {
         const pl__sfile *f = &src->files[i];
+        int irc = pl__index_intact(src, f, err, sizeof err);
+        if (irc) {
+            pl__set_err(src, err);
+            return irc;
+        }
         for (int64_t r = 0; r < f->n_docs; r++) {
             const uint8_t *tok;
             int64_t len;

@@ -36,6 +36,20 @@
 #define PL__PLIDX_VERSION 1u
 #define PL__PLIDX_HEADER 64
 
+/*
+ * A mapped file watched for shrinking: its descriptor, kept from open time
+ * while the process's budget allows (see source.c), as fd + 1 (0: none
+ * kept), the identity of the file that was mapped, and the size last seen
+ * by fstat(2) with until when (coarse monotonic ns) it is trusted.
+ */
+typedef struct pl__fwatch {
+    atomic_int fd1;
+    dev_t dev;
+    ino_t ino;
+    atomic_llong seen_size;
+    atomic_llong seen_until;
+} pl__fwatch;
+
 typedef struct pl__sfile {
     char *path;       /* megatron: the prefix; llmc/flat: the data file */
     int64_t first_doc; /* global index of local document 0 */
@@ -49,16 +63,8 @@ typedef struct pl__sfile {
     size_t data_len;
     const uint8_t *tokens;
     int64_t token_bytes; /* bytes from tokens to the end of the file */
-    /* The data file's descriptor, kept from open time while the process's
-     * budget allows (see source.c), as fd + 1 (0: none kept), and the
-     * identity of the file that was mapped. */
-    atomic_int data_fd1;
-    dev_t data_dev;
-    ino_t data_ino;
-    /* The data file's size as last seen by fstat(2), and until when (coarse
-     * monotonic ns) reads up to it skip the check. */
-    atomic_llong seen_size;
-    atomic_llong seen_until;
+    pl__fwatch data_w; /* the data file */
+    pl__fwatch idx_w;  /* the .idx or .plidx (not an in-memory index) */
 
     /* Index mapping (.idx, or .plidx / anonymous memory). */
     void *idx_map;
@@ -98,9 +104,9 @@ struct pl_source {
  * fd_out, the descriptor is returned open instead (-1 on error). */
 int pl__map_file(const char *path, void **map, size_t *len, struct stat *st,
                  int *fd_out, char *err, size_t errcap);
-/* Record the identity of f's data file (st, from pl__map_file) and keep its
- * descriptor fd if the budget allows, else close it. */
-void pl__sfile_keep_fd(pl__sfile *f, int fd, const struct stat *st);
+/* Record the identity of a mapped file (st, from pl__map_file or fstat) and
+ * keep its descriptor fd if the budget allows, else close it. */
+void pl__fwatch_keep(pl__fwatch *w, int fd, const struct stat *st);
 
 /* ------------------------------------------------------------ megatron */
 /* Open f->path + ".idx" / ".bin"; checks are O(1) in the document count.

@@ -51,8 +51,10 @@ int pl__megatron_open(pl__sfile *f, int skip_trailing, char *err,
     int rc;
 
     pl__fmt(path, sizeof path, "%s.idx", f->path);
-    rc = pl__map_file(path, &f->idx_map, &f->idx_len, &st, NULL, err, errcap);
+    int ifd = -1;
+    rc = pl__map_file(path, &f->idx_map, &f->idx_len, &st, &ifd, err, errcap);
     if (rc) return rc;
+    pl__fwatch_keep(&f->idx_w, ifd, &st);
     const uint8_t *m = f->idx_map;
     int64_t size = (int64_t)f->idx_len;
 
@@ -140,7 +142,7 @@ int pl__megatron_open(pl__sfile *f, int skip_trailing, char *err,
     int fd = -1;
     rc = pl__map_file(path, &f->data_map, &f->data_len, &st, &fd, err, errcap);
     if (rc) return rc;
-    pl__sfile_keep_fd(f, fd, &st);
+    pl__fwatch_keep(&f->data_w, fd, &st);
     f->tokens = f->data_map;
     f->token_bytes = (int64_t)f->data_len;
 

@@ -209,13 +209,16 @@ PL_API int pl_source_document_length(pl_source *src, int64_t index,
  * has room for `count` elements of `out_dtype` (PL_DTYPE_INT64 or
  * PL_DTYPE_INT32).  Float token files are truncated toward zero.
  * Errors: PL_ERANGE (index, or range past the document), PL_EBOUNDS, PL_EINVAL,
- * PL_ETRUNC (the data file shrank since open: checked with fstat, a size
- * seen within the last 10 ms is trusted) and PL_EIO (beyond the descriptor
- * budget, the file was replaced since open), naming the file and offset.
+ * PL_ETRUNC (the data file or its index shrank since open: checked with
+ * fstat, a size seen within the last 10 ms is trusted) and PL_EIO (beyond
+ * the descriptor budget, the file was replaced since open), naming the file
+ * and offset.  pl_source_document_length and pl_source_get_stats check the
+ * index file the same way.
  *
  * Descriptors: a source keeps one descriptor per data file (.bin, llm.c
- * shard, flat file) from open to pl_source_free, so data files replaced by
- * rename(2) during a run are still read from the files that were opened.
+ * shard, flat file) and one per index file (.idx, .plidx) from open to
+ * pl_source_free, so files replaced by rename(2) during a run are still
+ * read from the files that were opened.
  * All sources of a process together keep at most half of RLIMIT_NOFILE's
  * soft limit (as read at the first open); beyond that a data file is
  * reopened by path per read and refused if it is not the opened file.

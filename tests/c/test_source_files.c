@@ -93,6 +93,7 @@ int main(void) {
         prefix_of(victim, p, sizeof p);
         snprintf(bin, sizeof bin, "%s.bin", p);
         CHECK(truncate(bin, 3000 * 4) == 0); /* keeps document 0 */
+        usleep(20000); /* past the 10 ms a seen size is trusted */
         int64_t *big = calloc(3000, sizeof *big);
         CHECK_OK(pl_source_read(src[victim], 0, 0, 3000, big, PL_DTYPE_INT64));
         CHECK_EQ_I64(big[2999], 1000000 * (victim + 1) + 2999);
@@ -105,5 +106,55 @@ int main(void) {
         free(big);
     }
     for (int s = 0; s < NS; s++) pl_source_free(src[s]);
+
+    /* An index that shrinks after open: the lookups through its mapping
+       give PL_ETRUNC, not SIGBUS (indexes of several pages). */
+    {
+        char p[512], idx[600];
+        snprintf(p, sizeof p, "%s/bigidx", dir);
+        int64_t *lens = calloc(1500, sizeof *lens);
+        for (int i = 0; i < 1500; i++) lens[i] = 2;
+        CHECK(plf_write_megatron(p, PL_DTYPE_INT32, 1500, lens, 0) == 0);
+        free(lens);
+        pl_source_options o = {0};
+        o.version = PL_SOURCE_OPTIONS_VERSION;
+        o.type = PL_SOURCE_MEGATRON;
+        o.path = p;
+        pl_source *m = NULL;
+        CHECK_OK(pl_source_open(&o, &m));
+        int64_t len = 0;
+        CHECK_OK(pl_source_document_length(m, 1400, &len));
+        snprintf(idx, sizeof idx, "%s.idx", p);
+        CHECK(truncate(idx, 4096) == 0);
+        usleep(20000); /* past the 10 ms a seen size is trusted */
+        CHECK_EQ_I64(pl_source_document_length(m, 1400, &len), PL_ETRUNC);
+        CHECK(strstr(pl_source_errmsg(m), idx) != NULL);
+        pl_source_stats st;
+        CHECK_EQ_I64(pl_source_get_stats(m, &st), PL_ETRUNC);
+        pl_source_free(m);
+    }
+    {
+        char f[512], sidecar[600];
+        snprintf(f, sizeof f, "%s/flat.bin", dir);
+        int64_t *tok = calloc(3000, sizeof *tok);
+        for (int i = 0; i < 3000; i++) tok[i] = i % 2 ? 0 : 5; /* 1500 documents */
+        CHECK(plf_write_flat(f, PL_DTYPE_UINT16, tok, 3000) == 0);
+        free(tok);
+        pl_source_options o = {0};
+        o.version = PL_SOURCE_OPTIONS_VERSION;
+        o.type = PL_SOURCE_FLAT;
+        o.path = f;
+        pl_source *fl = NULL;
+        CHECK_OK(pl_source_open(&o, &fl)); /* writes and maps the .plidx */
+        int64_t len = 0;
+        CHECK_OK(pl_source_document_length(fl, 1490, &len));
+        CHECK_EQ_I64(len, 2);
+        snprintf(sidecar, sizeof sidecar, "%s.plidx", f);
+        CHECK(truncate(sidecar, 4096) == 0);
+        usleep(20000);
+        CHECK_EQ_I64(pl_source_document_length(fl, 1490, &len), PL_ETRUNC);
+        CHECK(strstr(pl_source_errmsg(fl), sidecar) != NULL);
+        pl_source_free(fl);
+    }
     TEST_END();
 }
