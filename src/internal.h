@@ -154,6 +154,15 @@ int pl__source_length(pl_source *src, int64_t index, int64_t *length,
 int pl__source_read(pl_source *src, int64_t index, int64_t offset,
                     int64_t count, void *out, pl_dtype out_dtype, char *err,
                     size_t errcap);
+/*
+ * pl__source_length without the check that the index file has not shrunk
+ * (about 10-15 ns of a lookup that is a cache miss); for the planner, which
+ * checks its sources' indexes once per step with pl__source_check_index
+ * (PL_ETRUNC naming the file, or PL_EIO).
+ */
+int pl__source_length_unchecked(pl_source *src, int64_t index,
+                                int64_t *length, char *err, size_t errcap);
+int pl__source_check_index(pl_source *src, char *err, size_t errcap);
 
 /* ------------------------------------------------------------ shuffle */
 /* Keyed bijection on [0, n) (Feistel network with cycle walking). */

@@ -184,7 +184,8 @@ static int pl__next_document(pl_planner *p, int64_t i) {
         s->since_yield++;
         int64_t len = 0;
         char err[PL__ERRMSG_CAP];
-        int rc = pl__source_length(p->sources[i], idx, &len, err, sizeof err);
+        int rc = pl__source_length_unchecked(p->sources[i], idx, &len, err,
+                                             sizeof err);
         if (rc < 0) {
             if (p->cfg->on_error == PL__ONERR_SKIP && rc != PL_ENOMEM) {
                 s->skipped++;
@@ -408,6 +409,18 @@ int pl_planner_next(pl_planner *p, pl_plan **out) {
     *out = NULL;
     if (p->failed) return p->failed;
     pl__config_weights(p->cfg, p->step, p->weights);
+    /* The indexes the draws read through their mappings must not have
+       shrunk (once per step; the lookups themselves are not checked). */
+    for (int64_t i = 0; i < p->n_sources; i++) {
+        if (!(p->weights[i] > 0)) continue;
+        char err[PL__ERRMSG_CAP];
+        int rc = pl__source_check_index(p->sources[i], err, sizeof err);
+        if (rc) {
+            pl__fmt(p->errmsg, sizeof p->errmsg, "source '%s': %s",
+                    p->cfg->sources[i].name, err);
+            return p->failed = rc;
+        }
+    }
     pl__planner_draw_begin(p);
     int rc = pl__pack_step(p, out);
     pl__planner_draw_end(p);

@@ -209,15 +209,18 @@ static int pl__data_fd(const pl_source *src, const pl__sfile *f, int *fd,
  * PL_OK, or PL_ETRUNC / PL_EIO with a message naming the file; what needed
  * the bytes is described by `what` (a printf format with one %lld, `arg`).
  */
-static int pl__fwatch_check(const pl_source *src, const pl__sfile *f, int idx,
-                            int64_t end, const char *what, long long arg,
-                            char *err, size_t errcap) {
-    pl__fwatch *w = (pl__fwatch *)(idx ? &f->idx_w : &f->data_w);
+static long long pl__coarse_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
-    long long now = (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
-    if (end <= atomic_load(&w->seen_size) && now < atomic_load(&w->seen_until))
-        return PL_OK;
+    return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+/* The slow path of pl__fwatch_check: fstat, and the message. */
+__attribute__((noinline)) static int
+pl__fwatch_stat(const pl_source *src, const pl__sfile *f, int idx, int64_t end,
+                const char *what, long long arg, long long now, char *err,
+                size_t errcap) {
+    pl__fwatch *w = (pl__fwatch *)(idx ? &f->idx_w : &f->data_w);
     char path[4096];
     pl__file_path(src, f, idx, path, sizeof path);
     int fd, owned, rc;
@@ -240,6 +243,17 @@ static int pl__fwatch_check(const pl_source *src, const pl__sfile *f, int idx,
             "%s: truncated to %lld bytes since open; %s needs bytes up to %lld",
             path, (long long)st.st_size, need, (long long)end);
     return PL_ETRUNC;
+}
+
+static inline int pl__fwatch_check(const pl_source *src, const pl__sfile *f,
+                                   int idx, int64_t end, const char *what,
+                                   long long arg, char *err, size_t errcap) {
+    const pl__fwatch *w = idx ? &f->idx_w : &f->data_w;
+    long long now = pl__coarse_now();
+    if (end <= atomic_load(&((pl__fwatch *)w)->seen_size) &&
+        now < atomic_load(&((pl__fwatch *)w)->seen_until))
+        return PL_OK;
+    return pl__fwatch_stat(src, f, idx, end, what, arg, now, err, errcap);
 }
 
 void pl__sfile_unmap(pl__sfile *f) {
@@ -607,9 +621,9 @@ static int pl__file_doc(const pl_source *src, const pl__sfile *f, int64_t r,
     return pl__tokens_doc(f, r, tokens, length, err, errcap);
 }
 
-static int pl__doc(const pl_source *src, int64_t index,
-                   const pl__sfile **file, const uint8_t **tokens,
-                   int64_t *length, char *err, size_t errcap) {
+static int pl__doc_ex(const pl_source *src, int64_t index, int check_index,
+                      const pl__sfile **file, const uint8_t **tokens,
+                      int64_t *length, char *err, size_t errcap) {
     if (index < 0 || index >= src->n_docs) {
         pl__fmt(err, errcap,
                 "source %s: document index %lld out of range [0, %lld)",
@@ -620,7 +634,7 @@ static int pl__doc(const pl_source *src, int64_t index,
     const pl__sfile *f = pl__locate(src, index);
     *file = f;
     /* The index is read through its mapping: it must not have shrunk. */
-    if (f->idx_map && !f->index_in_memory) {
+    if (check_index && f->idx_map && !f->index_in_memory) {
         int rc = pl__fwatch_check(src, f, 1, (int64_t)f->idx_len,
                                   "the index lookup of document %lld",
                                   (long long)index, err, errcap);
@@ -628,6 +642,19 @@ static int pl__doc(const pl_source *src, int64_t index,
     }
     return pl__file_doc(src, f, index - f->first_doc, tokens, length, err,
                         errcap);
+}
+
+static int pl__doc(const pl_source *src, int64_t index,
+                   const pl__sfile **file, const uint8_t **tokens,
+                   int64_t *length, char *err, size_t errcap) {
+    return pl__doc_ex(src, index, 1, file, tokens, length, err, errcap);
+}
+
+int pl__source_length_unchecked(pl_source *src, int64_t index,
+                                int64_t *length, char *err, size_t errcap) {
+    const pl__sfile *f;
+    const uint8_t *tok;
+    return pl__doc_ex(src, index, 0, &f, &tok, length, err, errcap);
 }
 
 int pl__source_length(pl_source *src, int64_t index, int64_t *length,
@@ -754,6 +781,14 @@ static int pl__index_intact(const pl_source *src, const pl__sfile *f,
     if (!f->idx_map || f->index_in_memory) return PL_OK;
     return pl__fwatch_check(src, f, 1, (int64_t)f->idx_len, "a scan of %lld documents",
                             (long long)f->n_docs, err, errcap);
+}
+
+int pl__source_check_index(pl_source *src, char *err, size_t errcap) {
+    for (int64_t i = 0; i < src->n_files; i++) {
+        int rc = pl__index_intact(src, &src->files[i], err, errcap);
+        if (rc) return rc;
+    }
+    return PL_OK;
 }
 
 #define PL__HIST_BITS 16

@@ -133,6 +133,36 @@ int main(void) {
         CHECK_EQ_I64(pl_source_get_stats(m, &st), PL_ETRUNC);
         pl_source_free(m);
     }
+    /* The planner checks its sources' indexes once per step. */
+    {
+        char p[512], idx[600], y[1024];
+        snprintf(p, sizeof p, "%s/planidx", dir);
+        int64_t *lens = calloc(1500, sizeof *lens);
+        for (int i = 0; i < 1500; i++) lens[i] = 1 + i % 50;
+        CHECK(plf_write_megatron(p, PL_DTYPE_INT32, 1500, lens, 0) == 0);
+        free(lens);
+        snprintf(y, sizeof y,
+                 "seq_length: 64\nglobal_batch_size: 4\nmicro_batch_size: 1\n"
+                 "sources:\n  - {name: a, type: megatron, path: %s}\n", p);
+        pl_config *cfg = NULL;
+        CHECK_OK(pl_config_parse_string(y, strlen(y), "t", &cfg));
+        pl_source *a = NULL;
+        CHECK_OK(pl_config_open_source(cfg, 0, &a));
+        pl_planner *pp = NULL;
+        CHECK_OK(pl_planner_create(cfg, &a, 1, &pp));
+        pl_plan *pl = NULL;
+        CHECK_OK(pl_planner_next(pp, &pl));
+        pl_plan_free(pl);
+        snprintf(idx, sizeof idx, "%s.idx", p);
+        CHECK(truncate(idx, 4096) == 0);
+        usleep(20000);
+        pl = NULL;
+        CHECK_EQ_I64(pl_planner_next(pp, &pl), PL_ETRUNC);
+        CHECK(strstr(pl_planner_errmsg(pp), idx) != NULL);
+        pl_planner_free(pp);
+        pl_source_free(a);
+        pl_config_free(cfg);
+    }
     {
         char f[512], sidecar[600];
         snprintf(f, sizeof f, "%s/flat.bin", dir);
