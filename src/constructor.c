@@ -384,6 +384,7 @@ static int pl__check_rows(const pl_plan *plan, int64_t dp_rank, int64_t mb,
     const int64_t rows = plan->micro_batch_size, n = plan->n_sequences;
     if (rows <= 0 || n <= 0 || plan->n_chunks < 0 || !plan->rank_sequences ||
         !plan->seq_offsets || (plan->n_chunks > 0 && !plan->chunks) ||
+        plan->seq_length <= 0 || plan->seq_length > PL__MAX_SEQ_LENGTH ||
         plan->micro_batches_per_rank > n / plan->dp / rows) {
         pl__fmt(err, errcap,
                 "plan: %lld sequences, %lld chunks do not hold dp %lld x "
@@ -404,6 +405,17 @@ static int pl__check_rows(const pl_plan *plan, int64_t dp_rank, int64_t mb,
                     (long long)row, (long long)mb, (long long)dp_rank,
                     (long long)q, (long long)plan->n_chunks);
             return PL_EINVAL;
+        }
+        /* Lengths bounded, so counts (length + 1) and sums cannot overflow. */
+        for (int64_t j = plan->seq_offsets[q]; j < plan->seq_offsets[q + 1]; j++) {
+            int64_t len = plan->chunks[j].length;
+            if (len <= 0 || len > plan->seq_length) {
+                pl__fmt(err, errcap,
+                        "plan: chunk %lld has length %lld, outside [1, "
+                        "seq_length %lld]",
+                        (long long)j, (long long)len, (long long)plan->seq_length);
+                return PL_EINVAL;
+            }
         }
     }
     return PL_OK;

@@ -319,7 +319,15 @@ static void test_hand_built_plan(const corpus *c) {
        the padded sum */
     chunks[1].length = INT64_MAX - 1;
     CHECK_EQ_I64(pl_constructor_build(k, &plan, 0, 1, pay, plen, 1, &out), PL_EINVAL);
+    /* ... and pl_plan_reads would compute count = length + 1 from it */
+    chunks[1].length = INT64_MAX;
+    CHECK_EQ_I64(pl_plan_reads(&plan, 0, 1, NULL, 0, &nr), PL_EINVAL);
+    plan.seq_length = INT64_MAX;
+    CHECK_EQ_I64(pl_plan_reads(&plan, 0, 1, NULL, 0, &nr), PL_EINVAL);
+    plan.seq_length = 64;
     chunks[1].length = 2;
+    CHECK_OK(pl_plan_reads(&plan, 0, 1, NULL, 0, &nr));
+    CHECK_EQ_I64(nr, 1);
     /* NULL payloads with a count: refused before a buffer is taken from the
        pool (the ASan build's leak check fails if a buffer leaks) */
     CHECK_EQ_I64(pl_constructor_build(k, &plan, 0, 1, NULL, NULL, 1, &out), PL_EINVAL);
