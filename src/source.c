@@ -102,7 +102,7 @@ int pl__map_file(const char *path, void **map, size_t *len, struct stat *st,
 #define PL__FWATCH_TRUST_NS 10000000LL
 #endif
 
-static atomic_long pl__fds_kept;  /* data-file descriptors kept, all sources */
+static atomic_long pl__fds_kept;  /* descriptors kept (data and index files) */
 static atomic_long pl__fds_limit; /* 0: not computed yet */
 
 static long pl__fd_budget(void) {
