@@ -40,7 +40,7 @@ PACKAGE_INPUTS := pyproject.toml CMakeLists.txt \
 DEMO_CONFIG := examples/pretrain_mix.yaml
 
 .PHONY: help demo test deps venv install build build-asan test-c test-asan test-python \
-        corpus clean distclean
+        corpus clean distclean fuzz
 
 help:
 	@echo "make demo   set up, build the demo corpus, run $(DEMO_CONFIG)"
@@ -52,6 +52,11 @@ demo: build corpus
 	$(VPY) examples/train_gpt.py --steps 20
 
 test: test-c test-asan test-python
+
+# libFuzzer targets (clang): every target for FUZZ_SECONDS (docs/fuzzing.md).
+FUZZ_SECONDS ?= 60
+fuzz: venv
+	tests/fuzz/run.sh $(FUZZ_SECONDS)
 
 # ------------------------------------------------------------------------ set-up
 
@@ -117,7 +122,7 @@ corpus: install
 # ------------------------------------------------------------------------- clean
 
 clean:
-	rm -rf build build-asan build-py $(STAMPS)/polyload
+	rm -rf build build-asan build-py build-fuzz $(STAMPS)/polyload
 
 distclean: clean
 	rm -rf $(VENV) data

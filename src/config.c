@@ -451,7 +451,7 @@ static int validate(pl_config *cfg, const vlines *ln) {
         return cfg_err(cfg, PL_ECONFIG, ln->sources,
                        "weights of sources sum to infinity");
     /* Limits of the implementation, so that sizes never overflow. */
-    const int64_t lim = (int64_t)1 << 24;
+    const int64_t lim = PL__MAX_SEQ_LENGTH;
     if (cfg->seq_length > lim)
         return cfg_err(cfg, PL_ECONFIG, ln->seq_length,
                        "seq_length %" PRId64 " is above the limit %" PRId64,
@@ -480,6 +480,15 @@ static int validate(pl_config *cfg, const vlines *ln) {
                        "train_steps %" PRId64 " is above the limit 2^40 "
                        "(leave it out for an endless run)",
                        cfg->train_steps);
+    /* Micro-batch cursors are step * micro-batches per rank; bound them for
+       any dp (dp = 1 has the most micro-batches per rank). */
+    const int64_t mb_per_step = cfg->global_batch_size / cfg->micro_batch_size;
+    if (cfg->train_steps > PL__MAX_MICRO_BATCHES / mb_per_step)
+        return cfg_err(cfg, PL_ECONFIG, 0,
+                       "train_steps %" PRId64 " * %" PRId64
+                       " micro-batches per step (global_batch_size / "
+                       "micro_batch_size) is above the limit 2^50",
+                       cfg->train_steps, mb_per_step);
     for (int64_t i = 0; i < cfg->n_sources; i++) {
         const pl__source_cfg *sc = &cfg->sources[i];
         int64_t max_tok = sc->type == PL_SOURCE_FLAT &&
@@ -560,6 +569,7 @@ typedef struct walk {
     vlines ln;
     int weight_line;   /* line of the first explicit sources[i].weight */
     int64_t weight_of; /* ... and its source */
+    pl__names names; /* source names -> index (walk_sources) */
 } walk;
 
 static int line_of(const yaml_node_t *n) {
@@ -781,10 +791,10 @@ static int walk_source(walk *w, int64_t i, yaml_node_t *map) {
     if (!s->path)
         return cfg_err(cfg, PL_ECONFIG, line, "%s (%s): missing key 'path'",
                        what, s->name);
-    for (int64_t j = 0; j < i; j++)
-        if (strcmp(cfg->sources[j].name, s->name) == 0)
-            return cfg_err(cfg, PL_ECONFIG, line,
-                           "%s: duplicate source name '%s'", what, s->name);
+    /* Duplicates through the name index: O(1) per source, not a scan. */
+    if (pl__names_put(&w->names, s->name, strlen(s->name), i) != -1)
+        return cfg_err(cfg, PL_ECONFIG, line,
+                       "%s: duplicate source name '%s'", what, s->name);
     if (s->token_dtype && s->type != PL_SOURCE_FLAT)
         return cfg_err(cfg, PL_ECONFIG, line_tdtype,
                        "%s.token_dtype applies only to flat sources "
@@ -813,7 +823,8 @@ static int walk_sources(walk *w, yaml_node_t *seq) {
         return cfg_err(cfg, PL_ECONFIG, line_of(seq),
                        "sources: at least one source is required");
     cfg->sources = pl__calloc(n, sizeof *cfg->sources);
-    if (!cfg->sources) return cfg_err(cfg, PL_ENOMEM, 0, "out of memory");
+    if (!cfg->sources || pl__names_init(&w->names, (int64_t)n) != PL_OK)
+        return cfg_err(cfg, PL_ENOMEM, 0, "out of memory");
     for (size_t i = 0; i < n; i++) {
         cfg->n_sources = (int64_t)i + 1;
         int rc = walk_source(w, (int64_t)i, node(w, b[i]));
@@ -822,10 +833,8 @@ static int walk_sources(walk *w, yaml_node_t *seq) {
     return PL_OK;
 }
 
-static int64_t source_index(const pl_config *cfg, const char *name) {
-    for (int64_t i = 0; i < cfg->n_sources; i++)
-        if (strcmp(cfg->sources[i].name, name) == 0) return i;
-    return -1;
+static int64_t source_index(const walk *w, const char *name) {
+    return pl__names_get(&w->names, name, strlen(name));
 }
 
 /* Warnings of schedule point k: sources it leaves out (weight 0 there) and
@@ -838,7 +847,7 @@ static int point_warnings(walk *w, int64_t k, yaml_node_t *wmap, double sum,
     if (!named) return cfg_err(cfg, PL_ENOMEM, 0, "out of memory");
     for (yaml_node_pair_t *q = wmap->data.mapping.pairs.start;
          q < wmap->data.mapping.pairs.top; q++)
-        named[source_index(cfg, key_str(w, q))] = 1; /* names were checked */
+        named[source_index(w, key_str(w, q))] = 1; /* names were checked */
     char list[256] = "";
     size_t used = 0;
     int64_t omitted = 0;
@@ -936,7 +945,7 @@ static int walk_point(walk *w, int64_t k, yaml_node_t *map) {
             for (yaml_node_pair_t *q = vn->data.mapping.pairs.start;
                  q < vn->data.mapping.pairs.top; q++) {
                 const char *sname = key_str(w, q);
-                int64_t si = source_index(cfg, sname);
+                int64_t si = source_index(w, sname);
                 if (si < 0)
                     return cfg_err(cfg, PL_ECONFIG, line_of(node(w, q->key)),
                                    "%s: unknown source '%s'", key, sname);
@@ -1071,6 +1080,46 @@ static int walk_root(walk *w) {
     return config_warnings(w);
 }
 
+/*
+ * Limits on the YAML text, checked before libyaml builds a document: a config
+ * is never this large or deep, and libyaml's time grows faster than linearly
+ * with nesting (100k nested mappings take a minute).
+ */
+#define PL__CONFIG_MAX_BYTES ((size_t)64 << 20)
+#define PL__CONFIG_MAX_DEPTH 32
+
+/* A pass over libyaml's events that refuses nesting deeper than the limit.
+ * Syntax errors are left to the loader, which reports them. */
+static int check_depth(pl_config *cfg, const char *yaml, size_t len) {
+    yaml_parser_t parser;
+    if (!yaml_parser_initialize(&parser))
+        return cfg_err(cfg, PL_ENOMEM, 0, "out of memory (libyaml)");
+    yaml_parser_set_input_string(&parser, (const unsigned char *)yaml, len);
+    int rc = PL_OK, depth = 0;
+    for (;;) {
+        yaml_event_t ev;
+        if (!yaml_parser_parse(&parser, &ev)) break;
+        yaml_event_type_t t = ev.type;
+        int line = (int)ev.start_mark.line + 1;
+        yaml_event_delete(&ev);
+        if (t == YAML_SEQUENCE_START_EVENT || t == YAML_MAPPING_START_EVENT) {
+            if (++depth > PL__CONFIG_MAX_DEPTH) {
+                rc = cfg_err(cfg, PL_ECONFIG, line,
+                             "YAML nesting deeper than the limit of %d "
+                             "mappings and lists",
+                             PL__CONFIG_MAX_DEPTH);
+                break;
+            }
+        } else if (t == YAML_SEQUENCE_END_EVENT || t == YAML_MAPPING_END_EVENT) {
+            depth--;
+        } else if (t == YAML_STREAM_END_EVENT) {
+            break;
+        }
+    }
+    yaml_parser_delete(&parser);
+    return rc;
+}
+
 int pl_config_parse_string(const char *yaml, size_t len, const char *origin,
                            pl_config **out) {
     if (!out) return PL_EINVAL;
@@ -1079,6 +1128,13 @@ int pl_config_parse_string(const char *yaml, size_t len, const char *origin,
     if (!cfg) return PL_ENOMEM;
     *out = cfg;
     if (!yaml) return cfg_err(cfg, PL_EINVAL, 0, "no YAML text");
+    if (len > PL__CONFIG_MAX_BYTES)
+        return cfg_err(cfg, PL_ECONFIG, 0,
+                       "configuration of %zu bytes is above the limit of %zu "
+                       "bytes",
+                       len, PL__CONFIG_MAX_BYTES);
+    int drc = check_depth(cfg, yaml, len);
+    if (drc != PL_OK) return drc;
 
     yaml_parser_t parser;
     yaml_document_t doc;
@@ -1101,6 +1157,7 @@ int pl_config_parse_string(const char *yaml, size_t len, const char *origin,
     w.cfg = cfg;
     w.doc = &doc;
     int rc = walk_root(&w);
+    pl__names_free(&w.names);
     yaml_document_delete(&doc);
     if (rc == PL_OK) { /* one document per config: a second is a mistake */
         yaml_document_t more;
@@ -1124,6 +1181,18 @@ int pl_config_parse_file(const char *path, pl_config **out) {
     if (!out) return PL_EINVAL;
     *out = NULL;
     if (!path) return PL_EINVAL;
+    /* A file above the size limit is refused before it is read. */
+    struct stat st;
+    if (stat(path, &st) == 0 && S_ISREG(st.st_mode) &&
+        (uint64_t)st.st_size > (uint64_t)PL__CONFIG_MAX_BYTES) {
+        pl_config *cfg = config_new(path);
+        if (!cfg) return PL_ENOMEM;
+        *out = cfg;
+        return cfg_err(cfg, PL_ECONFIG, 0,
+                       "configuration of %lld bytes is above the limit of %zu "
+                       "bytes",
+                       (long long)st.st_size, PL__CONFIG_MAX_BYTES);
+    }
     void *buf = NULL;
     size_t n = 0;
     int e = 0;
@@ -1416,7 +1485,7 @@ int pl__config_open_source(const pl_config *cfg, int64_t i, pl_source **out) {
     o.token_dtype = s->token_dtype;
     o.eos_id = s->eos_id;
     o.write_index = 0;
-    int rc = pl_source_open(&o, out);
+    int rc = pl__source_open(&o, cfg->on_error == PL__ONERR_SKIP, out);
     if (rc == PL_ENOENT && *out && !path_exists(s->type, s->path)) {
         /* A path that matches nothing is the config's mistake: say which. */
         char msg[PL__ERRMSG_CAP], at[600];

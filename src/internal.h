@@ -34,7 +34,39 @@ uint64_t pl__hash64(const void *data, size_t len, uint64_t seed);
 /* CRC-32 (zlib's, IEEE polynomial). */
 uint32_t pl__crc32(uint32_t crc, const void *data, size_t len);
 
+/*
+ * An index of borrowed strings by content (names.c): O(1) lookups of source
+ * names.  Init with the number of names it will hold; the strings must
+ * outlive it.
+ */
+typedef struct pl__name_slot {
+    const char *s; /* NULL: empty */
+    size_t n;
+    uint64_t hash;
+    int64_t value;
+} pl__name_slot;
+typedef struct pl__names {
+    pl__name_slot *slot;
+    uint64_t mask, used;
+} pl__names;
+int pl__names_init(pl__names *x, int64_t n);
+void pl__names_free(pl__names *x);
+/* The value stored for (s, n), or -1. */
+int64_t pl__names_get(const pl__names *x, const char *s, size_t n);
+/* Store (s, n) -> value unless present: -1 when stored, the earlier value
+ * when the name is already there, -2 when the index is full. */
+int64_t pl__names_put(pl__names *x, const char *s, size_t n, int64_t value);
+
 /* ------------------------------------------------------------ config */
+/* The most micro-batches a run may count (per rank, at any dp): steps times
+ * micro-batches per step stay far from overflow (config and state check). */
+#define PL__MAX_MICRO_BATCHES ((int64_t)1 << 50)
+/* The config's limit on seq_length, global_batch_size and the world size;
+ * decoded plans are held to it too, so their sums cannot overflow. */
+#define PL__MAX_SEQ_LENGTH ((int64_t)1 << 24)
+/* No document offset in tokens is larger (offset + length stays an int64). */
+#define PL__MAX_TOKEN_OFFSET ((int64_t)1 << 62)
+
 enum { PL__LONGDOC_SPLIT = 0, PL__LONGDOC_TRUNCATE = 1 };
 enum { PL__PACK_BEST_FIT = 0, PL__PACK_CONCAT_CHUNK = 1 };
 enum { PL__BALANCE_NONE = 0, PL__BALANCE_GREEDY = 1, PL__BALANCE_KK = 2 };
@@ -116,6 +148,11 @@ int pl__topology_parse_order(const char *order, int *axes, int *n_axes,
                              char *err, size_t errcap);
 
 /* ------------------------------------------------------------ sources */
+/* pl_source_open, with on_error: skip applied to damage found at open
+ * (skip_damaged 1: a Megatron file's trailing records that point past its
+ * .bin are left out and counted, pl_source_num_skipped). */
+int pl__source_open(const pl_source_options *opts, int skip_damaged,
+                    pl_source **out);
 /*
  * Thread-safe variants of pl_source_document_length / pl_source_read that
  * write an error message into the caller's buffer instead of the handle.
@@ -134,6 +171,15 @@ int pl__source_length(pl_source *src, int64_t index, int64_t *length,
 int pl__source_read(pl_source *src, int64_t index, int64_t offset,
                     int64_t count, void *out, pl_dtype out_dtype, char *err,
                     size_t errcap);
+/*
+ * pl__source_length without the check that the index file has not shrunk
+ * (about 10-15 ns of a lookup that is a cache miss); for the planner, which
+ * checks its sources' indexes once per step with pl__source_check_index
+ * (PL_ETRUNC naming the file, or PL_EIO).
+ */
+int pl__source_length_unchecked(pl_source *src, int64_t index,
+                                int64_t *length, char *err, size_t errcap);
+int pl__source_check_index(pl_source *src, char *err, size_t errcap);
 
 /* ------------------------------------------------------------ shuffle */
 /* Keyed bijection on [0, n) (Feistel network with cycle walking). */

@@ -83,7 +83,9 @@ int pl_plan_decode(const void *buf, size_t len, pl_plan **out) {
     hdr.tokens = f[8];
     if (hdr.dp <= 0 || hdr.n_sequences <= 0 || hdr.n_chunks < 0 ||
         hdr.micro_batch_size <= 0 || hdr.micro_batches_per_rank <= 0 ||
-        hdr.seq_length <= 0 || hdr.n_sequences % hdr.dp != 0 ||
+        hdr.seq_length <= 0 || hdr.seq_length > PL__MAX_SEQ_LENGTH ||
+        hdr.dp > PL__MAX_SEQ_LENGTH || hdr.micro_batch_size > PL__MAX_SEQ_LENGTH ||
+        hdr.n_sequences % hdr.dp != 0 ||
         hdr.n_sequences / hdr.dp % hdr.micro_batch_size != 0 ||
         hdr.n_sequences / hdr.dp / hdr.micro_batch_size != hdr.micro_batches_per_rank ||
         hdr.n_chunks > (int64_t)(len / sizeof(pl_chunk)) ||
@@ -126,11 +128,12 @@ int pl_plan_decode(const void *buf, size_t len, pl_plan **out) {
     for (int64_t j = 0; ok && j < hdr.n_chunks; j++)
         ok = m->chunks[j].source >= 0 && m->chunks[j].length > 0 &&
              m->chunks[j].length <= hdr.seq_length && m->chunks[j].offset >= 0 &&
-             m->chunks[j].index >= 0;
+             m->chunks[j].offset <= PL__MAX_TOKEN_OFFSET && m->chunks[j].index >= 0;
     for (size_t q = 0; ok && q < n; q++) { /* a sequence fits its row */
         int64_t t = 0;
-        for (int64_t j = m->seq_offsets[q]; j < m->seq_offsets[q + 1]; j++)
-            t += m->chunks[j].length;
+        for (int64_t j = m->seq_offsets[q];
+             j < m->seq_offsets[q + 1] && t <= hdr.seq_length; j++)
+            t += m->chunks[j].length; /* each <= seq_length: no overflow */
         ok = t <= hdr.seq_length;
     }
     if (!ok) {

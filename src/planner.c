@@ -10,6 +10,22 @@
  * lowest index.  Drawing whole chunks (not documents) keeps |drawn - target|
  * within about one chunk at every step boundary.
  *
+ * The draw.  Each draw raises every target by its own rounded product
+ * w_k * L, in double precision, and those values are the state (SPEC
+ * section 4) and break near-ties, so the plans are a function of that exact
+ * sequence of floating-point operations.  Keeping them exact rules out a
+ * heap or tournament over the deficits (each source's deficit moves at its
+ * own rate and accumulates its own rounding; a closed form w_k * T would
+ * round differently and change plans), so a draw stays linear in the
+ * sources of positive weight, made cheap instead: zero-weight sources are
+ * left out for the step (adding w * L = +0 changes nothing, applied once at
+ * the end), the weights, targets and drawn tokens of the others sit in
+ * contiguous arrays, and one vectorized pass both adds the previous draw's
+ * increments and finds the largest deficit, a second finds its first index.
+ * The operations per source and draw are those of the two-scan loop it
+ * replaced (t = t + w * L, then t - drawn), in the same order, so plans and
+ * states are bit for bit the same (tests/c/test_planner_draw.c).
+ *
  * Chunking.  A source keeps the document it is in the middle of; a document
  * longer than max_chunk yields several chunks in a row (long_documents:
  * split) or one (truncate).  Documents are taken from the source's keyed
@@ -18,8 +34,16 @@
  */
 #include "planner_internal.h"
 
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#if defined(__SSE2__)
+#include <emmintrin.h>
+#endif
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+#include <immintrin.h>
+#define PL__DRAW_AVX 1
+#endif
 
 int pl__chunks_push(pl__chunks *c, const pl_chunk *ch) {
     if (c->n == c->cap) {
@@ -79,7 +103,12 @@ int pl_planner_create(const pl_config *cfg, pl_source *const *sources,
     p->src = pl__calloc((size_t)n_sources, sizeof *p->src);
     p->perm = pl__calloc((size_t)n_sources, sizeof *p->perm);
     p->weights = pl__calloc((size_t)n_sources, sizeof *p->weights);
-    if (!p->cfg || !p->num_docs || !p->src || !p->perm || !p->weights) {
+    p->act = pl__calloc((size_t)n_sources, sizeof *p->act);
+    p->act_w = pl__calloc((size_t)n_sources, sizeof *p->act_w);
+    p->act_t = pl__calloc((size_t)n_sources, sizeof *p->act_t);
+    p->act_d = pl__calloc((size_t)n_sources, sizeof *p->act_d);
+    if (!p->cfg || !p->num_docs || !p->src || !p->perm || !p->weights ||
+        !p->act || !p->act_w || !p->act_t || !p->act_d) {
         pl__fmt(p->errmsg, sizeof p->errmsg, "planner: out of memory");
         return p->failed = PL_ENOMEM;
     }
@@ -95,6 +124,8 @@ int pl_planner_create(const pl_config *cfg, pl_source *const *sources,
     for (int64_t i = 0; i < n_sources; i++) {
         p->num_docs[i] = pl_source_num_documents(sources[i]);
         p->src[i].cur_index = -1;
+        /* Records left out at open count as skipped (on_error: skip). */
+        p->src[i].skipped = pl_source_num_skipped(sources[i]);
         pl__planner_perm(p, i);
         int used = c->has_schedule ? 0 : c->sources[i].weight > 0;
         for (int64_t k = 0; k < c->n_points && !used; k++)
@@ -115,6 +146,10 @@ void pl_planner_free(pl_planner *p) {
     pl__chunks_free(&p->carry);
     pl__chunks_free(&p->items);
     free(p->weights);
+    free(p->act);
+    free(p->act_w);
+    free(p->act_t);
+    free(p->act_d);
     free(p->perm);
     free(p->src);
     free(p->num_docs);
@@ -158,7 +193,8 @@ static int pl__next_document(pl_planner *p, int64_t i) {
         }
         int64_t len = 0;
         char err[PL__ERRMSG_CAP];
-        int rc = pl__source_length(p->sources[i], idx, &len, err, sizeof err);
+        int rc = pl__source_length_unchecked(p->sources[i], idx, &len, err,
+                                             sizeof err);
         if (rc < 0) {
             if (p->cfg->on_error == PL__ONERR_SKIP && rc != PL_ENOMEM) {
                 s->skipped++;
@@ -178,6 +214,167 @@ static int pl__next_document(pl_planner *p, int64_t i) {
     return PL_OK;
 }
 
+void pl__planner_draw_begin(pl_planner *p) {
+    int64_t k = 0;
+    int exotic = 0;
+    for (int64_t i = 0; i < p->n_sources; i++) {
+        double w = p->weights[i];
+        if (w <= 0) continue; /* as the two-scan loop skipped them */
+        p->act[k] = i;
+        p->act_w[k] = w;
+        p->act_t[k] = p->src[i].target_tokens;
+        p->act_d[k] = (double)p->src[i].drawn_tokens;
+        exotic |= !isfinite(w) || !isfinite(p->act_t[k]);
+        k++;
+    }
+    p->n_act = k;
+    p->pending = 0;
+    p->drew = 0;
+    p->exotic = exotic;
+    p->has_caps = 0;
+    for (int64_t i = 0; i < p->n_sources; i++)
+        if (p->cfg->sources[i].max_epochs > 0) p->has_caps = 1;
+}
+
+/* Add the pending draw's increments to every target (t = t + w * L). */
+static void pl__draw_flush_all(pl_planner *p, double take) {
+    for (int64_t k = 0; k < p->n_act; k++) {
+        double inc = p->act_w[k] * take;
+        p->act_t[k] = p->act_t[k] + inc;
+    }
+}
+
+void pl__planner_draw_end(pl_planner *p) {
+    if (p->pending > 0) pl__draw_flush_all(p, (double)p->pending);
+    if (p->drew) {
+        /* The sources left out (weight 0) got t + 0 * L at every draw:
+           once is the same (it only turns -0 into +0). */
+        int64_t k = 0;
+        for (int64_t i = 0; i < p->n_sources; i++) {
+            if (k < p->n_act && p->act[k] == i) {
+                k++;
+                continue;
+            }
+            p->src[i].target_tokens += p->weights[i] * 1.0;
+        }
+    }
+    for (int64_t k = 0; k < p->n_act; k++)
+        p->src[p->act[k]].target_tokens = p->act_t[k];
+    p->pending = 0;
+}
+
+/*
+ * Add take's increments to the targets (take 0: none) and return the first
+ * k of the largest t[k] - d[k] (strict >, so ties go to the lowest index).
+ * Finite values only: the max is exact, the second pass finds its first
+ * occurrence by the same subtraction.
+ */
+static int64_t pl__draw_argmax(double *t, const double *w, const double *d,
+                               int64_t n, double take) {
+    double m;
+    int64_t k = 0;
+#if defined(__SSE2__)
+    __m128d vm = _mm_set1_pd(-INFINITY), vl = _mm_set1_pd(take);
+    if (take > 0) {
+        for (; k + 2 <= n; k += 2) {
+            __m128d vt = _mm_loadu_pd(t + k);
+            vt = _mm_add_pd(vt, _mm_mul_pd(_mm_loadu_pd(w + k), vl));
+            _mm_storeu_pd(t + k, vt);
+            vm = _mm_max_pd(_mm_sub_pd(vt, _mm_loadu_pd(d + k)), vm);
+        }
+    } else {
+        for (; k + 2 <= n; k += 2)
+            vm = _mm_max_pd(_mm_sub_pd(_mm_loadu_pd(t + k), _mm_loadu_pd(d + k)), vm);
+    }
+    double lanes[2];
+    _mm_storeu_pd(lanes, vm);
+    m = lanes[0] > lanes[1] ? lanes[0] : lanes[1];
+#else
+    m = -INFINITY;
+#endif
+    for (; k < n; k++) {
+        if (take > 0) {
+            double inc = w[k] * take;
+            t[k] = t[k] + inc;
+        }
+        double x = t[k] - d[k];
+        if (x > m) m = x;
+    }
+    for (k = 0; k < n; k++)
+        if (t[k] - d[k] == m) return k;
+    return 0; /* not reached with finite values */
+}
+
+#if PL__DRAW_AVX
+/* pl__draw_argmax with 4 lanes (AVX, no FMA: the same roundings), picked at
+ * run time where the CPU has it. */
+__attribute__((target("avx"))) static int64_t
+pl__draw_argmax_avx(double *t, const double *w, const double *d, int64_t n,
+                    double take) {
+    int64_t k = 0;
+    __m256d vm = _mm256_set1_pd(-INFINITY), vl = _mm256_set1_pd(take);
+    if (take > 0) {
+        for (; k + 4 <= n; k += 4) {
+            __m256d vt = _mm256_loadu_pd(t + k);
+            vt = _mm256_add_pd(vt, _mm256_mul_pd(_mm256_loadu_pd(w + k), vl));
+            _mm256_storeu_pd(t + k, vt);
+            vm = _mm256_max_pd(_mm256_sub_pd(vt, _mm256_loadu_pd(d + k)), vm);
+        }
+    } else {
+        for (; k + 4 <= n; k += 4)
+            vm = _mm256_max_pd(
+                _mm256_sub_pd(_mm256_loadu_pd(t + k), _mm256_loadu_pd(d + k)), vm);
+    }
+    double lanes[4], m = -INFINITY;
+    _mm256_storeu_pd(lanes, vm);
+    for (int j = 0; j < 4; j++)
+        if (lanes[j] > m) m = lanes[j];
+    for (; k < n; k++) {
+        if (take > 0) {
+            double inc = w[k] * take;
+            t[k] = t[k] + inc;
+        }
+        double x = t[k] - d[k];
+        if (x > m) m = x;
+    }
+    __m256d vmax = _mm256_set1_pd(m);
+    for (k = 0; k + 4 <= n; k += 4) {
+        __m256d x = _mm256_sub_pd(_mm256_loadu_pd(t + k), _mm256_loadu_pd(d + k));
+        int mask = _mm256_movemask_pd(_mm256_cmp_pd(x, vmax, _CMP_EQ_OQ));
+        if (mask) return k + __builtin_ctz((unsigned)mask);
+    }
+    for (; k < n; k++)
+        if (t[k] - d[k] == m) return k;
+    return 0;
+}
+
+static int pl__have_avx(void) {
+    static int have = -1; /* benign race: every thread computes the same */
+    if (have < 0) {
+        __builtin_cpu_init();
+        have = __builtin_cpu_supports("avx") ? 1 : 0;
+    }
+    return have;
+}
+#endif
+
+/* The two-scan rule itself, for weights or targets that are not finite. */
+static int64_t pl__draw_argmax_exotic(double *t, const double *w,
+                                      const double *d, int64_t n,
+                                      double take) {
+    int64_t best = -1;
+    double best_deficit = 0;
+    for (int64_t k = 0; k < n; k++) {
+        if (take > 0) t[k] += w[k] * take;
+        double x = t[k] - d[k];
+        if (best < 0 || x > best_deficit) {
+            best = k;
+            best_deficit = x;
+        }
+    }
+    return best;
+}
+
 /* A source with max_epochs that has completed them (and holds no partly
  * drawn document) is drawn no more; the others share its weight. */
 static int pl__exhausted(const pl_planner *p, int64_t i) {
@@ -186,36 +383,53 @@ static int pl__exhausted(const pl_planner *p, int64_t i) {
     return cap > 0 && s->cur_index < 0 && s->epoch >= cap;
 }
 
-int pl__planner_draw(pl_planner *p, pl_chunk *out) {
+/* The two-scan rule over the sources not exhausted (configs with
+ * max_epochs); -1 when every one is. */
+static int64_t pl__draw_argmax_capped(pl_planner *p, double take) {
     int64_t best = -1;
     double best_deficit = 0;
-    int capped = 0;
-again:
-    best = -1;
-    for (int64_t i = 0; i < p->n_sources; i++) {
-        if (p->weights[i] <= 0) continue;
-        if (pl__exhausted(p, i)) {
-            capped = 1;
-            continue;
-        }
-        double d = p->src[i].target_tokens - (double)p->src[i].drawn_tokens;
-        if (best < 0 || d > best_deficit) {
-            best = i;
-            best_deficit = d;
+    for (int64_t k = 0; k < p->n_act; k++) {
+        if (take > 0) p->act_t[k] += p->act_w[k] * take;
+        if (pl__exhausted(p, p->act[k])) continue;
+        double x = p->act_t[k] - p->act_d[k];
+        if (best < 0 || x > best_deficit) {
+            best = k;
+            best_deficit = x;
         }
     }
-    if (best < 0 && capped) {
-        pl__fmt(p->errmsg, sizeof p->errmsg,
-                "step %lld: every source with a positive weight has been read "
-                "max_epochs times",
-                (long long)p->step);
-        return PL_ECONFIG;
-    }
-    if (best < 0) {
+    return best;
+}
+
+int pl__planner_draw(pl_planner *p, pl_chunk *out) {
+    if (p->n_act == 0) {
         pl__fmt(p->errmsg, sizeof p->errmsg,
                 "every source weight is zero at step %lld", (long long)p->step);
         return PL_ECONFIG;
     }
+    double take_prev = (double)p->pending;
+    int64_t k;
+again:
+    if (p->has_caps) {
+        k = pl__draw_argmax_capped(p, take_prev);
+        if (k < 0) {
+            p->pending = 0;
+            pl__fmt(p->errmsg, sizeof p->errmsg,
+                    "step %lld: every source with a positive weight has been read "
+                    "max_epochs times",
+                    (long long)p->step);
+            return PL_ECONFIG;
+        }
+    } else if (p->exotic)
+        k = pl__draw_argmax_exotic(p->act_t, p->act_w, p->act_d, p->n_act, take_prev);
+#if PL__DRAW_AVX
+    else if (p->n_act >= 8 && pl__have_avx())
+        k = pl__draw_argmax_avx(p->act_t, p->act_w, p->act_d, p->n_act, take_prev);
+#endif
+    else
+        k = pl__draw_argmax(p->act_t, p->act_w, p->act_d, p->n_act, take_prev);
+    p->pending = 0;
+    take_prev = 0;
+    int64_t best = p->act[k];
     int rc = pl__next_document(p, best);
     if (rc == PL_DONE) goto again; /* spent its max_epochs: now exhausted */
     if (rc) return rc;
@@ -235,8 +449,9 @@ again:
         s->cur_offset = s->cur_length = 0;
     }
     s->drawn_tokens += take;
-    for (int64_t i = 0; i < p->n_sources; i++)
-        p->src[i].target_tokens += p->weights[i] * (double)take;
+    p->act_d[k] = (double)s->drawn_tokens;
+    p->pending = take; /* every target rises by w * take: next draw or end */
+    p->drew = 1;
     return PL_OK;
 }
 
@@ -244,7 +459,21 @@ int pl_planner_next(pl_planner *p, pl_plan **out) {
     *out = NULL;
     if (p->failed) return p->failed;
     pl__config_weights(p->cfg, p->step, p->weights);
+    /* The indexes the draws read through their mappings must not have
+       shrunk (once per step; the lookups themselves are not checked). */
+    for (int64_t i = 0; i < p->n_sources; i++) {
+        if (!(p->weights[i] > 0)) continue;
+        char err[PL__ERRMSG_CAP];
+        int rc = pl__source_check_index(p->sources[i], err, sizeof err);
+        if (rc) {
+            pl__fmt(p->errmsg, sizeof p->errmsg, "source '%s': %s",
+                    p->cfg->sources[i].name, err);
+            return p->failed = rc;
+        }
+    }
+    pl__planner_draw_begin(p);
     int rc = pl__pack_step(p, out);
+    pl__planner_draw_end(p);
     if (rc) {
         p->failed = rc;
         return rc;

@@ -46,6 +46,18 @@ struct pl_planner {
     int64_t max_chunk;       /* longest chunk, a multiple of 2*cp */
     int64_t align;           /* 2*cp when cp > 1, else 1 */
     int failed;              /* sticky status of an earlier failure */
+    /* The draw's view of the step (planner.c): the sources of positive
+     * weight, in index order, with their weights, targets and drawn tokens
+     * (as doubles) side by side, and the tokens of the last draw, which are
+     * added to every target at the start of the next draw (or at the end of
+     * the step).  p->src[].target_tokens is current only between steps. */
+    int64_t *act;            /* [n_sources] */
+    double *act_w, *act_t, *act_d;
+    int64_t n_act;
+    int64_t pending;
+    int drew;                /* a chunk was drawn in this step */
+    int exotic;              /* a weight or target that is not finite */
+    int has_caps;            /* some source has max_epochs */
     /* packing scratch (pack.c) */
     void *pack;
 };
@@ -55,8 +67,13 @@ static inline int64_t pl__padded(const pl_planner *p, int64_t len) {
     return (len + p->align - 1) / p->align * p->align;
 }
 
-/* Draw the next chunk by the mixture rule; PL_OK or an error (message in p). */
+/* Draw the next chunk by the mixture rule; PL_OK or an error (message in p).
+ * Only between pl__planner_draw_begin and pl__planner_draw_end. */
 int pl__planner_draw(pl_planner *p, pl_chunk *out);
+/* Set up the draws of a step from p->weights, and bring p->src up to date
+ * after them (pl_planner_next calls both around the packing). */
+void pl__planner_draw_begin(pl_planner *p);
+void pl__planner_draw_end(pl_planner *p);
 
 /* Packing: turn carry + drawn chunks into a plan (pack.c). */
 int pl__pack_step(pl_planner *p, pl_plan **out);

@@ -15,6 +15,29 @@
  * the handle's message under a mutex.  pl_source_read converts tokens with
  * one straight loop per (file dtype, output dtype) pair, picked once per call
  * from a table, so the per-token work has no branch on the dtype.
+ *
+ * Data files are read through what was opened, never reopened by path: the
+ * descriptor of each data file (a Megatron .bin, an llm.c shard, a flat
+ * file) is kept from open time, so a file replaced by rename(2) during a run
+ * is still read from the file that was mapped and indexed.  A file that
+ * shrinks after open would make a read through the mapping raise SIGBUS:
+ * pl__source_read checks the file size with fstat(2) on that descriptor
+ * and returns PL_ETRUNC naming the file and offset, and pl_source_read_many
+ * reads with pread(2), where a short read is PL_ETRUNC.  A system call per
+ * read would cost more than the read (about 300 ns against 40 ns for 256
+ * tokens; it halves the loader's tokens/s, bench/README.md), so a size seen
+ * by fstat serves the reads of the next 10 ms (CLOCK_MONOTONIC_COARSE, a
+ * few ns): a file that shrinks is reported from then on, and only a read in
+ * the 10 ms after the truncation can still fault.  Index files (.idx, .plidx) are watched the same way: every
+ * document lookup checks that the index is still as long as it was mapped
+ * (PL_ETRUNC otherwise).
+ *
+ * Descriptor budget: one per data file and one per index file (not for an
+ * in-memory index), for the life of the handle, while the process holds
+ * fewer than half of its RLIMIT_NOFILE soft limit in such descriptors (all
+ * sources together).  Beyond that a file is reopened by path for each check
+ * or read and refused with PL_EIO if it is not the file that was opened
+ * (device and inode differ).
  */
 #include "source_internal.h"
 
@@ -25,14 +48,17 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
+#include <time.h>
 #include <unistd.h>
 
 /* ------------------------------------------------------------ mapping */
 
 int pl__map_file(const char *path, void **map, size_t *len, struct stat *st,
-                 char *err, size_t errcap) {
+                 int *fd_out, char *err, size_t errcap) {
     *map = NULL;
     *len = 0;
+    if (fd_out) *fd_out = -1;
     int fd = open(path, O_RDONLY | O_CLOEXEC);
     if (fd < 0) {
         int e = errno;
@@ -62,11 +88,177 @@ int pl__map_file(const char *path, void **map, size_t *len, struct stat *st,
         *map = m;
         *len = (size_t)st->st_size;
     }
-    close(fd);
+    if (fd_out)
+        *fd_out = fd;
+    else
+        close(fd);
     return PL_OK;
 }
 
+/* ------------------------------------------------------------ descriptors */
+
+/* How long a size seen by fstat(2) is trusted (ns; -D to measure). */
+#ifndef PL__FWATCH_TRUST_NS
+#define PL__FWATCH_TRUST_NS 10000000LL
+#endif
+
+static atomic_long pl__fds_kept;  /* descriptors kept (data and index files) */
+static atomic_long pl__fds_limit; /* 0: not computed yet */
+
+static long pl__fd_budget(void) {
+    long lim = atomic_load(&pl__fds_limit);
+    if (lim) return lim;
+    struct rlimit rl;
+    lim = 512;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0)
+        lim = rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur > (rlim_t)1 << 21
+                  ? (long)1 << 20
+                  : (long)(rl.rlim_cur / 2);
+    atomic_store(&pl__fds_limit, lim);
+    return lim;
+}
+
+/* Take one descriptor from the budget; 0 when none is left. */
+static int pl__fd_take(void) {
+    if (atomic_fetch_add(&pl__fds_kept, 1) < pl__fd_budget()) return 1;
+    atomic_fetch_sub(&pl__fds_kept, 1);
+    return 0;
+}
+
+void pl__fwatch_keep(pl__fwatch *w, int fd, const struct stat *st) {
+    w->dev = st->st_dev;
+    w->ino = st->st_ino;
+    atomic_store(&w->fd1, 0);
+    if (fd < 0) return;
+    if (pl__fd_take())
+        atomic_store(&w->fd1, fd + 1);
+    else
+        close(fd);
+}
+
+static void pl__fwatch_release(pl__fwatch *w) {
+    int k = atomic_exchange(&w->fd1, 0);
+    if (k > 0) {
+        close(k - 1);
+        atomic_fetch_sub(&pl__fds_kept, 1);
+    }
+}
+
+/* The path of f's data file (idx 0) or index file (idx 1). */
+static void pl__file_path(const pl_source *src, const pl__sfile *f, int idx,
+                          char *path, size_t cap) {
+    if (src->type == PL_SOURCE_MEGATRON)
+        pl__fmt(path, cap, "%s.%s", f->path, idx ? "idx" : "bin");
+    else
+        pl__fmt(path, cap, "%s%s", f->path, idx ? ".plidx" : "");
+}
+
+static void pl__data_path(const pl_source *src, const pl__sfile *f, char *path,
+                          size_t cap) {
+    pl__file_path(src, f, 0, path, cap);
+}
+
+/*
+ * A descriptor of a watched file: the kept one (*owned 0), or, beyond the
+ * budget, the path opened now and checked to be the file that was mapped
+ * (*owned 1: the caller closes it).  PL_EIO with a message otherwise.
+ */
+static int pl__fwatch_fd(pl__fwatch *w, const char *path, int *fd, int *owned,
+                         char *err, size_t errcap) {
+    int k = atomic_load(&w->fd1);
+    *owned = 0;
+    if (k > 0) {
+        *fd = k - 1;
+        return PL_OK;
+    }
+    int d = open(path, O_RDONLY | O_CLOEXEC);
+    struct stat st;
+    if (d < 0 || fstat(d, &st) != 0) {
+        int e = errno;
+        if (d >= 0) close(d);
+        pl__fmt(err, errcap, "%s: cannot reopen (descriptor budget of %ld "
+                             "spent): %s",
+                path, pl__fd_budget(), strerror(e));
+        return PL_EIO;
+    }
+    if (st.st_dev != w->dev || st.st_ino != w->ino) {
+        close(d);
+        pl__fmt(err, errcap,
+                "%s: replaced since the source was opened (descriptor budget "
+                "of %ld spent, so it is reopened by path)",
+                path, pl__fd_budget());
+        return PL_EIO;
+    }
+    *fd = d;
+    *owned = 1;
+    return PL_OK;
+}
+
+/* The data file's descriptor (see pl__fwatch_fd). */
+static int pl__data_fd(const pl_source *src, const pl__sfile *f, int *fd,
+                       int *owned, char *err, size_t errcap) {
+    char path[4096];
+    pl__data_path(src, f, path, sizeof path);
+    /* The file record is immutable but for its atomics: cast away const. */
+    return pl__fwatch_fd((pl__fwatch *)&f->data_w, path, fd, owned, err, errcap);
+}
+
+/*
+ * Is the watched file (idx: f's index, else its data file) still at least
+ * `end` bytes long?  A size seen by fstat(2) in the last 10 ms is trusted.
+ * PL_OK, or PL_ETRUNC / PL_EIO with a message naming the file; what needed
+ * the bytes is described by `what` (a printf format with one %lld, `arg`).
+ */
+static long long pl__coarse_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+    return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+/* The slow path of pl__fwatch_check: fstat, and the message. */
+__attribute__((noinline)) static int
+pl__fwatch_stat(const pl_source *src, const pl__sfile *f, int idx, int64_t end,
+                const char *what, long long arg, long long now, char *err,
+                size_t errcap) {
+    pl__fwatch *w = (pl__fwatch *)(idx ? &f->idx_w : &f->data_w);
+    char path[4096];
+    pl__file_path(src, f, idx, path, sizeof path);
+    int fd, owned, rc;
+    if ((rc = pl__fwatch_fd(w, path, &fd, &owned, err, errcap))) return rc;
+    struct stat st;
+    int frc = fstat(fd, &st), e = errno;
+    if (owned) close(fd);
+    if (frc == 0) {
+        atomic_store(&w->seen_size, (long long)st.st_size);
+        atomic_store(&w->seen_until, now + PL__FWATCH_TRUST_NS);
+    }
+    if (frc == 0 && (int64_t)st.st_size >= end) return PL_OK;
+    if (frc != 0) {
+        pl__fmt(err, errcap, "%s: cannot stat: %s", path, strerror(e));
+        return PL_EIO;
+    }
+    char need[160];
+    pl__fmt(need, sizeof need, what, arg);
+    pl__fmt(err, errcap,
+            "%s: truncated to %lld bytes since open; %s needs bytes up to %lld",
+            path, (long long)st.st_size, need, (long long)end);
+    return PL_ETRUNC;
+}
+
+static inline int pl__fwatch_check(const pl_source *src, const pl__sfile *f,
+                                   int idx, int64_t end, const char *what,
+                                   long long arg, char *err, size_t errcap) {
+    const pl__fwatch *w = idx ? &f->idx_w : &f->data_w;
+    long long now = pl__coarse_now();
+    if (end <= atomic_load(&((pl__fwatch *)w)->seen_size) &&
+        now < atomic_load(&((pl__fwatch *)w)->seen_until))
+        return PL_OK;
+    return pl__fwatch_stat(src, f, idx, end, what, arg, now, err, errcap);
+}
+
 void pl__sfile_unmap(pl__sfile *f) {
+    pl__fwatch_release(&f->data_w);
+    pl__fwatch_release(&f->idx_w);
     if (f->data_map) munmap(f->data_map, f->data_len);
     if (f->idx_map) munmap(f->idx_map, f->idx_len);
     f->data_map = NULL;
@@ -264,6 +456,11 @@ static void pl__release_files(pl_source *src) {
 }
 
 int pl_source_open(const pl_source_options *opts, pl_source **out) {
+    return pl__source_open(opts, 0, out);
+}
+
+int pl__source_open(const pl_source_options *opts, int skip_damaged,
+                    pl_source **out) {
     if (!out) return PL_EINVAL;
     *out = NULL;
     pl_source *src = calloc(1, sizeof *src);
@@ -340,7 +537,7 @@ int pl_source_open(const pl_source_options *opts, pl_source **out) {
     for (int64_t i = 0; i < src->n_files; i++) {
         pl__sfile *f = &src->files[i];
         if (opts->type == PL_SOURCE_MEGATRON)
-            rc = pl__megatron_open(f, err, cap);
+            rc = pl__megatron_open(f, skip_damaged, err, cap);
         else
             rc = pl__tokens_open(f, opts->type, flat, src->eos_id,
                                  src->write_index, err, cap);
@@ -350,6 +547,7 @@ int pl_source_open(const pl_source_options *opts, pl_source **out) {
         }
         f->first_doc = src->n_docs;
         src->n_docs += f->n_docs;
+        src->skipped += f->skipped;
     }
     src->dtype = src->files[0].dtype;
     return PL_OK;
@@ -387,6 +585,10 @@ int64_t pl_source_num_files(const pl_source *src) {
     return src ? src->n_files : 0;
 }
 
+int64_t pl_source_num_skipped(const pl_source *src) {
+    return src ? src->skipped : 0;
+}
+
 size_t pl_source_sizeof(const pl_source *src) {
     if (!src) return 0;
     size_t n = sizeof *src + (src->name ? strlen(src->name) + 1 : 0);
@@ -421,9 +623,9 @@ static int pl__file_doc(const pl_source *src, const pl__sfile *f, int64_t r,
     return pl__tokens_doc(f, r, tokens, length, err, errcap);
 }
 
-static int pl__doc(const pl_source *src, int64_t index,
-                   const pl__sfile **file, const uint8_t **tokens,
-                   int64_t *length, char *err, size_t errcap) {
+static int pl__doc_ex(const pl_source *src, int64_t index, int check_index,
+                      const pl__sfile **file, const uint8_t **tokens,
+                      int64_t *length, char *err, size_t errcap) {
     if (index < 0 || index >= src->n_docs) {
         pl__fmt(err, errcap,
                 "source %s: document index %lld out of range [0, %lld)",
@@ -433,8 +635,28 @@ static int pl__doc(const pl_source *src, int64_t index,
     }
     const pl__sfile *f = pl__locate(src, index);
     *file = f;
+    /* The index is read through its mapping: it must not have shrunk. */
+    if (check_index && f->idx_map && !f->index_in_memory) {
+        int rc = pl__fwatch_check(src, f, 1, (int64_t)f->idx_len,
+                                  "the index lookup of document %lld",
+                                  (long long)index, err, errcap);
+        if (rc) return rc;
+    }
     return pl__file_doc(src, f, index - f->first_doc, tokens, length, err,
                         errcap);
+}
+
+static int pl__doc(const pl_source *src, int64_t index,
+                   const pl__sfile **file, const uint8_t **tokens,
+                   int64_t *length, char *err, size_t errcap) {
+    return pl__doc_ex(src, index, 1, file, tokens, length, err, errcap);
+}
+
+int pl__source_length_unchecked(pl_source *src, int64_t index,
+                                int64_t *length, char *err, size_t errcap) {
+    const pl__sfile *f;
+    const uint8_t *tok;
+    return pl__doc_ex(src, index, 0, &f, &tok, length, err, errcap);
 }
 
 int pl__source_length(pl_source *src, int64_t index, int64_t *length,
@@ -522,7 +744,16 @@ int pl__source_read(pl_source *src, int64_t index, int64_t offset,
         return PL_ERANGE;
     }
     if (count == 0) return PL_OK;
+    /* The file must still hold the range: reading a page past its end
+       through the mapping would raise SIGBUS. */
+    int64_t at = (int64_t)(tok - (const uint8_t *)f->data_map) +
+                 offset * (int64_t)f->width;
+    int64_t end = at + count * (int64_t)f->width;
+    if ((rc = pl__fwatch_check(src, f, 0, end, "document %lld", (long long)index,
+                               err, errcap)))
+        return rc;
     pl__conv_fn fn = pl__conv_table[f->dtype][out_dtype == PL_DTYPE_INT32];
+
     fn(tok + (size_t)offset * f->width, out, count);
     return PL_OK;
 }
@@ -546,6 +777,22 @@ int pl_source_read(pl_source *src, int64_t index, int64_t offset,
 
 /* ------------------------------------------------------------ stats */
 
+/* The index of f, read through its mapping, has not shrunk since open. */
+static int pl__index_intact(const pl_source *src, const pl__sfile *f,
+                            char *err, size_t errcap) {
+    if (!f->idx_map || f->index_in_memory) return PL_OK;
+    return pl__fwatch_check(src, f, 1, (int64_t)f->idx_len, "a scan of %lld documents",
+                            (long long)f->n_docs, err, errcap);
+}
+
+int pl__source_check_index(pl_source *src, char *err, size_t errcap) {
+    for (int64_t i = 0; i < src->n_files; i++) {
+        int rc = pl__index_intact(src, &src->files[i], err, errcap);
+        if (rc) return rc;
+    }
+    return PL_OK;
+}
+
 #define PL__HIST_BITS 16
 
 /* The k-th smallest (1-based) document length, by narrowing a histogram:
@@ -563,6 +810,8 @@ static int pl__kth_length(const pl_source *src, int64_t k, int bits,
         memset(hist, 0, nb * sizeof *hist);
         for (int64_t i = 0; i < src->n_files; i++) {
             const pl__sfile *f = &src->files[i];
+            int irc = pl__index_intact(src, f, err, errcap);
+            if (irc) return irc;
             for (int64_t r = 0; r < f->n_docs; r++) {
                 const uint8_t *tok;
                 int64_t len;
@@ -592,6 +841,11 @@ int pl_source_get_stats(pl_source *src, pl_source_stats *out) {
     int64_t maxlen = 0, total = 0;
     for (int64_t i = 0; i < src->n_files; i++) {
         const pl__sfile *f = &src->files[i];
+        int irc = pl__index_intact(src, f, err, sizeof err);
+        if (irc) {
+            pl__set_err(src, err);
+            return irc;
+        }
         for (int64_t r = 0; r < f->n_docs; r++) {
             const uint8_t *tok;
             int64_t len;
@@ -636,11 +890,12 @@ int pl_source_get_stats(pl_source *src, pl_source_stats *out) {
  * it serves source-loader processes that read a few documents from each of
  * many sources, and a mapping would leave the pages around every read
  * (fault-around) mapped, and counted, in that process.  Bounds are checked
- * on the mapped index exactly as for pl_source_read.
+ * on the mapped index exactly as for pl_source_read.  It reads through the
+ * descriptor kept from open time, never a reopened path (see above).
  */
 typedef struct pl__preader {
-    const pl__sfile *file; /* whose data file fd is open */
-    int fd;
+    const pl__sfile *file; /* whose data file fd is at hand */
+    int fd, owned;         /* owned: opened for this call, closed after */
     uint8_t *buf;
     size_t cap;
 } pl__preader;
@@ -650,21 +905,17 @@ static int pl__pread_range(const pl_source *src, pl__preader *r,
                            int64_t offset, int64_t count, void *out, int raw,
                            char *err, size_t errcap) {
     char path[4096];
-    if (src->type == PL_SOURCE_MEGATRON)
-        pl__fmt(path, sizeof path, "%s.bin", f->path);
-    else
-        pl__fmt(path, sizeof path, "%s", f->path);
     if (r->file != f) {
-        if (r->fd >= 0) close(r->fd);
+        if (r->owned) close(r->fd);
         r->file = NULL;
-        r->fd = open(path, O_RDONLY | O_CLOEXEC);
-        if (r->fd < 0) {
-            pl__fmt(err, errcap, "%s: cannot open: %s", path, strerror(errno));
-            return PL_EIO;
-        }
+        r->fd = -1;
+        r->owned = 0;
+        int rc = pl__data_fd(src, f, &r->fd, &r->owned, err, errcap);
+        if (rc) return rc;
         r->file = f;
     }
     if (raw && f->dtype != src->dtype) {
+        pl__data_path(src, f, path, sizeof path);
         pl__fmt(err, errcap,
                 "%s: token dtype %s differs from the source's %s (files of one "
                 "source read at stored width must share it)",
@@ -687,9 +938,11 @@ static int pl__pread_range(const pl_source *src, pl__preader *r,
     while (got < bytes) {
         ssize_t k = pread(r->fd, dst + got, bytes - got, at + (off_t)got);
         if (k <= 0) {
+            int e = errno;
+            pl__data_path(src, f, path, sizeof path);
             pl__fmt(err, errcap, "%s: read of %zu bytes at offset %lld failed: %s",
                     path, bytes, (long long)at,
-                    k == 0 ? "file shrank" : strerror(errno));
+                    k == 0 ? "file shrank since open" : strerror(e));
             return k == 0 ? PL_ETRUNC : PL_EIO;
         }
         got += (size_t)k;
@@ -724,7 +977,7 @@ static int pl__read_ranges(pl_source *src, const pl_read *reads, int64_t n,
             return PL_EINVAL;
         }
     }
-    pl__preader r = {NULL, -1, NULL, 0};
+    pl__preader r = {NULL, -1, 0, NULL, 0};
     int rc = PL_OK;
     for (int64_t i = 0; i < n && rc == PL_OK; i++) {
         const pl__sfile *f;
@@ -745,7 +998,7 @@ static int pl__read_ranges(pl_source *src, const pl_read *reads, int64_t n,
             rc = pl__pread_range(src, &r, f, tok, off, count, out, raw, err, sizeof err);
         out = (uint8_t *)out + (size_t)count * es;
     }
-    if (r.fd >= 0) close(r.fd);
+    if (r.owned) close(r.fd);
     free(r.buf);
     if (rc) pl__set_err(src, err);
     return rc;

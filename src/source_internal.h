@@ -17,6 +17,7 @@
 #include <string.h>
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <sys/stat.h>
 #include <sys/types.h>
 
@@ -35,6 +36,20 @@
 #define PL__PLIDX_VERSION 1u
 #define PL__PLIDX_HEADER 64
 
+/*
+ * A mapped file watched for shrinking: its descriptor, kept from open time
+ * while the process's budget allows (see source.c), as fd + 1 (0: none
+ * kept), the identity of the file that was mapped, and the size last seen
+ * by fstat(2) with until when (coarse monotonic ns) it is trusted.
+ */
+typedef struct pl__fwatch {
+    atomic_int fd1;
+    dev_t dev;
+    ino_t ino;
+    atomic_llong seen_size;
+    atomic_llong seen_until;
+} pl__fwatch;
+
 typedef struct pl__sfile {
     char *path;       /* megatron: the prefix; llmc/flat: the data file */
     int64_t first_doc; /* global index of local document 0 */
@@ -48,6 +63,8 @@ typedef struct pl__sfile {
     size_t data_len;
     const uint8_t *tokens;
     int64_t token_bytes; /* bytes from tokens to the end of the file */
+    pl__fwatch data_w; /* the data file */
+    pl__fwatch idx_w;  /* the .idx or .plidx (not an in-memory index) */
 
     /* Index mapping (.idx, or .plidx / anonymous memory). */
     void *idx_map;
@@ -59,6 +76,8 @@ typedef struct pl__sfile {
     const uint8_t *lengths;  /* int32[seq_count], unaligned */
     const uint8_t *pointers; /* int64[seq_count], unaligned */
     const uint8_t *docidx;   /* int64[docidx_count], unaligned */
+
+    int64_t skipped;         /* trailing records past the .bin, left out */
 
     /* llmc / flat */
     int64_t n_tokens;
@@ -76,17 +95,26 @@ struct pl_source {
     int write_index;
     int64_t n_files;
     int64_t n_docs;
+    int64_t skipped; /* records left out at open (on_error: skip) */
     pl__sfile *files;
 };
 
 /* Map a whole file read-only (MAP_SHARED), then close it.  A file of size 0
- * gives *map NULL and *len 0.  PL_ENOENT / PL_EIO with a message. */
+ * gives *map NULL and *len 0.  PL_ENOENT / PL_EIO with a message.  With
+ * fd_out, the descriptor is returned open instead (-1 on error). */
 int pl__map_file(const char *path, void **map, size_t *len, struct stat *st,
-                 char *err, size_t errcap);
+                 int *fd_out, char *err, size_t errcap);
+/* Record the identity of a mapped file (st, from pl__map_file or fstat) and
+ * keep its descriptor fd if the budget allows, else close it. */
+void pl__fwatch_keep(pl__fwatch *w, int fd, const struct stat *st);
 
 /* ------------------------------------------------------------ megatron */
-/* Open f->path + ".idx" / ".bin"; checks are O(1) in the document count. */
-int pl__megatron_open(pl__sfile *f, char *err, size_t errcap);
+/* Open f->path + ".idx" / ".bin"; checks are O(1) in the document count.
+ * skip_trailing: records at the end that point past the end of the .bin
+ * (a truncated .bin) are left out and counted in f->skipped instead of
+ * refusing the file (PL_ETRUNC). */
+int pl__megatron_open(pl__sfile *f, int skip_trailing, char *err,
+                      size_t errcap);
 /* Local document r: pointer to its first token and its length, with the
  * PL_EBOUNDS checks of that record. */
 int pl__megatron_doc(const pl__sfile *f, int64_t r, const uint8_t **tokens,

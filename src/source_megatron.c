@@ -36,14 +36,25 @@ static int64_t pl__off_docidx(const pl__sfile *f, int64_t i) {
     return PL__MEGATRON_HEADER + 12 * f->seq_count + 8 * i;
 }
 
-int pl__megatron_open(pl__sfile *f, char *err, size_t errcap) {
+/* Does record r end past the .bin (or point at nonsense)? */
+static int pl__past_end(const pl__sfile *f, int64_t r) {
+    int64_t ptr = pl__ld_i64(f->pointers + 8 * r);
+    int64_t len = pl__ld_i32(f->lengths + 4 * r);
+    if (ptr < 0 || len < 0 || ptr > f->token_bytes) return 1;
+    return len > (f->token_bytes - ptr) / (int64_t)f->width;
+}
+
+int pl__megatron_open(pl__sfile *f, int skip_trailing, char *err,
+                      size_t errcap) {
     char path[4096];
     struct stat st;
     int rc;
 
     pl__fmt(path, sizeof path, "%s.idx", f->path);
-    rc = pl__map_file(path, &f->idx_map, &f->idx_len, &st, err, errcap);
+    int ifd = -1;
+    rc = pl__map_file(path, &f->idx_map, &f->idx_len, &st, &ifd, err, errcap);
     if (rc) return rc;
+    pl__fwatch_keep(&f->idx_w, ifd, &st);
     const uint8_t *m = f->idx_map;
     int64_t size = (int64_t)f->idx_len;
 
@@ -128,8 +139,10 @@ int pl__megatron_open(pl__sfile *f, char *err, size_t errcap) {
     if (rc) return rc;
 
     pl__fmt(path, sizeof path, "%s.bin", f->path);
-    rc = pl__map_file(path, &f->data_map, &f->data_len, &st, err, errcap);
+    int fd = -1;
+    rc = pl__map_file(path, &f->data_map, &f->data_len, &st, &fd, err, errcap);
     if (rc) return rc;
+    pl__fwatch_keep(&f->data_w, fd, &st);
     f->tokens = f->data_map;
     f->token_bytes = (int64_t)f->data_len;
 
@@ -141,7 +154,13 @@ int pl__megatron_open(pl__sfile *f, char *err, size_t errcap) {
         int64_t len = pl__ld_i32(f->lengths + 4 * r);
         if (ptr >= 0 && len >= 0 && ptr <= INT64_MAX / 2) {
             int64_t end = ptr + len * (int64_t)f->width;
-            if (end > f->token_bytes) {
+            if (end > f->token_bytes && skip_trailing) {
+                /* A truncated .bin: leave out the records at the end that
+                   point past it, the same on every rank. */
+                while (r >= 0 && pl__past_end(f, r)) r--;
+                f->n_docs = r + 1;
+                f->skipped = f->seq_count - f->n_docs;
+            } else if (end > f->token_bytes) {
                 pl__fmt(err, errcap,
                         "%s: truncated at offset %lld: the last sequence "
                         "(record %lld, pointer at %s.idx offset %lld) ends at "
@@ -180,7 +199,10 @@ int pl__megatron_doc(const pl__sfile *f, int64_t r, const uint8_t **tokens,
                 (long long)f->token_bytes);
         return PL_EBOUNDS;
     }
-    *tokens = f->tokens + ptr;
+    /* An empty .bin is not mapped: its documents are empty and point at a
+     * static byte (NULL + 0 is undefined behaviour). */
+    static const uint8_t empty[8];
+    *tokens = f->tokens ? f->tokens + ptr : empty;
     *length = len;
     return PL_OK;
 }

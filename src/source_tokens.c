@@ -157,13 +157,17 @@ static int pl__plidx_load(pl__sfile *f, const char *ipath, const pl__want *w) {
     void *m = MAP_FAILED;
     if (fstat(fd, &st) == 0 && st.st_size >= PL__PLIDX_HEADER)
         m = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
-    close(fd);
-    if (m == MAP_FAILED) return 0;
+    if (m == MAP_FAILED) {
+        close(fd);
+        return 0;
+    }
     int64_t count = pl__plidx_check(m, (size_t)st.st_size, w);
     if (count < 0) {
+        close(fd);
         munmap(m, (size_t)st.st_size);
         return 0;
     }
+    pl__fwatch_keep(&f->idx_w, fd, &st); /* watched for shrinking */
     f->idx_map = m;
     f->idx_len = (size_t)st.st_size;
     f->ends = (const uint64_t *)((const uint8_t *)m + PL__PLIDX_HEADER);
@@ -239,9 +243,11 @@ int pl__tokens_open(pl__sfile *f, pl_source_type type, pl_dtype flat_dtype,
                     int64_t eos_id, int write_index, char *err,
                     size_t errcap) {
     struct stat st;
-    int rc = pl__map_file(f->path, &f->data_map, &f->data_len, &st, err,
+    int fd = -1;
+    int rc = pl__map_file(f->path, &f->data_map, &f->data_len, &st, &fd, err,
                           errcap);
     if (rc) return rc;
+    pl__fwatch_keep(&f->data_w, fd, &st);
     const uint8_t *m = f->data_map;
     int64_t size = (int64_t)f->data_len;
 

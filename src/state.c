@@ -172,7 +172,8 @@ int pl__state_decode(pl_planner *p, const void *buf, size_t len, int64_t nmb,
     pl__rbuf r = {buf, len, 0, 0};
     int rc = PL_OK;
     pl__src_state *src = NULL;
-    int64_t *map = NULL;
+    int64_t *map = NULL, *seen = NULL;
+    pl__names by_name = {0};
     pl__chunks carry = {0};
     char magic[4];
     if (!buf || len < 24) {
@@ -238,6 +239,16 @@ int pl__state_decode(pl_planner *p, const void *buf, size_t len, int64_t nmb,
     }
     PL__FP_CHECK("topology.cp", pl__get_i64(&r), c->topology.cp);
     if (step < 0 || step > PL__STATE_MAX || state_dp <= 0) goto corrupt;
+    /* step * micro-batches per rank must not overflow, for any dp. */
+    if (step > PL__MAX_MICRO_BATCHES / (c->global_batch_size / c->micro_batch_size)) {
+        pl__fmt(p->errmsg, sizeof p->errmsg,
+                "state: step %lld times %lld micro-batches per step is above "
+                "the limit 2^50",
+                (long long)step,
+                (long long)(c->global_batch_size / c->micro_batch_size));
+        rc = PL_ESTATE;
+        goto out;
+    }
     if (mb != 0 && dp > 0 && state_dp != dp) {
         pl__fmt(p->errmsg, sizeof p->errmsg,
                 "state: saved in the middle of step %lld with dp=%lld; dp may "
@@ -258,19 +269,22 @@ int pl__state_decode(pl_planner *p, const void *buf, size_t len, int64_t nmb,
     if (r.bad || ns > r.n) goto corrupt;
     src = pl__calloc((size_t)p->n_sources, sizeof *src);
     map = pl__calloc(ns ? ns : 1, sizeof *map);
-    if (!src || !map) {
+    seen = pl__calloc((size_t)p->n_sources, sizeof *seen);
+    if (!src || !map || !seen || pl__names_init(&by_name, p->n_sources)) {
         rc = PL_ENOMEM;
         goto out;
     }
+    /* Config names by content: matching the blob's sources is O(1) each. */
+    for (int64_t i = 0; i < p->n_sources; i++)
+        pl__names_put(&by_name, c->sources[i].name, strlen(c->sources[i].name), i);
     for (int64_t i = 0; i < p->n_sources; i++) src[i].cur_index = -1;
     for (uint32_t j = 0; j < ns; j++) {
         uint32_t nl, np;
         const char *name = pl__get_str(&r, &nl);
         const char *path = pl__get_str(&r, &np);
         if (r.bad) goto corrupt;
-        int64_t i = 0;
-        while (i < p->n_sources && !pl__streq(name, nl, c->sources[i].name)) i++;
-        if (i == p->n_sources) {
+        int64_t i = pl__names_get(&by_name, name, nl);
+        if (i < 0) {
             pl__fmt(p->errmsg, sizeof p->errmsg,
                     "state: source '%.*s' of the state is not in the config",
                     (int)nl, name);
@@ -285,8 +299,7 @@ int pl__state_decode(pl_planner *p, const void *buf, size_t len, int64_t nmb,
             rc = PL_ESTATE;
             goto out;
         }
-        for (uint32_t j2 = 0; j2 < j; j2++)
-            if (map[j2] == i) goto corrupt; /* a source named twice */
+        if (seen[i]++) goto corrupt; /* a source named twice */
         map[j] = i;
         int64_t nd = pl__get_i64(&r);
         if (!r.bad && nd != p->num_docs[i]) {
@@ -320,6 +333,29 @@ int pl__state_decode(pl_planner *p, const void *buf, size_t len, int64_t nmb,
             s->since_yield < 0 || s->since_yield > nd + 1 || s->skipped < 0 ||
             s->skipped > PL__STATE_MAX)
             goto corrupt;
+        if (s->cur_index >= 0) { /* the current document must be this one */
+            int64_t dlen = 0;
+            char err[PL__ERRMSG_CAP];
+            int lrc = pl__source_length(p->sources[i], s->cur_index, &dlen, err,
+                                        sizeof err);
+            if (lrc != PL_OK) {
+                pl__fmt(p->errmsg, sizeof p->errmsg,
+                        "state: source '%s': current document %lld cannot be "
+                        "checked: %s",
+                        c->sources[i].name, (long long)s->cur_index, err);
+                rc = PL_ESTATE;
+                goto out;
+            }
+            if (dlen != s->cur_length) {
+                pl__fmt(p->errmsg, sizeof p->errmsg,
+                        "state: source '%s': current document %lld has "
+                        "length %lld in the state, %lld in the source",
+                        c->sources[i].name, (long long)s->cur_index,
+                        (long long)s->cur_length, (long long)dlen);
+                rc = PL_ESTATE;
+                goto out;
+            }
+        }
     }
     uint32_t nc = pl__get_u32(&r);
     if (r.bad || nc > r.n) goto corrupt;
@@ -340,8 +376,8 @@ int pl__state_decode(pl_planner *p, const void *buf, size_t len, int64_t nmb,
             int64_t dlen = 0;
             char err[PL__ERRMSG_CAP];
             if (pl__source_length(p->sources[ch.source], ch.index, &dlen, err,
-                                  sizeof err) == PL_OK &&
-                (ch.offset > dlen || ch.length > dlen - ch.offset))
+                                  sizeof err) != PL_OK ||
+                ch.offset > dlen || ch.length > dlen - ch.offset)
                 goto corrupt;
         }
         if ((rc = pl__chunks_push(&carry, &ch))) goto out;
@@ -371,6 +407,8 @@ corrupt:
 out:
     free(src);
     free(map);
+    free(seen);
+    pl__names_free(&by_name);
     pl__chunks_free(&carry);
     return rc;
 }

@@ -25,12 +25,17 @@
  *   imbalance [--corpus real|synthetic|both] [--steps N] [--out FILE.md]
  *             [--seq 4096,8192,...] [--dp 8,64,512] [--mult 8,32]
  *   imbalance --plan-time [--balance none|greedy|karmarkar_karp] [--steps N]
+ *             [--sources N]
  *
  * --plan-time: one thread, dp 512, global batch 4096 sequences of 16k
  * tokens on the synthetic source; times pl_planner_next (mixture drawing,
  * packing, balancing; document lengths come from the mapped index, which a
  * few untimed warm-up steps fault in) and prints the median and p90 of N
- * steps (default 100).
+ * steps (default 100).  --sources N (default 1) splits the mixture over N
+ * weighted sources (weights 1..5 in turn, names lognormal_0 .. N-1), all
+ * over the synthetic file; they share one source handle, since only the
+ * planner's cost per source is measured, and the figure per million tokens
+ * is printed so runs with different N compare directly.
  *
  * Compiled against the static library and the internals (planner_internal.h)
  * to open sources as the CLI does; see README.md for the gcc line.
@@ -77,8 +82,23 @@ typedef struct bench_planner {
     pl_planner *p;
 } bench_planner;
 
+static int64_t n_synthetic_sources = 1;
+
 static const char *corpus_yaml(int synthetic) {
     static char buf[2048];
+    static char *many;
+    if (synthetic && n_synthetic_sources > 1) {
+        size_t cap = (size_t)n_synthetic_sources * 160 + 64, at = 0;
+        free(many);
+        many = malloc(cap);
+        at += (size_t)snprintf(many + at, cap - at, "sources:\n");
+        for (int64_t i = 0; i < n_synthetic_sources; i++)
+            at += (size_t)snprintf(many + at, cap - at,
+                                   "  - {name: lognormal_%" PRId64 ", type: megatron, "
+                                   "path: %s, weight: %d}\n",
+                                   i, synthetic_prefix, (int)(1 + i % 5));
+        return many;
+    }
     if (synthetic)
         snprintf(buf, sizeof buf,
                  "sources:\n  - {name: lognormal, type: megatron, path: %s, "
@@ -102,12 +122,15 @@ static const char *corpus_yaml(int synthetic) {
 static void planner_open(bench_planner *b, int synthetic, int64_t seq,
                          int64_t dp, int64_t G, const char *packing,
                          const char *balance, const char *preset) {
-    char yaml[4096];
-    snprintf(yaml, sizeof yaml,
+    const char *srcs = corpus_yaml(synthetic);
+    size_t ycap = strlen(srcs) + 256;
+    char *yaml = malloc(ycap);
+    snprintf(yaml, ycap,
              "seed: 1234\nseq_length: 4096\nglobal_batch_size: 8\n"
              "micro_batch_size: 1\nthreads: 1\n%s",
-             corpus_yaml(synthetic));
+             srcs);
     int rc = pl_config_parse_string(yaml, strlen(yaml), "bench", &b->cfg);
+    free(yaml);
     if (rc) die("config", pl_config_errmsg(b->cfg));
     char v[64];
     /* Set in an order that keeps the config valid at every step. */
@@ -122,9 +145,14 @@ static void planner_open(bench_planner *b, int synthetic, int64_t seq,
     if ((rc = pl_config_set(b->cfg, "cost.preset", preset))) die("cost.preset", pl_config_errmsg(b->cfg));
     b->n = pl_config_num_sources(b->cfg);
     b->src = calloc((size_t)b->n, sizeof *b->src);
-    for (int64_t i = 0; i < b->n; i++)
+    for (int64_t i = 0; i < b->n; i++) {
+        if (i > 0 && !strcmp(b->cfg->sources[i].path, b->cfg->sources[0].path)) {
+            b->src[i] = b->src[0]; /* one handle per file */
+            continue;
+        }
         if ((rc = pl__config_open_source(b->cfg, i, &b->src[i])))
             die("source", pl_source_errmsg(b->src[i]));
+    }
     if ((rc = pl_planner_create(b->cfg, b->src, b->n, &b->p)))
         die("planner", pl_planner_errmsg(b->p));
 }
@@ -138,7 +166,8 @@ static pl_plan *planner_next(bench_planner *b) {
 
 static void planner_close(bench_planner *b) {
     pl_planner_free(b->p);
-    for (int64_t i = 0; i < b->n; i++) pl_source_free(b->src[i]);
+    for (int64_t i = 0; i < b->n; i++)
+        if (i == 0 || b->src[i] != b->src[0]) pl_source_free(b->src[i]);
     free(b->src);
     pl_config_free(b->cfg);
 }
@@ -333,7 +362,7 @@ static int plan_time(const char *balance, int steps) {
     planner_open(&b, 1, 16384, 512, 4096, "best_fit", balance, "llama-7b");
     for (int s = 0; s < 3; s++) pl_plan_free(planner_next(&b)); /* warm-up */
     double *t = calloc((size_t)steps, sizeof *t), lbr = 0;
-    int64_t chunks = 0;
+    int64_t chunks = 0, tokens = 0;
     for (int s = 0; s < steps; s++) {
         double t0 = now_s();
         pl_plan *p = planner_next(&b);
@@ -342,13 +371,16 @@ static int plan_time(const char *balance, int steps) {
         for (int64_t r = 0; r < p->dp; r++) mx = fmax(mx, p->rank_cost[r]);
         lbr += mx / p->lower_bound / steps;
         chunks += p->n_chunks;
+        tokens += p->tokens;
         pl_plan_free(p);
     }
     qsort(t, (size_t)steps, sizeof *t, cmp_d);
-    printf("plan-time balance=%s dp=512 G=4096 seq=16384 synthetic: median %.2f ms, "
-           "p90 %.2f ms, min %.2f ms over %d steps; %.0f chunks/step; mean max/lb %.4f\n",
-           balance, 1e3 * t[steps / 2], 1e3 * t[steps * 9 / 10], 1e3 * t[0], steps,
-           (double)chunks / steps, lbr);
+    double mtok = (double)tokens / steps / 1e6;
+    printf("plan-time balance=%s dp=512 G=4096 seq=16384 synthetic sources=%" PRId64
+           ": median %.2f ms, p90 %.2f ms, min %.2f ms over %d steps; "
+           "%.3f ms per million tokens (median); %.0f chunks/step; mean max/lb %.4f\n",
+           balance, n_synthetic_sources, 1e3 * t[steps / 2], 1e3 * t[steps * 9 / 10],
+           1e3 * t[0], steps, 1e3 * t[steps / 2] / mtok, (double)chunks / steps, lbr);
     free(t);
     planner_close(&b);
     return 0;
@@ -369,6 +401,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--dp") && v) dps = argv[++i];
         else if (!strcmp(a, "--mult") && v) mults = argv[++i];
         else if (!strcmp(a, "--balance") && v) balance = argv[++i];
+        else if (!strcmp(a, "--sources") && v) n_synthetic_sources = atoll(argv[++i]);
         else {
             fprintf(stderr, "usage: see the comment at the top of imbalance.c\n");
             return 2;

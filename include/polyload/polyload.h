@@ -188,6 +188,13 @@ PL_API pl_source_type pl_source_get_type(const pl_source *src);
 PL_API pl_dtype pl_source_token_dtype(const pl_source *src);
 PL_API int64_t pl_source_num_documents(const pl_source *src);
 PL_API int64_t pl_source_num_files(const pl_source *src);
+/* Records left out at open: with on_error: skip (sources opened through a
+ * config), a Megatron file whose trailing records point past the end of its
+ * .bin (a truncated .bin) opens without them instead of failing with
+ * PL_ETRUNC; they are not documents of the source (num_documents excludes
+ * them) and are counted here.  0 for pl_source_open, which refuses such
+ * files. */
+PL_API int64_t pl_source_num_skipped(const pl_source *src);
 /* Heap bytes held by the handle, excluding mapped file pages. */
 PL_API size_t pl_source_sizeof(const pl_source *src);
 
@@ -203,7 +210,20 @@ PL_API int pl_source_document_length(pl_source *src, int64_t index,
  * Copy tokens [offset, offset + count) of document `index` into `out`, which
  * has room for `count` elements of `out_dtype` (PL_DTYPE_INT64 or
  * PL_DTYPE_INT32).  Float token files are truncated toward zero.
- * Errors: PL_ERANGE (index, or range past the document), PL_EBOUNDS, PL_EINVAL.
+ * Errors: PL_ERANGE (index, or range past the document), PL_EBOUNDS, PL_EINVAL,
+ * PL_ETRUNC (the data file or its index shrank since open: checked with
+ * fstat, a size seen within the last 10 ms is trusted) and PL_EIO (beyond
+ * the descriptor budget, the file was replaced since open), naming the file
+ * and offset.  pl_source_document_length and pl_source_get_stats check the
+ * index file the same way.
+ *
+ * Descriptors: a source keeps one descriptor per data file (.bin, llm.c
+ * shard, flat file) and one per index file (.idx, .plidx) from open to
+ * pl_source_free, so files replaced by rename(2) during a run are still
+ * read from the files that were opened.
+ * All sources of a process together keep at most half of RLIMIT_NOFILE's
+ * soft limit (as read at the first open); beyond that a data file is
+ * reopened by path per read and refused if it is not the opened file.
  */
 PL_API int pl_source_read(pl_source *src, int64_t index, int64_t offset,
                           int64_t count, void *out, pl_dtype out_dtype);
@@ -221,11 +241,19 @@ PL_API int pl_source_get_stats(pl_source *src, pl_source_stats *out);
 /* ================================================================ config */
 /*
  * A parsed configuration (SPEC section 5).  Unknown keys, wrong types, values
- * out of range, missing source paths, weights summing to zero, a
- * global_batch_size not divisible by dp * micro_batch_size, and a pad_id or
- * eos_id outside the vocabulary (when the optional key vocab_size gives it)
- * are PL_ECONFIG errors whose message names the key (and the line of the YAML
- * file).  Relative source paths are taken relative to the current directory.
+ * out of range, weights summing to zero, a global_batch_size not divisible by
+ * dp * micro_batch_size, and a pad_id or eos_id outside the vocabulary (when
+ * the optional key vocab_size gives it) are PL_ECONFIG errors whose message
+ * names the key (and the line of the YAML file).  Parsing touches no file:
+ * source paths are expanded and checked when a source opens
+ * (pl_config_open_source: PL_ECONFIG naming the source, its path and line,
+ * when the path matches nothing).  Relative source paths are taken relative
+ * to the current directory of the process that opens them.
+ * Limits of the implementation, also PL_ECONFIG: YAML text above 64 MiB or
+ * nested deeper than 32 mappings/lists (refused before libyaml builds the
+ * document); seq_length, global_batch_size and the world size above 2^24;
+ * train_steps above 2^40, or train_steps * global_batch_size /
+ * micro_batch_size above 2^50 (micro-batch counters never overflow).
  *
  * topology.order may leave out axes of size 1 (as Megatron's RankGenerator
  * fills them in); leaving out an axis of size > 1 is PL_ETOPOLOGY.
@@ -901,7 +929,8 @@ PL_API int pl_plan_reads(const pl_plan *plan, int64_t dp_rank,
  * the mapping, so a long-lived source-loader process that reads a few
  * documents from each of many sources keeps no file pages mapped.
  * Thread-safe like pl_source_read; errors as pl_source_read, plus PL_EIO
- * and PL_ETRUNC (the data file shrank) naming the file and offset.
+ * and PL_ETRUNC (the data file shrank) naming the file and offset.  It reads
+ * through the descriptor kept from open time, never a path opened anew.
  */
 PL_API int pl_source_read_many(pl_source *src, const pl_read *reads, int64_t n,
                                int64_t *out);

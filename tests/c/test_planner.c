@@ -158,6 +158,7 @@ static void test_permutation_order(corpus *c) {
     int64_t expect_i = 0;
     int ok = 1;
     pl__config_weights(o.p->cfg, 0, o.p->weights);
+    pl__planner_draw_begin(o.p);
     for (int step = 0; step < 30 && ok; step++) {
         /* draw directly: the mixture picks source 0 only */
         pl_chunk ch;
@@ -167,6 +168,7 @@ static void test_permutation_order(corpus *c) {
             if (ch.index != want) ok = 0;
         }
     }
+    pl__planner_draw_end(o.p);
     CHECK(ok);
     CHECK(expect_i > 5);
     close_planner(&o);
