@@ -553,7 +553,11 @@ PL_API const char *pl_loader_errmsg(const pl_loader *loader);
  * pl_loader_set_state.  With on_error: skip, a bad document is skipped and
  * counted instead.  A rank may run ahead of the other ranks of its DP group
  * (e.g. one thread serving TP peers in turn): the batches the lagging ranks
- * have not taken are kept, so memory grows with the lead, and nothing blocks.
+ * have not taken are kept, up to the lag policy (pl_pipeline): a rank more
+ * than max_lag_steps steps behind the most advanced rank of its group (a
+ * rank that never asks stands at its start) is dropped, so memory stays
+ * bounded and nothing blocks; its own later calls return PL_ELAG.  The
+ * state (pl_loader_get_state) is then that of the ranks not dropped.
  */
 PL_API int pl_loader_next(pl_loader *loader, int64_t rank, pl_batch **out);
 
