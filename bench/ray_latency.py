@@ -114,7 +114,7 @@ def main():
            "loader_actors": a.loader_actors, "config": {k: v for k, v in cfg.items() if k != "sources"}}
     res["embedded"] = embedded_tokens_per_s(cfg_path, 100)
     print("embedded", json.dumps(res["embedded"]), flush=True)
-    ctx = ray.init(address="local", num_cpus=2, include_dashboard=False,
+    ctx = ray.init(address="local", num_cpus=8, include_dashboard=False,
                    object_store_memory=256 << 20, namespace="bench", log_to_driver=False)
     try:
         for label, n, compute in (("wait", a.micro_batches, a.compute),

@@ -240,7 +240,7 @@ def run_polyload(n, loader_actors, constructors):
     script = os.path.join(d, "client.py")
     with open(script, "w") as f:
         f.write(CLIENT_SCRIPT % {"cfg": cfg_path, "take": TAKE, "ready": ready})
-    ctx = ray.init(address="local", num_cpus=2, include_dashboard=False, object_store_memory=256 << 20,
+    ctx = ray.init(address="local", num_cpus=8, include_dashboard=False, object_store_memory=256 << 20,
                    namespace="bench", log_to_driver=False)
     address = ctx.address_info["address"]
     procs = []

@@ -144,6 +144,25 @@ class Planner:
                 del self._cache[s]
         return entry
 
+    @ray.method(enable_task_events=False)
+    def plans(self, gen: int, step: int, constructor: int, count: int):
+        """``plan`` for steps ``step .. step+count-1`` (stopping after train_steps, or
+        before a step that fails), in one call; None for another generation."""
+        out = []
+        for s in range(int(step), int(step) + max(1, int(count))):
+            try:
+                entry = self.plan(gen, s, constructor)
+            except polyload.PolyloadError:
+                if not out:
+                    raise
+                break
+            if entry is None:
+                return None
+            out.append(entry)
+            if entry[1] is None:
+                break
+        return out
+
     def restart(self, blob: bytes, force: bool = False) -> Tuple[int, bytes]:
         """Continue the deployment from a state blob: a new generation, unless ``blob``
         is the one the current generation started from and no constructor has planned
@@ -263,6 +282,8 @@ class DataConstructor:
         self._prefetch_steps = max(1, int(prefetch_steps))
         self._max_lag = int(max_lag_steps)
         self._n_drivers = max(1, int(drivers))
+        self._max_units = 64  # units built together (one read per loader actor)
+        self._plans: Dict[int, Tuple[bytes, Optional[bytes]]] = {}
         self._tasks: List[asyncio.Task] = []
         self._closed = False
 
@@ -301,6 +322,7 @@ class DataConstructor:
         self._pipe.reset(blob)
         self._gen = gen
         self._final = None
+        self._plans = {}
         self._cursor = {r: _core.state_info(blob)["step"] for r in self._ranks}
         self._tasks = [asyncio.ensure_future(self._drive(gen)) for _ in range(self._n_drivers)]
         await self._notify()
@@ -341,27 +363,47 @@ class DataConstructor:
             if w.kind == "plan":
                 await self._plan(gen, w)
             else:
-                await self._build(gen, w)
+                units = [w]  # every unit that may be built now: one read per loader actor
+                while len(units) < self._max_units:
+                    try:
+                        more = pipe.get_work(2, 0)
+                    except polyload.PolyloadError:
+                        more = None
+                    if more is None or more == "done":
+                        break
+                    units.append(more)
+                await self._build(gen, units)
             if gen == self._gen:
                 await self._notify()
 
     async def _plan(self, gen: int, w) -> None:
-        try:
-            res = await self._planner.plan.remote(gen, w.step, self._index)
-        except Exception as e:  # noqa: BLE001 - the ranks that reach the step get it
-            if gen == self._gen:
-                self._pipe.fail_step(w.step, *_error_parts(e))
-            return
-        if res is None or gen != self._gen:
-            return  # the planner moved on: a sync follows
-        blob, plan = res
+        """Add step w.step, from plans fetched ``prefetch_steps`` at a time."""
+        entry = self._plans.pop(w.step, None)
+        if entry is None:
+            try:
+                res = await self._planner.plans.remote(gen, w.step, self._index,
+                                                       self._prefetch_steps)
+            except Exception as e:  # noqa: BLE001 - the ranks that reach the step get it
+                if gen == self._gen:
+                    self._pipe.fail_step(w.step, *_error_parts(e))
+                return
+            if res is None or gen != self._gen:
+                return  # the planner moved on: a sync follows
+            for k, item in enumerate(res):
+                self._plans[w.step + k] = item
+            entry = self._plans.pop(w.step)
+        blob, plan = entry
         if plan is None:
             self._final = blob
         self._pipe.add_step(w.step, plan, blob)
 
-    async def _build(self, gen: int, w) -> None:
+    async def _build(self, gen: int, units) -> None:
+        """Build units: their reads routed to the source-loader actors, one call per
+        actor for all the units, then one package per unit."""
         try:
-            reads = np.asarray(w.reads())
+            per_unit = [np.asarray(u.reads()) for u in units]
+            sizes = [len(r) for r in per_unit]
+            reads = np.concatenate(per_unit) if per_unit else np.zeros((0, 4), np.int64)
             n = len(reads)
             owner = np.zeros(n, dtype=np.int64)
             for s in np.unique(reads[:, 0]) if n else ():
@@ -376,36 +418,46 @@ class DataConstructor:
                 sels.append(sel)
                 calls.append(self._loaders[int(a)].read.remote(reads[sel]))
             outs = await asyncio.gather(*calls)
-            if gen != self._gen:
-                return
-            buffers: List[np.ndarray] = []
-            buf_dtype: List[int] = []
-            read_buf = np.zeros(n, dtype=np.int64)
-            read_off = np.zeros(n, dtype=np.int64)
-            for sel, parts in zip(sels, outs):
-                src = reads[sel, 0]
-                cuts = np.concatenate([[0], np.flatnonzero(np.diff(src)) + 1, [len(sel)]])
-                for (a, b), arr in zip(zip(cuts[:-1], cuts[1:]), parts):
-                    rows = sel[a:b]
-                    s = int(src[a])
-                    nbytes = reads[rows, 3] * self._widths[s]
-                    read_off[rows] = np.cumsum(nbytes) - nbytes
-                    read_buf[rows] = len(buffers)
-                    buffers.append(arr)
-                    buf_dtype.append(int(self._dtypes[s]))
-            self._pipe.complete(w, buffers, np.asarray(buf_dtype, dtype=np.int64),
-                                read_buf, read_off)
-        except Exception as e:  # noqa: BLE001 - the rank that reaches the unit gets it
+        except Exception as e:  # noqa: BLE001 - the ranks that reach the units get it
             if gen == self._gen:
-                self._pipe.fail(w, *_error_parts(e))
+                for u in units:
+                    self._pipe.fail(u, *_error_parts(e))
+            return
+        if gen != self._gen:
+            return
+        buffers: List[np.ndarray] = []
+        buf_dtype: List[int] = []
+        read_buf = np.zeros(n, dtype=np.int64)
+        read_off = np.zeros(n, dtype=np.int64)
+        for sel, parts in zip(sels, outs):
+            src = reads[sel, 0]
+            cuts = np.concatenate([[0], np.flatnonzero(np.diff(src)) + 1, [len(sel)]])
+            for (a, b), arr in zip(zip(cuts[:-1], cuts[1:]), parts):
+                rows = sel[a:b]
+                s = int(src[a])
+                nbytes = reads[rows, 3] * self._widths[s]
+                read_off[rows] = np.cumsum(nbytes) - nbytes
+                read_buf[rows] = len(buffers)
+                buffers.append(arr)
+                buf_dtype.append(int(self._dtypes[s]))
+        dts = np.asarray(buf_dtype, dtype=np.int64)
+        at = 0
+        for u, k in zip(units, sizes):
+            try:
+                self._pipe.complete(u, buffers, dts, read_buf[at:at + k], read_off[at:at + k])
+            except Exception as e:  # noqa: BLE001
+                self._pipe.fail(u, *_error_parts(e))
+            at += k
 
     # --------------------------------------------------------------- serving
 
     @ray.method(enable_task_events=False)
-    async def fetch(self, gen: int, rank: int, step: int):
-        """The package of ``rank``'s DP rank for ``step`` (uint8 array), or the state
-        blob (bytes) for step train_steps.  Raises StateError for another generation,
-        LagError when the lag policy dropped the rank, or the error of the step."""
+    async def fetch(self, gen: int, rank: int, step: int, count: int = 1) -> List[Any]:
+        """The packages of ``rank``'s DP rank for steps ``step .. step+count-1`` (uint8
+        arrays; for step train_steps its state blob as bytes, and nothing after it), in
+        one call: one object per call, owned by the caller.  Raises StateError for
+        another generation, LagError when the lag policy dropped the rank, or the
+        error of a step."""
         if gen > self._gen:
             await self.sync(gen)
         if gen != self._gen:
@@ -417,6 +469,14 @@ class DataConstructor:
         if rank not in self._cursor:
             raise polyload.RangeError(
                 _core.ERANGE, "ERANGE", f"constructor {self._index}: rank {rank} is not served here")
+        out: List[Any] = []
+        for s in range(int(step), int(step) + max(1, int(count))):
+            out.append(await self._fetch_one(gen, rank, s))
+            if 0 <= self._train_steps <= s:
+                break
+        return out
+
+    async def _fetch_one(self, gen: int, rank: int, step: int):
         if 0 <= self._train_steps <= step:
             while self._final is None and gen == self._gen:
                 self._check_alive()

@@ -52,8 +52,9 @@ class Client(polyload.Loader):
             initialized, else ``$RANK``, else 0.
         namespace, name: where :func:`launch` registered the actors.
         pin_memory: as the Loader's.
-        prefetch: steps fetched ahead of the one being consumed (package requests in
-            flight; the constructor itself builds ``prefetch_steps`` ahead).
+        prefetch: steps fetched per call to the constructor (two calls are in flight,
+            so up to ``2 * prefetch`` steps arrive ahead of the one being consumed; the
+            constructor itself builds ``prefetch_steps`` ahead).
         threads: worker threads that expand packages into micro-batches (default 1).
         timeout: seconds any single wait on the deployment may take before it is an
             error naming the actor (PolyloadTimeoutError).
@@ -70,7 +71,7 @@ class Client(polyload.Loader):
     """
 
     def __init__(self, config, rank: Optional[int] = None, namespace: str = "polyload", *,
-                 name: str = "polyload", pin_memory: bool = False, prefetch: int = 2,
+                 name: str = "polyload", pin_memory: bool = False, prefetch: int = 4,
                  threads: int = 1, timeout: float = 600.0,
                  address: Optional[str] = None) -> None:
         self._thread: Optional[threading.Thread] = None
@@ -119,6 +120,9 @@ class Client(polyload.Loader):
         self._handle().set_state(blob)
         self._t0 = self._t1 = None
         self._stop = False
+        #: packages fetched and their bytes (what crossed the object store to this rank)
+        self.packages = getattr(self, "packages", 0)
+        self.package_bytes = getattr(self, "package_bytes", 0)
         self._thread = threading.Thread(target=self._transport, args=(gen,),
                                          name=f"polyload-client-{self.rank}", daemon=True)
         self._thread.start()
@@ -134,46 +138,59 @@ class Client(polyload.Loader):
         t.join(timeout=self._timeout)
 
     def _transport(self, gen: int) -> None:
-        """Fetch the packages the C loader asks for, ``prefetch`` steps in flight."""
+        """Fetch the packages the C loader asks for: ``prefetch`` steps per call, two
+        calls in flight; push each when the loader wants it."""
         loader, ctor, rank = self._loader, self._ctor, self.rank
-        inflight: Deque[Tuple[int, Any]] = collections.deque()
-        next_req = None
+        inflight: Deque[Tuple[int, int, Any]] = collections.deque()
+        ready: Dict[int, Any] = {}
         train_steps = self.config.get_int("train_steps")
+        next_req: Optional[int] = None
         try:
             while not self._stop:
                 want = loader.want_step(-1)
                 if want == "done" or want is None:
                     return
-                if next_req is None or not inflight or inflight[0][0] != want:
-                    inflight.clear()
+                if next_req is None:
                     next_req = want
-                while len(inflight) < self._prefetch and (train_steps < 0 or next_req <= train_steps):
-                    inflight.append((next_req, ctor.fetch.remote(gen, rank, next_req)))
-                    next_req += 1
-                step, ref = inflight.popleft()
-                try:
-                    pkg = ray.get(ref, timeout=self._timeout)
-                except ray.exceptions.GetTimeoutError:
-                    loader.fail_step(step, _core.ETIMEDOUT,
-                                     f"polyload.ray.Client rank {rank}: constructor "
-                                     f"{self._ctor_name} gave no package for step {step} within "
-                                     f"{self._timeout:g} s")
-                    return
-                except Exception as e:  # noqa: BLE001 - reaches next() with its type
-                    exc = unwrap(e)
-                    if isinstance(exc, polyload.PolyloadError):
-                        loader.fail_step(step, exc.code, exc.message)
-                    else:
-                        loader.fail_step(step, _core.EIO,
+                while want not in ready:
+                    while len(inflight) < 2 and (train_steps < 0 or next_req <= train_steps):
+                        n = self._prefetch if train_steps < 0 else min(
+                            self._prefetch, train_steps - next_req + 1)
+                        inflight.append((next_req, n, ctor.fetch.remote(gen, rank, next_req, n)))
+                        next_req += n
+                    if not inflight:
+                        raise polyload.PolyloadError(
+                            _core.ESTATE, "ESTATE",
+                            f"polyload.ray.Client rank {rank}: step {want} is past the end")
+                    first, n, ref = inflight.popleft()
+                    try:
+                        pkgs = ray.get(ref, timeout=self._timeout)
+                    except ray.exceptions.GetTimeoutError:
+                        loader.fail_step(want, _core.ETIMEDOUT,
                                          f"polyload.ray.Client rank {rank}: constructor "
-                                         f"{self._ctor_name}: {type(exc).__name__}: {exc}")
-                    return
+                                         f"{self._ctor_name} gave no package for steps "
+                                         f"{first}..{first + n - 1} within {self._timeout:g} s")
+                        return
+                    except Exception as e:  # noqa: BLE001 - reaches next() with its type
+                        exc = unwrap(e)
+                        if isinstance(exc, polyload.PolyloadError):
+                            loader.fail_step(want, exc.code, exc.message)
+                        else:
+                            loader.fail_step(want, _core.EIO,
+                                             f"polyload.ray.Client rank {rank}: constructor "
+                                             f"{self._ctor_name}: {type(exc).__name__}: {exc}")
+                        return
+                    for k, pkg in enumerate(pkgs):
+                        ready[first + k] = pkg
+                pkg = ready.pop(want)
                 loader.push_package(pkg)
+                self.packages += 1
+                self.package_bytes += len(pkg)
                 del pkg
         except polyload.PolyloadError:
             return  # stopped (ECLOSED), or the loader failed: next() reports it
         finally:
-            for _, ref in inflight:  # collect, so Ray reports none as unhandled
+            for _, _, ref in inflight:  # collect, so Ray reports none as unhandled
                 try:
                     ray.get(ref, timeout=2.0)
                 except Exception:  # noqa: BLE001

@@ -19,7 +19,7 @@ ROLES = ("planner", "source_loader", "constructor")
 #: CPUs each role asks Ray for, unless ``placement[role]["num_cpus"]`` says otherwise:
 #: source loaders read (and later tokenize and decode) and constructors route and pack
 #: payloads, so both are CPU work; the planner works once per step.
-DEFAULT_NUM_CPUS = {"planner": 0.5, "source_loader": 1.0, "constructor": 1.0}
+DEFAULT_NUM_CPUS = {"planner": 0.25, "source_loader": 0.5, "constructor": 1.0}
 
 #: Source-loader actors when ``num_source_loaders`` is not given: the partitions of all
 #: sources are packed onto at most this many actors, so 300 sources cost a few actors.
@@ -54,6 +54,29 @@ def _role_options(placement: Optional[Mapping[str, Any]], role: str) -> Dict[str
 
         opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)
     return opts
+
+
+def _check_cpus(placement, n_ctors: int, num_source_loaders, max_actors,
+                n_sources: int) -> None:
+    """Refuse at once a deployment whose CPU requests exceed the cluster's CPUs (its
+    actors would wait forever to be scheduled), naming the numbers and the fix."""
+    total = ray.cluster_resources().get("CPU", 0.0)
+    if isinstance(num_source_loaders, Mapping):
+        parts = sum(int(num_source_loaders.get(n, 1)) for n in num_source_loaders) + max(
+            0, n_sources - len(num_source_loaders))
+    else:
+        parts = int(num_source_loaders) * n_sources
+    n_loaders = parts if max_actors is None else min(parts, int(max_actors))
+    cpus = {r: float(_role_options(placement, r).get("num_cpus", DEFAULT_NUM_CPUS[r]))
+            for r in ROLES}
+    need = cpus["planner"] + n_ctors * cpus["constructor"] + (n_loaders or 1) * cpus["source_loader"]
+    if need > total + 1e-9:
+        raise ValueError(
+            f"polyload.ray.launch: the roles ask for {need:g} CPUs (planner {cpus['planner']:g}, "
+            f"{n_ctors} constructor(s) x {cpus['constructor']:g}, source loaders x "
+            f"{cpus['source_loader']:g}) but the Ray cluster has {total:g}; pass smaller "
+            f"requests, e.g. placement={{'source_loader': {{'num_cpus': 0.25}}, "
+            f"'constructor': {{'num_cpus': 0.5}}}}, or start Ray with more CPUs")
 
 
 def _partitions(names: Sequence[str], num_documents: Sequence[int],
@@ -213,7 +236,7 @@ def launch(
     if not 1 <= int(num_constructors) <= dp:
         raise ValueError(f"num_constructors must be in [1, dp={dp}], got {num_constructors}")
     if prefetch_steps is None:
-        prefetch_steps = max(2, -(-cfg.get_int("prefetch") // nmb))
+        prefetch_steps = max(4, -(-cfg.get_int("prefetch") // nmb))
     if max_lag_steps is None:
         max_lag_steps = cfg.get_int("max_lag_steps")
     if num_source_loaders is None:
@@ -234,6 +257,8 @@ def launch(
         o.update(_role_options(placement, role))
         return o
 
+    _check_cpus(placement, int(num_constructors), num_source_loaders, max_source_loader_actors,
+                cfg.num_sources)
     created = []
     try:
         planner = _PlannerActor.options(**opts("planner", f"{name}.planner")).remote(
