@@ -78,23 +78,62 @@ def embedded(cfg_path, n):
     return {"tokens": tokens, "seconds": secs, "tokens_per_s": tokens / secs}
 
 
+PREFETCH_STEPS = None
+
+
+def cpu_seconds(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            parts = f.read().rsplit(")", 1)[1].split()
+        return (int(parts[11]) + int(parts[12])) / os.sysconf("SC_CLK_TCK")
+    except OSError:
+        return 0.0
+
+
+def all_pids():
+    return [int(p) for p in os.listdir("/proc") if p.isdigit()]
+
+
+def comm(pid):
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return "?"
+
+
 def deployment(address, cfg_path, script, name, n, compute):
+    import ray
     import polyload.ray as pr
     dep = pr.launch(cfg_path, num_constructors=2, max_source_loader_actors=2,
-                    namespace="bench", name=name)
+                    namespace="bench", name=name, prefetch_steps=PREFETCH_STEPS)
     try:
         start_at = time.time() + 30  # every client connected and warm before the clock
         procs = [subprocess.Popen([sys.executable, script, str(r), address, str(n), str(compute),
                                    repr(start_at), cfg_path, name], cwd=ROOT,
                                   stdout=subprocess.PIPE, text=True) for r in range(RANKS)]
+        roles = {pid: role for role, pids in dep.pids().items() for pid in pids}
+        roles.update({p.pid: "client" for p in procs})
+        time.sleep(max(0.0, start_at - time.time()))
+        cpu0 = {pid: cpu_seconds(pid) for pid in all_pids()}
         outs = []
         for p in procs:
             out, _ = p.communicate(timeout=900)
             if p.returncode != 0:
                 raise RuntimeError(f"client exited with {p.returncode}")
             outs.append(json.loads(out.strip().splitlines()[-1]))
+            if len(outs) == 1:  # CPU while the first client ran (all ran together)
+                cpu1 = {pid: cpu_seconds(pid) for pid in all_pids()}
+        mem = ray.get([c.memory.remote() for c in dep.actors["constructor"]])
     finally:
         dep.shutdown()
+    by_role: dict = {}
+    for pid, c1 in cpu1.items():
+        d = c1 - cpu0.get(pid, 0.0)
+        if d <= 0.005:
+            continue
+        role = roles.get(pid) or ("ray:" + comm(pid))
+        by_role[role] = by_role.get(role, 0.0) + d
     waits = [w for o in outs for w in o["waits"]]
     tokens = sum(o["tokens"] for o in outs)
     secs = max(o["seconds"] for o in outs)
@@ -103,7 +142,11 @@ def deployment(address, cfg_path, script, name, n, compute):
          "p99_ms": pct(waits, 99) * 1e3, "max_ms": max(waits) * 1e3,
          "mean_ms": statistics.fmean(waits) * 1e3,
          "object_store_bytes_per_token": sum(o["package_bytes"] for o in outs) / tokens,
-         "packages": sum(o["packages"] for o in outs)}
+         "packages": sum(o["packages"] for o in outs),
+         "units_per_build_batch": sum(m["units_built"] for m in mem) / max(1, sum(
+             m["build_batches"] for m in mem)),
+         "cpu_seconds_by_role": {k: round(v, 3) for k, v in sorted(by_role.items(),
+                                                                   key=lambda kv: -kv[1])}}
     if compute:
         r["p99_over_step"] = pct(waits, 99) / (compute + statistics.fmean(waits))
     return r
@@ -116,8 +159,13 @@ def main():
     ap.add_argument("--micro-batches", type=int, default=2000, help="per client, no compute")
     ap.add_argument("--compute-micro-batches", type=int, default=100)
     ap.add_argument("--compute", type=float, default=0.1)
+    ap.add_argument("--prefetch-steps", type=int, default=None,
+                    help="launch(prefetch_steps=...); default: launch's")
+    ap.add_argument("--skip-wait", action="store_true")
     ap.add_argument("--json", default=os.path.join(HERE, "out", "ray_pipeline.json"))
     a = ap.parse_args()
+    global PREFETCH_STEPS
+    PREFETCH_STEPS = a.prefetch_steps
     import ray
     import yaml
 
@@ -144,12 +192,16 @@ def main():
             print(json.dumps({"round": k, "embedded_tokens_per_s": e["tokens_per_s"],
                               "ray_tokens_per_s": f["tokens_per_s"], "ratio": rnd["ratio"],
                               "p50_ms": f["p50_ms"], "p99_ms": f["p99_ms"],
-                              "bytes_per_token": f["object_store_bytes_per_token"]}), flush=True)
+                              "bytes_per_token": f["object_store_bytes_per_token"],
+                              "seconds": f["seconds"],
+                              "units_per_batch": f["units_per_build_batch"],
+                              "cpu_seconds_by_role": f["cpu_seconds_by_role"]}), flush=True)
             res["rounds"].append(rnd)
-        w = deployment(addr, cfg_path, script, "wait", a.compute_micro_batches, a.compute)
-        res["wait"] = w
-        print("wait", json.dumps({k: w[k] for k in ("p50_ms", "p99_ms", "max_ms", "p99_over_step")}),
-              flush=True)
+        if not a.skip_wait:
+            w = deployment(addr, cfg_path, script, "wait", a.compute_micro_batches, a.compute)
+            res["wait"] = w
+            print("wait", json.dumps({k: w[k] for k in ("p50_ms", "p99_ms", "max_ms",
+                                                          "p99_over_step")}), flush=True)
     finally:
         ray.shutdown()
     ratios = [r["ratio"] for r in res["rounds"]]

@@ -579,6 +579,81 @@ static PyObject *source_read_raw(PyPlSource *o, PyObject *arg) {
     return b;
 }
 
+/* read_rows_raw(sources, reads) -> (bytes, offsets): rows of several sources
+ * (sources[reads[i, 0]] a Source) at their stored widths, back to back in
+ * row order; offsets[i] is the byte offset of row i.  One call for what a
+ * source loader actor answers. */
+PyObject *pypl_read_rows_raw(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *srcs_obj, *reads_obj;
+    if (!PyArg_ParseTuple(args, "OO:read_rows_raw", &srcs_obj, &reads_obj)) return NULL;
+    PyObject *srcs = PySequence_Fast(srcs_obj, "sources must be a sequence");
+    if (!srcs) return NULL;
+    pl_read *reads = NULL;
+    int64_t n = 0, total = 0;
+    if (pypl_parse_reads(reads_obj, "read_rows_raw", &reads, &n, &total) < 0) {
+        Py_DECREF(srcs);
+        return NULL;
+    }
+    Py_ssize_t ns = PySequence_Fast_GET_SIZE(srcs);
+    pl_source **h = PyMem_Calloc((size_t)(ns ? ns : 1), sizeof *h);
+    int64_t *offs = malloc((size_t)(n ? n : 1) * sizeof(int64_t));
+    PyObject *ret = NULL, *b = NULL;
+    if (!h || !offs) {
+        PyErr_NoMemory();
+        goto out;
+    }
+    for (Py_ssize_t i = 0; i < ns; i++) {
+        PyObject *it = PySequence_Fast_GET_ITEM(srcs, i);
+        if (it != Py_None && !PyObject_TypeCheck(it, &PyPl_SourceType)) {
+            PyErr_SetString(PyExc_TypeError, "read_rows_raw: sources must be Source or None");
+            goto out;
+        }
+        h[i] = it == Py_None ? NULL : ((PyPlSource *)it)->src;
+    }
+    size_t bytes = 0;
+    for (int64_t i = 0; i < n; i++) {
+        int32_t s = reads[i].source;
+        if (s < 0 || s >= ns || !h[s] || reads[i].count < 0) {
+            PyErr_Format(PyExc_ValueError, "read_rows_raw: row %lld names source %d, not hosted here",
+                         (long long)i, (int)s);
+            goto out;
+        }
+        offs[i] = (int64_t)bytes;
+        bytes += (size_t)reads[i].count * pl_dtype_size(pl_source_token_dtype(h[s]));
+    }
+    b = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)bytes);
+    if (!b) goto out;
+    char *buf = PyBytes_AS_STRING(b);
+    int rc = PL_OK;
+    int64_t bad = -1;
+    Py_BEGIN_ALLOW_THREADS
+    for (int64_t i = 0; i < n && rc == PL_OK; i++) {
+        pl_source *src = h[reads[i].source];
+        size_t es = pl_dtype_size(pl_source_token_dtype(src));
+        rc = pl_source_read_raw(src, &reads[i], 1, buf + offs[i], (size_t)reads[i].count * es);
+        if (rc) bad = i;
+    }
+    Py_END_ALLOW_THREADS
+    if (rc != PL_OK) {
+        pypl_raise(rc, pl_source_errmsg(h[reads[bad].source]));
+        goto out;
+    }
+    Py_ssize_t shape[1] = {(Py_ssize_t)n};
+    PyObject *arr = pypl_array_owned(offs, "q", 8, 1, shape);
+    offs = NULL;
+    if (!arr) goto out;
+    ret = PyTuple_Pack(2, b, arr);
+    Py_DECREF(arr);
+out:
+    Py_XDECREF(b);
+    free(offs);
+    PyMem_Free(h);
+    PyMem_Free(reads);
+    Py_DECREF(srcs);
+    return ret;
+}
+
 static PyObject *source_stats(PyPlSource *o, PyObject *unused) {
     (void)unused;
     pl_source_stats st;

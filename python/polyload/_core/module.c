@@ -252,6 +252,11 @@ static PyMethodDef module_methods[] = {
     {"state_retarget", pypl_state_retarget, METH_VARARGS,
      "state_retarget(blob, micro_batch, dp) -> bytes\n\nThe blob with another cursor "
      "(pl_state_retarget)."},
+    {"read_rows_raw", pypl_read_rows_raw, METH_VARARGS,
+     "read_rows_raw(sources, reads) -> (bytes, offsets)\n\nRows of several sources "
+     "(sources[reads[i, 0]] a Source, others None) at their\nstored widths, back to back "
+     "in row order (pl_source_read_raw); offsets: int64 Array\nof each row's byte "
+     "offset.  What a source-loader actor answers, in one call."},
     {"package_info", pypl_package_info, METH_O,
      "package_info(package) -> (step, dp_rank)\n\npl_package_inspect."},
     {"cost_fit", m_cost_fit, METH_VARARGS,

@@ -353,7 +353,7 @@ static PyObject *pipe_fail_step(PyPlPipeline *o, PyObject *args) {
 
 /* complete(work, buffers, dtypes, read_buf, read_off): encode the unit's
  * package from payload buffers (read j is at byte read_off[j] of
- * buffers[read_buf[j]], dtype dtypes[read_buf[j]]) and hand it over. */
+ * buffers[read_buf[j]], at dtype dtypes[j]) and hand it over. */
 static PyObject *pipe_complete(PyPlPipeline *o, PyObject *args) {
     PyObject *wo, *bufs;
     Py_buffer dt, rb, ro;
@@ -376,8 +376,8 @@ static PyObject *pipe_complete(PyPlPipeline *o, PyObject *args) {
     seq = PySequence_Fast(bufs, "buffers must be a sequence");
     if (!seq) goto out;
     nb = PySequence_Fast_GET_SIZE(seq);
-    if (dt.len != nb * 8) {
-        PyErr_SetString(PyExc_ValueError, "complete: one int64 dtype per buffer");
+    if (dt.len != rb.len) {
+        PyErr_SetString(PyExc_ValueError, "complete: one int64 dtype per read");
         goto out;
     }
     views = PyMem_Calloc((size_t)(nb ? nb : 1), sizeof *views);
@@ -396,7 +396,7 @@ static PyObject *pipe_complete(PyPlPipeline *o, PyObject *args) {
                          (long long)j);
             goto out;
         }
-        int64_t d = dts[rbv[j]];
+        int64_t d = dts[j];
         size_t es = d >= PL_DTYPE_UINT8 && d <= PL_DTYPE_UINT32 ? pl_dtype_size((int)d) : 0;
         if (!es) {
             PyErr_Format(PyExc_ValueError, "complete: bad dtype %lld", (long long)d);
@@ -543,8 +543,8 @@ static PyMethodDef pipe_methods[] = {
     {"complete", (PyCFunction)pipe_complete, METH_VARARGS,
      "complete(work, buffers, dtypes, read_buf, read_off)\n\nEncode the unit's package "
      "(pl_package_encode) from payload buffers at stored width:\nread j lies at byte "
-     "read_off[j] of buffers[read_buf[j]] whose dtype is dtypes[read_buf[j]]\n(int64 "
-     "buffers).  The reads are work.reads() in order."},
+     "read_off[j] of buffers[read_buf[j]], at dtype dtypes[j] (int64\narrays).  The reads "
+     "are work.reads() in order."},
     {"fail", (PyCFunction)pipe_fail, METH_VARARGS,
      "fail(work, code, message)\n\nThe unit failed; the rank that reaches it gets the error."},
     {"next", (PyCFunction)pipe_next, METH_VARARGS,

@@ -36,6 +36,8 @@ from polyload import _core
 
 from ._common import enter_cwd, make_config, unwrap
 
+_KEY_SHIFT = 40  # routing key: source << 40 | document index
+
 _WIDTH = {_core.DTYPE_UINT8: 1, _core.DTYPE_INT8: 1, _core.DTYPE_INT16: 2,
           _core.DTYPE_UINT16: 2, _core.DTYPE_INT32: 4, _core.DTYPE_UINT32: 4,
           _core.DTYPE_INT64: 8, _core.DTYPE_FLOAT32: 4, _core.DTYPE_FLOAT64: 8}
@@ -211,37 +213,33 @@ class SourceLoader:
     def setup(self) -> Dict[str, Any]:
         enter_cwd(self._cwd)
         cfg = make_config(self._payload)
-        self._ranges: Dict[int, List[Tuple[int, int]]] = {}
+        self._srcs: List[Any] = [None] * cfg.num_sources
         for s, lo, hi in self._shards:
-            if s not in self._sources:
-                self._sources[s] = cfg.open_source(s)
-            self._ranges.setdefault(s, []).append((lo, hi))
+            if self._srcs[s] is None:
+                self._srcs[s] = cfg.open_source(s)
+        # Partitions as intervals of the key (source << 40 | index), sorted.
+        parts = sorted((s << _KEY_SHIFT | lo, s << _KEY_SHIFT | hi) for s, lo, hi in self._shards)
+        self._lo = np.asarray([p[0] for p in parts], dtype=np.int64)
+        self._hi = np.asarray([p[1] for p in parts], dtype=np.int64)
         return {"pid": os.getpid(), "node_id": _node_id(), "shards": self._shards,
                 "actor": ray.get_runtime_context().get_actor_name()}
 
     @ray.method(enable_task_events=False)
-    def read(self, reads: np.ndarray) -> List[np.ndarray]:
+    def read(self, reads: np.ndarray) -> np.ndarray:
+        """The rows' tokens back to back at their sources' stored widths (uint8)."""
         reads = np.ascontiguousarray(reads, dtype=np.int64).reshape(-1, 4)
-        if len(reads) == 0:
-            return []
-        src = reads[:, 0]
-        cuts = np.concatenate([[0], np.flatnonzero(np.diff(src)) + 1, [len(reads)]])
-        out = []
-        for a, b in zip(cuts[:-1], cuts[1:]):
-            s = int(src[a])
-            ranges = self._ranges.get(s)
-            idx = reads[a:b, 1]
-            ok = np.zeros(len(idx), dtype=bool)
-            for lo, hi in ranges or ():
-                ok |= (idx >= lo) & (idx < hi)
-            if not ok.all():
-                bad = int(idx[~ok][0])
-                raise polyload.RangeError(
-                    _core.ERANGE, "ERANGE",
-                    f"source loader {ray.get_runtime_context().get_actor_name()}: document "
-                    f"{bad} of source {s} is outside its partitions {ranges}")
-            out.append(np.frombuffer(self._sources[s].read_raw(reads[a:b]), dtype=np.uint8))
-        return out
+        key = reads[:, 0] << _KEY_SHIFT | reads[:, 1]
+        i = np.searchsorted(self._lo, key, side="right") - 1
+        ok = (i >= 0) & (key < self._hi[np.maximum(i, 0)])
+        if not ok.all():
+            j = int(np.flatnonzero(~ok)[0])
+            raise polyload.RangeError(
+                _core.ERANGE, "ERANGE",
+                f"source loader {ray.get_runtime_context().get_actor_name()}: document "
+                f"{int(reads[j, 1])} of source {int(reads[j, 0])} is outside its partitions "
+                f"{self._shards}")
+        data, _offsets = _core.read_rows_raw(self._srcs, reads)
+        return np.frombuffer(data, dtype=np.uint8)
 
     def pid(self) -> int:
         return os.getpid()
@@ -270,7 +268,7 @@ class DataConstructor:
     def __init__(self, payload, cwd: str, index: int, dp_ranks: Sequence[int],
                  planner: str, loaders: Sequence[str], routing, dtypes: Sequence[int],
                  namespace: str, prefetch_steps: int, max_lag_steps: int,
-                 drivers: int = 2) -> None:
+                 drivers: int = 1) -> None:
         self._payload, self._cwd = payload, cwd
         self._index = int(index)
         self._dp_ranks = [int(d) for d in dp_ranks]
@@ -283,6 +281,9 @@ class DataConstructor:
         self._max_lag = int(max_lag_steps)
         self._n_drivers = max(1, int(drivers))
         self._max_units = 64  # units built together (one read per loader actor)
+        self._n_batches = self._n_units = 0
+        self._waiting = 0          # fetches blocked on a unit not built yet
+        self._coalesce_s = 0.0
         self._plans: Dict[int, Tuple[bytes, Optional[bytes]]] = {}
         self._tasks: List[asyncio.Task] = []
         self._closed = False
@@ -300,9 +301,17 @@ class DataConstructor:
             prefetch=self._prefetch_steps * self._nmb, max_lag_steps=self._max_lag)
         self._planner = ray.get_actor(self._planner_name, namespace=self._namespace)
         self._loaders = [ray.get_actor(n, namespace=self._namespace) for n in self._loader_names]
-        self._bounds = [np.asarray(b, dtype=np.int64) for b, _ in self._routing]
-        self._owner = [np.asarray(a, dtype=np.int64) for _, a in self._routing]
-        self._changed = asyncio.Condition()
+        keys = [(s << _KEY_SHIFT | int(lo), int(a)) for s, (los, owners) in
+                enumerate(self._routing) for lo, a in zip(los, owners)]
+        keys.sort()
+        self._pstart = np.asarray([k for k, _ in keys], dtype=np.int64)
+        self._powner = np.asarray([a for _, a in keys], dtype=np.int64)
+        # Three wake-ups, so that nobody wakes for what it does not wait for:
+        # units built or steps added (consumers), room or demand (drivers), a
+        # rank's cursor moved (its next fetch, which serves steps in order).
+        self._built = asyncio.Condition()
+        self._demand = asyncio.Condition()
+        self._served = asyncio.Condition()
         self._gen = -1
         self._final: Optional[bytes] = None
         gen, blob = await self._planner.current.remote()
@@ -338,13 +347,19 @@ class DataConstructor:
             return self._gen
         return self._gen, self._cursor.get(int(rank), -1)
 
-    async def _notify(self) -> None:
-        async with self._changed:
-            self._changed.notify_all()
+    @staticmethod
+    async def _wake(cond: asyncio.Condition) -> None:
+        async with cond:
+            cond.notify_all()
 
-    async def _wait_change(self) -> None:
-        async with self._changed:
-            await self._changed.wait()
+    @staticmethod
+    async def _sleep_on(cond: asyncio.Condition) -> None:
+        async with cond:
+            await cond.wait()
+
+    async def _notify(self) -> None:
+        for c in (self._built, self._demand, self._served):
+            await self._wake(c)
 
     # --------------------------------------------------------------- drivers
 
@@ -356,7 +371,7 @@ class DataConstructor:
             except polyload.PolyloadError:
                 return  # closed or failed: the ranks get the error from the pipeline
             if w is None:
-                await self._wait_change()
+                await self._sleep_on(self._demand)
                 continue
             if w == "done":
                 return
@@ -364,17 +379,40 @@ class DataConstructor:
                 await self._plan(gen, w)
             else:
                 units = [w]  # every unit that may be built now: one read per loader actor
+                if self._waiting == 0:
+                    # Nobody waits for a unit: let the other ranks' requests open their
+                    # windows first, so that one read per loader actor serves them all.
+                    await asyncio.sleep(self._coalesce_s)
+                pending_plan = None
                 while len(units) < self._max_units:
                     try:
-                        more = pipe.get_work(2, 0)
+                        more = pipe.get_work(3, 0)
                     except polyload.PolyloadError:
                         more = None
                     if more is None or more == "done":
                         break
+                    if more.kind == "plan":  # a cached plan is added at once: more units
+                        if not self._add_cached(more):
+                            pending_plan = more
+                            break
+                        continue
                     units.append(more)
                 await self._build(gen, units)
+                if pending_plan is not None:
+                    await self._plan(gen, pending_plan)
             if gen == self._gen:
-                await self._notify()
+                await self._wake(self._built)
+
+    def _add_cached(self, w) -> bool:
+        """Add step w.step if its plan was fetched already; False otherwise."""
+        entry = self._plans.pop(w.step, None)
+        if entry is None:
+            return False
+        blob, plan = entry
+        if plan is None:
+            self._final = blob
+        self._pipe.add_step(w.step, plan, blob)
+        return True
 
     async def _plan(self, gen: int, w) -> None:
         """Add step w.step, from plans fetched ``prefetch_steps`` at a time."""
@@ -399,25 +437,22 @@ class DataConstructor:
 
     async def _build(self, gen: int, units) -> None:
         """Build units: their reads routed to the source-loader actors, one call per
-        actor for all the units, then one package per unit."""
+        actor for all the units, then one package per unit (C)."""
+        self._n_batches += 1
+        self._n_units += len(units)
         try:
             per_unit = [np.asarray(u.reads()) for u in units]
             sizes = [len(r) for r in per_unit]
             reads = np.concatenate(per_unit) if per_unit else np.zeros((0, 4), np.int64)
             n = len(reads)
-            owner = np.zeros(n, dtype=np.int64)
-            for s in np.unique(reads[:, 0]) if n else ():
-                m = reads[:, 0] == s
-                part = np.searchsorted(self._bounds[s], reads[m, 1], side="right") - 1
-                owner[m] = self._owner[s][part]
-            order = np.lexsort((np.arange(n), reads[:, 0], owner)) if n else np.zeros(0, np.int64)
-            actors = np.unique(owner[order]) if n else []
-            calls, sels = [], []
-            for a in actors:
-                sel = order[owner[order] == a]
-                sels.append(sel)
-                calls.append(self._loaders[int(a)].read.remote(reads[sel]))
-            outs = await asyncio.gather(*calls)
+            key = reads[:, 0] << _KEY_SHIFT | reads[:, 1]
+            owner = self._powner[np.searchsorted(self._pstart, key, side="right") - 1]
+            order = np.argsort(owner, kind="stable")
+            actors, starts = np.unique(owner[order], return_index=True)
+            ends = np.append(starts[1:], n)
+            calls = [self._loaders[int(a)].read.remote(reads[order[st:en]])
+                     for a, st, en in zip(actors, starts, ends)]
+            outs = list(await asyncio.gather(*calls))
         except Exception as e:  # noqa: BLE001 - the ranks that reach the units get it
             if gen == self._gen:
                 for u in units:
@@ -425,26 +460,20 @@ class DataConstructor:
             return
         if gen != self._gen:
             return
-        buffers: List[np.ndarray] = []
-        buf_dtype: List[int] = []
-        read_buf = np.zeros(n, dtype=np.int64)
-        read_off = np.zeros(n, dtype=np.int64)
-        for sel, parts in zip(sels, outs):
-            src = reads[sel, 0]
-            cuts = np.concatenate([[0], np.flatnonzero(np.diff(src)) + 1, [len(sel)]])
-            for (a, b), arr in zip(zip(cuts[:-1], cuts[1:]), parts):
-                rows = sel[a:b]
-                s = int(src[a])
-                nbytes = reads[rows, 3] * self._widths[s]
-                read_off[rows] = np.cumsum(nbytes) - nbytes
-                read_buf[rows] = len(buffers)
-                buffers.append(arr)
-                buf_dtype.append(int(self._dtypes[s]))
-        dts = np.asarray(buf_dtype, dtype=np.int64)
+        read_buf = np.empty(n, dtype=np.int64)
+        read_off = np.empty(n, dtype=np.int64)
+        nbytes = reads[:, 3] * self._widths[reads[:, 0]]
+        for j, (st, en) in enumerate(zip(starts, ends)):
+            sel = order[st:en]
+            nb = nbytes[sel]
+            read_off[sel] = np.cumsum(nb) - nb
+            read_buf[sel] = j
+        read_dtype = self._dtypes[reads[:, 0]]
         at = 0
         for u, k in zip(units, sizes):
             try:
-                self._pipe.complete(u, buffers, dts, read_buf[at:at + k], read_off[at:at + k])
+                self._pipe.complete(u, outs, read_dtype[at:at + k], read_buf[at:at + k],
+                                    read_off[at:at + k])
             except Exception as e:  # noqa: BLE001
                 self._pipe.fail(u, *_error_parts(e))
             at += k
@@ -470,20 +499,26 @@ class DataConstructor:
             raise polyload.RangeError(
                 _core.ERANGE, "ERANGE", f"constructor {self._index}: rank {rank} is not served here")
         out: List[Any] = []
-        for s in range(int(step), int(step) + max(1, int(count))):
-            out.append(await self._fetch_one(gen, rank, s))
-            if 0 <= self._train_steps <= s:
-                break
+        try:
+            for s in range(int(step), int(step) + max(1, int(count))):
+                out.append(await self._fetch_one(gen, rank, s))
+                if 0 <= self._train_steps <= s:
+                    break
+        finally:  # the window moved by len(out) steps: the drivers build them together
+            await self._wake(self._demand)
+            await self._wake(self._served)
         return out
 
     async def _fetch_one(self, gen: int, rank: int, step: int):
         if 0 <= self._train_steps <= step:
             while self._final is None and gen == self._gen:
                 self._check_alive()
-                await self._wait_change()
+                await self._wake(self._demand)
+                await self._sleep_on(self._built)
             return self._final
         while self._cursor[rank] < step and gen == self._gen:  # in order per rank
-            await self._wait_change()
+            self._check_alive()
+            await self._sleep_on(self._served)
         if self._cursor[rank] != step:
             raise polyload.StateError(
                 _core.ESTATE, "ESTATE",
@@ -497,15 +532,18 @@ class DataConstructor:
             try:
                 res = self._pipe.next(rank, self._nmb, 0)
             except polyload.PolyloadTimeoutError:  # not built yet: woken by the drivers
-                await self._notify()  # the request may have opened the window: drivers look
-                await self._wait_change()
+                await self._wake(self._demand)  # the request may have opened the window
+                self._waiting += 1
+                try:
+                    await self._sleep_on(self._built)
+                finally:
+                    self._waiting -= 1
                 continue
             break
         if res is None:
             return self._final
         data, got_step, _mb, _count = res
         self._cursor[rank] = got_step + 1
-        await self._notify()
         return np.frombuffer(data, dtype=np.uint8)
 
     def _check_alive(self) -> None:
@@ -523,7 +561,8 @@ class DataConstructor:
         of this actor, to check that it stays bounded."""
         with open("/proc/self/statm") as f:
             rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-        return {"pipeline_bytes": int(self._pipe.sizeof()), "rss_bytes": rss}
+        return {"pipeline_bytes": int(self._pipe.sizeof()), "rss_bytes": rss,
+                "build_batches": self._n_batches, "units_built": self._n_units}
 
     def pid(self) -> int:
         return os.getpid()

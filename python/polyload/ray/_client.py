@@ -71,7 +71,7 @@ class Client(polyload.Loader):
     """
 
     def __init__(self, config, rank: Optional[int] = None, namespace: str = "polyload", *,
-                 name: str = "polyload", pin_memory: bool = False, prefetch: int = 4,
+                 name: str = "polyload", pin_memory: bool = False, prefetch: int = 8,
                  threads: int = 1, timeout: float = 600.0,
                  address: Optional[str] = None) -> None:
         self._thread: Optional[threading.Thread] = None

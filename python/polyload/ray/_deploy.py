@@ -236,7 +236,7 @@ def launch(
     if not 1 <= int(num_constructors) <= dp:
         raise ValueError(f"num_constructors must be in [1, dp={dp}], got {num_constructors}")
     if prefetch_steps is None:
-        prefetch_steps = max(4, -(-cfg.get_int("prefetch") // nmb))
+        prefetch_steps = max(16, -(-cfg.get_int("prefetch") // nmb))
     if max_lag_steps is None:
         max_lag_steps = cfg.get_int("max_lag_steps")
     if num_source_loaders is None:
