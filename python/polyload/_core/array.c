@@ -70,7 +70,7 @@ static PyObject *pypl_array_new(void *data, const char *format,
     a->shape[1] = ndim > 1 ? shape[1] : 1;
     a->strides[ndim - 1] = itemsize;
     if (ndim > 1) a->strides[0] = itemsize * a->shape[1];
-    a->pid = getpid();
+    a->pid = pypl_getpid();
     return (PyObject *)a;
 }
 
@@ -96,7 +96,7 @@ PyObject *pypl_array_owned(void *data, const char *format, Py_ssize_t itemsize,
 }
 
 static void array_dealloc(PyPlArray *a) {
-    if (a->batch && a->pid == getpid()) pl_batch_release(a->batch);
+    if (a->batch && a->pid == pypl_getpid()) pl_batch_release(a->batch);
     free(a->owned);
     PyObject_Free(a);
 }
@@ -226,14 +226,14 @@ PyObject *pypl_batch_new(pl_batch *batch) {
         return NULL;
     }
     o->b = batch;
-    o->pid = getpid();
+    o->pid = pypl_getpid();
     return (PyObject *)o;
 }
 
 static void batch_drop(PyPlBatch *o) {
     pl_batch *b = o->b;
     o->b = NULL;
-    if (b && o->pid == getpid()) pl_batch_release(b);
+    if (b && o->pid == pypl_getpid()) pl_batch_release(b);
 }
 
 static void batch_dealloc(PyPlBatch *o) {

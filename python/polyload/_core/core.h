@@ -40,6 +40,12 @@ static inline int PyModule_AddObjectRef(PyObject *m, const char *name, PyObject 
 }
 #endif
 
+/* The current process id, cached (getpid(2) is a system call, and handles
+ * check it on every call to refuse use in a forked child); a pthread_atfork
+ * child handler installed at import refreshes it. */
+extern pid_t pypl_pid;
+static inline pid_t pypl_getpid(void) { return pypl_pid; }
+
 /* ------------------------------------------------------------- errors */
 
 /* Raise the polyload exception for status `rc` (negative) with message

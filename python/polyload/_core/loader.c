@@ -303,11 +303,11 @@ typedef struct {
 } PyPlLoader;
 
 static int loader_check(PyPlLoader *o) {
-    if (o->pid != getpid()) {
+    if (o->pid != pypl_getpid()) {
         PyErr_Format(PyExc_RuntimeError,
                      "this Loader was created in process %ld and cannot be used in a "
                      "forked child (%ld); create a new one in the child",
-                     (long)o->pid, (long)getpid());
+                     (long)o->pid, (long)pypl_getpid());
         return -1;
     }
     if (!o->l) {
@@ -336,7 +336,7 @@ static PyObject *loader_create(PyTypeObject *cls, PyObject *args, PyObject *kw) 
     PyPlLoader *o = PyObject_New(PyPlLoader, &PyPl_LoaderType);
     if (!o) return NULL;
     o->l = NULL;
-    o->pid = getpid();
+    o->pid = pypl_getpid();
     o->ranks = NULL;
     o->busy = NULL;
     o->n_ranks = 0;
@@ -422,7 +422,7 @@ static void loader_free_c(PyPlLoader *o) {
 }
 
 static void loader_dealloc(PyPlLoader *o) {
-    if (o->pid == getpid()) {
+    if (o->pid == pypl_getpid()) {
         loader_free_c(o);
         pthread_rwlock_destroy(&o->lock);
     }
@@ -434,7 +434,7 @@ static void loader_dealloc(PyPlLoader *o) {
 
 static PyObject *loader_close(PyPlLoader *o, PyObject *unused) {
     (void)unused;
-    if (o->pid != getpid()) { /* forked child: forget it without freeing */
+    if (o->pid != pypl_getpid()) { /* forked child: forget it without freeing */
         o->l = NULL;
         Py_RETURN_NONE;
     }

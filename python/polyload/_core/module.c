@@ -5,6 +5,8 @@
  */
 #include "core.h"
 
+#include <pthread.h>
+
 #include <errno.h>
 #include <string.h>
 
@@ -330,7 +332,13 @@ static int add_constants(PyObject *m) {
     return PyModule_AddStringConstant(m, "VERSION", pl_version_string());
 }
 
+pid_t pypl_pid;
+static void pypl_after_fork(void) { pypl_pid = getpid(); }
+
 PyMODINIT_FUNC PyInit__core(void) {
+    pypl_pid = getpid();
+    static int atfork_done = 0;
+    if (!atfork_done && pthread_atfork(NULL, NULL, pypl_after_fork) == 0) atfork_done = 1;
     if (pl_version_number() != PL_VERSION_NUMBER) {
         PyErr_Format(PyExc_ImportError,
                      "polyload._core was compiled against libpolyload %d but the "

@@ -47,7 +47,7 @@ typedef struct {
 } PyPlPipeline;
 
 static int pipe_rd(PyPlPipeline *o) {
-    if (o->pid != getpid()) {
+    if (o->pid != pypl_getpid()) {
         PyErr_SetString(PyExc_RuntimeError, "Pipeline used in a forked child");
         return -1;
     }
@@ -210,7 +210,7 @@ static PyObject *pipe_create(PyTypeObject *cls, PyObject *args, PyObject *kw) {
         return NULL;
     }
     o->p = p;
-    o->pid = getpid();
+    o->pid = pypl_getpid();
     long long nmb = 0;
     pl_config_get_int(cfg->cfg, "micro_batches_per_rank", &nmb);
     o->nmb = nmb;
@@ -235,7 +235,7 @@ static void pipe_free_c(PyPlPipeline *o) {
 }
 
 static void pipe_dealloc(PyPlPipeline *o) {
-    if (o->pid == getpid()) {
+    if (o->pid == pypl_getpid()) {
         pipe_free_c(o);
         pthread_rwlock_destroy(&o->lock);
     }
@@ -244,7 +244,7 @@ static void pipe_dealloc(PyPlPipeline *o) {
 
 static PyObject *pipe_close(PyPlPipeline *o, PyObject *unused) {
     (void)unused;
-    if (o->pid != getpid()) {
+    if (o->pid != pypl_getpid()) {
         o->p = NULL;
         Py_RETURN_NONE;
     }
@@ -265,7 +265,7 @@ static PyObject *pipe_stop(PyPlPipeline *o, PyObject *unused) {
 static PyObject *pipe_reset(PyPlPipeline *o, PyObject *arg) {
     Py_buffer v;
     if (PyObject_GetBuffer(arg, &v, PyBUF_SIMPLE) < 0) return NULL;
-    if (o->pid != getpid() || !o->p) {
+    if (o->pid != pypl_getpid() || !o->p) {
         PyBuffer_Release(&v);
         return pypl_raise(PL_ECLOSED, "pipeline is closed");
     }

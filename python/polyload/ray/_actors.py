@@ -280,7 +280,7 @@ class DataConstructor:
         self._prefetch_steps = max(1, int(prefetch_steps))
         self._max_lag = int(max_lag_steps)
         self._n_drivers = max(1, int(drivers))
-        self._max_units = 64  # units built together (one read per loader actor)
+        self._max_units = 256  # units built together (one read per loader actor)
         self._n_batches = self._n_units = 0
         self._waiting = 0          # fetches blocked on a unit not built yet
         self._coalesce_s = 0.0

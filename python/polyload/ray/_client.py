@@ -54,7 +54,8 @@ class Client(polyload.Loader):
         pin_memory: as the Loader's.
         prefetch: steps fetched per call to the constructor (two calls are in flight,
             so up to ``2 * prefetch`` steps arrive ahead of the one being consumed; the
-            constructor itself builds ``prefetch_steps`` ahead).
+            constructor itself builds ``prefetch_steps`` ahead).  Default: the
+            deployment's ``fetch_steps`` (half its ``prefetch_steps``).
         threads: worker threads that expand packages into micro-batches (default 1).
         timeout: seconds any single wait on the deployment may take before it is an
             error naming the actor (PolyloadTimeoutError).
@@ -71,7 +72,7 @@ class Client(polyload.Loader):
     """
 
     def __init__(self, config, rank: Optional[int] = None, namespace: str = "polyload", *,
-                 name: str = "polyload", pin_memory: bool = False, prefetch: int = 8,
+                 name: str = "polyload", pin_memory: bool = False, prefetch: Optional[int] = None,
                  threads: int = 1, timeout: float = 600.0,
                  address: Optional[str] = None) -> None:
         self._thread: Optional[threading.Thread] = None
@@ -96,6 +97,8 @@ class Client(polyload.Loader):
                 f"micro-batches per rank {nmb} vs {info.get('micro_batches_per_rank')}, "
                 f"config fingerprint {cfg.fingerprint():#x} vs {info.get('fingerprint', 0):#x}; "
                 f"only threads and prefetch may differ)")
+        if prefetch is None:
+            prefetch = int(info.get("fetch_steps", 4))
         # The embedded Loader's set-up (rank, topology checks, torch), over an external
         # C loader holding only this rank.
         super().__init__(cfg, rank=rank, pin_memory=pin_memory, threads=threads,

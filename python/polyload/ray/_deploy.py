@@ -25,6 +25,9 @@ DEFAULT_NUM_CPUS = {"planner": 0.25, "source_loader": 0.5, "constructor": 1.0}
 #: sources are packed onto at most this many actors, so 300 sources cost a few actors.
 DEFAULT_SOURCE_LOADER_ACTORS = 4
 
+#: Package bytes a constructor prefetches per DP rank by default (sets prefetch_steps).
+PREFETCH_BYTES = 64 << 20
+
 _PlannerActor = ray.remote(Planner)
 _SourceLoaderActor = ray.remote(SourceLoader)
 _DataConstructorActor = ray.remote(DataConstructor)
@@ -215,8 +218,9 @@ def launch(
             ``{"constructor": {"node_id": "..."}}``, ``label_selector``, ``num_cpus``.
             CPUs default to ``DEFAULT_NUM_CPUS`` per role.
         prefetch_steps: steps a constructor builds ahead of its slowest rank (bounded
-            queue; back-pressure beyond).  Default: the config's ``prefetch`` micro-batches
-            rounded up to whole steps, at least 1.
+            queue; back-pressure beyond).  Default: about ``PREFETCH_BYTES`` (64 MiB) of
+            packages per DP rank, 4 to 64 steps (at least the config's ``prefetch``).
+            Clients fetch half of it per call.
         max_source_loader_actors: host the partitions on at most this many actors
             (round-robin).
         max_lag_steps: the lag policy (``pl_pipeline``): a rank more than this many steps
@@ -236,7 +240,12 @@ def launch(
     if not 1 <= int(num_constructors) <= dp:
         raise ValueError(f"num_constructors must be in [1, dp={dp}], got {num_constructors}")
     if prefetch_steps is None:
-        prefetch_steps = max(16, -(-cfg.get_int("prefetch") // nmb))
+        # Deep enough that few Ray calls carry many steps, bounded in bytes: about
+        # PREFETCH_BYTES of packages per DP rank (2-byte tokens), 4 to 64 steps.
+        rank_step_bytes = 2.5 * cfg.get_int("global_batch_size") * cfg.get_int("seq_length") / dp
+        prefetch_steps = int(min(64, max(4, PREFETCH_BYTES // max(1.0, rank_step_bytes))))
+        prefetch_steps = max(prefetch_steps, -(-cfg.get_int("prefetch") // nmb))
+    fetch_steps = max(1, int(prefetch_steps) // 2)  # steps per Client call
     if max_lag_steps is None:
         max_lag_steps = cfg.get_int("max_lag_steps")
     if num_source_loaders is None:
@@ -293,7 +302,10 @@ def launch(
         for g, group in enumerate(groups):
             a = _DataConstructorActor.options(**opts("constructor", ctor_names[g])).remote(
                 payload, cwd, g, group, f"{name}.planner", loader_names, routing,
-                pinfo["dtypes"], namespace, prefetch_steps, max_lag_steps)
+                pinfo["dtypes"], namespace, prefetch_steps,
+                # Delivery runs ahead of consumption by up to two Client calls: the
+                # constructor's lag limit leaves room for them.
+                int(max_lag_steps) + 2 * fetch_steps)
             created.append(a)
             ctors.append(a)
         cinfo = _get([a.setup.remote() for a in ctors], timeout)
@@ -312,6 +324,7 @@ def launch(
             "partitions": [[names[s], lo, hi, owner[j]] for j, (s, lo, hi) in enumerate(parts)],
             "prefetch_steps": prefetch_steps,
             "max_lag_steps": int(max_lag_steps),
+            "fetch_steps": fetch_steps,
             "nodes": {"planner": [pinfo["node_id"]],
                       "source_loader": [x["node_id"] for x in linfo],
                       "constructor": [x["node_id"] for x in cinfo]},
