@@ -319,6 +319,7 @@ def main(argv=None) -> int:
               + (f"; saved {args.save}" if args.save else ""), flush=True)
     loader.close()
     if world > 1:
+        dist.barrier()  # every rank done before the process group goes (gloo aborts otherwise)
         dist.destroy_process_group()
     return 0
 

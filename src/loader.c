@@ -31,6 +31,11 @@ typedef struct pl__unit_item {
     pl__batchbuf *b[];
 } pl__unit_item;
 
+static void pl__unit_item_retain(void *item, int64_t index, void *ctx) {
+    (void)ctx;
+    pl__buf_retain(((pl__unit_item *)item)->b[index]);
+}
+
 static void pl__unit_item_release(void *item, void *ctx) {
     (void)ctx;
     pl__unit_item *it = item;
@@ -275,6 +280,7 @@ int pl_loader_create(const pl_config *cfg, const pl_loader_options *opts,
     if (po.prefetch < l->unit) po.prefetch = l->unit;
     po.max_lag_steps = o.max_lag_steps;
     po.release = pl__unit_item_release;
+    po.retain = pl__unit_item_retain;
     /* pl__lrank is {rank, current}: ranks are not contiguous int64s. */
     int64_t *rk = pl__calloc((size_t)l->n_ranks, sizeof *rk);
     if (!rk) return pl__fail(l, PL_ENOMEM, "loader: out of memory");
@@ -407,8 +413,10 @@ int pl_loader_next(pl_loader *l, int64_t rank, pl_batch **out) {
     rc = pl_pipeline_next(l->pipe, rank, 1, -1, &it, err, sizeof err);
     if (rc == PL_DONE) return rc;
     if (rc) return pl__fail(l, rc, "%s", err);
-    pl__unit_item *item = it.item;
-    rc = pl__view_create(item->b[it.index], it.fields, out);
+    pl__unit_item *item = it.item; /* its buffer it.index is retained for us */
+    pl__batchbuf *buf = item->b[it.index];
+    rc = pl__view_create(buf, it.fields, out);
+    pl__buf_release(buf); /* the view holds its own reference */
     if (rc) return pl__fail(l, rc, "loader: out of memory");
     r->current = *out;
     return PL_OK;

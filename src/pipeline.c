@@ -81,6 +81,7 @@ struct pl_pipeline {
     int group_by_cp;
     pl_item_release_fn release;
     void *release_ctx;
+    void (*retain)(void *item, int64_t index, void *ctx);
 
     pthread_mutex_t mu;
     pthread_cond_t work_cv, ready_cv;
@@ -379,6 +380,12 @@ int pl_pipeline_create(const pl_config *cfg, const pl_pipeline_options *o,
     p->group_by_cp = o ? o->group_by_cp : 1;
     p->release = o ? o->release : NULL;
     p->release_ctx = o ? o->release_ctx : NULL;
+    p->retain = o ? o->retain : NULL;
+    if (prefetch > ((int64_t)1 << 20) || lag_steps > ((int64_t)1 << 20) ||
+        p->cap > ((int64_t)1 << 24))
+        return pl__pfail(p, PL_EINVAL,
+                         "pipeline: prefetch %lld or max_lag_steps %lld above the limit 2^20",
+                         (long long)prefetch, (long long)lag_steps);
     if (pthread_mutex_init(&p->mu, NULL))
         return pl__pfail(p, PL_ENOMEM, "pipeline: cannot create mutex");
     if (pthread_cond_init(&p->work_cv, NULL)) {
@@ -558,6 +565,13 @@ void pl_pipeline_close(pl_pipeline *p) {
     pthread_mutex_unlock(&p->mu);
 }
 
+uint64_t pl_pipeline_generation(pl_pipeline *p) {
+    pthread_mutex_lock(&p->mu);
+    uint64_t g = p->generation;
+    pthread_mutex_unlock(&p->mu);
+    return g;
+}
+
 void pl__pipeline_reopen(pl_pipeline *p) {
     pthread_mutex_lock(&p->mu);
     p->closed = 0;
@@ -678,6 +692,19 @@ int pl_pipeline_get_work(pl_pipeline *p, unsigned kinds, int64_t timeout_ms,
     return rc;
 }
 
+/* A step that cannot be stored fails the pipeline (nobody would ask again). */
+static void pl__fail_oom(pl_pipeline *p, int64_t step) {
+    pthread_mutex_lock(&p->mu);
+    if (p->asked && step == p->next_plan_step && !p->failed) {
+        p->failed = PL_ENOMEM;
+        pl__fmt(p->fail_msg, sizeof p->fail_msg,
+                "pipeline: out of memory adding step %lld", (long long)step);
+        pl__wake(work_cv);
+        pl__wake(ready_cv);
+    }
+    pthread_mutex_unlock(&p->mu);
+}
+
 static int pl__add(pl_pipeline *p, int64_t step, pl_plan *plan, const void *blob,
                    size_t blob_len, void *aux, void (*aux_free)(void *), int status,
                    const char *message) {
@@ -688,6 +715,7 @@ static int pl__add(pl_pipeline *p, int64_t step, pl_plan *plan, const void *blob
         free(b);
         pl_plan_free(plan);
         if (aux && aux_free) aux_free(aux);
+        pl__fail_oom(p, step);
         return PL_ENOMEM;
     }
     if (b) memcpy(b, blob, blob_len);
@@ -711,6 +739,7 @@ static int pl__add(pl_pipeline *p, int64_t step, pl_plan *plan, const void *blob
         if (!v) {
             pthread_mutex_unlock(&p->mu);
             pl__entry_free(e);
+            pl__fail_oom(p, step);
             return PL_ENOMEM;
         }
         p->entries = v;
@@ -887,6 +916,7 @@ int pl_pipeline_next(pl_pipeline *p, int64_t rank, int64_t max_count,
     out->index = k - k0;
     out->group = r->group;
     out->fields = r->info.fields;
+    if (p->retain) p->retain(s->item, out->index, p->release_ctx);
     s->pins++;
     r->pin = u;
     r->cursor = k + take;

@@ -703,6 +703,11 @@ typedef struct pl_pipeline_options {
     int64_t max_lag_steps;  /* 0 = config's `max_lag_steps` */
     pl_item_release_fn release; /* NULL: items are not freed */
     void *release_ctx;
+    /* Called under the pipeline's lock by pl_pipeline_next for the item and
+     * index it returns, so that the consumer holds its own reference (the
+     * pipeline may release the unit as soon as it unlocks, e.g. when the lag
+     * policy drops the rank); NULL: the item is borrowed as documented. */
+    void (*retain)(void *item, int64_t index, void *ctx);
 } pl_pipeline_options;
 #define PL_PIPELINE_OPTIONS_VERSION 1
 
@@ -823,6 +828,9 @@ PL_API int pl_pipeline_get_stats(pl_pipeline *p, int64_t timeout_ms,
 
 /* Stop: every wait returns PL_ECLOSED. */
 PL_API void pl_pipeline_close(pl_pipeline *p);
+/* How many times the pipeline was reset (pl_work.generation of work handed
+ * out since the last reset). */
+PL_API uint64_t pl_pipeline_generation(pl_pipeline *p);
 /* Memory held by the pipeline (entries, rings), in bytes, items excluded. */
 PL_API size_t pl_pipeline_sizeof(const pl_pipeline *p);
 

@@ -527,14 +527,21 @@ static PyObject *loader_get_state(PyPlLoader *o, PyObject *unused) {
     rc = pl_loader_get_state(o->l, NULL, 0, &n);
     Py_END_ALLOW_THREADS
     PyObject *b = NULL;
-    if (rc == PL_OK) {
-        b = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)n);
-        if (b) {
-            char *buf = PyBytes_AS_STRING(b);
-            Py_BEGIN_ALLOW_THREADS
-            rc = pl_loader_get_state(o->l, buf, n, &n);
-            Py_END_ALLOW_THREADS
+    for (int tries = 0; rc == PL_OK && tries < 8; tries++) {
+        /* next() of another rank may move the position between the calls. */
+        size_t cap = n + 4096;
+        b = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)cap);
+        if (!b) break;
+        char *buf = PyBytes_AS_STRING(b);
+        Py_BEGIN_ALLOW_THREADS
+        rc = pl_loader_get_state(o->l, buf, cap, &n);
+        Py_END_ALLOW_THREADS
+        if (rc == PL_OK) {
+            if (_PyBytes_Resize(&b, (Py_ssize_t)n) < 0) b = NULL;
+            break;
         }
+        Py_CLEAR(b);
+        if (rc == PL_EINVAL && n > cap) rc = PL_OK;
     }
     if (rc != PL_OK) {
         Py_XDECREF(b);

@@ -13,18 +13,28 @@
 #include "internal.h" /* PL__ERRMSG_CAP */
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
-/* A package held by the pipeline. */
+/* A package held by the pipeline; reference counted, so that next() can copy
+ * it after the pipeline's lock is gone (pl_pipeline_options.retain). */
 typedef struct {
+    atomic_long refs;
     size_t len;
     unsigned char data[];
 } pypl_item;
 
 static void item_release(void *item, void *ctx) {
     (void)ctx;
-    free(item);
+    pypl_item *it = item;
+    if (atomic_fetch_sub(&it->refs, 1) == 1) free(it);
+}
+
+static void item_retain(void *item, int64_t index, void *ctx) {
+    (void)index;
+    (void)ctx;
+    atomic_fetch_add(&((pypl_item *)item)->refs, 1);
 }
 
 /* ================================================================ Work */
@@ -78,12 +88,28 @@ static PyObject *work_get(PyPlWork *o, void *c) {
 }
 
 /* reads() -> int64 Array [n, 4]: pl_plan_step_reads of the unit's DP rank. */
+static int pipe_rd(PyPlPipeline *o);
+static int work_current(PyPlPipeline *o, const PyPlWork *w);
+static PyObject *work_reads_locked(PyPlWork *o);
+
 static PyObject *work_reads(PyPlWork *o, PyObject *unused) {
     (void)unused;
     if (o->w.kind != PL_WORK_BUILD || o->done || !o->w.plan) {
         PyErr_SetString(PyExc_ValueError, "reads(): not an open build unit");
         return NULL;
     }
+    PyPlPipeline *pp = (PyPlPipeline *)o->pipeline;
+    if (pipe_rd(pp)) return NULL;
+    if (!work_current(pp, o)) { /* reset since: its plan is gone */
+        pthread_rwlock_unlock(&pp->lock);
+        return pypl_raise(PL_ECLOSED, "reads(): the pipeline was reset since this work");
+    }
+    PyObject *r = work_reads_locked(o);
+    pthread_rwlock_unlock(&pp->lock);
+    return r;
+}
+
+static PyObject *work_reads_locked(PyPlWork *o) {
     int64_t n = 0;
     int rc = pl_plan_step_reads(o->w.plan, o->w.dp_rank, NULL, 0, &n);
     if (rc != PL_OK && rc != PL_EINVAL) return pypl_raise(rc, "plan: step reads");
@@ -190,6 +216,7 @@ static PyObject *pipe_create(PyTypeObject *cls, PyObject *args, PyObject *kw) {
     po.prefetch = prefetch;
     po.max_lag_steps = lag;
     po.release = item_release;
+    po.retain = item_retain;
     PyPlConfig *cfg = (PyPlConfig *)cfg_obj;
     pl_pipeline *p = NULL;
     int rc;
@@ -215,11 +242,20 @@ static PyObject *pipe_create(PyTypeObject *cls, PyObject *args, PyObject *kw) {
     pl_config_get_int(cfg->cfg, "micro_batches_per_rank", &nmb);
     o->nmb = nmb;
     if (pthread_rwlock_init(&o->lock, NULL) != 0) {
+        pl_pipeline_free(o->p);
+        o->p = NULL;
         o->pid = -1;
         Py_DECREF(o);
         return PyErr_NoMemory();
     }
     return (PyObject *)o;
+}
+
+/* Whether a Work still belongs to the pipeline's generation (its plan and
+ * blob are alive).  Read lock held. */
+static int work_current(PyPlPipeline *o, const PyPlWork *w) {
+    return o->p && w->pipeline == (PyObject *)o && !w->done &&
+           w->w.generation == pl_pipeline_generation(o->p);
 }
 
 static void pipe_free_c(PyPlPipeline *o) {
@@ -308,8 +344,13 @@ static PyObject *pipe_get_work(PyPlPipeline *o, PyObject *args) {
 
 static PyObject *pipe_add_step(PyPlPipeline *o, PyObject *args) {
     long long step;
-    PyObject *plan_obj, *blob_obj;
-    if (!PyArg_ParseTuple(args, "LOO:add_step", &step, &plan_obj, &blob_obj)) return NULL;
+    PyObject *plan_obj, *blob_obj, *work_obj = Py_None;
+    if (!PyArg_ParseTuple(args, "LOO|O:add_step", &step, &plan_obj, &blob_obj, &work_obj))
+        return NULL;
+    if (work_obj != Py_None && !PyObject_TypeCheck(work_obj, &PyPl_WorkType)) {
+        PyErr_SetString(PyExc_TypeError, "add_step: work must be the 'plan' Work");
+        return NULL;
+    }
     Py_buffer pv = {0}, bv;
     int have_plan = plan_obj != Py_None;
     if (have_plan && PyObject_GetBuffer(plan_obj, &pv, PyBUF_SIMPLE) < 0) return NULL;
@@ -323,15 +364,19 @@ static PyObject *pipe_add_step(PyPlPipeline *o, PyObject *args) {
         return NULL;
     }
     int rc = PL_OK;
+    if (work_obj != Py_None &&
+        ((PyPlWork *)work_obj)->w.generation != pl_pipeline_generation(o->p))
+        rc = PL_ECLOSED; /* asked before a reset: dropped */
     Py_BEGIN_ALLOW_THREADS
     pl_plan *plan = NULL;
-    if (have_plan) rc = pl_plan_decode(pv.buf, (size_t)pv.len, &plan);
+    if (rc == PL_OK && have_plan) rc = pl_plan_decode(pv.buf, (size_t)pv.len, &plan);
     if (rc == PL_OK)
         rc = pl_pipeline_add_step(o->p, step, plan, bv.buf, (size_t)bv.len, NULL, NULL);
     Py_END_ALLOW_THREADS
     pthread_rwlock_unlock(&o->lock);
     if (have_plan) PyBuffer_Release(&pv);
     PyBuffer_Release(&bv);
+    if (rc == PL_ECLOSED) Py_RETURN_NONE;
     if (rc != PL_OK) return pypl_raise(rc, "pipeline: add_step: corrupt plan or a step not asked for");
     Py_RETURN_NONE;
 }
@@ -407,6 +452,12 @@ static PyObject *pipe_complete(PyPlPipeline *o, PyObject *args) {
         pay[j].count = (int64_t)((size_t)(views[rbv[j]].len - rov[j]) / es);
     }
     if (pipe_rd(o)) goto out;
+    if (!work_current(o, w)) { /* reset since: its plan is gone, drop the unit */
+        pthread_rwlock_unlock(&o->lock);
+        w->done = 1;
+        ret = Py_NewRef(Py_None);
+        goto out;
+    }
     int rc;
     size_t len = 0;
     Py_BEGIN_ALLOW_THREADS
@@ -418,6 +469,7 @@ static PyObject *pipe_complete(PyPlPipeline *o, PyObject *args) {
         rc = item ? PL_OK : PL_ENOMEM;
     }
     if (rc == PL_OK) {
+        atomic_init(&item->refs, 1);
         item->len = len;
         rc = pl_package_encode(w->w.plan, w->w.dp_rank, w->w.blob, w->w.blob_len, pay, n,
                                item->data, len, &len);
@@ -480,8 +532,9 @@ static PyObject *pipe_next(PyPlPipeline *o, PyObject *args) {
     PyObject *ret = NULL;
     if (rc == PL_OK) {
         /* The item stays pinned until this rank's next call: copy it now. */
-        pypl_item *item = it.item;
+        pypl_item *item = it.item; /* retained for us by the pipeline */
         PyObject *b = PyBytes_FromStringAndSize((const char *)item->data, (Py_ssize_t)item->len);
+        item_release(item, NULL);
         if (b) ret = Py_BuildValue("(NLLL)", b, (long long)it.step, (long long)it.micro_batch,
                                    (long long)it.count);
     }
@@ -502,14 +555,21 @@ static PyObject *pipe_get_state(PyPlPipeline *o, PyObject *args) {
     rc = pl_pipeline_get_state(o->p, timeout, NULL, 0, &n, err, sizeof err);
     Py_END_ALLOW_THREADS
     PyObject *b = NULL;
-    if (rc == PL_OK) {
-        b = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)n);
-        if (b) {
-            char *buf = PyBytes_AS_STRING(b);
-            Py_BEGIN_ALLOW_THREADS
-            rc = pl_pipeline_get_state(o->p, timeout, buf, n, &n, err, sizeof err);
-            Py_END_ALLOW_THREADS
+    for (int tries = 0; rc == PL_OK && tries < 8; tries++) {
+        /* The position may move between the two calls: size again if needed. */
+        size_t cap = n + 4096;
+        b = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)cap);
+        if (!b) break;
+        char *buf = PyBytes_AS_STRING(b);
+        Py_BEGIN_ALLOW_THREADS
+        rc = pl_pipeline_get_state(o->p, timeout, buf, cap, &n, err, sizeof err);
+        Py_END_ALLOW_THREADS
+        if (rc == PL_OK) {
+            if (_PyBytes_Resize(&b, (Py_ssize_t)n) < 0) b = NULL;
+            break;
         }
+        Py_CLEAR(b);
+        if (rc == PL_EINVAL && n > cap) rc = PL_OK; /* grew: again */
     }
     pthread_rwlock_unlock(&o->lock);
     if (rc != PL_OK) {

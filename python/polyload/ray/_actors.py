@@ -312,6 +312,7 @@ class DataConstructor:
         self._built = asyncio.Condition()
         self._demand = asyncio.Condition()
         self._served = asyncio.Condition()
+        self._reset_lock = asyncio.Lock()
         self._gen = -1
         self._final: Optional[bytes] = None
         gen, blob = await self._planner.current.remote()
@@ -338,11 +339,14 @@ class DataConstructor:
 
     async def sync(self, gen: int, rank: Optional[int] = None):
         """Follow the planner to generation ``gen`` (after a restart from a state).
-        With ``rank``: ``(generation, the step rank stands at here)``."""
+        With ``rank``: ``(generation, the step rank stands at here)``.  Peers that sync
+        together reset the pipeline once."""
         if gen > self._gen:
-            g, blob = await self._planner.current.remote()
-            if g > self._gen:
-                await self._reset(g, blob)
+            async with self._reset_lock:
+                if gen > self._gen:
+                    g, blob = await self._planner.current.remote()
+                    if g > self._gen:
+                        await self._reset(g, blob)
         if rank is None:
             return self._gen
         return self._gen, self._cursor.get(int(rank), -1)
@@ -411,7 +415,7 @@ class DataConstructor:
         blob, plan = entry
         if plan is None:
             self._final = blob
-        self._pipe.add_step(w.step, plan, blob)
+        self._pipe.add_step(w.step, plan, blob, w)
         return True
 
     async def _plan(self, gen: int, w) -> None:
@@ -433,7 +437,7 @@ class DataConstructor:
         blob, plan = entry
         if plan is None:
             self._final = blob
-        self._pipe.add_step(w.step, plan, blob)
+        self._pipe.add_step(w.step, plan, blob, w)  # dropped if a reset came meanwhile
 
     async def _build(self, gen: int, units) -> None:
         """Build units: their reads routed to the source-loader actors, one call per
@@ -551,10 +555,22 @@ class DataConstructor:
             raise polyload.PolyloadError(_core.ECLOSED, "ECLOSED",
                                          f"constructor {self._index} is closed")
 
-    def state(self) -> bytes:
+    async def state(self, timeout: float = 60.0) -> bytes:
         """The state after the steps delivered to every served rank (the deployment's
-        view; a Client's own state is exact for its rank)."""
-        return self._pipe.get_state(5000)
+        view; a Client's own state is exact for its rank).  Waits (without blocking
+        the actor) for the blob of that step, at most ``timeout`` seconds."""
+        deadline = asyncio.get_running_loop().time() + timeout
+        while True:
+            try:
+                return self._pipe.get_state(0)
+            except polyload.PolyloadTimeoutError:
+                if asyncio.get_running_loop().time() > deadline:
+                    raise
+                await self._wake(self._demand)
+                try:
+                    await asyncio.wait_for(self._sleep_on(self._built), timeout=1.0)
+                except asyncio.TimeoutError:
+                    pass
 
     def memory(self) -> Dict[str, int]:
         """``{"pipeline_bytes": pl_pipeline_sizeof, "rss_bytes": resident set size}``

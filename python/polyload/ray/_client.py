@@ -122,11 +122,11 @@ class Client(polyload.Loader):
         self._gen = gen
         self._handle().set_state(blob)
         self._t0 = self._t1 = None
-        self._stop = False
+        self._stop_event = threading.Event()  # one per thread: a late old one stays stopped
         #: packages fetched and their bytes (what crossed the object store to this rank)
         self.packages = getattr(self, "packages", 0)
         self.package_bytes = getattr(self, "package_bytes", 0)
-        self._thread = threading.Thread(target=self._transport, args=(gen,),
+        self._thread = threading.Thread(target=self._transport, args=(gen, self._stop_event),
                                          name=f"polyload-client-{self.rank}", daemon=True)
         self._thread.start()
 
@@ -135,12 +135,12 @@ class Client(polyload.Loader):
         t, self._thread = self._thread, None
         if t is None:
             return
-        self._stop = True
+        self._stop_event.set()
         if self._loader is not None:
             self._loader.stop()
-        t.join(timeout=self._timeout)
+        t.join(timeout=self._timeout)  # a thread still in ray.get checks its event first
 
-    def _transport(self, gen: int) -> None:
+    def _transport(self, gen: int, stop: threading.Event) -> None:
         """Fetch the packages the C loader asks for: ``prefetch`` steps per call, two
         calls in flight; push each when the loader wants it."""
         loader, ctor, rank = self._loader, self._ctor, self.rank
@@ -149,7 +149,7 @@ class Client(polyload.Loader):
         train_steps = self.config.get_int("train_steps")
         next_req: Optional[int] = None
         try:
-            while not self._stop:
+            while not stop.is_set():
                 want = loader.want_step(-1)
                 if want == "done" or want is None:
                     return
@@ -162,9 +162,10 @@ class Client(polyload.Loader):
                         inflight.append((next_req, n, ctor.fetch.remote(gen, rank, next_req, n)))
                         next_req += n
                     if not inflight:
-                        raise polyload.PolyloadError(
-                            _core.ESTATE, "ESTATE",
-                            f"polyload.ray.Client rank {rank}: step {want} is past the end")
+                        loader.fail_step(want, _core.ESTATE,
+                                         f"polyload.ray.Client rank {rank}: step {want} is past "
+                                         f"the end of the deployment's steps")
+                        return
                     first, n, ref = inflight.popleft()
                     try:
                         pkgs = ray.get(ref, timeout=self._timeout)
@@ -183,10 +184,22 @@ class Client(polyload.Loader):
                                              f"polyload.ray.Client rank {rank}: constructor "
                                              f"{self._ctor_name}: {type(exc).__name__}: {exc}")
                         return
+                    if stop.is_set():
+                        return
                     for k, pkg in enumerate(pkgs):
                         ready[first + k] = pkg
                 pkg = ready.pop(want)
-                loader.push_package(pkg)
+                if stop.is_set():
+                    return
+                try:
+                    loader.push_package(pkg)
+                except polyload.PolyloadError as exc:  # a bad package: next() reports it
+                    if stop.is_set() or exc.code == _core.ECLOSED:
+                        return
+                    loader.fail_step(want, exc.code,
+                                     f"polyload.ray.Client rank {rank}: package of step {want} "
+                                     f"from {self._ctor_name}: {exc.message}")
+                    return
                 self.packages += 1
                 self.package_bytes += len(pkg)
                 del pkg
