@@ -122,8 +122,38 @@ int main(int argc, char **argv) {
                 seed("fuzz_state", ks++, b, n);
                 free(b);
             }
+            size_t sn = 0;
+            pl_planner_get_state(p, NULL, 0, &sn);
+            void *st = malloc(sn);
+            if (pl_planner_get_state(p, st, sn, &sn)) abort();
             pl_plan *plan = NULL;
             if (pl_planner_next(p, &plan)) abort();
+            if (step == 1 || step == 6) { /* packages of DP ranks 0 and 1 */
+                for (int64_t dp = 0; dp < 2; dp++) {
+                    int64_t nr = 0;
+                    pl_plan_step_reads(plan, dp, NULL, 0, &nr);
+                    pl_read *rd = calloc((size_t)nr + 1, sizeof *rd);
+                    pl_payload *pay = calloc((size_t)nr + 1, sizeof *pay);
+                    pl_plan_step_reads(plan, dp, rd, nr, &nr);
+                    for (int64_t j = 0; j < nr; j++) {
+                        pl_source *s = src[rd[j].source];
+                        size_t es = pl_dtype_size(pl_source_token_dtype(s));
+                        void *buf = malloc((size_t)rd[j].count * es + 1);
+                        if (pl_source_read_raw(s, &rd[j], 1, buf, (size_t)rd[j].count * es)) abort();
+                        pay[j] = (pl_payload){buf, pl_source_token_dtype(s), 0, rd[j].count};
+                    }
+                    size_t n = 0;
+                    if (pl_package_encode(plan, dp, st, sn, pay, nr, NULL, 0, &n)) abort();
+                    void *b = malloc(n);
+                    if (pl_package_encode(plan, dp, st, sn, pay, nr, b, n, &n)) abort();
+                    seed("fuzz_package", (int)(step * 2 + dp), b, n);
+                    free(b);
+                    for (int64_t j = 0; j < nr; j++) free((void *)pay[j].data);
+                    free(pay);
+                    free(rd);
+                }
+            }
+            free(st);
             if (step == 0 || step == 5 || step == 10) {
                 size_t n = 0;
                 pl_plan_encode(plan, NULL, 0, &n);
