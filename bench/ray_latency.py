@@ -38,13 +38,16 @@ c = pr.Client(sys.argv[6], rank=rank, namespace="bench", name=sys.argv[7])
 while time.time() < start_at:
     time.sleep(0.01)
 t0 = time.perf_counter()
+waits = []
 for i in range(n):
+    t = time.perf_counter()
     b = next(c)
+    waits.append(time.perf_counter() - t)
     if compute:
         time.sleep(compute)
 secs = time.perf_counter() - t0
 st = c.stats()
-print(json.dumps({"rank": rank, "wait_s": c.wait_times, "seconds": secs,
+print(json.dumps({"rank": rank, "wait_s": waits, "seconds": secs,
                   "tokens": st["tokens"]}))
 """
 

@@ -27,6 +27,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 from _common import machine_note  # noqa: E402
+from ray_latency import embedded_tokens_per_s as embedded  # noqa: E402
 from ray_memory import OUT, RANKS, config, make_files  # noqa: E402
 
 CLIENT = r"""
@@ -60,22 +61,6 @@ c.close()
 def pct(xs, q):
     import numpy as np
     return float(np.percentile(np.asarray(xs), q))
-
-
-def embedded(cfg_path, n):
-    import polyload
-    with polyload.Loader(cfg_path, rank=0, ranks=range(RANKS)) as loader:
-        for _ in range(8):
-            for r in range(RANKS):
-                loader.next_batch(r)
-        before = loader.stats()["tokens"]
-        t0 = time.perf_counter()
-        for _ in range(n):
-            for r in range(RANKS):
-                loader.next_batch(r)
-        secs = time.perf_counter() - t0
-        tokens = loader.stats()["tokens"] - before
-    return {"tokens": tokens, "seconds": secs, "tokens_per_s": tokens / secs}
 
 
 PREFETCH_STEPS = None

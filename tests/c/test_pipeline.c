@@ -190,6 +190,29 @@ static void count_release(void *item, void *ctx) {
     g_items--;
 }
 
+/* Do every piece of work the pipeline has now (a driver in one thread): plan
+ * with the real planner, "build" an item holding the micro-batch number. */
+static void drive(pl_pipeline *pipe, pl_planner *p) {
+    pl_work w;
+    while (pl_pipeline_get_work(pipe, PL_WORK_PLAN | PL_WORK_BUILD, 0, &w) == PL_OK) {
+        if (w.kind == PL_WORK_PLAN) {
+            void *blob = NULL;
+            size_t bl = 0;
+            CHECK_OK(pl__state_encode(p, 0, &blob, &bl));
+            pl_plan *pl = NULL;
+            CHECK_OK(pl_planner_next(p, &pl));
+            CHECK_OK(pl_pipeline_add_step(pipe, w.step, pl, blob, bl, NULL, NULL));
+            free(blob);
+        } else {
+            int64_t *item = malloc(sizeof *item);
+            *item = w.step * 2 + w.micro_batch;
+            g_items++;
+            int64_t tok[2] = {1, 1}, pad[2] = {0, 0};
+            CHECK_OK(pl_pipeline_complete(pipe, &w, PL_OK, NULL, item, tok, pad));
+        }
+    }
+}
+
 /* Drive a pipeline by hand: ranks 0 and 1 (TP peers); rank 1 never consumes.
  * Memory stays bounded over 1,000 steps; rank 1 gets PL_ELAG alone. */
 static void test_lag_policy(corpus *c) {
@@ -215,24 +238,7 @@ static void test_lag_policy(corpus *c) {
     for (int64_t k = 0; k < 2000; k++) { /* nmb = 2: 1,000 steps */
       pl_pipeline_item it;
       for (;;) { /* one thread: drive, then consume without waiting */
-        pl_work w;
-        while (pl_pipeline_get_work(pipe, PL_WORK_PLAN | PL_WORK_BUILD, 0, &w) == PL_OK) {
-            if (w.kind == PL_WORK_PLAN) {
-                void *blob = NULL;
-                size_t bl = 0;
-                CHECK_OK(pl__state_encode(p, 0, &blob, &bl));
-                pl_plan *pl = NULL;
-                CHECK_OK(pl_planner_next(p, &pl));
-                CHECK_OK(pl_pipeline_add_step(pipe, w.step, pl, blob, bl, NULL, NULL));
-                free(blob);
-            } else {
-                int64_t *item = malloc(sizeof *item);
-                *item = w.step * 2 + w.micro_batch;
-                g_items++;
-                int64_t tok[2] = {1, 1}, pad[2] = {0, 0};
-                CHECK_OK(pl_pipeline_complete(pipe, &w, PL_OK, NULL, item, tok, pad));
-            }
-        }
+        drive(pipe, p);
         int rc = pl_pipeline_next(pipe, 0, 1, 0, &it, err, sizeof err);
         if (rc == PL_ETIMEDOUT) continue;
         CHECK_OK(rc);
@@ -259,23 +265,7 @@ static void test_lag_policy(corpus *c) {
     CHECK_EQ_I64(pl_pipeline_next(pipe, 1, 1, 0, &it, err, sizeof err), PL_ELAG);
     CHECK(strstr(err, "rank 1") && strstr(err, "max_lag_steps=5"));
     /* rank 0 goes on */
-    pl_work w;
-    while (pl_pipeline_get_work(pipe, 3, 0, &w) == PL_OK) {
-        if (w.kind == PL_WORK_PLAN) {
-            void *blob = NULL;
-            size_t bl = 0;
-            CHECK_OK(pl__state_encode(p, 0, &blob, &bl));
-            pl_plan *pl = NULL;
-            CHECK_OK(pl_planner_next(p, &pl));
-            CHECK_OK(pl_pipeline_add_step(pipe, w.step, pl, blob, bl, NULL, NULL));
-            free(blob);
-        } else {
-            int64_t *item = malloc(sizeof *item);
-            *item = w.step * 2 + w.micro_batch;
-            g_items++;
-            CHECK_OK(pl_pipeline_complete(pipe, &w, PL_OK, NULL, item, NULL, NULL));
-        }
-    }
+    drive(pipe, p);
     CHECK_OK(pl_pipeline_next(pipe, 0, 1, 1000, &it, err, sizeof err));
     CHECK_EQ_I64(*(int64_t *)it.item, 2000);
     /* The state is rank 0's (rank 1 was dropped). */
