@@ -473,3 +473,28 @@ def test_on_error_skip_in_the_deployment(cluster, tmp_path):
         with pr.Client(cfg, rank=0, namespace=NS, name="skip") as c:
             assert client_hashes(c) == want
             assert c.stats()["skipped"] == want_stats["skipped"]
+
+
+def test_replaced_bin_is_read_from_what_was_opened(cluster, tmp_path):
+    """A .bin replaced during a run (rsync, mv of a new file): the source loaders read the
+    file they opened, so the batches stay the embedded loader's (before: silently wrong)."""
+    import shutil
+
+    (tmp_path / "c").mkdir()
+    corpus = Corpus(tmp_path / "c", sizes=(60, 40, 80), seed=11)
+    cfg = corpus.config(train_steps=30)  # most steps are read after the replacement
+    want = loader_hashes(cfg, 0)[0]
+    with pr.launch(cfg, num_source_loaders=2, namespace=NS, name="replaced",
+                   prefetch_steps=4):
+        with pr.Client(cfg, rank=0, namespace=NS, name="replaced", prefetch=1) as c:
+            head = client_hashes(c, 2)
+            for p in corpus.prefixes:  # new files of the same size, other tokens
+                size = os.path.getsize(p + ".bin")
+                with open(p + ".bin.new", "wb") as f:
+                    f.write(np.full(size, 0x5A, dtype=np.uint8).tobytes())
+                os.replace(p + ".bin.new", p + ".bin")
+            rest = client_hashes(c)
+    assert head + rest == want
+    with polyload.Loader(cfg, rank=0) as fresh:  # a new reader sees the new bytes
+        assert [batch_hash(b) for b in fresh][4:] != want[4:]
+    shutil.rmtree(tmp_path / "c", ignore_errors=True)
