@@ -134,7 +134,6 @@ static int64_t pl__unit_n(const pl_pipeline *p, int64_t u) {
     return p->nmb - first < p->unit ? p->nmb - first : p->unit;
 }
 static pl__uslot *pl__slot(pl_pipeline *p, pl__pgroup *g, int64_t u) {
-    (void)p;
     return &g->slots[u % p->cap];
 }
 static pl__pentry *pl__entry(pl_pipeline *p, int64_t step) {
@@ -224,7 +223,7 @@ static int64_t pl__position(const pl_pipeline *p) {
 }
 
 /* The unit the group's window admits next (ignoring whether its step is
- * planned and train_steps), or -1. */
+ * planned and train_steps): whether unit next_u may be built. */
 static int pl__window_admits(const pl_pipeline *p, const pl__pgroup *g) {
     int64_t u = g->next_u;
     if (u - g->lo_u >= p->cap) return 0;

@@ -462,7 +462,6 @@ int pl_state_inspect(const void *buf, size_t len, pl_state_info *out) {
         s.dp <= 0 || ns > r.n)
         return PL_ESTATE;
     s.n_sources = ns;
-    size_t first = r.off;
     for (uint32_t j = 0; j < ns && !r.bad; j++) {
         uint32_t n;
         (void)pl__get_str(&r, &n);
@@ -473,7 +472,6 @@ int pl_state_inspect(const void *buf, size_t len, pl_state_info *out) {
     uint32_t nc = pl__get_u32(&r);
     if (r.bad || (uint64_t)nc * 32 != r.n - r.off) return PL_ESTATE;
     s.carried_chunks = nc;
-    (void)first;
     *out = s;
     return PL_OK;
 }

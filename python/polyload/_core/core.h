@@ -112,6 +112,14 @@ extern PyTypeObject PyPl_ConstructorType;
 extern PyTypeObject PyPl_PipelineType;
 extern PyTypeObject PyPl_WorkType;
 
+/* A C call with the cap/len convention (buf NULL: learn the size), run with
+ * the GIL released.  fn(ctx, buf, cap, &len) returns a status. */
+typedef int (*pypl_sized_fn)(void *ctx, void *buf, size_t cap, size_t *len);
+/* Bytes from fn: sizes, then fills, again when the size grew in between
+ * (another thread may move a loader's position).  NULL with *rc a negative
+ * status (the caller raises), or NULL with *rc PL_OK and a Python error set. */
+PyObject *pypl_sized_bytes(pypl_sized_fn fn, void *ctx, int *rc);
+
 /* Module functions of pipeline.c. */
 PyObject *pypl_state_info(PyObject *self, PyObject *arg);
 PyObject *pypl_state_retarget(PyObject *self, PyObject *args);

@@ -518,35 +518,16 @@ static int loader_rdlock(PyPlLoader *o) {
     return 0;
 }
 
+static int loader_state_fn(void *l, void *buf, size_t cap, size_t *len) {
+    return pl_loader_get_state(l, buf, cap, len);
+}
+
 static PyObject *loader_get_state(PyPlLoader *o, PyObject *unused) {
     (void)unused;
     if (loader_rdlock(o)) return NULL;
-    size_t n = 0;
     int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = pl_loader_get_state(o->l, NULL, 0, &n);
-    Py_END_ALLOW_THREADS
-    PyObject *b = NULL;
-    for (int tries = 0; rc == PL_OK && tries < 8; tries++) {
-        /* next() of another rank may move the position between the calls. */
-        size_t cap = n + 4096;
-        b = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)cap);
-        if (!b) break;
-        char *buf = PyBytes_AS_STRING(b);
-        Py_BEGIN_ALLOW_THREADS
-        rc = pl_loader_get_state(o->l, buf, cap, &n);
-        Py_END_ALLOW_THREADS
-        if (rc == PL_OK) {
-            if (_PyBytes_Resize(&b, (Py_ssize_t)n) < 0) b = NULL;
-            break;
-        }
-        Py_CLEAR(b);
-        if (rc == PL_EINVAL && n > cap) rc = PL_OK;
-    }
-    if (rc != PL_OK) {
-        Py_XDECREF(b);
-        b = pypl_raise(rc, pl_loader_errmsg(o->l));
-    }
+    PyObject *b = pypl_sized_bytes(loader_state_fn, o->l, &rc);
+    if (!b && rc != PL_OK) pypl_raise(rc, pl_loader_errmsg(o->l));
     pthread_rwlock_unlock(&o->lock);
     return b;
 }

@@ -77,6 +77,30 @@ int pypl_errors_init(PyObject *module) {
     return 0;
 }
 
+PyObject *pypl_sized_bytes(pypl_sized_fn fn, void *ctx, int *rc) {
+    size_t n = 0;
+    Py_BEGIN_ALLOW_THREADS
+    *rc = fn(ctx, NULL, 0, &n);
+    Py_END_ALLOW_THREADS
+    for (int tries = 0; *rc == PL_OK && tries < 8; tries++) {
+        size_t cap = n + 4096;
+        PyObject *b = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)cap);
+        if (!b) return NULL;
+        char *buf = PyBytes_AS_STRING(b);
+        Py_BEGIN_ALLOW_THREADS
+        *rc = fn(ctx, buf, cap, &n);
+        Py_END_ALLOW_THREADS
+        if (*rc == PL_OK) {
+            if (_PyBytes_Resize(&b, (Py_ssize_t)n) < 0) return NULL;
+            return b;
+        }
+        Py_DECREF(b);
+        if (*rc == PL_EINVAL && n > cap) *rc = PL_OK; /* grew meanwhile: again */
+    }
+    if (*rc == PL_OK) *rc = PL_EINVAL; /* kept growing */
+    return NULL;
+}
+
 PyObject *pypl_no_reduce(PyObject *self, PyObject *unused) {
     (void)unused;
     PyErr_Format(PyExc_TypeError,

@@ -544,38 +544,26 @@ static PyObject *pipe_next(PyPlPipeline *o, PyObject *args) {
     return ret;
 }
 
+typedef struct {
+    pl_pipeline *p;
+    int64_t timeout;
+    char err[PL__ERRMSG_CAP];
+} pipe_state_ctx;
+
+static int pipe_state_fn(void *ctx, void *buf, size_t cap, size_t *len) {
+    pipe_state_ctx *c = ctx;
+    return pl_pipeline_get_state(c->p, c->timeout, buf, cap, len, c->err, sizeof c->err);
+}
+
 static PyObject *pipe_get_state(PyPlPipeline *o, PyObject *args) {
     long long timeout = -1;
     if (!PyArg_ParseTuple(args, "|L:get_state", &timeout)) return NULL;
     if (pipe_rd(o)) return NULL;
-    char err[PL__ERRMSG_CAP];
-    size_t n = 0;
+    pipe_state_ctx c = {o->p, timeout, ""};
     int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = pl_pipeline_get_state(o->p, timeout, NULL, 0, &n, err, sizeof err);
-    Py_END_ALLOW_THREADS
-    PyObject *b = NULL;
-    for (int tries = 0; rc == PL_OK && tries < 8; tries++) {
-        /* The position may move between the two calls: size again if needed. */
-        size_t cap = n + 4096;
-        b = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)cap);
-        if (!b) break;
-        char *buf = PyBytes_AS_STRING(b);
-        Py_BEGIN_ALLOW_THREADS
-        rc = pl_pipeline_get_state(o->p, timeout, buf, cap, &n, err, sizeof err);
-        Py_END_ALLOW_THREADS
-        if (rc == PL_OK) {
-            if (_PyBytes_Resize(&b, (Py_ssize_t)n) < 0) b = NULL;
-            break;
-        }
-        Py_CLEAR(b);
-        if (rc == PL_EINVAL && n > cap) rc = PL_OK; /* grew: again */
-    }
+    PyObject *b = pypl_sized_bytes(pipe_state_fn, &c, &rc);
     pthread_rwlock_unlock(&o->lock);
-    if (rc != PL_OK) {
-        Py_XDECREF(b);
-        return pypl_raise(rc, err);
-    }
+    if (!b && rc != PL_OK) return pypl_raise(rc, c.err);
     return b;
 }
 

@@ -283,7 +283,6 @@ class DataConstructor:
         self._max_units = 256  # units built together (one read per loader actor)
         self._n_batches = self._n_units = 0
         self._waiting = 0          # fetches blocked on a unit not built yet
-        self._coalesce_s = 0.0
         self._plans: Dict[int, Tuple[bytes, Optional[bytes]]] = {}
         self._tasks: List[asyncio.Task] = []
         self._closed = False
@@ -384,9 +383,9 @@ class DataConstructor:
             else:
                 units = [w]  # every unit that may be built now: one read per loader actor
                 if self._waiting == 0:
-                    # Nobody waits for a unit: let the other ranks' requests open their
-                    # windows first, so that one read per loader actor serves them all.
-                    await asyncio.sleep(self._coalesce_s)
+                    # Nobody waits for a unit: let the other ranks' pending requests open
+                    # their windows first, so that one read per loader actor serves them.
+                    await asyncio.sleep(0)
                 pending_plan = None
                 while len(units) < self._max_units:
                     try:
@@ -485,7 +484,8 @@ class DataConstructor:
     # --------------------------------------------------------------- serving
 
     @ray.method(enable_task_events=False)
-    async def fetch(self, gen: int, rank: int, step: int, count: int = 1) -> List[Any]:
+    async def fetch(self, gen: int, rank: int, step: int, count: int = 1,
+                    timeout: float = 600.0) -> List[Any]:
         """The packages of ``rank``'s DP rank for steps ``step .. step+count-1`` (uint8
         arrays; for step train_steps its state blob as bytes, and nothing after it), in
         one call: one object per call, owned by the caller.  Raises StateError for
@@ -500,12 +500,13 @@ class DataConstructor:
                 f"state (generation {self._gen}, this client has {gen}); call "
                 f"load_state_dict")
         if rank not in self._cursor:
-            raise polyload.RangeError(
-                _core.ERANGE, "ERANGE", f"constructor {self._index}: rank {rank} is not served here")
+            raise polyload.RangeError(_core.ERANGE, "ERANGE",
+                                      f"constructor {self._index}: rank {rank} is not served here")
         out: List[Any] = []
+        deadline = asyncio.get_running_loop().time() + float(timeout)
         try:
             for s in range(int(step), int(step) + max(1, int(count))):
-                out.append(await self._fetch_one(gen, rank, s))
+                out.append(await self._fetch_one(gen, rank, s, deadline))
                 if 0 <= self._train_steps <= s:
                     break
         finally:  # the window moved by len(out) steps: the drivers build them together
@@ -513,16 +514,29 @@ class DataConstructor:
             await self._wake(self._served)
         return out
 
-    async def _fetch_one(self, gen: int, rank: int, step: int):
+    async def _wait(self, cond: asyncio.Condition, what: str, deadline: float) -> None:
+        """Wait on cond until the fetch's deadline: PolyloadTimeoutError naming the
+        constructor and what it waited for."""
+        left = deadline - asyncio.get_running_loop().time()
+        try:
+            async with cond:  # taken before anything can notify: no lost wake-up
+                await asyncio.wait_for(cond.wait(), timeout=max(0.0, left))
+        except asyncio.TimeoutError:
+            raise polyload.PolyloadTimeoutError(
+                _core.ETIMEDOUT, "ETIMEDOUT",
+                f"constructor {self._index} ({ray.get_runtime_context().get_actor_name()}): "
+                f"no {what} before the fetch's deadline") from None
+
+    async def _fetch_one(self, gen: int, rank: int, step: int, deadline: float):
         if 0 <= self._train_steps <= step:
             while self._final is None and gen == self._gen:
                 self._check_alive()
                 await self._wake(self._demand)
-                await self._sleep_on(self._built)
+                await self._wait(self._built, f"final state for step {step}", deadline)
             return self._final
         while self._cursor[rank] < step and gen == self._gen:  # in order per rank
             self._check_alive()
-            await self._sleep_on(self._served)
+            await self._wait(self._served, f"turn of rank {rank} for step {step}", deadline)
         if self._cursor[rank] != step:
             raise polyload.StateError(
                 _core.ESTATE, "ESTATE",
@@ -539,7 +553,7 @@ class DataConstructor:
                 await self._wake(self._demand)  # the request may have opened the window
                 self._waiting += 1
                 try:
-                    await self._sleep_on(self._built)
+                    await self._wait(self._built, f"package of rank {rank}, step {step}", deadline)
                 finally:
                     self._waiting -= 1
                 continue

@@ -159,7 +159,8 @@ class Client(polyload.Loader):
                     while len(inflight) < 2 and (train_steps < 0 or next_req <= train_steps):
                         n = self._prefetch if train_steps < 0 else min(
                             self._prefetch, train_steps - next_req + 1)
-                        inflight.append((next_req, n, ctor.fetch.remote(gen, rank, next_req, n)))
+                        ref = ctor.fetch.remote(gen, rank, next_req, n, self._timeout)
+                        inflight.append((next_req, n, ref))
                         next_req += n
                     if not inflight:
                         loader.fail_step(want, _core.ESTATE,

@@ -72,7 +72,8 @@ def _check_cpus(placement, n_ctors: int, num_source_loaders, max_actors,
     n_loaders = parts if max_actors is None else min(parts, int(max_actors))
     cpus = {r: float(_role_options(placement, r).get("num_cpus", DEFAULT_NUM_CPUS[r]))
             for r in ROLES}
-    need = cpus["planner"] + n_ctors * cpus["constructor"] + (n_loaders or 1) * cpus["source_loader"]
+    need = (cpus["planner"] + n_ctors * cpus["constructor"]
+            + max(1, n_loaders) * cpus["source_loader"])
     if need > total + 1e-9:
         raise ValueError(
             f"polyload.ray.launch: the roles ask for {need:g} CPUs (planner {cpus['planner']:g}, "
