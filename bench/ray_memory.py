@@ -8,7 +8,8 @@ deployment.  Both sides count their 8 trainer processes (each imports torch).
 
 Memory is proportional set size (PSS, /proc/PID/smaps_rollup), summed over every process
 of the side, measured after every rank has taken 8 micro-batches.  Reported at N = 30
-and N = 300, with the memory per added source (PSS(300) - PSS(30)) / 270.
+and N = 300, with the memory per added source (PSS(300) - PSS(30)) / 270.  Each
+polyload side runs in a driver process of its own (the measurement counts that driver).
 
     .venv/bin/python bench/ray_memory.py [--sources 30 300] [--json bench/out/ray_memory.json]
 """
@@ -261,21 +262,35 @@ def run_polyload(n, loader_actors, constructors):
         ray.shutdown()
 
 
+def run_polyload_fresh(n, loader_actors, constructors):
+    """run_polyload in a new driver process (so no earlier run's leftovers in this
+    process count); its JSON result on the last line of its output."""
+    out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", str(n),
+                          "--loader-actors", str(loader_actors),
+                          "--constructors", str(constructors)],
+                         cwd=ROOT, check=True, stdout=subprocess.PIPE, text=True).stdout
+    return json.loads([ln for ln in out.splitlines() if ln.startswith('{"processes"')][-1])
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--sources", type=int, nargs="+", default=[30, 300])
     ap.add_argument("--loader-actors", type=int, default=2)
     ap.add_argument("--constructors", type=int, default=2)
     ap.add_argument("--skip-baseline", action="store_true")
     ap.add_argument("--json", default=os.path.join(HERE, "out", "ray_memory.json"))
     a = ap.parse_args()
+    if a.child is not None:
+        print(json.dumps(run_polyload(a.child, a.loader_actors, a.constructors)), flush=True)
+        return
     make_files(max(a.sources))
     res = {"machine": machine_note(), "ranks": RANKS, "workers": WORKERS, "docs_per_source": DOCS,
            "seq_length": SEQ, "micro_batch_size": MBS, "global_batch_size": GBS,
            "loader_actors": a.loader_actors, "constructors": a.constructors, "runs": {}}
     for n in a.sources:
         t0 = time.time()
-        r = {"polyload": run_polyload(n, a.loader_actors, a.constructors)}
+        r = {"polyload": run_polyload_fresh(n, a.loader_actors, a.constructors)}
         print(n, "polyload", json.dumps(r["polyload"])[:400], f"{time.time() - t0:.0f}s", flush=True)
         if not a.skip_baseline:
             t0 = time.time()

@@ -456,10 +456,30 @@ int pl_loader_set_state(pl_loader *l, const void *buf, size_t len) {
 }
 
 int pl_loader_get_stats(pl_loader *l, pl_loader_stats *out) {
-    return pl_pipeline_get_stats(l->pipe, -1, out, l->summary, l->cfg->n_sources);
+    int rc = pl_pipeline_get_stats(l->pipe, -1, out, l->summary, l->cfg->n_sources);
+    if (rc == PL_ESTATE) {
+        int64_t step = 0;
+        pl_pipeline_position(l->pipe, &step, NULL, NULL);
+        return pl__fail(l, rc, "loader: the state blob of step %lld is not held "
+                        "(its package came without it: pl_loader_attach_state)",
+                        (long long)step);
+    }
+    return rc;
 }
 
 /* ------------------------------------------------------------- external */
+
+int pl_loader_position(pl_loader *l, int64_t *step, int64_t *micro_batch,
+                       int *have_blob) {
+    return pl_pipeline_position(l->pipe, step, micro_batch, have_blob);
+}
+
+int pl_loader_attach_state(pl_loader *l, const void *blob, size_t len) {
+    char err[PL__ERRMSG_CAP];
+    int rc = pl_pipeline_attach_state(l->pipe, blob, len, err, sizeof err);
+    if (rc) return pl__fail(l, rc, "%s", err);
+    return PL_OK;
+}
 
 int pl_loader_want_step(pl_loader *l, int64_t timeout_ms, int64_t *step) {
     if (!l->external)

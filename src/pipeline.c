@@ -105,6 +105,11 @@ struct pl_pipeline {
     void *base_blob; /* state of base_step's start */
     size_t base_len;
     int64_t base_step, start_k;
+    /* A blob given by pl_pipeline_attach_state for a step without an entry
+       yet (the position stands at a step whose package has not arrived). */
+    void *loose_blob;
+    size_t loose_len;
+    int64_t loose_step;
 
     int64_t folded_step; /* steps below it are folded in the imbalance */
     int64_t st_micro_batches, st_tokens, st_padding, st_folded;
@@ -461,6 +466,7 @@ int pl_pipeline_create(const pl_config *cfg, const pl_pipeline_options *o,
     }
     free(keys);
     p->base_step = -1;
+    p->loose_step = -1;
     return PL_OK;
 }
 
@@ -487,6 +493,7 @@ void pl_pipeline_free(pl_pipeline *p) {
     free(p->members);
     free(p->entries);
     free(p->base_blob);
+    free(p->loose_blob);
     pl_config_free(p->cfg);
     if (p->sync_inited) {
         pthread_cond_destroy(&p->work_cv);
@@ -522,6 +529,10 @@ int pl_pipeline_reset(pl_pipeline *p, const void *blob, size_t len, char *err,
     pthread_mutex_lock(&p->mu);
     pl__clear(p);
     free(p->base_blob);
+    free(p->loose_blob);
+    p->loose_blob = NULL;
+    p->loose_len = 0;
+    p->loose_step = -1;
     p->base_blob = copy;
     p->base_len = len;
     p->base_step = si.step;
@@ -583,7 +594,7 @@ size_t pl_pipeline_sizeof(const pl_pipeline *p) {
                (size_t)p->n_groups * (sizeof(pl__pgroup) +
                                       (size_t)p->cap * (sizeof(pl__uslot) +
                                                         16 * (size_t)p->unit)) +
-               p->base_len + (size_t)p->cap_entries * sizeof(void *);
+               p->base_len + p->loose_len + (size_t)p->cap_entries * sizeof(void *);
     for (int64_t i = 0; i < p->n_entries; i++) n += sizeof(pl__pentry) + p->entries[i]->blob_len;
     return n;
 }
@@ -944,7 +955,67 @@ static const void *pl__blob_of(pl_pipeline *p, int64_t step, size_t *len) {
         *len = p->base_len;
         return p->base_blob;
     }
+    if (step == p->loose_step && p->loose_blob) {
+        *len = p->loose_len;
+        return p->loose_blob;
+    }
     return NULL;
+}
+
+int pl_pipeline_position(pl_pipeline *p, int64_t *step, int64_t *micro_batch,
+                         int *have_blob) {
+    pthread_mutex_lock(&p->mu);
+    int64_t k = pl__position(p);
+    size_t n = 0;
+    int have = p->base_step >= 0 && pl__blob_of(p, k / p->nmb, &n) != NULL;
+    pthread_mutex_unlock(&p->mu);
+    if (step) *step = k / p->nmb;
+    if (micro_batch) *micro_batch = k % p->nmb;
+    if (have_blob) *have_blob = have;
+    return PL_OK;
+}
+
+int pl_pipeline_attach_state(pl_pipeline *p, const void *blob, size_t len, char *err,
+                             size_t errcap) {
+    pl_state_info si;
+    if (!blob || pl_state_inspect(blob, len, &si) != PL_OK) {
+        pl__msg(err, errcap, "pipeline: the state blob is corrupt or of another version");
+        return PL_ESTATE;
+    }
+    if (si.micro_batch != 0 || si.step < 0 || si.dp != p->cfg->topology.dp) {
+        pl__msg(err, errcap,
+                "pipeline: attach_state takes the blob of a step's start for dp %lld "
+                "(got step %lld, micro-batch %lld, dp %lld)",
+                (long long)p->cfg->topology.dp, (long long)si.step,
+                (long long)si.micro_batch, (long long)si.dp);
+        return PL_ESTATE;
+    }
+    void *copy = malloc(len);
+    if (!copy) {
+        pl__msg(err, errcap, "pipeline: out of memory");
+        return PL_ENOMEM;
+    }
+    memcpy(copy, blob, len);
+    pthread_mutex_lock(&p->mu);
+    size_t n = 0;
+    if (pl__blob_of(p, si.step, &n)) { /* already held: keep it */
+        pthread_mutex_unlock(&p->mu);
+        free(copy);
+        return PL_OK;
+    }
+    pl__pentry *e = pl__entry(p, si.step);
+    if (e) {
+        e->blob = copy;
+        e->blob_len = len;
+    } else {
+        free(p->loose_blob);
+        p->loose_blob = copy;
+        p->loose_len = len;
+        p->loose_step = si.step;
+    }
+    pl__wake(ready_cv);
+    pthread_mutex_unlock(&p->mu);
+    return PL_OK;
 }
 
 int pl_pipeline_get_state(pl_pipeline *p, int64_t timeout_ms, void *buf,
@@ -966,7 +1037,9 @@ int pl_pipeline_get_state(pl_pipeline *p, int64_t timeout_ms, void *buf,
             pl__msg(err, errcap, "pipeline: no state for step %lld (%s)",
                     (long long)(k / p->nmb),
                     p->base_step < 0 ? "never reset"
-                    : e && e->msg ? e->msg : "the step failed or the pipeline closed");
+                    : e && e->msg ? e->msg
+                    : e && e->rc == PL_OK ? "added without its blob: pl_pipeline_attach_state"
+                    : "the step failed or the pipeline closed");
             rc = PL_ESTATE;
             break;
         }
@@ -1016,7 +1089,13 @@ int pl_pipeline_get_stats(pl_pipeline *p, int64_t timeout_ms, pl_loader_stats *o
         k = pl__position(p);
         step = k / p->nmb;
         blob = pl__blob_of(p, step, &blen);
-        if (blob || p->failed || p->closed || p->base_step < 0 || pl__entry(p, step)) break;
+        if (blob || p->failed || p->closed || p->base_step < 0) break;
+        pl__pentry *e = pl__entry(p, step);
+        if (e && e->rc == PL_OK && !p->failed) { /* added without its blob */
+            pthread_mutex_unlock(&p->mu);
+            return PL_ESTATE;
+        }
+        if (e) break;
         if (use && (timeout_ms == 0 || pl__past(&ts))) {
             pthread_mutex_unlock(&p->mu);
             return PL_ETIMEDOUT;

@@ -23,6 +23,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <zlib.h>
+
 #define PL__STATE_VERSION 1u
 
 typedef struct pl__wbuf {
@@ -531,5 +533,55 @@ int pl_state_retarget(const void *buf, size_t len, int64_t micro_batch,
     memcpy(b + 40, &dp, 8);
     uint32_t crc = pl__crc32(0, b, len - 4);
     memcpy(b + len - 4, &crc, 4);
+    return PL_OK;
+}
+
+/* ------------------------------------------------------- packed copies */
+
+#define PL__PACK_HEADER 12 /* "PLSZ", u64 blob length */
+/* No state blob is this large (2^32 sources would not fit a config). */
+#define PL__PACK_MAX ((uint64_t)1 << 36)
+
+int pl_state_pack(const void *blob, size_t len, void *buf, size_t cap, size_t *out_len) {
+    pl_state_info si;
+    int rc = pl_state_inspect(blob, len, &si);
+    if (rc) return rc;
+    uLong bound = compressBound((uLong)len);
+    if (!out_len) return PL_EINVAL;
+    if (!buf) {
+        *out_len = PL__PACK_HEADER + (size_t)bound;
+        return PL_OK;
+    }
+    if (cap < PL__PACK_HEADER) return PL_EINVAL;
+    unsigned char *w = buf;
+    uint64_t n64 = len;
+    memcpy(w, "PLSZ", 4);
+    memcpy(w + 4, &n64, 8);
+    uLongf zlen = (uLongf)(cap - PL__PACK_HEADER);
+    int zr = compress2(w + PL__PACK_HEADER, &zlen, blob, (uLong)len, 1);
+    if (zr == Z_BUF_ERROR) return PL_EINVAL; /* cap too small */
+    if (zr != Z_OK) return PL_ENOMEM;
+    *out_len = PL__PACK_HEADER + (size_t)zlen;
+    return PL_OK;
+}
+
+int pl_state_unpack(const void *packed, size_t len, void *buf, size_t cap, size_t *out_len) {
+    const unsigned char *b = packed;
+    uint64_t n64 = 0;
+    if (!out_len || !b || len < PL__PACK_HEADER || memcmp(b, "PLSZ", 4) != 0)
+        return out_len ? PL_ESTATE : PL_EINVAL;
+    memcpy(&n64, b + 4, 8);
+    if (n64 < 16 || n64 > PL__PACK_MAX) return PL_ESTATE;
+    if (!buf) {
+        *out_len = (size_t)n64;
+        return PL_OK;
+    }
+    if (cap < n64) return PL_EINVAL;
+    uLongf got = (uLongf)n64;
+    int zr = uncompress(buf, &got, b + PL__PACK_HEADER, (uLong)(len - PL__PACK_HEADER));
+    if (zr != Z_OK || got != n64) return zr == Z_MEM_ERROR ? PL_ENOMEM : PL_ESTATE;
+    pl_state_info si;
+    if (pl_state_inspect(buf, (size_t)got, &si) != PL_OK) return PL_ESTATE;
+    *out_len = (size_t)got;
     return PL_OK;
 }

@@ -498,6 +498,22 @@ PL_API int pl_state_source(const void *blob, size_t len, int64_t i,
 PL_API int pl_state_retarget(const void *blob, size_t len, int64_t micro_batch,
                              int64_t dp, void *out, size_t cap, size_t *out_len);
 
+/*
+ * A compact copy of a state blob, for keeping the blobs of many steps (the
+ * Ray planner keeps one per step that a rank may still stand at): "PLSZ",
+ * u64 length of the blob, then the blob as one zlib stream (RFC 1950,
+ * level 1; source names and paths and unchanged counters compress about
+ * 10-20x).  pl_state_pack checks the blob first (PL_ESTATE, PL_EVERSION);
+ * pl_state_unpack refuses a corrupt or truncated copy or one that does not
+ * unpack to a valid blob (PL_ESTATE).  Both follow the cap/len convention
+ * (buf NULL: *out_len receives the size needed; pl_state_pack's is an upper
+ * bound, the written size comes with buf).  Thread-safe.
+ */
+PL_API int pl_state_pack(const void *blob, size_t len, void *buf, size_t cap,
+                         size_t *out_len);
+PL_API int pl_state_unpack(const void *packed, size_t len, void *buf,
+                           size_t cap, size_t *out_len);
+
 /* ================================================================ loader */
 /*
  * The embedded loader: sources, planner and data constructor in one process,
@@ -630,7 +646,8 @@ PL_API const pl_config *pl_loader_config(const pl_loader *loader);
  * asking for the next.  Thread-safe against pl_loader_next.
  *
  * pl_loader_push_package copies the package (pl_package_encode of a step for
- * this loader's DP rank, the state blob of the step's start included).
+ * this loader's DP rank, with the state blob of the step's start or without
+ * it: see pl_loader_attach_state).
  * PL_EINVAL when it is corrupt, for another step, rank or config.
  * pl_loader_fail_step makes `step` fail with `status` and `message` (a
  * transport error): the rank that reaches it gets them from pl_loader_next.
@@ -644,6 +661,18 @@ PL_API int pl_loader_push_package(pl_loader *loader, const void *package,
                                   size_t len);
 PL_API int pl_loader_fail_step(pl_loader *loader, int64_t step, int status,
                                const char *message);
+/*
+ * Packages without their state (pl_package_encode with state NULL, as the
+ * Ray deployment ships them): pl_loader_position tells the consumed
+ * position's step and micro-batch and whether the loader holds the blob of
+ * that step's start; pl_loader_attach_state hands it over
+ * (pl_pipeline_attach_state).  Until then pl_loader_get_state and
+ * pl_loader_get_stats return PL_ESTATE.  Thread-safe.
+ */
+PL_API int pl_loader_position(pl_loader *loader, int64_t *step,
+                              int64_t *micro_batch, int *have_blob);
+PL_API int pl_loader_attach_state(pl_loader *loader, const void *blob,
+                                  size_t len);
 /* Wake every waiting call (pl_loader_next, pl_loader_want_step, ...) with
  * PL_ECLOSED, and make new ones return it, until pl_loader_set_state: how a
  * transport thread is stopped before pl_loader_set_state or _free. */
@@ -815,6 +844,24 @@ PL_API int pl_pipeline_next(pl_pipeline *p, int64_t rank, int64_t max_count,
 PL_API int pl_pipeline_get_state(pl_pipeline *p, int64_t timeout_ms, void *buf,
                                  size_t cap, size_t *len, char *err,
                                  size_t errcap);
+
+/*
+ * States shipped on demand.  A transport may add steps without their blobs
+ * (blob NULL in pl_pipeline_add_step, a package encoded without a state):
+ * the blob of a step's start then comes only when pl_pipeline_get_state or
+ * pl_pipeline_get_stats need it.  pl_pipeline_position gives the consumed
+ * position (step, micro-batch within it) and whether the blob of that step's
+ * start is held; pl_pipeline_attach_state gives the pipeline that blob (the
+ * planner's pl_planner_get_state at the step's start, micro-batch cursor 0;
+ * the step is read from the blob): kept with the step's entry, or until the
+ * entry arrives; a blob already held is kept and the new one dropped.
+ * PL_ESTATE for a corrupt blob, one not at a step's start, or of another dp.
+ * Without the blob, get_state and get_stats return PL_ESTATE at once.
+ */
+PL_API int pl_pipeline_position(pl_pipeline *p, int64_t *step,
+                                int64_t *micro_batch, int *have_blob);
+PL_API int pl_pipeline_attach_state(pl_pipeline *p, const void *blob,
+                                    size_t len, char *err, size_t errcap);
 
 /* As pl_loader_get_stats.  stats->sources points into `sources`, caller
  * owned, with room for cap entries (the config's number of sources; fewer:

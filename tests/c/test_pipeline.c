@@ -68,6 +68,33 @@ static void *state_of(pl_loader *l, size_t *n) {
     return b;
 }
 
+/* 1: packages carry no state blob; the test attaches them on demand (as the
+ * Ray deployment does: pl_loader_position, pl_loader_attach_state). */
+static int g_on_demand;
+
+/* Whatever get_state / get_stats of an on-demand loader need: the blob of
+ * the position's step. */
+static void attach_if_missing(pl_loader *ext, void **blobs, const size_t *blen) {
+    int64_t step = -1, mb = -1;
+    int have = -1;
+    CHECK_OK(pl_loader_position(ext, &step, &mb, &have));
+    if (have) return;
+    CHECK(g_on_demand);
+    size_t n = 0;
+    CHECK_EQ_I64(pl_loader_get_state(ext, NULL, 0, &n), PL_ESTATE);
+    pl_loader_stats st;
+    CHECK_EQ_I64(pl_loader_get_stats(ext, &st), PL_ESTATE);
+    CHECK(strstr(pl_loader_errmsg(ext), "attach") != NULL);
+    if (step > 0) { /* a blob of another step's start, or mid-step, is not it */
+        CHECK_OK(pl_loader_attach_state(ext, blobs[step - 1], blen[step - 1]));
+        CHECK_OK(pl_loader_position(ext, NULL, NULL, &have));
+        CHECK(!have);
+    }
+    CHECK_OK(pl_loader_attach_state(ext, blobs[step], blen[step]));
+    CHECK_OK(pl_loader_position(ext, NULL, NULL, &have));
+    CHECK(have);
+}
+
 /* Push whatever the external loader asks for (what a transport thread does). */
 static void feed(pl_loader *ext, pl_source **src, pl_plan **plans, void **blobs,
                  const size_t *blen, int64_t steps, int64_t dp, int64_t *pushed) {
@@ -78,7 +105,8 @@ static void feed(pl_loader *ext, pl_source **src, pl_plan **plans, void **blobs,
             CHECK_OK(pl_loader_push_package(ext, blobs[want], blen[want]));
         } else {
             size_t n = 0;
-            void *pkg = make_package(src, plans[want], dp, blobs[want], blen[want], &n);
+            void *pkg = make_package(src, plans[want], dp, g_on_demand ? NULL : blobs[want],
+                                     g_on_demand ? 0 : blen[want], &n);
             int64_t st = -1, d = -1;
             CHECK_OK(pl_package_inspect(pkg, n, &st, &d));
             CHECK(st == want && d == dp);
@@ -130,6 +158,7 @@ static void test_packages_equal_embedded(corpus *c, const char *extra) {
             CHECK(a && b && bhash(a) == bhash(b));
             if (k % 3 == 0) { /* states equal byte for byte at consumed positions */
                 feed(ext, src, plans, blobs, blen, steps, ri.dp_rank, &pushed);
+                attach_if_missing(ext, blobs, blen);
                 size_t na = 0, nb = 0;
                 void *sa = state_of(emb, &na), *sb = state_of(ext, &nb);
                 CHECK(na == nb && memcmp(sa, sb, na) == 0);
@@ -138,6 +167,7 @@ static void test_packages_equal_embedded(corpus *c, const char *extra) {
             }
         }
         pl_loader_stats sa, sb;
+        attach_if_missing(ext, blobs, blen);
         CHECK_OK(pl_loader_get_stats(emb, &sa));
         CHECK_OK(pl_loader_get_stats(ext, &sb));
         CHECK_EQ_I64(sa.steps, steps);
@@ -178,6 +208,50 @@ static void test_packages_equal_embedded(corpus *c, const char *extra) {
     free(plans);
     free(blobs);
     free(blen);
+    pl_planner_free(p);
+    for (int s = 0; s < NSRC; s++) pl_source_free(src[s]);
+    pl_config_free(cfg);
+}
+
+/* Packed copies of state blobs (pl_state_pack / pl_state_unpack). */
+static void test_state_pack(corpus *c) {
+    pl_config *cfg = corpus_config(c, "seq_length: 64\nglobal_batch_size: 8\n"
+                                      "micro_batch_size: 2\ntrain_steps: 4", NULL);
+    pl_source *src[NSRC];
+    for (int s = 0; s < NSRC; s++) CHECK_OK(pl__config_open_source(cfg, s, &src[s]));
+    pl_planner *p = NULL;
+    CHECK_OK(pl_planner_create(cfg, src, NSRC, &p));
+    for (int k = 0; k < 3; k++) {
+        pl_plan *plan = NULL;
+        CHECK_OK(pl_planner_next(p, &plan));
+        pl_plan_free(plan);
+    }
+    size_t n = 0, bound = 0, zn = 0, back = 0;
+    CHECK_OK(pl_planner_get_state(p, NULL, 0, &n));
+    unsigned char *blob = malloc(n), *out = malloc(n);
+    CHECK_OK(pl_planner_get_state(p, blob, n, &n));
+    CHECK_OK(pl_state_pack(blob, n, NULL, 0, &bound));
+    unsigned char *z = malloc(bound);
+    CHECK_OK(pl_state_pack(blob, n, z, bound, &zn));
+    CHECK(zn < n && memcmp(z, "PLSZ", 4) == 0);
+    CHECK_OK(pl_state_unpack(z, zn, NULL, 0, &back));
+    CHECK_EQ_I64((int64_t)back, (int64_t)n);
+    CHECK_OK(pl_state_unpack(z, zn, out, n, &back));
+    CHECK(back == n && memcmp(out, blob, n) == 0);
+    /* Too small a buffer, truncated, damaged, another magic, not a blob. */
+    CHECK_EQ_I64(pl_state_unpack(z, zn, out, n - 1, &back), PL_EINVAL);
+    CHECK_EQ_I64(pl_state_unpack(z, zn - 3, out, n, &back), PL_ESTATE);
+    CHECK_EQ_I64(pl_state_unpack(z, 8, out, n, &back), PL_ESTATE);
+    z[zn / 2] ^= 0x10;
+    CHECK_EQ_I64(pl_state_unpack(z, zn, out, n, &back), PL_ESTATE);
+    z[zn / 2] ^= 0x10;
+    z[0] = 'X';
+    CHECK_EQ_I64(pl_state_unpack(z, zn, out, n, &back), PL_ESTATE);
+    blob[n / 2] ^= 1; /* CRC no longer matches */
+    CHECK_EQ_I64(pl_state_pack(blob, n, z, bound, &zn), PL_ESTATE);
+    free(z);
+    free(out);
+    free(blob);
     pl_planner_free(p);
     for (int s = 0; s < NSRC; s++) pl_source_free(src[s]);
     pl_config_free(cfg);
@@ -334,6 +408,12 @@ int main(void) {
     test_packages_equal_embedded(&c, "seq_length: 64\nglobal_batch_size: 8\nmicro_batch_size: 1\n"
                                      "topology: {dp: 2, pp: 3}\ndtype: int32\ntrain_steps: 5\n"
                                      "seed: 9");
+    g_on_demand = 1; /* packages without states, blobs attached when needed */
+    test_packages_equal_embedded(&c, "seq_length: 64\nglobal_batch_size: 8\nmicro_batch_size: 2\n"
+                                     "topology: {dp: 2, cp: 2, tp: 2}\nbalance: greedy\n"
+                                     "train_steps: 6\nseed: 5");
+    g_on_demand = 0;
+    test_state_pack(&c);
     test_lag_policy(&c);
     test_loader_never_consumes(&c);
     corpus_free(&c);

@@ -1,6 +1,7 @@
 /* libFuzzer target: the PLST state blob, loaded into a planner over the
  * fixed corpus (with the loader's micro-batch count and dp, and as
- * pl_planner_set_state), then planning two steps from it. */
+ * pl_planner_set_state), then planning two steps from it; the input as a
+ * packed copy (pl_state_unpack), and pack/unpack of every valid blob. */
 #include "fuzz_common.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -37,5 +38,28 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         }
     }
     free(sealed);
+    /* As a packed copy ("PLSZ"): whatever unpacks is a valid blob. */
+    size_t un = 0;
+    if (pl_state_unpack(data, size, NULL, 0, &un) == PL_OK && un <= ((size_t)1 << 24)) {
+        uint8_t *buf = malloc(un ? un : 1);
+        pl_state_info si;
+        if (buf && pl_state_unpack(data, size, buf, un, &un) == PL_OK &&
+            pl_state_inspect(buf, un, &si) != PL_OK)
+            abort();
+        free(buf);
+    }
+    /* A valid blob packs and unpacks to itself. */
+    pl_state_info si;
+    if (pl_state_inspect(data, size, &si) == PL_OK) {
+        size_t bound = 0, n = 0, back = 0;
+        if (pl_state_pack(data, size, NULL, 0, &bound)) abort();
+        uint8_t *z = malloc(bound), *out = malloc(size);
+        if (!z || !out || pl_state_pack(data, size, z, bound, &n) ||
+            pl_state_unpack(z, n, out, size, &back) || back != size ||
+            memcmp(out, data, size) != 0)
+            abort();
+        free(z);
+        free(out);
+    }
     return 0;
 }

@@ -141,6 +141,21 @@ def test_changed_fingerprint_at_load_state_dict(corpus):
             b.load_state_dict({"version": 99, "blob": state["blob"]})
 
 
+def test_state_pack_round_trip_and_corrupt_copies(corpus):
+    with polyload.Loader(corpus.config(), rank=0) as a:
+        for _ in range(3):
+            next(a)
+        blob = a.state_dict()["blob"]
+    z = _core.state_pack(blob)
+    assert z[:4] == b"PLSZ" and len(z) < len(blob)
+    assert _core.state_unpack(z) == blob
+    for bad in (z[:-2], z[:10], b"PLSX" + z[4:], z[:20] + bytes([z[20] ^ 0xFF]) + z[21:]):
+        with pytest.raises(polyload.StateError):
+            _core.state_unpack(bad)
+    with pytest.raises(polyload.StateError):
+        _core.state_pack(blob[:-1])
+
+
 def test_rank_out_of_range(corpus):
     d = corpus.config()  # dp=2: world size 2
     with pytest.raises(polyload.RangeError) as ei:

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 import polyload
+from polyload import _core
 
 ray = pytest.importorskip("ray")
 torch = pytest.importorskip("torch")
@@ -372,6 +373,13 @@ def test_never_consuming_rank_keeps_memory_bounded(cluster, corpus2):
         assert max(ledger[half:]) <= max(ledger[:half]) + 4096, ledger
         rss = [m["rss_bytes"] for m in mem]
         assert rss[-1] - rss[0] < 32 * MiB, rss
+        # The planner keeps the states a rank may still stand at, no more: packed,
+        # within keep_steps of the newest step, however long the run.
+        pm = ray.get(dep.actors["planner"][0].memory.remote())
+        assert 0 < pm["states_kept"] <= pm["keep_steps"] + 1, pm
+        assert pm["states_kept"] < 1000
+        blob = c0.state_dict()["blob"]  # its step's state comes from the planner
+        assert _core.state_info(blob)["step"] == 1000
         c1 = pr.Client(cfg, rank=1, namespace=NS, name="bounded")
         with pytest.raises(polyload.LagError, match=r"rank 1 .*max_lag_steps=\d+"):
             c1.next_batch()

@@ -123,6 +123,8 @@ PyObject *pypl_sized_bytes(pypl_sized_fn fn, void *ctx, int *rc);
 /* Module functions of pipeline.c. */
 PyObject *pypl_state_info(PyObject *self, PyObject *arg);
 PyObject *pypl_state_retarget(PyObject *self, PyObject *args);
+PyObject *pypl_state_pack(PyObject *self, PyObject *arg);
+PyObject *pypl_state_unpack(PyObject *self, PyObject *arg);
 PyObject *pypl_package_info(PyObject *self, PyObject *arg);
 PyObject *pypl_read_rows_raw(PyObject *self, PyObject *args);
 /* Parse reads (an int64 buffer [n, 4]) into a PyMem array; *total: the sum

@@ -632,6 +632,32 @@ static PyObject *loader_push_package(PyPlLoader *o, PyObject *arg) {
     Py_RETURN_NONE;
 }
 
+static PyObject *loader_position(PyPlLoader *o, PyObject *unused) {
+    (void)unused;
+    if (loader_rdlock(o)) return NULL;
+    int64_t step = 0, mb = 0;
+    int have = 0;
+    pl_loader_position(o->l, &step, &mb, &have);
+    pthread_rwlock_unlock(&o->lock);
+    return Py_BuildValue("LLO", (long long)step, (long long)mb, have ? Py_True : Py_False);
+}
+
+static PyObject *loader_attach_state(PyPlLoader *o, PyObject *arg) {
+    Py_buffer v;
+    if (PyObject_GetBuffer(arg, &v, PyBUF_SIMPLE) < 0) return NULL;
+    if (loader_rdlock(o)) {
+        PyBuffer_Release(&v);
+        return NULL;
+    }
+    char err[PL__ERRMSG_CAP];
+    int rc = pl_loader_attach_state(o->l, v.buf, (size_t)v.len);
+    if (rc) snprintf(err, sizeof err, "%s", pl_loader_errmsg(o->l));
+    pthread_rwlock_unlock(&o->lock);
+    PyBuffer_Release(&v);
+    if (rc != PL_OK) return pypl_raise(rc, err);
+    Py_RETURN_NONE;
+}
+
 static PyObject *loader_fail_step(PyPlLoader *o, PyObject *args) {
     long long step;
     int code;
@@ -728,6 +754,13 @@ static PyMethodDef loader_methods[] = {
      "push_package(package)\n\nHand over the package of the step want_step gave "
      "(PLPK bytes; for step\ntrain_steps its state blob).  PolyloadError EINVAL when "
      "corrupt or for another\nrank, step or config."},
+    {"position", (PyCFunction)loader_position, METH_NOARGS,
+     "position() -> (step, micro_batch, have_blob)\n\nThe consumed position and whether "
+     "the loader holds the state blob of its\nstep's start (pl_loader_position)."},
+    {"attach_state", (PyCFunction)loader_attach_state, METH_O,
+     "attach_state(blob)\n\nExternal loaders whose packages carry no state: the state "
+     "blob of a step's\nstart (pl_loader_attach_state).  Until then get_state and stats "
+     "raise\nStateError.  StateError for a corrupt blob or one not at a step's start."},
     {"fail_step", (PyCFunction)loader_fail_step, METH_VARARGS,
      "fail_step(step, code, message)\n\nThe step could not be fetched: the rank that "
      "reaches it gets the error."},

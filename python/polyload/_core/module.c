@@ -275,6 +275,12 @@ static PyMethodDef module_methods[] = {
      "(pl_state_inspect,\npl_state_source): version, seed, step, micro_batch, dp, "
      "seq_length, ...,\nsources: [{name, path, num_documents, epoch, drawn_tokens, "
      "target_tokens,\ndocuments, skipped, ...}].  StateError when corrupt."},
+    {"state_pack", pypl_state_pack, METH_O,
+     "state_pack(blob) -> bytes\n\nA compact (zlib) copy of a state blob (pl_state_pack); "
+     "StateError for a\ncorrupt blob."},
+    {"state_unpack", pypl_state_unpack, METH_O,
+     "state_unpack(packed) -> bytes\n\nThe state blob of a state_pack copy "
+     "(pl_state_unpack); StateError for a\ncorrupt or truncated copy."},
     {"state_retarget", pypl_state_retarget, METH_VARARGS,
      "state_retarget(blob, micro_batch, dp) -> bytes\n\nThe blob with another cursor "
      "(pl_state_retarget)."},

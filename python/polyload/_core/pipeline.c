@@ -351,16 +351,16 @@ static PyObject *pipe_add_step(PyPlPipeline *o, PyObject *args) {
         PyErr_SetString(PyExc_TypeError, "add_step: work must be the 'plan' Work");
         return NULL;
     }
-    Py_buffer pv = {0}, bv;
-    int have_plan = plan_obj != Py_None;
+    Py_buffer pv = {0}, bv = {0};
+    int have_plan = plan_obj != Py_None, have_blob = blob_obj != Py_None;
     if (have_plan && PyObject_GetBuffer(plan_obj, &pv, PyBUF_SIMPLE) < 0) return NULL;
-    if (PyObject_GetBuffer(blob_obj, &bv, PyBUF_SIMPLE) < 0) {
+    if (have_blob && PyObject_GetBuffer(blob_obj, &bv, PyBUF_SIMPLE) < 0) {
         if (have_plan) PyBuffer_Release(&pv);
         return NULL;
     }
     if (pipe_rd(o)) {
         if (have_plan) PyBuffer_Release(&pv);
-        PyBuffer_Release(&bv);
+        if (have_blob) PyBuffer_Release(&bv);
         return NULL;
     }
     int rc = PL_OK;
@@ -371,11 +371,12 @@ static PyObject *pipe_add_step(PyPlPipeline *o, PyObject *args) {
     pl_plan *plan = NULL;
     if (rc == PL_OK && have_plan) rc = pl_plan_decode(pv.buf, (size_t)pv.len, &plan);
     if (rc == PL_OK)
-        rc = pl_pipeline_add_step(o->p, step, plan, bv.buf, (size_t)bv.len, NULL, NULL);
+        rc = pl_pipeline_add_step(o->p, step, plan, have_blob ? bv.buf : NULL,
+                                  have_blob ? (size_t)bv.len : 0, NULL, NULL);
     Py_END_ALLOW_THREADS
     pthread_rwlock_unlock(&o->lock);
     if (have_plan) PyBuffer_Release(&pv);
-    PyBuffer_Release(&bv);
+    if (have_blob) PyBuffer_Release(&bv);
     if (rc == PL_ECLOSED) Py_RETURN_NONE;
     if (rc != PL_OK) return pypl_raise(rc, "pipeline: add_step: corrupt plan or a step not asked for");
     Py_RETURN_NONE;
@@ -567,6 +568,31 @@ static PyObject *pipe_get_state(PyPlPipeline *o, PyObject *args) {
     return b;
 }
 
+static PyObject *pipe_position(PyPlPipeline *o, PyObject *unused) {
+    (void)unused;
+    if (pipe_rd(o)) return NULL;
+    int64_t step = 0, mb = 0;
+    int have = 0;
+    pl_pipeline_position(o->p, &step, &mb, &have);
+    pthread_rwlock_unlock(&o->lock);
+    return Py_BuildValue("LLO", (long long)step, (long long)mb, have ? Py_True : Py_False);
+}
+
+static PyObject *pipe_attach_state(PyPlPipeline *o, PyObject *arg) {
+    Py_buffer v;
+    if (PyObject_GetBuffer(arg, &v, PyBUF_SIMPLE) < 0) return NULL;
+    if (pipe_rd(o)) {
+        PyBuffer_Release(&v);
+        return NULL;
+    }
+    char err[PL__ERRMSG_CAP] = "";
+    int rc = pl_pipeline_attach_state(o->p, v.buf, (size_t)v.len, err, sizeof err);
+    pthread_rwlock_unlock(&o->lock);
+    PyBuffer_Release(&v);
+    if (rc != PL_OK) return pypl_raise(rc, err);
+    Py_RETURN_NONE;
+}
+
 static PyObject *pipe_sizeof(PyPlPipeline *o, PyObject *unused) {
     (void)unused;
     return PyLong_FromSize_t(o->p ? pl_pipeline_sizeof(o->p) : 0);
@@ -578,13 +604,20 @@ static PyMethodDef pipe_methods[] = {
      "Pipeline.create(config, ranks=None, group_by_cp=True, unit=0, prefetch=0,\n"
      "max_lag_steps=0) -> Pipeline\n\nThe step ledger (pl_pipeline) for `ranks`; items are "
      "packages.  Touches no file."},
+    {"position", (PyCFunction)pipe_position, METH_NOARGS,
+     "position() -> (step, micro_batch, have_blob)\n\nThe consumed position and whether "
+     "the state blob of its step's start is held\n(pl_pipeline_position)."},
+    {"attach_state", (PyCFunction)pipe_attach_state, METH_O,
+     "attach_state(blob)\n\nThe state blob of a step's start, for a step added without "
+     "it\n(pl_pipeline_attach_state).  StateError for a corrupt blob or one not at a "
+     "step's start."},
     {"reset", (PyCFunction)pipe_reset, METH_O,
      "reset(blob)\n\nStand at a state blob's position; drops everything.  StateError."},
     {"get_work", (PyCFunction)pipe_get_work, METH_VARARGS,
      "get_work(kinds=3, timeout_ms=-1) -> Work, None (timeout) or 'done'\n\n"
      "kinds: 1 plan, 2 build, 3 both.  Raises PolyloadError ECLOSED when closed/failed."},
     {"add_step", (PyCFunction)pipe_add_step, METH_VARARGS,
-     "add_step(step, plan_bytes or None, state_blob)\n\nSupply the step a 'plan' Work "
+     "add_step(step, plan_bytes or None, state_blob or None)\n\nSupply the step a 'plan' Work "
      "asked for (PLPN bytes; None for step train_steps)."},
     {"fail_step", (PyCFunction)pipe_fail_step, METH_VARARGS,
      "fail_step(step, code, message)\n\nThe step failed (the ranks reaching it get the error)."},
@@ -680,6 +713,51 @@ PyObject *pypl_state_retarget(PyObject *self, PyObject *args) {
     if (rc != PL_OK) {
         Py_XDECREF(b);
         return pypl_raise(PL_ESTATE, "state: not a valid blob, or a negative cursor");
+    }
+    return b;
+}
+
+/* state_pack(blob) -> bytes (pl_state_pack). */
+PyObject *pypl_state_pack(PyObject *self, PyObject *arg) {
+    (void)self;
+    Py_buffer v;
+    if (PyObject_GetBuffer(arg, &v, PyBUF_SIMPLE) < 0) return NULL;
+    size_t bound = 0, n = 0;
+    int rc = pl_state_pack(v.buf, (size_t)v.len, NULL, 0, &bound);
+    PyObject *b = rc == PL_OK ? PyBytes_FromStringAndSize(NULL, (Py_ssize_t)bound) : NULL;
+    if (b) {
+        Py_BEGIN_ALLOW_THREADS
+        rc = pl_state_pack(v.buf, (size_t)v.len, PyBytes_AS_STRING(b), bound, &n);
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&v);
+    if (rc != PL_OK) {
+        Py_XDECREF(b);
+        return pypl_raise(rc == PL_EVERSION ? PL_ESTATE : rc,
+                          "state_pack: not a valid polyload state blob");
+    }
+    if (!b) return NULL;
+    if (_PyBytes_Resize(&b, (Py_ssize_t)n) < 0) return NULL;
+    return b;
+}
+
+/* state_unpack(packed) -> bytes (pl_state_unpack). */
+PyObject *pypl_state_unpack(PyObject *self, PyObject *arg) {
+    (void)self;
+    Py_buffer v;
+    if (PyObject_GetBuffer(arg, &v, PyBUF_SIMPLE) < 0) return NULL;
+    size_t n = 0;
+    int rc = pl_state_unpack(v.buf, (size_t)v.len, NULL, 0, &n);
+    PyObject *b = rc == PL_OK ? PyBytes_FromStringAndSize(NULL, (Py_ssize_t)n) : NULL;
+    if (b) {
+        Py_BEGIN_ALLOW_THREADS
+        rc = pl_state_unpack(v.buf, (size_t)v.len, PyBytes_AS_STRING(b), n, &n);
+        Py_END_ALLOW_THREADS
+    }
+    PyBuffer_Release(&v);
+    if (rc != PL_OK) {
+        Py_XDECREF(b);
+        return pypl_raise(rc, "state_unpack: a corrupt or truncated packed state");
     }
     return b;
 }

@@ -5,9 +5,12 @@ own process; C handles never travel, and no C format is parsed here: the actors 
 bytes between C calls.
 
 - :class:`Planner`: opens the sources for their document lengths and emits, per step,
-  the encoded plan (``pl_plan_encode``) and the state blob of the step's start.  Never
-  reads a payload.  Also the deployment's registry and the keeper of its generation
-  (the state it was last restarted from).
+  the encoded plan (``pl_plan_encode``).  Never reads a payload.  Keeps the state blob
+  of each step's start (packed (``pl_state_pack``), for the steps some rank may still stand at),
+  which trainers fetch only when ``state_dict()`` or ``stats()`` need it: packages carry
+  no state, so the per-source part of the state is held once, not per rank and step.
+  Also the deployment's registry and the keeper of its generation (the state it was
+  last restarted from).
 - :class:`SourceLoader`: index-range partitions of one or more sources; ``read`` answers
   token ranges at their stored width (``pl_source_read_raw``).  Holds no training
   progress, so any replica can serve any key of its partitions.
@@ -15,8 +18,8 @@ bytes between C calls.
   PP and CP peers.  It hosts a ``pl_pipeline`` (polyload._core.Pipeline): the C object
   that also drives the embedded loader decides which step to plan and which unit to
   build, holds back-pressure and the lag policy.  A unit is one DP rank's step; it is
-  built as a *package* (``pl_package_encode``: the rank's plan, the state blob, tokens
-  at stored width) and returned to each trainer rank of that DP rank as the result of
+  built as a *package* (``pl_package_encode``: the rank's plan and its tokens at stored
+  width) and returned to each trainer rank of that DP rank as the result of
   its ``fetch`` call, which the trainer expands into micro-batches in C
   (``pl_loader_push_package``).  An async actor: its waits are awaits, never polls.
 """
@@ -62,17 +65,22 @@ def _error_parts(exc: BaseException) -> Tuple[int, str]:
 class Planner:
     """The planner actor: plans from metadata only, and the deployment's registry.
 
-    ``plan(gen, step)`` returns ``(state blob at the step's start, encoded plan or None
-    for step train_steps)``.  Plans are made in step order and kept in a window until
-    every constructor has fetched them.  ``restart(blob)`` moves the deployment to a
-    state (a new *generation*) unless it is the state the current generation started
-    from and that start can still be served; constructors follow with ``sync``.
+    ``plan(gen, step)`` returns ``(None, encoded plan)``, and for step train_steps
+    ``(its state blob, None)``.  Plans are made in step order and kept in a window until
+    every constructor has fetched them.  ``state(gen, step)`` is the packed (``pl_state_pack``)
+    state blob of a step's start; kept from the least step a constructor reports for
+    its ranks (``low``), and at most ``keep_steps`` behind the newest planned step.
+    ``restart(blob)`` moves the deployment to a state (a new *generation*) unless it is
+    the state the current generation started from and that start can still be served;
+    constructors follow with ``sync``.
     """
 
-    def __init__(self, payload, cwd: str, num_constructors: int, max_lag_steps: int) -> None:
+    def __init__(self, payload, cwd: str, num_constructors: int, max_lag_steps: int,
+                 keep_steps: int = 0) -> None:
         self._payload, self._cwd = payload, cwd
         self._num_constructors = int(num_constructors)
         self._max_lag = int(max_lag_steps)
+        self._keep = max(int(keep_steps), int(max_lag_steps) + 1)
         self._planner = None
         self._info: Dict[str, Any] = {}
 
@@ -101,21 +109,13 @@ class Planner:
         self._next_step = step
         self._fetched: Dict[int, int] = {}
         self._failure: Optional[Tuple[int, BaseException]] = None
+        # step -> packed blob of its start; constructor -> least step of its ranks
+        self._states: Dict[int, bytes] = {}
+        self._low: Dict[int, int] = {}
 
-    def set_info(self, info: Dict[str, Any]) -> None:
-        self._info = dict(info)
-
-    def info(self) -> Dict[str, Any]:
-        return self._info
-
-    def current(self) -> Tuple[int, bytes]:
-        """(generation, the state blob it started from)."""
-        return self._gen, self._start_blob
-
-    @ray.method(enable_task_events=False)
-    def plan(self, gen: int, step: int, constructor: int):
-        if gen != self._gen:
-            return None  # stale: the constructor syncs first
+    def _advance(self, step: int) -> None:
+        """Plan every step up to ``step`` (stopping at a failure), keeping each plan
+        and the state of its start."""
         while self._next_step <= step:
             if self._failure is not None:
                 break
@@ -129,8 +129,36 @@ class Planner:
                 except polyload.PolyloadError as e:  # sticky, as in the embedded loader
                     self._failure = (s, e)
                     break
-                self._cache[s] = (blob, p.encode())
+                self._cache[s] = (None, p.encode())
+            self._states[s] = _core.state_pack(blob)
             self._next_step = s + 1
+        self._trim_states()
+
+    def _trim_states(self) -> None:
+        low = min(self._low.values()) if len(self._low) >= self._num_constructors else \
+            self._start_step
+        low = max(low, self._next_step - self._keep)
+        if self._states and min(self._states) < low:
+            for s in [s for s in self._states if s < low]:
+                del self._states[s]
+
+    def set_info(self, info: Dict[str, Any]) -> None:
+        self._info = dict(info)
+
+    def info(self) -> Dict[str, Any]:
+        return self._info
+
+    def current(self) -> Tuple[int, bytes]:
+        """(generation, the state blob it started from)."""
+        return self._gen, self._start_blob
+
+    @ray.method(enable_task_events=False)
+    def plan(self, gen: int, step: int, constructor: int, low: int = -1):
+        if gen != self._gen:
+            return None  # stale: the constructor syncs first
+        if low >= 0:
+            self._low[constructor] = int(low)
+        self._advance(step)
         if self._failure is not None and step >= self._failure[0]:
             raise self._failure[1]
         entry = self._cache.get(step)
@@ -147,13 +175,14 @@ class Planner:
         return entry
 
     @ray.method(enable_task_events=False)
-    def plans(self, gen: int, step: int, constructor: int, count: int):
+    def plans(self, gen: int, step: int, constructor: int, count: int, low: int = -1):
         """``plan`` for steps ``step .. step+count-1`` (stopping after train_steps, or
-        before a step that fails), in one call; None for another generation."""
+        before a step that fails), in one call; None for another generation.  ``low``:
+        the least step a rank of the constructor stands at (states before it go)."""
         out = []
         for s in range(int(step), int(step) + max(1, int(count))):
             try:
-                entry = self.plan(gen, s, constructor)
+                entry = self.plan(gen, s, constructor, low)
             except polyload.PolyloadError:
                 if not out:
                     raise
@@ -164,6 +193,37 @@ class Planner:
             if entry[1] is None:
                 break
         return out
+
+    @ray.method(enable_task_events=False)
+    def state(self, gen: int, step: int) -> bytes:
+        """The packed (``pl_state_pack``) state blob of ``step``'s start in generation ``gen``
+        (-1: the current one).  Raises StateError for another generation or a step no
+        longer kept (more than ``keep_steps`` behind the newest planned step)."""
+        if gen >= 0 and gen != self._gen:
+            raise polyload.StateError(
+                _core.ESTATE, "ESTATE",
+                f"planner: the deployment was restarted from another state (generation "
+                f"{self._gen}, asked for {gen}); call load_state_dict")
+        step = int(step)
+        if step >= self._next_step:
+            self._advance(step)
+        z = self._states.get(step)
+        if z is None:
+            if self._failure is not None and step >= self._failure[0]:
+                raise self._failure[1]
+            kept = (f"{min(self._states)}..{max(self._states)}" if self._states else "none")
+            raise polyload.StateError(
+                _core.ESTATE, "ESTATE",
+                f"planner: the state of step {step} is no longer kept (kept steps {kept}; "
+                f"a rank more than {self._keep} steps behind the deployment)")
+        return z
+
+    def memory(self) -> Dict[str, int]:
+        """What the planner keeps: ``{"states_kept", "states_bytes" (packed),
+        "keep_steps", "plans_kept"}``."""
+        return {"states_kept": len(self._states),
+                "states_bytes": sum(len(z) for z in self._states.values()),
+                "keep_steps": self._keep, "plans_kept": len(self._cache)}
 
     def restart(self, blob: bytes, force: bool = False) -> Tuple[int, bytes]:
         """Continue the deployment from a state blob: a new generation, unless ``blob``
@@ -283,7 +343,7 @@ class DataConstructor:
         self._max_units = 256  # units built together (one read per loader actor)
         self._n_batches = self._n_units = 0
         self._waiting = 0          # fetches blocked on a unit not built yet
-        self._plans: Dict[int, Tuple[bytes, Optional[bytes]]] = {}
+        self._plans: Dict[int, Tuple[Optional[bytes], Optional[bytes]]] = {}
         self._tasks: List[asyncio.Task] = []
         self._closed = False
 
@@ -333,6 +393,8 @@ class DataConstructor:
         self._final = None
         self._plans = {}
         self._cursor = {r: _core.state_info(blob)["step"] for r in self._ranks}
+        # the step each rank's trainer stands at (reported by its fetches)
+        self._consumed = dict(self._cursor)
         self._tasks = [asyncio.ensure_future(self._drive(gen)) for _ in range(self._n_drivers)]
         await self._notify()
 
@@ -423,7 +485,8 @@ class DataConstructor:
         if entry is None:
             try:
                 res = await self._planner.plans.remote(gen, w.step, self._index,
-                                                       self._prefetch_steps)
+                                                       self._prefetch_steps,
+                                                       min(self._consumed.values()))
             except Exception as e:  # noqa: BLE001 - the ranks that reach the step get it
                 if gen == self._gen:
                     self._pipe.fail_step(w.step, *_error_parts(e))
@@ -485,12 +548,13 @@ class DataConstructor:
 
     @ray.method(enable_task_events=False)
     async def fetch(self, gen: int, rank: int, step: int, count: int = 1,
-                    timeout: float = 600.0) -> List[Any]:
+                    timeout: float = 600.0, consumed: int = -1) -> List[Any]:
         """The packages of ``rank``'s DP rank for steps ``step .. step+count-1`` (uint8
-        arrays; for step train_steps its state blob as bytes, and nothing after it), in
-        one call: one object per call, owned by the caller.  Raises StateError for
-        another generation, LagError when the lag policy dropped the rank, or the
-        error of a step."""
+        arrays, without state blobs; for step train_steps its state blob as bytes, and
+        nothing after it), in one call: one object per call, owned by the caller.
+        ``consumed``: the step the rank's trainer stands at (the planner keeps states
+        from the least of them).  Raises StateError for another generation, LagError
+        when the lag policy dropped the rank, or the error of a step."""
         if gen > self._gen:
             await self.sync(gen)
         if gen != self._gen:
@@ -502,6 +566,8 @@ class DataConstructor:
         if rank not in self._cursor:
             raise polyload.RangeError(_core.ERANGE, "ERANGE",
                                       f"constructor {self._index}: rank {rank} is not served here")
+        if consumed > self._consumed[rank]:
+            self._consumed[rank] = int(consumed)
         out: List[Any] = []
         deadline = asyncio.get_running_loop().time() + float(timeout)
         try:
@@ -569,22 +635,12 @@ class DataConstructor:
             raise polyload.PolyloadError(_core.ECLOSED, "ECLOSED",
                                          f"constructor {self._index} is closed")
 
-    async def state(self, timeout: float = 60.0) -> bytes:
-        """The state after the steps delivered to every served rank (the deployment's
-        view; a Client's own state is exact for its rank).  Waits (without blocking
-        the actor) for the blob of that step, at most ``timeout`` seconds."""
-        deadline = asyncio.get_running_loop().time() + timeout
-        while True:
-            try:
-                return self._pipe.get_state(0)
-            except polyload.PolyloadTimeoutError:
-                if asyncio.get_running_loop().time() > deadline:
-                    raise
-                await self._wake(self._demand)
-                try:
-                    await asyncio.wait_for(self._sleep_on(self._built), timeout=1.0)
-                except asyncio.TimeoutError:
-                    pass
+    def position(self) -> Tuple[int, int, int]:
+        """``(generation, step, micro-batch)``: the position after the micro-batches
+        delivered to every served rank (the deployment's view; a Client's own state
+        is exact for its rank)."""
+        step, mb, _have = self._pipe.position()
+        return self._gen, step, mb
 
     def memory(self) -> Dict[str, int]:
         """``{"pipeline_bytes": pl_pipeline_sizeof, "rss_bytes": resident set size}``

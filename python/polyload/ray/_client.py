@@ -159,7 +159,8 @@ class Client(polyload.Loader):
                     while len(inflight) < 2 and (train_steps < 0 or next_req <= train_steps):
                         n = self._prefetch if train_steps < 0 else min(
                             self._prefetch, train_steps - next_req + 1)
-                        ref = ctor.fetch.remote(gen, rank, next_req, n, self._timeout)
+                        ref = ctor.fetch.remote(gen, rank, next_req, n, self._timeout,
+                                                loader.position()[0])
                         inflight.append((next_req, n, ref))
                         next_req += n
                     if not inflight:
@@ -214,6 +215,36 @@ class Client(polyload.Loader):
                     pass
 
     # ---------------------------------------------------------------------- state
+
+    def _attach_state(self) -> None:
+        """Packages carry no state blob: give the C loader the blob of the step its
+        position stands at, from the planner (which keeps them compressed), when it
+        lacks it."""
+        loader = self._handle()
+        step, _mb, have = loader.position()
+        if not have:
+            z = _get(self._planner.state.remote(self._gen, step), self._timeout)
+            loader.attach_state(_core.state_unpack(z))
+
+    def _with_state(self, fn):
+        # The position may move (next() on another thread) between attaching the blob
+        # and reading the state: attach again.
+        for attempt in range(8):
+            self._attach_state()
+            try:
+                return fn()
+            except polyload.StateError:
+                if attempt == 7 or self._handle().position()[2]:
+                    raise
+
+    def state_dict(self) -> Dict[str, Any]:
+        """As :meth:`polyload.Loader.state_dict` (the blob of the step's start comes
+        from the planner the first time a step needs it)."""
+        return self._with_state(super().state_dict)
+
+    def stats(self) -> Dict[str, Any]:
+        """As :meth:`polyload.Loader.stats`."""
+        return self._with_state(super().stats)
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Continue exactly from ``state``: the deployment restarts from it once for

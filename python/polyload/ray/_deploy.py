@@ -138,10 +138,12 @@ class Deployment:
         is exact for its own position; this one may lead it by the steps a client
         prefetched)."""
         self._check_open()
-        blobs = _get([c.state.remote() for c in self._constructors])
-        pos = [(_core.state_info(b)["step"], _core.state_info(b)["micro_batch"]) for b in blobs]
-        i = min(range(len(blobs)), key=lambda j: pos[j])
-        return {"version": polyload.STATE_VERSION, "blob": blobs[i]}
+        pos = _get([c.position.remote() for c in self._constructors])
+        gen, step, mb = min(pos, key=lambda p: (p[1], p[2]))
+        blob = _core.state_unpack(_get(self._planner.state.remote(gen, step)))
+        dp = _core.state_info(blob)["dp"]
+        return {"version": polyload.STATE_VERSION,
+                "blob": _core.state_retarget(blob, mb, dp) if mb else blob}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
         """Restart every actor from ``state`` (always, even when it is the state the
@@ -272,7 +274,10 @@ def launch(
     created = []
     try:
         planner = _PlannerActor.options(**opts("planner", f"{name}.planner")).remote(
-            payload, cwd, int(num_constructors), int(max_lag_steps))
+            payload, cwd, int(num_constructors), int(max_lag_steps),
+            # States a rank may still need: the constructors' lag limit plus what runs
+            # ahead of consumption (plans, builds and two Client calls).
+            int(max_lag_steps) + 4 * int(prefetch_steps))
         created.append(planner)
         pinfo = _get(planner.setup.remote(), timeout)
         names = pinfo["names"]
