@@ -29,6 +29,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+import pickle
+import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -37,7 +39,7 @@ import ray
 import polyload
 from polyload import _core
 
-from ._common import enter_cwd, make_config, unwrap
+from ._common import actor_lost, enter_cwd, make_config, unwrap
 
 _KEY_SHIFT = 40  # routing key: source << 40 | document index
 
@@ -62,6 +64,26 @@ def _error_parts(exc: BaseException) -> Tuple[int, str]:
 # ======================================================================= planner
 
 
+def _kv_get(key: bytes):
+    from ray.experimental import internal_kv  # noqa: PLC0415
+
+    data = internal_kv._internal_kv_get(key)
+    return pickle.loads(data) if data else None
+
+
+def _kv_put(key: bytes, data: bytes) -> None:
+    from ray.experimental import internal_kv  # noqa: PLC0415
+
+    internal_kv._internal_kv_put(key, data, overwrite=True)
+
+
+def _kv_del(key: bytes) -> None:
+    from ray.experimental import internal_kv  # noqa: PLC0415
+
+    internal_kv._internal_kv_del(key)
+
+
+
 class Planner:
     """The planner actor: plans from metadata only, and the deployment's registry.
 
@@ -76,24 +98,50 @@ class Planner:
     """
 
     def __init__(self, payload, cwd: str, num_constructors: int, max_lag_steps: int,
-                 keep_steps: int = 0) -> None:
+                 keep_steps: int = 0, checkpoint_steps: int = 8) -> None:
         self._payload, self._cwd = payload, cwd
         self._num_constructors = int(num_constructors)
         self._max_lag = int(max_lag_steps)
         self._keep = max(int(keep_steps), int(max_lag_steps) + 1)
+        self._ckpt_every = max(1, int(checkpoint_steps))
+        self._ckpt_step = -1
+        self.checkpoint_bytes = 0  # written to the store so far
+        self.checkpoints = 0
         self._planner = None
         self._info: Dict[str, Any] = {}
+        self._low: Dict[int, int] = {}
 
     def setup(self) -> Dict[str, Any]:
+        """Open the sources and plan from the start, or, after Ray restarted the actor
+        (its process died), from its last checkpoint in Ray's internal KV store (the
+        generation, the state it started from, the registry, and the state of a step
+        no rank is behind, written every ``checkpoint_steps`` steps): plans are
+        deterministic, so the steps after the checkpoint are planned again exactly."""
         enter_cwd(self._cwd)
         cfg = make_config(self._payload)
         self._cfg = cfg
         self._planner = _core.Planner.create(cfg)
         self._train_steps = cfg.get_int("train_steps")  # -1: endless
-        self._gen = 0
-        self._start_blob = self._planner.get_state()
-        self._start_hash = hashlib.sha256(self._start_blob).digest()
-        self._reset_cache(0)
+        ctx = ray.get_runtime_context()
+        self._kv_key = f"polyload:{ctx.namespace}:{ctx.get_actor_name()}".encode()
+        saved = _kv_get(self._kv_key)
+        if saved is None:
+            self._gen = 0
+            self._start_blob = self._planner.get_state()
+            self._start_hash = hashlib.sha256(self._start_blob).digest()
+            self._reset_cache(0)
+            self._persist()
+        else:
+            self._gen, self._start_blob, self._info = saved["gen"], saved["start"], saved["info"]
+            self._start_hash = hashlib.sha256(self._start_blob).digest()
+            self._reset_cache(_core.state_info(self._start_blob)["step"])
+            if saved.get("ckpt") is not None:
+                blob = _core.state_unpack(saved["ckpt"])
+                self._planner.set_state(blob)
+                self._next_step = self._ckpt_step = _core.state_info(blob)["step"]
+            else:
+                self._planner.set_state(self._start_blob)
+            self.recovered_from = self._next_step
         return {
             "num_documents": [len(s) for s in self._planner.sources],
             "names": [cfg.source_name(i) for i in range(cfg.num_sources)],
@@ -134,26 +182,60 @@ class Planner:
             self._next_step = s + 1
         self._trim_states()
 
+    def _ensure(self) -> None:
+        if self._planner is None:
+            self.setup()
+
+    def _persist(self, ckpt: Optional[bytes] = None) -> None:
+        rec = {"gen": self._gen, "start": self._start_blob, "info": self._info,
+               "ckpt": ckpt}
+        data = pickle.dumps(rec, protocol=5)
+        _kv_put(self._kv_key, data)
+        self.checkpoint_bytes += len(data)
+        self.checkpoints += 1
+
     def _trim_states(self) -> None:
         low = min(self._low.values()) if len(self._low) >= self._num_constructors else \
             self._start_step
+        # Checkpoint: the state of a step no rank is behind, every checkpoint_steps.
+        if low >= self._ckpt_step + self._ckpt_every and low in self._states:
+            self._ckpt_step = low
+            self._persist(self._states[low])
         low = max(low, self._next_step - self._keep)
         if self._states and min(self._states) < low:
             for s in [s for s in self._states if s < low]:
                 del self._states[s]
 
     def set_info(self, info: Dict[str, Any]) -> None:
+        self._ensure()
         self._info = dict(info)
+        self._persist()
 
     def info(self) -> Dict[str, Any]:
+        self._ensure()
         return self._info
 
     def current(self) -> Tuple[int, bytes]:
         """(generation, the state blob it started from)."""
+        self._ensure()
         return self._gen, self._start_blob
+
+    def resume_point(self, constructor: int) -> Tuple[int, bytes]:
+        """(generation, state blob) a restarted constructor stands at: the least step
+        its ranks reported (or the generation's start), as near as kept."""
+        self._ensure()
+        step = self._low.get(int(constructor), self._start_step)
+        if step not in self._states:
+            self._advance(step)
+        if step not in self._states and self._states:
+            step = min(self._states, key=lambda s: abs(s - step))
+        if step not in self._states:
+            return self._gen, self._start_blob
+        return self._gen, _core.state_unpack(self._states[step])
 
     @ray.method(enable_task_events=False)
     def plan(self, gen: int, step: int, constructor: int, low: int = -1):
+        self._ensure()
         if gen != self._gen:
             return None  # stale: the constructor syncs first
         if low >= 0:
@@ -199,6 +281,7 @@ class Planner:
         """The packed (``pl_state_pack``) state blob of ``step``'s start in generation ``gen``
         (-1: the current one).  Raises StateError for another generation or a step no
         longer kept (more than ``keep_steps`` behind the newest planned step)."""
+        self._ensure()
         if gen >= 0 and gen != self._gen:
             raise polyload.StateError(
                 _core.ESTATE, "ESTATE",
@@ -220,10 +303,20 @@ class Planner:
 
     def memory(self) -> Dict[str, int]:
         """What the planner keeps: ``{"states_kept", "states_bytes" (packed),
-        "keep_steps", "plans_kept"}``."""
+        "keep_steps", "plans_kept", "checkpoints", "checkpoint_bytes" (written to the
+        store), "next_step", "recovered_from" (-1: never restarted)}``."""
+        self._ensure()
         return {"states_kept": len(self._states),
                 "states_bytes": sum(len(z) for z in self._states.values()),
-                "keep_steps": self._keep, "plans_kept": len(self._cache)}
+                "keep_steps": self._keep, "plans_kept": len(self._cache),
+                "checkpoints": self.checkpoints, "checkpoint_bytes": self.checkpoint_bytes,
+                "next_step": self._next_step,
+                "recovered_from": getattr(self, "recovered_from", -1)}
+
+    def forget(self) -> None:
+        """Delete the checkpoint from the store (at shutdown)."""
+        if getattr(self, "_kv_key", None):
+            _kv_del(self._kv_key)
 
     def restart(self, blob: bytes, force: bool = False) -> Tuple[int, bytes]:
         """Continue the deployment from a state blob: a new generation, unless ``blob``
@@ -231,6 +324,7 @@ class Planner:
         more than ``max_lag_steps`` steps past it (several ranks loading the same state
         restart the deployment once; a rank loading it later joins while its start is
         still kept).  Raises StateError as the embedded loader."""
+        self._ensure()
         blob = bytes(blob)
         h = hashlib.sha256(blob).digest()
         if (not force and h == self._start_hash
@@ -246,6 +340,8 @@ class Planner:
         self._start_blob = blob
         self._start_hash = h
         self._reset_cache(_core.state_info(blob)["step"])
+        self._ckpt_step = -1
+        self._persist()
         return self._gen, self._start_blob
 
     def pid(self) -> int:
@@ -269,8 +365,11 @@ class SourceLoader:
         self._payload, self._cwd = payload, cwd
         self._shards = [tuple(int(x) for x in s) for s in shards]
         self._sources: Dict[int, Any] = {}
+        self._ready = False
 
     def setup(self) -> Dict[str, Any]:
+        """Open the partitions' sources.  Also run by the first read after Ray
+        restarted the actor (its process died): a loader holds no progress."""
         enter_cwd(self._cwd)
         cfg = make_config(self._payload)
         self._srcs: List[Any] = [None] * cfg.num_sources
@@ -281,12 +380,15 @@ class SourceLoader:
         parts = sorted((s << _KEY_SHIFT | lo, s << _KEY_SHIFT | hi) for s, lo, hi in self._shards)
         self._lo = np.asarray([p[0] for p in parts], dtype=np.int64)
         self._hi = np.asarray([p[1] for p in parts], dtype=np.int64)
+        self._ready = True
         return {"pid": os.getpid(), "node_id": _node_id(), "shards": self._shards,
                 "actor": ray.get_runtime_context().get_actor_name()}
 
     @ray.method(enable_task_events=False)
     def read(self, reads: np.ndarray) -> np.ndarray:
         """The rows' tokens back to back at their sources' stored widths (uint8)."""
+        if not self._ready:
+            self.setup()
         reads = np.ascontiguousarray(reads, dtype=np.int64).reshape(-1, 4)
         key = reads[:, 0] << _KEY_SHIFT | reads[:, 1]
         i = np.searchsorted(self._lo, key, side="right") - 1
@@ -326,13 +428,19 @@ class DataConstructor:
     """
 
     def __init__(self, payload, cwd: str, index: int, dp_ranks: Sequence[int],
-                 planner: str, loaders: Sequence[str], routing, dtypes: Sequence[int],
+                 planner: str, loaders: Sequence[Sequence[str]], routing, dtypes: Sequence[int],
                  namespace: str, prefetch_steps: int, max_lag_steps: int,
-                 drivers: int = 1) -> None:
+                 drivers: int = 1, read_timeout: float = 30.0) -> None:
         self._payload, self._cwd = payload, cwd
         self._index = int(index)
         self._dp_ranks = [int(d) for d in dp_ranks]
-        self._planner_name, self._loader_names = planner, list(loaders)
+        # per source-loader slot: the primary's name, then its standbys' (shadows)
+        self._planner_name = planner
+        self._loader_names = [[n] if isinstance(n, str) else list(n) for n in loaders]
+        self._read_timeout = float(read_timeout)
+        self._ready = False
+        self._recovered = False
+        self.failovers: List[Dict[str, Any]] = []
         self._routing = routing  # per source: (partition starts, actor index per partition)
         self._dtypes = np.asarray(dtypes, dtype=np.int64)
         self._widths = np.asarray([_WIDTH[int(d)] for d in dtypes], dtype=np.int64)
@@ -346,8 +454,14 @@ class DataConstructor:
         self._plans: Dict[int, Tuple[Optional[bytes], Optional[bytes]]] = {}
         self._tasks: List[asyncio.Task] = []
         self._closed = False
+        self._setup_lock = asyncio.Lock()
 
-    async def setup(self) -> Dict[str, Any]:
+    async def setup(self, recovering: bool = False) -> Dict[str, Any]:
+        """Build the C objects and stand at the deployment's position.  Also run by
+        the first call after Ray restarted the actor (its process died): it then
+        stands at the least step its ranks' trainers reported to the planner and
+        rebuilds from there (plans are deterministic), so clients ask again only for
+        what they did not receive."""
         enter_cwd(self._cwd)
         cfg = make_config(self._payload)
         self._cfg = cfg
@@ -359,7 +473,9 @@ class DataConstructor:
             cfg, ranks=self._ranks, group_by_cp=False, unit=self._nmb,
             prefetch=self._prefetch_steps * self._nmb, max_lag_steps=self._max_lag)
         self._planner = ray.get_actor(self._planner_name, namespace=self._namespace)
-        self._loaders = [ray.get_actor(n, namespace=self._namespace) for n in self._loader_names]
+        self._loaders = [[ray.get_actor(n, namespace=self._namespace) for n in names]
+                         for names in self._loader_names]
+        self._active = [0] * len(self._loaders)  # which candidate of each slot serves
         keys = [(s << _KEY_SHIFT | int(lo), int(a)) for s, (los, owners) in
                 enumerate(self._routing) for lo, a in zip(los, owners)]
         keys.sort()
@@ -374,9 +490,20 @@ class DataConstructor:
         self._reset_lock = asyncio.Lock()
         self._gen = -1
         self._final: Optional[bytes] = None
-        gen, blob = await self._planner.current.remote()
+        if recovering:
+            gen, blob = await self._planner.resume_point.remote(self._index)
+            self._recovered = True
+        else:
+            gen, blob = await self._planner.current.remote()
         await self._reset(gen, blob)
+        self._ready = True
         return {"pid": os.getpid(), "node_id": _node_id(), "ranks": self._ranks}
+
+    async def _ensure_ready(self) -> None:
+        if not self._ready:
+            async with self._setup_lock:
+                if not self._ready:
+                    await self.setup(recovering=True)
 
     # ------------------------------------------------------------ generations
 
@@ -402,6 +529,7 @@ class DataConstructor:
         """Follow the planner to generation ``gen`` (after a restart from a state).
         With ``rank``: ``(generation, the step rank stands at here)``.  Peers that sync
         together reset the pipeline once."""
+        await self._ensure_ready()
         if gen > self._gen:
             async with self._reset_lock:
                 if gen > self._gen:
@@ -516,9 +644,8 @@ class DataConstructor:
             order = np.argsort(owner, kind="stable")
             actors, starts = np.unique(owner[order], return_index=True)
             ends = np.append(starts[1:], n)
-            calls = [self._loaders[int(a)].read.remote(reads[order[st:en]])
-                     for a, st, en in zip(actors, starts, ends)]
-            outs = list(await asyncio.gather(*calls))
+            outs = list(await asyncio.gather(*[
+                self._read(int(a), reads[order[st:en]]) for a, st, en in zip(actors, starts, ends)]))
         except Exception as e:  # noqa: BLE001 - the ranks that reach the units get it
             if gen == self._gen:
                 for u in units:
@@ -544,17 +671,54 @@ class DataConstructor:
                 self._pipe.fail(u, *_error_parts(e))
             at += k
 
+    async def _read(self, slot: int, rows: np.ndarray):
+        """One read of source-loader slot ``slot``, moved to its next standby when the
+        serving actor is lost (killed, crashed, its node gone) or gives no answer within
+        ``read_timeout`` (stalled).  A read holds no progress, so any replica gives the
+        same bytes; Ray restarts a lost actor in the background and it becomes a standby
+        again.  PolyloadIOError naming the slot's actors when every one failed."""
+        cands = self._loaders[slot]
+        errors = []
+        for attempt in range(2 * len(cands)):
+            i = self._active[slot]
+            actor = cands[i]
+            try:
+                return await asyncio.wait_for(actor.read.remote(rows), self._read_timeout)
+            except Exception as e:  # noqa: BLE001 - a lost actor moves on, others raise
+                exc = unwrap(e)
+                if not (actor_lost(exc) or isinstance(exc, asyncio.TimeoutError)):
+                    raise exc from None
+                why = ("no answer within read_timeout="
+                       f"{self._read_timeout:g} s" if isinstance(exc, asyncio.TimeoutError)
+                       else f"{type(exc).__name__}")
+                errors.append(f"{self._loader_names[slot][i]}: {why}")
+                if self._active[slot] == i:  # peers may have moved it already
+                    self._active[slot] = (i + 1) % len(cands)
+                self.failovers.append({"slot": slot, "from": self._loader_names[slot][i],
+                                       "to": self._loader_names[slot][self._active[slot]],
+                                       "reason": why, "time": time.time()})
+                if len(cands) == 1:
+                    await asyncio.sleep(0.5)  # no standby: wait for Ray's restart
+        sources = sorted({int(x) for x in rows[:, 0]})
+        raise polyload.PolyloadIOError(
+            _core.EIO, "EIO",
+            f"constructor {self._index}: no source loader could read sources {sources} "
+            f"(slot {slot}; tried {'; '.join(errors)})")
+
     # --------------------------------------------------------------- serving
 
     @ray.method(enable_task_events=False)
     async def fetch(self, gen: int, rank: int, step: int, count: int = 1,
-                    timeout: float = 600.0, consumed: int = -1) -> List[Any]:
+                    timeout: float = 600.0, consumed: int = -1, have: int = -1) -> List[Any]:
         """The packages of ``rank``'s DP rank for steps ``step .. step+count-1`` (uint8
         arrays, without state blobs; for step train_steps its state blob as bytes, and
         nothing after it), in one call: one object per call, owned by the caller.
         ``consumed``: the step the rank's trainer stands at (the planner keeps states
-        from the least of them).  Raises StateError for another generation, LagError
-        when the lag policy dropped the rank, or the error of a step."""
+        from the least of them); ``have``: the first step the trainer has not received
+        (after a restart of this actor, the steps before it are skipped for the rank).
+        Raises StateError for another generation, LagError when the lag policy dropped
+        the rank, or the error of a step."""
+        await self._ensure_ready()
         if gen > self._gen:
             await self.sync(gen)
         if gen != self._gen:
@@ -571,6 +735,11 @@ class DataConstructor:
         out: List[Any] = []
         deadline = asyncio.get_running_loop().time() + float(timeout)
         try:
+            # Rebuilt from an earlier step than the trainer has: serve the rank what it
+            # already has into the void (deterministic: the same packages).
+            while self._recovered and 0 <= self._cursor[rank] < min(int(have), int(step)) \
+                    and gen == self._gen:
+                await self._fetch_one(gen, rank, self._cursor[rank], deadline)
             for s in range(int(step), int(step) + max(1, int(count))):
                 out.append(await self._fetch_one(gen, rank, s, deadline))
                 if 0 <= self._train_steps <= s:
@@ -630,21 +799,27 @@ class DataConstructor:
         self._cursor[rank] = got_step + 1
         return np.frombuffer(data, dtype=np.uint8)
 
+    async def failover_log(self) -> List[Dict[str, Any]]:
+        """The reads this constructor moved to a standby source loader."""
+        return list(self.failovers)
+
     def _check_alive(self) -> None:
         if self._closed:
             raise polyload.PolyloadError(_core.ECLOSED, "ECLOSED",
                                          f"constructor {self._index} is closed")
 
-    def position(self) -> Tuple[int, int, int]:
+    async def position(self) -> Tuple[int, int, int]:
         """``(generation, step, micro-batch)``: the position after the micro-batches
         delivered to every served rank (the deployment's view; a Client's own state
         is exact for its rank)."""
+        await self._ensure_ready()
         step, mb, _have = self._pipe.position()
         return self._gen, step, mb
 
-    def memory(self) -> Dict[str, int]:
+    async def memory(self) -> Dict[str, int]:
         """``{"pipeline_bytes": pl_pipeline_sizeof, "rss_bytes": resident set size}``
         of this actor, to check that it stays bounded."""
+        await self._ensure_ready()
         with open("/proc/self/statm") as f:
             rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
         return {"pipeline_bytes": int(self._pipe.sizeof()), "rss_bytes": rss,

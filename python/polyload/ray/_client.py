@@ -24,7 +24,7 @@ import ray
 import polyload
 from polyload import _core
 
-from ._common import unwrap
+from ._common import actor_lost, unwrap
 
 
 def _get(refs, timeout: Optional[float] = None):
@@ -126,6 +126,8 @@ class Client(polyload.Loader):
         #: packages fetched and their bytes (what crossed the object store to this rank)
         self.packages = getattr(self, "packages", 0)
         self.package_bytes = getattr(self, "package_bytes", 0)
+        #: fetches asked again after their constructor was lost
+        self.retries = getattr(self, "retries", 0)
         self._thread = threading.Thread(target=self._transport, args=(gen, self._stop_event),
                                          name=f"polyload-client-{self.rank}", daemon=True)
         self._thread.start()
@@ -145,6 +147,7 @@ class Client(polyload.Loader):
         calls in flight; push each when the loader wants it."""
         loader, ctor, rank = self._loader, self._ctor, self.rank
         inflight: Deque[Tuple[int, int, Any]] = collections.deque()
+        lost_since: Optional[float] = None
         ready: Dict[int, Any] = {}
         train_steps = self.config.get_int("train_steps")
         next_req: Optional[int] = None
@@ -159,8 +162,9 @@ class Client(polyload.Loader):
                     while len(inflight) < 2 and (train_steps < 0 or next_req <= train_steps):
                         n = self._prefetch if train_steps < 0 else min(
                             self._prefetch, train_steps - next_req + 1)
+                        have = inflight[0][0] if inflight else next_req
                         ref = ctor.fetch.remote(gen, rank, next_req, n, self._timeout,
-                                                loader.position()[0])
+                                                loader.position()[0], have)
                         inflight.append((next_req, n, ref))
                         next_req += n
                     if not inflight:
@@ -171,6 +175,32 @@ class Client(polyload.Loader):
                     first, n, ref = inflight.popleft()
                     try:
                         pkgs = ray.get(ref, timeout=self._timeout)
+                        lost_since = None
+                    except Exception as e:  # noqa: BLE001 - sorted out below
+                        if not actor_lost(unwrap(e)):
+                            err = e
+                        else:
+                            # The constructor's process is gone: Ray restarts it and it
+                            # rebuilds from the least step its ranks stand at; ask again
+                            # for what this rank has not received (fetch's `have`).
+                            now = time.monotonic()
+                            lost_since = lost_since or now
+                            if now - lost_since < self._timeout and not stop.is_set():
+                                inflight.clear()  # those calls failed too, or will
+                                next_req = first
+                                self.retries += 1
+                                time.sleep(0.05)
+                                continue
+                            err = polyload.PolyloadError(
+                                _core.EIO, "EIO",
+                                f"polyload.ray.Client rank {rank}: constructor "
+                                f"{self._ctor_name} lost and not back within "
+                                f"{self._timeout:g} s ({type(unwrap(e)).__name__}: {e})")
+                    else:
+                        err = None
+                    try:
+                        if err is not None:
+                            raise err
                     except ray.exceptions.GetTimeoutError:
                         loader.fail_step(want, _core.ETIMEDOUT,
                                          f"polyload.ray.Client rank {rank}: constructor "

@@ -52,3 +52,15 @@ def unwrap(exc: BaseException) -> BaseException:
         exc = exc.cause
         seen += 1
     return exc
+
+
+def actor_lost(exc: BaseException) -> bool:
+    """Whether ``exc`` says that an actor's process is gone or unreachable (killed,
+    crashed, its node lost, restarting), rather than an error the actor raised."""
+    import ray.exceptions as rex  # noqa: PLC0415
+
+    kinds = tuple(k for k in (getattr(rex, n, None) for n in (
+        "RayActorError", "ActorDiedError", "ActorUnavailableError", "OwnerDiedError",
+        "ObjectLostError", "ObjectReconstructionFailedError", "NodeDiedError",
+        "WorkerCrashedError", "LocalRayletDiedError")) if isinstance(k, type))
+    return isinstance(exc, kinds)

@@ -116,16 +116,26 @@ class Deployment:
     """
 
     def __init__(self, namespace: str, name: str, planner, loaders, constructors,
-                 info: Dict[str, Any]) -> None:
+                 info: Dict[str, Any], shadows: Sequence[Any] = ()) -> None:
         self.namespace, self.name = namespace, name
         self._planner, self._loaders, self._constructors = planner, loaders, constructors
+        self._shadows = list(shadows)
         self.info = info
 
     @property
     def actors(self) -> Dict[str, List[Any]]:
-        """Actor handles by role."""
+        """Actor handles by role (``"shadow"``: the source loaders' standbys)."""
         return {"planner": [self._planner], "source_loader": list(self._loaders),
-                "constructor": list(self._constructors)}
+                "constructor": list(self._constructors), "shadow": list(self._shadows)}
+
+    def failovers(self) -> List[Dict[str, Any]]:
+        """Every read a constructor moved to a standby: ``{"constructor", "slot",
+        "from", "to", "reason", "time"}``."""
+        self._check_open()
+        out = []
+        for g, c in enumerate(self._constructors):
+            out += [dict(f, constructor=g) for f in _get(c.failover_log.remote())]
+        return out
 
     def _check_open(self) -> None:
         if self._planner is None:
@@ -173,7 +183,8 @@ class Deployment:
                 ray.kill(h, no_restart=True)
             except Exception:  # noqa: BLE001
                 pass
-        self._planner, self._loaders, self._constructors = None, [], []
+        _forget_checkpoint(self.namespace, self.name)
+        self._planner, self._loaders, self._constructors, self._shadows = None, [], [], []
 
     def __enter__(self) -> "Deployment":
         return self
@@ -200,6 +211,9 @@ def launch(
     max_lag_steps: Optional[int] = None,
     detached: bool = False,
     timeout: Optional[float] = 300.0,
+    shadows: int = 1,
+    read_timeout: float = 30.0,
+    checkpoint_steps: int = 8,
 ) -> Deployment:
     """Start a deployment: one planner, source loaders, ``num_constructors`` constructors.
 
@@ -230,6 +244,17 @@ def launch(
             behind the most advanced rank of its DP rank is dropped and gets LagError,
             alone; default the config's ``max_lag_steps``.
         detached: actors outlive the process that launched them (``polyload serve``).
+        shadows: warm standbys per source-loader actor (same partitions, sources open,
+            on another node when there is one; they reserve no CPU, since they read only
+            when their primary is gone).  A read whose actor is lost (killed, crashed,
+            its node gone) or gives no answer within ``read_timeout`` seconds moves to
+            the next standby in the same step; Ray restarts the lost actor in the
+            background (``max_restarts``) and it serves again as a standby.
+        checkpoint_steps: the planner writes its checkpoint (the packed state of a
+            step no rank is behind, its generation and registry) to Ray's internal KV
+            store every this many steps; a restarted planner (Ray restarts every role
+            whose process dies) continues from it, and a restarted constructor rebuilds
+            from the least step its ranks stand at: batches do not change.
 
     Raises:
         ConfigError, FormatError, PolyloadIOError: as the embedded loader, from the actor
@@ -271,13 +296,20 @@ def launch(
 
     _check_cpus(placement, int(num_constructors), num_source_loaders, max_source_loader_actors,
                 cfg.num_sources)
+    if int(shadows) < 0:
+        raise ValueError(f"shadows must be >= 0, got {shadows}")
     created = []
+    # Every role restarts when its process dies (a crash, a kill, a lost node); calls
+    # to the planner are retried on the new process, which recovers from its checkpoint.
+    restart = {"max_restarts": -1}
+    _forget_checkpoint(namespace, name)  # a checkpoint of an earlier deployment
     try:
-        planner = _PlannerActor.options(**opts("planner", f"{name}.planner")).remote(
+        planner = _PlannerActor.options(**opts("planner", f"{name}.planner"), **restart,
+                                        max_task_retries=-1).remote(
             payload, cwd, int(num_constructors), int(max_lag_steps),
             # States a rank may still need: the constructors' lag limit plus what runs
             # ahead of consumption (plans, builds and two Client calls).
-            int(max_lag_steps) + 4 * int(prefetch_steps))
+            int(max_lag_steps) + 4 * int(prefetch_steps), int(checkpoint_steps))
         created.append(planner)
         pinfo = _get(planner.setup.remote(), timeout)
         names = pinfo["names"]
@@ -293,11 +325,31 @@ def launch(
         loaders = []
         for j in range(n_actors):
             a = _SourceLoaderActor.options(**opts("source_loader", loader_names[j],
-                                                  max_concurrency=2)).remote(
+                                                  max_concurrency=2), **restart).remote(
                 payload, cwd, shards[j])
             created.append(a)
             loaders.append(a)
         linfo = _get([a.setup.remote() for a in loaders], timeout)
+        # Standbys, created now (not during an outage), on another node than their
+        # primary where there is one.
+        alive = [n["NodeID"] for n in ray.nodes() if n.get("Alive")]
+        shadow_names: List[List[str]] = [[] for _ in range(n_actors)]
+        shadow_actors = []
+        for j in range(n_actors):
+            others = [n for n in alive if n != linfo[j]["node_id"]] or alive
+            for k in range(int(shadows)):
+                o = opts("source_loader", f"{loader_names[j]}.shadow.{k}", max_concurrency=2)
+                o["num_cpus"] = 0
+                if not (placement and placement.get("source_loader")) and others:
+                    from ray.util.scheduling_strategies import (  # noqa: PLC0415
+                        NodeAffinitySchedulingStrategy)
+                    o["scheduling_strategy"] = NodeAffinitySchedulingStrategy(
+                        node_id=others[(j + k) % len(others)], soft=True)
+                a = _SourceLoaderActor.options(**o, **restart).remote(payload, cwd, shards[j])
+                created.append(a)
+                shadow_actors.append(a)
+                shadow_names[j].append(f"{loader_names[j]}.shadow.{k}")
+        sinfo = _get([a.setup.remote() for a in shadow_actors], timeout)
         routing = []
         for s in range(len(names)):
             mine = [(lo, hi, owner[j]) for j, (src, lo, hi) in enumerate(parts) if src == s]
@@ -306,12 +358,14 @@ def launch(
         ctor_names = [f"{name}.constructor.{g}" for g in range(len(groups))]
         ctors = []
         for g, group in enumerate(groups):
-            a = _DataConstructorActor.options(**opts("constructor", ctor_names[g])).remote(
-                payload, cwd, g, group, f"{name}.planner", loader_names, routing,
+            a = _DataConstructorActor.options(**opts("constructor", ctor_names[g]),
+                                              **restart).remote(
+                payload, cwd, g, group, f"{name}.planner",
+                [[loader_names[j]] + shadow_names[j] for j in range(n_actors)], routing,
                 pinfo["dtypes"], namespace, prefetch_steps,
                 # Delivery runs ahead of consumption by up to two Client calls: the
                 # constructor's lag limit leaves room for them.
-                int(max_lag_steps) + 2 * fetch_steps)
+                int(max_lag_steps) + 2 * fetch_steps, 1, float(read_timeout))
             created.append(a)
             ctors.append(a)
         cinfo = _get([a.setup.remote() for a in ctors], timeout)
@@ -327,6 +381,7 @@ def launch(
             "constructors": ctor_names,
             "dp_groups": groups,
             "source_loaders": loader_names,
+            "shadows": shadow_names,
             "partitions": [[names[s], lo, hi, owner[j]] for j, (s, lo, hi) in enumerate(parts)],
             "prefetch_steps": prefetch_steps,
             "max_lag_steps": int(max_lag_steps),
@@ -336,6 +391,7 @@ def launch(
                       "constructor": [x["node_id"] for x in cinfo]},
             "pids": {"planner": [pinfo["pid"]],
                      "source_loader": [x["pid"] for x in linfo],
+                     "shadow": [x["pid"] for x in sinfo],
                      "constructor": [x["pid"] for x in cinfo]},
         }
         _get(planner.set_info.remote(info), timeout)
@@ -346,4 +402,10 @@ def launch(
             except Exception:  # noqa: BLE001
                 pass
         raise
-    return Deployment(namespace, name, planner, loaders, ctors, info)
+    return Deployment(namespace, name, planner, loaders, ctors, info, shadow_actors)
+
+
+def _forget_checkpoint(namespace: str, name: str) -> None:
+    from ray.experimental import internal_kv  # noqa: PLC0415
+
+    internal_kv._internal_kv_del(f"polyload:{namespace}:{name}.planner".encode())
