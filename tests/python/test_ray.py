@@ -506,3 +506,117 @@ def test_replaced_bin_is_read_from_what_was_opened(cluster, tmp_path):
     with polyload.Loader(cfg, rank=0) as fresh:  # a new reader sees the new bytes
         assert [batch_hash(b) for b in fresh][4:] != want[4:]
     shutil.rmtree(tmp_path / "c", ignore_errors=True)
+
+
+# ------------------------------------------------------------------------ failures
+
+
+def _pid(actor):
+    """The actor's current pid (waiting while Ray restarts it)."""
+    deadline = time.time() + 60
+    while True:
+        try:
+            return int(ray.get(actor.pid.remote(), timeout=60))
+        except (ray.exceptions.ActorUnavailableError, ray.exceptions.RayActorError):
+            if time.time() > deadline:
+                raise
+            time.sleep(0.2)
+
+
+def _kill(actor):
+    """SIGKILL the actor's current process (Ray restarts it)."""
+    os.kill(_pid(actor), signal.SIGKILL)
+
+
+def test_kills_of_every_role_do_not_change_batches(cluster, corpus2):
+    """24 SIGKILLs at seeded random steps of the planner, the constructors and the
+    source loaders (primaries and standbys, two in one step, one right before a
+    state_dict()): every rank's batches and final state equal the embedded loader's;
+    no client sees an exception."""
+    import random
+
+    cfg = corpus2.config(train_steps=40, topology={"dp": 2}, global_batch_size=8,
+                         micro_batch_size=2, seq_length=64)
+    rng = random.Random(int(os.environ.get("POLYLOAD_KILL_SEED", "1234")))
+    with pr.launch(cfg, num_source_loaders=2, num_constructors=2, namespace=NS, name="kills",
+                   placement=PLACEMENT, prefetch_steps=2, checkpoint_steps=2) as dep:
+        roles = dep.actors
+        targets = ([("planner", a) for a in roles["planner"]]
+                   + [("constructor", a) for a in roles["constructor"]]
+                   + [("source_loader", a) for a in roles["source_loader"]]
+                   + [("shadow", a) for a in roles["shadow"]])
+        clients = [pr.Client(cfg, rank=r, namespace=NS, name="kills", timeout=120)
+                   for r in range(2)]
+        n_mb = 40 * 2  # micro-batches per rank
+        kill_at = sorted(rng.sample(range(2, n_mb - 2), 22))
+        got = {0: [], 1: []}
+        kills = []
+        for k in range(n_mb):
+            for c in clients:
+                b = c.next_batch()
+                assert b is not None
+                got[c.rank].append(batch_hash(b))
+            if k in kill_at:
+                n = 2 if k == kill_at[3] else 1  # two failures in one step
+                for role, actor in rng.sample(targets, n):
+                    _kill(actor)
+                    kills.append((k, role))
+                if k == kill_at[5]:  # a state_dict() right after a kill
+                    role, actor = next(t for t in targets if t[0] == "planner")
+                    _kill(actor)
+                    kills.append((k, role))
+                    s0 = clients[0].state_dict()
+                    assert _core.state_info(s0["blob"])["step"] == (k + 1) // 2
+        assert len(kills) >= 20
+        assert {r for _, r in kills} >= {"planner", "constructor", "source_loader"}
+        for c in clients:
+            assert c.next_batch() is None
+            want, want_state = loader_hashes(cfg, c.rank)
+            assert got[c.rank] == want, f"rank {c.rank} after kills {kills}"
+            assert c.state_dict()["blob"] == want_state["blob"]
+            c.close()
+        pm = ray.get(dep.actors["planner"][0].memory.remote())
+        assert pm["recovered_from"] >= 0  # the planner came back from its checkpoint
+
+
+def test_stalled_source_loader_moves_to_its_standby(cluster, corpus2):
+    """A SIGSTOPped source loader (no crash, no answer) counts as failed after
+    read_timeout: its reads go to the standby; batches unchanged."""
+    cfg = corpus2.config(train_steps=12, topology={"dp": 1}, global_batch_size=4,
+                         micro_batch_size=2, seq_length=64)
+    with pr.launch(cfg, num_constructors=1, namespace=NS, name="stall", prefetch_steps=1,
+                   read_timeout=2.0, max_source_loader_actors=1) as dep:
+        pid = _pid(dep.actors["source_loader"][0])
+        c = pr.Client(cfg, rank=0, namespace=NS, name="stall", timeout=60)
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            t0 = time.time()
+            got = client_hashes(c)
+            took = time.time() - t0
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        want, _ = loader_hashes(cfg, 0)
+        assert got == want
+        fo = dep.failovers()
+        assert fo and "read_timeout" in fo[0]["reason"] and fo[0]["to"].endswith(".shadow.0")
+        assert took < 30
+        c.close()
+
+
+def test_every_source_loader_gone_is_a_clear_error_within_the_deadline(cluster, corpus2):
+    """Primaries and standbys killed for good: the rank that reaches an unread step gets
+    PolyloadIOError naming the constructor and the actors tried, within seconds."""
+    cfg = corpus2.config(train_steps=200, topology={"dp": 1}, global_batch_size=4,
+                         micro_batch_size=2, seq_length=64)
+    with pr.launch(cfg, num_constructors=1, namespace=NS, name="gone", prefetch_steps=1,
+                   read_timeout=2.0) as dep:
+        c = pr.Client(cfg, rank=0, namespace=NS, name="gone", timeout=60, prefetch=1)
+        next(c)
+        for a in dep.actors["source_loader"] + dep.actors["shadow"]:
+            ray.kill(a, no_restart=True)
+        t0 = time.time()
+        with pytest.raises(polyload.PolyloadIOError, match=r"no source loader could read.*shadow"):
+            for _ in range(400):
+                c.next_batch()
+        assert time.time() - t0 < 30
+        c.close()

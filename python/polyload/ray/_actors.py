@@ -30,6 +30,7 @@ import asyncio
 import hashlib
 import os
 import pickle
+import threading
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
@@ -105,6 +106,7 @@ class Planner:
         self._keep = max(int(keep_steps), int(max_lag_steps) + 1)
         self._ckpt_every = max(1, int(checkpoint_steps))
         self._ckpt_step = -1
+        self._ckpt_blob: Optional[bytes] = None
         self.checkpoint_bytes = 0  # written to the store so far
         self.checkpoints = 0
         self._planner = None
@@ -137,8 +139,11 @@ class Planner:
             self._reset_cache(_core.state_info(self._start_blob)["step"])
             if saved.get("ckpt") is not None:
                 blob = _core.state_unpack(saved["ckpt"])
+                self._ckpt_blob = saved["ckpt"]
                 self._planner.set_state(blob)
                 self._next_step = self._ckpt_step = _core.state_info(blob)["step"]
+                # where each constructor's ranks stood then (they only move on)
+                self._low = {int(k): int(v) for k, v in saved.get("low", {}).items()}
             else:
                 self._planner.set_state(self._start_blob)
             self.recovered_from = self._next_step
@@ -182,13 +187,59 @@ class Planner:
             self._next_step = s + 1
         self._trim_states()
 
+    def _replan(self, step: int):
+        """The plan of a step already planned and dropped (a restarted constructor asks
+        again): planned once more from the kept state of its start, exactly as before
+        (plans are deterministic); the planner then stands where it was."""
+        blob = self._state_at(step)
+        if blob is None:
+            return None
+        here = self._planner.get_state()
+        try:
+            self._planner.set_state(blob)
+            if 0 <= self._train_steps <= step:
+                return (self._planner.get_state(), None)
+            return (None, self._planner.next_plan().encode())
+        finally:
+            self._planner.set_state(here)
+
+    def _state_at(self, step: int) -> Optional[bytes]:
+        """The state blob of a planned step's start: kept, or planned again from the
+        nearest earlier one kept (or the checkpoint, or the generation's start)."""
+        if step in self._states:
+            return _core.state_unpack(self._states[step])
+        if step >= self._next_step:
+            self._advance(step)
+            z = self._states.get(step)
+            return _core.state_unpack(z) if z is not None else None
+        bases = {s: z for s, z in self._states.items() if s < step}
+        if self._ckpt_blob is not None and self._ckpt_step <= step:
+            bases.setdefault(self._ckpt_step, self._ckpt_blob)
+        if not bases:
+            if self._start_step > step:
+                return None
+            blob = self._start_blob
+        else:
+            blob = _core.state_unpack(bases[max(bases)])
+        here = self._planner.get_state()
+        try:
+            self._planner.set_state(blob)
+            while _core.state_info(blob)["step"] < step:
+                self._planner.next_plan()
+                blob = self._planner.get_state()
+            return blob
+        except polyload.PolyloadError:
+            return None
+        finally:
+            self._planner.set_state(here)
+
     def _ensure(self) -> None:
         if self._planner is None:
             self.setup()
 
     def _persist(self, ckpt: Optional[bytes] = None) -> None:
         rec = {"gen": self._gen, "start": self._start_blob, "info": self._info,
-               "ckpt": ckpt}
+               "ckpt": ckpt, "low": dict(self._low) if ckpt is not None else {}}
         data = pickle.dumps(rec, protocol=5)
         _kv_put(self._kv_key, data)
         self.checkpoint_bytes += len(data)
@@ -199,8 +250,8 @@ class Planner:
             self._start_step
         # Checkpoint: the state of a step no rank is behind, every checkpoint_steps.
         if low >= self._ckpt_step + self._ckpt_every and low in self._states:
-            self._ckpt_step = low
-            self._persist(self._states[low])
+            self._ckpt_step, self._ckpt_blob = low, self._states[low]
+            self._persist(self._ckpt_blob)
         low = max(low, self._next_step - self._keep)
         if self._states and min(self._states) < low:
             for s in [s for s in self._states if s < low]:
@@ -224,14 +275,12 @@ class Planner:
         """(generation, state blob) a restarted constructor stands at: the least step
         its ranks reported (or the generation's start), as near as kept."""
         self._ensure()
-        step = self._low.get(int(constructor), self._start_step)
-        if step not in self._states:
-            self._advance(step)
-        if step not in self._states and self._states:
-            step = min(self._states, key=lambda s: abs(s - step))
-        if step not in self._states:
+        step = self._low.get(int(constructor), max(self._start_step, self._ckpt_step))
+        blob = self._state_at(step)
+        if blob is None:
             return self._gen, self._start_blob
-        return self._gen, _core.state_unpack(self._states[step])
+        self._low[int(constructor)] = step  # kept until its ranks report more
+        return self._gen, blob
 
     @ray.method(enable_task_events=False)
     def plan(self, gen: int, step: int, constructor: int, low: int = -1):
@@ -244,6 +293,8 @@ class Planner:
         if self._failure is not None and step >= self._failure[0]:
             raise self._failure[1]
         entry = self._cache.get(step)
+        if entry is None and step < self._next_step:
+            entry = self._replan(step)
         if entry is None:
             raise polyload.StateError(
                 _core.ESTATE, "ESTATE",
@@ -340,7 +391,7 @@ class Planner:
         self._start_blob = blob
         self._start_hash = h
         self._reset_cache(_core.state_info(blob)["step"])
-        self._ckpt_step = -1
+        self._ckpt_step, self._ckpt_blob = -1, None
         self._persist()
         return self._gen, self._start_blob
 
@@ -366,6 +417,7 @@ class SourceLoader:
         self._shards = [tuple(int(x) for x in s) for s in shards]
         self._sources: Dict[int, Any] = {}
         self._ready = False
+        self._setup_lock = threading.Lock()  # reads run on two threads
 
     def setup(self) -> Dict[str, Any]:
         """Open the partitions' sources.  Also run by the first read after Ray
@@ -388,7 +440,9 @@ class SourceLoader:
     def read(self, reads: np.ndarray) -> np.ndarray:
         """The rows' tokens back to back at their sources' stored widths (uint8)."""
         if not self._ready:
-            self.setup()
+            with self._setup_lock:
+                if not self._ready:
+                    self.setup()
         reads = np.ascontiguousarray(reads, dtype=np.int64).reshape(-1, 4)
         key = reads[:, 0] << _KEY_SHIFT | reads[:, 1]
         i = np.searchsorted(self._lo, key, side="right") - 1
@@ -522,6 +576,8 @@ class DataConstructor:
         self._cursor = {r: _core.state_info(blob)["step"] for r in self._ranks}
         # the step each rank's trainer stands at (reported by its fetches)
         self._consumed = dict(self._cursor)
+        self._recent: Dict[int, Dict[int, Any]] = {}
+        self._debug: Dict[int, Any] = {}
         self._tasks = [asyncio.ensure_future(self._drive(gen)) for _ in range(self._n_drivers)]
         await self._notify()
 
@@ -732,6 +788,11 @@ class DataConstructor:
                                       f"constructor {self._index}: rank {rank} is not served here")
         if consumed > self._consumed[rank]:
             self._consumed[rank] = int(consumed)
+        self._debug[rank] = (step, count, consumed, have, self._recovered, self._cursor[rank])
+        recent = self._recent.get(rank)
+        if recent and have >= 0:
+            for s in [s for s in recent if s < have]:
+                del recent[s]
         out: List[Any] = []
         deadline = asyncio.get_running_loop().time() + float(timeout)
         try:
@@ -741,7 +802,11 @@ class DataConstructor:
                     and gen == self._gen:
                 await self._fetch_one(gen, rank, self._cursor[rank], deadline)
             for s in range(int(step), int(step) + max(1, int(count))):
-                out.append(await self._fetch_one(gen, rank, s, deadline))
+                again = self._recent.get(rank, {}).get(s) if s < self._cursor[rank] else None
+                if again is not None:  # asked again after a call lost in our restart
+                    out.append(again)
+                else:
+                    out.append(await self._fetch_one(gen, rank, s, deadline))
                 if 0 <= self._train_steps <= s:
                     break
         finally:  # the window moved by len(out) steps: the drivers build them together
@@ -776,7 +841,9 @@ class DataConstructor:
             raise polyload.StateError(
                 _core.ESTATE, "ESTATE",
                 f"constructor {self._index}: step {step} of rank {rank} was already served "
-                f"(the rank stands at step {self._cursor[rank]}); load a state to go back")
+                f"(the rank stands at step {self._cursor[rank]}; kept for a retry: "
+                f"{sorted(self._recent.get(rank, {}))}, {self._debug.get(rank)}); "
+                f"load a state to go back")
         while True:
             if gen != self._gen:
                 raise polyload.StateError(_core.ESTATE, "ESTATE",
@@ -797,7 +864,11 @@ class DataConstructor:
             return self._final
         data, got_step, _mb, _count = res
         self._cursor[rank] = got_step + 1
-        return np.frombuffer(data, dtype=np.uint8)
+        pkg = np.frombuffer(data, dtype=np.uint8)
+        # Until the client says it has them (fetch's `have`), served packages stay: a
+        # call lost on the way (Ray: "may or may not have been executed") is asked again.
+        self._recent.setdefault(rank, {})[got_step] = pkg
+        return pkg
 
     async def failover_log(self) -> List[Dict[str, Any]]:
         """The reads this constructor moved to a standby source loader."""
