@@ -14,9 +14,15 @@
  * buckets by free space, and a 64-ary bit tree over free-space values finds
  * the first non-empty bucket >= L in a few word operations.
  *
- * concat_chunk: Megatron GPTDataset's layout, for comparison: drawn chunks
- * are concatenated and cut into sequences of exactly seq_length tokens; a
- * document that crosses a boundary continues in the next sequence.
+ * concat_chunk: Megatron GPTDataset's layout (megatron/core/datasets/
+ * gpt_dataset.py and helpers.cpp build_sample_idx): whole documents, end
+ * token included, follow each other in draw order (the planner continues a
+ * partly drawn document before drawing another) and the stream is cut into
+ * sequences of exactly seq_length tokens; a sequence's last token is labelled
+ * with the stream's next token when it is inside a document, so sequence q
+ * covers stream tokens [q * S, q * S + S] as GPTDataset's windows of
+ * seq_length + 1 tokens that share one token.  Pieces of one document that
+ * meet in a sequence are one chunk (one segment of cu_seqlens).
  *
  * Arrangement: round-robin, sequence q to DP rank q % dp.  Cost-aware
  * balancing takes its place when `balance` is not none (its own module).
@@ -312,7 +318,15 @@ static int pl__pack_concat(pl_planner *p, pl__pack *k) {
                 piece.length = space;
                 piece.flags = 0;
             }
-            if ((rc = pl__place_at(k, (int32_t)b, &piece))) return rc;
+            pl_chunk *last = k->placed.n ? &k->placed.v[k->placed.n - 1] : NULL;
+            if (last && k->bin_of[k->placed.n - 1] == (int32_t)b &&
+                last->source == piece.source && last->index == piece.index &&
+                last->offset + last->length == piece.offset) {
+                last->length += piece.length; /* the same document goes on */
+                last->flags = piece.flags;
+            } else if ((rc = pl__place_at(k, (int32_t)b, &piece))) {
+                return rc;
+            }
             pend.offset += piece.length;
             pend.length -= piece.length;
             space -= piece.length;

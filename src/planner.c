@@ -28,7 +28,10 @@
  *
  * Chunking.  A source keeps the document it is in the middle of; a document
  * longer than max_chunk yields several chunks in a row (long_documents:
- * split) or one (truncate).  Documents are taken from the source's keyed
+ * split) or one (truncate; that chunk keeps the label of its last token, so
+ * it does not carry PL_CHUNK_DOC_END).  Under packing: concat_chunk a partly
+ * drawn document is continued before anything else is drawn, so documents
+ * follow each other whole.  Documents are taken from the source's keyed
  * permutation of its epoch (shuffle.c); a finished permutation starts the
  * next epoch with a new key.
  */
@@ -234,6 +237,15 @@ void pl__planner_draw_begin(pl_planner *p) {
     p->has_caps = 0;
     for (int64_t i = 0; i < p->n_sources; i++)
         if (p->cfg->sources[i].max_epochs > 0) p->has_caps = 1;
+    /* concat_chunk continues a partly drawn document first (at most one
+       source holds one, see pl__planner_draw). */
+    p->open_act = -1;
+    if (p->cfg->packing == PL__PACK_CONCAT_CHUNK)
+        for (int64_t j = 0; j < p->n_act; j++)
+            if (p->src[p->act[j]].cur_index >= 0) {
+                p->open_act = j;
+                break;
+            }
 }
 
 /* Add the pending draw's increments to every target (t = t + w * L). */
@@ -429,6 +441,11 @@ again:
         k = pl__draw_argmax(p->act_t, p->act_w, p->act_d, p->n_act, take_prev);
     p->pending = 0;
     take_prev = 0;
+    /* concat_chunk lays documents end to end, as Megatron's GPTDataset: a
+       document that is partly drawn is continued before any other source is
+       drawn (the targets still rose above), so the stream never interleaves
+       two documents. */
+    if (p->open_act >= 0) k = p->open_act;
     int64_t best = p->act[k];
     int rc = pl__next_document(p, best);
     if (rc == PL_DONE) goto again; /* spent its max_epochs: now exhausted */
@@ -442,11 +459,16 @@ again:
     out->length = take;
     out->flags = 0;
     s->cur_offset += take;
+    /* A truncated chunk does not end its document: it keeps the label of
+       its last token (the document's next token); the rest is dropped. */
+    if (s->cur_offset >= s->cur_length) out->flags = PL_CHUNK_DOC_END;
     if (s->cur_offset >= s->cur_length ||
         p->cfg->long_documents == PL__LONGDOC_TRUNCATE) {
-        out->flags = PL_CHUNK_DOC_END;
         s->cur_index = -1;
         s->cur_offset = s->cur_length = 0;
+        p->open_act = -1;
+    } else if (p->cfg->packing == PL__PACK_CONCAT_CHUNK) {
+        p->open_act = k;
     }
     s->drawn_tokens += take;
     p->act_d[k] = (double)s->drawn_tokens;

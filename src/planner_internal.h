@@ -60,6 +60,9 @@ struct pl_planner {
     int has_caps;            /* some source has max_epochs */
     /* packing scratch (pack.c) */
     void *pack;
+    /* concat_chunk: the act[] slot of the source whose document is partly
+       drawn (its next chunk is drawn before any other), -1 if none. */
+    int64_t open_act;
 };
 
 /* Padded length of a chunk of `len` tokens in a sequence. */
