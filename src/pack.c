@@ -255,11 +255,18 @@ static int pl__pack_best_fit(pl_planner *p, pl__pack *k) {
         if (pl__best_fit(k, c, len, &err)) free_total -= k->last_used;
         else if (err || (err = pl__chunks_push(&k->newcarry, c))) return err;
     }
-    /* 2. Draw until the capacity is covered; best-fit decreasing. */
+    /* 2. Draw until the capacity is covered; best-fit decreasing.  An
+       evaluation pass may run out of documents (PL_DONE): the step then
+       holds what there is. */
     int64_t want = free_total;
+    int spent = 0;
     while (want > 0) {
         pl_chunk c;
-        if ((rc = pl__planner_draw(p, &c))) return rc;
+        if ((rc = pl__planner_draw(p, &c)) == PL_DONE) {
+            spent = 1;
+            break;
+        }
+        if (rc) return rc;
         if ((rc = pl__chunks_push(&k->drawn, &c))) return rc;
         want -= pl__padded(p, c.length);
     }
@@ -272,9 +279,10 @@ static int pl__pack_best_fit(pl_planner *p, pl__pack *k) {
     }
     /* 3. Offer the gaps to more chunks until a few in a row do not fit. */
     int misses = 0;
-    while (free_total > 0 && misses < PL__FILL_MISSES) {
+    while (!spent && free_total > 0 && misses < PL__FILL_MISSES) {
         pl_chunk c;
-        if ((rc = pl__planner_draw(p, &c))) return rc;
+        if ((rc = pl__planner_draw(p, &c)) == PL_DONE) break;
+        if (rc) return rc;
         int64_t len = pl__padded(p, c.length);
         if (pl__best_fit(k, &c, len, &err)) {
             free_total -= k->last_used;
@@ -310,7 +318,9 @@ static int pl__pack_concat(pl_planner *p, pl__pack *k) {
         while (space > 0) {
             if (!have) {
                 if (ci < p->carry.n) pend = p->carry.v[ci++];
-                else if ((rc = pl__planner_draw(p, &pend))) return rc;
+                else if ((rc = pl__planner_draw(p, &pend)) == PL_DONE)
+                    goto spent; /* an evaluation pass ran out: rows stay short */
+                else if (rc) return rc;
                 have = 1;
             }
             pl_chunk piece = pend;
@@ -333,6 +343,7 @@ static int pl__pack_concat(pl_planner *p, pl__pack *k) {
             if (pend.length == 0) have = 0;
         }
     }
+spent:
     if (have && (rc = pl__chunks_push(&k->newcarry, &pend))) return rc;
     for (; ci < p->carry.n; ci++)
         if ((rc = pl__chunks_push(&k->newcarry, &p->carry.v[ci]))) return rc;
@@ -434,6 +445,7 @@ int pl__pack_step(pl_planner *p, pl_plan **out) {
     else rc = pl__pack_best_fit(p, k);
     if (rc == PL_ENOMEM) pl__fmt(p->errmsg, sizeof p->errmsg, "packing: out of memory");
     if (rc) return rc;
+    if (k->placed.n == 0 && p->cfg->eval) return PL_DONE; /* the pass is over */
     if (p->cfg->balance == PL__BALANCE_NONE)
         rc = pl__make_plan(p, k->placed.v, k->placed.n, k->bin_of, NULL, out);
     else

@@ -110,8 +110,9 @@ int pl_planner_create(const pl_config *cfg, pl_source *const *sources,
     p->act_w = pl__calloc((size_t)n_sources, sizeof *p->act_w);
     p->act_t = pl__calloc((size_t)n_sources, sizeof *p->act_t);
     p->act_d = pl__calloc((size_t)n_sources, sizeof *p->act_d);
+    p->doc_lo = pl__calloc((size_t)n_sources, sizeof *p->doc_lo);
     if (!p->cfg || !p->num_docs || !p->src || !p->perm || !p->weights ||
-        !p->act || !p->act_w || !p->act_t || !p->act_d) {
+        !p->act || !p->act_w || !p->act_t || !p->act_d || !p->doc_lo) {
         pl__fmt(p->errmsg, sizeof p->errmsg, "planner: out of memory");
         return p->failed = PL_ENOMEM;
     }
@@ -125,7 +126,10 @@ int pl_planner_create(const pl_config *cfg, pl_source *const *sources,
     }
     p->mixture_hash = pl__mixture_hash(c);
     for (int64_t i = 0; i < n_sources; i++) {
-        p->num_docs[i] = pl_source_num_documents(sources[i]);
+        int64_t lo = 0, hi = pl_source_num_documents(sources[i]);
+        pl__split_range(pl__source_split(c, i), c->split_part, hi, &lo, &hi);
+        p->doc_lo[i] = lo;
+        p->num_docs[i] = hi - lo;
         p->src[i].cur_index = -1;
         /* Records left out at open count as skipped (on_error: skip). */
         p->src[i].skipped = pl_source_num_skipped(sources[i]);
@@ -133,10 +137,17 @@ int pl_planner_create(const pl_config *cfg, pl_source *const *sources,
         int used = c->has_schedule ? 0 : c->sources[i].weight > 0;
         for (int64_t k = 0; k < c->n_points && !used; k++)
             used = c->points[k].weights[i] > 0;
-        if (used && p->num_docs[i] == 0) {
-            pl__fmt(p->errmsg, sizeof p->errmsg,
-                    "source '%s' (%s) has no documents but a positive weight",
-                    c->sources[i].name, c->sources[i].path);
+        if (used && p->num_docs[i] == 0 && !c->eval) {
+            int64_t all = pl_source_num_documents(sources[i]);
+            if (all > 0)
+                pl__fmt(p->errmsg, sizeof p->errmsg,
+                        "source '%s' (%s): its train split holds none of its "
+                        "%lld documents, but it has a positive weight",
+                        c->sources[i].name, c->sources[i].path, (long long)all);
+            else
+                pl__fmt(p->errmsg, sizeof p->errmsg,
+                        "source '%s' (%s) has no documents but a positive weight",
+                        c->sources[i].name, c->sources[i].path);
             return p->failed = PL_ECONFIG;
         }
     }
@@ -156,6 +167,7 @@ void pl_planner_free(pl_planner *p) {
     free(p->perm);
     free(p->src);
     free(p->num_docs);
+    free(p->doc_lo);
     pl_config_free(p->cfg);
     free(p);
 }
@@ -185,8 +197,11 @@ static int pl__next_document(pl_planner *p, int64_t i) {
                     sc->name, sc->path, (long long)s->skipped);
             return PL_ERECORD;
         }
-        int64_t idx = (int64_t)pl__perm_apply(&p->perm[i],
-                                              (uint64_t)s->drawn_in_epoch);
+        /* An evaluation pass reads its documents in index order. */
+        int64_t idx = p->doc_lo[i] +
+                      (p->cfg->eval ? s->drawn_in_epoch
+                                    : (int64_t)pl__perm_apply(&p->perm[i],
+                                                              (uint64_t)s->drawn_in_epoch));
         s->drawn_in_epoch++;
         s->since_yield++;
         if (sc->max_epochs > 0 && s->drawn_in_epoch >= p->num_docs[i] &&
@@ -413,6 +428,10 @@ static int64_t pl__draw_argmax_capped(pl_planner *p, double take) {
 }
 
 int pl__planner_draw(pl_planner *p, pl_chunk *out) {
+    if (p->cfg->eval && (p->n_act == 0 || p->spent)) {
+        p->spent = 1;
+        return PL_DONE; /* the pass has read every document */
+    }
     if (p->n_act == 0) {
         pl__fmt(p->errmsg, sizeof p->errmsg,
                 "every source weight is zero at step %lld", (long long)p->step);
@@ -423,6 +442,11 @@ int pl__planner_draw(pl_planner *p, pl_chunk *out) {
 again:
     if (p->has_caps) {
         k = pl__draw_argmax_capped(p, take_prev);
+        if (k < 0 && p->cfg->eval) {
+            p->pending = 0;
+            p->spent = 1;
+            return PL_DONE;
+        }
         if (k < 0) {
             p->pending = 0;
             pl__fmt(p->errmsg, sizeof p->errmsg,
@@ -493,6 +517,9 @@ int pl_planner_next(pl_planner *p, pl_plan **out) {
             return p->failed = rc;
         }
     }
+    if (p->cfg->eval) /* sources without documents in the split: none */
+        for (int64_t i = 0; i < p->n_sources; i++)
+            if (p->num_docs[i] == 0) p->weights[i] = 0;
     pl__planner_draw_begin(p);
     int rc = pl__pack_step(p, out);
     pl__planner_draw_end(p);

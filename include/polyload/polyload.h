@@ -322,6 +322,38 @@ PL_API const char *pl_config_warning(const pl_config *cfg, int64_t i);
  */
 PL_API int pl_config_set_world_size(pl_config *cfg, int64_t world_size);
 
+/*
+ * Validation and test data.  `split: 969,30,1` (top level, or per source to
+ * override it) cuts each source's documents into train, valid and test
+ * ranges, in index order, as megatron-core's --split does: the fractions are
+ * normalized and document ranges are [round(lo * n), round(hi * n)) of the
+ * cumulative fractions (round half to even).  Training reads only the train
+ * range (the state blob's document count is that range's).  `valid_sources:`
+ * and `test_sources:` (lists like `sources`, without `split`) replace the
+ * split for their part, read whole (megatron-core's blend_per_split).
+ *
+ * pl_config_split makes *out, a new config for one evaluation pass over
+ * PL_SPLIT_VALID or PL_SPLIT_TEST: the split's sources (those with a positive
+ * weight, or under a schedule a positive weight at some point), each
+ * document of the split read once, in index order within a source, mixed by
+ * the same largest-deficit rule and packed by the config's packing into
+ * steps of global_batch_size sequences; the last step may hold empty
+ * (all-padding) rows, and the pass ends there (pl_loader_next returns
+ * PL_DONE).  train_steps of *out is unset (-1, the whole pass); set it with
+ * pl_config_set to stop after N steps.  A loader created from *out is
+ * independent of any training loader: the pass is the same on every rank and
+ * every time, whatever the training position.  Returns PL_OK, PL_EINVAL (bad
+ * arguments, or cfg is itself a split's), PL_ENOMEM, or PL_ECONFIG when cfg
+ * has no data for that split (*out then holds the message; free it).  The
+ * caller frees *out with pl_config_free.
+ */
+typedef enum pl_split {
+    PL_SPLIT_TRAIN = 0,
+    PL_SPLIT_VALID = 1,
+    PL_SPLIT_TEST = 2
+} pl_split;
+PL_API int pl_config_split(const pl_config *cfg, int split, pl_config **out);
+
 /* Number of sources, and the name/path/type of source i. */
 PL_API int64_t pl_config_num_sources(const pl_config *cfg);
 PL_API const char *pl_config_source_name(const pl_config *cfg, int64_t i);

@@ -75,6 +75,7 @@ __all__ = [
     "RangeError",
     "ConfigWarning",
     "trainer_world_size",
+    "eval_loader",
 ]
 
 #: Version of the dict that :meth:`Loader.state_dict` returns.
@@ -311,6 +312,7 @@ class Loader:
             cfg, ranks=served, threads=threads or 0, prefetch=prefetch or 0,
             external=_external,
         )
+        self._served, self._threads, self._prefetch = served, threads, prefetch
         self._t0: Optional[float] = None
         self._t1: Optional[float] = None
         import numpy as np  # noqa: PLC0415
@@ -429,6 +431,40 @@ class Loader:
             },
         }
 
+    # ----------------------------------------------------------------- evaluation
+
+    def eval_iter(self, split: str = "valid", steps: Optional[int] = None,
+                  threads: Optional[int] = None,
+                  prefetch: Optional[int] = None) -> "Loader":
+        """A new :class:`Loader` for one evaluation pass over the ``"valid"`` or
+        ``"test"`` data, for this loader's rank(s).
+
+        The data are the config's ``split`` fractions of each source (``split: 969,30,1``,
+        Megatron's ``--split``: documents ``[round(lo * n), round(hi * n))`` of each
+        source, in index order) or its ``valid_sources`` / ``test_sources`` lists
+        (Megatron's ``blend_per_split``).  The pass reads every document of the split once,
+        in index order within a source, mixed across sources by the largest-deficit rule
+        and packed as training packs, in steps of ``global_batch_size`` sequences; the
+        last step may end with all-padding rows (``loss_mask`` 0).  Iteration ends after
+        the pass, or after ``steps`` steps.  The pass is a pure function of the config:
+        the same on every rank, at every call and whatever the training position, and it
+        neither reads nor changes this loader's state.  Its :meth:`stats` count the pass
+        alone.  Close it (or use ``with``) when done; a new call starts a new pass.  On a
+        :class:`polyload.ray.Client` the pass runs in this process (an embedded loader, so
+        it needs the data files).
+
+        Raises:
+            ConfigError: the config has no data for ``split``, or ``steps`` < 1.
+            ValueError: ``split`` is not ``"valid"`` or ``"test"``.
+        """
+        self._handle()  # ECLOSED after close()
+        cfg = self.config.split(split)
+        if steps is not None:
+            cfg.set("train_steps", int(steps))
+        return Loader(cfg, rank=self.rank, ranks=self._served,
+                      threads=threads if threads is not None else self._threads,
+                      prefetch=prefetch if prefetch is not None else self._prefetch)
+
     # -------------------------------------------------------------------- closing
 
     def _handle(self):
@@ -462,3 +498,23 @@ class Loader:
     def __repr__(self) -> str:
         state = "closed" if self._loader is None else f"ranks={self._loader.ranks}"
         return f"<polyload.Loader rank={self.rank} {state}>"
+
+
+def eval_loader(config: ConfigLike, split: str = "valid", steps: Optional[int] = None,
+                rank: Optional[int] = None, ranks: Optional[Sequence[int]] = None,
+                threads: Optional[int] = None, prefetch: Optional[int] = None) -> Loader:
+    """A :class:`Loader` for one evaluation pass over a config's ``"valid"`` or ``"test"``
+    data, without a training loader: the same as ``Loader(config).eval_iter(split,
+    steps)`` (see :meth:`Loader.eval_iter`).  ``rank`` defaults as for :class:`Loader`.
+
+    Raises:
+        ConfigError: the config has no data for ``split``, or ``steps`` < 1.
+        ValueError: ``split`` is not ``"valid"`` or ``"test"``.
+    """
+    cfg = _make_config(config)
+    _issue_warnings(cfg, stacklevel=2)
+    _fit_world_size(cfg)
+    ev = cfg.split(split)
+    if steps is not None:
+        ev.set("train_steps", int(steps))
+    return Loader(ev, rank=rank, ranks=ranks, threads=threads, prefetch=prefetch)

@@ -56,10 +56,11 @@ from typing import Any, Dict, Iterator, Mapping, Optional, Tuple, Union
 
 import torch
 
-from . import ConfigError, Loader, _make_config
+from . import ConfigError, Loader, _make_config, eval_loader
 
 __all__ = [
     "MegatronIterator",
+    "MegatronEvalIterator",
     "get_batch",
     "packed_seq_params",
     "check_args",
@@ -197,6 +198,49 @@ class MegatronIterator:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+class MegatronEvalIterator(MegatronIterator):
+    """Megatron-style micro-batches of the validation (or test) data, for the second (or
+    third) iterator that the datasets provider returns.
+
+    Megatron-LM's ``evaluate`` draws ``eval_iters`` steps of micro-batches from the same
+    iterator at every evaluation.  This iterator reads a fresh polyload evaluation pass
+    (:meth:`polyload.Loader.eval_iter`) of ``eval_iters`` steps (or the whole split when
+    None) and starts the same pass again when it ends, so every evaluation sees the same
+    batches, whatever the training position.  The batches are :class:`MegatronIterator`'s.
+
+    Args:
+        config: a polyload config (path, dict, ``_core.Config``) or a training
+            :class:`polyload.Loader` (its config, rank and ranks are used).
+        split: ``"valid"`` or ``"test"``.
+        eval_iters: steps per evaluation (Megatron's ``--eval-iters``), or None.
+        rank, device: as for :class:`MegatronIterator`.
+
+    Raises:
+        ConfigError: the config has no data for ``split``.
+    """
+
+    def __init__(self, config: Any, split: str = "valid", eval_iters: Optional[int] = None,
+                 rank: Optional[int] = None,
+                 device: Optional[Union[str, torch.device]] = None, **loader_kwargs) -> None:
+        if isinstance(config, Loader):
+            self._new = lambda: config.eval_iter(split, steps=eval_iters)
+        else:
+            self._new = lambda: eval_loader(config, split, steps=eval_iters, rank=rank,
+                                            **loader_kwargs)
+        self.split, self.eval_iters = split, eval_iters
+        super().__init__(self._new(), rank=rank, device=device)
+
+    def __next__(self) -> Dict[str, Any]:
+        b = self.loader.next_batch(self.rank)
+        if b is None:  # the pass ended: the next evaluation reads it again
+            self.loader.close()
+            self.loader = self._new()
+            b = self.loader.next_batch(self.rank)
+            if b is None:
+                raise StopIteration
+        return self.convert(b)
 
 
 def get_batch(data_iterator) -> Tuple[Any, Any, Any, Any, Any, Any]:
