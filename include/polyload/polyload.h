@@ -473,6 +473,11 @@ typedef struct pl_batch {
     int64_t max_seqlen;
     int64_t tokens;       /* non-padding tokens */
     int64_t n_chunks;     /* chunks (segments that are not padding) */
+    /* Where each segment of cu_seqlens comes from: [n_cu_seqlens - 1] int32,
+       the config index of the source of segment k (pl_config_source_name),
+       -1 for a row's trailing padding; NULL when cu_seqlens is.  With `step`
+       and `micro_batch` it lets a trainer log loss per source. */
+    int32_t *segment_sources;
 } pl_batch;
 
 PL_API void pl_batch_retain(pl_batch *batch);

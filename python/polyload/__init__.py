@@ -227,6 +227,10 @@ class Loader:
             torch without CUDA it is a no-op and warns once.
         threads: worker threads; None takes the config's ``threads``.
         prefetch: micro-batches prefetched per served rank; None takes the config's.
+        with_sources: add where each batch comes from: ``segment_sources`` (int32
+            ``[n_segments]``, the index into :attr:`source_names` of the source of each
+            segment of ``cu_seqlens``, -1 for a row's trailing padding), ``step`` and
+            ``micro_batch`` (ints).  Present wherever ``cu_seqlens`` is.
 
     Iteration yields one dict per micro-batch, ending after ``train_steps``:
 
@@ -275,6 +279,7 @@ class Loader:
         threads: Optional[int] = None,
         prefetch: Optional[int] = None,
         *,
+        with_sources: bool = False,
         _external: bool = False,
     ) -> None:
         core = _require_core()
@@ -313,6 +318,9 @@ class Loader:
             external=_external,
         )
         self._served, self._threads, self._prefetch = served, threads, prefetch
+        self._with_sources = bool(with_sources)
+        #: Source names by config index (what ``segment_sources`` values index).
+        self.source_names: tuple = tuple(cfg.source_name(i) for i in range(cfg.num_sources))
         self._t0: Optional[float] = None
         self._t1: Optional[float] = None
         import numpy as np  # noqa: PLC0415
@@ -367,6 +375,12 @@ class Loader:
         max_seqlen = b.max_seqlen
         if max_seqlen is not None:
             out["max_seqlen"] = max_seqlen
+        if self._with_sources:
+            seg = b.segment_sources
+            if seg is not None:
+                out["segment_sources"] = wrap(asarray(seg)) if wrap else asarray(seg)
+            out["step"] = b.step
+            out["micro_batch"] = b.micro_batch
         return out
 
     # ---------------------------------------------------------------------- state
@@ -463,7 +477,8 @@ class Loader:
             cfg.set("train_steps", int(steps))
         return Loader(cfg, rank=self.rank, ranks=self._served,
                       threads=threads if threads is not None else self._threads,
-                      prefetch=prefetch if prefetch is not None else self._prefetch)
+                      prefetch=prefetch if prefetch is not None else self._prefetch,
+                      with_sources=self._with_sources)
 
     # -------------------------------------------------------------------- closing
 
@@ -502,7 +517,8 @@ class Loader:
 
 def eval_loader(config: ConfigLike, split: str = "valid", steps: Optional[int] = None,
                 rank: Optional[int] = None, ranks: Optional[Sequence[int]] = None,
-                threads: Optional[int] = None, prefetch: Optional[int] = None) -> Loader:
+                threads: Optional[int] = None, prefetch: Optional[int] = None,
+                with_sources: bool = False) -> Loader:
     """A :class:`Loader` for one evaluation pass over a config's ``"valid"`` or ``"test"``
     data, without a training loader: the same as ``Loader(config).eval_iter(split,
     steps)`` (see :meth:`Loader.eval_iter`).  ``rank`` defaults as for :class:`Loader`.
@@ -517,4 +533,5 @@ def eval_loader(config: ConfigLike, split: str = "valid", steps: Optional[int] =
     ev = cfg.split(split)
     if steps is not None:
         ev.set("train_steps", int(steps))
-    return Loader(ev, rank=rank, ranks=ranks, threads=threads, prefetch=prefetch)
+    return Loader(ev, rank=rank, ranks=ranks, threads=threads, prefetch=prefetch,
+                  with_sources=with_sources)

@@ -100,6 +100,7 @@ class Batch:
     loss_mask: Optional[Array]
     position_ids: Optional[Array]
     cu_seqlens: Optional[Array]
+    segment_sources: Optional[Array]
     released: bool
     def release(self) -> None: ...
 

@@ -14,7 +14,7 @@ from typing import Any, Dict, Optional
 import torch
 import torch.distributed as dist
 
-__all__ = ["broadcast_tp", "BATCH_FIELDS"]
+__all__ = ["broadcast_tp", "BATCH_FIELDS", "token_sources", "loss_by_source"]
 
 #: The tensor fields of a micro-batch, in the order they are broadcast (SPEC section 3).
 BATCH_FIELDS = ("input_ids", "labels", "loss_mask", "position_ids", "cu_seqlens")
@@ -102,3 +102,46 @@ def broadcast_tp(
     if h[-2]:
         out["max_seqlen"] = int(h[-1])
     return out
+
+
+def token_sources(batch: Dict[str, Any]) -> torch.Tensor:
+    """The source of every token of a micro-batch from ``Loader(..., with_sources=True)``:
+    an int64 tensor shaped like ``input_ids`` (``[rows, cols]``), holding the index into
+    ``loader.source_names`` of the token's segment, -1 on a row's trailing padding.
+    Built from ``cu_seqlens`` and ``segment_sources`` (one ``repeat_interleave``).
+
+    Raises:
+        KeyError: the batch has no ``segment_sources`` (the Loader was created without
+            ``with_sources=True``, or the rank receives no ``cu_seqlens``).
+    """
+    seg = batch["segment_sources"].to(torch.int64)
+    cu = batch["cu_seqlens"].to(torch.int64)
+    per_token = torch.repeat_interleave(seg, cu[1:] - cu[:-1])
+    shape = (batch["labels"] if "labels" in batch else batch["input_ids"]).shape
+    return per_token.reshape(shape)
+
+
+def loss_by_source(token_loss: torch.Tensor, batch: Dict[str, Any],
+                   source_names) -> Dict[str, Any]:
+    """Sum the per-token loss of a micro-batch by source, for logging.
+
+    Args:
+        token_loss: ``[rows, cols]`` float, the loss of each token (e.g.
+            ``cross_entropy(..., reduction="none")`` against ``labels``); only tokens with
+            ``loss_mask`` 1 count.
+        batch: the micro-batch dict (``with_sources=True``), with ``loss_mask``.
+        source_names: ``loader.source_names``.
+
+    Returns:
+        ``{name: (loss_sum, tokens)}`` for the sources present in the batch, as Python
+        floats and ints; divide to log a mean, or add up over steps and ranks first.
+    """
+    src = token_sources(batch).reshape(-1)
+    mask = batch["loss_mask"].reshape(-1) > 0
+    loss = token_loss.detach().reshape(-1).to(torch.float64)
+    out = {}
+    for k in torch.unique(src[mask]).tolist():
+        sel = mask & (src == k)
+        out[source_names[k]] = (float(loss[sel].sum()), int(sel.sum()))
+    return out
+
