@@ -22,10 +22,16 @@ Errors are :class:`PolyloadError` and its subclasses (:class:`FormatError`,
 
 PyTorch is optional and imported lazily: without it, :class:`Loader` yields NumPy arrays
 (the same zero-copy views of the C memory) instead of tensors.
+
+Logging: the package logs through :mod:`logging` under the logger ``"polyload"`` (its
+children ``polyload.megatron``, ...): the config's warnings at WARNING (also issued as
+:class:`ConfigWarning`), what a Loader serves, state loads and evaluation passes at INFO.
+The library adds only a ``NullHandler``; configure handlers and levels as for any logger.
 """
 
 from __future__ import annotations
 
+import logging
 import operator
 import os
 import time
@@ -44,6 +50,10 @@ from ._errors import (
     RangeError,
     StateError,
 )
+
+#: The package's logger (``logging.getLogger("polyload")``); a NullHandler by default.
+logger = logging.getLogger("polyload")
+logger.addHandler(logging.NullHandler())
 
 try:
     __version__ = _metadata.version("polyload")
@@ -176,7 +186,9 @@ def _fit_world_size(cfg) -> Optional[int]:
 
 
 def _issue_warnings(cfg, stacklevel: int) -> None:
+    """Each config warning to the ``polyload`` logger (WARNING) and as a ConfigWarning."""
     for w in cfg.warnings:
+        logger.warning("config warning: %s", w)
         warnings.warn(w, ConfigWarning, stacklevel=stacklevel + 1)
 
 
@@ -305,6 +317,7 @@ class Loader:
             if self._torch is not None and self._torch.cuda.is_available():
                 self._pin = True
             else:
+                logger.warning("Loader: pin_memory=True ignored (torch without CUDA)")
                 warnings.warn(
                     "polyload.Loader: pin_memory=True ignored (torch without CUDA)",
                     RuntimeWarning,
@@ -321,6 +334,18 @@ class Loader:
         self._with_sources = bool(with_sources)
         #: Source names by config index (what ``segment_sources`` values index).
         self.source_names: tuple = tuple(cfg.source_name(i) for i in range(cfg.num_sources))
+        if logger.isEnabledFor(logging.INFO):
+            ri = self.rank_info
+            logger.info(
+                "Loader: rank %d (dp %d, pp %d, cp %d, tp %d) of world %d%s serves ranks %s; "
+                "%d sources (%s), seq_length %d, global_batch_size %d, micro_batch_size %d, "
+                "train_steps %s",
+                self.rank, ri["dp_rank"], ri["pp_rank"], ri["cp_rank"], ri["tp_rank"],
+                self.world_size, " (external)" if _external else "", served,
+                len(self.source_names), ", ".join(self.source_names),
+                cfg.get_int("seq_length"), cfg.get_int("global_batch_size"),
+                cfg.get_int("micro_batch_size"),
+                cfg.get_int("train_steps") if cfg.get_int("train_steps") >= 0 else "endless")
         self._t0: Optional[float] = None
         self._t1: Optional[float] = None
         import numpy as np  # noqa: PLC0415
@@ -355,6 +380,10 @@ class Loader:
         b = loader.next(self.rank if rank is None else _as_rank(rank))
         self._t1 = time.perf_counter()
         if b is None:
+            if not getattr(self, "_logged_end", False):
+                self._logged_end = True
+                logger.info("Loader: rank %d reached the end of its data",
+                            self.rank if rank is None else rank)
             return None
         return self._to_dict(b)
 
@@ -403,7 +432,12 @@ class Loader:
             TypeError: ``state`` is not a mapping with a bytes-like ``blob``.
             ValueError: an unknown ``version``, or no ``blob``.
         """
-        self._handle().set_state(_state_blob(state))
+        blob = _state_blob(state)
+        self._handle().set_state(blob)
+        if logger.isEnabledFor(logging.INFO):
+            info = _require_core().state_info(blob)
+            logger.info("Loader: rank %d resumes at step %d, micro-batch %d (%d-byte state)",
+                        self.rank, info["step"], info["micro_batch"], len(blob))
 
     # ---------------------------------------------------------------------- stats
 
@@ -475,6 +509,8 @@ class Loader:
         cfg = self.config.split(split)
         if steps is not None:
             cfg.set("train_steps", int(steps))
+        logger.info("Loader: evaluation pass over the %s data (%s)", split,
+                    f"{int(steps)} steps" if steps is not None else "every document")
         return Loader(cfg, rank=self.rank, ranks=self._served,
                       threads=threads if threads is not None else self._threads,
                       prefetch=prefetch if prefetch is not None else self._prefetch,

@@ -50,6 +50,7 @@ Pipeline stages receive only their fields (SPEC section 2): the others are None.
 
 from __future__ import annotations
 
+import logging
 import os
 import warnings
 from typing import Any, Dict, Iterator, Mapping, Optional, Tuple, Union
@@ -68,6 +69,8 @@ __all__ = [
     "load_checkpoint_state",
     "STATE_FILE",
 ]
+
+logger = logging.getLogger("polyload.megatron")
 
 #: File name of the loader state inside a Megatron checkpoint's ``iter_NNNNNNN`` directory.
 STATE_FILE = "polyload_state.pt"
@@ -324,6 +327,8 @@ def check_args(args: Any, config: Any) -> None:
            ("eod_mask_loss", "reset_position_ids", "reset_attention_mask")
            if getattr(args, flag, None) is False]
     if off:
+        logger.warning("Megatron %s off, but polyload's batches never cross documents",
+                       ", ".join(off))
         warnings.warn(
             f"polyload: Megatron {', '.join(off)} off, but polyload's batches never cross "
             "documents: positions restart at 0, attention stays within a document "
@@ -358,6 +363,7 @@ def save_checkpoint_state(iterator: Union[MegatronIterator, Loader], save_dir: s
     tmp = path + ".tmp"
     torch.save({"iteration": int(iteration), "state": state}, tmp)
     os.replace(tmp, path)
+    logger.info("saved the loader state of iteration %d to %s", int(iteration), path)
     return path
 
 
@@ -394,4 +400,5 @@ def load_checkpoint_state(iterator: Union[MegatronIterator, Loader], load_dir: s
         raise ValueError(f"polyload: {path} holds iteration {saved.get('iteration')}, "
                          f"expected {iteration}")
     iterator.load_state_dict(saved["state"])
+    logger.info("loaded the loader state of iteration %d from %s", iteration, path)
     return iteration
