@@ -493,7 +493,9 @@ class Loader:
         (Megatron's ``blend_per_split``).  The pass reads every document of the split once,
         in index order within a source, mixed across sources by the largest-deficit rule
         and packed as training packs, in steps of ``global_batch_size`` sequences; the
-        last step may end with all-padding rows (``loss_mask`` 0).  Iteration ends after
+        last step may end with all-padding rows (``loss_mask`` 0; a micro-batch of such
+        rows has no label, so its mean loss is NaN: weight losses by label counts, as
+        :func:`polyload.hf.evaluate` does).  Iteration ends after
         the pass, or after ``steps`` steps.  The pass is a pure function of the config:
         the same on every rank, at every call and whatever the training position, and it
         neither reads nor changes this loader's state.  Its :meth:`stats` count the pass
