@@ -397,7 +397,10 @@ PL_API int pl_config_rank_info(const pl_config *cfg, int64_t rank,
  */
 typedef struct pl_chunk {
     int32_t source;
-    int32_t flags; /* PL_CHUNK_DOC_END when the chunk ends its document */
+    int32_t flags; /* PL_CHUNK_DOC_END when the chunk reaches its document's
+                      end (a long_documents: truncate chunk that cuts its
+                      document short does not: its last token is labelled with
+                      the document's next token, which pl_plan_reads reads) */
     int64_t index;
     int64_t offset;
     int64_t length;
@@ -411,6 +414,16 @@ typedef struct pl_chunk {
  * in row `row` of micro-batch `mb` of DP rank `r` is
  *   rank_sequences[(r * micro_batches_per_rank + mb) * micro_batch_size + row].
  * All arrays are owned by the plan.
+ *
+ * Packing (config `packing`).  best_fit: chunks placed best-fit decreasing,
+ * rows end with padding.  concat_chunk: megatron-core GPTDataset's layout
+ * (gpt_dataset.py, helpers.cpp build_sample_idx): whole documents follow each
+ * other in draw order and sequence q of the stream holds its tokens
+ * [q * seq_length, (q + 1) * seq_length), the last one labelled with token
+ * (q + 1) * seq_length when a document goes on there (windows of
+ * seq_length + 1 tokens sharing one); pieces of one document that meet in a
+ * sequence are one chunk.  An evaluation pass (pl_config_split) may end with
+ * sequences that hold fewer tokens, or none.
  */
 typedef struct pl_plan {
     int64_t step;
