@@ -9,6 +9,9 @@ as bench/python_overhead.py's ``throughput`` config.  Each run takes N micro-bat
 every rank after a warm-up and drops each dict right away.  There is no peer: this is an
 option's cost against the same loader without it.
 
+It also times ``Loader._to_dict`` alone on one retained batch (``dict_us_*``), the only
+per-batch work the option adds in Python, which a loaded machine disturbs less.
+
 Usage: .venv/bin/python bench/with_sources.py [--steps 300] [--repeats 5] [--json OUT]
 """
 import argparse
@@ -62,6 +65,24 @@ def run(cfg, with_sources, steps):
         return (time.perf_counter() - t0) / (steps * nmb * 4) * 1e6
 
 
+def dict_cost(cfg, n):
+    """Microseconds per ``_to_dict`` of one retained Batch, without and with the source
+    fields: the only per-batch work the option adds in Python (C fills segment_sources
+    either way), measured on one thread so the loader's threads do not interfere."""
+    import polyload
+
+    with polyload.Loader(cfg, rank=0, threads=1) as ld:
+        b = ld._handle().next(0)
+        out = []
+        for flag in (False, True):
+            ld._with_sources = flag
+            t0 = time.perf_counter()
+            for _ in range(n):
+                ld._to_dict(b)
+            out.append((time.perf_counter() - t0) / n * 1e6)
+        return out
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=300)
@@ -74,7 +95,11 @@ def main():
         off.append(run(cfg, False, a.steps))
         on.append(run(cfg, True, a.steps))
     ratios = [b / x for x, b in zip(off, on)]
-    res = {"us_per_microbatch_off": statistics.median(off),
+    d = [dict_cost(cfg, 20000) for _ in range(a.repeats)]
+    res = {"dict_us_off": statistics.median(x[0] for x in d),
+           "dict_us_on": statistics.median(x[1] for x in d),
+           "dict_us_added_paired_median": statistics.median(x[1] - x[0] for x in d),
+           "us_per_microbatch_off": statistics.median(off),
            "us_per_microbatch_on": statistics.median(on),
            "paired_ratio_median": statistics.median(ratios),
            "off": off, "on": on, "machine": machine_note()}
