@@ -218,8 +218,9 @@ def _tp_worker(rank, world, init_file, cfg, result_dir):
                             world_size=world)
     try:
         group = dist.new_group([0, 1])
-        mine = polyload.Loader(cfg, rank=rank)  # for checking only: TP peers match
-        reader = polyload.Loader(cfg, rank=0) if rank == 0 else None
+        # for checking only: TP peers match (with the source fields, broadcast too)
+        mine = polyload.Loader(cfg, rank=rank, with_sources=True)
+        reader = polyload.Loader(cfg, rank=0, with_sources=True) if rank == 0 else None
         n = 0
         while True:
             want = next(mine, None)
@@ -228,8 +229,9 @@ def _tp_worker(rank, world, init_file, cfg, result_dir):
             if want is None:
                 break
             assert set(got) == set(want), (set(got), set(want))
+            assert "segment_sources" in got and "step" in got
             for k, v in want.items():
-                if k == "max_seqlen":
+                if k in ("max_seqlen", "step", "micro_batch"):
                     assert got[k] == v
                 else:
                     assert got[k].dtype == v.dtype and torch.equal(got[k], v), k
