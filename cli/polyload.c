@@ -2,6 +2,7 @@
  * polyload.c -- the `polyload` command line tool (SPEC section 6).
  *
  *   polyload run CONFIG [--steps N] [--json] [--state-in F] [--state-out F]
+ *                [--split valid|test]
  *                       [--threads N] [--no-progress]
  *   polyload plan CONFIG --steps A:B [--state-in F] [--rank R] [--json]
  *   polyload inspect PATH [--json] [--type megatron|llmc|flat] [--token-dtype T]
@@ -40,7 +41,7 @@ static const char *usage_text =
     "usage: polyload <command> [options]\n"
     "\n"
     "commands:\n"
-    "  run CONFIG [--steps N] [--json] [--state-in F] [--state-out F]\n"
+    "  run CONFIG [--steps N] [--json] [--state-in F] [--state-out F] [--split valid|test]\n"
     "             [--threads N] [--no-progress]\n"
     "      Build every micro-batch of every rank for N steps (default:\n"
     "      train_steps) and print a summary.\n"
@@ -132,6 +133,7 @@ typedef struct args {
     const char *rank;
     const char *type;
     const char *token_dtype, *eos_id;
+    const char *split;
     int json;
     int no_progress;
     int help;
@@ -197,6 +199,7 @@ static int parse_args(int argc, char **argv, int first, const char *accepted,
         else if (strcmp(name, "type") == 0) a->type = val;
         else if (strcmp(name, "token-dtype") == 0) a->token_dtype = val;
         else if (strcmp(name, "eos-id") == 0) a->eos_id = val;
+        else if (strcmp(name, "split") == 0) a->split = val;
     }
     return EXIT_OK;
 }
@@ -302,7 +305,7 @@ static void progress(int64_t done, int64_t total, int64_t tokens,
 static int cmd_run(int argc, char **argv) {
     args a;
     int code = parse_args(argc, argv, 2,
-                          "steps json state-in state-out threads no-progress",
+                          "steps json state-in state-out threads no-progress split",
                           &a);
     if (code) return code;
     if (a.help) {
@@ -327,9 +330,29 @@ static int cmd_run(int argc, char **argv) {
         fclose(probe);
         if (!existed) unlink(a.state_out);
     }
+    int split = 0;
+    if (a.split) {
+        if (strcmp(a.split, "valid") == 0) split = PL_SPLIT_VALID;
+        else if (strcmp(a.split, "test") == 0) split = PL_SPLIT_TEST;
+        else return usage_error("run: --split wants valid or test, got '%s'", a.split);
+        if (a.state_in || a.state_out)
+            return usage_error("run: --split is one evaluation pass; it takes no state");
+    }
     pl_config *cfg = NULL;
     code = load_config(a.positional, &cfg);
     if (code) return code;
+    if (split) { /* one evaluation pass (pl_config_split), to its end or --steps */
+        pl_config *ev = NULL;
+        int src = pl_config_split(cfg, split, &ev);
+        pl_config_free(cfg);
+        if (src != PL_OK) {
+            code = fail(exit_for(src), ev ? pl_config_errmsg(ev) : pl_strerror(src), src);
+            pl_config_free(ev);
+            return code;
+        }
+        cfg = ev;
+        if (steps < 0) steps = INT64_MAX;
+    }
     int64_t train_steps = -1, mbpr = 0;
     pl_config_get_int(cfg, "train_steps", &train_steps);
     pl_config_get_int(cfg, "micro_batches_per_rank", &mbpr);
@@ -376,7 +399,7 @@ static int cmd_run(int argc, char **argv) {
         }
     }
 
-    const int bar = !a.no_progress && isatty(STDERR_FILENO);
+    const int bar = !a.no_progress && isatty(STDERR_FILENO) && steps != INT64_MAX;
     const double t0 = now_s();
     double last_draw = 0;
     int64_t done = 0;

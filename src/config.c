@@ -271,7 +271,7 @@ static int is_known_key(const char *key) {
         "balance", "on_error", "threads", "prefetch", "max_lag_steps", "cost.preset",
         "cost.a", "cost.b", "cost.c", "cost.window", "long_short.threshold",
         "topology.dp", "topology.pp", "topology.cp", "topology.tp",
-        "topology.order", "vocab_size"};
+        "topology.order", "vocab_size", "split"};
     for (int i = 0; i < NELEM(known); i++)
         if (strcmp(key, known[i]) == 0) return 1;
     return 0;
@@ -281,6 +281,47 @@ static int is_known_key(const char *key) {
  * Set one scalar key (dotted for nested mappings).  Unknown keys are errors.
  * A null value is accepted only by train_steps (endless).
  */
+/*
+ * "969,30,1" (Megatron's --split): up to three non-negative numbers, any
+ * separators, normalized to fractions of train, valid, test (missing ones 0),
+ * as megatron-core's parse_and_normalize_split.
+ */
+static int parse_split(pl_config *cfg, const char *key, const sval *v,
+                       double *out) {
+    double x[3] = {0, 0, 0};
+    int n = 0;
+    const char *q = v->s;
+    while (*q) {
+        if (!((*q >= '0' && *q <= '9') || *q == '.')) {
+            if (*q == '-')
+                return cfg_err(cfg, PL_ECONFIG, v->line,
+                               "%s: '%s' has a negative part", key, v->s);
+            q++;
+            continue;
+        }
+        char *end = NULL;
+        double d = strtod(q, &end);
+        if (end == q || !isfinite(d))
+            return cfg_err(cfg, PL_ECONFIG, v->line,
+                           "%s: '%s' is not a list of numbers such as 969,30,1",
+                           key, v->s);
+        if (n == 3)
+            return cfg_err(cfg, PL_ECONFIG, v->line,
+                           "%s: '%s' has more than three parts (train, valid, "
+                           "test)",
+                           key, v->s);
+        x[n++] = d;
+        q = end;
+    }
+    double sum = x[0] + x[1] + x[2];
+    if (n == 0 || !(sum > 0))
+        return cfg_err(cfg, PL_ECONFIG, v->line,
+                       "%s: '%s' needs a positive part, such as 969,30,1", key,
+                       v->s);
+    for (int k = 0; k < 3; k++) out[k] = x[k] / sum;
+    return PL_OK;
+}
+
 static int set_scalar(pl_config *cfg, const char *key, const sval *v) {
     int64_t x = 0;
     int e = 0;
@@ -294,6 +335,10 @@ static int set_scalar(pl_config *cfg, const char *key, const sval *v) {
     if (is_null(v))
         return cfg_err(cfg, PL_ECONFIG, v->line, "%s: missing value", key);
 
+    if (strcmp(key, "split") == 0) {
+        cfg->has_split = 1;
+        return parse_split(cfg, key, v, cfg->split);
+    }
     if (strcmp(key, "seed") == 0) return get_u64(cfg, key, v, &cfg->seed);
     if (strcmp(key, "seq_length") == 0)
         return get_int(cfg, key, v, 1, INT32_MAX, &cfg->seq_length);
@@ -549,6 +594,13 @@ void pl_config_free(pl_config *cfg) {
         free(cfg->sources[i].path);
     }
     free(cfg->sources);
+    for (int part = 0; part < 2; part++) {
+        for (int64_t i = 0; i < cfg->n_eval_sources[part]; i++) {
+            free(cfg->eval_sources[part][i].name);
+            free(cfg->eval_sources[part][i].path);
+        }
+        free(cfg->eval_sources[part]);
+    }
     for (int64_t k = 0; k < cfg->n_points; k++) free(cfg->points[k].weights);
     free(cfg->points);
     for (int64_t k = 0; k < cfg->n_warnings; k++) free(cfg->warnings[k]);
@@ -710,14 +762,15 @@ static int path_exists(pl_source_type type, const char *path) {
     return found;
 }
 
-static int walk_source(walk *w, int64_t i, yaml_node_t *map) {
+static int walk_source(walk *w, const char *list, int64_t i, yaml_node_t *map,
+                       pl__source_cfg *s, pl__names *names) {
     pl_config *cfg = w->cfg;
     char what[64];
     char key[96];
-    pl__fmt(what, sizeof what, "sources[%" PRId64 "]", i);
+    const int main_list = strcmp(list, "sources") == 0;
+    pl__fmt(what, sizeof what, "%s[%" PRId64 "]", list, i);
     int rc = check_mapping(w, map, what);
     if (rc != PL_OK) return rc;
-    pl__source_cfg *s = &cfg->sources[i];
     s->type = (pl_source_type)0;
     s->eos_id = -1;
     s->weight = 1.0;
@@ -731,10 +784,11 @@ static int walk_source(walk *w, int64_t i, yaml_node_t *map) {
         pl__fmt(key, sizeof key, "%s.%s", what, k);
         if (strcmp(k, "name") && strcmp(k, "type") && strcmp(k, "path") &&
             strcmp(k, "weight") && strcmp(k, "token_dtype") &&
-            strcmp(k, "eos_id") && strcmp(k, "max_epochs"))
+            strcmp(k, "eos_id") && strcmp(k, "max_epochs") &&
+            strcmp(k, "split"))
             return cfg_err(cfg, PL_ECONFIG, line_of(node(w, p->key)),
                            "unknown key '%s' (expected name, type, path, "
-                           "weight, token_dtype, eos_id, max_epochs)",
+                           "weight, token_dtype, eos_id, max_epochs, split)",
                            key);
         if (vn->type != YAML_SCALAR_NODE)
             return cfg_err(cfg, PL_ECONFIG, line_of(vn),
@@ -770,10 +824,19 @@ static int walk_source(walk *w, int64_t i, yaml_node_t *map) {
         } else if (strcmp(k, "max_epochs") == 0) {
             rc = get_int(cfg, key, &v, 1, INT32_MAX, &s->max_epochs);
             if (rc != PL_OK) return rc;
+        } else if (strcmp(k, "split") == 0) {
+            if (!main_list)
+                return cfg_err(cfg, PL_ECONFIG, v.line,
+                               "%s: %s are read whole; split applies to "
+                               "sources",
+                               key, list);
+            rc = parse_split(cfg, key, &v, s->split);
+            if (rc != PL_OK) return rc;
+            s->has_split = 1;
         } else {
             rc = get_num(cfg, key, &v, &s->weight);
             if (rc != PL_OK) return rc;
-            if (!w->weight_line) {
+            if (main_list && !w->weight_line) {
                 w->weight_line = v.line;
                 w->weight_of = i;
             }
@@ -792,7 +855,7 @@ static int walk_source(walk *w, int64_t i, yaml_node_t *map) {
         return cfg_err(cfg, PL_ECONFIG, line, "%s (%s): missing key 'path'",
                        what, s->name);
     /* Duplicates through the name index: O(1) per source, not a scan. */
-    if (pl__names_put(&w->names, s->name, strlen(s->name), i) != -1)
+    if (pl__names_put(names, s->name, strlen(s->name), i) != -1)
         return cfg_err(cfg, PL_ECONFIG, line,
                        "%s: duplicate source name '%s'", what, s->name);
     if (s->token_dtype && s->type != PL_SOURCE_FLAT)
@@ -811,24 +874,52 @@ static int walk_source(walk *w, int64_t i, yaml_node_t *map) {
     return PL_OK;
 }
 
-static int walk_sources(walk *w, yaml_node_t *seq) {
+/* sources, valid_sources or test_sources: a list of source mappings into
+ * *arr (*n counts those allocated, so that a failure frees them). */
+static int walk_source_list(walk *w, const char *list, yaml_node_t *seq,
+                            pl__source_cfg **arr, int64_t *count,
+                            pl__names *names) {
     pl_config *cfg = w->cfg;
     if (seq->type != YAML_SEQUENCE_NODE)
         return cfg_err(cfg, PL_ECONFIG, line_of(seq),
-                       "sources: expected a list, got %s", type_name(seq));
+                       "%s: expected a list, got %s", list, type_name(seq));
     yaml_node_item_t *b = seq->data.sequence.items.start;
     yaml_node_item_t *e = seq->data.sequence.items.top;
     size_t n = (size_t)(e - b);
     if (n == 0)
         return cfg_err(cfg, PL_ECONFIG, line_of(seq),
-                       "sources: at least one source is required");
-    cfg->sources = pl__calloc(n, sizeof *cfg->sources);
-    if (!cfg->sources || pl__names_init(&w->names, (int64_t)n) != PL_OK)
+                       "%s: at least one source is required", list);
+    *arr = pl__calloc(n, sizeof **arr);
+    if (!*arr || pl__names_init(names, (int64_t)n) != PL_OK)
         return cfg_err(cfg, PL_ENOMEM, 0, "out of memory");
     for (size_t i = 0; i < n; i++) {
-        cfg->n_sources = (int64_t)i + 1;
-        int rc = walk_source(w, (int64_t)i, node(w, b[i]));
+        *count = (int64_t)i + 1;
+        int rc = walk_source(w, list, (int64_t)i, node(w, b[i]), &(*arr)[i],
+                             names);
         if (rc != PL_OK) return rc;
+    }
+    return PL_OK;
+}
+
+static int walk_sources(walk *w, yaml_node_t *seq) {
+    return walk_source_list(w, "sources", seq, &w->cfg->sources,
+                            &w->cfg->n_sources, &w->names);
+}
+
+/* valid_sources (part 0) or test_sources (part 1). */
+static int walk_eval_sources(walk *w, int part, yaml_node_t *seq) {
+    pl__names names = {0};
+    int rc = walk_source_list(w, part ? "test_sources" : "valid_sources", seq,
+                              &w->cfg->eval_sources[part],
+                              &w->cfg->n_eval_sources[part], &names);
+    pl__names_free(&names);
+    if (rc != PL_OK) return rc;
+    for (int64_t i = 0; i < w->cfg->n_eval_sources[part]; i++) {
+        const pl__source_cfg *s = &w->cfg->eval_sources[part][i];
+        if (!(s->weight >= 0) || !isfinite(s->weight))
+            return cfg_err(w->cfg, PL_ECONFIG, s->path_line,
+                           "%s[%" PRId64 "].weight must be finite and >= 0",
+                           part ? "test_sources" : "valid_sources", i);
     }
     return PL_OK;
 }
@@ -1044,7 +1135,7 @@ static int walk_root(walk *w) {
                        "empty configuration (missing key 'sources')");
     int rc = check_mapping(w, root, "configuration");
     if (rc != PL_OK) return rc;
-    yaml_node_t *sources = NULL, *schedule = NULL;
+    yaml_node_t *sources = NULL, *schedule = NULL, *eval_lists[2] = {NULL, NULL};
     for (yaml_node_pair_t *p = root->data.mapping.pairs.start;
          p < root->data.mapping.pairs.top; p++) {
         const char *k = key_str(w, p);
@@ -1054,6 +1145,9 @@ static int walk_root(walk *w) {
             w->ln.sources = line_of(node(w, p->key));
         } else if (strcmp(k, "schedule") == 0) {
             schedule = vn;
+        } else if (strcmp(k, "valid_sources") == 0 ||
+                   strcmp(k, "test_sources") == 0) {
+            eval_lists[k[0] == 't'] = vn;
         } else if (strcmp(k, "topology") == 0 || strcmp(k, "cost") == 0 ||
                    strcmp(k, "long_short") == 0) {
             rc = walk_submap(w, k, vn);
@@ -1071,6 +1165,11 @@ static int walk_root(walk *w) {
         return cfg_err(cfg, PL_ECONFIG, 0, "missing key 'sources'");
     rc = walk_sources(w, sources);
     if (rc != PL_OK) return rc;
+    for (int part = 0; part < 2; part++)
+        if (eval_lists[part]) {
+            rc = walk_eval_sources(w, part, eval_lists[part]);
+            if (rc != PL_OK) return rc;
+        }
     if (schedule) {
         rc = walk_schedule(w, schedule);
         if (rc != PL_OK) return rc;
@@ -1436,6 +1535,24 @@ pl_config *pl__config_clone(const pl_config *cfg) {
     c->n_points = 0;
     c->warnings = NULL;
     c->n_warnings = 0;
+    for (int part = 0; part < 2; part++) {
+        c->eval_sources[part] = NULL;
+        c->n_eval_sources[part] = 0;
+    }
+    for (int part = 0; part < 2; part++) {
+        if (!cfg->n_eval_sources[part]) continue;
+        c->eval_sources[part] =
+            pl__calloc((size_t)cfg->n_eval_sources[part], sizeof(pl__source_cfg));
+        if (!c->eval_sources[part]) goto fail;
+        for (int64_t i = 0; i < cfg->n_eval_sources[part]; i++) {
+            pl__source_cfg *d = &c->eval_sources[part][i];
+            *d = cfg->eval_sources[part][i];
+            d->name = pl__strdup(d->name);
+            d->path = pl__strdup(d->path);
+            c->n_eval_sources[part] = i + 1;
+            if (!d->name || !d->path) goto fail;
+        }
+    }
     c->origin = pl__strdup(cfg->origin ? cfg->origin : "<string>");
     c->sources = pl__calloc((size_t)cfg->n_sources, sizeof *c->sources);
     c->points = pl__calloc((size_t)cfg->n_points, sizeof *c->points);
@@ -1541,4 +1658,112 @@ uint64_t pl_config_fingerprint(const pl_config *c) {
         h = pl__hash64(c->points[k].weights, (size_t)c->n_sources * sizeof(double), h);
     }
     return h;
+}
+
+/* ------------------------------------------------------------ splits */
+
+void pl__split_range(const double *split, int part, int64_t n, int64_t *lo,
+                     int64_t *hi) {
+    /* megatron-core: bookends [0, a, a+b, a+b+c]; beg = round(lo * n),
+       end = round(hi * n) with Python's round (half to even). */
+    double cum[4];
+    cum[0] = 0;
+    for (int k = 0; k < 3; k++) cum[k + 1] = cum[k] + split[k];
+    double dn = (double)n;
+    int64_t a = (int64_t)nearbyint(cum[part] * dn);
+    int64_t b = (int64_t)nearbyint(cum[part + 1] * dn);
+    if (a < 0) a = 0;
+    if (b > n) b = n;
+    if (b < a) b = a;
+    *lo = a;
+    *hi = b;
+}
+
+const double *pl__source_split(const pl_config *cfg, int64_t i) {
+    static const double all_train[3] = {1, 0, 0};
+    if (cfg->sources[i].has_split) return cfg->sources[i].split;
+    if (cfg->has_split) return cfg->split;
+    return all_train;
+}
+
+int pl_config_split(const pl_config *cfg, int split, pl_config **out) {
+    if (!out) return PL_EINVAL;
+    *out = NULL;
+    if (!cfg || (split != PL_SPLIT_VALID && split != PL_SPLIT_TEST) || cfg->eval)
+        return PL_EINVAL;
+    const int part = split, e = split - 1;
+    const char *what = split == PL_SPLIT_VALID ? "validation" : "test";
+    pl_config *c = pl__config_clone(cfg);
+    if (!c) return PL_ENOMEM;
+    *out = c;
+    for (int64_t k = 0; k < c->n_warnings; k++) free(c->warnings[k]);
+    free(c->warnings);
+    c->warnings = NULL;
+    c->n_warnings = 0;
+    /* The pass's weights: a source's weight, or under a schedule its largest
+       weight at any point (every source the schedule uses is evaluated). */
+    int64_t n = c->n_sources;
+    double *w = pl__calloc((size_t)(n ? n : 1), sizeof *w);
+    if (!w) return cfg_err(c, PL_ENOMEM, 0, "out of memory");
+    for (int64_t i = 0; i < n; i++) {
+        w[i] = c->has_schedule ? 0 : c->sources[i].weight;
+        for (int64_t k = 0; k < c->n_points; k++)
+            if (c->points[k].weights[i] > w[i]) w[i] = c->points[k].weights[i];
+    }
+    for (int64_t k = 0; k < c->n_points; k++) free(c->points[k].weights);
+    free(c->points);
+    c->points = NULL;
+    c->n_points = 0;
+    c->has_schedule = 0;
+    if (c->n_eval_sources[e]) { /* blend_per_split: these sources, whole */
+        for (int64_t i = 0; i < c->n_sources; i++) {
+            free(c->sources[i].name);
+            free(c->sources[i].path);
+        }
+        free(c->sources);
+        c->sources = c->eval_sources[e];
+        c->n_sources = c->n_eval_sources[e];
+        c->eval_sources[e] = NULL;
+        c->n_eval_sources[e] = 0;
+        for (int64_t i = 0; i < c->n_sources; i++) {
+            pl__source_cfg *s = &c->sources[i];
+            s->split[0] = s->split[1] = s->split[2] = 0;
+            s->split[part] = 1;
+            s->has_split = 1;
+        }
+    } else {
+        int any = 0;
+        for (int64_t i = 0; i < n; i++) {
+            pl__source_cfg *s = &c->sources[i];
+            const double *f = pl__source_split(c, i);
+            double frac = f[part];
+            memcpy(s->split, f, sizeof s->split);
+            s->has_split = 1;
+            s->weight = frac > 0 ? w[i] : 0;
+            any |= s->weight > 0;
+        }
+        if (!any) {
+            free(w);
+            return cfg_err(c, PL_ECONFIG, 0,
+                           "the config has no %s data: give `split` (such as "
+                           "969,30,1, as Megatron's --split) or %s",
+                           what, split == PL_SPLIT_VALID ? "valid_sources" : "test_sources");
+        }
+    }
+    free(w);
+    for (int part2 = 0; part2 < 2; part2++) { /* the other list is not needed */
+        for (int64_t i = 0; i < c->n_eval_sources[part2]; i++) {
+            free(c->eval_sources[part2][i].name);
+            free(c->eval_sources[part2][i].path);
+        }
+        free(c->eval_sources[part2]);
+        c->eval_sources[part2] = NULL;
+        c->n_eval_sources[part2] = 0;
+    }
+    for (int64_t i = 0; i < c->n_sources; i++) c->sources[i].max_epochs = 1;
+    c->split_part = part;
+    c->eval = 1;
+    c->train_steps = -1;
+    c->errmsg[0] = '\0';
+    return PL_OK;
 }

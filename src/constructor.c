@@ -12,6 +12,7 @@
  * 2*cp-1-i of each segment cut into 2*cp pieces (the load-balanced layout of
  * Megatron's context parallelism).  position_ids count from 0 in every
  * segment of cu_seqlens (a CP slice keeps the positions of its pieces).
+ * segment_sources names the source of every segment (-1: padding).
  * Tokens come through a reader: from the mapped sources (the embedded
  * loader) or from payloads another process read (pl_constructor_build).
  */
@@ -54,6 +55,7 @@ static void pl__buf_destroy(pl__batchbuf *b) {
     free(b->b.loss_mask);
     free(b->b.position_ids);
     free(b->b.cu_seqlens);
+    free(b->b.segment_sources);
     free(b->scratch);
     free(b);
 }
@@ -94,6 +96,7 @@ int pl__pool_get(pl__pool *p, pl__batchbuf **out) {
             b->b.position_ids = pl__calloc(n, sizeof(int64_t));
             b->cu_cap = p->rows * (p->cols + 1) + 1;
             b->b.cu_seqlens = pl__calloc((size_t)b->cu_cap, sizeof(int32_t));
+            b->b.segment_sources = pl__calloc((size_t)b->cu_cap, sizeof(int32_t));
             if (p->full_cols != p->cols) {
                 /* a full row of every field plus segment lengths, for CP */
                 size_t fc = (size_t)p->full_cols;
@@ -102,7 +105,7 @@ int pl__pool_get(pl__pool *p, pl__batchbuf **out) {
             }
         }
         if (!b || !b->b.input_ids || !b->b.labels || !b->b.loss_mask ||
-            !b->b.position_ids || !b->b.cu_seqlens ||
+            !b->b.position_ids || !b->b.cu_seqlens || !b->b.segment_sources ||
             (p->full_cols != p->cols && !b->scratch)) {
             if (b) pl__buf_destroy(b);
             pl__pool_unref(p);
@@ -146,6 +149,7 @@ int pl__view_create(pl__batchbuf *buf, uint32_t fields, pl_batch **out) {
     if (!(fields & PL_FIELD_POSITION_IDS)) v->pub.position_ids = NULL;
     if (!(fields & PL_FIELD_CU_SEQLENS)) {
         v->pub.cu_seqlens = NULL;
+        v->pub.segment_sources = NULL;
         v->pub.n_cu_seqlens = 0;
     }
     if (!(fields & PL_FIELD_MAX_SEQLEN)) v->pub.max_seqlen = 0;
@@ -278,6 +282,7 @@ int pl__construct(pl__build_ctx *x, const pl_plan *plan, int64_t dp_rank,
         if (cp == 1) {
             for (int64_t k = 0; k < nseg; k++) {
                 b->tokens += real[k];
+                b->segment_sources[ncu - 1] = k < nc ? cs[k].source : -1;
                 b->cu_seqlens[ncu] = (int32_t)(b->cu_seqlens[ncu - 1] + seg[k]);
                 ncu++;
                 if (seg[k] > b->max_seqlen) b->max_seqlen = seg[k];
@@ -302,6 +307,7 @@ int pl__construct(pl__build_ctx *x, const pl_plan *plan, int64_t dp_rank,
                            (size_t)piece * sizeof(int64_t));
                     dst += piece;
                 }
+                b->segment_sources[ncu - 1] = k < nc ? cs[k].source : -1;
                 b->cu_seqlens[ncu] = (int32_t)(b->cu_seqlens[ncu - 1] + 2 * piece);
                 ncu++;
                 if (2 * piece > b->max_seqlen) b->max_seqlen = 2 * piece;

@@ -82,6 +82,8 @@ typedef struct pl__source_cfg {
     double weight;        /* raw weight (not normalized) */
     int64_t max_epochs;   /* 0: no cap; else drawn from no more than N epochs */
     int path_line;        /* line of `path` in the config (0: unknown) */
+    double split[3];      /* train, valid, test fractions (normalized) */
+    int has_split;        /* split set on this source */
 } pl__source_cfg;
 
 typedef struct pl__sched_point {
@@ -126,7 +128,27 @@ struct pl_config {
     pl__sched_point *points; /* sorted by step */
     int64_t n_warnings;
     char **warnings; /* [n_warnings], from the parse (pl_config_warning) */
+    /* Validation and test data (pl_config_split).  split: the fractions of
+       every source's documents (Megatron's --split), overridden per source;
+       valid_sources / test_sources replace them for that split
+       (Megatron's blend_per_split). */
+    double split[3];
+    int has_split;
+    int64_t n_eval_sources[2];       /* [0] valid, [1] test */
+    pl__source_cfg *eval_sources[2];
+    int split_part; /* the part this config reads: 0 train, 1 valid, 2 test */
+    int eval;       /* an evaluation pass: documents in index order, once */
 };
+
+/* Documents [*lo, *hi) of a source of n documents in part `part` of the
+ * normalized fractions split[3], as megatron-core's
+ * BlendedMegatronDatasetBuilder cuts them (bookends of the cumulative
+ * fractions, rounded half to even). */
+void pl__split_range(const double *split, int part, int64_t n, int64_t *lo,
+                     int64_t *hi);
+/* The fractions source i of cfg is split by (its own, the config's, or all
+ * train). */
+const double *pl__source_split(const pl_config *cfg, int64_t i);
 
 /* Deep copy of a config (NULL on allocation failure). */
 pl_config *pl__config_clone(const pl_config *cfg);
@@ -160,6 +182,9 @@ int pl__source_open(const pl_source_options *opts, int skip_damaged,
 /* Undo pl_pipeline_close (the embedded loader stops and restarts its
  * workers around pl_loader_set_state). */
 void pl__pipeline_reopen(pl_pipeline *p);
+/* End the pipeline at `step` (an evaluation pass ran out of documents
+ * there): as if train_steps were `step`, unless that is already earlier. */
+void pl__pipeline_end_at(pl_pipeline *p, int64_t step);
 /* Replace a source's message (config.c names the source's config key). */
 void pl__source_set_err(pl_source *src, const char *msg);
 /* Convert n tokens from src_dtype (unaligned source allowed) to int64 or

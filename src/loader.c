@@ -128,7 +128,10 @@ static void pl__do_plan(pl_loader *l, pl__worker *w, const pl_work *wk) {
     pl_plan *plan = NULL;
     if (l->cfg->train_steps < 0 || wk->step < l->cfg->train_steps) {
         rc = pl_planner_next(l->planner, &plan);
-        if (rc) {
+        if (rc == PL_DONE) { /* an evaluation pass ended: step is its end */
+            pl__pipeline_end_at(l->pipe, wk->step);
+            plan = NULL;
+        } else if (rc) {
             pl__fmt(w->err, sizeof w->err, "%s", pl_planner_errmsg(l->planner));
             free(blob);
             pl_pipeline_fail_step(l->pipe, wk->step, rc, w->err);

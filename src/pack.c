@@ -14,9 +14,15 @@
  * buckets by free space, and a 64-ary bit tree over free-space values finds
  * the first non-empty bucket >= L in a few word operations.
  *
- * concat_chunk: Megatron GPTDataset's layout, for comparison: drawn chunks
- * are concatenated and cut into sequences of exactly seq_length tokens; a
- * document that crosses a boundary continues in the next sequence.
+ * concat_chunk: Megatron GPTDataset's layout (megatron/core/datasets/
+ * gpt_dataset.py and helpers.cpp build_sample_idx): whole documents, end
+ * token included, follow each other in draw order (the planner continues a
+ * partly drawn document before drawing another) and the stream is cut into
+ * sequences of exactly seq_length tokens; a sequence's last token is labelled
+ * with the stream's next token when it is inside a document, so sequence q
+ * covers stream tokens [q * S, q * S + S] as GPTDataset's windows of
+ * seq_length + 1 tokens that share one token.  Pieces of one document that
+ * meet in a sequence are one chunk (one segment of cu_seqlens).
  *
  * Arrangement: round-robin, sequence q to DP rank q % dp.  Cost-aware
  * balancing takes its place when `balance` is not none (its own module).
@@ -249,11 +255,18 @@ static int pl__pack_best_fit(pl_planner *p, pl__pack *k) {
         if (pl__best_fit(k, c, len, &err)) free_total -= k->last_used;
         else if (err || (err = pl__chunks_push(&k->newcarry, c))) return err;
     }
-    /* 2. Draw until the capacity is covered; best-fit decreasing. */
+    /* 2. Draw until the capacity is covered; best-fit decreasing.  An
+       evaluation pass may run out of documents (PL_DONE): the step then
+       holds what there is. */
     int64_t want = free_total;
+    int spent = 0;
     while (want > 0) {
         pl_chunk c;
-        if ((rc = pl__planner_draw(p, &c))) return rc;
+        if ((rc = pl__planner_draw(p, &c)) == PL_DONE) {
+            spent = 1;
+            break;
+        }
+        if (rc) return rc;
         if ((rc = pl__chunks_push(&k->drawn, &c))) return rc;
         want -= pl__padded(p, c.length);
     }
@@ -266,9 +279,10 @@ static int pl__pack_best_fit(pl_planner *p, pl__pack *k) {
     }
     /* 3. Offer the gaps to more chunks until a few in a row do not fit. */
     int misses = 0;
-    while (free_total > 0 && misses < PL__FILL_MISSES) {
+    while (!spent && free_total > 0 && misses < PL__FILL_MISSES) {
         pl_chunk c;
-        if ((rc = pl__planner_draw(p, &c))) return rc;
+        if ((rc = pl__planner_draw(p, &c)) == PL_DONE) break;
+        if (rc) return rc;
         int64_t len = pl__padded(p, c.length);
         if (pl__best_fit(k, &c, len, &err)) {
             free_total -= k->last_used;
@@ -304,7 +318,9 @@ static int pl__pack_concat(pl_planner *p, pl__pack *k) {
         while (space > 0) {
             if (!have) {
                 if (ci < p->carry.n) pend = p->carry.v[ci++];
-                else if ((rc = pl__planner_draw(p, &pend))) return rc;
+                else if ((rc = pl__planner_draw(p, &pend)) == PL_DONE)
+                    goto spent; /* an evaluation pass ran out: rows stay short */
+                else if (rc) return rc;
                 have = 1;
             }
             pl_chunk piece = pend;
@@ -312,13 +328,22 @@ static int pl__pack_concat(pl_planner *p, pl__pack *k) {
                 piece.length = space;
                 piece.flags = 0;
             }
-            if ((rc = pl__place_at(k, (int32_t)b, &piece))) return rc;
+            pl_chunk *last = k->placed.n ? &k->placed.v[k->placed.n - 1] : NULL;
+            if (last && k->bin_of[k->placed.n - 1] == (int32_t)b &&
+                last->source == piece.source && last->index == piece.index &&
+                last->offset + last->length == piece.offset) {
+                last->length += piece.length; /* the same document goes on */
+                last->flags = piece.flags;
+            } else if ((rc = pl__place_at(k, (int32_t)b, &piece))) {
+                return rc;
+            }
             pend.offset += piece.length;
             pend.length -= piece.length;
             space -= piece.length;
             if (pend.length == 0) have = 0;
         }
     }
+spent:
     if (have && (rc = pl__chunks_push(&k->newcarry, &pend))) return rc;
     for (; ci < p->carry.n; ci++)
         if ((rc = pl__chunks_push(&k->newcarry, &p->carry.v[ci]))) return rc;
@@ -420,6 +445,7 @@ int pl__pack_step(pl_planner *p, pl_plan **out) {
     else rc = pl__pack_best_fit(p, k);
     if (rc == PL_ENOMEM) pl__fmt(p->errmsg, sizeof p->errmsg, "packing: out of memory");
     if (rc) return rc;
+    if (k->placed.n == 0 && p->cfg->eval) return PL_DONE; /* the pass is over */
     if (p->cfg->balance == PL__BALANCE_NONE)
         rc = pl__make_plan(p, k->placed.v, k->placed.n, k->bin_of, NULL, out);
     else

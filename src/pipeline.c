@@ -588,6 +588,17 @@ void pl__pipeline_reopen(pl_pipeline *p) {
     pthread_mutex_unlock(&p->mu);
 }
 
+void pl__pipeline_end_at(pl_pipeline *p, int64_t step) {
+    pthread_mutex_lock(&p->mu);
+    if (p->total_steps < 0 || step < p->total_steps) {
+        p->total_steps = step;
+        p->total_k = step * p->nmb;
+        pl__wake(work_cv);
+        pl__wake(ready_cv);
+    }
+    pthread_mutex_unlock(&p->mu);
+}
+
 size_t pl_pipeline_sizeof(const pl_pipeline *p) {
     if (!p) return 0;
     size_t n = sizeof *p + (size_t)p->n_ranks * (sizeof(pl__prank) + 8) +

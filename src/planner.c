@@ -28,7 +28,10 @@
  *
  * Chunking.  A source keeps the document it is in the middle of; a document
  * longer than max_chunk yields several chunks in a row (long_documents:
- * split) or one (truncate).  Documents are taken from the source's keyed
+ * split) or one (truncate; that chunk keeps the label of its last token, so
+ * it does not carry PL_CHUNK_DOC_END).  Under packing: concat_chunk a partly
+ * drawn document is continued before anything else is drawn, so documents
+ * follow each other whole.  Documents are taken from the source's keyed
  * permutation of its epoch (shuffle.c); a finished permutation starts the
  * next epoch with a new key.
  */
@@ -107,8 +110,9 @@ int pl_planner_create(const pl_config *cfg, pl_source *const *sources,
     p->act_w = pl__calloc((size_t)n_sources, sizeof *p->act_w);
     p->act_t = pl__calloc((size_t)n_sources, sizeof *p->act_t);
     p->act_d = pl__calloc((size_t)n_sources, sizeof *p->act_d);
+    p->doc_lo = pl__calloc((size_t)n_sources, sizeof *p->doc_lo);
     if (!p->cfg || !p->num_docs || !p->src || !p->perm || !p->weights ||
-        !p->act || !p->act_w || !p->act_t || !p->act_d) {
+        !p->act || !p->act_w || !p->act_t || !p->act_d || !p->doc_lo) {
         pl__fmt(p->errmsg, sizeof p->errmsg, "planner: out of memory");
         return p->failed = PL_ENOMEM;
     }
@@ -122,7 +126,10 @@ int pl_planner_create(const pl_config *cfg, pl_source *const *sources,
     }
     p->mixture_hash = pl__mixture_hash(c);
     for (int64_t i = 0; i < n_sources; i++) {
-        p->num_docs[i] = pl_source_num_documents(sources[i]);
+        int64_t lo = 0, hi = pl_source_num_documents(sources[i]);
+        pl__split_range(pl__source_split(c, i), c->split_part, hi, &lo, &hi);
+        p->doc_lo[i] = lo;
+        p->num_docs[i] = hi - lo;
         p->src[i].cur_index = -1;
         /* Records left out at open count as skipped (on_error: skip). */
         p->src[i].skipped = pl_source_num_skipped(sources[i]);
@@ -130,10 +137,17 @@ int pl_planner_create(const pl_config *cfg, pl_source *const *sources,
         int used = c->has_schedule ? 0 : c->sources[i].weight > 0;
         for (int64_t k = 0; k < c->n_points && !used; k++)
             used = c->points[k].weights[i] > 0;
-        if (used && p->num_docs[i] == 0) {
-            pl__fmt(p->errmsg, sizeof p->errmsg,
-                    "source '%s' (%s) has no documents but a positive weight",
-                    c->sources[i].name, c->sources[i].path);
+        if (used && p->num_docs[i] == 0 && !c->eval) {
+            int64_t all = pl_source_num_documents(sources[i]);
+            if (all > 0)
+                pl__fmt(p->errmsg, sizeof p->errmsg,
+                        "source '%s' (%s): its train split holds none of its "
+                        "%lld documents, but it has a positive weight",
+                        c->sources[i].name, c->sources[i].path, (long long)all);
+            else
+                pl__fmt(p->errmsg, sizeof p->errmsg,
+                        "source '%s' (%s) has no documents but a positive weight",
+                        c->sources[i].name, c->sources[i].path);
             return p->failed = PL_ECONFIG;
         }
     }
@@ -153,6 +167,7 @@ void pl_planner_free(pl_planner *p) {
     free(p->perm);
     free(p->src);
     free(p->num_docs);
+    free(p->doc_lo);
     pl_config_free(p->cfg);
     free(p);
 }
@@ -182,8 +197,11 @@ static int pl__next_document(pl_planner *p, int64_t i) {
                     sc->name, sc->path, (long long)s->skipped);
             return PL_ERECORD;
         }
-        int64_t idx = (int64_t)pl__perm_apply(&p->perm[i],
-                                              (uint64_t)s->drawn_in_epoch);
+        /* An evaluation pass reads its documents in index order. */
+        int64_t idx = p->doc_lo[i] +
+                      (p->cfg->eval ? s->drawn_in_epoch
+                                    : (int64_t)pl__perm_apply(&p->perm[i],
+                                                              (uint64_t)s->drawn_in_epoch));
         s->drawn_in_epoch++;
         s->since_yield++;
         if (sc->max_epochs > 0 && s->drawn_in_epoch >= p->num_docs[i] &&
@@ -234,6 +252,15 @@ void pl__planner_draw_begin(pl_planner *p) {
     p->has_caps = 0;
     for (int64_t i = 0; i < p->n_sources; i++)
         if (p->cfg->sources[i].max_epochs > 0) p->has_caps = 1;
+    /* concat_chunk continues a partly drawn document first (at most one
+       source holds one, see pl__planner_draw). */
+    p->open_act = -1;
+    if (p->cfg->packing == PL__PACK_CONCAT_CHUNK)
+        for (int64_t j = 0; j < p->n_act; j++)
+            if (p->src[p->act[j]].cur_index >= 0) {
+                p->open_act = j;
+                break;
+            }
 }
 
 /* Add the pending draw's increments to every target (t = t + w * L). */
@@ -401,6 +428,10 @@ static int64_t pl__draw_argmax_capped(pl_planner *p, double take) {
 }
 
 int pl__planner_draw(pl_planner *p, pl_chunk *out) {
+    if (p->cfg->eval && (p->n_act == 0 || p->spent)) {
+        p->spent = 1;
+        return PL_DONE; /* the pass has read every document */
+    }
     if (p->n_act == 0) {
         pl__fmt(p->errmsg, sizeof p->errmsg,
                 "every source weight is zero at step %lld", (long long)p->step);
@@ -411,6 +442,11 @@ int pl__planner_draw(pl_planner *p, pl_chunk *out) {
 again:
     if (p->has_caps) {
         k = pl__draw_argmax_capped(p, take_prev);
+        if (k < 0 && p->cfg->eval) {
+            p->pending = 0;
+            p->spent = 1;
+            return PL_DONE;
+        }
         if (k < 0) {
             p->pending = 0;
             pl__fmt(p->errmsg, sizeof p->errmsg,
@@ -429,6 +465,11 @@ again:
         k = pl__draw_argmax(p->act_t, p->act_w, p->act_d, p->n_act, take_prev);
     p->pending = 0;
     take_prev = 0;
+    /* concat_chunk lays documents end to end, as Megatron's GPTDataset: a
+       document that is partly drawn is continued before any other source is
+       drawn (the targets still rose above), so the stream never interleaves
+       two documents. */
+    if (p->open_act >= 0) k = p->open_act;
     int64_t best = p->act[k];
     int rc = pl__next_document(p, best);
     if (rc == PL_DONE) goto again; /* spent its max_epochs: now exhausted */
@@ -442,11 +483,16 @@ again:
     out->length = take;
     out->flags = 0;
     s->cur_offset += take;
+    /* A truncated chunk does not end its document: it keeps the label of
+       its last token (the document's next token); the rest is dropped. */
+    if (s->cur_offset >= s->cur_length) out->flags = PL_CHUNK_DOC_END;
     if (s->cur_offset >= s->cur_length ||
         p->cfg->long_documents == PL__LONGDOC_TRUNCATE) {
-        out->flags = PL_CHUNK_DOC_END;
         s->cur_index = -1;
         s->cur_offset = s->cur_length = 0;
+        p->open_act = -1;
+    } else if (p->cfg->packing == PL__PACK_CONCAT_CHUNK) {
+        p->open_act = k;
     }
     s->drawn_tokens += take;
     p->act_d[k] = (double)s->drawn_tokens;
@@ -471,6 +517,9 @@ int pl_planner_next(pl_planner *p, pl_plan **out) {
             return p->failed = rc;
         }
     }
+    if (p->cfg->eval) /* sources without documents in the split: none */
+        for (int64_t i = 0; i < p->n_sources; i++)
+            if (p->num_docs[i] == 0) p->weights[i] = 0;
     pl__planner_draw_begin(p);
     int rc = pl__pack_step(p, out);
     pl__planner_draw_end(p);

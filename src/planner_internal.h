@@ -60,6 +60,14 @@ struct pl_planner {
     int has_caps;            /* some source has max_epochs */
     /* packing scratch (pack.c) */
     void *pack;
+    /* concat_chunk: the act[] slot of the source whose document is partly
+       drawn (its next chunk is drawn before any other), -1 if none. */
+    int64_t open_act;
+    /* split (config `split`): source i's documents are [doc_lo[i],
+       doc_lo[i] + num_docs[i]) of the source; an evaluation pass (cfg->eval)
+       reads them in index order, once, and ends with PL_DONE. */
+    int64_t *doc_lo;         /* [n_sources] */
+    int spent;               /* eval: every source is read */
 };
 
 /* Padded length of a chunk of `len` tokens in a sequence. */

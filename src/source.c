@@ -321,6 +321,14 @@ static int pl__ends_with(const char *s, const char *suffix) {
     return n >= m && strcmp(s + n - m, suffix) == 0;
 }
 
+/* PATH.idx is a file. */
+static int pl__prefix_exists(const char *path) {
+    char idx[4096];
+    pl__fmt(idx, sizeof idx, "%s.idx", path);
+    struct stat st;
+    return stat(idx, &st) == 0 && S_ISREG(st.st_mode);
+}
+
 static int pl__is_dir(const char *path) {
     struct stat st;
     return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
@@ -410,7 +418,9 @@ static int pl__expand(const char *path, int megatron, pl__paths *p, char *err,
             pl__fmt(err, errcap, "%s: no file matches the pattern", path);
             return PL_ENOENT;
         }
-    } else if (pl__is_dir(path)) {
+    } else if (pl__is_dir(path) && !(megatron && pl__prefix_exists(path))) {
+        /* A Megatron prefix wins over a directory of the same name
+           (megatron-core's GPTDataset keeps its index cache in PREFIX/cache). */
         rc = pl__list_dir(p, path, megatron, err, errcap);
         if (rc) return rc;
         if (p->n == 0) {

@@ -372,7 +372,8 @@ int pl__state_decode(pl_planner *p, const void *buf, size_t len, int64_t nmb,
             ch.length > p->max_chunk)
             goto corrupt;
         ch.source = (int32_t)map[si];
-        if (ch.index < 0 || ch.index >= p->num_docs[ch.source] || ch.offset < 0)
+        if (ch.index < p->doc_lo[ch.source] ||
+            ch.index >= p->doc_lo[ch.source] + p->num_docs[ch.source] || ch.offset < 0)
             goto corrupt;
         {   /* the chunk must lie inside its document */
             int64_t dlen = 0;

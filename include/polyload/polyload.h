@@ -322,6 +322,38 @@ PL_API const char *pl_config_warning(const pl_config *cfg, int64_t i);
  */
 PL_API int pl_config_set_world_size(pl_config *cfg, int64_t world_size);
 
+/*
+ * Validation and test data.  `split: 969,30,1` (top level, or per source to
+ * override it) cuts each source's documents into train, valid and test
+ * ranges, in index order, as megatron-core's --split does: the fractions are
+ * normalized and document ranges are [round(lo * n), round(hi * n)) of the
+ * cumulative fractions (round half to even).  Training reads only the train
+ * range (the state blob's document count is that range's).  `valid_sources:`
+ * and `test_sources:` (lists like `sources`, without `split`) replace the
+ * split for their part, read whole (megatron-core's blend_per_split).
+ *
+ * pl_config_split makes *out, a new config for one evaluation pass over
+ * PL_SPLIT_VALID or PL_SPLIT_TEST: the split's sources (those with a positive
+ * weight, or under a schedule a positive weight at some point), each
+ * document of the split read once, in index order within a source, mixed by
+ * the same largest-deficit rule and packed by the config's packing into
+ * steps of global_batch_size sequences; the last step may hold empty
+ * (all-padding) rows, and the pass ends there (pl_loader_next returns
+ * PL_DONE).  train_steps of *out is unset (-1, the whole pass); set it with
+ * pl_config_set to stop after N steps.  A loader created from *out is
+ * independent of any training loader: the pass is the same on every rank and
+ * every time, whatever the training position.  Returns PL_OK, PL_EINVAL (bad
+ * arguments, or cfg is itself a split's), PL_ENOMEM, or PL_ECONFIG when cfg
+ * has no data for that split (*out then holds the message; free it).  The
+ * caller frees *out with pl_config_free.
+ */
+typedef enum pl_split {
+    PL_SPLIT_TRAIN = 0,
+    PL_SPLIT_VALID = 1,
+    PL_SPLIT_TEST = 2
+} pl_split;
+PL_API int pl_config_split(const pl_config *cfg, int split, pl_config **out);
+
 /* Number of sources, and the name/path/type of source i. */
 PL_API int64_t pl_config_num_sources(const pl_config *cfg);
 PL_API const char *pl_config_source_name(const pl_config *cfg, int64_t i);
@@ -365,7 +397,10 @@ PL_API int pl_config_rank_info(const pl_config *cfg, int64_t rank,
  */
 typedef struct pl_chunk {
     int32_t source;
-    int32_t flags; /* PL_CHUNK_DOC_END when the chunk ends its document */
+    int32_t flags; /* PL_CHUNK_DOC_END when the chunk reaches its document's
+                      end (a long_documents: truncate chunk that cuts its
+                      document short does not: its last token is labelled with
+                      the document's next token, which pl_plan_reads reads) */
     int64_t index;
     int64_t offset;
     int64_t length;
@@ -379,6 +414,16 @@ typedef struct pl_chunk {
  * in row `row` of micro-batch `mb` of DP rank `r` is
  *   rank_sequences[(r * micro_batches_per_rank + mb) * micro_batch_size + row].
  * All arrays are owned by the plan.
+ *
+ * Packing (config `packing`).  best_fit: chunks placed best-fit decreasing,
+ * rows end with padding.  concat_chunk: megatron-core GPTDataset's layout
+ * (gpt_dataset.py, helpers.cpp build_sample_idx): whole documents follow each
+ * other in draw order and sequence q of the stream holds its tokens
+ * [q * seq_length, (q + 1) * seq_length), the last one labelled with token
+ * (q + 1) * seq_length when a document goes on there (windows of
+ * seq_length + 1 tokens sharing one); pieces of one document that meet in a
+ * sequence are one chunk.  An evaluation pass (pl_config_split) may end with
+ * sequences that hold fewer tokens, or none.
  */
 typedef struct pl_plan {
     int64_t step;
@@ -441,6 +486,11 @@ typedef struct pl_batch {
     int64_t max_seqlen;
     int64_t tokens;       /* non-padding tokens */
     int64_t n_chunks;     /* chunks (segments that are not padding) */
+    /* Where each segment of cu_seqlens comes from: [n_cu_seqlens - 1] int32,
+       the config index of the source of segment k (pl_config_source_name),
+       -1 for a row's trailing padding; NULL when cu_seqlens is.  With `step`
+       and `micro_batch` it lets a trainer log loss per source. */
+    int32_t *segment_sources;
 } pl_batch;
 
 PL_API void pl_batch_retain(pl_batch *batch);

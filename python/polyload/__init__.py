@@ -22,10 +22,16 @@ Errors are :class:`PolyloadError` and its subclasses (:class:`FormatError`,
 
 PyTorch is optional and imported lazily: without it, :class:`Loader` yields NumPy arrays
 (the same zero-copy views of the C memory) instead of tensors.
+
+Logging: the package logs through :mod:`logging` under the logger ``"polyload"`` (its
+children ``polyload.megatron``, ...): the config's warnings at WARNING (also issued as
+:class:`ConfigWarning`), what a Loader serves, state loads and evaluation passes at INFO.
+The library adds only a ``NullHandler``; configure handlers and levels as for any logger.
 """
 
 from __future__ import annotations
 
+import logging
 import operator
 import os
 import time
@@ -44,6 +50,10 @@ from ._errors import (
     RangeError,
     StateError,
 )
+
+#: The package's logger (``logging.getLogger("polyload")``); a NullHandler by default.
+logger = logging.getLogger("polyload")
+logger.addHandler(logging.NullHandler())
 
 try:
     __version__ = _metadata.version("polyload")
@@ -75,6 +85,7 @@ __all__ = [
     "RangeError",
     "ConfigWarning",
     "trainer_world_size",
+    "eval_loader",
 ]
 
 #: Version of the dict that :meth:`Loader.state_dict` returns.
@@ -175,7 +186,9 @@ def _fit_world_size(cfg) -> Optional[int]:
 
 
 def _issue_warnings(cfg, stacklevel: int) -> None:
+    """Each config warning to the ``polyload`` logger (WARNING) and as a ConfigWarning."""
     for w in cfg.warnings:
+        logger.warning("config warning: %s", w)
         warnings.warn(w, ConfigWarning, stacklevel=stacklevel + 1)
 
 
@@ -226,6 +239,10 @@ class Loader:
             torch without CUDA it is a no-op and warns once.
         threads: worker threads; None takes the config's ``threads``.
         prefetch: micro-batches prefetched per served rank; None takes the config's.
+        with_sources: add where each batch comes from: ``segment_sources`` (int32
+            ``[n_segments]``, the index into :attr:`source_names` of the source of each
+            segment of ``cu_seqlens``, -1 for a row's trailing padding), ``step`` and
+            ``micro_batch`` (ints).  Present wherever ``cu_seqlens`` is.
 
     Iteration yields one dict per micro-batch, ending after ``train_steps``:
 
@@ -274,6 +291,7 @@ class Loader:
         threads: Optional[int] = None,
         prefetch: Optional[int] = None,
         *,
+        with_sources: bool = False,
         _external: bool = False,
     ) -> None:
         core = _require_core()
@@ -299,6 +317,7 @@ class Loader:
             if self._torch is not None and self._torch.cuda.is_available():
                 self._pin = True
             else:
+                logger.warning("Loader: pin_memory=True ignored (torch without CUDA)")
                 warnings.warn(
                     "polyload.Loader: pin_memory=True ignored (torch without CUDA)",
                     RuntimeWarning,
@@ -311,6 +330,22 @@ class Loader:
             cfg, ranks=served, threads=threads or 0, prefetch=prefetch or 0,
             external=_external,
         )
+        self._served, self._threads, self._prefetch = served, threads, prefetch
+        self._with_sources = bool(with_sources)
+        #: Source names by config index (what ``segment_sources`` values index).
+        self.source_names: tuple = tuple(cfg.source_name(i) for i in range(cfg.num_sources))
+        if logger.isEnabledFor(logging.INFO):
+            ri = self.rank_info
+            logger.info(
+                "Loader: rank %d (dp %d, pp %d, cp %d, tp %d) of world %d%s serves ranks %s; "
+                "%d sources (%s), seq_length %d, global_batch_size %d, micro_batch_size %d, "
+                "train_steps %s",
+                self.rank, ri["dp_rank"], ri["pp_rank"], ri["cp_rank"], ri["tp_rank"],
+                self.world_size, " (external)" if _external else "", served,
+                len(self.source_names), ", ".join(self.source_names),
+                cfg.get_int("seq_length"), cfg.get_int("global_batch_size"),
+                cfg.get_int("micro_batch_size"),
+                cfg.get_int("train_steps") if cfg.get_int("train_steps") >= 0 else "endless")
         self._t0: Optional[float] = None
         self._t1: Optional[float] = None
         import numpy as np  # noqa: PLC0415
@@ -345,6 +380,10 @@ class Loader:
         b = loader.next(self.rank if rank is None else _as_rank(rank))
         self._t1 = time.perf_counter()
         if b is None:
+            if not getattr(self, "_logged_end", False):
+                self._logged_end = True
+                logger.info("Loader: rank %d reached the end of its data",
+                            self.rank if rank is None else rank)
             return None
         return self._to_dict(b)
 
@@ -365,6 +404,12 @@ class Loader:
         max_seqlen = b.max_seqlen
         if max_seqlen is not None:
             out["max_seqlen"] = max_seqlen
+        if self._with_sources:
+            seg = b.segment_sources
+            if seg is not None:
+                out["segment_sources"] = wrap(asarray(seg)) if wrap else asarray(seg)
+            out["step"] = b.step
+            out["micro_batch"] = b.micro_batch
         return out
 
     # ---------------------------------------------------------------------- state
@@ -387,7 +432,12 @@ class Loader:
             TypeError: ``state`` is not a mapping with a bytes-like ``blob``.
             ValueError: an unknown ``version``, or no ``blob``.
         """
-        self._handle().set_state(_state_blob(state))
+        blob = _state_blob(state)
+        self._handle().set_state(blob)
+        if logger.isEnabledFor(logging.INFO):
+            info = _require_core().state_info(blob)
+            logger.info("Loader: rank %d resumes at step %d, micro-batch %d (%d-byte state)",
+                        self.rank, info["step"], info["micro_batch"], len(blob))
 
     # ---------------------------------------------------------------------- stats
 
@@ -429,6 +479,45 @@ class Loader:
             },
         }
 
+    # ----------------------------------------------------------------- evaluation
+
+    def eval_iter(self, split: str = "valid", steps: Optional[int] = None,
+                  threads: Optional[int] = None,
+                  prefetch: Optional[int] = None) -> "Loader":
+        """A new :class:`Loader` for one evaluation pass over the ``"valid"`` or
+        ``"test"`` data, for this loader's rank(s).
+
+        The data are the config's ``split`` fractions of each source (``split: 969,30,1``,
+        Megatron's ``--split``: documents ``[round(lo * n), round(hi * n))`` of each
+        source, in index order) or its ``valid_sources`` / ``test_sources`` lists
+        (Megatron's ``blend_per_split``).  The pass reads every document of the split once,
+        in index order within a source, mixed across sources by the largest-deficit rule
+        and packed as training packs, in steps of ``global_batch_size`` sequences; the
+        last step may end with all-padding rows (``loss_mask`` 0; a micro-batch of such
+        rows has no label, so its mean loss is NaN: weight losses by label counts, as
+        :func:`polyload.hf.evaluate` does).  Iteration ends after
+        the pass, or after ``steps`` steps.  The pass is a pure function of the config:
+        the same on every rank, at every call and whatever the training position, and it
+        neither reads nor changes this loader's state.  Its :meth:`stats` count the pass
+        alone.  Close it (or use ``with``) when done; a new call starts a new pass.  On a
+        :class:`polyload.ray.Client` the pass runs in this process (an embedded loader, so
+        it needs the data files).
+
+        Raises:
+            ConfigError: the config has no data for ``split``, or ``steps`` < 1.
+            ValueError: ``split`` is not ``"valid"`` or ``"test"``.
+        """
+        self._handle()  # ECLOSED after close()
+        cfg = self.config.split(split)
+        if steps is not None:
+            cfg.set("train_steps", int(steps))
+        logger.info("Loader: evaluation pass over the %s data (%s)", split,
+                    f"{int(steps)} steps" if steps is not None else "every document")
+        return Loader(cfg, rank=self.rank, ranks=self._served,
+                      threads=threads if threads is not None else self._threads,
+                      prefetch=prefetch if prefetch is not None else self._prefetch,
+                      with_sources=self._with_sources)
+
     # -------------------------------------------------------------------- closing
 
     def _handle(self):
@@ -462,3 +551,25 @@ class Loader:
     def __repr__(self) -> str:
         state = "closed" if self._loader is None else f"ranks={self._loader.ranks}"
         return f"<polyload.Loader rank={self.rank} {state}>"
+
+
+def eval_loader(config: ConfigLike, split: str = "valid", steps: Optional[int] = None,
+                rank: Optional[int] = None, ranks: Optional[Sequence[int]] = None,
+                threads: Optional[int] = None, prefetch: Optional[int] = None,
+                with_sources: bool = False) -> Loader:
+    """A :class:`Loader` for one evaluation pass over a config's ``"valid"`` or ``"test"``
+    data, without a training loader: the same as ``Loader(config).eval_iter(split,
+    steps)`` (see :meth:`Loader.eval_iter`).  ``rank`` defaults as for :class:`Loader`.
+
+    Raises:
+        ConfigError: the config has no data for ``split``, or ``steps`` < 1.
+        ValueError: ``split`` is not ``"valid"`` or ``"test"``.
+    """
+    cfg = _make_config(config)
+    _issue_warnings(cfg, stacklevel=2)
+    _fit_world_size(cfg)
+    ev = cfg.split(split)
+    if steps is not None:
+        ev.set("train_steps", int(steps))
+    return Loader(ev, rank=rank, ranks=ranks, threads=threads, prefetch=prefetch,
+                  with_sources=with_sources)

@@ -42,7 +42,7 @@ import torch
 
 from . import ConfigError, _core
 
-__all__ = ["causal_lm_batch", "check_model"]
+__all__ = ["causal_lm_batch", "check_model", "evaluate"]
 
 IGNORE_INDEX = -100
 
@@ -132,3 +132,56 @@ def check_model(model_or_config: Any, config: Any) -> None:
                         f"vocab_size {vocab}")
     if problems:
         raise ConfigError(_core.ECONFIG, "ECONFIG", "; ".join(problems))
+
+
+def evaluate(model: Any, batches: Any, source_names: Any = None) -> Dict[str, Any]:
+    """The loss of a transformers causal LM over polyload micro-batches, such as a
+    validation pass (``loader.eval_iter("valid")`` or :func:`polyload.eval_loader`).
+
+    Runs ``model(**causal_lm_batch(b))`` under ``torch.no_grad()`` for every batch and
+    averages the per-token cross-entropy over all tokens with a label (not the mean of
+    per-batch means, which would weight a half-empty last batch like a full one).
+
+    Args:
+        model: a transformers causal-LM (``LlamaForCausalLM``, ...); its mode is left as
+            it is (call ``model.eval()`` for dropout-free numbers).
+        batches: an iterable of polyload micro-batch dicts.
+        source_names: names for ``segment_sources`` (default: ``batches.source_names``
+            when ``batches`` is a Loader); with batches from ``with_sources=True`` the
+            result has the loss per source too.
+
+    Returns:
+        ``{"loss": float, "tokens": int, "batches": int}`` plus ``"sources": {name:
+        {"loss", "tokens"}}`` when the batches carry ``segment_sources``.
+    """
+    import torch.nn.functional as F  # noqa: PLC0415
+
+    from .torch import loss_by_source  # noqa: PLC0415
+
+    names = source_names if source_names is not None else getattr(batches, "source_names", None)
+    total, count, n = 0.0, 0, 0
+    per: Dict[str, list] = {}
+    with torch.no_grad():
+        for b in batches:
+            kw = causal_lm_batch(b)
+            logits = model(**{k: v for k, v in kw.items()
+                              if k not in ("labels", "shift_labels")}).logits
+            shift = kw["shift_labels"].reshape(-1)
+            tok = F.cross_entropy(logits.reshape(-1, logits.shape[-1]).double(),
+                                  shift.clamp(min=0), reduction="none")
+            tok = tok * (shift != IGNORE_INDEX)
+            total += float(tok.sum())
+            count += int((shift != IGNORE_INDEX).sum())
+            n += 1
+            if names is not None and "segment_sources" in b:
+                shape = torch.as_tensor(b["labels"]).shape
+                for name, (ls, lt) in loss_by_source(tok.reshape(shape), b, names).items():
+                    acc = per.setdefault(name, [0.0, 0])
+                    acc[0] += ls
+                    acc[1] += lt
+    out: Dict[str, Any] = {"loss": total / count if count else float("nan"),
+                           "tokens": count, "batches": n}
+    if per:
+        out["sources"] = {k: {"loss": v[0] / v[1], "tokens": v[1]} for k, v in per.items()}
+    return out
+

@@ -50,16 +50,18 @@ Pipeline stages receive only their fields (SPEC section 2): the others are None.
 
 from __future__ import annotations
 
+import logging
 import os
 import warnings
 from typing import Any, Dict, Iterator, Mapping, Optional, Tuple, Union
 
 import torch
 
-from . import ConfigError, Loader, _make_config
+from . import ConfigError, Loader, _make_config, eval_loader
 
 __all__ = [
     "MegatronIterator",
+    "MegatronEvalIterator",
     "get_batch",
     "packed_seq_params",
     "check_args",
@@ -67,6 +69,8 @@ __all__ = [
     "load_checkpoint_state",
     "STATE_FILE",
 ]
+
+logger = logging.getLogger("polyload.megatron")
 
 #: File name of the loader state inside a Megatron checkpoint's ``iter_NNNNNNN`` directory.
 STATE_FILE = "polyload_state.pt"
@@ -199,6 +203,49 @@ class MegatronIterator:
         self.close()
 
 
+class MegatronEvalIterator(MegatronIterator):
+    """Megatron-style micro-batches of the validation (or test) data, for the second (or
+    third) iterator that the datasets provider returns.
+
+    Megatron-LM's ``evaluate`` draws ``eval_iters`` steps of micro-batches from the same
+    iterator at every evaluation.  This iterator reads a fresh polyload evaluation pass
+    (:meth:`polyload.Loader.eval_iter`) of ``eval_iters`` steps (or the whole split when
+    None) and starts the same pass again when it ends, so every evaluation sees the same
+    batches, whatever the training position.  The batches are :class:`MegatronIterator`'s.
+
+    Args:
+        config: a polyload config (path, dict, ``_core.Config``) or a training
+            :class:`polyload.Loader` (its config, rank and ranks are used).
+        split: ``"valid"`` or ``"test"``.
+        eval_iters: steps per evaluation (Megatron's ``--eval-iters``), or None.
+        rank, device: as for :class:`MegatronIterator`.
+
+    Raises:
+        ConfigError: the config has no data for ``split``.
+    """
+
+    def __init__(self, config: Any, split: str = "valid", eval_iters: Optional[int] = None,
+                 rank: Optional[int] = None,
+                 device: Optional[Union[str, torch.device]] = None, **loader_kwargs) -> None:
+        if isinstance(config, Loader):
+            self._new = lambda: config.eval_iter(split, steps=eval_iters)
+        else:
+            self._new = lambda: eval_loader(config, split, steps=eval_iters, rank=rank,
+                                            **loader_kwargs)
+        self.split, self.eval_iters = split, eval_iters
+        super().__init__(self._new(), rank=rank, device=device)
+
+    def __next__(self) -> Dict[str, Any]:
+        b = self.loader.next_batch(self.rank)
+        if b is None:  # the pass ended: the next evaluation reads it again
+            self.loader.close()
+            self.loader = self._new()
+            b = self.loader.next_batch(self.rank)
+            if b is None:
+                raise StopIteration
+        return self.convert(b)
+
+
 def get_batch(data_iterator) -> Tuple[Any, Any, Any, Any, Any, Any]:
     """A drop-in for ``pretrain_gpt.get_batch``: ``(tokens, labels, loss_mask,
     attention_mask, position_ids, packed_seq_params)`` of the next micro-batch.
@@ -280,6 +327,8 @@ def check_args(args: Any, config: Any) -> None:
            ("eod_mask_loss", "reset_position_ids", "reset_attention_mask")
            if getattr(args, flag, None) is False]
     if off:
+        logger.warning("Megatron %s off, but polyload's batches never cross documents",
+                       ", ".join(off))
         warnings.warn(
             f"polyload: Megatron {', '.join(off)} off, but polyload's batches never cross "
             "documents: positions restart at 0, attention stays within a document "
@@ -314,6 +363,7 @@ def save_checkpoint_state(iterator: Union[MegatronIterator, Loader], save_dir: s
     tmp = path + ".tmp"
     torch.save({"iteration": int(iteration), "state": state}, tmp)
     os.replace(tmp, path)
+    logger.info("saved the loader state of iteration %d to %s", int(iteration), path)
     return path
 
 
@@ -350,4 +400,5 @@ def load_checkpoint_state(iterator: Union[MegatronIterator, Loader], load_dir: s
         raise ValueError(f"polyload: {path} holds iteration {saved.get('iteration')}, "
                          f"expected {iteration}")
     iterator.load_state_dict(saved["state"])
+    logger.info("loaded the loader state of iteration %d from %s", iteration, path)
     return iteration

@@ -70,7 +70,8 @@ def collect(config: Any, start: int, stop: int, state: Optional[bytes] = None,
         sys.stderr.write(f"polyload: warning: {w}\n")
     planner = core.Planner.create(cfg)
     names = [cfg.source_name(i) for i in range(cfg.num_sources)]
-    ndocs = [src.num_documents for src in planner.sources]
+    # the documents the planner draws from (a source's train range under `split`)
+    ndocs = [s["num_documents"] for s in core.state_info(planner.get_state())["sources"]]
     n = len(names)
     started = [0] * n
     step = 0

@@ -14,16 +14,20 @@ from typing import Any, Dict, Optional
 import torch
 import torch.distributed as dist
 
-__all__ = ["broadcast_tp", "BATCH_FIELDS"]
+__all__ = ["broadcast_tp", "BATCH_FIELDS", "token_sources", "loss_by_source"]
 
-#: The tensor fields of a micro-batch, in the order they are broadcast (SPEC section 3).
-BATCH_FIELDS = ("input_ids", "labels", "loss_mask", "position_ids", "cu_seqlens")
+#: The tensor fields of a micro-batch, in the order they are broadcast (SPEC section 3;
+#: ``segment_sources`` with ``Loader(..., with_sources=True)``).
+BATCH_FIELDS = ("input_ids", "labels", "loss_mask", "position_ids", "cu_seqlens",
+                "segment_sources")
+#: The int fields of a micro-batch, carried in the header.
+_SCALARS = ("max_seqlen", "step", "micro_batch")
 
 # dtype codes of the header (any value fits: they only need to agree between ranks)
 _DTYPES = (torch.int64, torch.int32, torch.float32, torch.float64, torch.int16,
            torch.uint8, torch.int8, torch.bfloat16, torch.float16)
 _SLOT = 5  # per field: present, dtype code, ndim, dim0, dim1
-_HEADER = len(BATCH_FIELDS) * _SLOT + 2  # + has max_seqlen, max_seqlen
+_HEADER = len(BATCH_FIELDS) * _SLOT + 2 * len(_SCALARS)  # + (present, value) per int
 
 
 def _default_device(group) -> torch.device:
@@ -44,7 +48,8 @@ def broadcast_tp(
         batch: on group rank 0, a micro-batch dict from :class:`polyload.Loader`
             (``input_ids``, ``labels``, ``loss_mask``, ``position_ids``: ``[micro_batch,
             seq_length / cp]``; ``cu_seqlens``: int32 ``[n_segments + 1]``;
-            ``max_seqlen``: int; absent fields stay absent).  ``None`` on the other ranks
+            ``max_seqlen``: int; with ``with_sources=True`` also ``segment_sources``,
+            ``step`` and ``micro_batch``; absent fields stay absent).  ``None`` on the other ranks
             (ignored there).
         group: the TP process group (``None``: the default group).  The source is the
             group's rank 0 (``dist.get_global_rank(group, 0)``).
@@ -82,9 +87,11 @@ def broadcast_tp(
             shape = list(t.shape) + [0] * (2 - t.dim())
             header[i * _SLOT: (i + 1) * _SLOT] = torch.tensor(
                 [1, _DTYPES.index(t.dtype), t.dim(), shape[0], shape[1]])
-        if batch.get("max_seqlen") is not None:
-            header[-2] = 1
-            header[-1] = int(batch["max_seqlen"])
+        base = len(BATCH_FIELDS) * _SLOT
+        for j, name in enumerate(_SCALARS):
+            if batch.get(name) is not None:
+                header[base + 2 * j] = 1
+                header[base + 2 * j + 1] = int(batch[name])
     header = header.to(device)
     dist.broadcast(header, src=src, group=group)
     h = header.cpu().tolist()
@@ -99,6 +106,51 @@ def broadcast_tp(
             t = torch.empty([d0, d1][:ndim], dtype=_DTYPES[code], device=device)
         dist.broadcast(t, src=src, group=group)
         out[name] = t
-    if h[-2]:
-        out["max_seqlen"] = int(h[-1])
+    base = len(BATCH_FIELDS) * _SLOT
+    for j, name in enumerate(_SCALARS):
+        if h[base + 2 * j]:
+            out[name] = int(h[base + 2 * j + 1])
     return out
+
+
+def token_sources(batch: Dict[str, Any]) -> torch.Tensor:
+    """The source of every token of a micro-batch from ``Loader(..., with_sources=True)``:
+    an int64 tensor shaped like ``input_ids`` (``[rows, cols]``), holding the index into
+    ``loader.source_names`` of the token's segment, -1 on a row's trailing padding.
+    Built from ``cu_seqlens`` and ``segment_sources`` (one ``repeat_interleave``).
+
+    Raises:
+        KeyError: the batch has no ``segment_sources`` (the Loader was created without
+            ``with_sources=True``, or the rank receives no ``cu_seqlens``).
+    """
+    seg = batch["segment_sources"].to(torch.int64)
+    cu = batch["cu_seqlens"].to(torch.int64)
+    per_token = torch.repeat_interleave(seg, cu[1:] - cu[:-1])
+    shape = (batch["labels"] if "labels" in batch else batch["input_ids"]).shape
+    return per_token.reshape(shape)
+
+
+def loss_by_source(token_loss: torch.Tensor, batch: Dict[str, Any],
+                   source_names) -> Dict[str, Any]:
+    """Sum the per-token loss of a micro-batch by source, for logging.
+
+    Args:
+        token_loss: ``[rows, cols]`` float, the loss of each token (e.g.
+            ``cross_entropy(..., reduction="none")`` against ``labels``); only tokens with
+            ``loss_mask`` 1 count.
+        batch: the micro-batch dict (``with_sources=True``), with ``loss_mask``.
+        source_names: ``loader.source_names``.
+
+    Returns:
+        ``{name: (loss_sum, tokens)}`` for the sources present in the batch, as Python
+        floats and ints; divide to log a mean, or add up over steps and ranks first.
+    """
+    src = token_sources(batch).reshape(-1)
+    mask = batch["loss_mask"].reshape(-1) > 0
+    loss = token_loss.detach().reshape(-1).to(torch.float64)
+    out = {}
+    for k in torch.unique(src[mask]).tolist():
+        sel = mask & (src == k)
+        out[source_names[k]] = (float(loss[sel].sum()), int(sel.sum()))
+    return out
+

@@ -3,7 +3,8 @@
  *  - every micro-batch equals a reference built from the planner's plan and
  *    the fixture's token formula (token value == source base + position):
  *    input_ids, labels (next token within the document, -100 at its end and
- *    on padding), loss_mask, position_ids, cu_seqlens, max_seqlen;
+ *    on padding), loss_mask, position_ids, cu_seqlens, max_seqlen, the source
+ *    of every segment;
  *  - threads and prefetch never change the batches;
  *  - resume from any consumed position (mid-step too, with prefetched but
  *    unconsumed batches, and from a resumed run) equals the uninterrupted run;
@@ -87,6 +88,7 @@ static void check_batch(const corpus *c, const pl_plan *pl, const pl_batch *b,
                 CHECK(b->loss_mask[p + t] == (want_label == -100 ? 0.0f : 1.0f));
                 CHECK_EQ_I64(b->position_ids[p + t], t);
             }
+            CHECK_EQ_I64(b->segment_sources[cu], s); /* where the segment comes from */
             CHECK_EQ_I64(b->cu_seqlens[++cu], p + ch->length);
             if (ch->length > max_seg) max_seg = ch->length;
             p += ch->length;
@@ -98,6 +100,7 @@ static void check_batch(const corpus *c, const pl_plan *pl, const pl_batch *b,
                 CHECK_EQ_I64(lab[t], -100);
                 CHECK(b->loss_mask[t] == 0.0f);
             }
+            CHECK_EQ_I64(b->segment_sources[cu], -1);
             CHECK_EQ_I64(b->cu_seqlens[++cu], (row + 1) * S);
             if ((row + 1) * S - p > max_seg) max_seg = (row + 1) * S - p;
         }

@@ -213,21 +213,61 @@ static void test_concat_chunk(corpus *c) {
         pl_plan_free(pl);
     }
     close_planner(&o);
+    /* Megatron's layout: read in sequence order, the chunks are whole
+       documents one after another (a document starts at offset 0 right after
+       the previous one ended), and two pieces of one document never meet
+       inside a sequence. */
+    open_planner(&o, corpus_config(c, "seq_length: 100\nglobal_batch_size: 6\npacking: concat_chunk", NULL));
+    int64_t src = -1, idx = -1, next_off = 0, docs = 0;
+    for (int step = 0; step < 20; step++) {
+        pl_plan *pl = NULL;
+        CHECK_OK(pl_planner_next(o.p, &pl));
+        for (int64_t q = 0; q < pl->n_sequences; q++)
+            for (int64_t j = pl->seq_offsets[q]; j < pl->seq_offsets[q + 1]; j++) {
+                const pl_chunk *ch = &pl->chunks[j];
+                if (src >= 0) { /* inside a document: it goes on */
+                    CHECK(ch->source == src && ch->index == idx && ch->offset == next_off);
+                    CHECK(j == pl->seq_offsets[q]); /* only across a sequence boundary */
+                } else {
+                    CHECK(ch->offset == 0);
+                    docs++;
+                }
+                int64_t len = c->len[ch->source][ch->index];
+                CHECK(!!(ch->flags & PL_CHUNK_DOC_END) == (ch->offset + ch->length == len));
+                if (ch->flags & PL_CHUNK_DOC_END) src = -1;
+                else {
+                    src = ch->source;
+                    idx = ch->index;
+                    next_off = ch->offset + ch->length;
+                }
+            }
+        pl_plan_free(pl);
+    }
+    CHECK(docs > 12);
+    close_planner(&o);
 }
 
-/* truncate: every chunk ends its document and no document yields two. */
+/* truncate: every chunk starts its document and no document yields two; a
+ * chunk carries PL_CHUNK_DOC_END exactly when it reaches the document's end
+ * (a truncated one keeps the label of its last token). */
 static void test_truncate(corpus *c) {
     opened o;
     open_planner(&o, corpus_config(c, "seq_length: 64\nglobal_batch_size: 4\nlong_documents: truncate", NULL));
+    int truncated = 0;
     for (int step = 0; step < 10; step++) {
         pl_plan *pl = NULL;
         CHECK_OK(pl_planner_next(o.p, &pl));
         for (int64_t j = 0; j < pl->n_chunks; j++) {
-            CHECK(pl->chunks[j].offset == 0);
-            CHECK(pl->chunks[j].flags & PL_CHUNK_DOC_END);
+            const pl_chunk *ch = &pl->chunks[j];
+            int64_t len = c->len[ch->source][ch->index];
+            CHECK(ch->offset == 0);
+            CHECK(ch->length == (len < 64 ? len : 64));
+            CHECK(!!(ch->flags & PL_CHUNK_DOC_END) == (ch->length == len));
+            truncated += ch->length < len;
         }
         pl_plan_free(pl);
     }
+    CHECK(truncated > 0);
     close_planner(&o);
 }
 

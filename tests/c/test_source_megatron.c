@@ -479,8 +479,26 @@ static void test_bad_options(void) {
     CHECK_EQ_I64(pl_source_open(&o, NULL), PL_EINVAL);
 }
 
+/* A prefix that is also a directory (megatron-core's GPTDataset keeps its
+ * index cache in PREFIX/cache) opens as the prefix. */
+static void test_prefix_beside_directory(void) {
+    char prefix[512], sub[600];
+    snprintf(prefix, sizeof prefix, "%s/withcache", g_dir);
+    const int64_t lengths[] = {4, 2};
+    CHECK(plf_write_megatron(prefix, PL_DTYPE_INT32, 2, lengths, 0) == 0);
+    mkdir(prefix, 0755);
+    snprintf(sub, sizeof sub, "%s/cache", prefix);
+    mkdir(sub, 0755);
+    int rc;
+    pl_source *s = open_megatron(prefix, &rc);
+    CHECK_OK(rc);
+    CHECK_EQ_I64(pl_source_num_documents(s), 2);
+    pl_source_free(s);
+}
+
 int main(void) {
     g_dir = pl_test_tmpdir();
+    test_prefix_beside_directory();
     test_dtypes();
     test_float_truncation();
     test_multi_file();

@@ -1,5 +1,6 @@
-/* libFuzzer target: the YAML config parser (pl_config_parse_string) and the
- * accessors of a config it accepts. */
+/* libFuzzer target: the YAML config parser (pl_config_parse_string), the
+ * accessors of a config it accepts and its evaluation configs
+ * (pl_config_split). */
 #include "fuzz_common.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
@@ -21,6 +22,16 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         double w[64];
         if (cfg->n_sources <= 64) pl__config_weights(cfg, 3, w);
         pl_config_free(copy);
+        /* The evaluation configs of its splits, and their copies. */
+        for (int split = PL_SPLIT_VALID; split <= PL_SPLIT_TEST; split++) {
+            pl_config *ev = NULL;
+            if (pl_config_split(cfg, split, &ev) == PL_OK) {
+                pl_config *c2 = pl__config_clone(ev);
+                if (ev->n_sources <= 64) pl__config_weights(ev, 0, w);
+                pl_config_free(c2);
+            }
+            pl_config_free(ev);
+        }
     }
     pl_config_free(cfg);
     return 0;

@@ -103,6 +103,13 @@ int main(int argc, char **argv) {
             "    - {step: 0, weights: {a: 0.8, b: 0.2}}\n"
             "    - {step: 5, weights: {a: 0.5, b: 0.5}}\n";
         seed("fuzz_config", 1, y, strlen(y));
+        const char *z =
+            "seq_length: 64\nglobal_batch_size: 4\nsplit: 969,30,1\n"
+            "sources:\n  - {name: a, type: megatron, path: src0, weight: 1, split: '8,1,1'}\n"
+            "  - {name: b, type: megatron, path: src1, weight: 0.5}\n"
+            "valid_sources:\n  - {name: v, type: megatron, path: src0, weight: 2}\n"
+            "schedule:\n  points:\n    - {step: 0, weights: {a: 1}}\n";
+        seed("fuzz_config", 2, z, strlen(z));
     }
     /* State blobs and plans of the fuzzers' config, at several steps. */
     {

@@ -176,3 +176,35 @@ def test_check_model(data):
     with pytest.raises(ConfigError, match="vocab_size 200 is larger than the model's "
                                           "vocab_size 97"):
         plhf.check_model(model.config, _config(data, vocab_size=200))
+
+
+def test_evaluate_a_validation_pass(data):
+    """polyload.hf.evaluate over Loader.eval_iter: the token-weighted loss of the pass
+    equals the model's own loss summed batch by batch, and its per-source losses add up to
+    it (batches with segment_sources)."""
+    model = _model("sdpa")
+    cfg = _config(data, split="6,2,2")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConfigWarning)
+        loader = polyload.Loader(cfg, rank=0, with_sources=True)
+    with loader, loader.eval_iter("valid") as ev:
+        got = plhf.evaluate(model, ev)
+    total, count = 0.0, 0
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConfigWarning)
+        with polyload.eval_loader(cfg, "valid", rank=0) as ev2:
+            for b in ev2:
+                kw = plhf.causal_lm_batch(b)
+                n = int((kw["shift_labels"] != -100).sum())
+                if n == 0:  # an all-padding micro-batch at the pass's end: its mean is NaN
+                    continue
+                with torch.no_grad():
+                    total += float(model(**kw).loss) * n
+                count += n
+    assert got["tokens"] == count > 0 and got["batches"] >= 1
+    # transformers computes its loss in float32 (ForCausalLMLoss upcasts to float)
+    assert got["loss"] == pytest.approx(total / count, rel=1e-6)
+    src = got["sources"]
+    assert set(src) == {"s0", "s1"} and sum(v["tokens"] for v in src.values()) == count
+    assert sum(v["loss"] * v["tokens"] for v in src.values()) / count == pytest.approx(
+        got["loss"], rel=1e-9)

@@ -53,13 +53,22 @@ def expected_micro_batch(corpus, plan, r, mb, pad_id=0):
             "cu_seqlens": np.asarray(cu, dtype=np.int32), "max_seqlen": max_seg}
 
 
-def test_iteration_equals_plan(corpus):
-    d = corpus.config(train_steps=10)
+@pytest.mark.parametrize("extra", [{}, {"long_documents": "truncate"},
+                                   {"packing": "concat_chunk"}],
+                         ids=["best_fit", "truncate", "concat_chunk"])
+def test_iteration_equals_plan(corpus, extra):
+    """Batches equal the plan's chunks read from the position corpus; with truncate, a
+    truncated chunk's last token keeps its label (the document's next token)."""
+    d = corpus.config(train_steps=10, **extra)
+    truncated = 0
     planner = _core.Planner.create(_core.Config.parse_string(yaml.safe_dump(d)))
     with polyload.Loader(d, rank=0, ranks=[0, 1]) as loader:
         for step in range(10):
             plan = planner.next()
             assert plan["step"] == step and plan["dp"] == 2
+            for source, index, offset, length, flags in np.asarray(plan["chunks"]):
+                truncated += offset + length < corpus.lengths[source][index] and (
+                    not flags & _core.CHUNK_DOC_END)
             for mb in range(plan["micro_batches_per_rank"]):
                 for r in (0, 1):
                     got = loader.next_batch(r)
@@ -71,6 +80,7 @@ def test_iteration_equals_plan(corpus):
         assert loader.next_batch(0) is None and loader.next_batch(1) is None
         with pytest.raises(StopIteration):
             next(loader)
+    assert truncated > 0  # chunks whose last label is the document's next token
 
 
 def run_hashes(loader, n=None):
@@ -208,8 +218,9 @@ def _tp_worker(rank, world, init_file, cfg, result_dir):
                             world_size=world)
     try:
         group = dist.new_group([0, 1])
-        mine = polyload.Loader(cfg, rank=rank)  # for checking only: TP peers match
-        reader = polyload.Loader(cfg, rank=0) if rank == 0 else None
+        # for checking only: TP peers match (with the source fields, broadcast too)
+        mine = polyload.Loader(cfg, rank=rank, with_sources=True)
+        reader = polyload.Loader(cfg, rank=0, with_sources=True) if rank == 0 else None
         n = 0
         while True:
             want = next(mine, None)
@@ -218,8 +229,9 @@ def _tp_worker(rank, world, init_file, cfg, result_dir):
             if want is None:
                 break
             assert set(got) == set(want), (set(got), set(want))
+            assert "segment_sources" in got and "step" in got
             for k, v in want.items():
-                if k == "max_seqlen":
+                if k in ("max_seqlen", "step", "micro_batch"):
                     assert got[k] == v
                 else:
                     assert got[k].dtype == v.dtype and torch.equal(got[k], v), k

@@ -277,7 +277,7 @@ static PyObject *batch_get_dtype(PyPlBatch *o, void *c) {
 }
 
 /* closure: which field */
-enum { F_INPUT_IDS, F_LABELS, F_LOSS_MASK, F_POSITION_IDS, F_CU_SEQLENS };
+enum { F_INPUT_IDS, F_LABELS, F_LOSS_MASK, F_POSITION_IDS, F_CU_SEQLENS, F_SEGMENT_SOURCES };
 
 static PyObject *batch_get_array(PyPlBatch *o, void *closure) {
     pl_batch *b = batch_get(o);
@@ -303,6 +303,10 @@ static PyObject *batch_get_array(PyPlBatch *o, void *closure) {
         if (!b->cu_seqlens) break;
         shape[0] = (Py_ssize_t)b->n_cu_seqlens;
         return pypl_array_from_batch(b, b->cu_seqlens, "i", sizeof(int32_t), 1, shape);
+    case F_SEGMENT_SOURCES:
+        if (!b->segment_sources || b->n_cu_seqlens < 1) break;
+        shape[0] = (Py_ssize_t)(b->n_cu_seqlens - 1);
+        return pypl_array_from_batch(b, b->segment_sources, "i", sizeof(int32_t), 1, shape);
     }
     Py_RETURN_NONE;
 }
@@ -357,6 +361,10 @@ static PyGetSetDef batch_getset[] = {
     {"cu_seqlens", (getter)batch_get_array, NULL,
      "Array [n_cu_seqlens] int32 over the flattened rows*cols tokens, or None",
      (void *)F_CU_SEQLENS},
+    {"segment_sources", (getter)batch_get_array, NULL,
+     "Array [n_cu_seqlens - 1] int32: the config index of the source of each segment of "
+     "cu_seqlens, -1 for a row's trailing padding; or None with cu_seqlens",
+     (void *)F_SEGMENT_SOURCES},
     {"released", (getter)batch_get_released, NULL, "bool: release() was called", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };

@@ -189,6 +189,23 @@ static PyObject *config_set_world_size(PyPlConfig *o, PyObject *arg) {
     Py_RETURN_NONE;
 }
 
+static PyObject *config_split(PyPlConfig *o, PyObject *arg) {
+    const char *name = PyUnicode_AsUTF8(arg);
+    if (!name) return NULL;
+    int split = strcmp(name, "valid") == 0 || strcmp(name, "validation") == 0 ? PL_SPLIT_VALID
+                : strcmp(name, "test") == 0                                  ? PL_SPLIT_TEST
+                                                                             : -1;
+    if (split < 0) {
+        PyErr_Format(PyExc_ValueError, "Config.split: '%s' is not 'valid' or 'test'", name);
+        return NULL;
+    }
+    pl_config *out = NULL;
+    int rc = pl_config_split(o->cfg, split, &out);
+    if (rc == PL_EINVAL && !out)
+        return pypl_raise(PL_ECONFIG, "Config.split: this config is itself a split's");
+    return config_result(rc, out);
+}
+
 static PyObject *config_get_warnings(PyPlConfig *o, void *c) {
     (void)c;
     int64_t n = pl_config_num_warnings(o->cfg);
@@ -289,6 +306,11 @@ static PyMethodDef config_methods[] = {
      METH_VARARGS | METH_KEYWORDS | METH_CLASS,
      "Config.parse_string(text, origin=None) -> Config\n\nParse YAML text; `origin` "
      "names it in messages.  Relative paths are relative to the current directory."},
+    {"split", (PyCFunction)config_split, METH_O,
+     "split(name) -> Config\n\nA new config for one evaluation pass over the 'valid' or "
+     "'test' data (config `split`, or valid_sources / test_sources): every document of "
+     "the split once, in index order within a source, then the end (pl_config_split).  "
+     "Raises ConfigError when the config has none."},
     {"set", (PyCFunction)config_set, METH_VARARGS,
      "set(key, value)\n\nOverride one scalar key ('threads', 'topology.dp', ...) with a "
      "value written as in YAML (str, int, float or bool).  Raises ConfigError."},
