@@ -620,3 +620,30 @@ def test_every_source_loader_gone_is_a_clear_error_within_the_deadline(cluster, 
                 c.next_batch()
         assert time.time() - t0 < 30
         c.close()
+
+
+def test_lost_node_with_every_primary_source_loader(cluster, corpus2):
+    """The node that hosts every primary source loader is removed without grace
+    mid-run: reads go to the standbys on another node; batches unchanged."""
+    node = cluster.add_node(num_cpus=4, object_store_memory=128 * MiB, resources={"doomed": 1})
+    cluster.wait_for_nodes()
+    cfg = corpus2.config(train_steps=30, topology={"dp": 2}, global_batch_size=8,
+                         micro_batch_size=2, seq_length=64)
+    placement = {"source_loader": {"resources": {"doomed": 0.01}},
+                 "shadow": {"resources": {"loader_node": 0.01}}}
+    with pr.launch(cfg, num_constructors=1, namespace=NS, name="node",
+                   placement=placement, prefetch_steps=1, timeout=60) as dep:
+        clients = [pr.Client(cfg, rank=r, namespace=NS, name="node", timeout=120)
+                   for r in range(2)]
+        got = {0: [], 1: []}
+        for k in range(60):
+            if k == 10:
+                cluster.remove_node(node, allow_graceful=False)
+            for c in clients:
+                got[c.rank].append(batch_hash(c.next_batch()))
+        for c in clients:
+            assert c.next_batch() is None
+            assert got[c.rank] == loader_hashes(cfg, c.rank)[0]
+            c.close()
+        fo = dep.failovers()
+        assert fo and all(".shadow." in f["to"] for f in fo)

@@ -15,11 +15,14 @@ from ._actors import DataConstructor, Planner, SourceLoader
 from ._common import config_payload, make_config, unwrap
 
 ROLES = ("planner", "source_loader", "constructor")
+#: placement keys: the roles, and "shadow" for the source loaders' standbys (default:
+#: the source loaders' options, on another node than the primary where there is one)
+PLACEMENT_KEYS = ROLES + ("shadow",)
 
 #: CPUs each role asks Ray for, unless ``placement[role]["num_cpus"]`` says otherwise:
 #: source loaders read (and later tokenize and decode) and constructors route and pack
 #: payloads, so both are CPU work; the planner works once per step.
-DEFAULT_NUM_CPUS = {"planner": 0.25, "source_loader": 0.5, "constructor": 1.0}
+DEFAULT_NUM_CPUS = {"planner": 0.25, "source_loader": 0.5, "constructor": 1.0, "shadow": 0.0}
 
 #: Source-loader actors when ``num_source_loaders`` is not given: the partitions of all
 #: sources are packed onto at most this many actors, so 300 sources cost a few actors.
@@ -46,9 +49,9 @@ def _role_options(placement: Optional[Mapping[str, Any]], role: str) -> Dict[str
     ``node_id`` pins the role to a node (NodeAffinitySchedulingStrategy, hard)."""
     if not placement:
         return {"num_cpus": DEFAULT_NUM_CPUS[role]}
-    unknown = set(placement) - set(ROLES)
+    unknown = set(placement) - set(PLACEMENT_KEYS)
     if unknown:
-        raise ValueError(f"placement: unknown roles {sorted(unknown)} (roles: {ROLES})")
+        raise ValueError(f"placement: unknown roles {sorted(unknown)} (roles: {PLACEMENT_KEYS})")
     opts = dict(placement.get(role) or {})
     opts.setdefault("num_cpus", DEFAULT_NUM_CPUS[role])
     node_id = opts.pop("node_id", None)
@@ -338,9 +341,12 @@ def launch(
         for j in range(n_actors):
             others = [n for n in alive if n != linfo[j]["node_id"]] or alive
             for k in range(int(shadows)):
-                o = opts("source_loader", f"{loader_names[j]}.shadow.{k}", max_concurrency=2)
+                role = "shadow" if placement and placement.get("shadow") else "source_loader"
+                o = {"name": f"{loader_names[j]}.shadow.{k}", **common, "max_concurrency": 2}
+                o.update(_role_options(placement, role) if role == "shadow" else
+                         _role_options(placement, "source_loader"))
                 o["num_cpus"] = 0
-                if not (placement and placement.get("source_loader")) and others:
+                if not (placement and placement.get(role)) and others:
                     from ray.util.scheduling_strategies import (  # noqa: PLC0415
                         NodeAffinitySchedulingStrategy)
                     o["scheduling_strategy"] = NodeAffinitySchedulingStrategy(
