@@ -577,7 +577,7 @@ class DataConstructor:
         # the step each rank's trainer stands at (reported by its fetches)
         self._consumed = dict(self._cursor)
         self._recent: Dict[int, Dict[int, Any]] = {}
-        self._debug: Dict[int, Any] = {}
+        self._last_call: Dict[int, Tuple[int, int, int, int]] = {}
         self._tasks = [asyncio.ensure_future(self._drive(gen)) for _ in range(self._n_drivers)]
         await self._notify()
 
@@ -788,7 +788,7 @@ class DataConstructor:
                                       f"constructor {self._index}: rank {rank} is not served here")
         if consumed > self._consumed[rank]:
             self._consumed[rank] = int(consumed)
-        self._debug[rank] = (step, count, consumed, have, self._recovered, self._cursor[rank])
+        self._last_call[rank] = (int(step), int(count), int(consumed), int(have))
         recent = self._recent.get(rank)
         if recent and have >= 0:
             for s in [s for s in recent if s < have]:
@@ -842,7 +842,8 @@ class DataConstructor:
                 _core.ESTATE, "ESTATE",
                 f"constructor {self._index}: step {step} of rank {rank} was already served "
                 f"(the rank stands at step {self._cursor[rank]}; kept for a retry: "
-                f"{sorted(self._recent.get(rank, {}))}, {self._debug.get(rank)}); "
+                f"{sorted(self._recent.get(rank, {}))}; last call (step, count, consumed, "
+                f"have) {self._last_call.get(rank)}); "
                 f"load a state to go back")
         while True:
             if gen != self._gen:
