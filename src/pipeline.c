@@ -347,6 +347,7 @@ static int pl__pfail(pl_pipeline *p, int rc, const char *fmt, ...) {
     va_start(ap, fmt);
     pl__vfmt(p->errmsg, sizeof p->errmsg, fmt, ap);
     va_end(ap);
+    pl__thread_err(p->errmsg);
     return rc;
 }
 
@@ -500,7 +501,7 @@ const char *pl_pipeline_errmsg(const pl_pipeline *p) {
     return p ? p->errmsg : "out of memory";
 }
 
-int pl_pipeline_reset(pl_pipeline *p, const void *blob, size_t len, char *err,
+static int pl__pipeline_reset_impl(pl_pipeline *p, const void *blob, size_t len, char *err,
                       size_t errcap) {
     pl_state_info si;
     int rc = pl_state_inspect(blob, len, &si);
@@ -829,7 +830,7 @@ static int pl__report_failure(pl_pipeline *p, char *err, size_t errcap) {
     return rc;
 }
 
-int pl_pipeline_next(pl_pipeline *p, int64_t rank, int64_t max_count,
+static int pl__pipeline_next_impl(pl_pipeline *p, int64_t rank, int64_t max_count,
                      int64_t timeout_ms, pl_pipeline_item *out, char *err,
                      size_t errcap) {
     memset(out, 0, sizeof *out);
@@ -947,7 +948,7 @@ static const void *pl__blob_of(pl_pipeline *p, int64_t step, size_t *len) {
     return NULL;
 }
 
-int pl_pipeline_get_state(pl_pipeline *p, int64_t timeout_ms, void *buf,
+static int pl__pipeline_get_state_impl(pl_pipeline *p, int64_t timeout_ms, void *buf,
                           size_t cap, size_t *len, char *err, size_t errcap) {
     struct timespec ts;
     int use;
@@ -999,9 +1000,18 @@ static int pl__name_is(const pl_state_source_info *si, const char *name) {
     return strlen(name) == si->name_len && memcmp(si->name, name, si->name_len) == 0;
 }
 
-int pl_pipeline_get_stats(pl_pipeline *p, int64_t timeout_ms, pl_loader_stats *out,
+int pl_pipeline_get_stats(pl_pipeline *p, int64_t timeout_ms, pl_loader_stats *stats,
                           pl_source_summary *sources, int64_t cap) {
+    if (!stats || stats->size < sizeof(pl_loader_stats) || (!sources && cap > 0)) {
+        pl__thread_err("pipeline: pl_pipeline_get_stats needs stats->size = "
+                       "sizeof(pl_loader_stats) and a sources array of cap entries");
+        return PL_EINVAL;
+    }
+    /* Filled whole, then copied up to the caller's size (a newer caller's
+       fields beyond this library's struct stay as they were). */
+    pl_loader_stats whole, *out = &whole;
     memset(out, 0, sizeof *out);
+    out->size = sizeof *out;
     struct timespec ts;
     int use;
     pl__deadline(timeout_ms, &ts, &use);
@@ -1071,5 +1081,48 @@ int pl_pipeline_get_stats(pl_pipeline *p, int64_t timeout_ms, pl_loader_stats *o
     out->n_sources = ns;
     out->sources = sources;
     pthread_mutex_unlock(&p->mu);
+    memcpy(stats, out, sizeof *out);
     return PL_OK;
+}
+
+/* ------------------------------------------------ per-thread messages */
+
+int pl_pipeline_reset(pl_pipeline *p, const void *blob, size_t len, char *err,
+                      size_t errcap) {
+    char local[PL__ERRMSG_CAP];
+    if (!err || errcap == 0) {
+        err = local;
+        errcap = sizeof local;
+    }
+    err[0] = '\0';
+    int rc = pl__pipeline_reset_impl(p, blob, len, err, errcap);
+    if (rc < 0) pl__thread_err(err);
+    return rc;
+}
+
+int pl_pipeline_next(pl_pipeline *p, int64_t rank, int64_t max_count,
+                     int64_t timeout_ms, pl_pipeline_item *out, char *err,
+                     size_t errcap) {
+    char local[PL__ERRMSG_CAP];
+    if (!err || errcap == 0) {
+        err = local;
+        errcap = sizeof local;
+    }
+    err[0] = '\0';
+    int rc = pl__pipeline_next_impl(p, rank, max_count, timeout_ms, out, err, errcap);
+    if (rc < 0) pl__thread_err(err);
+    return rc;
+}
+
+int pl_pipeline_get_state(pl_pipeline *p, int64_t timeout_ms, void *buf,
+                          size_t cap, size_t *len, char *err, size_t errcap) {
+    char local[PL__ERRMSG_CAP];
+    if (!err || errcap == 0) {
+        err = local;
+        errcap = sizeof local;
+    }
+    err[0] = '\0';
+    int rc = pl__pipeline_get_state_impl(p, timeout_ms, buf, cap, len, err, errcap);
+    if (rc < 0) pl__thread_err(err);
+    return rc;
 }
