@@ -9,7 +9,12 @@
  * the oldest unit some rank of the group still needs, next_u the next one
  * to hand to a driver.  A driver may build unit u of a group when
  *   u < (unit of the least attached cursor) + depth_u,  or u <= demand_u
- * (a rank waits for it), and u - lo_u < cap.  The lag policy bounds lo_u:
+ * (a rank waits for it), and u - lo_u < cap.  depth_u counts the unit being
+ * consumed plus ceil(prefetch / unit) units ahead of it, so the next unit is
+ * built while the current one is consumed even when a unit is the whole
+ * prefetch.  Consumers wake drivers only when that admission can have changed
+ * (the least attached cursor entered another unit, or a unit was released),
+ * not per micro-batch.  The lag policy bounds lo_u:
  * a rank more than lag_k micro-batches behind the group's lead is dropped,
  * so cap = depth_u + lag_u + 2 slots always suffice and nothing grows.
  *
@@ -372,7 +377,7 @@ int pl_pipeline_create(const pl_config *cfg, const pl_pipeline_options *o,
     p->total_k = c->train_steps >= 0 ? c->train_steps * p->nmb : -1;
     int64_t prefetch = o && o->prefetch > 0 ? o->prefetch : c->prefetch;
     if (prefetch < 1) prefetch = 1;
-    p->depth_u = (prefetch + p->unit - 1) / p->unit;
+    p->depth_u = (prefetch + p->unit - 1) / p->unit + 1;
     int64_t lag_steps = o && o->max_lag_steps > 0 ? o->max_lag_steps : c->max_lag_steps;
     if (lag_steps < 1) lag_steps = 1;
     p->lag_k = lag_steps * p->nmb;
@@ -919,8 +924,12 @@ static int pl__pipeline_next_impl(pl_pipeline *p, int64_t rank, int64_t max_coun
     if (p->retain) p->retain(s->item, out->index, p->release_ctx);
     s->pins++;
     r->pin = u;
+    int64_t a0 = pl__group_min(p, g, 1);
     r->cursor = k + take;
-    pl__wake(work_cv); /* the group's window may have moved */
+    /* The group's window moves when its least attached cursor enters another
+       unit (released units wake drivers in pl__advance). */
+    if (pl__unit_of(p, pl__group_min(p, g, 1)) != pl__unit_of(p, a0 < 0 ? 0 : a0))
+        pl__wake(work_cv);
     p->st_micro_batches += take;
     if (r->cursor > g->lead_k) {
         g->lead_k = r->cursor;

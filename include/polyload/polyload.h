@@ -731,8 +731,11 @@ PL_API void pl_loader_stop(pl_loader *loader);
  *    every CP/TP/PP peer of the DP rank receives);
  *  - per group a ring of work units: `unit` micro-batches of one step, built
  *    once by a driver and handed to every rank of the group;
- *  - back-pressure: a group builds at most `prefetch` micro-batches ahead of
- *    its slowest attached rank (one that has asked for a batch);
+ *  - back-pressure: a group builds the unit its slowest attached rank (one
+ *    that has asked for a batch) is in and at most ceil(prefetch / unit)
+ *    units beyond it, so the next unit is built while one is consumed;
+ *    consumers wake drivers only when that window moves by a unit, not per
+ *    micro-batch;
  *  - the lag policy, the same in every deployment: a rank that falls more
  *    than max_lag_steps steps behind the most advanced rank of its group
  *    (a rank that never asks stands at its start) is dropped from the
