@@ -87,7 +87,8 @@ def python_loop(cfg, n_short, n_long, layer):
 def cli_steady(cfg, n_short, n_long):
     s, _, _ = run_cli(["run", cfg, "--steps", str(n_short), "--json", "--no-progress"])
     l, _, _ = run_cli(["run", cfg, "--steps", str(n_long), "--json", "--no-progress"])
-    return {"tokens_per_s": (l["tokens"] - s["tokens"]) / (l["seconds"] - s["seconds"])}
+    return {"tokens_per_s": (l["tokens"] - s["tokens"]) / (l["seconds"] - s["seconds"]),
+            "seconds": l["seconds"] - s["seconds"]}
 
 
 def profile(cfg, n_steps):
@@ -119,25 +120,34 @@ def main():
     res = {"machine": machine_note(), "cli": os.path.relpath(CLI, ROOT), "configs": {}}
     for name in a.configs.split(","):
         cfg = configs[name]
-        # Window: a.window seconds at the C loader's speed, after a warm-up of 1/5 of it.
-        probe, _, _ = run_cli(["run", cfg, "--steps", "50", "--json", "--no-progress"])
-        steps_per_s = probe["steps"] / probe["seconds"]
+        # Window: a.window seconds at twice the C loader's probed speed (a probe on a
+        # loaded machine runs slow), after a warm-up of 1/5 of it; the seconds of every
+        # window are recorded (`window_seconds`).
+        probe, _, _ = run_cli(["run", cfg, "--steps", "200", "--json", "--no-progress"])
+        steps_per_s = 2 * probe["steps"] / probe["seconds"]
         ns = max(int(steps_per_s * a.window / 5), 10)
         nl = ns + max(int(steps_per_s * a.window), 50)
         layers = a.layers.split(",")
         rows = {"c": [], **{k: [] for k in layers}}
+        secs = {k: [] for k in rows}
         tokens_per_mb = []
         for _ in range(a.repeats):
-            rows["c"].append(cli_steady(cfg, ns, nl)["tokens_per_s"])
+            cr = cli_steady(cfg, ns, nl)
+            rows["c"].append(cr["tokens_per_s"])
+            secs["c"].append(cr["seconds"])
             for layer in layers:
                 r = python_loop(cfg, ns, nl, layer)
                 rows[layer].append(r["tokens_per_s"])
+                secs[layer].append(r["seconds"])
                 tokens_per_mb.append(r["tokens_per_s"] * r["seconds"] / r["micro_batches"])
         med = {k: statistics.median(v) for k, v in rows.items()}
         tpm = statistics.median(tokens_per_mb)
         c = med["c"]
         res["configs"][name] = {
-            "config": cfg, "steps": [ns, nl], "runs": rows, "median_tokens_per_s": med,
+            "config": cfg, "steps": [ns, nl], "runs": rows, "window_seconds": secs,
+            "median_tokens_per_s": med,
+            "paired_overhead": {k: [c_ / v - 1 for c_, v in zip(rows["c"], rows[k])]
+                                for k in layers},
             "overhead_vs_c": {k: c / v - 1 for k, v in med.items() if k != "c"},
             "tokens_per_micro_batch": tpm,
             "us_per_micro_batch": {k: 1e6 * tpm / v for k, v in med.items()},

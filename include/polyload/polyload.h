@@ -423,9 +423,11 @@ typedef struct pl_chunk {
  * The plan of one step: its member chunks arranged into global_batch_size
  * sequences, and the sequences assigned to DP ranks and micro-batches.
  * Plans are made by the library (pl_planner_next, pl_plan_decode) and are
- * read-only to callers: every function that takes one takes a
- * `const pl_plan *`.  A plan built by hand in C (tests, tools) is checked
- * by pl_plan_reads and pl_constructor_build before use.
+ * read-only to callers (the arrays are const): every function that reads
+ * one takes a `const pl_plan *`; pl_plan_free and pl_pipeline_add_step
+ * (which takes ownership) take a `pl_plan *`.  A plan built by hand in C
+ * (tests, tools) is checked by pl_plan_reads and pl_constructor_build before
+ * use.
  * Sequence q holds chunks[seq_offsets[q] .. seq_offsets[q+1]).  The sequence
  * in row `row` of micro-batch `mb` of DP rank `r` is
  *   rank_sequences[(r * micro_batches_per_rank + mb) * micro_batch_size + row].
