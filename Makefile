@@ -40,12 +40,13 @@ PACKAGE_INPUTS := pyproject.toml CMakeLists.txt \
 
 DEMO_CONFIG := examples/pretrain_mix.yaml
 
-.PHONY: help demo test deps venv install build build-asan test-c test-asan test-python \
-        corpus clean distclean fuzz wheel
+.PHONY: help demo test deps venv install build build-asan build-tsan test-c test-asan \
+        test-tsan test-python corpus clean distclean fuzz wheel
 
 help:
 	@echo "make demo   set up, build the demo corpus, run $(DEMO_CONFIG)"
-	@echo "make test   set up, ctest (build/), ctest under ASan/UBSan (build-asan/), pytest"
+	@echo "make test   set up, ctest (build/), ctest under ASan/UBSan (build-asan/) and, for the"
+	@echo "            tests that use threads, ThreadSanitizer (build-tsan/), pytest"
 	@echo "make wheel  build dist/polyload-*.whl and check it in a fresh virtual environment"
 	@echo "make clean  remove build trees; make distclean also removes .venv and data/"
 
@@ -53,7 +54,7 @@ demo: build corpus
 	build/polyload run $(DEMO_CONFIG)
 	$(VPY) examples/train_gpt.py --steps 20
 
-test: test-c test-asan test-python
+test: test-c test-asan test-tsan test-python
 
 # A self-contained wheel (static libyaml/xxhash/zlib), auditwheel, a fresh-venv check.
 wheel: venv deps
@@ -107,6 +108,11 @@ build-asan: venv
 	  $(CMAKE_COMMON) > /dev/null
 	cmake --build build-asan -j $(JOBS)
 
+build-tsan: venv
+	cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DPL_TSAN=ON \
+	  $(CMAKE_COMMON) > /dev/null
+	cmake --build build-tsan -j $(JOBS)
+
 # ------------------------------------------------------------------------- tests
 
 test-c: build
@@ -115,6 +121,13 @@ test-c: build
 test-asan: build-asan
 	ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 \
 	  ctest --test-dir build-asan --output-on-failure -j $(JOBS)
+
+# ThreadSanitizer over the C tests that run threads (the loader's workers, concurrent
+# next/state/stats calls, the pipeline, concurrent source reads); halt on the first race.
+TSAN_TESTS := test_concurrency|test_loader|test_pipeline|test_roles|test_source_megatron
+test-tsan: build-tsan
+	TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
+	  ctest --test-dir build-tsan --output-on-failure -j $(JOBS) -R '^($(TSAN_TESTS))$$'
 
 test-python: install
 	$(VPY) -m pytest tests/python -q
@@ -128,7 +141,7 @@ corpus: install
 # ------------------------------------------------------------------------- clean
 
 clean:
-	rm -rf build build-asan build-py build-fuzz dist $(STAMPS)/polyload
+	rm -rf build build-asan build-tsan build-py build-fuzz dist $(STAMPS)/polyload
 
 distclean: clean
 	rm -rf $(VENV) data

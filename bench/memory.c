@@ -157,7 +157,7 @@ static long long loader_heap(const char *cfgpath, long *nsrc) {
     const int64_t world = pl_config_world_size(cfg);
     for (int64_t mb = 0; mb < (mbpr > 0 ? mbpr : 1); mb++)
         for (int64_t r = 0; r < world; r++) {
-            pl_batch *b = NULL;
+            const pl_batch *b = NULL;
             if (pl_loader_next(l, r, &b) != PL_OK) {
                 fprintf(stderr, "%s: %s\n", cfgpath, pl_loader_errmsg(l));
                 return -1;

@@ -17,9 +17,12 @@ loader's token counter at step N_SHORT and at N_LONG (the prefetched micro-batch
 at both points cancel).  Runs alternate C / Python, `--repeats` times; medians reported.
 
 Configs: `throughput` is bench/throughput.py's (examples/pretrain_mix.yaml with constant
-weights: dp 4, seq_length 2048, micro_batch_size 2, threads 2, prefetch 4); `large-mb` is
-the same with micro_batch_size 8 and seq_length 8192 (global_batch_size 128), closer to
-what one micro-batch of an LLM run holds.
+weights: dp 4, seq_length 2048, micro_batch_size 2, threads 2, prefetch 4); `1x8192` the
+same with micro_batch_size 1 and seq_length 8192 (global_batch_size 64); `large-mb` with
+micro_batch_size 8 and seq_length 8192 (global_batch_size 128), closer to what one
+micro-batch of an LLM run holds.  The timed window (N_LONG - N_SHORT steps) is sized to
+`--window` seconds of the C loader (estimated from a first short C run), so every window
+lasts at least that long.
 
 Usage: .venv/bin/python bench/python_overhead.py [--json OUT.json] [--profile]
 """
@@ -36,13 +39,15 @@ from _common import CLI, OUT, ROOT, machine_note, run_cli  # noqa: E402
 from throughput import write_polyload_config  # noqa: E402
 
 
-def large_mb_config(base):
+def large_mb_config(base, seq_length=8192, micro_batch_size=8, global_batch_size=128,
+                    name="python_overhead_large_mb.yaml"):
     with open(os.path.join(ROOT, base)) as f:
         text = f.read()
-    for key, value in (("seq_length", 8192), ("micro_batch_size", 8), ("global_batch_size", 128)):
+    for key, value in (("seq_length", seq_length), ("micro_batch_size", micro_batch_size),
+                       ("global_batch_size", global_batch_size)):
         text, n = re.subn(rf"(?m)^{key}:[^#\n]*", f"{key}: {value}  ", text)
         assert n == 1, key
-    path = os.path.join(OUT, "python_overhead_large_mb.yaml")
+    path = os.path.join(OUT, name)
     with open(path, "w") as f:
         f.write(text)
     return os.path.relpath(path, ROOT)
@@ -82,7 +87,8 @@ def python_loop(cfg, n_short, n_long, layer):
 def cli_steady(cfg, n_short, n_long):
     s, _, _ = run_cli(["run", cfg, "--steps", str(n_short), "--json", "--no-progress"])
     l, _, _ = run_cli(["run", cfg, "--steps", str(n_long), "--json", "--no-progress"])
-    return {"tokens_per_s": (l["tokens"] - s["tokens"]) / (l["seconds"] - s["seconds"])}
+    return {"tokens_per_s": (l["tokens"] - s["tokens"]) / (l["seconds"] - s["seconds"]),
+            "seconds": l["seconds"] - s["seconds"]}
 
 
 def profile(cfg, n_steps):
@@ -99,35 +105,49 @@ def profile(cfg, n_steps):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--configs", default="throughput,large-mb")
-    ap.add_argument("--steps-short", type=int, default=200)
-    ap.add_argument("--steps-long", type=int, default=2000)
-    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--configs", default="throughput,1x8192,large-mb")
+    ap.add_argument("--window", type=float, default=5.0,
+                    help="seconds of the timed window at the C loader's speed")
+    ap.add_argument("--layers", default="loader,core")
+    ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--profile", action="store_true", help="cProfile the Python loop too")
     ap.add_argument("--json", help="write the results here too")
     a = ap.parse_args()
     os.chdir(ROOT)
     base = write_polyload_config(1000000)
-    configs = {"throughput": base, "large-mb": large_mb_config(base)}
+    configs = {"throughput": base, "large-mb": large_mb_config(base),
+               "1x8192": large_mb_config(base, 8192, 1, 64, "python_overhead_1x8192.yaml")}
     res = {"machine": machine_note(), "cli": os.path.relpath(CLI, ROOT), "configs": {}}
     for name in a.configs.split(","):
         cfg = configs[name]
-        # a large micro-batch is 16x the tokens: fewer steps for the same time
-        ns, nl = (a.steps_short, a.steps_long) if name == "throughput" else \
-            (max(a.steps_short // 8, 5), max(a.steps_long // 8, 50))
-        rows = {"c": [], "loader": [], "core": [], "core+arrays": []}
+        # Window: a.window seconds at twice the C loader's probed speed (a probe on a
+        # loaded machine runs slow), after a warm-up of 1/5 of it; the seconds of every
+        # window are recorded (`window_seconds`).
+        probe, _, _ = run_cli(["run", cfg, "--steps", "200", "--json", "--no-progress"])
+        steps_per_s = 2 * probe["steps"] / probe["seconds"]
+        ns = max(int(steps_per_s * a.window / 5), 10)
+        nl = ns + max(int(steps_per_s * a.window), 50)
+        layers = a.layers.split(",")
+        rows = {"c": [], **{k: [] for k in layers}}
+        secs = {k: [] for k in rows}
         tokens_per_mb = []
         for _ in range(a.repeats):
-            rows["c"].append(cli_steady(cfg, ns, nl)["tokens_per_s"])
-            for layer in ("loader", "core", "core+arrays"):
+            cr = cli_steady(cfg, ns, nl)
+            rows["c"].append(cr["tokens_per_s"])
+            secs["c"].append(cr["seconds"])
+            for layer in layers:
                 r = python_loop(cfg, ns, nl, layer)
                 rows[layer].append(r["tokens_per_s"])
+                secs[layer].append(r["seconds"])
                 tokens_per_mb.append(r["tokens_per_s"] * r["seconds"] / r["micro_batches"])
         med = {k: statistics.median(v) for k, v in rows.items()}
         tpm = statistics.median(tokens_per_mb)
         c = med["c"]
         res["configs"][name] = {
-            "config": cfg, "steps": [ns, nl], "runs": rows, "median_tokens_per_s": med,
+            "config": cfg, "steps": [ns, nl], "runs": rows, "window_seconds": secs,
+            "median_tokens_per_s": med,
+            "paired_overhead": {k: [c_ / v - 1 for c_, v in zip(rows["c"], rows[k])]
+                                for k in layers},
             "overhead_vs_c": {k: c / v - 1 for k, v in med.items() if k != "c"},
             "tokens_per_micro_batch": tpm,
             "us_per_micro_batch": {k: 1e6 * tpm / v for k, v in med.items()},

@@ -151,6 +151,47 @@ os._exit(0)
 """
 
 
+POLYLOAD_PY = r"""
+import sys, time, json
+t_start = float(sys.argv[1])
+import torch
+import polyload
+t_import = time.time() - t_start
+loader = polyload.Loader(%(cfg)r, rank=0, ranks=range(4))
+t_built = time.time() - t_start
+b = loader.next_batch(0)
+t_first = time.time() - t_start
+print(json.dumps({"import_s": t_import, "built_s": t_built, "first_batch_s": t_first,
+                  "tokens": int(b["input_ids"].numel())}))
+sys.stdout.flush()
+loader.close()
+"""
+
+
+def bench_polyload_python(kind, cfg, cap):
+    """A fresh python process: import torch and polyload, Loader(cfg), first batch."""
+    script = os.path.join(DIR, f"polyload_{kind}.py")
+    with open(script, "w") as f:
+        f.write(POLYLOAD_PY % {"cfg": os.path.join(ROOT, cfg)})
+    res = {"command": f".venv/bin/python {os.path.relpath(script, ROOT)} <start time>",
+           "runs": []}
+    for _ in range(2):  # the second run is the warm-cache figure, as for the CLI
+        t0 = time.time()
+        p = subprocess.run([sys.executable, script, repr(t0)], cwd=ROOT,
+                           capture_output=True, text=True, timeout=cap)
+        wall = time.time() - t0
+        if p.returncode != 0:
+            sys.stderr.write(p.stderr[-4000:])
+            res["runs"].append({"first_batch_s": None, "note": f"exit {p.returncode}"})
+            continue
+        r = json.loads(p.stdout.strip().splitlines()[-1])
+        r["process_wall_s"] = wall
+        res["runs"].append(r)
+    res["first_batch_s"] = res["runs"][-1].get("first_batch_s")
+    res["process_wall_s"] = res["runs"][-1].get("process_wall_s")
+    return res
+
+
 def bench_megatron(kind, cap):
     cache = os.path.join(DIR, f"megatron_cache_{kind}")
     shutil.rmtree(cache, ignore_errors=True)
@@ -194,8 +235,10 @@ def main():
     one, many = write_configs()
     res = {"machine": machine_note(), "files": N_FILES, "docs_per_file": DOCS}
     for kind, cfg in (("one_source", one), ("many_sources", many)):
-        res[kind] = {"polyload": bench_polyload(cfg)}
+        res[kind] = {"polyload": bench_polyload(cfg),
+                     "polyload_python": bench_polyload_python(kind, cfg, a.cap)}
         print(kind, json.dumps(res[kind]["polyload"]), flush=True)
+        print(kind, json.dumps(res[kind]["polyload_python"]), flush=True)
     if not a.skip_megatron:
         for kind in ("one_source", "many_sources"):
             res[kind]["megatron"] = bench_megatron(kind, a.cap)
@@ -203,13 +246,14 @@ def main():
     print("\nsummary (seconds from process start to first batch, warm page cache):")
     for kind in ("one_source", "many_sources"):
         p = res[kind]["polyload"]["first_batch_s"]
-        line = f"  {kind:13s} polyload {p:.3f} s"
+        py = res[kind]["polyload_python"]["first_batch_s"]
+        line = f"  {kind:13s} polyload CLI {p:.3f} s; python+torch+polyload.Loader {py:.3f} s"
         m = res[kind].get("megatron")
         if m:
             for label in ("empty_cache", "with_cache"):
                 v = m[label].get("first_batch_s")
-                line += (f"; megatron ({label}) {v:.2f} s = {v / p:.0f}x" if v
-                         else f"; megatron ({label}) {m[label]['note']}")
+                line += (f"; megatron ({label}) {v:.2f} s = {v / py:.1f}x the Python process"
+                         if v else f"; megatron ({label}) {m[label]['note']}")
         print(line)
     if a.json:
         with open(a.json, "w") as f:

@@ -8,7 +8,8 @@ Megatron datasets, constant weights 0.4/0.3/0.2/0.1, seq_length 2048, micro-batc
   loader serving all 4 DP ranks in this process (2 C worker threads, prefetch 4), and
   `next_batch(r)` for every micro-batch of every rank in step order;
 - megatron-core: `torch.utils.data.DataLoader(BlendedDataset of GPTDatasets, batch_size=2,
-  num_workers=2)`, built by bench/throughput.py's `build_megatron` (Megatron's default
+  num_workers=W)` for each W of `--megatron-workers` (default 2 and 0: with worker
+  processes, and reading in the loop's own process), built by bench/throughput.py's `build_megatron` (Megatron's default
   flags: reset_position_ids=False, eod_mask_loss=False; create_attention_mask=False).
 
 The loop touches every tensor of every micro-batch the same way on both sides: it sums
@@ -57,7 +58,7 @@ def polyload_loop(cfg, warmup, timed):
             "micro_batches": timed, "checksum": float(touched)}
 
 
-def megatron_loop(warmup, timed):
+def megatron_loop(warmup, timed, workers=2):
     import torch
 
     import megatron.core.datasets.blended_megatron_dataset_builder  # noqa: F401
@@ -67,7 +68,7 @@ def megatron_loop(warmup, timed):
     cache = os.path.join(OUT, "megatron_cache_torch_loop")
     shutil.rmtree(cache, ignore_errors=True)
     ds = build_megatron((warmup + timed) * MICRO_BATCH + 64, cache, "default")
-    loader = torch.utils.data.DataLoader(ds, batch_size=MICRO_BATCH, num_workers=2,
+    loader = torch.utils.data.DataLoader(ds, batch_size=MICRO_BATCH, num_workers=workers,
                                          shuffle=False, drop_last=True)
     it = iter(loader)
     touched = torch.zeros((), dtype=torch.float64)
@@ -82,8 +83,11 @@ def megatron_loop(warmup, timed):
             b["position_ids"].sum()
     dt = time.perf_counter() - t0
     del it, loader
+    # The one-process group megatron-core wants would make polyload.Loader of the next
+    # round check its 4-rank topology against a world of 1: take it down.
+    torch.distributed.destroy_process_group()
     return {"tokens": tokens, "seconds": dt, "tokens_per_s": tokens / dt,
-            "micro_batches": timed, "checksum": float(touched)}
+            "micro_batches": timed, "checksum": float(touched), "num_workers": workers}
 
 
 def main():
@@ -92,22 +96,29 @@ def main():
     ap.add_argument("--polyload-timed", type=int, default=20000, help="micro-batches")
     ap.add_argument("--megatron-timed", type=int, default=2000, help="micro-batches")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--megatron-workers", default="2,0",
+                    help="DataLoader num_workers values of the peer")
     ap.add_argument("--json", help="write the results here too")
     a = ap.parse_args()
     os.chdir(ROOT)
     cfg = write_polyload_config(1000000)
-    res = {"machine": machine_note(), "config": cfg, "polyload": [], "megatron": []}
-    for _ in range(a.repeats):
+    workers = [int(w) for w in a.megatron_workers.split(",")]
+    res = {"machine": machine_note(), "config": cfg, "polyload": [],
+           "megatron": {w: [] for w in workers}}
+    for _ in range(a.repeats):  # paired: polyload, then each peer variant, per round
         res["polyload"].append(polyload_loop(cfg, a.warmup, a.polyload_timed))
         print(json.dumps({"polyload": res["polyload"][-1]}), flush=True)
-    for _ in range(a.repeats):
-        res["megatron"].append(megatron_loop(a.warmup, a.megatron_timed))
-        print(json.dumps({"megatron": res["megatron"][-1]}), flush=True)
+        for w in workers:
+            res["megatron"][w].append(megatron_loop(a.warmup, a.megatron_timed, w))
+            print(json.dumps({"megatron": res["megatron"][w][-1]}), flush=True)
     p = statistics.median(r["tokens_per_s"] for r in res["polyload"])
-    m = statistics.median(r["tokens_per_s"] for r in res["megatron"])
-    res["median"] = {"polyload": p, "megatron": m, "ratio": p / m}
-    print(f"\nnon-padding tokens/s into a PyTorch loop (median of {a.repeats}): "
-          f"polyload {p:.4g}, megatron-core DataLoader(num_workers=2) {m:.4g}, ratio {p / m:.1f}x")
+    res["median"] = {"polyload": p}
+    print(f"\nnon-padding tokens/s into a PyTorch loop (median of {a.repeats}): polyload {p:.4g}")
+    for w in workers:
+        m = statistics.median(r["tokens_per_s"] for r in res["megatron"][w])
+        res["median"][f"megatron_workers_{w}"] = m
+        res["median"][f"ratio_workers_{w}"] = p / m
+        print(f"  megatron-core DataLoader(num_workers={w}) {m:.4g}, ratio {p / m:.1f}x")
     if a.json:
         with open(a.json, "w") as f:
             json.dump(res, f, indent=1)

@@ -7,6 +7,7 @@
  *   polyload plan CONFIG --steps A:B [--state-in F] [--rank R] [--json]
  *   polyload inspect PATH [--json] [--type megatron|llmc|flat] [--token-dtype T]
  *                    [--eos-id N]
+ *   polyload index CONFIG [--json]
  *   polyload calibrate CSV [--json]
  *   polyload prepare ARGS...        (runs python -m polyload.prepare)
  *   polyload --version | help
@@ -50,7 +51,11 @@ static const char *usage_text =
     "      dp_rank).\n"
     "  inspect PATH [--json] [--type megatron|llmc|flat]\n"
     "        [--token-dtype uint16|uint32] [--eos-id N]\n"
-    "      Print statistics of a source.\n"
+    "      Print statistics of a source (maps a .plidx sidecar if one\n"
+    "      matches, writes none).\n"
+    "  index CONFIG [--json]\n"
+    "      Write the .plidx sidecar indexes of the config's llm.c and flat\n"
+    "      sources (one writer under a lock), so that loaders only map them.\n"
     "  calibrate CSV [--json]\n"
     "      Fit the cost model time = a*tokens + b*sum_sq + c by least\n"
     "      squares to rows 'tokens,sum_sq,step_time' (a header line and\n"
@@ -408,7 +413,7 @@ static int cmd_run(int argc, char **argv) {
         /* Micro-batch outermost: all ranks advance together. */
         for (int64_t mb = 0; mb < mbpr && !finished && rc == PL_OK; mb++) {
             for (int64_t r = 0; r < world; r++) {
-                pl_batch *b = NULL;
+                const pl_batch *b = NULL;
                 rc = pl_loader_next(loader, r, &b);
                 if (rc == PL_DONE) {
                     finished = 1;
@@ -422,8 +427,8 @@ static int cmd_run(int argc, char **argv) {
         if (bar) {
             double t = now_s();
             if (t - last_draw > 0.1 || done == steps) {
-                pl_loader_stats now;
-                if (pl_loader_get_stats(loader, &now) == PL_OK)
+                pl_loader_stats now = {.size = sizeof now};
+                if (pl_loader_get_stats(loader, &now, NULL, 0) == PL_OK)
                     progress(done, steps, now.tokens, t - t0);
                 last_draw = t;
             }
@@ -437,10 +442,13 @@ static int cmd_run(int argc, char **argv) {
         return code;
     }
 
-    pl_loader_stats st;
-    rc = pl_loader_get_stats(loader, &st);
+    pl_loader_stats st = {.size = sizeof st};
+    int64_t n_sources = pl_config_num_sources(pl_loader_config(loader));
+    pl_source_summary *sums = calloc(n_sources > 0 ? (size_t)n_sources : 1, sizeof *sums);
+    rc = sums ? pl_loader_get_stats(loader, &st, sums, n_sources) : PL_ENOMEM;
     if (rc != PL_OK) {
-        code = fail(EXIT_RUNTIME, pl_loader_errmsg(loader), rc);
+        code = fail(EXIT_RUNTIME, sums ? pl_loader_errmsg(loader) : "out of memory", rc);
+        free(sums);
         pl_loader_free(loader);
         return code;
     }
@@ -506,6 +514,8 @@ static int cmd_run(int argc, char **argv) {
     if (!bar)
         fprintf(stderr, "polyload: run: %" PRId64 " steps in %.3f s\n",
                 st.steps, secs);
+    free(sums);
+    st.sources = NULL;
 
     if (a.state_out) {
         size_t len = 0;
@@ -860,10 +870,12 @@ static int cmd_inspect(int argc, char **argv) {
         if (!parse_int(a.eos_id, 0, (int64_t)UINT32_MAX, &o.eos_id))
             return usage_error("inspect: --eos-id wants a token id, got '%s'", a.eos_id);
     }
+    o.write_index = PL_INDEX_READ; /* inspecting writes no sidecar */
     pl_source *src = NULL;
     int rc = pl_source_open(&o, &src);
     pl_source_stats st;
     memset(&st, 0, sizeof st);
+    st.size = sizeof st;
     if (rc == PL_OK) rc = pl_source_get_stats(src, &st);
     if (rc != PL_OK) {
         code = fail(EXIT_RUNTIME, pl_source_errmsg(src), rc);
@@ -897,6 +909,62 @@ static int cmd_inspect(int argc, char **argv) {
                st.length_p50, st.length_p90, st.length_p99, st.length_max);
     }
     pl_source_free(src);
+    return EXIT_OK;
+}
+
+/* -------------------------------------------------------------- index */
+
+static int cmd_index(int argc, char **argv) {
+    args a;
+    int code = parse_args(argc, argv, 2, "json", &a);
+    if (code) return code;
+    if (a.help) {
+        fputs(usage_text, stdout);
+        return EXIT_OK;
+    }
+    if (!a.positional) return usage_error("index: missing CONFIG");
+    pl_config *cfg = NULL;
+    code = load_config(a.positional, &cfg);
+    if (code) return code;
+    int rc = pl_config_set(cfg, "sidecar_index", "write");
+    if (rc != PL_OK) {
+        code = fail(EXIT_USAGE, pl_config_errmsg(cfg), rc);
+        pl_config_free(cfg);
+        return code;
+    }
+    static const char *const type_names[] = {"?", "megatron", "llmc", "flat"};
+    int64_t n = pl_config_num_sources(cfg);
+    if (a.json) fputs("{\"sources\": {", stdout);
+    for (int64_t i = 0; i < n; i++) {
+        pl_source *src = NULL;
+        rc = pl_config_open_source(cfg, i, &src);
+        if (rc != PL_OK) {
+            if (a.json) fputs("}}\n", stdout);
+            code = fail(rc == PL_ECONFIG ? EXIT_USAGE : EXIT_RUNTIME,
+                        src ? pl_source_errmsg(src) : pl_last_errmsg(), rc);
+            pl_source_free(src);
+            pl_config_free(cfg);
+            return code;
+        }
+        pl_source_type t = pl_source_get_type(src);
+        const char *tname = type_names[t >= 1 && t <= 3 ? t : 0];
+        const char *what = t == PL_SOURCE_MEGATRON ? "its own .idx" : ".plidx written or current";
+        if (a.json) {
+            if (i) fputs(", ", stdout);
+            json_str(stdout, pl_config_source_name(cfg, i));
+            fputs(": {\"type\": ", stdout);
+            json_str(stdout, tname);
+            printf(", \"files\": %" PRId64 ", \"documents\": %" PRId64 "}",
+                   pl_source_num_files(src), pl_source_num_documents(src));
+        } else {
+            printf("%s (%s): %" PRId64 " files, %" PRId64 " documents, %s\n",
+                   pl_config_source_name(cfg, i), tname, pl_source_num_files(src),
+                   pl_source_num_documents(src), what);
+        }
+        pl_source_free(src);
+    }
+    if (a.json) fputs("}}\n", stdout);
+    pl_config_free(cfg);
     return EXIT_OK;
 }
 
@@ -1101,6 +1169,7 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "run") == 0) return cmd_run(argc, argv);
     if (strcmp(cmd, "plan") == 0) return cmd_plan(argc, argv);
     if (strcmp(cmd, "inspect") == 0) return cmd_inspect(argc, argv);
+    if (strcmp(cmd, "index") == 0) return cmd_index(argc, argv);
     if (strcmp(cmd, "prepare") == 0) return cmd_prepare(argc, argv);
     if (strcmp(cmd, "calibrate") == 0) return cmd_calibrate(argc, argv);
     return usage_error("unknown command '%s'", cmd);

@@ -219,6 +219,8 @@ static const char *const balance_names[] = {"none", "greedy",
                                             "karmarkar_karp"};
 static const int balance_values[] = {PL__BALANCE_NONE, PL__BALANCE_GREEDY,
                                      PL__BALANCE_KK};
+static const char *const sidecar_names[] = {"write", "read", "memory"};
+static const int sidecar_values[] = {PL_INDEX_WRITE, PL_INDEX_READ, PL_INDEX_MEMORY};
 static const char *const onerr_names[] = {"fail", "skip"};
 static const int onerr_values[] = {PL__ONERR_FAIL, PL__ONERR_SKIP};
 static const char *const interp_names[] = {"linear", "step"};
@@ -268,7 +270,8 @@ static int is_known_key(const char *key) {
     static const char *const known[] = {
         "seed", "seq_length", "global_batch_size", "micro_batch_size",
         "train_steps", "dtype", "pad_id", "long_documents", "packing",
-        "balance", "on_error", "threads", "prefetch", "max_lag_steps", "cost.preset",
+        "balance", "on_error", "threads", "prefetch", "max_lag_steps", "sidecar_index",
+        "cost.preset",
         "cost.a", "cost.b", "cost.c", "cost.window", "long_short.threshold",
         "topology.dp", "topology.pp", "topology.cp", "topology.tp",
         "topology.order", "vocab_size", "split"};
@@ -383,6 +386,8 @@ static int set_scalar(pl_config *cfg, const char *key, const sval *v) {
     }
     if (strcmp(key, "max_lag_steps") == 0)
         return get_int(cfg, key, v, 1, (int64_t)1 << 20, &cfg->max_lag_steps);
+    if (strcmp(key, "sidecar_index") == 0)
+        return get_enum(cfg, key, v, ENUM_ARGS(sidecar), &cfg->sidecar_index);
     if (strcmp(key, "cost.preset") == 0) return set_preset(cfg, v);
     if (strcmp(key, "cost.a") == 0) return get_num(cfg, key, v, &cfg->cost.a);
     if (strcmp(key, "cost.b") == 0) return get_num(cfg, key, v, &cfg->cost.b);
@@ -1219,7 +1224,7 @@ static int check_depth(pl_config *cfg, const char *yaml, size_t len) {
     return rc;
 }
 
-int pl_config_parse_string(const char *yaml, size_t len, const char *origin,
+static int pl__config_parse_string_impl(const char *yaml, size_t len, const char *origin,
                            pl_config **out) {
     if (!out) return PL_EINVAL;
     *out = NULL;
@@ -1276,7 +1281,7 @@ int pl_config_parse_string(const char *yaml, size_t len, const char *origin,
     return rc;
 }
 
-int pl_config_parse_file(const char *path, pl_config **out) {
+static int pl__config_parse_file_impl(const char *path, pl_config **out) {
     if (!out) return PL_EINVAL;
     *out = NULL;
     if (!path) return PL_EINVAL;
@@ -1311,7 +1316,7 @@ int pl_config_parse_file(const char *path, pl_config **out) {
 
 /* ------------------------------------------------------------ set / get */
 
-int pl_config_set(pl_config *cfg, const char *key, const char *value) {
+static int pl__config_set_impl(pl_config *cfg, const char *key, const char *value) {
     if (!cfg) return PL_EINVAL;
     if (!key || !value)
         return cfg_err(cfg, PL_EINVAL, -1, "pl_config_set: NULL key or value");
@@ -1384,6 +1389,7 @@ int pl_config_get_int(const pl_config *cfg, const char *key, int64_t *out) {
         {"threads", cfg->threads},
         {"prefetch", cfg->prefetch},
         {"max_lag_steps", cfg->max_lag_steps},
+        {"sidecar_index", cfg->sidecar_index},
         {"cost.window", cfg->cost.window},
         {"long_short.threshold", cfg->long_short_threshold},
         {"topology.dp", cfg->topology.dp},
@@ -1417,7 +1423,7 @@ const char *pl_config_warning(const pl_config *cfg, int64_t i) {
     return cfg->warnings[i];
 }
 
-int pl_config_set_world_size(pl_config *cfg, int64_t world_size) {
+static int pl__config_set_world_size_impl(pl_config *cfg, int64_t world_size) {
     if (!cfg) return PL_EINVAL;
     const int64_t pp = cfg->topology.pp, cp = cfg->topology.cp,
                   tp = cfg->topology.tp;
@@ -1601,7 +1607,7 @@ int pl__config_open_source(const pl_config *cfg, int64_t i, pl_source **out) {
     o.name = s->name;
     o.token_dtype = s->token_dtype;
     o.eos_id = s->eos_id;
-    o.write_index = 0;
+    o.write_index = cfg->sidecar_index;
     int rc = pl__source_open(&o, cfg->on_error == PL__ONERR_SKIP, out);
     if (rc == PL_ENOENT && *out && !path_exists(s->type, s->path)) {
         /* A path that matches nothing is the config's mistake: say which. */
@@ -1766,4 +1772,31 @@ int pl_config_split(const pl_config *cfg, int split, pl_config **out) {
     c->train_steps = -1;
     c->errmsg[0] = '\0';
     return PL_OK;
+}
+
+/* ------------------------------------------------ per-thread messages */
+
+int pl_config_parse_string(const char *yaml, size_t len, const char *origin,
+                           pl_config **out) {
+    int rc = pl__config_parse_string_impl(yaml, len, origin, out);
+    if (rc < 0) pl__thread_err(*out ? pl_config_errmsg(*out) : "config: out of memory");
+    return rc;
+}
+
+int pl_config_parse_file(const char *path, pl_config **out) {
+    int rc = pl__config_parse_file_impl(path, out);
+    if (rc < 0) pl__thread_err(*out ? pl_config_errmsg(*out) : "config: out of memory");
+    return rc;
+}
+
+int pl_config_set(pl_config *cfg, const char *key, const char *value) {
+    int rc = pl__config_set_impl(cfg, key, value);
+    if (rc < 0) pl__thread_err(pl_config_errmsg(cfg));
+    return rc;
+}
+
+int pl_config_set_world_size(pl_config *cfg, int64_t world_size) {
+    int rc = pl__config_set_world_size_impl(cfg, world_size);
+    if (rc < 0) pl__thread_err(pl_config_errmsg(cfg));
+    return rc;
 }

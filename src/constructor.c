@@ -160,8 +160,11 @@ int pl__view_create(pl__batchbuf *buf, uint32_t fields, pl_batch **out) {
     return PL_OK;
 }
 
-void pl_batch_retain(pl_batch *batch) {
-    if (batch) atomic_fetch_add(&((pl__view *)batch)->refs, 1);
+pl_batch *pl_batch_retain(const pl_batch *batch) {
+    if (!batch) return NULL;
+    pl__view *v = (pl__view *)(uintptr_t)batch; /* the view is the library's */
+    atomic_fetch_add(&v->refs, 1);
+    return &v->pub;
 }
 
 void pl_batch_release(pl_batch *batch) {
@@ -427,7 +430,7 @@ static int pl__check_rows(const pl_plan *plan, int64_t dp_rank, int64_t mb,
     return PL_OK;
 }
 
-int pl_plan_reads(const pl_plan *plan, int64_t dp_rank, int64_t mb,
+static int pl__plan_reads_impl(const pl_plan *plan, int64_t dp_rank, int64_t mb,
                   pl_read *out, int64_t cap, int64_t *n) {
     if (!plan || dp_rank < 0 || dp_rank >= plan->dp || mb < 0 ||
         mb >= plan->micro_batches_per_rank || !n)
@@ -464,7 +467,7 @@ struct pl_constructor {
     pl__build_ctx ctx;
 };
 
-int pl_constructor_create(const pl_config *cfg, pl_constructor **out) {
+static int pl__constructor_create_impl(const pl_config *cfg, pl_constructor **out) {
     *out = NULL;
     pl_constructor *k = pl__calloc(1, sizeof *k);
     if (!k) return PL_ENOMEM;
@@ -497,7 +500,7 @@ const char *pl_constructor_errmsg(const pl_constructor *k) {
     return k ? k->errmsg : "out of memory";
 }
 
-int pl_constructor_build(pl_constructor *k, const pl_plan *plan, int64_t rank,
+static int pl__constructor_build_impl(pl_constructor *k, const pl_plan *plan, int64_t rank,
                          int64_t mb, const int64_t *const *payloads,
                          const int64_t *payload_lengths, int64_t n_payloads,
                          pl_batch **out) {
@@ -570,5 +573,28 @@ int pl_constructor_build(pl_constructor *k, const pl_plan *plan, int64_t rank,
     rc = pl__construct(&k->ctx, plan, ri.dp_rank, mb, buf);
     if (!rc) rc = pl__view_create(buf, ri.fields, out);
     pl__buf_release(buf); /* the view holds its own reference */
+    return rc;
+}
+
+/* ------------------------------------------------ per-thread messages */
+
+int pl_constructor_create(const pl_config *cfg, pl_constructor **out) {
+    int rc = pl__constructor_create_impl(cfg, out);
+    if (rc < 0) pl__thread_err(*out ? pl_constructor_errmsg(*out) : "constructor: out of memory");
+    return rc;
+}
+
+int pl_constructor_build(pl_constructor *k, const pl_plan *plan, int64_t rank, int64_t micro_batch,
+                         const int64_t *const *payloads, const int64_t *payload_lengths,
+                         int64_t n_payloads, pl_batch **out) {
+    int rc = pl__constructor_build_impl(k, plan, rank, micro_batch, payloads, payload_lengths, n_payloads, out);
+    if (rc < 0) pl__thread_err(pl_constructor_errmsg(k));
+    return rc;
+}
+
+int pl_plan_reads(const pl_plan *plan, int64_t dp_rank, int64_t mb, pl_read *out, int64_t cap,
+                  int64_t *n) {
+    int rc = pl__plan_reads_impl(plan, dp_rank, mb, out, cap, n);
+    if (rc < 0) pl__thread_err("plan: bad plan, rank, micro-batch or capacity");
     return rc;
 }

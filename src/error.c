@@ -86,6 +86,15 @@ void pl__vfmt(char *buf, size_t cap, const char *fmt, va_list ap) {
     if (n < 0) buf[0] = '\0';
 }
 
+/* The calling thread's last error message (pl_last_errmsg). */
+static _Thread_local char pl__tls_err[PL__ERRMSG_CAP];
+
+void pl__thread_err(const char *msg) {
+    if (msg != pl__tls_err) pl__fmt(pl__tls_err, sizeof pl__tls_err, "%s", msg ? msg : "");
+}
+
+const char *pl_last_errmsg(void) { return pl__tls_err; }
+
 void pl__fmt(char *buf, size_t cap, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);

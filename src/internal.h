@@ -20,6 +20,9 @@ void pl__fmt(char *buf, size_t cap, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 void pl__vfmt(char *buf, size_t cap, const char *fmt, va_list ap);
 
+/* Record msg as the calling thread's last error (pl_last_errmsg). */
+void pl__thread_err(const char *msg);
+
 /* Allocation helpers that never abort: NULL on failure. */
 void *pl__calloc(size_t n, size_t size);
 void *pl__realloc_array(void *p, size_t n, size_t size);
@@ -120,6 +123,7 @@ struct pl_config {
     int threads;
     int prefetch;
     int64_t max_lag_steps; /* lag policy of the pipeline */
+    int sidecar_index;     /* PL_INDEX_* policy of llmc/flat sources */
     int64_t n_sources;
     pl__source_cfg *sources;
     int has_schedule;

@@ -54,7 +54,7 @@ typedef struct pl__worker {
 
 typedef struct pl__lrank {
     int64_t rank;
-    pl_batch *current;
+    pl_batch *current; /* the borrowed batch last returned for this rank */
 } pl__lrank;
 
 struct pl_loader {
@@ -76,7 +76,6 @@ struct pl_loader {
     pl__worker *workers;
     pl__lrank *ranks; /* sorted */
     int64_t n_ranks;
-    pl_source_summary *summary;
 };
 
 static int pl__fail(pl_loader *l, int rc, const char *fmt, ...)
@@ -84,10 +83,13 @@ static int pl__fail(pl_loader *l, int rc, const char *fmt, ...)
 static int pl__fail(pl_loader *l, int rc, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
-    if (l->sync_inited) pthread_mutex_lock(&l->err_mu);
-    pl__vfmt(l->errmsg, sizeof l->errmsg, fmt, ap);
-    if (l->sync_inited) pthread_mutex_unlock(&l->err_mu);
+    char msg[PL__ERRMSG_CAP];
+    pl__vfmt(msg, sizeof msg, fmt, ap);
     va_end(ap);
+    pl__thread_err(msg);
+    if (l->sync_inited) pthread_mutex_lock(&l->err_mu);
+    memcpy(l->errmsg, msg, sizeof msg);
+    if (l->sync_inited) pthread_mutex_unlock(&l->err_mu);
     return rc;
 }
 
@@ -268,8 +270,7 @@ int pl_loader_create(const pl_config *cfg, const pl_loader_options *opts,
     l->n_ranks = o.ranks ? o.n_ranks : world;
     if (l->n_ranks <= 0) return pl__fail(l, PL_EINVAL, "loader: no ranks to serve");
     l->ranks = pl__calloc((size_t)l->n_ranks, sizeof *l->ranks);
-    l->summary = pl__calloc(c->n_sources ? (size_t)c->n_sources : 1, sizeof *l->summary);
-    if (!l->ranks || !l->summary) return pl__fail(l, PL_ENOMEM, "loader: out of memory");
+    if (!l->ranks) return pl__fail(l, PL_ENOMEM, "loader: out of memory");
     for (int64_t i = 0; i < l->n_ranks; i++) l->ranks[i].rank = o.ranks ? o.ranks[i] : i;
     qsort(l->ranks, (size_t)l->n_ranks, sizeof *l->ranks, pl__cmp_i64);
 
@@ -372,7 +373,6 @@ void pl_loader_free(pl_loader *l) {
     for (int64_t i = 0; l->sources && i < l->n_sources; i++) pl_source_free(l->sources[i]);
     free(l->sources);
     free(l->ranks);
-    free(l->summary);
     pl_config_free(l->cfg);
     if (l->sync_inited) {
         pthread_mutex_destroy(&l->err_mu);
@@ -397,7 +397,7 @@ static pl__lrank *pl__find_rank(pl_loader *l, int64_t rank) {
 
 /* ------------------------------------------------------------- consumer */
 
-int pl_loader_next(pl_loader *l, int64_t rank, pl_batch **out) {
+int pl_loader_next(pl_loader *l, int64_t rank, const pl_batch **out) {
     *out = NULL;
     pl__lrank *r = pl__find_rank(l, rank);
     if (!r)
@@ -418,10 +418,12 @@ int pl_loader_next(pl_loader *l, int64_t rank, pl_batch **out) {
     if (rc) return pl__fail(l, rc, "%s", err);
     pl__unit_item *item = it.item; /* its buffer it.index is retained for us */
     pl__batchbuf *buf = item->b[it.index];
-    rc = pl__view_create(buf, it.fields, out);
+    pl_batch *view = NULL;
+    rc = pl__view_create(buf, it.fields, &view);
     pl__buf_release(buf); /* the view holds its own reference */
     if (rc) return pl__fail(l, rc, "loader: out of memory");
-    r->current = *out;
+    r->current = view;
+    *out = view;
     return PL_OK;
 }
 
@@ -458,8 +460,13 @@ int pl_loader_set_state(pl_loader *l, const void *buf, size_t len) {
     return rc;
 }
 
-int pl_loader_get_stats(pl_loader *l, pl_loader_stats *out) {
-    int rc = pl_pipeline_get_stats(l->pipe, -1, out, l->summary, l->cfg->n_sources);
+int pl_loader_get_stats(pl_loader *l, pl_loader_stats *out, pl_source_summary *sources,
+                        int64_t cap) {
+    if (!out || out->size < sizeof(pl_loader_stats) || (!sources && cap > 0))
+        return pl__fail(l, PL_EINVAL,
+                        "loader: pl_loader_get_stats needs out->size = sizeof(pl_loader_stats) "
+                        "and a sources array of cap entries");
+    int rc = pl_pipeline_get_stats(l->pipe, -1, out, sources, cap);
     if (rc == PL_ESTATE) {
         int64_t step = 0;
         pl_pipeline_position(l->pipe, &step, NULL, NULL);
@@ -467,7 +474,8 @@ int pl_loader_get_stats(pl_loader *l, pl_loader_stats *out) {
                         "(its package came without it: pl_loader_attach_state)",
                         (long long)step);
     }
-    return rc;
+    if (rc) return pl__fail(l, rc, "loader: statistics: %s", pl_strerror(rc));
+    return PL_OK;
 }
 
 /* ------------------------------------------------------------- external */

@@ -9,7 +9,12 @@
  * the oldest unit some rank of the group still needs, next_u the next one
  * to hand to a driver.  A driver may build unit u of a group when
  *   u < (unit of the least attached cursor) + depth_u,  or u <= demand_u
- * (a rank waits for it), and u - lo_u < cap.  The lag policy bounds lo_u:
+ * (a rank waits for it), and u - lo_u < cap.  depth_u counts the unit being
+ * consumed plus ceil(prefetch / unit) units ahead of it, so the next unit is
+ * built while the current one is consumed even when a unit is the whole
+ * prefetch.  Consumers wake drivers only when that admission can have changed
+ * (the least attached cursor entered another unit, or a unit was released),
+ * not per micro-batch.  The lag policy bounds lo_u:
  * a rank more than lag_k micro-batches behind the group's lead is dropped,
  * so cap = depth_u + lag_u + 2 slots always suffice and nothing grows.
  *
@@ -352,6 +357,7 @@ static int pl__pfail(pl_pipeline *p, int rc, const char *fmt, ...) {
     va_start(ap, fmt);
     pl__vfmt(p->errmsg, sizeof p->errmsg, fmt, ap);
     va_end(ap);
+    pl__thread_err(p->errmsg);
     return rc;
 }
 
@@ -376,7 +382,7 @@ int pl_pipeline_create(const pl_config *cfg, const pl_pipeline_options *o,
     p->total_k = c->train_steps >= 0 ? c->train_steps * p->nmb : -1;
     int64_t prefetch = o && o->prefetch > 0 ? o->prefetch : c->prefetch;
     if (prefetch < 1) prefetch = 1;
-    p->depth_u = (prefetch + p->unit - 1) / p->unit;
+    p->depth_u = (prefetch + p->unit - 1) / p->unit + 1;
     int64_t lag_steps = o && o->max_lag_steps > 0 ? o->max_lag_steps : c->max_lag_steps;
     if (lag_steps < 1) lag_steps = 1;
     p->lag_k = lag_steps * p->nmb;
@@ -507,7 +513,7 @@ const char *pl_pipeline_errmsg(const pl_pipeline *p) {
     return p ? p->errmsg : "out of memory";
 }
 
-int pl_pipeline_reset(pl_pipeline *p, const void *blob, size_t len, char *err,
+static int pl__pipeline_reset_impl(pl_pipeline *p, const void *blob, size_t len, char *err,
                       size_t errcap) {
     pl_state_info si;
     int rc = pl_state_inspect(blob, len, &si);
@@ -851,7 +857,7 @@ static int pl__report_failure(pl_pipeline *p, char *err, size_t errcap) {
     return rc;
 }
 
-int pl_pipeline_next(pl_pipeline *p, int64_t rank, int64_t max_count,
+static int pl__pipeline_next_impl(pl_pipeline *p, int64_t rank, int64_t max_count,
                      int64_t timeout_ms, pl_pipeline_item *out, char *err,
                      size_t errcap) {
     memset(out, 0, sizeof *out);
@@ -940,8 +946,12 @@ int pl_pipeline_next(pl_pipeline *p, int64_t rank, int64_t max_count,
     if (p->retain) p->retain(s->item, out->index, p->release_ctx);
     s->pins++;
     r->pin = u;
+    int64_t a0 = pl__group_min(p, g, 1);
     r->cursor = k + take;
-    pl__wake(work_cv); /* the group's window may have moved */
+    /* The group's window moves when its least attached cursor enters another
+       unit (released units wake drivers in pl__advance). */
+    if (pl__unit_of(p, pl__group_min(p, g, 1)) != pl__unit_of(p, a0 < 0 ? 0 : a0))
+        pl__wake(work_cv);
     p->st_micro_batches += take;
     if (r->cursor > g->lead_k) {
         g->lead_k = r->cursor;
@@ -1029,7 +1039,7 @@ int pl_pipeline_attach_state(pl_pipeline *p, const void *blob, size_t len, char 
     return PL_OK;
 }
 
-int pl_pipeline_get_state(pl_pipeline *p, int64_t timeout_ms, void *buf,
+static int pl__pipeline_get_state_impl(pl_pipeline *p, int64_t timeout_ms, void *buf,
                           size_t cap, size_t *len, char *err, size_t errcap) {
     struct timespec ts;
     int use;
@@ -1083,9 +1093,18 @@ static int pl__name_is(const pl_state_source_info *si, const char *name) {
     return strlen(name) == si->name_len && memcmp(si->name, name, si->name_len) == 0;
 }
 
-int pl_pipeline_get_stats(pl_pipeline *p, int64_t timeout_ms, pl_loader_stats *out,
+int pl_pipeline_get_stats(pl_pipeline *p, int64_t timeout_ms, pl_loader_stats *stats,
                           pl_source_summary *sources, int64_t cap) {
+    if (!stats || stats->size < sizeof(pl_loader_stats) || (!sources && cap > 0)) {
+        pl__thread_err("pipeline: pl_pipeline_get_stats needs stats->size = "
+                       "sizeof(pl_loader_stats) and a sources array of cap entries");
+        return PL_EINVAL;
+    }
+    /* Filled whole, then copied up to the caller's size (a newer caller's
+       fields beyond this library's struct stay as they were). */
+    pl_loader_stats whole, *out = &whole;
     memset(out, 0, sizeof *out);
+    out->size = sizeof *out;
     struct timespec ts;
     int use;
     pl__deadline(timeout_ms, &ts, &use);
@@ -1161,5 +1180,48 @@ int pl_pipeline_get_stats(pl_pipeline *p, int64_t timeout_ms, pl_loader_stats *o
     out->n_sources = ns;
     out->sources = sources;
     pthread_mutex_unlock(&p->mu);
+    memcpy(stats, out, sizeof *out);
     return PL_OK;
+}
+
+/* ------------------------------------------------ per-thread messages */
+
+int pl_pipeline_reset(pl_pipeline *p, const void *blob, size_t len, char *err,
+                      size_t errcap) {
+    char local[PL__ERRMSG_CAP];
+    if (!err || errcap == 0) {
+        err = local;
+        errcap = sizeof local;
+    }
+    err[0] = '\0';
+    int rc = pl__pipeline_reset_impl(p, blob, len, err, errcap);
+    if (rc < 0) pl__thread_err(err);
+    return rc;
+}
+
+int pl_pipeline_next(pl_pipeline *p, int64_t rank, int64_t max_count,
+                     int64_t timeout_ms, pl_pipeline_item *out, char *err,
+                     size_t errcap) {
+    char local[PL__ERRMSG_CAP];
+    if (!err || errcap == 0) {
+        err = local;
+        errcap = sizeof local;
+    }
+    err[0] = '\0';
+    int rc = pl__pipeline_next_impl(p, rank, max_count, timeout_ms, out, err, errcap);
+    if (rc < 0) pl__thread_err(err);
+    return rc;
+}
+
+int pl_pipeline_get_state(pl_pipeline *p, int64_t timeout_ms, void *buf,
+                          size_t cap, size_t *len, char *err, size_t errcap) {
+    char local[PL__ERRMSG_CAP];
+    if (!err || errcap == 0) {
+        err = local;
+        errcap = sizeof local;
+    }
+    err[0] = '\0';
+    int rc = pl__pipeline_get_state_impl(p, timeout_ms, buf, cap, len, err, errcap);
+    if (rc < 0) pl__thread_err(err);
+    return rc;
 }

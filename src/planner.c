@@ -88,7 +88,7 @@ static void pl__planner_perm(pl_planner *p, int64_t i) {
                   p->cfg->sources[i].name, (uint64_t)p->src[i].epoch);
 }
 
-int pl_planner_create(const pl_config *cfg, pl_source *const *sources,
+static int pl__planner_create_impl(const pl_config *cfg, pl_source *const *sources,
                       int64_t n_sources, pl_planner **out) {
     *out = NULL;
     pl_planner *p = pl__calloc(1, sizeof *p);
@@ -501,7 +501,7 @@ again:
     return PL_OK;
 }
 
-int pl_planner_next(pl_planner *p, pl_plan **out) {
+static int pl__planner_next_impl(pl_planner *p, pl_plan **out) {
     *out = NULL;
     if (p->failed) return p->failed;
     pl__config_weights(p->cfg, p->step, p->weights);
@@ -531,7 +531,7 @@ int pl_planner_next(pl_planner *p, pl_plan **out) {
     return PL_OK;
 }
 
-int pl_planner_get_state(pl_planner *p, void *buf, size_t cap, size_t *len) {
+static int pl__planner_get_state_impl(pl_planner *p, void *buf, size_t cap, size_t *len) {
     void *blob = NULL;
     size_t n = 0;
     int rc = pl__state_encode(p, 0, &blob, &n);
@@ -550,9 +550,36 @@ int pl_planner_get_state(pl_planner *p, void *buf, size_t cap, size_t *len) {
     return PL_OK;
 }
 
-int pl_planner_set_state(pl_planner *p, const void *buf, size_t len) {
+static int pl__planner_set_state_impl(pl_planner *p, const void *buf, size_t len) {
     /* The planner stands at the start of the blob's step; a mid-step cursor
        is the loader's business. */
     int64_t mb = 0;
     return pl__state_decode(p, buf, len, INT64_MAX, 0, &mb);
+}
+
+/* ------------------------------------------------ per-thread messages */
+
+int pl_planner_create(const pl_config *cfg, pl_source *const *sources, int64_t n_sources,
+                      pl_planner **out) {
+    int rc = pl__planner_create_impl(cfg, sources, n_sources, out);
+    if (rc < 0) pl__thread_err(*out ? pl_planner_errmsg(*out) : "planner: out of memory");
+    return rc;
+}
+
+int pl_planner_next(pl_planner *p, pl_plan **out) {
+    int rc = pl__planner_next_impl(p, out);
+    if (rc < 0) pl__thread_err(pl_planner_errmsg(p));
+    return rc;
+}
+
+int pl_planner_get_state(pl_planner *p, void *buf, size_t cap, size_t *len) {
+    int rc = pl__planner_get_state_impl(p, buf, cap, len);
+    if (rc < 0) pl__thread_err(pl_planner_errmsg(p));
+    return rc;
+}
+
+int pl_planner_set_state(pl_planner *p, const void *buf, size_t len) {
+    int rc = pl__planner_set_state_impl(p, buf, len);
+    if (rc < 0) pl__thread_err(pl_planner_errmsg(p));
+    return rc;
 }

@@ -449,6 +449,7 @@ static int pl__expand(const char *path, int megatron, pl__paths *p, char *err,
 static void pl__set_err(pl_source *src, const char *msg);
 void pl__source_set_err(pl_source *src, const char *msg) { pl__set_err(src, msg); }
 static void pl__set_err(pl_source *src, const char *msg) {
+    pl__thread_err(msg);
     pthread_mutex_lock(&src->mu);
     pl__fmt(src->errmsg, sizeof src->errmsg, "%s", msg);
     pthread_mutex_unlock(&src->mu);
@@ -469,8 +470,16 @@ int pl_source_open(const pl_source_options *opts, pl_source **out) {
     return pl__source_open(opts, 0, out);
 }
 
-int pl__source_open(const pl_source_options *opts, int skip_damaged,
-                    pl_source **out) {
+static int pl__source_open_impl(const pl_source_options *opts, int skip_damaged,
+                                pl_source **out);
+int pl__source_open(const pl_source_options *opts, int skip_damaged, pl_source **out) {
+    int rc = pl__source_open_impl(opts, skip_damaged, out);
+    if (rc < 0) pl__thread_err(out && *out ? (*out)->errmsg : "source: out of memory");
+    return rc;
+}
+
+static int pl__source_open_impl(const pl_source_options *opts, int skip_damaged,
+                                pl_source **out) {
     if (!out) return PL_EINVAL;
     *out = NULL;
     pl_source *src = calloc(1, sizeof *src);
@@ -515,7 +524,13 @@ int pl__source_open(const pl_source_options *opts, int skip_damaged,
                 (long long)opts->eos_id);
         return PL_EINVAL;
     }
-    src->write_index = opts->write_index == -1 ? -1 : 1;
+    src->write_index = opts->write_index == 1 ? PL_INDEX_WRITE : opts->write_index;
+    if (src->write_index != PL_INDEX_WRITE && src->write_index != PL_INDEX_READ &&
+        src->write_index != PL_INDEX_MEMORY) {
+        pl__fmt(err, cap, "source %s: write_index %d is not a PL_INDEX_* policy", src->name,
+                opts->write_index);
+        return PL_EINVAL;
+    }
     pl_dtype flat = opts->token_dtype ? opts->token_dtype : PL_DTYPE_UINT16;
     if (opts->type == PL_SOURCE_FLAT && flat != PL_DTYPE_UINT16 &&
         flat != PL_DTYPE_UINT32) {
@@ -844,8 +859,13 @@ static int pl__kth_length(const pl_source *src, int64_t k, int bits,
 
 int pl_source_get_stats(pl_source *src, pl_source_stats *out) {
     if (!src || !out) return PL_EINVAL;
+    if (out->size < sizeof *out) {
+        pl__set_err(src, "pl_source_get_stats: out->size must be sizeof(pl_source_stats)");
+        return PL_EINVAL;
+    }
     char err[PL__ERRMSG_CAP];
     memset(out, 0, sizeof *out);
+    out->size = sizeof *out;
     out->files = src->n_files;
     out->documents = src->n_docs;
     int64_t maxlen = 0, total = 0;

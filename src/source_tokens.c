@@ -16,8 +16,17 @@
  * temporary file and renamed into place, so readers never see half of one,
  * and mapped.  A sidecar whose header does not match the data file (size,
  * mtime, eos_id, width, type), or that fails its CRC or size check, is
- * rebuilt.  When the directory is not writable, or write_index is -1, the
- * anonymous mapping is kept instead and no sidecar is read or written.
+ * rebuilt.
+ *
+ * Writing policy (pl_source_options.write_index, PL_INDEX_*): with
+ * PL_INDEX_WRITE (the default) one process at a time builds and writes a
+ * missing sidecar: it holds flock(LOCK_EX) on the data file while it scans,
+ * writes and renames; the others wait on the lock, then find the new sidecar
+ * and map it, so N processes opening a new file scan it once and write it
+ * once.  PL_INDEX_READ maps a matching sidecar but never writes one (what
+ * `polyload inspect` does): without one the index is built in memory.
+ * PL_INDEX_MEMORY neither reads nor writes a sidecar.  When the directory is
+ * not writable the anonymous mapping is kept.
  *
  * The end offsets are trusted only as far as O(1) checks go at open (the last
  * one must equal the token count); each document's offsets are checked when
@@ -27,6 +36,7 @@
 
 #include <errno.h>
 #include <fcntl.h>
+#include <sys/file.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -344,7 +354,25 @@ int pl__tokens_open(pl__sfile *f, pl_source_type type, pl_dtype flat_dtype,
     };
     char ipath[4096];
     pl__fmt(ipath, sizeof ipath, "%s.plidx", f->path);
-    if (write_index != -1 && pl__plidx_load(f, ipath, &w)) return PL_OK;
+    if (write_index != PL_INDEX_MEMORY && pl__plidx_load(f, ipath, &w)) return PL_OK;
+    /* One writer at a time: lock the data file, then look again (another
+       process may have written the sidecar while this one waited). */
+    int lockfd = -1;
+    if (write_index == PL_INDEX_WRITE) {
+        lockfd = open(f->path, O_RDONLY | O_CLOEXEC);
+        if (lockfd >= 0) {
+            int lrc;
+            while ((lrc = flock(lockfd, LOCK_EX)) != 0 && errno == EINTR) {
+            }
+            if (lrc != 0) { /* no locks here (some network file systems) */
+                close(lockfd);
+                lockfd = -1;
+            } else if (pl__plidx_load(f, ipath, &w)) {
+                close(lockfd); /* releases the lock */
+                return PL_OK;
+            }
+        }
+    }
 
     /* Build: one scan of the tokens. */
     pl__ends e = {0};
@@ -355,17 +383,20 @@ int pl__tokens_open(pl__sfile *f, pl_source_type type, pl_dtype flat_dtype,
         rc = pl__scan_u32(f->tokens, f->n_tokens, (uint64_t)eos_id,
                           type == PL_SOURCE_LLMC, &e);
     if (rc) {
+        if (lockfd >= 0) close(lockfd);
         if (e.a) munmap(e.a, e.cap * 8);
         pl__fmt(err, errcap, "%s: out of memory building the document index",
                 f->path);
         return rc;
     }
-    if (write_index != -1 && pl__plidx_write(ipath, &w, &e) == 0 &&
-        pl__plidx_load(f, ipath, &w)) {
+    int written = write_index == PL_INDEX_WRITE && pl__plidx_write(ipath, &w, &e) == 0 &&
+                  pl__plidx_load(f, ipath, &w);
+    if (lockfd >= 0) close(lockfd);
+    if (written) {
         if (e.a) munmap(e.a, e.cap * 8);
         return PL_OK;
     }
-    /* Read-only directory, or in-memory by request. */
+    /* Read-only directory, or in memory by policy. */
     f->idx_map = e.a;
     f->idx_len = e.cap * 8;
     f->ends = e.a;

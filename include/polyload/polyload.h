@@ -19,6 +19,19 @@
  *     pl_<noun>_free; free(NULL) is a no-op.  Creation functions set *out to a
  *     handle even when they fail (unless memory ran out), so that
  *     pl_<noun>_errmsg(*out) can tell the whole story; the caller frees it.
+ *   - Error messages: every failed call also leaves its message in a
+ *     thread-local buffer, pl_last_errmsg(), so threads that share a handle
+ *     (a loader, a source) each read the story of their own call.  The
+ *     per-handle pl_<noun>_errmsg holds the last message of any thread.
+ *   - Structs the library fills (statistics) start with a `size` field set
+ *     by the caller to sizeof the struct it was compiled with; option
+ *     structs start with a `version`.  Fields are only appended, so an older
+ *     caller keeps working with a newer library.
+ *   - Batches: a `const pl_batch *` is borrowed (valid as the function that
+ *     returned it says); a `pl_batch *` is an owned reference, given back
+ *     with pl_batch_release.  Plans (pl_plan) are read-only views made by
+ *     the library (pl_planner_next, pl_plan_decode) and owned by the caller
+ *     (pl_plan_free).
  *   - The library never prints, exits or aborts.  It is C11 and uses POSIX
  *     threads, mmap and pread.
  *   - Counts and offsets are int64_t; tokens are counted in tokens, memory in
@@ -90,6 +103,12 @@ typedef enum pl_status {
 #undef PL__STATUS_ENUM
 } pl_status;
 
+/* The message of the calling thread's most recent failed call into the
+ * library ("" when none), naming file, record and offset where there are
+ * any.  Thread-local storage: valid until that thread's next failed call;
+ * never NULL. */
+PL_API const char *pl_last_errmsg(void);
+
 /* A static description of a status code ("bad magic number"). Never NULL. */
 PL_API const char *pl_strerror(int status);
 /* The status code's name without prefix ("EMAGIC"). Never NULL. */
@@ -143,12 +162,14 @@ PL_API const char *pl_dtype_name(int dtype);
  *
  * llmc and flat files get a sidecar document index "<file>.plidx" (magic
  * "PLIDX\0\0\0", version, the file's size and mtime, eos_id, document count,
- * u64 document end offsets in tokens), written once next to the file (or, if
- * that directory is read-only, kept in anonymous memory) and then mapped.
+ * u64 document end offsets in tokens).  Opening maps a sidecar that matches
+ * its data file; one that is missing or stale is built in anonymous memory
+ * and, by policy (pl_source_options.write_index), written next to the file
+ * by one writer (see PL_INDEX_*).
  *
  * Thread safety: after open, every function that takes a const pl_source* or
  * reads documents is safe to call from many threads at once.  errmsg reports
- * the last error of any thread.
+ * the last error of any thread; pl_last_errmsg that of the calling thread.
  */
 typedef struct pl_source pl_source;
 
@@ -165,9 +186,31 @@ typedef struct pl_source_options {
     const char *name;     /* optional; used in messages. Default: path */
     pl_dtype token_dtype; /* flat only: PL_DTYPE_UINT16 (default) or UINT32 */
     int64_t eos_id;       /* llmc/flat; -1 = default (llmc 50256, flat 0) */
-    int write_index;      /* llmc/flat: 1 (default when 0) writes .plidx;
-                             -1 keeps the index in memory only */
+    int write_index;      /* llmc/flat: a PL_INDEX_* policy (1 is read as
+                             PL_INDEX_WRITE) */
 } pl_source_options;
+
+/*
+ * Sidecar policies (llmc and flat sources; config key `sidecar_index`):
+ *   PL_INDEX_WRITE   map a matching .plidx; a missing or stale one is built
+ *                    and written by one process at a time: it holds
+ *                    flock(LOCK_EX) on the data file while it scans, writes
+ *                    a temporary file and renames it into place; processes
+ *                    that wait on the lock map the new sidecar instead of
+ *                    scanning.  The default.
+ *   PL_INDEX_READ    map a matching .plidx, never write one (without one the
+ *                    index is built in memory); `polyload inspect` opens so.
+ *   PL_INDEX_MEMORY  never read or write a sidecar; the index lives in
+ *                    anonymous memory of this process.
+ * `polyload index CONFIG` writes the sidecars of a config's sources as an
+ * explicit preparation step.  A read-only directory keeps the index in memory
+ * under any policy.
+ */
+enum {
+    PL_INDEX_WRITE = 0,
+    PL_INDEX_READ = 2,
+    PL_INDEX_MEMORY = -1
+};
 #define PL_SOURCE_OPTIONS_VERSION 1
 
 /*
@@ -229,8 +272,11 @@ PL_API int pl_source_read(pl_source *src, int64_t index, int64_t offset,
                           int64_t count, void *out, pl_dtype out_dtype);
 
 /* Whole-source statistics, as `polyload inspect` prints them.  Scans every
- * document length (reads the index, not the tokens). */
+ * document length (reads the index, not the tokens).  Set out->size to
+ * sizeof(pl_source_stats) (PL_EINVAL for a size smaller than the first
+ * version's); fields beyond it are not written. */
 typedef struct pl_source_stats {
+    size_t size;
     int64_t files;
     int64_t documents;
     int64_t tokens;
@@ -288,7 +334,8 @@ PL_API int pl_config_set(pl_config *cfg, const char *key, const char *value);
 PL_API int pl_config_get_int(const pl_config *cfg, const char *key,
                              int64_t *out);
 /* A 64-bit hash of every setting that decides the batches (all keys except
- * threads, prefetch and vocab_size, which only checks pad_id), so that
+ * threads, prefetch, max_lag_steps, sidecar_index and vocab_size, which
+ * only checks pad_id), so that
  * processes can check they share a config. */
 PL_API uint64_t pl_config_fingerprint(const pl_config *cfg);
 /* Open source i of the config (type, path, token_dtype, eos_id as the config
@@ -410,6 +457,12 @@ typedef struct pl_chunk {
 /*
  * The plan of one step: its member chunks arranged into global_batch_size
  * sequences, and the sequences assigned to DP ranks and micro-batches.
+ * Plans are made by the library (pl_planner_next, pl_plan_decode) and are
+ * read-only to callers (the arrays are const): every function that reads
+ * one takes a `const pl_plan *`; pl_plan_free and pl_pipeline_add_step
+ * (which takes ownership) take a `pl_plan *`.  A plan built by hand in C
+ * (tests, tools) is checked by pl_plan_reads and pl_constructor_build before
+ * use.
  * Sequence q holds chunks[seq_offsets[q] .. seq_offsets[q+1]).  The sequence
  * in row `row` of micro-batch `mb` of DP rank `r` is
  *   rank_sequences[(r * micro_batches_per_rank + mb) * micro_batch_size + row].
@@ -463,11 +516,14 @@ typedef struct pl_plan {
  *   max_seqlen    the longest segment (of this CP rank's tokens; cp times it
  *                 globally)
  *
- * A batch returned by pl_loader_next is borrowed: it stays valid until the
- * next pl_loader_next for the same rank, or pl_loader_free.  To keep it longer
- * call pl_batch_retain and later pl_batch_release (thread-safe reference
- * counting; the memory returns to the loader's pool at the last release, even
- * after pl_loader_free).
+ * A batch returned by pl_loader_next is borrowed (`const pl_batch *`): it
+ * stays valid until the next pl_loader_next for the same rank, or
+ * pl_loader_free, and its memory may be shared with the other served ranks
+ * of its (DP, CP) group: never write to it.  To keep it longer take an owned
+ * reference with pl_batch_retain and give it back with pl_batch_release
+ * (thread-safe reference counting; the memory returns to the loader's pool
+ * at the last release, even after pl_loader_free).  pl_constructor_build
+ * returns an owned reference (`pl_batch *`).
  */
 typedef struct pl_batch {
     int64_t step;
@@ -493,7 +549,10 @@ typedef struct pl_batch {
     int32_t *segment_sources;
 } pl_batch;
 
-PL_API void pl_batch_retain(pl_batch *batch);
+/* A new owned reference to `batch` (the same pointer, for
+ * pl_batch_release); NULL for NULL. */
+PL_API pl_batch *pl_batch_retain(const pl_batch *batch);
+/* Give back an owned reference; NULL is a no-op. */
 PL_API void pl_batch_release(pl_batch *batch);
 
 /* =========================================================== state blobs */
@@ -575,9 +634,10 @@ PL_API int pl_state_unpack(const void *packed, size_t len, void *buf,
  * pl_loader_get_stats, pl_loader_want_step, pl_loader_push_package,
  * pl_loader_fail_step and pl_loader_stop may be called concurrently; calls
  * of pl_loader_next for the same rank must not overlap, nor may
- * pl_loader_set_state and pl_loader_free overlap any other call.  Error
- * messages (pl_loader_errmsg) are per handle: read them from the thread
- * that got the error before another call fails.
+ * pl_loader_set_state and pl_loader_free overlap any other call.  The
+ * message of a failed call is in pl_last_errmsg() of the calling thread;
+ * pl_loader_errmsg holds the last one of any thread (read it only when no
+ * other call can fail meanwhile).
  */
 typedef struct pl_loader pl_loader;
 
@@ -625,7 +685,8 @@ PL_API const char *pl_loader_errmsg(const pl_loader *loader);
  * bounded and nothing blocks; its own later calls return PL_ELAG.  The
  * state (pl_loader_get_state) is then that of the ranks not dropped.
  */
-PL_API int pl_loader_next(pl_loader *loader, int64_t rank, pl_batch **out);
+PL_API int pl_loader_next(pl_loader *loader, int64_t rank,
+                          const pl_batch **out);
 
 /*
  * The loader's state (SPEC section 4): the position after the batches
@@ -660,6 +721,7 @@ typedef struct pl_source_summary {
 } pl_source_summary;
 
 typedef struct pl_loader_stats {
+    size_t size;            /* set by the caller: sizeof(pl_loader_stats) */
     int64_t steps;          /* complete steps consumed by every served rank */
     int64_t micro_batches;  /* pl_loader_next calls that returned a batch */
     int64_t tokens;         /* non-padding tokens of the batches taken by all
@@ -671,10 +733,19 @@ typedef struct pl_loader_stats {
                                over the steps consumed so far (0: none yet) */
     double max_over_lower_bound; /* largest rank cost / the step's lower
                                bound (pl_plan.lower_bound), averaged alike */
-    int64_t n_sources;
-    const pl_source_summary *sources; /* valid until the next call */
+    int64_t n_sources;      /* entries filled in `sources` */
+    const pl_source_summary *sources; /* the caller's array (see below) */
 } pl_loader_stats;
-PL_API int pl_loader_get_stats(pl_loader *loader, pl_loader_stats *out);
+/*
+ * Statistics of what was consumed so far.  out->size must be set (PL_EINVAL
+ * otherwise); `sources` is caller owned with room for cap entries (the
+ * config's number of sources; fewer: only the first cap are filled;
+ * NULL with cap 0: none); names are borrowed from the loader's config.
+ * Safe to call from many threads at once, and concurrently with
+ * pl_loader_next: each caller gets its own copy.
+ */
+PL_API int pl_loader_get_stats(pl_loader *loader, pl_loader_stats *out,
+                               pl_source_summary *sources, int64_t cap);
 
 /* The config the loader was created with (borrowed). */
 PL_API const pl_config *pl_loader_config(const pl_loader *loader);
@@ -741,8 +812,11 @@ PL_API void pl_loader_stop(pl_loader *loader);
  *    every CP/TP/PP peer of the DP rank receives);
  *  - per group a ring of work units: `unit` micro-batches of one step, built
  *    once by a driver and handed to every rank of the group;
- *  - back-pressure: a group builds at most `prefetch` micro-batches ahead of
- *    its slowest attached rank (one that has asked for a batch);
+ *  - back-pressure: a group builds the unit its slowest attached rank (one
+ *    that has asked for a batch) is in and at most ceil(prefetch / unit)
+ *    units beyond it, so the next unit is built while one is consumed;
+ *    consumers wake drivers only when that window moves by a unit, not per
+ *    micro-batch;
  *  - the lag policy, the same in every deployment: a rank that falls more
  *    than max_lag_steps steps behind the most advanced rank of its group
  *    (a rank that never asks stands at its start) is dropped from the

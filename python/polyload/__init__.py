@@ -20,8 +20,8 @@ Errors are :class:`PolyloadError` and its subclasses (:class:`FormatError`,
 :class:`ConfigError`, :class:`StateError`, :class:`PolyloadIOError`,
 :class:`RangeError`), with ``.code``, ``.name`` and ``.message``.
 
-PyTorch is optional and imported lazily: without it, :class:`Loader` yields NumPy arrays
-(the same zero-copy views of the C memory) instead of tensors.
+PyTorch is optional and imported lazily: without it, :class:`Loader` yields read-only NumPy
+arrays (zero-copy views of the C memory) instead of tensors.
 
 Logging: the package logs through :mod:`logging` under the logger ``"polyload"`` (its
 children ``polyload.megatron``, ...): the config's warnings at WARNING (also issued as
@@ -258,10 +258,14 @@ class Loader:
     ===============  ================================  ===================================
 
     Fields the rank does not receive (pipeline stages, SPEC section 2) are absent.
-    Values are ``torch.Tensor`` when torch is installed, else ``numpy.ndarray``; either
-    way they share the C memory (no copy), which returns to the loader's pool when the
-    last tensor using it is gone.  Do not modify them in place: ranks of one DP group
-    served by the same loader share a buffer.
+    Values are ``torch.Tensor`` when torch is installed, else ``numpy.ndarray``.  The
+    C memory of a micro-batch is shared by the served ranks of its (DP, CP) group (TP
+    peers and PP stages), so it is exported read-only: NumPy arrays are read-only
+    views (a write raises ``ValueError``).  torch has no read-only tensors, so a rank
+    whose group this loader serves alone (one rank per process, the usual case) gets
+    zero-copy tensors that are its own to modify, and a rank that shares its group with
+    another served rank gets private copies.  Either way the memory returns to the
+    loader's pool when the last tensor or array using it is gone.
 
     The topology must match the trainer: when ``torch.distributed`` is initialized (or
     ``$WORLD_SIZE`` is set), ``dp * pp * cp * tp`` must equal its world size, and
@@ -350,9 +354,15 @@ class Loader:
         self._t1: Optional[float] = None
         import numpy as np  # noqa: PLC0415
 
-        self._asarray = np.asarray
+        self._np = np
         self._wrap = self._torch.from_numpy if self._torch is not None else None
-        self._names: Dict[int, tuple] = {}  # FIELD_* bits -> names of the array fields
+        self._convert: Dict[int, tuple] = {}  # rank -> (convert, writable) of to_dict
+        groups: Dict[tuple, int] = {}
+        infos = {r: cfg.rank_info(r) for r in served}
+        for info in infos.values():
+            key = (info["dp_rank"], info["cp_rank"])
+            groups[key] = groups.get(key, 0) + 1
+        self._group_size = {r: groups[(i["dp_rank"], i["cp_rank"])] for r, i in infos.items()}
 
     # ------------------------------------------------------------------ iteration
 
@@ -377,7 +387,8 @@ class Loader:
         loader = self._loader if self._loader is not None else self._handle()
         if self._t0 is None:
             self._t0 = time.perf_counter()
-        b = loader.next(self.rank if rank is None else _as_rank(rank))
+        r = self.rank if rank is None else _as_rank(rank)
+        b = loader.next(r)
         self._t1 = time.perf_counter()
         if b is None:
             if not getattr(self, "_logged_end", False):
@@ -385,32 +396,45 @@ class Loader:
                 logger.info("Loader: rank %d reached the end of its data",
                             self.rank if rank is None else rank)
             return None
-        return self._to_dict(b)
+        return self._to_dict(b, r)
 
-    def _to_dict(self, b) -> Dict[str, Any]:
-        # The hot path (one call per micro-batch): about 1.3 us per field for the Array
-        # view, numpy.asarray and torch.from_numpy together, so no other per-batch work.
-        names = self._names.get(b.fields)
-        if names is None:
-            names = self._names[b.fields] = tuple(
-                n for n, bit in _field_bits() if b.fields & bit)
-        asarray, wrap = self._asarray, self._wrap
-        if wrap is None:
-            out = {n: asarray(getattr(b, n)) for n in names}
-        elif self._pin:
-            out = {n: wrap(asarray(getattr(b, n))).pin_memory() for n in names}
-        else:
-            out = {n: wrap(asarray(getattr(b, n))) for n in names}
-        max_seqlen = b.max_seqlen
-        if max_seqlen is not None:
-            out["max_seqlen"] = max_seqlen
+    def _to_dict(self, b, rank: int) -> Dict[str, Any]:
+        # The hot path: one C call per micro-batch (Batch.to_dict) builds the dict.
+        conv = self._convert.get(rank)
+        if conv is None:
+            conv = self._converter(rank)
+        d = b.to_dict(conv[0], writable=conv[1])
         if self._with_sources:
             seg = b.segment_sources
-            if seg is not None:
-                out["segment_sources"] = wrap(asarray(seg)) if wrap else asarray(seg)
-            out["step"] = b.step
-            out["micro_batch"] = b.micro_batch
-        return out
+            if seg is not None:  # small: a private copy, converted as the other fields
+                x = self._np.array(seg)
+                for f in conv[0][1:]:
+                    x = f(x)
+                d["segment_sources"] = x
+            d["step"] = b.step
+            d["micro_batch"] = b.micro_batch
+        return d
+
+    def _converter(self, rank: int):
+        """(convert, writable) of Batch.to_dict for a served rank.
+
+        Batch memory is shared by the served ranks of one (DP, CP) group (TP peers
+        and PP stages get views of one build).  NumPy arrays (torch absent) are
+        read-only views.  torch has no read-only tensors, so a rank whose group this
+        loader serves alone gets writable zero-copy tensors (an in-place change
+        reaches no other rank), and a rank that shares its group gets private copies.
+        """
+        np = self._np
+        if self._wrap is None:
+            conv = ((np.asarray,), False)
+        elif self._pin:  # pin_memory copies: the tensor is private
+            conv = ((np.asarray, self._wrap, self._torch.Tensor.pin_memory), True)
+        elif self._group_size[rank] == 1:
+            conv = ((np.asarray, self._wrap), True)
+        else:
+            conv = ((np.array, self._wrap), False)
+        self._convert[rank] = conv
+        return conv
 
     # ---------------------------------------------------------------------- state
 

@@ -317,6 +317,24 @@ static void test_inspect(void) {
         CHECK_EQ_I64(json_int(r->out, "tokens"), 7);
         r = cli("inspect f32.bin --token-dtype uint8");
         CHECK_CODE(r, 2);
+        /* inspect writes no sidecar; `polyload index` does. */
+        char ip[600];
+        snprintf(ip, sizeof ip, "%s.plidx", fp);
+        CHECK(access(ip, F_OK) != 0);
+        write_text("f32.yaml", "seq_length: 8\nglobal_batch_size: 2\nmicro_batch_size: 1\n"
+                               "sources:\n"
+                               "  - {name: f, type: flat, path: f32.bin, token_dtype: uint32}\n"
+                               "  - {name: w, type: megatron, path: wiki}\n");
+        r = cli("index f32.yaml --json");
+        CHECK_CODE(r, 0);
+        CHECK(strstr(r->out, "{\"sources\": {\"f\": {\"type\": \"flat\", \"files\": 1, "
+                             "\"documents\": 2}, \"w\": {\"type\": \"megatron\"") != NULL);
+        CHECK(access(ip, F_OK) == 0);
+        r = cli("index f32.yaml");
+        CHECK_CODE(r, 0);
+        CHECK(strstr(r->out, "f (flat): 1 files, 2 documents") != NULL);
+        r = cli("index");
+        CHECK_CODE(r, 2);
     }
     r = cli("inspect web");
     CHECK_CODE(r, 0);

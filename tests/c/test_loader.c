@@ -47,7 +47,7 @@ static void run_hashes(pl_loader *l, int64_t from_k, int64_t to_k, int64_t dp,
     for (int64_t k = from_k; k < to_k; k++) {
         int64_t step = k / nmb, mb = k % nmb;
         for (int64_t r = 0; r < dp; r++) {
-            pl_batch *b = NULL;
+            const pl_batch *b = NULL;
             int rc = pl_loader_next(l, r, &b);
             if (rc) {
                 fprintf(stderr, "next: %s\n", pl_loader_errmsg(l));
@@ -122,7 +122,7 @@ static void test_reference(corpus *c) {
         CHECK_OK(pl_planner_next(p, &pl));
         for (int64_t mb = 0; mb < pl->micro_batches_per_rank; mb++)
             for (int64_t r = 0; r < 2; r++) {
-                pl_batch *b = NULL;
+                const pl_batch *b = NULL;
                 CHECK_OK(pl_loader_next(l, r, &b));
                 CHECK_EQ_I64(b->dp_rank, r);
                 CHECK_EQ_I64(b->rows, 2);
@@ -157,11 +157,11 @@ static void test_threads_invariance(corpus *c) {
     int64_t one = 1;
     l = make_loader(cfg, 2, 4, &one, 1);
     for (int64_t k = 0; k < steps * nmb; k++) {
-        pl_batch *b = NULL;
+        const pl_batch *b = NULL;
         CHECK_OK(pl_loader_next(l, 1, &b));
         CHECK(batch_hash(b) == ref[((k / nmb) * dp + 1) * nmb + k % nmb]);
     }
-    pl_batch *b = NULL;
+    const pl_batch *b = NULL;
     CHECK_EQ_I64(pl_loader_next(l, 0, &b), PL_ERANGE);
     pl_loader_free(l);
     pl_config_free(cfg);
@@ -303,7 +303,7 @@ static void test_fingerprint(corpus *c) {
         memcpy(bad, blob, n);
         bad[0] = 'X';
         CHECK_EQ_I64(pl_loader_set_state(l2, bad, n), PL_ESTATE);
-        pl_batch *b2 = NULL;
+        const pl_batch *b2 = NULL;
         CHECK_OK(pl_loader_next(l2, 0, &b2));
         CHECK_EQ_I64(b2->step, 1);
         CHECK_EQ_I64(b2->micro_batch, 1);
@@ -311,7 +311,7 @@ static void test_fingerprint(corpus *c) {
     }
     /* After failed set_state calls the loader still works from where it was. */
     CHECK_OK(pl_loader_set_state(l, blob, n));
-    pl_batch *b = NULL;
+    const pl_batch *b = NULL;
     CHECK_OK(pl_loader_next(l, 0, &b));
     CHECK_EQ_I64(b->step, 2);
     CHECK_EQ_I64(b->micro_batch, 1);
@@ -351,7 +351,7 @@ static void test_elastic(corpus *c) {
         uint64_t sa = 0, sb = 0;
         for (int mb = 0; mb < 2; mb++)
             for (int r = 0; r < 2; r++) {
-                pl_batch *x = NULL;
+                const pl_batch *x = NULL;
                 CHECK_OK(pl_loader_next(a, r, &x));
                 CHECK_EQ_I64(x->step, step);
                 const int64_t *ids = x->input_ids;
@@ -359,7 +359,7 @@ static void test_elastic(corpus *c) {
                     if (x->loss_mask[t] != 0 || x->labels != NULL) sa += (uint64_t)ids[t] * 2654435761u;
             }
         for (int mb = 0; mb < 4; mb++) {
-            pl_batch *x = NULL;
+            const pl_batch *x = NULL;
             CHECK_OK(pl_loader_next(b, 0, &x));
             CHECK_EQ_I64(x->step, step);
             const int64_t *ids = x->input_ids;
@@ -386,7 +386,7 @@ static void test_weights_change(corpus *c) {
        loaders' planners make: run A 10 steps, resume B from A's state. */
     pl_loader *a = make_loader(ca, 1, 1, NULL, 0);
     for (int k = 0; k < 40; k++) {
-        pl_batch *x = NULL;
+        const pl_batch *x = NULL;
         CHECK_OK(pl_loader_next(a, 0, &x));
     }
     size_t n = 0;
@@ -455,9 +455,10 @@ static void test_retain_and_done(corpus *c) {
     pl_config *cfg = corpus_config(c, BASE, NULL);
     CHECK_OK(pl_config_set(cfg, "train_steps", "30"));
     pl_loader *l = make_loader(cfg, 2, 4, NULL, 0);
-    pl_batch *keep = NULL;
-    CHECK_OK(pl_loader_next(l, 0, &keep));
-    pl_batch_retain(keep);
+    const pl_batch *borrowed = NULL;
+    CHECK_OK(pl_loader_next(l, 0, &borrowed));
+    pl_batch *keep = pl_batch_retain(borrowed);
+    CHECK(keep == borrowed);
     size_t bytes = (size_t)(keep->rows * keep->cols) * sizeof(int64_t);
     int64_t *copy = malloc(bytes);
     memcpy(copy, keep->input_ids, bytes);
@@ -465,7 +466,7 @@ static void test_retain_and_done(corpus *c) {
     int64_t got = 1;
     for (;;) {
         int64_t r = got % 2;
-        pl_batch *b = NULL;
+        const pl_batch *b = NULL;
         int rc = pl_loader_next(l, r, &b);
         if (rc == PL_DONE) break;
         CHECK_OK(rc);
@@ -475,8 +476,9 @@ static void test_retain_and_done(corpus *c) {
     CHECK_EQ_I64(got, 30 * 2 * 2);
     CHECK(memcmp(copy, keep->input_ids, bytes) == 0);
     CHECK(batch_hash(keep) == h0);
-    pl_loader_stats st;
-    CHECK_OK(pl_loader_get_stats(l, &st));
+    pl_loader_stats st = {.size = sizeof st};
+    pl_source_summary sums[NSRC];
+    CHECK_OK(pl_loader_get_stats(l, &st, sums, NSRC));
     CHECK_EQ_I64(st.steps, 30);
     CHECK_EQ_I64(st.micro_batches, 120);
     CHECK_EQ_I64(st.tokens + st.padding_tokens, 120 * 2 * 64);
@@ -502,7 +504,7 @@ static void test_dtype_and_topology(corpus *c) {
     pl_rank_info ri[6];
     for (int64_t r = 0; r < 6; r++) CHECK_OK(pl_config_rank_info(cfg, r, &ri[r]));
     for (int k = 0; k < 8; k++) {
-        pl_batch *bs[6];
+        const pl_batch *bs[6];
         for (int64_t r = 0; r < 6; r++) {
             CHECK_OK(pl_loader_next(l, r, &bs[r]));
             CHECK_EQ_I64(bs[r]->cols, 32);
@@ -575,20 +577,21 @@ static void test_bad_document(void) {
         pl_loader *l = make_loader(cfg, 2, 2, NULL, 0);
         int rc = 0, n = 0;
         for (; n < 40 && rc == 0; n++) {
-            pl_batch *b = NULL;
+            const pl_batch *b = NULL;
             rc = pl_loader_next(l, 0, &b);
         }
         if (skip) {
             CHECK_OK(rc);
-            pl_loader_stats st;
-            CHECK_OK(pl_loader_get_stats(l, &st));
+            pl_loader_stats st = {.size = sizeof st};
+            pl_source_summary sums[NSRC];
+            CHECK_OK(pl_loader_get_stats(l, &st, sums, NSRC));
             CHECK(st.skipped >= 1);
             CHECK(st.sources[0].skipped >= 1);
         } else {
             CHECK_EQ_I64(rc, PL_EBOUNDS);
             CHECK(strstr(pl_loader_errmsg(l), "bad.idx") != NULL ||
                   strstr(pl_loader_errmsg(l), "bad.bin") != NULL);
-            pl_batch *b = NULL;
+            const pl_batch *b = NULL;
             CHECK_EQ_I64(pl_loader_next(l, 0, &b), PL_ECLOSED);
         }
         pl_loader_free(l);
@@ -615,7 +618,7 @@ static void test_4d(corpus *c) {
         pl_plan *pl = NULL;
         CHECK_OK(pl_planner_next(p, &pl));
         for (int64_t mb = 0; mb < 2; mb++) {
-            pl_batch *b[16];
+            const pl_batch *b[16];
             for (int64_t r = 0; r < 16; r++) {
                 CHECK_OK(pl_loader_next(l, r, &b[r]));
                 uint32_t want = PL_FIELD_CU_SEQLENS | PL_FIELD_MAX_SEQLEN;
@@ -709,12 +712,12 @@ static void test_run_ahead(corpus *c) {
     pl_loader *l = make_loader(cfg, 2, 2, NULL, 0);
     uint64_t h0[40];
     for (int k = 0; k < 40; k++) {
-        pl_batch *b = NULL;
+        const pl_batch *b = NULL;
         CHECK_OK(pl_loader_next(l, 0, &b));
         h0[k] = b ? batch_hash(b) : 0;
     }
     for (int k = 0; k < 40; k++) {
-        pl_batch *b = NULL;
+        const pl_batch *b = NULL;
         CHECK_OK(pl_loader_next(l, 1, &b));
         CHECK(b && batch_hash(b) == h0[k]);
     }

@@ -82,8 +82,9 @@ static void attach_if_missing(pl_loader *ext, void **blobs, const size_t *blen) 
     CHECK(g_on_demand);
     size_t n = 0;
     CHECK_EQ_I64(pl_loader_get_state(ext, NULL, 0, &n), PL_ESTATE);
-    pl_loader_stats st;
-    CHECK_EQ_I64(pl_loader_get_stats(ext, &st), PL_ESTATE);
+    pl_loader_stats st = {.size = sizeof st};
+    pl_source_summary sum[NSRC];
+    CHECK_EQ_I64(pl_loader_get_stats(ext, &st, sum, NSRC), PL_ESTATE);
     CHECK(strstr(pl_loader_errmsg(ext), "attach") != NULL);
     if (step > 0) { /* a blob of another step's start, or mid-step, is not it */
         CHECK_OK(pl_loader_attach_state(ext, blobs[step - 1], blen[step - 1]));
@@ -150,7 +151,7 @@ static void test_packages_equal_embedded(corpus *c, const char *extra) {
         int64_t pushed = 0;
         for (int64_t k = 0; k <= steps * nmb; k++) {
             feed(ext, src, plans, blobs, blen, steps, ri.dp_rank, &pushed);
-            pl_batch *a = NULL, *b = NULL;
+            const pl_batch *a = NULL, *b = NULL;
             int ra = pl_loader_next(emb, r, &a);
             int rb = pl_loader_next(ext, r, &b);
             CHECK_EQ_I64(ra, rb);
@@ -166,10 +167,11 @@ static void test_packages_equal_embedded(corpus *c, const char *extra) {
                 free(sb);
             }
         }
-        pl_loader_stats sa, sb;
+        pl_loader_stats sa = {.size = sizeof sa}, sb = {.size = sizeof sb};
+        pl_source_summary suma[NSRC], sumb[NSRC];
         attach_if_missing(ext, blobs, blen);
-        CHECK_OK(pl_loader_get_stats(emb, &sa));
-        CHECK_OK(pl_loader_get_stats(ext, &sb));
+        CHECK_OK(pl_loader_get_stats(emb, &sa, suma, NSRC));
+        CHECK_OK(pl_loader_get_stats(ext, &sb, sumb, NSRC));
         CHECK_EQ_I64(sa.steps, steps);
         CHECK_EQ_I64(sa.steps, sb.steps);
         CHECK_EQ_I64(sa.tokens, sb.tokens);
@@ -382,7 +384,7 @@ static void test_loader_never_consumes(corpus *c) {
     /* ranks 0 and 2 (first and last stage) consume; 1 (middle) never does */
     int64_t k = 0;
     for (;; k++) {
-        pl_batch *a = NULL, *b = NULL;
+        const pl_batch *a = NULL, *b = NULL;
         int ra = pl_loader_next(l, 0, &a);
         if (ra == PL_DONE) break;
         CHECK_OK(ra);
@@ -390,10 +392,11 @@ static void test_loader_never_consumes(corpus *c) {
         CHECK(a->fields != b->fields);
     }
     CHECK_EQ_I64(k, 4000);
-    pl_batch *m = NULL;
+    const pl_batch *m = NULL;
     CHECK_EQ_I64(pl_loader_next(l, 1, &m), PL_ELAG);
-    pl_loader_stats st;
-    CHECK_OK(pl_loader_get_stats(l, &st));
+    pl_loader_stats st = {.size = sizeof st};
+    pl_source_summary sums[NSRC];
+    CHECK_OK(pl_loader_get_stats(l, &st, sums, NSRC));
     CHECK_EQ_I64(st.steps, 1000);
     pl_loader_free(l);
     pl_config_free(cfg);

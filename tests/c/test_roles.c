@@ -74,7 +74,8 @@ int main(void) {
                         plen[j] = reads[j].count;
                         at += reads[j].count;
                     }
-                    pl_batch *built = NULL, *ref = NULL;
+                    pl_batch *built = NULL;
+                    const pl_batch *ref = NULL;
                     CHECK_OK(pl_constructor_build(k, pl, r, mb, payloads, plen, nr, &built));
                     CHECK_OK(pl_loader_next(l, r, &ref));
                     if (built && ref && !same_batch(built, ref)) all_same = 0;

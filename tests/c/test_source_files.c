@@ -129,7 +129,7 @@ int main(void) {
         usleep(20000); /* past the 10 ms a seen size is trusted */
         CHECK_EQ_I64(pl_source_document_length(m, 1400, &len), PL_ETRUNC);
         CHECK(strstr(pl_source_errmsg(m), idx) != NULL);
-        pl_source_stats st;
+        pl_source_stats st = {.size = sizeof st};
         CHECK_EQ_I64(pl_source_get_stats(m, &st), PL_ETRUNC);
         pl_source_free(m);
     }

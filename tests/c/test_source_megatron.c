@@ -183,7 +183,7 @@ static void test_multi_file(void) {
 
     /* Statistics over lengths 4 1 9 2 2 5 0 3 6. */
     s = open_megatron(dir, &rc);
-    pl_source_stats st;
+    pl_source_stats st = {.size = sizeof st};
     CHECK_OK(pl_source_get_stats(s, &st));
     CHECK_EQ_I64(st.files, 4);
     CHECK_EQ_I64(st.documents, 9);
@@ -213,7 +213,7 @@ static void test_stats_large(void) {
     int rc;
     pl_source *s = open_megatron(prefix, &rc);
     CHECK_OK(rc);
-    pl_source_stats st;
+    pl_source_stats st = {.size = sizeof st};
     CHECK_OK(pl_source_get_stats(s, &st));
     CHECK_EQ_I64(st.length_p50, 70000 * 50 + 3);
     CHECK_EQ_I64(st.length_p90, 70000 * 90 + 3);
@@ -233,7 +233,7 @@ static void test_empty(void) {
     CHECK_EQ_I64(pl_source_num_documents(s), 0);
     int64_t len;
     CHECK_EQ_I64(pl_source_document_length(s, 0, &len), PL_ERANGE);
-    pl_source_stats st;
+    pl_source_stats st = {.size = sizeof st};
     CHECK_OK(pl_source_get_stats(s, &st));
     CHECK_EQ_I64(st.documents, 0);
     CHECK_EQ_I64(st.length_max, 0);
@@ -382,7 +382,7 @@ static void test_bounds(void) {
     CHECK_OK(pl_source_read(s, 2, 0, 6, out, PL_DTYPE_INT64));
     CHECK_EQ_I64(out[0], 9);
     /* Other documents still read, and stats reports the bad one. */
-    pl_source_stats st;
+    pl_source_stats st = {.size = sizeof st};
     CHECK_EQ_I64(pl_source_get_stats(s, &st), PL_EBOUNDS);
     pl_source_free(s);
 

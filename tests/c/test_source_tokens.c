@@ -8,8 +8,12 @@
 #include "internal.h"
 #include "testutil.h"
 
+#include <dirent.h>
 #include <fcntl.h>
+#include <signal.h>
+#include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 static const char *g_dir;
@@ -141,7 +145,7 @@ static void test_flat(void) {
     s = open_src(PL_SOURCE_FLAT, path, 0, -1, 0, &rc);
     CHECK_OK(rc);
     check_docs(s, big, bends, nd);
-    pl_source_stats st;
+    pl_source_stats st = {.size = sizeof st};
     CHECK_OK(pl_source_get_stats(s, &st));
     CHECK_EQ_I64(st.tokens, n);
     CHECK_EQ_I64(st.length_max, 3);
@@ -331,6 +335,162 @@ static void test_sidecar(void) {
     }
 }
 
+/* Inode of the .plidx this process maps (from /proc/self/maps), 0: none. */
+static unsigned long mapped_plidx_inode(const char *ipath) {
+    FILE *m = fopen("/proc/self/maps", "r");
+    char line[8192];
+    unsigned long ino = 0;
+    while (m && fgets(line, sizeof line, m)) {
+        char *nl = strchr(line, '\n');
+        if (nl) *nl = '\0';
+        size_t a = strlen(line), b = strlen(ipath);
+        if (a < b || strcmp(line + a - b, ipath) != 0) continue;
+        unsigned long x = 0;
+        char perms[8], off[32], dev[32];
+        if (sscanf(line, "%*s %7s %31s %31s %lu", perms, off, dev, &x) == 4) ino = x;
+    }
+    if (m) fclose(m);
+    return ino;
+}
+
+static int count_tmp(const char *dir, const char *prefix) {
+    DIR *d = opendir(dir);
+    int n = 0;
+    for (struct dirent *e; d && (e = readdir(d));)
+        if (strncmp(e->d_name, prefix, strlen(prefix)) == 0 && strstr(e->d_name, ".tmp."))
+            n++;
+    if (d) closedir(d);
+    return n;
+}
+
+/* Sidecar writing policy: one writer under a lock, read-only, memory only. */
+static void test_sidecar_policy(void) {
+    char path[512], ipath[600];
+    snprintf(path, sizeof path, "%s/policy.bin", g_dir);
+    snprintf(ipath, sizeof ipath, "%s.plidx", path);
+    int64_t t[4000];
+    for (int i = 0; i < 4000; i++) t[i] = i % 7 == 6 ? 0 : 1 + i % 50;
+    CHECK(plf_write_flat(path, PL_DTYPE_UINT16, t, 4000) == 0);
+    int rc;
+    /* PL_INDEX_READ (what inspect does) and PL_INDEX_MEMORY write nothing. */
+    pl_source *s = open_src(PL_SOURCE_FLAT, path, 0, -1, PL_INDEX_READ, &rc);
+    CHECK_OK(rc);
+    int64_t docs = pl_source_num_documents(s);
+    CHECK_EQ_I64(docs, 4000 / 7 + 1);
+    pl_source_free(s);
+    CHECK(access(ipath, F_OK) != 0);
+    s = open_src(PL_SOURCE_FLAT, path, 0, -1, PL_INDEX_MEMORY, &rc);
+    CHECK_OK(rc);
+    CHECK_EQ_I64(pl_source_num_documents(s), docs);
+    pl_source_free(s);
+    CHECK(access(ipath, F_OK) != 0);
+    s = open_src(PL_SOURCE_FLAT, path, 0, -1, 7, &rc);
+    CHECK_EQ_I64(rc, PL_EINVAL);
+    CHECK(strstr(pl_last_errmsg(), "write_index 7") != NULL);
+    pl_source_free(s);
+
+    /* While another process holds the writer's lock, an opener waits and
+       writes nothing; when the lock is released it writes the sidecar. */
+    int lockfd = open(path, O_RDONLY);
+    CHECK(lockfd >= 0 && flock(lockfd, LOCK_EX) == 0);
+    int pfd[2];
+    CHECK(pipe(pfd) == 0);
+    pid_t child = fork();
+    if (child == 0) {
+        close(pfd[0]);
+        int crc;
+        pl_source *cs = open_src(PL_SOURCE_FLAT, path, 0, -1, PL_INDEX_WRITE, &crc);
+        int64_t n = crc == PL_OK ? pl_source_num_documents(cs) : -1;
+        unsigned long ino = mapped_plidx_inode(ipath);
+        if (write(pfd[1], &n, sizeof n) != sizeof n) _exit(3);
+        if (write(pfd[1], &ino, sizeof ino) != sizeof ino) _exit(3);
+        _exit(0);
+    }
+    close(pfd[1]);
+    /* The child has had time to reach the lock: still running, nothing written. */
+    for (int i = 0; i < 20; i++) usleep(10000);
+    CHECK(waitpid(child, NULL, WNOHANG) == 0);
+    CHECK(access(ipath, F_OK) != 0);
+    CHECK_EQ_I64(count_tmp(g_dir, "policy.bin.plidx"), 0);
+    flock(lockfd, LOCK_UN);
+    close(lockfd);
+    int64_t n = -2;
+    unsigned long ino = 0;
+    CHECK(read(pfd[0], &n, sizeof n) == sizeof n && read(pfd[0], &ino, sizeof ino) == sizeof ino);
+    close(pfd[0]);
+    int status = 0;
+    waitpid(child, &status, 0);
+    CHECK(WIFEXITED(status) && WEXITSTATUS(status) == 0);
+    CHECK_EQ_I64(n, docs);
+    struct stat a;
+    sidecar_stat(path, &a);
+    CHECK(a.st_ino != 0);
+    CHECK_EQ_I64((int64_t)ino, (int64_t)a.st_ino); /* it mapped what it wrote */
+    unlink(ipath);
+
+    /* Eight processes open a file without a sidecar at once: one writes it,
+       the others wait and map the same file (one inode, no leftovers). */
+    enum { K = 8 };
+    pid_t kids[K];
+    int fds[K];
+    for (int k = 0; k < K; k++) {
+        int p2[2];
+        CHECK(pipe(p2) == 0);
+        kids[k] = fork();
+        if (kids[k] == 0) {
+            close(p2[0]);
+            int crc;
+            pl_source *cs = open_src(PL_SOURCE_FLAT, path, 0, -1, PL_INDEX_WRITE, &crc);
+            int64_t cn = crc == PL_OK ? pl_source_num_documents(cs) : -1;
+            unsigned long cino = mapped_plidx_inode(ipath);
+            if (write(p2[1], &cn, sizeof cn) != sizeof cn) _exit(3);
+            if (write(p2[1], &cino, sizeof cino) != sizeof cino) _exit(3);
+            _exit(0);
+        }
+        close(p2[1]);
+        fds[k] = p2[0];
+    }
+    unsigned long inos[K];
+    for (int k = 0; k < K; k++) {
+        int64_t cn = -2;
+        inos[k] = 0;
+        CHECK(read(fds[k], &cn, sizeof cn) == sizeof cn &&
+              read(fds[k], &inos[k], sizeof inos[k]) == sizeof inos[k]);
+        close(fds[k]);
+        CHECK_EQ_I64(cn, docs);
+        int st2 = 0;
+        waitpid(kids[k], &st2, 0);
+        CHECK(WIFEXITED(st2) && WEXITSTATUS(st2) == 0);
+    }
+    sidecar_stat(path, &a);
+    for (int k = 0; k < K; k++) CHECK_EQ_I64((int64_t)inos[k], (int64_t)a.st_ino);
+    CHECK_EQ_I64(count_tmp(g_dir, "policy.bin.plidx"), 0);
+
+    /* The config key: sidecar_index: memory opens without touching disk. */
+    unlink(ipath);
+    char yaml[1024];
+    snprintf(yaml, sizeof yaml,
+             "seq_length: 64\nglobal_batch_size: 2\nmicro_batch_size: 1\n"
+             "sidecar_index: memory\nsources:\n  - {name: f, type: flat, path: %s}\n",
+             path);
+    pl_config *cfg = NULL;
+    CHECK_OK(pl_config_parse_string(yaml, strlen(yaml), "t", &cfg));
+    int64_t v = -9;
+    CHECK_OK(pl_config_get_int(cfg, "sidecar_index", &v));
+    CHECK_EQ_I64(v, PL_INDEX_MEMORY);
+    CHECK_OK(pl_config_open_source(cfg, 0, &s));
+    CHECK_EQ_I64(pl_source_num_documents(s), docs);
+    pl_source_free(s);
+    CHECK(access(ipath, F_OK) != 0);
+    CHECK_OK(pl_config_set(cfg, "sidecar_index", "write"));
+    CHECK_OK(pl_config_open_source(cfg, 0, &s));
+    pl_source_free(s);
+    CHECK(access(ipath, F_OK) == 0);
+    CHECK_EQ_I64(pl_config_set(cfg, "sidecar_index", "sometimes"), PL_ECONFIG);
+    CHECK(strstr(pl_last_errmsg(), "sidecar_index") != NULL);
+    pl_config_free(cfg);
+}
+
 static void test_empty(void) {
     char path[512];
     int rc;
@@ -352,7 +512,7 @@ static void test_empty(void) {
     s = open_src(PL_SOURCE_FLAT, path, 0, -1, -1, &rc);
     CHECK_OK(rc);
     CHECK_EQ_I64(pl_source_num_documents(s), 0);
-    pl_source_stats st;
+    pl_source_stats st = {.size = sizeof st};
     CHECK_OK(pl_source_get_stats(s, &st));
     CHECK_EQ_I64(st.documents, 0);
     pl_source_free(s);
@@ -434,6 +594,7 @@ int main(void) {
     test_flat();
     test_multi_file();
     test_sidecar();
+    test_sidecar_policy();
     test_empty();
     test_errors();
     TEST_END();

@@ -230,7 +230,7 @@ static uint64_t loader_pass(pl_config *e, int threads, int64_t *tokens, int64_t 
     *tokens = *batches = 0;
     for (int done = 0; !done;) {
         for (int64_t r = 0; r < 2; r++) {
-            pl_batch *b = NULL;
+            const pl_batch *b = NULL;
             rc = pl_loader_next(l, r, &b);
             if (rc == PL_DONE) {
                 done = 1;
@@ -265,7 +265,7 @@ static void test_loader_pass(corpus *c) {
     pl_loader *train = NULL;
     CHECK_OK(pl_loader_create(cfg, &o, &train));
     for (int k = 0; k < 10; k++) {
-        pl_batch *b = NULL;
+        const pl_batch *b = NULL;
         CHECK_OK(pl_loader_next(train, 0, &b));
         CHECK_OK(pl_loader_next(train, 1, &b));
     }

@@ -98,6 +98,8 @@ static inline void fz_walk_source(pl_source *s) {
     pl_source_document_length(s, -1, &len);
     pl_source_document_length(s, n, &len);
     pl_source_stats st;
+    memset(&st, 0, sizeof st);
+    st.size = sizeof st;
     pl_source_get_stats(s, &st);
 }
 

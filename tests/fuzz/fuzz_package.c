@@ -38,7 +38,7 @@ static void push_and_drain(pl_config *cfg, const uint8_t *pkg, size_t size) {
             for (int64_t k = 0; k < 64; k++) {
                 int done = 0;
                 for (int64_t j = 0; j < nr; j++) {
-                    pl_batch *b = NULL;
+                    const pl_batch *b = NULL;
                     /* The next step is never pushed: stop at the end of this one. */
                     int64_t w2 = -1;
                     int rc = pl_loader_want_step(l, 0, &w2);

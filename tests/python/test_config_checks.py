@@ -174,6 +174,29 @@ def test_text_file_as_flat_source(tmp_path, no_world):
     toks.tofile(tmp_path / "tok.bin")
     src = polyload._core.Source.open("flat", str(tmp_path / "tok.bin"), write_index=-1)
     assert src.num_documents == 21
+    side = tmp_path / "tok.bin.plidx"
+    assert not side.exists()
+    assert polyload._core.Source.open("flat", str(tmp_path / "tok.bin"),
+                                      write_index=2).num_documents == 21  # read only
+    assert not side.exists()
+
+
+def test_sidecar_index_key(tmp_path, no_world):
+    """sidecar_index: memory keeps the .plidx in memory; the default writes it once."""
+    toks = np.arange(1, 2000, dtype=np.uint16)
+    toks[::10] = 0
+    toks.tofile(tmp_path / "tok.bin")
+    side = tmp_path / "tok.bin.plidx"
+    cfg = {"seq_length": 16, "global_batch_size": 2, "micro_batch_size": 1, "train_steps": 2,
+           "sources": [{"name": "t", "type": "flat", "path": str(tmp_path / "tok.bin")}]}
+    with polyload.Loader(dict(cfg, sidecar_index="memory"), rank=0) as loader:
+        a = [b["input_ids"].tolist() for b in loader]
+    assert not side.exists()
+    with polyload.Loader(cfg, rank=0) as loader:
+        b = [x["input_ids"].tolist() for x in loader]
+    assert side.exists() and a == b
+    with pytest.raises(polyload.ConfigError, match="sidecar_index"):
+        _loader(dict(cfg, sidecar_index="sometimes"))
 
 
 def test_max_epochs_caps_a_source(corpus, no_world):

@@ -5,6 +5,7 @@ Fixtures are Megatron datasets whose token value is its position (conftest.Corpu
 
 import errno
 import gc
+import ctypes
 import os
 import pickle
 import shutil
@@ -205,8 +206,6 @@ def test_zero_copy(corpus):
         a1, a2 = np.asarray(arr), np.asarray(getattr(b, name))
         assert a1.ctypes.data == a2.ctypes.data == arr.address  # the C pointer, stable
         assert np.shares_memory(a1, a2)
-        t = torch.from_numpy(a1)
-        assert t.data_ptr() == arr.address
         assert a1.nbytes == arr.nbytes and tuple(a1.shape) == arr.shape
     assert np.asarray(b.input_ids).dtype == np.int64
     assert np.asarray(b.loss_mask).dtype == np.float32
@@ -219,6 +218,72 @@ def test_zero_copy(corpus):
         assert x["input_ids"].dtype == torch.int64 and x["cu_seqlens"].dtype == torch.int32
         assert isinstance(x["max_seqlen"], int)
     loader.close()
+
+
+def test_batch_memory_read_only(corpus, tmp_path):
+    # Batch memory is shared by the served ranks of a DP group: exported read-only.
+    loader = _core.Loader.create(core_config(corpus.config()), ranks=[0])
+    b = loader.next(0)
+    for name in ("input_ids", "labels", "loss_mask", "position_ids", "cu_seqlens"):
+        arr = getattr(b, name)
+        assert arr.readonly
+        a = np.asarray(arr)
+        assert not a.flags.writeable
+        before = a.copy()
+        with pytest.raises(ValueError):
+            a[0] = 7
+        with pytest.raises(ValueError):
+            a.setflags(write=True)
+        with pytest.raises((BufferError, TypeError), match="writable|read-only"):
+            (ctypes.c_char * arr.nbytes).from_buffer(arr)  # a writable buffer request
+        m = memoryview(arr)
+        assert m.readonly
+        with pytest.raises(TypeError):
+            m[0] = 1
+        np.testing.assert_array_equal(np.asarray(arr), before)
+    d = b.to_dict((np.asarray,))
+    assert set(d) == {"input_ids", "labels", "loss_mask", "position_ids", "cu_seqlens",
+                      "max_seqlen"}
+    assert all(not v.flags.writeable for k, v in d.items() if k != "max_seqlen")
+    np.testing.assert_array_equal(d["input_ids"], np.asarray(b.input_ids))
+    w = b.to_dict((np.asarray,), writable=True)
+    assert w["input_ids"].flags.writeable
+    assert w["input_ids"].ctypes.data == b.input_ids.address
+    # Arrays that own their memory (reads) stay writable
+    src = _core.Source.open("megatron", corpus.prefixes[0])
+    r = np.asarray(src.read(0))
+    r[0] = 5
+    loader.close()
+
+
+def test_loader_tensors_private_or_read_only(corpus):
+    # One rank per DP group: writable zero-copy tensors, no torch warning.
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with polyload.Loader(corpus.config(), rank=0) as fl:
+            x = next(fl)
+            assert x["input_ids"].dtype == torch.int64
+            x["input_ids"] += 0  # allowed: no other rank receives this memory
+    # Two TP peers of one DP group served by one loader share a build: each gets
+    # a private copy, so an in-place change of one never reaches the other.
+    cfg = corpus.config(topology={"dp": 2, "tp": 2})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with polyload.Loader(cfg, rank=0, ranks=[0, 1]) as fl:
+            a = fl.next_batch(0)
+            b = fl.next_batch(1)
+            assert torch.equal(a["input_ids"], b["input_ids"])
+            assert a["input_ids"].data_ptr() != b["input_ids"].data_ptr()
+            a["input_ids"].fill_(-1)
+            assert not torch.equal(a["input_ids"], b["input_ids"])
+    # Without torch's wrapping the dict holds read-only NumPy views.
+    with polyload.Loader(cfg, rank=0, ranks=[0, 1]) as fl:
+        fl._wrap = None
+        fl._convert.clear()
+        n = fl.next_batch(0)
+        assert isinstance(n["input_ids"], np.ndarray) and not n["input_ids"].flags.writeable
 
 
 def test_tensor_outlives_200_steps_and_loader(corpus):

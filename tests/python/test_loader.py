@@ -304,3 +304,76 @@ def test_bad_state_and_rank_arguments(corpus, monkeypatch):
     monkeypatch.setenv("RANK", "abc")
     with pytest.raises(ValueError, match="RANK"):
         polyload.Loader(corpus.config(train_steps=1))
+
+
+def test_state_dict_and_stats_concurrent_with_next(corpus):
+    """state_dict() and stats() from other threads while two threads take every
+    micro-batch (one per DP rank): batches equal a run without observers, every
+    state read meanwhile is valid and never moves backwards, resuming from one of
+    them continues exactly, and the statistics only grow."""
+    import threading
+
+    cfg = corpus.config(train_steps=30)
+    nmb = 2  # 8 / (dp 2 * micro 2)
+
+    def consume(loader, rank, out, start=0, ready=None):
+        if ready is not None:
+            ready.wait(timeout=60)  # both observers have read once
+        for k, b in enumerate(iter(lambda: loader.next_batch(rank), None), start):
+            out[k] = batch_hash(b)
+
+    with polyload.Loader(cfg, rank=0, ranks=[0, 1]) as loader:
+        ref = [{}, {}]
+        for r in (0, 1):
+            consume(loader, r, ref[r])
+    with polyload.Loader(cfg, rank=0, ranks=[0, 1]) as loader:
+        got = [{}, {}]
+        stop = threading.Event()
+        states, stats, errors = [], [], []
+        ready = threading.Barrier(4)
+
+        def observe_state():
+            try:
+                states.append(loader.state_dict()["blob"])
+                ready.wait(timeout=60)
+                while not stop.is_set():
+                    states.append(loader.state_dict()["blob"])
+            except Exception as e:  # noqa: BLE001 - reported below
+                errors.append(e)
+
+        def observe_stats():
+            try:
+                stats.append(loader.stats())
+                ready.wait(timeout=60)
+                while not stop.is_set():
+                    stats.append(loader.stats())
+            except Exception as e:  # noqa: BLE001
+                errors.append(e)
+
+        obs = [threading.Thread(target=observe_state), threading.Thread(target=observe_stats)]
+        cons = [threading.Thread(target=consume, args=(loader, r, got[r], 0, ready))
+                for r in (0, 1)]
+        for t in obs + cons:
+            t.start()
+        for t in cons:
+            t.join()
+        stop.set()
+        for t in obs:
+            t.join()
+        assert not errors
+        assert got == ref
+        assert states and stats
+        pos = [(_core.state_info(s)["step"], _core.state_info(s)["micro_batch"]) for s in states]
+        assert pos == sorted(pos)
+        mbs = [s["tokens"] for s in stats]
+        assert mbs == sorted(mbs)
+        assert stats[-1]["tokens"] <= loader.stats()["tokens"]
+        mid = states[len(states) // 2]
+    step, mb = pos[len(pos) // 2]
+    with polyload.Loader(cfg, rank=0, ranks=[0, 1]) as loader:
+        loader.load_state_dict({"version": polyload.STATE_VERSION, "blob": mid})
+        res = [{}, {}]
+        for r in (0, 1):
+            consume(loader, r, res[r], start=step * nmb + mb)
+        for r in (0, 1):
+            assert res[r] == {k: v for k, v in ref[r].items() if k >= step * nmb + mb}

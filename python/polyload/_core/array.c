@@ -29,6 +29,7 @@ typedef struct {
     int ndim;
     Py_ssize_t shape[2];
     Py_ssize_t strides[2];
+    int readonly;
     pid_t pid;
 } PyPlArray;
 
@@ -70,17 +71,19 @@ static PyObject *pypl_array_new(void *data, const char *format,
     a->shape[1] = ndim > 1 ? shape[1] : 1;
     a->strides[ndim - 1] = itemsize;
     if (ndim > 1) a->strides[0] = itemsize * a->shape[1];
+    a->readonly = 0;
     a->pid = pypl_getpid();
     return (PyObject *)a;
 }
 
 PyObject *pypl_array_from_batch(pl_batch *batch, void *data, const char *format,
                                 Py_ssize_t itemsize, int ndim,
-                                const Py_ssize_t *shape) {
+                                const Py_ssize_t *shape, int writable) {
     PyPlArray *a = (PyPlArray *)pypl_array_new(data, format, itemsize, ndim, shape);
     if (!a) return NULL;
     pl_batch_retain(batch);
     a->batch = batch;
+    a->readonly = !writable;
     return (PyObject *)a;
 }
 
@@ -106,11 +109,19 @@ static Py_ssize_t array_nitems(const PyPlArray *a) {
 }
 
 static int array_getbuffer(PyPlArray *a, Py_buffer *view, int flags) {
-    (void)flags; /* always C-contiguous and writable: every request is met */
+    /* Always C-contiguous: every request is met but a writable one of
+     * read-only (batch) memory. */
+    if ((flags & PyBUF_WRITABLE) == PyBUF_WRITABLE && a->readonly) {
+        view->obj = NULL;
+        PyErr_SetString(PyExc_BufferError,
+                        "polyload batch memory is read-only: it is shared by the ranks "
+                        "of a DP group (copy it to modify it)");
+        return -1;
+    }
     view->obj = Py_NewRef((PyObject *)a);
     view->buf = a->data;
     view->len = array_nitems(a) * a->itemsize;
-    view->readonly = 0;
+    view->readonly = a->readonly;
     view->itemsize = a->itemsize;
     view->format = (flags & PyBUF_FORMAT) ? a->format : NULL;
     view->ndim = a->ndim;
@@ -153,6 +164,11 @@ static PyObject *array_get_nbytes(PyPlArray *a, void *c) {
     return PyLong_FromSsize_t(array_nitems(a) * a->itemsize);
 }
 
+static PyObject *array_get_readonly(PyPlArray *a, void *c) {
+    (void)c;
+    return PyBool_FromLong(a->readonly);
+}
+
 static PyObject *array_get_ndim(PyPlArray *a, void *c) {
     (void)c;
     return PyLong_FromLong(a->ndim);
@@ -185,6 +201,8 @@ static PyGetSetDef array_getset[] = {
      "int: address of the first element (the C memory; equals "
      "numpy.asarray(a).ctypes.data)", NULL},
     {"nbytes", (getter)array_get_nbytes, NULL, "int: size in bytes", NULL},
+    {"readonly", (getter)array_get_readonly, NULL,
+     "bool: the buffer is exported read-only (batch memory shared by a DP group)", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };
 
@@ -204,9 +222,11 @@ PyTypeObject PyPl_ArrayType = {
     .tp_as_buffer = &array_as_buffer,
     .tp_flags = Py_TPFLAGS_DEFAULT,
     .tp_doc = "A C-contiguous array in C memory, exposed through the buffer protocol.\n\n"
-              "numpy.asarray(a) and torch.from_numpy(numpy.asarray(a)) wrap it without a\n"
-              "copy.  An Array over a batch field keeps the batch's buffer out of the\n"
-              "loader's pool for as long as it (or any array wrapping it) lives.",
+              "numpy.asarray(a) wraps it without a copy.  An Array over a batch field\n"
+              "keeps the batch's buffer out of the loader's pool for as long as it (or\n"
+              "any array wrapping it) lives, and is read-only (`readonly`): the memory is\n"
+              "shared by the ranks of a DP group, so a NumPy array over it is not\n"
+              "writeable and a writable buffer request raises BufferError.",
     .tp_methods = array_methods,
     .tp_getset = array_getset,
 };
@@ -279,36 +299,127 @@ static PyObject *batch_get_dtype(PyPlBatch *o, void *c) {
 /* closure: which field */
 enum { F_INPUT_IDS, F_LABELS, F_LOSS_MASK, F_POSITION_IDS, F_CU_SEQLENS, F_SEGMENT_SOURCES };
 
-static PyObject *batch_get_array(PyPlBatch *o, void *closure) {
-    pl_batch *b = batch_get(o);
-    if (!b) return NULL;
+/* Field `f` of b as an Array, or Py_None (new reference) when absent. */
+static PyObject *batch_field(pl_batch *b, int f, int writable) {
     Py_ssize_t shape[2] = {(Py_ssize_t)b->rows, (Py_ssize_t)b->cols};
     size_t tok = pl_dtype_size(b->dtype);
-    switch ((int)(intptr_t)closure) {
+    switch (f) {
     case F_INPUT_IDS:
         if (!b->input_ids) break;
         return pypl_array_from_batch(b, b->input_ids, pypl_format_of(b->dtype),
-                                     (Py_ssize_t)tok, 2, shape);
+                                     (Py_ssize_t)tok, 2, shape, writable);
     case F_LABELS:
         if (!b->labels) break;
         return pypl_array_from_batch(b, b->labels, pypl_format_of(b->dtype),
-                                     (Py_ssize_t)tok, 2, shape);
+                                     (Py_ssize_t)tok, 2, shape, writable);
     case F_LOSS_MASK:
         if (!b->loss_mask) break;
-        return pypl_array_from_batch(b, b->loss_mask, "f", sizeof(float), 2, shape);
+        return pypl_array_from_batch(b, b->loss_mask, "f", sizeof(float), 2, shape,
+                                     writable);
     case F_POSITION_IDS:
         if (!b->position_ids) break;
-        return pypl_array_from_batch(b, b->position_ids, "q", sizeof(int64_t), 2, shape);
+        return pypl_array_from_batch(b, b->position_ids, "q", sizeof(int64_t), 2, shape,
+                                     writable);
     case F_CU_SEQLENS:
         if (!b->cu_seqlens) break;
         shape[0] = (Py_ssize_t)b->n_cu_seqlens;
-        return pypl_array_from_batch(b, b->cu_seqlens, "i", sizeof(int32_t), 1, shape);
+        return pypl_array_from_batch(b, b->cu_seqlens, "i", sizeof(int32_t), 1, shape,
+                                     writable);
     case F_SEGMENT_SOURCES:
         if (!b->segment_sources || b->n_cu_seqlens < 1) break;
         shape[0] = (Py_ssize_t)(b->n_cu_seqlens - 1);
-        return pypl_array_from_batch(b, b->segment_sources, "i", sizeof(int32_t), 1, shape);
+        return pypl_array_from_batch(b, b->segment_sources, "i", sizeof(int32_t), 1, shape,
+                                     writable);
     }
     Py_RETURN_NONE;
+}
+
+static PyObject *batch_get_array(PyPlBatch *o, void *closure) {
+    pl_batch *b = batch_get(o);
+    if (!b) return NULL;
+    return batch_field(b, (int)(intptr_t)closure, 0);
+}
+
+static PyObject *pypl_field_names[F_CU_SEQLENS + 1];
+static PyObject *pypl_max_seqlen_name;
+
+/* The hot path of polyload.Loader: one call per micro-batch builds its dict. */
+static PyObject *batch_to_dict(PyPlBatch *o, PyObject *const *args, Py_ssize_t nargs,
+                               PyObject *kwnames) {
+    static const char *const names[] = {"input_ids", "labels", "loss_mask",
+                                        "position_ids", "cu_seqlens"};
+    PyObject *convert = Py_None;
+    int writable = 0;
+    Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    if (nargs > 1) {
+        PyErr_SetString(PyExc_TypeError, "to_dict takes at most one positional argument");
+        return NULL;
+    }
+    if (nargs == 1) convert = args[0];
+    for (Py_ssize_t i = 0; i < nkw; i++) {
+        PyObject *k = PyTuple_GET_ITEM(kwnames, i), *v = args[nargs + i];
+        if (PyUnicode_CompareWithASCIIString(k, "convert") == 0) convert = v;
+        else if (PyUnicode_CompareWithASCIIString(k, "writable") == 0) {
+            writable = PyObject_IsTrue(v);
+            if (writable < 0) return NULL;
+        } else {
+            PyErr_Format(PyExc_TypeError, "to_dict: unexpected keyword argument %R", k);
+            return NULL;
+        }
+    }
+    Py_ssize_t nconv = 0;
+    PyObject *const *conv = NULL;
+    if (convert != Py_None) {
+        if (!PyTuple_Check(convert)) {
+            PyErr_SetString(PyExc_TypeError, "to_dict: convert must be a tuple of callables");
+            return NULL;
+        }
+        nconv = PyTuple_GET_SIZE(convert);
+        conv = &PyTuple_GET_ITEM(convert, 0);
+    }
+    pl_batch *b = batch_get(o);
+    if (!b) return NULL;
+    if (!pypl_field_names[0]) {
+        for (int f = 0; f <= F_CU_SEQLENS; f++) {
+            pypl_field_names[f] = PyUnicode_InternFromString(names[f]);
+            if (!pypl_field_names[f]) return NULL;
+        }
+        pypl_max_seqlen_name = PyUnicode_InternFromString("max_seqlen");
+        if (!pypl_max_seqlen_name) return NULL;
+    }
+    PyObject *d = PyDict_New();
+    if (!d) return NULL;
+    static const uint32_t bits[] = {PL_FIELD_INPUT_IDS, PL_FIELD_LABELS, PL_FIELD_LOSS_MASK,
+                                    PL_FIELD_POSITION_IDS, PL_FIELD_CU_SEQLENS};
+    for (int f = 0; f <= F_CU_SEQLENS; f++) {
+        if (!(b->fields & bits[f])) continue;
+        PyObject *v = batch_field(b, f, writable);
+        if (v == Py_None) {
+            Py_DECREF(v);
+            continue;
+        }
+        for (Py_ssize_t c = 0; v && c < nconv; c++) {
+            PyObject *w = PyObject_CallOneArg(conv[c], v);
+            Py_DECREF(v);
+            v = w;
+        }
+        if (!v || PyDict_SetItem(d, pypl_field_names[f], v) < 0) {
+            Py_XDECREF(v);
+            Py_DECREF(d);
+            return NULL;
+        }
+        Py_DECREF(v);
+    }
+    if (b->fields & PL_FIELD_MAX_SEQLEN) {
+        PyObject *v = PyLong_FromLongLong((long long)b->max_seqlen);
+        if (!v || PyDict_SetItem(d, pypl_max_seqlen_name, v) < 0) {
+            Py_XDECREF(v);
+            Py_DECREF(d);
+            return NULL;
+        }
+        Py_DECREF(v);
+    }
+    return d;
 }
 
 static PyObject *batch_release(PyPlBatch *o, PyObject *unused) {
@@ -370,6 +481,14 @@ static PyGetSetDef batch_getset[] = {
 };
 
 static PyMethodDef batch_methods[] = {
+    {"to_dict", (PyCFunction)(void (*)(void))batch_to_dict, METH_FASTCALL | METH_KEYWORDS,
+     "to_dict(convert=None, writable=False)\n\n"
+     "The micro-batch as a dict (SPEC section 3): each present array field, plus\n"
+     "'max_seqlen' (int) when present.  convert: a tuple of callables applied in\n"
+     "turn to each field's Array (e.g. (numpy.asarray, torch.from_numpy)); None\n"
+     "leaves the Arrays.  writable=True exports the fields writable: only for a\n"
+     "batch that no other rank receives (the memory is shared by the served ranks\n"
+     "of a DP group; polyload.Loader decides from the topology).  Default: read-only."},
     {"release", (PyCFunction)batch_release, METH_NOARGS,
      "release()\n\nDrop this Batch's reference now.  Arrays taken from it stay valid."},
     {"__reduce__", pypl_no_reduce, METH_NOARGS, NULL},

@@ -567,7 +567,7 @@ static PyObject *source_read_many(PyPlSource *o, PyObject *arg) {
     PyMem_Free(reads);
     if (rc != PL_OK) {
         free(out);
-        return pypl_raise(rc, pl_source_errmsg(o->src));
+        return pypl_raise(rc, pl_last_errmsg());
     }
     Py_ssize_t shape[1] = {(Py_ssize_t)total};
     return pypl_array_owned(out, "q", 8, 1, shape);
@@ -596,7 +596,7 @@ static PyObject *source_read_raw(PyPlSource *o, PyObject *arg) {
     PyMem_Free(reads);
     if (rc != PL_OK) {
         Py_DECREF(b);
-        return pypl_raise(rc, pl_source_errmsg(o->src));
+        return pypl_raise(rc, pl_last_errmsg());
     }
     return b;
 }
@@ -658,7 +658,7 @@ PyObject *pypl_read_rows_raw(PyObject *self, PyObject *args) {
     }
     Py_END_ALLOW_THREADS
     if (rc != PL_OK) {
-        pypl_raise(rc, pl_source_errmsg(h[reads[bad].source]));
+        pypl_raise(rc, pl_last_errmsg());
         goto out;
     }
     Py_ssize_t shape[1] = {(Py_ssize_t)n};
@@ -679,11 +679,15 @@ out:
 static PyObject *source_stats(PyPlSource *o, PyObject *unused) {
     (void)unused;
     pl_source_stats st;
+    memset(&st, 0, sizeof st);
+    st.size = sizeof st;
     int rc;
+    char err[PL__ERRMSG_CAP];
     Py_BEGIN_ALLOW_THREADS
     rc = pl_source_get_stats(o->src, &st);
+    if (rc != PL_OK) snprintf(err, sizeof err, "%s", pl_last_errmsg());
     Py_END_ALLOW_THREADS
-    if (rc != PL_OK) return pypl_raise(rc, pl_source_errmsg(o->src));
+    if (rc != PL_OK) return pypl_raise(rc, err);
     return Py_BuildValue("{s:L,s:L,s:L,s:L,s:L,s:L,s:L}", "files", (long long)st.files,
                          "documents", (long long)st.documents, "tokens",
                          (long long)st.tokens, "length_p50", (long long)st.length_p50,
@@ -743,6 +747,8 @@ static PyMethodDef source_methods[] = {
      " -> Source\n\n"
      "Open a source: type 'megatron' (path = prefix, directory or glob of prefixes),\n"
      "'llmc' or 'flat' (token_dtype 'uint16' or 'uint32'; eos_id -1 = type default).\n"
+     "write_index: the .plidx sidecar policy of llmc/flat sources, INDEX_WRITE (0: one\n"
+     "writer under a lock), INDEX_READ (2: map one, write none), INDEX_MEMORY (-1).\n"
      "Raises PolyloadIOError (ENOENT, EIO) or FormatError naming file, field, offset."},
     {"document_length", (PyCFunction)source_document_length, METH_O,
      "document_length(i) -> int\n\nLength of document i in tokens.  RangeError for a bad "

@@ -65,11 +65,12 @@ extern PyTypeObject PyPl_BatchType;
 /*
  * An Array over the memory of a retained batch: takes its own
  * pl_batch_retain reference and releases it on dealloc.  format is a struct
- * code ("q", "i", "f", "d").  ndim is 1 or 2.
+ * code ("q", "i", "f", "d").  ndim is 1 or 2.  Exported read-only unless
+ * writable (batch memory is shared by the ranks of a DP group).
  */
 PyObject *pypl_array_from_batch(pl_batch *batch, void *data, const char *format,
                                 Py_ssize_t itemsize, int ndim,
-                                const Py_ssize_t *shape);
+                                const Py_ssize_t *shape, int writable);
 /* An Array that owns `data` (malloc'd; freed on dealloc, even on failure). */
 PyObject *pypl_array_owned(void *data, const char *format, Py_ssize_t itemsize,
                            int ndim, const Py_ssize_t *shape);

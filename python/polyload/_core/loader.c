@@ -468,7 +468,8 @@ static PyObject *loader_next(PyPlLoader *o, PyObject *arg) {
         return NULL;
     }
     o->busy[k] = 1;
-    pl_batch *b = NULL;
+    const pl_batch *b = NULL;
+    pl_batch *owned = NULL;
     char err[PL__ERRMSG_CAP];
     err[0] = '\0';
     int rc;
@@ -479,15 +480,15 @@ static PyObject *loader_next(PyPlLoader *o, PyObject *arg) {
         snprintf(err, sizeof err, "loader is closed");
     } else {
         rc = pl_loader_next(o->l, rank, &b);
-        if (rc == PL_OK) pl_batch_retain(b); /* borrowed until the next next(rank) */
-        else if (rc < 0) snprintf(err, sizeof err, "%s", pl_loader_errmsg(o->l));
+        if (rc == PL_OK) owned = pl_batch_retain(b); /* b: borrowed until next(rank) */
+        else if (rc < 0) snprintf(err, sizeof err, "%s", pl_last_errmsg());
     }
     pthread_rwlock_unlock(&o->lock);
     Py_END_ALLOW_THREADS
     o->busy[k] = 0;
     if (rc == PL_DONE) Py_RETURN_NONE;
     if (rc != PL_OK) return pypl_raise(rc, err);
-    return pypl_batch_new(b);
+    return pypl_batch_new(owned);
 }
 
 /* Take the exclusive lock with the GIL released; 0 on success. */
@@ -527,7 +528,7 @@ static PyObject *loader_get_state(PyPlLoader *o, PyObject *unused) {
     if (loader_rdlock(o)) return NULL;
     int rc;
     PyObject *b = pypl_sized_bytes(loader_state_fn, o->l, &rc);
-    if (!b && rc != PL_OK) pypl_raise(rc, pl_loader_errmsg(o->l));
+    if (!b && rc != PL_OK) pypl_raise(rc, pl_last_errmsg());
     pthread_rwlock_unlock(&o->lock);
     return b;
 }
@@ -543,7 +544,7 @@ static PyObject *loader_set_state(PyPlLoader *o, PyObject *arg) {
     Py_BEGIN_ALLOW_THREADS
     rc = pl_loader_set_state(o->l, view.buf, (size_t)view.len);
     Py_END_ALLOW_THREADS
-    PyObject *r = rc == PL_OK ? Py_NewRef(Py_None) : pypl_raise(rc, pl_loader_errmsg(o->l));
+    PyObject *r = rc == PL_OK ? Py_NewRef(Py_None) : pypl_raise(rc, pl_last_errmsg());
     pthread_rwlock_unlock(&o->lock);
     PyBuffer_Release(&view);
     return r;
@@ -553,13 +554,23 @@ static PyObject *loader_stats(PyPlLoader *o, PyObject *unused) {
     (void)unused;
     if (loader_rdlock(o)) return NULL;
     pl_loader_stats st;
-    int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = pl_loader_get_stats(o->l, &st);
-    Py_END_ALLOW_THREADS
+    memset(&st, 0, sizeof st);
+    st.size = sizeof st;
+    int64_t ns = pl_config_num_sources(pl_loader_config(o->l));
+    pl_source_summary *sums = PyMem_Calloc(ns > 0 ? (size_t)ns : 1, sizeof *sums);
     PyObject *d = NULL, *srcs = NULL;
+    if (!sums) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    int rc;
+    char err[PL__ERRMSG_CAP];
+    Py_BEGIN_ALLOW_THREADS
+    rc = pl_loader_get_stats(o->l, &st, sums, ns);
+    if (rc != PL_OK) snprintf(err, sizeof err, "%s", pl_last_errmsg());
+    Py_END_ALLOW_THREADS
     if (rc != PL_OK) {
-        pypl_raise(rc, pl_loader_errmsg(o->l));
+        pypl_raise(rc, err);
         goto done;
     }
     d = Py_BuildValue("{s:L,s:L,s:L,s:L,s:L,s:d,s:d}", "steps", (long long)st.steps,
@@ -589,6 +600,7 @@ fail:
     Py_XDECREF(srcs);
     Py_CLEAR(d);
 done:
+    PyMem_Free(sums);
     pthread_rwlock_unlock(&o->lock);
     return d;
 }
@@ -604,7 +616,7 @@ static PyObject *loader_want_step(PyPlLoader *o, PyObject *args) {
     int rc;
     Py_BEGIN_ALLOW_THREADS
     rc = pl_loader_want_step(o->l, timeout, &step);
-    if (rc < 0 && rc != PL_ETIMEDOUT) snprintf(err, sizeof err, "%s", pl_loader_errmsg(o->l));
+    if (rc < 0 && rc != PL_ETIMEDOUT) snprintf(err, sizeof err, "%s", pl_last_errmsg());
     Py_END_ALLOW_THREADS
     pthread_rwlock_unlock(&o->lock);
     if (rc == PL_OK) return PyLong_FromLongLong((long long)step);
@@ -624,7 +636,7 @@ static PyObject *loader_push_package(PyPlLoader *o, PyObject *arg) {
     int rc;
     Py_BEGIN_ALLOW_THREADS
     rc = pl_loader_push_package(o->l, v.buf, (size_t)v.len);
-    if (rc) snprintf(err, sizeof err, "%s", pl_loader_errmsg(o->l));
+    if (rc) snprintf(err, sizeof err, "%s", pl_last_errmsg());
     Py_END_ALLOW_THREADS
     pthread_rwlock_unlock(&o->lock);
     PyBuffer_Release(&v);

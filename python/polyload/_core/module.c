@@ -356,6 +356,8 @@ static int add_constants(PyObject *m) {
         {"FIELD_CU_SEQLENS", PL_FIELD_CU_SEQLENS},
         {"FIELD_MAX_SEQLEN", PL_FIELD_MAX_SEQLEN}, {"FIELD_ALL", PL_FIELD_ALL},
         {"CHUNK_DOC_END", PL_CHUNK_DOC_END},
+        {"INDEX_WRITE", PL_INDEX_WRITE}, {"INDEX_READ", PL_INDEX_READ},
+        {"INDEX_MEMORY", PL_INDEX_MEMORY},
     };
     for (size_t i = 0; i < sizeof tab / sizeof tab[0]; i++)
         if (PyModule_AddIntConstant(m, tab[i].name, tab[i].value) < 0) return -1;

@@ -1,0 +1,80 @@
+#!/usr/bin/env python3
+"""Hand-off: the embedded C loader against the 2-core limit of the same work (issue 13).
+
+For each config (`throughput`: bench/throughput.py's, 2 x 2048 micro-batches, dp 4;
+`large-mb`: the same with 8 x 8192, global batch 128), each round runs
+`build-bench/bench_handoff CONFIG SECONDS THREADS...` (bench/handoff.c): first the limit
+(2 threads running the loader's own builder, pl__construct, on pre-planned micro-batches:
+the SPEC fields from the uint16 tokens into one reused buffer each; no hand-off, no
+planning), then the loader with `threads` 1, 2, 3 and 4 serving every
+rank to one consumer.  Rounds repeat (`--rounds`), medians reported; ratios are
+loader / limit of the same round.
+
+Usage: .venv/bin/python bench/handoff.py [--seconds 5] [--rounds 3] [--json OUT]
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _common import OUT, ROOT  # noqa: E402
+from python_overhead import large_mb_config  # noqa: E402
+from throughput import write_polyload_config  # noqa: E402
+
+BIN = os.path.join(ROOT, "build-bench", "bench_handoff")
+
+
+def build():
+    subprocess.run(["cmake", "-S", ROOT, "-B", os.path.join(ROOT, "build-bench"), "-G", "Ninja",
+                    "-DCMAKE_BUILD_TYPE=Release"], check=True, stdout=subprocess.DEVNULL)
+    subprocess.run(["cmake", "--build", os.path.join(ROOT, "build-bench")], check=True,
+                   stdout=subprocess.DEVNULL)
+    subprocess.run(["gcc", "-O2", "-std=c11", "-I" + os.path.join(ROOT, "include"),
+                    "-I" + os.path.join(ROOT, "src"),
+                    os.path.join(ROOT, "bench", "handoff.c"),
+                    os.path.join(ROOT, "build-bench", "libpolyload.a"), "-lyaml", "-lxxhash",
+                    "-lz", "-lpthread", "-lm", "-o", BIN], check=True)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--seconds", type=float, default=5.0)
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--threads", default="1,2,3,4")
+    ap.add_argument("--configs", default="throughput,large-mb")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    build()
+    base = write_polyload_config(1000000)
+    configs = {"throughput": base, "large-mb": large_mb_config(base)}
+    threads = args.threads.split(",")
+    result = {}
+    for name in args.configs.split(","):
+        rounds = []
+        for _ in range(args.rounds):
+            out = subprocess.run([BIN, os.path.join(ROOT, configs[name]), str(args.seconds)]
+                                 + threads, check=True, capture_output=True, text=True,
+                                 cwd=ROOT).stdout
+            rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+            limit = next(r for r in rows if r["what"] == "limit")["tokens_per_s"]
+            loader = {r["threads"]: r["tokens_per_s"] for r in rows if r["what"] == "loader"}
+            rounds.append({"limit": limit, "loader": loader,
+                           "ratio": {t: v / limit for t, v in loader.items()}})
+            print(name, json.dumps(rounds[-1]), flush=True)
+        med = {"limit": statistics.median(r["limit"] for r in rounds)}
+        for t in rounds[0]["loader"]:
+            med[f"loader_t{t}"] = statistics.median(r["loader"][t] for r in rounds)
+            med[f"ratio_t{t}"] = statistics.median(r["ratio"][t] for r in rounds)
+        result[name] = {"config": configs[name], "rounds": rounds, "median": med}
+        print(name, "median", json.dumps(med), flush=True)
+    if args.json:
+        os.makedirs(OUT, exist_ok=True)
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
