@@ -22,10 +22,12 @@ export PATH := $(abspath $(VENV))/bin:$(PATH)
 
 # Debian packages: C dependencies, and the documents of the demo corpus.
 APT_PACKAGES := gcc make libyaml-dev libxxhash-dev zlib1g-dev clang libclang-rt-14-dev \
-                linux-doc fortunes manpages-de manpages-fr manpages-ja
+                linux-doc fortunes manpages-de manpages-fr manpages-ja \
+                libjpeg62-turbo-dev libspng-dev libwebp-dev libswscale-dev libstb-dev
 # torch==2.13.0 is the CPU build on local disk; an unpinned torch pulls a CUDA build of GBs.
 PY_PACKAGES := torch==2.13.0 megatron-core tokenizers numpy pytest pyyaml tqdm ray==2.60.0 \
-               transformers==5.24.0 matplotlib==3.11.2
+               transformers==5.24.0 matplotlib==3.11.2 \
+               scikit-image scikit-learn webdataset pillow
 BUILD_TOOLS := scikit-build-core cmake ninja
 
 # -Werror in CI (CI=true), as STYLE.md asks.
@@ -118,6 +120,7 @@ test-python: install
 # Each step of the corpus build skips itself when its output is newer than its inputs.
 corpus: install
 	$(VPY) scripts/build_corpus.py --data-dir data
+	$(VPY) scripts/make_vlm_corpus.py --out data/vlm
 
 # ------------------------------------------------------------------------- clean
 
