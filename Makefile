@@ -23,7 +23,8 @@ export PATH := $(abspath $(VENV))/bin:$(PATH)
 # Debian packages: C dependencies, and the documents of the demo corpus.
 APT_PACKAGES := gcc make libyaml-dev libxxhash-dev zlib1g-dev clang libclang-rt-14-dev \
                 linux-doc fortunes manpages-de manpages-fr manpages-ja \
-                libjpeg62-turbo-dev libspng-dev libwebp-dev libswscale-dev libstb-dev
+                libjpeg62-turbo-dev libspng-dev libwebp-dev libswscale-dev libstb-dev \
+                libjansson-dev pkg-config
 # torch==2.13.0 is the CPU build on local disk; an unpinned torch pulls a CUDA build of GBs.
 PY_PACKAGES := torch==2.13.0 megatron-core tokenizers numpy pytest pyyaml tqdm ray==2.60.0 \
                transformers==5.24.0 matplotlib==3.11.2 \
