@@ -499,6 +499,24 @@ static int validate(pl_config *cfg, const vlines *ln) {
                        " micro-batches per step (global_batch_size / "
                        "micro_batch_size) is above the limit 2^50",
                        cfg->train_steps, mb_per_step);
+    const pl__source_cfg *first_img = NULL;
+    for (int64_t i = 0; i < cfg->n_sources; i++) {
+        const pl__source_cfg *sc = &cfg->sources[i];
+        if (sc->type != PL_SOURCE_WEBDATASET) continue;
+        if (cfg->topology.cp > 1)
+            return cfg_err(cfg, PL_ECONFIG, ln->sources,
+                           "sources[%" PRId64 "] '%s': webdataset sources need "
+                           "topology.cp 1 (images are not sliced for context parallelism)",
+                           i, sc->name);
+        if (first_img && (first_img->image.mode != sc->image.mode ||
+                          first_img->image.size != sc->image.size ||
+                          first_img->image.patch_size != sc->image.patch_size))
+            return cfg_err(cfg, PL_ECONFIG, ln->sources,
+                           "sources[%" PRId64 "] '%s': image mode, size and patch_size "
+                           "must match those of '%s' (one pixel_values layout per batch)",
+                           i, sc->name, first_img->name);
+        if (!first_img) first_img = sc;
+    }
     for (int64_t i = 0; i < cfg->n_sources; i++) {
         const pl__source_cfg *sc = &cfg->sources[i];
         int64_t max_tok = sc->type == PL_SOURCE_FLAT &&

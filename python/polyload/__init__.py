@@ -82,6 +82,8 @@ STATE_VERSION = 1
 
 #: The batch fields that are arrays, in SPEC section 3 order.
 _ARRAY_FIELDS = ("input_ids", "labels", "loss_mask", "position_ids", "cu_seqlens")
+#: Image fields, present when a micro-batch holds images (webdataset sources).
+_IMAGE_FIELDS = ("pixel_values", "image_grid_thw", "image_positions")
 
 ConfigLike = Union[str, "os.PathLike[str]", Mapping[str, Any], "_core.Config"]
 
@@ -238,7 +240,13 @@ class Loader:
     ``position_ids`` same                              int64, restarting at each segment
     ``cu_seqlens``   ``[n_segments + 1]``              int32, over the flattened tokens
     ``max_seqlen``   scalar                            int (tokens)
+    ``pixel_values`` fixed ``[n_images, 3, H, W]``;    uint8 (normalize on the device)
+                     native ``[n_patches, 3*p*p]``
+    ``image_grid_thw`` ``[n_images, 3]``               int64 (t, h, w in patches)
+    ``image_positions`` ``[n_images, 2]``              int64 (flat offset in input_ids, count)
     ===============  ================================  ===================================
+
+    The image fields are present only in micro-batches that hold images.
 
     Fields the rank does not receive (pipeline stages, SPEC section 2) are absent.
     Values are ``torch.Tensor`` when torch is installed, else ``numpy.ndarray``; either
@@ -365,6 +373,9 @@ class Loader:
         max_seqlen = b.max_seqlen
         if max_seqlen is not None:
             out["max_seqlen"] = max_seqlen
+        if b.n_images:
+            for n in _IMAGE_FIELDS:
+                out[n] = asarray(getattr(b, n)) if wrap is None else wrap(asarray(getattr(b, n)))
         return out
 
     # ---------------------------------------------------------------------- state

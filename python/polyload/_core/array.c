@@ -261,6 +261,9 @@ BATCH_INT_GETTER(fields)
 BATCH_INT_GETTER(n_cu_seqlens)
 BATCH_INT_GETTER(tokens)
 BATCH_INT_GETTER(n_chunks)
+BATCH_INT_GETTER(n_images)
+BATCH_INT_GETTER(visual_tokens)
+BATCH_INT_GETTER(image_mode)
 
 static PyObject *batch_get_max_seqlen(PyPlBatch *o, void *c) {
     (void)c;
@@ -277,7 +280,8 @@ static PyObject *batch_get_dtype(PyPlBatch *o, void *c) {
 }
 
 /* closure: which field */
-enum { F_INPUT_IDS, F_LABELS, F_LOSS_MASK, F_POSITION_IDS, F_CU_SEQLENS };
+enum { F_INPUT_IDS, F_LABELS, F_LOSS_MASK, F_POSITION_IDS, F_CU_SEQLENS,
+       F_PIXEL_VALUES, F_IMAGE_GRID_THW, F_IMAGE_POSITIONS };
 
 static PyObject *batch_get_array(PyPlBatch *o, void *closure) {
     pl_batch *b = batch_get(o);
@@ -303,6 +307,29 @@ static PyObject *batch_get_array(PyPlBatch *o, void *closure) {
         if (!b->cu_seqlens) break;
         shape[0] = (Py_ssize_t)b->n_cu_seqlens;
         return pypl_array_from_batch(b, b->cu_seqlens, "i", sizeof(int32_t), 1, shape);
+    case F_PIXEL_VALUES: {
+        if (!b->pixel_values || !b->n_images) break;
+        Py_ssize_t sh[4];
+        if (b->image_mode == PL_IMAGE_NATIVE) {
+            sh[0] = (Py_ssize_t)b->n_patches;
+            sh[1] = (Py_ssize_t)b->patch_dim;
+            return pypl_array_from_batch(b, b->pixel_values, "B", 1, 2, sh);
+        }
+        sh[0] = (Py_ssize_t)b->n_images;
+        sh[1] = 3;
+        sh[2] = (Py_ssize_t)b->image_height;
+        sh[3] = (Py_ssize_t)b->image_width;
+        return pypl_array_from_batch(b, b->pixel_values, "B", 1, 4, sh);
+    }
+    case F_IMAGE_GRID_THW:
+    case F_IMAGE_POSITIONS: {
+        if (!b->image_grid_thw || !b->n_images) break;
+        int grid = (int)(intptr_t)closure == F_IMAGE_GRID_THW;
+        shape[0] = (Py_ssize_t)b->n_images;
+        shape[1] = grid ? 3 : 2;
+        return pypl_array_from_batch(b, grid ? b->image_grid_thw : b->image_positions, "q",
+                                     sizeof(int64_t), 2, shape);
+    }
     }
     Py_RETURN_NONE;
 }
@@ -357,6 +384,23 @@ static PyGetSetDef batch_getset[] = {
     {"cu_seqlens", (getter)batch_get_array, NULL,
      "Array [n_cu_seqlens] int32 over the flattened rows*cols tokens, or None",
      (void *)F_CU_SEQLENS},
+    {"n_images", (getter)batch_get_n_images, NULL,
+     "int: images of webdataset sources in this micro-batch", NULL},
+    {"visual_tokens", (getter)batch_get_visual_tokens, NULL,
+     "int: image placeholder tokens (sum of image_positions[:, 1])", NULL},
+    {"image_mode", (getter)batch_get_image_mode, NULL,
+     "int: IMAGE_FIXED (1) or IMAGE_NATIVE (2); 0 without images", NULL},
+    {"pixel_values", (getter)batch_get_array, NULL,
+     "Array uint8: fixed mode [n_images, 3, H, W]; native mode [n_patches, 3*p*p]\n"
+     "(Qwen2-VL patch order); None without images",
+     (void *)F_PIXEL_VALUES},
+    {"image_grid_thw", (getter)batch_get_array, NULL,
+     "Array [n_images, 3] int64: (t, h, w) in patches; None without images",
+     (void *)F_IMAGE_GRID_THW},
+    {"image_positions", (getter)batch_get_array, NULL,
+     "Array [n_images, 2] int64: flattened offset in input_ids of each image's first\n"
+     "placeholder token, and their count; None without images",
+     (void *)F_IMAGE_POSITIONS},
     {"released", (getter)batch_get_released, NULL, "bool: release() was called", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };

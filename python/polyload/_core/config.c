@@ -670,6 +670,57 @@ static PyObject *source_stats(PyPlSource *o, PyObject *unused) {
                          (long long)st.length_max);
 }
 
+static PyObject *image_info_dict(const pl_image_info *in) {
+    return Py_BuildValue(
+        "{s:L,s:L,s:L,s:L,s:(LLL),s:L,s:L,s:L,s:n,s:s}", "width", (long long)in->width,
+        "height", (long long)in->height, "out_width", (long long)in->out_width,
+        "out_height", (long long)in->out_height, "grid_thw", (long long)in->grid_t,
+        (long long)in->grid_h, (long long)in->grid_w, "patches", (long long)in->patches,
+        "tokens", (long long)in->tokens, "patch_dim", (long long)in->patch_dim, "bytes",
+        (Py_ssize_t)in->bytes, "mode", in->mode == PL_IMAGE_NATIVE ? "native" : "fixed");
+}
+
+static PyObject *source_image_info(PyPlSource *o, PyObject *arg) {
+    long long i = PyLong_AsLongLong(arg);
+    if (i == -1 && PyErr_Occurred()) return NULL;
+    pl_image_info in;
+    int rc = pl_source_image_info(o->src, (int64_t)i, &in);
+    if (rc != PL_OK) return pypl_raise(rc, pl_source_errmsg(o->src));
+    return image_info_dict(&in);
+}
+
+static PyObject *source_read_image(PyPlSource *o, PyObject *arg) {
+    long long i = PyLong_AsLongLong(arg);
+    if (i == -1 && PyErr_Occurred()) return NULL;
+    pl_image_info in;
+    int rc = pl_source_image_info(o->src, (int64_t)i, &in);
+    if (rc != PL_OK) return pypl_raise(rc, pl_source_errmsg(o->src));
+    uint8_t *buf = malloc(in.bytes ? in.bytes : 1);
+    if (!buf) return PyErr_NoMemory();
+    Py_BEGIN_ALLOW_THREADS
+    rc = pl_source_read_image(o->src, (int64_t)i, buf, in.bytes, &in);
+    Py_END_ALLOW_THREADS
+    if (rc != PL_OK) {
+        free(buf);
+        return pypl_raise(rc, pl_source_errmsg(o->src));
+    }
+    Py_ssize_t shape[3];
+    if (in.mode == PL_IMAGE_NATIVE) {
+        shape[0] = (Py_ssize_t)in.patches;
+        shape[1] = (Py_ssize_t)in.patch_dim;
+        return pypl_array_owned(buf, "B", 1, 2, shape);
+    }
+    shape[0] = 3;
+    shape[1] = (Py_ssize_t)in.out_height;
+    shape[2] = (Py_ssize_t)in.out_width;
+    return pypl_array_owned(buf, "B", 1, 3, shape);
+}
+
+static PyObject *source_get_num_skipped(PyPlSource *o, void *c) {
+    (void)c;
+    return PyLong_FromLongLong((long long)pl_source_num_skipped(o->src));
+}
+
 static PyObject *source_get_num_documents(PyPlSource *o, void *c) {
     (void)c;
     return PyLong_FromLongLong((long long)pl_source_num_documents(o->src));
@@ -695,6 +746,7 @@ static PyObject *source_get_type(PyPlSource *o, void *c) {
     case PL_SOURCE_MEGATRON: return PyUnicode_FromString("megatron");
     case PL_SOURCE_LLMC: return PyUnicode_FromString("llmc");
     case PL_SOURCE_FLAT: return PyUnicode_FromString("flat");
+    case PL_SOURCE_WEBDATASET: return PyUnicode_FromString("webdataset");
     }
     return PyUnicode_FromString("unknown");
 }
@@ -741,11 +793,23 @@ static PyMethodDef source_methods[] = {
     {"stats", (PyCFunction)source_stats, METH_NOARGS,
      "stats() -> dict\n\n{'files', 'documents', 'tokens', 'length_p50', 'length_p90', "
      "'length_p99', 'length_max'}; scans the index."},
+    {"image_info", (PyCFunction)source_image_info, METH_O,
+     "image_info(i) -> dict\n\nImage of sample i of a webdataset source from the index "
+     "(no decode):\n{'width', 'height' (stored), 'out_width', 'out_height', 'grid_thw', "
+     "'patches',\n'tokens' (visual tokens), 'patch_dim', 'bytes', 'mode'} "
+     "(pl_source_image_info)."},
+    {"read_image", (PyCFunction)source_read_image, METH_O,
+     "read_image(i) -> Array uint8\n\nDecoded and resized image of sample i: fixed mode "
+     "[3, H, W]; native\nmode [patches, 3*p*p] in Qwen2-VL's patch order "
+     "(pl_source_read_image).\nRaises FormatError (EIMAGE) naming shard, member and "
+     "offset."},
     {"__reduce__", pypl_no_reduce, METH_NOARGS, NULL},
     {NULL, NULL, 0, NULL},
 };
 
 static PyGetSetDef source_getset[] = {
+    {"num_skipped", (getter)source_get_num_skipped, NULL,
+     "int: bad records left out at open (on_error: skip)", NULL},
     {"num_documents", (getter)source_get_num_documents, NULL, "int: documents", NULL},
     {"num_files", (getter)source_get_num_files, NULL, "int: files", NULL},
     {"name", (getter)source_get_name, NULL, "str: the name used in messages", NULL},

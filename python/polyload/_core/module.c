@@ -19,7 +19,7 @@ static PyObject *pypl_exc_base, *pypl_exc_format, *pypl_exc_config,
 static PyObject *pypl_class_of(int rc) {
     switch (rc) {
     case PL_EMAGIC: case PL_EVERSION: case PL_EDTYPE: case PL_ECOUNT:
-    case PL_EBOUNDS: case PL_ETRUNC: case PL_EDOCIDX: case PL_ERECORD:
+    case PL_EBOUNDS: case PL_ETRUNC: case PL_EDOCIDX: case PL_ERECORD: case PL_EIMAGE:
         return pypl_exc_format;
     case PL_ECONFIG: case PL_ETOPOLOGY:
         return pypl_exc_config;
@@ -343,7 +343,8 @@ static int add_constants(PyObject *m) {
         {"DTYPE_FLOAT32", PL_DTYPE_FLOAT32}, {"DTYPE_UINT16", PL_DTYPE_UINT16},
         {"DTYPE_UINT32", PL_DTYPE_UINT32},
         {"SOURCE_MEGATRON", PL_SOURCE_MEGATRON}, {"SOURCE_LLMC", PL_SOURCE_LLMC},
-        {"SOURCE_FLAT", PL_SOURCE_FLAT},
+        {"SOURCE_FLAT", PL_SOURCE_FLAT}, {"SOURCE_WEBDATASET", PL_SOURCE_WEBDATASET},
+        {"IMAGE_FIXED", PL_IMAGE_FIXED}, {"IMAGE_NATIVE", PL_IMAGE_NATIVE},
         {"FIELD_INPUT_IDS", PL_FIELD_INPUT_IDS}, {"FIELD_LABELS", PL_FIELD_LABELS},
         {"FIELD_LOSS_MASK", PL_FIELD_LOSS_MASK},
         {"FIELD_POSITION_IDS", PL_FIELD_POSITION_IDS},
