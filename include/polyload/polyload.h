@@ -500,6 +500,10 @@ typedef struct pl_plan {
     const double *rank_cost;     /* [dp] */
     int64_t tokens;              /* non-padding tokens of the step */
     double lower_bound;          /* max(total cost / dp, costliest chunk) */
+    /* The image encoder's part of rank_cost (cost.encoder: a_e * N + b_e *
+     * N^2 per image of N patches), so the backbone's is rank_cost minus it;
+     * NULL when no encoder term is configured, or for a decoded plan. */
+    const double *rank_encoder_cost; /* [dp] */
 } pl_plan;
 
 /* =============================================================== batches */
