@@ -1121,3 +1121,11 @@ int pl_image_probe(const void *data, size_t len, int64_t *width, int64_t *height
     }
     return rc;
 }
+
+int pl_image_smart_resize(int64_t h, int64_t w, int64_t factor, int64_t min_pixels,
+                          int64_t max_pixels, int64_t *out_h, int64_t *out_w) {
+    char err[128];
+    if (!out_h || !out_w) return PL_EINVAL;
+    return pl__smart_resize(h, w, factor, min_pixels, max_pixels, out_h, out_w, err,
+                            sizeof err);
+}

@@ -341,6 +341,15 @@ PL_API int pl_source_read_image(pl_source *src, int64_t index, void *out,
 PL_API int pl_image_probe(const void *data, size_t len, int64_t *width,
                           int64_t *height, char *err, size_t errcap);
 
+/* Qwen2-VL's smart_resize (transformers' image_processing_qwen2_vl.py): the
+ * size (*out_h, *out_w), both multiples of factor (patch_size * merge_size),
+ * with area in [min_pixels, max_pixels] and the aspect ratio of (h, w) kept
+ * as closely as possible (round half to even, as Python's round).
+ * PL_EIMAGE for an aspect ratio above 200, PL_EINVAL for sizes <= 0. */
+PL_API int pl_image_smart_resize(int64_t h, int64_t w, int64_t factor,
+                                 int64_t min_pixels, int64_t max_pixels,
+                                 int64_t *out_h, int64_t *out_w);
+
 /* ================================================================ config */
 /*
  * A parsed configuration (SPEC section 5).  Unknown keys, wrong types, values

@@ -27,8 +27,8 @@ typedef struct {
     char format[4];
     Py_ssize_t itemsize;
     int ndim;
-    Py_ssize_t shape[2];
-    Py_ssize_t strides[2];
+    Py_ssize_t shape[4]; /* ndim 1 to 4 (images: [n, 3, H, W]) */
+    Py_ssize_t strides[4];
     pid_t pid;
 } PyPlArray;
 
@@ -66,10 +66,11 @@ static PyObject *pypl_array_new(void *data, const char *format,
     snprintf(a->format, sizeof a->format, "%s", format);
     a->itemsize = itemsize;
     a->ndim = ndim;
-    a->shape[0] = shape[0];
-    a->shape[1] = ndim > 1 ? shape[1] : 1;
+    if (ndim < 1 || ndim > 4) ndim = 1; /* callers pass 1..4 */
+    a->ndim = ndim;
+    for (int i = 0; i < 4; i++) a->shape[i] = i < ndim ? shape[i] : 1;
     a->strides[ndim - 1] = itemsize;
-    if (ndim > 1) a->strides[0] = itemsize * a->shape[1];
+    for (int i = ndim - 2; i >= 0; i--) a->strides[i] = a->strides[i + 1] * a->shape[i + 1];
     a->pid = pypl_getpid();
     return (PyObject *)a;
 }
@@ -102,7 +103,7 @@ static void array_dealloc(PyPlArray *a) {
 }
 
 static Py_ssize_t array_nitems(const PyPlArray *a) {
-    return a->shape[0] * (a->ndim > 1 ? a->shape[1] : 1);
+    return a->shape[0] * a->shape[1] * a->shape[2] * a->shape[3];
 }
 
 static int array_getbuffer(PyPlArray *a, Py_buffer *view, int flags) {
@@ -134,8 +135,16 @@ static PySequenceMethods array_as_sequence = {
 
 static PyObject *array_get_shape(PyPlArray *a, void *c) {
     (void)c;
-    if (a->ndim == 1) return Py_BuildValue("(n)", a->shape[0]);
-    return Py_BuildValue("(nn)", a->shape[0], a->shape[1]);
+    PyObject *t = PyTuple_New(a->ndim);
+    for (int i = 0; t && i < a->ndim; i++) {
+        PyObject *v = PyLong_FromSsize_t(a->shape[i]);
+        if (!v) {
+            Py_DECREF(t);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(t, i, v);
+    }
+    return t;
 }
 
 static PyObject *array_get_dtype(PyPlArray *a, void *c) {
@@ -178,7 +187,7 @@ static PyObject *array_repr(PyPlArray *a) {
 
 static PyGetSetDef array_getset[] = {
     {"shape", (getter)array_get_shape, NULL, "tuple of int: the array's shape", NULL},
-    {"ndim", (getter)array_get_ndim, NULL, "int: 1 or 2", NULL},
+    {"ndim", (getter)array_get_ndim, NULL, "int: 1 to 4", NULL},
     {"dtype", (getter)array_get_dtype, NULL,
      "str: numpy name of the element type ('int64', 'int32', 'float32', 'float64')", NULL},
     {"address", (getter)array_get_address, NULL,

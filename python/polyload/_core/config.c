@@ -419,6 +419,65 @@ static PyObject *source_open(PyTypeObject *cls, PyObject *args, PyObject *kw) {
     return pypl_source_wrap(src);
 }
 
+static PyObject *source_open_webdataset(PyObject *cls, PyObject *args, PyObject *kw) {
+    (void)cls;
+    static char *kwlist[] = {"path", "token_id", "mode", "size", "patch_size",
+                             "merge_size", "min_pixels", "max_pixels", "limit_pixels",
+                             "caption", "caption_token_offset", "eos_id", "index",
+                             "name", NULL};
+    PyObject *path_obj = NULL;
+    const char *mode = "fixed", *caption = "", *name = NULL;
+    long long token_id = -1, size = 0, patch = 0, merge = 0, minp = 0, maxp = 0,
+              limit = 0, offset = 0, eos_id = -1;
+    int index = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O&L|$sLLLLLLsLLiz:open_webdataset", kwlist,
+                                     PyUnicode_FSConverter, &path_obj, &token_id, &mode,
+                                     &size, &patch, &merge, &minp, &maxp, &limit, &caption,
+                                     &offset, &eos_id, &index, &name))
+        return NULL;
+    pl_image_options io;
+    memset(&io, 0, sizeof io);
+    if (!strcmp(mode, "fixed"))
+        io.mode = PL_IMAGE_FIXED;
+    else if (!strcmp(mode, "native"))
+        io.mode = PL_IMAGE_NATIVE;
+    else {
+        Py_DECREF(path_obj);
+        PyErr_Format(PyExc_ValueError, "mode must be 'fixed' or 'native', not '%s'", mode);
+        return NULL;
+    }
+    io.token_id = token_id;
+    io.size = size;
+    io.patch_size = patch;
+    io.merge_size = merge;
+    io.min_pixels = minp;
+    io.max_pixels = maxp;
+    io.limit_pixels = limit;
+    io.caption_token_offset = offset;
+    snprintf(io.caption_key, sizeof io.caption_key, "%s", caption);
+    pl_source_options o;
+    memset(&o, 0, sizeof o);
+    o.version = PL_SOURCE_OPTIONS_VERSION;
+    o.type = PL_SOURCE_WEBDATASET;
+    o.path = PyBytes_AS_STRING(path_obj);
+    o.name = name;
+    o.eos_id = eos_id;
+    o.write_index = index;
+    o.image = &io;
+    pl_source *src = NULL;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = pl_source_open(&o, &src);
+    Py_END_ALLOW_THREADS
+    Py_DECREF(path_obj);
+    if (rc != PL_OK) {
+        pypl_raise(rc, src ? pl_source_errmsg(src) : NULL);
+        pl_source_free(src);
+        return NULL;
+    }
+    return pypl_source_wrap(src);
+}
+
 static void source_dealloc(PyPlSource *o) {
     pl_source_free(o->src);
     PyObject_Free(o);
@@ -774,6 +833,15 @@ static PyMethodDef source_methods[] = {
      "Open a source: type 'megatron' (path = prefix, directory or glob of prefixes),\n"
      "'llmc' or 'flat' (token_dtype 'uint16' or 'uint32'; eos_id -1 = type default).\n"
      "Raises PolyloadIOError (ENOENT, EIO) or FormatError naming file, field, offset."},
+    {"open_webdataset", (PyCFunction)(void (*)(void))source_open_webdataset,
+     METH_VARARGS | METH_KEYWORDS | METH_CLASS,
+     "Source.open_webdataset(path, token_id, *, mode='fixed', size=0, patch_size=0,\n"
+     "    merge_size=0, min_pixels=0, max_pixels=0, limit_pixels=0, caption='',\n"
+     "    caption_token_offset=0, eos_id=-1, index=0, name=None) -> Source\n\n"
+     "Open WebDataset shards (path: file, directory, glob or brace pattern) as an\n"
+     "image-text source (pl_image_options; 0 takes the default).  index 0 writes a\n"
+     "<shard>.plwds sidecar, -1 keeps the index in memory.  Raises PolyloadIOError or\n"
+     "FormatError naming shard, member and byte offset."},
     {"document_length", (PyCFunction)source_document_length, METH_O,
      "document_length(i) -> int\n\nLength of document i in tokens.  RangeError for a bad "
      "index, FormatError (EBOUNDS) when it lies outside its data file."},
