@@ -53,6 +53,7 @@ help:
 demo: build corpus
 	build/polyload run $(DEMO_CONFIG)
 	$(VPY) examples/train_gpt.py --steps 20
+	$(VPY) examples/train_vlm.py --steps 3
 
 test: test-c test-asan test-python
 
