@@ -21,6 +21,8 @@
 
 #include <stdio.h> /* before jpeglib.h, which needs FILE */
 
+#include <pthread.h>
+
 #include <jpeglib.h>
 #include <libswscale/swscale.h>
 #include <math.h>
@@ -191,6 +193,37 @@ int pl__smart_resize(int64_t h, int64_t w, int64_t factor, int64_t min_pixels,
 }
 
 /* ------------------------------------------------------------ buffers */
+
+static pthread_key_t pl__tls_key;
+static pthread_once_t pl__tls_once = PTHREAD_ONCE_INIT;
+static int pl__tls_ok;
+
+static void pl__tls_free(void *p) {
+    pl__imgtls *t = p;
+    if (!t) return;
+    free(t->data);
+    free(t->rgb);
+    free(t->tmp);
+    sws_freeContext(t->sws);
+    free(t);
+}
+
+static void pl__tls_init(void) {
+    pl__tls_ok = pthread_key_create(&pl__tls_key, pl__tls_free) == 0;
+}
+
+pl__imgtls *pl__image_tls(void) {
+    pthread_once(&pl__tls_once, pl__tls_init);
+    if (!pl__tls_ok) return NULL;
+    pl__imgtls *t = pthread_getspecific(pl__tls_key);
+    if (t) return t;
+    t = calloc(1, sizeof *t);
+    if (t && pthread_setspecific(pl__tls_key, t) != 0) {
+        free(t);
+        t = NULL;
+    }
+    return t;
+}
 
 static int pl__grow(uint8_t **buf, size_t *cap, size_t need) {
     if (need <= *cap) return PL_OK;
@@ -363,30 +396,45 @@ static int pl__webp_decode(const uint8_t *data, size_t len, int64_t max_pixels,
 
 /* ------------------------------------------------------------ resize */
 
-/* Resize the RGB8 region (sx, sy, sw, sh) of src (stride sstride) to
- * dw x dh into dst (stride dw*3). */
+/* Resize the RGB8 HWC region (sx, sy, sw, sh) of src (stride sstride) to
+ * dw x dh CHW planes at dst.  libswscale converts packed RGB24 to planar
+ * GBRP while it scales, about 3x faster than scaling to RGB24 (its packed
+ * output path has no SIMD), and planar is the layout the batch wants. */
 static int pl__resize(const uint8_t *src, int64_t sstride, int64_t sx, int64_t sy,
                       int64_t sw, int64_t sh, uint8_t *dst, int64_t dw, int64_t dh,
                       char *err, size_t errcap) {
     const uint8_t *s0 = src + sy * sstride + sx * 3;
+    const int64_t n = dw * dh;
     if (sw == dw && sh == dh) {
         for (int64_t y = 0; y < dh; y++)
-            memcpy(dst + y * dw * 3, s0 + y * sstride, (size_t)dw * 3);
+            for (int64_t x = 0; x < dw; x++) {
+                const uint8_t *p = s0 + y * sstride + 3 * x;
+                dst[y * dw + x] = p[0];
+                dst[n + y * dw + x] = p[1];
+                dst[2 * n + y * dw + x] = p[2];
+            }
         return PL_OK;
     }
     if (pl__image_resizer == 1) {
-        if (!stbir_resize_uint8(s0, (int)sw, (int)sh, (int)sstride, dst, (int)dw,
-                                (int)dh, (int)(dw * 3), 3)) {
+        uint8_t *hwc = malloc((size_t)n * 3);
+        if (!hwc || !stbir_resize_uint8(s0, (int)sw, (int)sh, (int)sstride, hwc, (int)dw,
+                                        (int)dh, (int)(dw * 3), 3)) {
+            free(hwc);
             pl__fmt(err, errcap, "resize %lldx%lld -> %lldx%lld failed", (long long)sw,
                     (long long)sh, (long long)dw, (long long)dh);
             return PL_ENOMEM;
         }
+        pl__image_hwc_to_chw(hwc, dh, dw, dst);
+        free(hwc);
         return PL_OK;
     }
-    struct SwsContext *c =
-        sws_getContext((int)sw, (int)sh, AV_PIX_FMT_RGB24, (int)dw, (int)dh,
-                       AV_PIX_FMT_RGB24, SWS_BICUBIC | SWS_ACCURATE_RND, NULL, NULL,
-                       NULL);
+    /* The thread's context is reused when the sizes repeat; sws_getCachedContext
+     * rebuilds it otherwise. */
+    pl__imgtls *t = pl__image_tls();
+    struct SwsContext *c = sws_getCachedContext(
+        t ? t->sws : NULL, (int)sw, (int)sh, AV_PIX_FMT_RGB24, (int)dw, (int)dh,
+        AV_PIX_FMT_GBRP, SWS_BICUBIC, NULL, NULL, NULL);
+    if (t) t->sws = c;
     if (!c) {
         pl__fmt(err, errcap, "resize %lldx%lld -> %lldx%lld: no swscale context",
                 (long long)sw, (long long)sh, (long long)dw, (long long)dh);
@@ -394,18 +442,17 @@ static int pl__resize(const uint8_t *src, int64_t sstride, int64_t sx, int64_t s
     }
     const uint8_t *sp[4] = {s0, NULL, NULL, NULL};
     int ss[4] = {(int)sstride, 0, 0, 0};
-    uint8_t *dp[4] = {dst, NULL, NULL, NULL};
-    int ds[4] = {(int)(dw * 3), 0, 0, 0};
+    uint8_t *dp[4] = {dst + n, dst + 2 * n, dst, NULL}; /* GBRP: G, B, R planes */
+    int ds[4] = {(int)dw, (int)dw, (int)dw, 0};
     sws_scale(c, sp, ss, 0, (int)sh, dp, ds);
-    sws_freeContext(c);
+    if (!t) sws_freeContext(c);
     return PL_OK;
 }
 
 int pl__image_decode_resize(int format, const uint8_t *data, size_t len,
                             int64_t out_w, int64_t out_h, int crop,
-                            int64_t max_pixels, uint8_t **out, size_t *cap,
-                            uint8_t **tmp, size_t *tmpcap, char *err,
-                            size_t errcap) {
+                            int64_t max_pixels, uint8_t *out, uint8_t **tmp,
+                            size_t *tmpcap, char *err, size_t errcap) {
     if (out_w <= 0 || out_h <= 0 || out_w > 65535 || out_h > 65535) {
         pl__fmt(err, errcap, "target size %lldx%lld is out of range",
                 (long long)out_w, (long long)out_h);
@@ -440,10 +487,6 @@ int pl__image_decode_resize(int format, const uint8_t *data, size_t len,
     else
         rc = pl__webp_decode(data, len, max_pixels, tmp, tmpcap, &w, &h, err, errcap);
     if (rc) return rc;
-    if ((rc = pl__grow(out, cap, (size_t)(out_w * out_h * 3)))) {
-        pl__fmt(err, errcap, "out of memory");
-        return rc;
-    }
     int64_t sx = 0, sy = 0, sw = w, sh = h;
     if (crop) {
         /* The centre region of the decoded image with the target's aspect. */
@@ -457,7 +500,7 @@ int pl__image_decode_resize(int format, const uint8_t *data, size_t len,
             sy = (h - sh) / 2;
         }
     }
-    return pl__resize(*tmp, w * 3, sx, sy, sw, sh, *out, out_w, out_h, err, errcap);
+    return pl__resize(*tmp, w * 3, sx, sy, sw, sh, out, out_w, out_h, err, errcap);
 }
 
 void pl__image_hwc_to_chw(const uint8_t *hwc, int64_t h, int64_t w,
@@ -470,9 +513,9 @@ void pl__image_hwc_to_chw(const uint8_t *hwc, int64_t h, int64_t w,
     }
 }
 
-void pl__image_patchify(const uint8_t *hwc, int64_t h, int64_t w, int64_t p,
+void pl__image_patchify(const uint8_t *chw, int64_t h, int64_t w, int64_t p,
                         int64_t m, uint8_t *out) {
-    const int64_t gh = h / p, gw = w / p, pd = 3 * p * p;
+    const int64_t gh = h / p, gw = w / p, pd = 3 * p * p, n = h * w;
     int64_t k = 0;
     for (int64_t by = 0; by < gh / m; by++)
         for (int64_t bx = 0; bx < gw / m; bx++)
@@ -481,9 +524,7 @@ void pl__image_patchify(const uint8_t *hwc, int64_t h, int64_t w, int64_t p,
                     uint8_t *o = out + k * pd;
                     const int64_t y0 = (by * m + my) * p, x0 = (bx * m + mx) * p;
                     for (int64_t c = 0; c < 3; c++)
-                        for (int64_t y = 0; y < p; y++) {
-                            const uint8_t *row = hwc + ((y0 + y) * w + x0) * 3 + c;
-                            for (int64_t x = 0; x < p; x++) *o++ = row[3 * x];
-                        }
+                        for (int64_t y = 0; y < p; y++, o += p)
+                            memcpy(o, chw + c * n + (y0 + y) * w + x0, (size_t)p);
                 }
 }

@@ -738,7 +738,21 @@ static int pl__wds_valid(const uint8_t *m, size_t len, const struct stat *st,
         return 0;
     pl__wds_header(h, st, opthash, nrec, ntok, pl__ld_u32(m + 56));
     if (memcmp(h, m, 60)) return 0;
-    return pl__wds_crc(m, len) == pl__ld_u32(m + 60);
+    if (pl__wds_crc(m, len) != pl__ld_u32(m + 60)) return 0;
+    /* Records must point inside the shard and the token array, so that no
+     * later read goes astray even for a sidecar written by someone else. */
+    for (uint64_t i = 0; i < nrec; i++) {
+        const uint8_t *r = m + PL__WDS_HEADER + i * PL__WDS_REC;
+        uint64_t at = pl__ld_u64(r + 8), size = pl__ld_u64(r + 16);
+        uint64_t first = pl__ld_u64(r + 40), ncap = pl__ld_u32(r + 36);
+        uint32_t fmt = pl__ld_u32(r + 32);
+        if (at > (uint64_t)st->st_size || size > (uint64_t)st->st_size - at ||
+            pl__ld_u64(r) + 512 != at || first > ntok || ncap > ntok - first ||
+            fmt < PL__IMG_JPEG || fmt > PL__IMG_WEBP || !pl__ld_u32(r + 24) ||
+            !pl__ld_u32(r + 28))
+            return 0;
+    }
+    return 1;
 }
 
 static int pl__write_all(int fd, const void *p, size_t n) {
@@ -1021,12 +1035,6 @@ int pl_source_image_info(pl_source *src, int64_t index, pl_image_info *out) {
     return rc;
 }
 
-/* Buffers that a decode needs, kept per thread between calls. */
-typedef struct pl__imgbufs {
-    uint8_t *data, *rgb, *tmp;
-    size_t datacap, rgbcap, tmpcap;
-} pl__imgbufs;
-
 int pl__wds_read_image(pl_source *src, int64_t index, uint8_t *out, size_t cap,
                        pl_image_info *info, char *err, size_t errcap) {
     const pl__sfile *f;
@@ -1044,21 +1052,42 @@ int pl__wds_read_image(pl_source *src, int64_t index, uint8_t *out, size_t cap,
     }
     const int64_t hdr = (int64_t)pl__ld_u64(rec), at = (int64_t)pl__ld_u64(rec + 8);
     const int64_t size = (int64_t)pl__ld_u64(rec + 16);
-    pl__imgbufs b = {0};
-    b.data = malloc(size > 0 ? (size_t)size : 1);
-    if (!b.data) {
+    pl__imgtls *b = pl__image_tls();
+    if (b && (size_t)size > b->datacap) {
+        uint8_t *nd = realloc(b->data, (size_t)size);
+        if (nd) {
+            b->data = nd;
+            b->datacap = (size_t)size;
+        }
+    }
+    if (!b || (size_t)size > b->datacap) {
         pl__fmt(err, errcap, "%s: out of memory for an image of %lld bytes", f->path,
                 (long long)size);
         return PL_ENOMEM;
     }
-    rc = pl__pread_all(f->wds_fd1 - 1, b.data, (size_t)size, at, f->path, err, errcap);
+    rc = pl__pread_all(f->wds_fd1 - 1, b->data, (size_t)size, at, f->path, err, errcap);
     if (rc == PL_OK) {
         char derr[400];
-        rc = pl__image_decode_resize((int)pl__ld_u32(rec + 32), b.data, (size_t)size,
-                                     in.out_width, in.out_height,
-                                     in.mode == PL_IMAGE_FIXED, src->wds->o.limit_pixels,
-                                     &b.rgb, &b.rgbcap, &b.tmp, &b.tmpcap, derr,
-                                     sizeof derr);
+        /* Fixed mode resizes straight into out (CHW); native mode into the
+         * thread's buffer, then into patches. */
+        const int fixed = in.mode == PL_IMAGE_FIXED;
+        const size_t planes = (size_t)(in.out_width * in.out_height * 3);
+        if (!fixed && planes > b->rgbcap) {
+            uint8_t *nr = realloc(b->rgb, planes);
+            if (nr) {
+                b->rgb = nr;
+                b->rgbcap = planes;
+            }
+        }
+        if (!fixed && planes > b->rgbcap) {
+            pl__fmt(derr, sizeof derr, "out of memory for %zu bytes", planes);
+            rc = PL_ENOMEM;
+        } else {
+            rc = pl__image_decode_resize((int)pl__ld_u32(rec + 32), b->data, (size_t)size,
+                                         in.out_width, in.out_height, fixed,
+                                         src->wds->o.limit_pixels, fixed ? out : b->rgb,
+                                         &b->tmp, &b->tmpcap, derr, sizeof derr);
+        }
         if (rc) {
             char name[101];
             uint8_t h[100];
@@ -1072,16 +1101,18 @@ int pl__wds_read_image(pl_source *src, int64_t index, uint8_t *out, size_t cap,
                     f->path, name, (long long)hdr, (long long)index, derr);
         }
     }
-    if (rc == PL_OK) {
-        if (in.mode == PL_IMAGE_FIXED)
-            pl__image_hwc_to_chw(b.rgb, in.out_height, in.out_width, out);
-        else
-            pl__image_patchify(b.rgb, in.out_height, in.out_width, src->wds->o.patch_size,
-                               src->wds->o.merge_size, out);
+    if (rc == PL_OK && in.mode == PL_IMAGE_NATIVE)
+        pl__image_patchify(b->rgb, in.out_height, in.out_width, src->wds->o.patch_size,
+                           src->wds->o.merge_size, out);
+    /* Keep what a usual photo needs; give back what an outlier grew. */
+    const size_t keep = (size_t)64 << 20;
+    if (b->datacap > keep || b->tmpcap > keep || b->rgbcap > keep) {
+        free(b->data);
+        free(b->tmp);
+        free(b->rgb);
+        b->data = b->tmp = b->rgb = NULL;
+        b->datacap = b->tmpcap = b->rgbcap = 0;
     }
-    free(b.data);
-    free(b.rgb);
-    free(b.tmp);
     return rc;
 }
 
