@@ -12,7 +12,9 @@ Same shards, same targets, one thread each (so images/s is images/s per core):
                     scaling (the fairest Pillow can do)
 
 Paired repeats: each repeat runs all three in rotating order.  Prints one JSON object per
-(mode, loader, repeat) and a summary with medians and ratios.
+(mode, loader, repeat), with wall and CPU seconds, and a summary of the medians of images
+per CPU-second (= images/s per core: one thread; unlike wall time it does not move when
+other jobs share the machine) and polyload's ratio to each.
 
     .venv/bin/python scripts/make_vlm_corpus.py --out data/vlm_bench --tile 4 --per-shard 32
     .venv/bin/python bench/image_decode.py "data/vlm_bench/shard-*.tar" --repeats 5
@@ -102,9 +104,12 @@ def polyload_loader(shards, mode):
 
 
 def timed(fn):
-    t0 = time.perf_counter()
+    """(images, wall seconds, CPU seconds of this process).  One thread, so images per
+    CPU-second is images/s per core, and it does not depend on what else the machine
+    runs."""
+    t0, c0 = time.perf_counter(), time.process_time()
     n = fn()
-    return n, time.perf_counter() - t0
+    return n, time.perf_counter() - t0, time.process_time() - c0
 
 
 def main(argv=None):
@@ -127,9 +132,11 @@ def main(argv=None):
         for r in range(args.repeats):
             for k in range(len(names)):
                 name = names[(r + k) % len(names)]
-                n, dt = timed(loaders[name])
+                n, dt, cpu = timed(loaders[name])
                 row = {"mode": mode, "loader": name + args.label, "repeat": r, "images": n,
-                       "seconds": round(dt, 4), "images_per_s": round(n / dt, 1)}
+                       "seconds": round(dt, 4), "cpu_seconds": round(cpu, 4),
+                       "images_per_s": round(n / dt, 1),
+                       "images_per_cpu_s": round(n / cpu, 1)}
                 rows.append(row)
                 print(json.dumps(row), flush=True)
             if args.python:
@@ -150,9 +157,10 @@ def main(argv=None):
         med = {}
         for row in rows:
             if row["mode"] == mode:
-                med.setdefault(row["loader"], []).append(row["images_per_s"])
+                med.setdefault(row["loader"], []).append(row["images_per_cpu_s"])
         med = {k: statistics.median(v) for k, v in med.items()}
-        summary[mode] = {k: {"images_per_s": v, "polyload_ratio": round(med["polyload"] / v, 2)}
+        summary[mode] = {k: {"images_per_cpu_s": v,
+                             "polyload_ratio": round(med["polyload"] / v, 2)}
                          for k, v in med.items()}
     print(json.dumps({"summary": summary}))
     return 0

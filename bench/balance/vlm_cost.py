@@ -155,24 +155,32 @@ def main():
     ap.add_argument("--dp", type=int, default=8)
     ap.add_argument("--rows", type=int, default=40)
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--per-rank", type=int, default=16, help="sequences per DP rank per step")
+    ap.add_argument("--max-pixels", type=int, default=401408)
+    ap.add_argument("--calibration", help="reuse the calibration of an earlier --out file")
     ap.add_argument("--out", default="bench/out/balance/vlm_cost.json")
     a = ap.parse_args()
     torch.set_num_threads(1)
-    cal = calibrate(a.rows, a.seed)
+    if a.calibration:
+        with open(a.calibration) as f:
+            cal = json.load(f)["calibration"]
+    else:
+        cal = calibrate(a.rows, a.seed)
     print(json.dumps({"calibration": cal}), flush=True)
     from polyload import _core
 
     files = sorted(glob.glob(a.shards))
     brace = "{" + ",".join(files) + "}"
-    img_opts = {"mode": "native", "token_id": 300, "max_pixels": 1003520, "min_pixels": 3136}
-    src = _core.Source.open_webdataset(brace, 300, mode="native", max_pixels=1003520,
+    img_opts = {"mode": "native", "token_id": 300, "max_pixels": a.max_pixels,
+                "min_pixels": 3136}
+    src = _core.Source.open_webdataset(brace, 300, mode="native", max_pixels=a.max_pixels,
                                        min_pixels=3136, index=-1)
     patches = [src.image_info(i)["patches"] for i in range(len(src))]
     with tempfile.TemporaryDirectory() as tmp:
         text = os.path.join(tmp, "fortunes.bin")
         text_source(text)
         e, bb = cal["encoder"], cal["backbone"]
-        base = {"seed": a.seed, "seq_length": 4096, "global_batch_size": 4 * a.dp,
+        base = {"seed": a.seed, "seq_length": 4096, "global_batch_size": a.per_rank * a.dp,
                 "micro_batch_size": 1, "train_steps": a.steps, "balance": "karmarkar_karp",
                 "topology": {"dp": a.dp},
                 "sources": [
@@ -223,7 +231,8 @@ def main():
                      "max_over_lower_bound_max": max(ratios), "max_rank_cost_s": maxes}
     speed = [b / h for b, h in zip(res["backbone"]["max_rank_cost_s"],
                                    res["hybrid"]["max_rank_cost_s"])]
-    summary = {"steps": a.steps, "dp": a.dp,
+    summary = {"steps": a.steps, "dp": a.dp, "sequences_per_rank": a.per_rank,
+               "max_pixels": a.max_pixels,
                "backbone_only": {k: v for k, v in res["backbone"].items()
                                  if k != "max_rank_cost_s"},
                "hybrid": {k: v for k, v in res["hybrid"].items() if k != "max_rank_cost_s"},
