@@ -225,7 +225,14 @@ pl__imgtls *pl__image_tls(void) {
     return t;
 }
 
+/* Decoded images are read by libswscale's SIMD input code, which may read a
+ * little past the last pixel (FFmpeg pads its buffers by
+ * AV_INPUT_BUFFER_PADDING_SIZE, 64): every decode buffer gets this much more
+ * (found by tests/fuzz/fuzz_image.c on a 1-pixel-wide image). */
+#define PL__SWS_PAD 256
+
 static int pl__grow(uint8_t **buf, size_t *cap, size_t need) {
+    need += PL__SWS_PAD;
     if (need <= *cap) return PL_OK;
     uint8_t *nb = realloc(*buf, need);
     if (!nb) return PL_ENOMEM;
