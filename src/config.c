@@ -516,6 +516,27 @@ static int validate(pl_config *cfg, const vlines *ln) {
                            "must match those of '%s' (one pixel_values layout per batch)",
                            i, sc->name, first_img->name);
         if (!first_img) first_img = sc;
+        /* The most visual tokens an image can take must fit a sequence, or its
+         * placeholder run would be cut (construct_images.c refuses that). */
+        const pl_image_options *io = &sc->image;
+        const int64_t p = io->patch_size ? io->patch_size : 14;
+        const int64_t m = io->merge_size ? io->merge_size
+                                         : (io->mode == PL_IMAGE_NATIVE ? 2 : 1);
+        int64_t most;
+        if (io->mode == PL_IMAGE_NATIVE) {
+            const int64_t mx = io->max_pixels ? io->max_pixels : 28 * 28 * 1280;
+            most = mx / (p * p * m * m);
+            if (most < 1) most = 1;
+        } else {
+            const int64_t side = (io->size ? io->size : 336) / p;
+            most = side * side / (m * m);
+        }
+        if (most >= cfg->seq_length)
+            return cfg_err(cfg, PL_ECONFIG, ln->sources,
+                           "sources[%" PRId64 "] '%s': an image may take %" PRId64
+                           " visual tokens, not fewer than seq_length %" PRId64
+                           " (lower image.max_pixels or size, or raise seq_length)",
+                           i, sc->name, most, cfg->seq_length);
     }
     for (int64_t i = 0; i < cfg->n_sources; i++) {
         const pl__source_cfg *sc = &cfg->sources[i];

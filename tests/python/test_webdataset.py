@@ -312,6 +312,9 @@ def test_config_errors(corpus):
     bad["sources"][0]["image"]["size"] = 300
     with pytest.raises(polyload.ConfigError, match="multiple of patch_size"):
         polyload.Loader(bad, rank=0)
+    bad = _config(out, seq_length=256)  # native max_pixels 200704: up to 256 tokens
+    with pytest.raises(polyload.ConfigError, match="256 visual tokens, not fewer than seq_length"):
+        polyload.Loader(bad, rank=0)
     bad = _config(out, topology={"dp": 1, "cp": 2})
     with pytest.raises(polyload.ConfigError, match="cp 1"):
         polyload.Loader(bad, rank=0)
