@@ -211,7 +211,7 @@ def _flat_text(path, n_docs=200, eos=0):
 
 def _config(out, mode="native", text=None, **kw):
     srcs = [{"name": "img", "type": "webdataset", "path": str(out / "shard-{000000..000003}.tar"),
-             "weight": 0.5, "index": "memory",
+             "weight": 0.5 if text else 1.0, "index": "memory",
              "image": {"mode": mode, "token_id": IMG, "max_pixels": 200704}}]
     if text:
         srcs.append({"name": "txt", "type": "flat", "path": str(text), "weight": 0.5})
