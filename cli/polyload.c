@@ -562,9 +562,13 @@ static void print_rank_plan(const pl_config *cfg, const pl_plan *p, int64_t r,
             for (int64_t c = p->seq_offsets[q]; c < p->seq_offsets[q + 1]; c++)
                 tokens += p->chunks[c].length;
         }
-        fprintf(o, "step %" PRId64 " dp_rank %" PRId64 ": cost %.6g, %" PRId64
-                   " sequences, %" PRId64 " chunks, %" PRId64 " tokens\n",
-                p->step, r, p->rank_cost[r], mbpr * mbs, chunks, tokens);
+        fprintf(o, "step %" PRId64 " dp_rank %" PRId64 ": cost %.6g", p->step, r,
+                p->rank_cost[r]);
+        if (p->rank_encoder_cost)
+            fprintf(o, " (backbone %.6g, encoder %.6g)",
+                    p->rank_cost[r] - p->rank_encoder_cost[r], p->rank_encoder_cost[r]);
+        fprintf(o, ", %" PRId64 " sequences, %" PRId64 " chunks, %" PRId64 " tokens\n",
+                mbpr * mbs, chunks, tokens);
         return;
     }
     fprintf(o, "{\"step\": %" PRId64 ", \"dp_rank\": %" PRId64, p->step, r);
@@ -583,6 +587,12 @@ static void print_rank_plan(const pl_config *cfg, const pl_plan *p, int64_t r,
     }
     fputs(", \"rank_cost\": ", o);
     json_num(o, p->rank_cost[r], 1);
+    if (p->rank_encoder_cost) { /* hybrid cost: both parts */
+        fputs(", \"backbone_cost\": ", o);
+        json_num(o, p->rank_cost[r] - p->rank_encoder_cost[r], 1);
+        fputs(", \"encoder_cost\": ", o);
+        json_num(o, p->rank_encoder_cost[r], 1);
+    }
     fputs(", \"sequences\": [", o);
     for (int64_t mb = 0; mb < mbpr; mb++) {
         for (int64_t row = 0; row < mbs; row++) {

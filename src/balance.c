@@ -244,7 +244,8 @@ static void pl__bin_costs(const pl_planner *p, const pl_chunk *placed,
     for (int64_t i = 0; i < n; i++) {
         tok[bin_of[i]] += (double)placed[i].length;
         attn[bin_of[i]] += pl__chunk_cost(c, placed[i].length) - c->cost.c -
-                           c->cost.a * (double)placed[i].length;
+                           c->cost.a * (double)placed[i].length +
+                           pl__chunk_encoder_cost(p, &placed[i]);
     }
     for (int64_t b = 0; b < G; b++) cost[b] = c->cost.a * tok[b] + attn[b] + c->cost.c;
 }
@@ -361,13 +362,16 @@ static int pl__regroup_order(const pl_planner *p, const pl_chunk *placed,
                              int64_t n, pl__ci *order) {
     const pl_config *c = p->cfg;
     const int64_t maxlen = p->max_chunk;
+    /* (With an encoder term cost is not a function of length alone.) */
     int counting = c->cost.a >= 0 && c->cost.b >= 0 &&
-                   (c->cost.a > 0 || c->cost.b > 0);
+                   (c->cost.a > 0 || c->cost.b > 0) && !pl__has_encoder_cost(p);
     for (int64_t i = 0; i < n && counting; i++)
         if (placed[i].length < 0 || placed[i].length > maxlen) counting = 0;
     if (!counting) {
         for (int64_t i = 0; i < n; i++)
-            order[i] = (pl__ci){pl__chunk_cost(c, placed[i].length) - c->cost.c, i};
+            order[i] = (pl__ci){pl__chunk_cost(c, placed[i].length) - c->cost.c +
+                                    pl__chunk_encoder_cost(p, &placed[i]),
+                                i};
         if (n > 1) qsort(order, (size_t)n, sizeof *order, pl__cmp_ci_desc);
         return PL_OK;
     }
@@ -488,7 +492,8 @@ int pl__balance(pl_planner *p, const pl_chunk *placed, int64_t n,
     double total = 0, worst = 0;
     for (int64_t q = 0; q < G; q++) total += cost[q];
     for (int64_t i = 0; i < n; i++) {
-        double cc = pl__chunk_cost(c, placed[i].length);
+        double cc = pl__chunk_cost(c, placed[i].length) +
+                    pl__chunk_encoder_cost(p, &placed[i]);
         if (cc > worst) worst = cc;
     }
     double lb = total / (double)dp > worst ? total / (double)dp : worst;

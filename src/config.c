@@ -227,9 +227,14 @@ static const char *const interp_names[] = {"linear", "step"};
 static const int interp_values[] = {PL__INTERP_LINEAR, PL__INTERP_STEP};
 static const char *const dtype_names[] = {"int64", "int32"};
 static const int dtype_values[] = {PL_DTYPE_INT64, PL_DTYPE_INT32};
-static const char *const stype_names[] = {"megatron", "llmc", "flat"};
+static const char *const stype_names[] = {"megatron", "llmc", "flat",
+                                          "webdataset"};
 static const int stype_values[] = {PL_SOURCE_MEGATRON, PL_SOURCE_LLMC,
-                                   PL_SOURCE_FLAT};
+                                   PL_SOURCE_FLAT, PL_SOURCE_WEBDATASET};
+static const char *const imode_names[] = {"fixed", "native"};
+static const int imode_values[] = {PL_IMAGE_FIXED, PL_IMAGE_NATIVE};
+static const char *const index_names[] = {"file", "memory"};
+static const int index_values[] = {0, -1};
 static const char *const tdtype_names[] = {"uint16", "uint32"};
 static const int tdtype_values[] = {PL_DTYPE_UINT16, PL_DTYPE_UINT32};
 
@@ -273,6 +278,7 @@ static int is_known_key(const char *key) {
         "balance", "on_error", "threads", "prefetch", "max_lag_steps", "sidecar_index",
         "cost.preset",
         "cost.a", "cost.b", "cost.c", "cost.window", "long_short.threshold",
+        "cost.encoder.a", "cost.encoder.b",
         "topology.dp", "topology.pp", "topology.cp", "topology.tp",
         "topology.order", "vocab_size", "split"};
     for (int i = 0; i < NELEM(known); i++)
@@ -392,6 +398,10 @@ static int set_scalar(pl_config *cfg, const char *key, const sval *v) {
     if (strcmp(key, "cost.a") == 0) return get_num(cfg, key, v, &cfg->cost.a);
     if (strcmp(key, "cost.b") == 0) return get_num(cfg, key, v, &cfg->cost.b);
     if (strcmp(key, "cost.c") == 0) return get_num(cfg, key, v, &cfg->cost.c);
+    if (strcmp(key, "cost.encoder.a") == 0)
+        return get_num(cfg, key, v, &cfg->cost.enc_a);
+    if (strcmp(key, "cost.encoder.b") == 0)
+        return get_num(cfg, key, v, &cfg->cost.enc_b);
     if (strcmp(key, "cost.window") == 0)
         return get_int(cfg, key, v, 1, INT64_MAX, &cfg->cost.window);
     if (strcmp(key, "long_short.threshold") == 0)
@@ -539,6 +549,45 @@ static int validate(pl_config *cfg, const vlines *ln) {
                        " micro-batches per step (global_batch_size / "
                        "micro_batch_size) is above the limit 2^50",
                        cfg->train_steps, mb_per_step);
+    const pl__source_cfg *first_img = NULL;
+    for (int64_t i = 0; i < cfg->n_sources; i++) {
+        const pl__source_cfg *sc = &cfg->sources[i];
+        if (sc->type != PL_SOURCE_WEBDATASET) continue;
+        if (cfg->topology.cp > 1)
+            return cfg_err(cfg, PL_ECONFIG, ln->sources,
+                           "sources[%" PRId64 "] '%s': webdataset sources need "
+                           "topology.cp 1 (images are not sliced for context parallelism)",
+                           i, sc->name);
+        if (first_img && (first_img->image.mode != sc->image.mode ||
+                          first_img->image.size != sc->image.size ||
+                          first_img->image.patch_size != sc->image.patch_size))
+            return cfg_err(cfg, PL_ECONFIG, ln->sources,
+                           "sources[%" PRId64 "] '%s': image mode, size and patch_size "
+                           "must match those of '%s' (one pixel_values layout per batch)",
+                           i, sc->name, first_img->name);
+        if (!first_img) first_img = sc;
+        /* The most visual tokens an image can take must fit a sequence, or its
+         * placeholder run would be cut (construct_images.c refuses that). */
+        const pl_image_options *io = &sc->image;
+        const int64_t p = io->patch_size ? io->patch_size : 14;
+        const int64_t m = io->merge_size ? io->merge_size
+                                         : (io->mode == PL_IMAGE_NATIVE ? 2 : 1);
+        int64_t most;
+        if (io->mode == PL_IMAGE_NATIVE) {
+            const int64_t mx = io->max_pixels ? io->max_pixels : 28 * 28 * 1280;
+            most = mx / (p * p * m * m);
+            if (most < 1) most = 1;
+        } else {
+            const int64_t side = (io->size ? io->size : 336) / p;
+            most = side * side / (m * m);
+        }
+        if (most >= cfg->seq_length)
+            return cfg_err(cfg, PL_ECONFIG, ln->sources,
+                           "sources[%" PRId64 "] '%s': an image may take %" PRId64
+                           " visual tokens, not fewer than seq_length %" PRId64
+                           " (lower image.max_pixels or size, or raise seq_length)",
+                           i, sc->name, most, cfg->seq_length);
+    }
     for (int64_t i = 0; i < cfg->n_sources; i++) {
         const pl__source_cfg *sc = &cfg->sources[i];
         int64_t max_tok = sc->type == PL_SOURCE_FLAT &&
@@ -738,8 +787,20 @@ static int walk_submap(walk *w, const char *name, yaml_node_t *map) {
                 w->ln.order = line_of(node(w, p->key));
             if (strncmp(key, "cost.", 5) == 0 && !w->ln.cost)
                 w->ln.cost = line_of(node(w, p->key));
-            rc = set_node(w, key, line_of(node(w, p->key)),
-                          node(w, p->value));
+            yaml_node_t *vn = node(w, p->value);
+            if (strcmp(key, "cost.encoder") == 0 && vn->type == YAML_MAPPING_NODE) {
+                /* cost.encoder: {a, b}, the image encoder's term */
+                if ((rc = check_mapping(w, vn, key)) != PL_OK) return rc;
+                char sub[160];
+                for (yaml_node_pair_t *q = vn->data.mapping.pairs.start;
+                     q < vn->data.mapping.pairs.top; q++) {
+                    pl__fmt(sub, sizeof sub, "%s.%s", key, key_str(w, q));
+                    rc = set_node(w, sub, line_of(node(w, q->key)), node(w, q->value));
+                    if (rc != PL_OK) return rc;
+                }
+                continue;
+            }
+            rc = set_node(w, key, line_of(node(w, p->key)), vn);
             if (rc != PL_OK) return rc;
         }
     }
@@ -767,6 +828,66 @@ static int path_exists(pl_source_type type, const char *path) {
     return found;
 }
 
+/* sources[i].image: {mode, size, patch_size, merge_size, min_pixels,
+ * max_pixels, token_id, limit_pixels, caption_token_offset}. */
+static int walk_image(walk *w, const char *what, yaml_node_t *map,
+                      pl_image_options *o) {
+    pl_config *cfg = w->cfg;
+    int rc = check_mapping(w, map, what);
+    if (rc != PL_OK) return rc;
+    char key[160];
+    int has_token = 0;
+    o->token_id = -1;
+    for (yaml_node_pair_t *p = map->data.mapping.pairs.start;
+         p < map->data.mapping.pairs.top; p++) {
+        const char *k = key_str(w, p);
+        yaml_node_t *vn = node(w, p->value);
+        pl__fmt(key, sizeof key, "%s.%s", what, k);
+        if (vn->type != YAML_SCALAR_NODE)
+            return cfg_err(cfg, PL_ECONFIG, line_of(vn), "%s: expected a scalar, got %s",
+                           key, type_name(vn));
+        sval v = scalar_of(vn);
+        int en = 0;
+        if (strcmp(k, "mode") == 0) {
+            if ((rc = get_enum(cfg, key, &v, ENUM_ARGS(imode), &en))) return rc;
+            o->mode = (pl_image_mode)en;
+            continue;
+        }
+        static const char *const names[] = {"size", "patch_size", "merge_size",
+                                            "min_pixels", "max_pixels", "token_id",
+                                            "limit_pixels", "caption_token_offset"};
+        int64_t *dst[] = {&o->size, &o->patch_size, &o->merge_size, &o->min_pixels,
+                          &o->max_pixels, &o->token_id, &o->limit_pixels,
+                          &o->caption_token_offset};
+        int64_t lo[] = {1, 1, 1, 1, 1, 0, 1, 0};
+        int64_t hi[] = {16384, 1024, 64, (int64_t)1 << 30, (int64_t)1 << 30,
+                        UINT32_MAX, (int64_t)1 << 40, UINT32_MAX - 255};
+        int j = 0;
+        while (j < NELEM(names) && strcmp(k, names[j])) j++;
+        if (j == NELEM(names))
+            return cfg_err(cfg, PL_ECONFIG, line_of(node(w, p->key)),
+                           "unknown key '%s' (expected mode, size, patch_size, "
+                           "merge_size, min_pixels, max_pixels, token_id, "
+                           "limit_pixels, caption_token_offset)",
+                           key);
+        if ((rc = get_int(cfg, key, &v, lo[j], hi[j], dst[j]))) return rc;
+        has_token |= j == 5;
+    }
+    if (!has_token)
+        return cfg_err(cfg, PL_ECONFIG, line_of(map),
+                       "%s: token_id (the image placeholder token) is required", what);
+    const int64_t f = (o->patch_size ? o->patch_size : 14) *
+                      (o->merge_size ? o->merge_size : (o->mode == PL_IMAGE_NATIVE ? 2 : 1));
+    if (o->mode != PL_IMAGE_NATIVE && (o->size ? o->size : 336) % f)
+        return cfg_err(cfg, PL_ECONFIG, line_of(map),
+                       "%s.size %lld is not a multiple of patch_size * merge_size = %lld",
+                       what, (long long)(o->size ? o->size : 336), (long long)f);
+    if (o->min_pixels && o->max_pixels && o->min_pixels > o->max_pixels)
+        return cfg_err(cfg, PL_ECONFIG, line_of(map), "%s: min_pixels > max_pixels",
+                       what);
+    return PL_OK;
+}
+
 static int walk_source(walk *w, const char *list, int64_t i, yaml_node_t *map,
                        pl__source_cfg *s, pl__names *names) {
     pl_config *cfg = w->cfg;
@@ -780,7 +901,7 @@ static int walk_source(walk *w, const char *list, int64_t i, yaml_node_t *map,
     s->eos_id = -1;
     s->weight = 1.0;
     s->token_dtype = (pl_dtype)0;
-    int line_tdtype = 0, line_eos = 0, line_path = 0, has_type = 0;
+    int line_tdtype = 0, line_eos = 0, line_path = 0, has_type = 0, line_image = 0;
     yaml_node_pair_t *b = map->data.mapping.pairs.start;
     yaml_node_pair_t *e = map->data.mapping.pairs.top;
     for (yaml_node_pair_t *p = b; p < e; p++) {
@@ -789,12 +910,19 @@ static int walk_source(walk *w, const char *list, int64_t i, yaml_node_t *map,
         pl__fmt(key, sizeof key, "%s.%s", what, k);
         if (strcmp(k, "name") && strcmp(k, "type") && strcmp(k, "path") &&
             strcmp(k, "weight") && strcmp(k, "token_dtype") &&
-            strcmp(k, "eos_id") && strcmp(k, "max_epochs") &&
-            strcmp(k, "split"))
+            strcmp(k, "eos_id") && strcmp(k, "max_epochs") && strcmp(k, "image") &&
+            strcmp(k, "caption") && strcmp(k, "index") && strcmp(k, "split"))
             return cfg_err(cfg, PL_ECONFIG, line_of(node(w, p->key)),
                            "unknown key '%s' (expected name, type, path, "
-                           "weight, token_dtype, eos_id, max_epochs, split)",
+                           "weight, token_dtype, eos_id, max_epochs, split, image, "
+                           "caption, index)",
                            key);
+        if (strcmp(k, "image") == 0) {
+            rc = walk_image(w, key, vn, &s->image);
+            if (rc != PL_OK) return rc;
+            line_image = line_of(vn);
+            continue;
+        }
         if (vn->type != YAML_SCALAR_NODE)
             return cfg_err(cfg, PL_ECONFIG, line_of(vn),
                            "%s: expected a scalar, got %s", key,
@@ -838,6 +966,16 @@ static int walk_source(walk *w, const char *list, int64_t i, yaml_node_t *map,
             rc = parse_split(cfg, key, &v, s->split);
             if (rc != PL_OK) return rc;
             s->has_split = 1;
+        } else if (strcmp(k, "caption") == 0) {
+            if (strlen(v.s) >= sizeof s->image.caption_key ||
+                (strcmp(v.s, "txt") && (strncmp(v.s, "json:", 5) || !v.s[5])))
+                return cfg_err(cfg, PL_ECONFIG, v.line,
+                               "%s: expected txt or json:FIELD, got '%s'", key, v.s);
+            pl__fmt(s->image.caption_key, sizeof s->image.caption_key, "%s", v.s);
+            line_image = line_image ? line_image : v.line;
+        } else if (strcmp(k, "index") == 0) {
+            rc = get_enum(cfg, key, &v, ENUM_ARGS(index), &s->write_index);
+            if (rc != PL_OK) return rc;
         } else {
             rc = get_num(cfg, key, &v, &s->weight);
             if (rc != PL_OK) return rc;
@@ -875,6 +1013,15 @@ static int walk_source(walk *w, const char *list, int64_t i, yaml_node_t *map,
                        "%s.eos_id applies only to llmc and flat sources "
                        "(source '%s' is megatron)",
                        what, s->name);
+    if (s->type == PL_SOURCE_WEBDATASET && !line_image)
+        return cfg_err(cfg, PL_ECONFIG, line,
+                       "%s (%s): a webdataset source needs 'image' (with token_id)",
+                       what, s->name);
+    if (s->type != PL_SOURCE_WEBDATASET && line_image)
+        return cfg_err(cfg, PL_ECONFIG, line_image,
+                       "%s: image and caption apply only to webdataset sources "
+                       "(source '%s' is %s)",
+                       what, s->name, stype_names[s->type - 1]);
     s->path_line = line_path; /* paths are checked when the source opens */
     return PL_OK;
 }
@@ -1607,7 +1754,8 @@ int pl__config_open_source(const pl_config *cfg, int64_t i, pl_source **out) {
     o.name = s->name;
     o.token_dtype = s->token_dtype;
     o.eos_id = s->eos_id;
-    o.write_index = cfg->sidecar_index;
+    o.write_index = s->write_index ? s->write_index : cfg->sidecar_index;
+    o.image = s->type == PL_SOURCE_WEBDATASET ? &s->image : NULL;
     int rc = pl__source_open(&o, cfg->on_error == PL__ONERR_SKIP, out);
     if (rc == PL_ENOENT && *out && !path_exists(s->type, s->path)) {
         /* A path that matches nothing is the config's mistake: say which. */
@@ -1648,6 +1796,10 @@ uint64_t pl_config_fingerprint(const pl_config *c) {
     uint64_t h = pl__hash64(ints, sizeof ints, 0x706c6366ULL);
     double cost[3] = {c->cost.a, c->cost.b, c->cost.c};
     h = pl__hash64(cost, sizeof cost, h);
+    if (c->cost.enc_a != 0 || c->cost.enc_b != 0) {
+        double enc[2] = {c->cost.enc_a, c->cost.enc_b};
+        h = pl__hash64(enc, sizeof enc, h);
+    }
     h = pl__hash64(c->cost.preset, strlen(c->cost.preset), h);
     h = pl__hash64(c->topology.order, strlen(c->topology.order), h);
     for (int64_t i = 0; i < c->n_sources; i++) {
@@ -1658,6 +1810,14 @@ uint64_t pl_config_fingerprint(const pl_config *c) {
         h = pl__hash64(sc->path, strlen(sc->path) + 1, h);
         h = pl__hash64(si, sizeof si, h);
         h = pl__hash64(&sc->weight, sizeof sc->weight, h);
+        if (sc->type == PL_SOURCE_WEBDATASET) {
+            const pl_image_options *io = &sc->image;
+            int64_t ii[9] = {io->mode, io->size, io->patch_size, io->merge_size,
+                             io->min_pixels, io->max_pixels, io->token_id,
+                             io->limit_pixels, io->caption_token_offset};
+            h = pl__hash64(ii, sizeof ii, h);
+            h = pl__hash64(io->caption_key, strlen(io->caption_key), h);
+        }
     }
     for (int64_t k = 0; k < c->n_points; k++) {
         h = pl__hash64(&c->points[k].step, sizeof(int64_t), h);

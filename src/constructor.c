@@ -56,6 +56,9 @@ static void pl__buf_destroy(pl__batchbuf *b) {
     free(b->b.position_ids);
     free(b->b.cu_seqlens);
     free(b->b.segment_sources);
+    free(b->b.pixel_values);
+    free(b->b.image_grid_thw);
+    free(b->b.image_positions);
     free(b->scratch);
     free(b);
 }
@@ -153,6 +156,11 @@ int pl__view_create(pl__batchbuf *buf, uint32_t fields, pl_batch **out) {
         v->pub.n_cu_seqlens = 0;
     }
     if (!(fields & PL_FIELD_MAX_SEQLEN)) v->pub.max_seqlen = 0;
+    if (!(fields & PL_FIELD_INPUT_IDS)) { /* images go with input_ids */
+        v->pub.n_images = v->pub.n_patches = v->pub.visual_tokens = 0;
+        v->pub.pixel_values = NULL;
+        v->pub.image_grid_thw = v->pub.image_positions = NULL;
+    }
     atomic_store(&v->refs, 1);
     pl__buf_retain(buf);
     v->buf = buf;
@@ -320,7 +328,8 @@ int pl__construct(pl__build_ctx *x, const pl_plan *plan, int64_t dp_rank,
         base += cols;
     }
     b->n_cu_seqlens = ncu;
-    return PL_OK;
+    b->n_images = b->n_patches = b->visual_tokens = 0;
+    return x->has_images ? pl__construct_images(x, plan, dp_rank, mb, buf) : PL_OK;
 }
 
 /* ------------------------------------------------------------ readers */
@@ -337,6 +346,10 @@ int pl__build_ctx_init(pl__build_ctx *x, const pl_config *c,
     x->align = cp > 1 ? 2 * cp : 1;
     x->err = err;
     x->errcap = errcap;
+    x->cfg = c;
+    x->has_images = 0;
+    for (int64_t i = 0; i < c->n_sources; i++)
+        x->has_images |= c->sources[i].type == PL_SOURCE_WEBDATASET;
     x->seg = pl__calloc(2 * ((size_t)c->seq_length + 1), sizeof(int64_t));
     return x->seg ? PL_OK : PL_ENOMEM;
 }

@@ -20,6 +20,8 @@ typedef struct pl__batchbuf {
     struct pl__batchbuf *next_free;
     int64_t cu_cap;
     void *scratch;     /* CP only: one full row of every field */
+    size_t pix_cap;    /* bytes of b.pixel_values */
+    int64_t img_cap;   /* images b.image_grid_thw / image_positions hold */
 } pl__batchbuf;
 
 int pl__pool_create(int64_t rows, int64_t cols, int64_t full_cols,
@@ -56,6 +58,8 @@ struct pl__build_ctx {
     int64_t align;      /* 2*cp if cp > 1 else 1 */
     int64_t *seg;       /* scratch [2 * (seq_length + 1)]: segment lengths
                            padded, then unpadded */
+    const pl_config *cfg; /* borrowed from the owner */
+    int has_images;       /* some source is a webdataset */
     char *err;
     size_t errcap;
 };
@@ -67,6 +71,12 @@ int pl__build_ctx_init(pl__build_ctx *x, const pl_config *cfg,
 /* The reader of the embedded loader: straight from the sources. */
 int pl__read_from_sources(pl__build_ctx *x, int64_t ordinal, const pl_chunk *c,
                           void *ids, void *next, pl_dtype dt);
+
+/* The images of micro-batch `mb` (construct_images.c): pixel_values,
+ * image_grid_thw, image_positions of buf, and labels/loss_mask masked on
+ * image placeholder tokens.  Called by pl__construct after the rows. */
+int pl__construct_images(pl__build_ctx *x, const pl_plan *plan, int64_t dp_rank,
+                         int64_t mb, pl__batchbuf *buf);
 
 /* Build micro-batch `mb` of `dp_rank` (for x->cp_rank) into buf. */
 int pl__construct(pl__build_ctx *x, const pl_plan *plan, int64_t dp_rank,

@@ -35,6 +35,33 @@ double pl__sequence_cost(const pl_config *cfg, const pl_chunk *c, int64_t n) {
     return cfg->cost.a * tokens + cfg->cost.b * attn + cfg->cost.c;
 }
 
+int pl__has_encoder_cost(const pl_planner *p) {
+    const pl_config *c = p->cfg;
+    if (c->cost.enc_a == 0 && c->cost.enc_b == 0) return 0;
+    for (int64_t i = 0; i < c->n_sources; i++)
+        if (c->sources[i].type == PL_SOURCE_WEBDATASET) return 1;
+    return 0;
+}
+
+/*
+ * Encoder term of the hybrid cost (DESIGN.md, Cost): a_e * N + b_e * N^2
+ * for the image of a chunk that holds its sample's placeholder run (offset
+ * 0), N its patches (the encoder's sequence, before merging).  N comes from
+ * the source's index (pl__wds_image_info): no pixel is read.
+ */
+double pl__chunk_encoder_cost(const pl_planner *p, const pl_chunk *ch) {
+    const pl_config *c = p->cfg;
+    if ((c->cost.enc_a == 0 && c->cost.enc_b == 0) || ch->offset != 0 ||
+        c->sources[ch->source].type != PL_SOURCE_WEBDATASET)
+        return 0;
+    pl_image_info in;
+    char err[PL__ERRMSG_CAP];
+    if (pl__wds_image_info(p->sources[ch->source], ch->index, &in, err, sizeof err))
+        return 0; /* the length lookup reported it when the chunk was drawn */
+    const double N = (double)in.patches;
+    return c->cost.enc_a * N + c->cost.enc_b * N * N;
+}
+
 double pl_cost_sequence(const pl_config *cfg, const int64_t *doc_lengths,
                         int64_t n) {
     if (!cfg || n < 0 || (n > 0 && !doc_lengths)) return NAN;

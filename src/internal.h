@@ -87,6 +87,8 @@ typedef struct pl__source_cfg {
     int path_line;        /* line of `path` in the config (0: unknown) */
     double split[3];      /* train, valid, test fractions (normalized) */
     int has_split;        /* split set on this source */
+    pl_image_options image; /* webdataset: image, caption (config keys) */
+    int write_index;      /* 0 default, -1: `index: memory` */
 } pl__source_cfg;
 
 typedef struct pl__sched_point {
@@ -111,6 +113,7 @@ struct pl_config {
         char preset[32];
         double a, b, c;
         int64_t window; /* sliding_window only; 0 otherwise */
+        double enc_a, enc_b; /* encoder: a_e * N + b_e * N^2 per image */
     } cost;
     int64_t long_short_threshold; /* 0: off */
     int on_error;
@@ -209,6 +212,12 @@ int pl__source_read(pl_source *src, int64_t index, int64_t offset,
 int pl__source_length_unchecked(pl_source *src, int64_t index,
                                 int64_t *length, char *err, size_t errcap);
 int pl__source_check_index(pl_source *src, char *err, size_t errcap);
+/* pl_source_image_info / pl_source_read_image with the error in err
+ * (source_wds.c); PL_EINVAL for a source that is not a webdataset. */
+int pl__wds_image_info(pl_source *src, int64_t index, pl_image_info *out, char *err,
+                       size_t errcap);
+int pl__wds_read_image(pl_source *src, int64_t index, uint8_t *out, size_t cap,
+                       pl_image_info *info, char *err, size_t errcap);
 
 /* ------------------------------------------------------------ shuffle */
 /* Keyed bijection on [0, n) (Feistel network with cycle walking). */

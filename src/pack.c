@@ -359,6 +359,7 @@ void pl_plan_free(pl_plan *plan) {
     free(m->rank_sequences);
     free(m->seq_cost);
     free(m->rank_cost);
+    free(m->rank_enc_cost);
     free(m);
 }
 
@@ -389,17 +390,30 @@ int pl__make_plan(pl_planner *p, const pl_chunk *placed, int64_t n,
     for (int64_t i = 0; i < n; i++) m->chunks[fill[bin_of[i]]++] = placed[i];
     double total = 0, worst_chunk = 0;
     int64_t tokens = 0;
+    const int enc = pl__has_encoder_cost(p);
+    double *seq_enc = NULL;
+    if (enc) {
+        m->rank_enc_cost = pl__calloc((size_t)dp, sizeof(double));
+        seq_enc = pl__calloc((size_t)G, sizeof(double));
+        if (!m->rank_enc_cost || !seq_enc) {
+            free(seq_enc);
+            pl_plan_free(&m->pub);
+            return PL_ENOMEM;
+        }
+    }
     for (int64_t b = 0; b < G; b++) {
         const pl_chunk *cs = m->chunks + m->seq_offsets[b];
         int64_t nc = m->seq_offsets[b + 1] - m->seq_offsets[b], t = 0;
         for (int64_t j = 0; j < nc; j++) {
             t += pl__padded(p, cs[j].length);
             tokens += cs[j].length;
-            double cc = pl__chunk_cost(c, cs[j].length);
+            double ec = enc ? pl__chunk_encoder_cost(p, &cs[j]) : 0;
+            double cc = pl__chunk_cost(c, cs[j].length) + ec;
+            if (enc) seq_enc[b] += ec;
             if (cc > worst_chunk) worst_chunk = cc;
         }
         m->seq_tokens[b] = t;
-        m->seq_cost[b] = pl__sequence_cost(c, cs, nc);
+        m->seq_cost[b] = pl__sequence_cost(c, cs, nc) + (enc ? seq_enc[b] : 0);
         total += m->seq_cost[b];
     }
     /* The arrangement: given by the balancer, or round-robin. */
@@ -409,7 +423,9 @@ int pl__make_plan(pl_planner *p, const pl_chunk *placed, int64_t n,
             int64_t q = arrangement ? arrangement[slot] : pos * dp + r;
             m->rank_sequences[slot] = q;
             m->rank_cost[r] += m->seq_cost[q];
+            if (enc) m->rank_enc_cost[r] += seq_enc[q];
         }
+    free(seq_enc);
     pl_plan *pub = &m->pub;
     pub->step = p->step;
     pub->dp = dp;
@@ -425,6 +441,7 @@ int pl__make_plan(pl_planner *p, const pl_chunk *placed, int64_t n,
     pub->seq_cost = m->seq_cost;
     pub->rank_sequences = m->rank_sequences;
     pub->rank_cost = m->rank_cost;
+    pub->rank_encoder_cost = m->rank_enc_cost;
     pub->tokens = tokens;
     double lb = total / (double)dp;
     pub->lower_bound = lb > worst_chunk ? lb : worst_chunk;

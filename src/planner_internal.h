@@ -102,6 +102,11 @@ int pl__balance(pl_planner *p, const pl_chunk *placed, int64_t n,
 /* Cost model (cost.c). */
 double pl__chunk_cost(const pl_config *cfg, int64_t len);
 double pl__sequence_cost(const pl_config *cfg, const pl_chunk *c, int64_t n);
+/* The image encoder's cost of a chunk (0 without cost.encoder, for text
+ * sources, and for chunks that do not hold their sample's image). */
+double pl__chunk_encoder_cost(const pl_planner *p, const pl_chunk *ch);
+/* Is an encoder term configured and some source a webdataset? */
+int pl__has_encoder_cost(const pl_planner *p);
 
 /* Hash of the mixture settings (weights and schedule). */
 uint64_t pl__mixture_hash(const pl_config *cfg);
@@ -124,6 +129,7 @@ typedef struct pl__plan_impl {
     pl_chunk *chunks;
     int64_t *seq_offsets, *seq_tokens, *rank_sequences;
     double *seq_cost, *rank_cost;
+    double *rank_enc_cost; /* NULL without an encoder term */
 } pl__plan_impl;
 
 #endif

@@ -149,6 +149,8 @@ static void pl__file_path(const pl_source *src, const pl__sfile *f, int idx,
                           char *path, size_t cap) {
     if (src->type == PL_SOURCE_MEGATRON)
         pl__fmt(path, cap, "%s.%s", f->path, idx ? "idx" : "bin");
+    else if (src->type == PL_SOURCE_WEBDATASET)
+        pl__fmt(path, cap, "%s%s", f->path, idx ? ".plwds" : "");
     else
         pl__fmt(path, cap, "%s%s", f->path, idx ? ".plidx" : "");
 }
@@ -257,6 +259,8 @@ static inline int pl__fwatch_check(const pl_source *src, const pl__sfile *f,
 }
 
 void pl__sfile_unmap(pl__sfile *f) {
+    if (f->wds_fd1 > 0) close(f->wds_fd1 - 1);
+    f->wds_fd1 = 0;
     pl__fwatch_release(&f->data_w);
     pl__fwatch_release(&f->idx_w);
     if (f->data_map) munmap(f->data_map, f->data_len);
@@ -492,7 +496,7 @@ static int pl__source_open_impl(const pl_source_options *opts, int skip_damaged,
     char *err = src->errmsg;
     size_t cap = sizeof src->errmsg;
 
-    if (!opts || opts->version != PL_SOURCE_OPTIONS_VERSION) {
+    if (!opts || opts->version < 1 || opts->version > PL_SOURCE_OPTIONS_VERSION) {
         pl__fmt(err, cap, "source options missing or of version %d, "
                           "expected %d",
                 opts ? opts->version : 0, PL_SOURCE_OPTIONS_VERSION);
@@ -510,6 +514,8 @@ static int pl__source_open_impl(const pl_source_options *opts, int skip_damaged,
         return PL_ENOMEM;
     }
     src->type = opts->type;
+    if (opts->type == PL_SOURCE_WEBDATASET)
+        return pl__wds_open(src, opts, skip_damaged);
     if (opts->type != PL_SOURCE_MEGATRON && opts->type != PL_SOURCE_LLMC &&
         opts->type != PL_SOURCE_FLAT) {
         pl__fmt(err, cap, "source %s: unknown source type %d", src->name,
@@ -581,6 +587,7 @@ static int pl__source_open_impl(const pl_source_options *opts, int skip_damaged,
 void pl_source_free(pl_source *src) {
     if (!src) return;
     pl__release_files(src);
+    pl__wds_free(src);
     free(src->name);
     pthread_mutex_destroy(&src->mu);
     free(src);
@@ -645,6 +652,10 @@ static int pl__file_doc(const pl_source *src, const pl__sfile *f, int64_t r,
                         size_t errcap) {
     if (src->type == PL_SOURCE_MEGATRON)
         return pl__megatron_doc(f, r, tokens, length, err, errcap);
+    if (src->type == PL_SOURCE_WEBDATASET) {
+        *tokens = NULL;
+        return pl__wds_doc_length(src, f, r, length, err, errcap);
+    }
     return pl__tokens_doc(f, r, tokens, length, err, errcap);
 }
 
@@ -760,6 +771,9 @@ int pl__source_read(pl_source *src, int64_t index, int64_t offset,
     int64_t len;
     int rc = pl__doc(src, index, &f, &tok, &len, err, errcap);
     if (rc) return rc;
+    if (src->type == PL_SOURCE_WEBDATASET)
+        return pl__wds_read(src, f, index - f->first_doc, offset, count, out, out_dtype,
+                            err, errcap);
     if (offset < 0 || count < 0 || offset > len || count > len - offset) {
         pl__fmt(err, errcap,
                 "source %s: document %lld: tokens [%lld, %lld + %lld) are "
@@ -1024,7 +1038,10 @@ static int pl__read_ranges(pl_source *src, const pl_read *reads, int64_t n,
             rc = PL_ERANGE;
             break;
         }
-        if (count > 0)
+        if (count > 0 && src->type == PL_SOURCE_WEBDATASET)
+            rc = pl__wds_read(src, f, reads[i].index - f->first_doc, off, count, out,
+                              raw ? PL_DTYPE_UINT32 : PL_DTYPE_INT64, err, sizeof err);
+        else if (count > 0)
             rc = pl__pread_range(src, &r, f, tok, off, count, out, raw, err, sizeof err);
         out = (uint8_t *)out + (size_t)count * es;
     }

@@ -83,6 +83,10 @@ typedef struct pl__sfile {
     int64_t n_tokens;
     const uint64_t *ends; /* [n_docs] exclusive end offsets, in tokens */
     int index_in_memory;  /* 1: ends live in an anonymous mapping */
+
+    /* webdataset: the shard's descriptor + 1 (source_wds.c); the .plwds
+     * index is idx_map (records, then caption tokens). */
+    int wds_fd1;
 } pl__sfile;
 
 struct pl_source {
@@ -97,6 +101,7 @@ struct pl_source {
     int64_t n_docs;
     int64_t skipped; /* records left out at open (on_error: skip) */
     pl__sfile *files;
+    struct pl__wds *wds; /* webdataset options (source_wds.c), else NULL */
 };
 
 /* Map a whole file read-only (MAP_SHARED), then close it.  A file of size 0
@@ -127,6 +132,18 @@ int pl__tokens_open(pl__sfile *f, pl_source_type type, pl_dtype flat_dtype,
                     int64_t eos_id, int write_index, char *err, size_t errcap);
 int pl__tokens_doc(const pl__sfile *f, int64_t r, const uint8_t **tokens,
                    int64_t *length, char *err, size_t errcap);
+
+/* ------------------------------------------------------------ webdataset */
+/* Open every shard of opts->path into src (files, counts); src->name set. */
+int pl__wds_open(pl_source *src, const pl_source_options *opts, int skip_damaged);
+void pl__wds_free(pl_source *src);
+/* Local sample r: its length in tokens (visual tokens + caption + eos). */
+int pl__wds_doc_length(const pl_source *src, const pl__sfile *f, int64_t r,
+                       int64_t *length, char *err, size_t errcap);
+/* Tokens [offset, offset + count) of local sample r as dt (INT64, INT32 or
+ * UINT32). */
+int pl__wds_read(const pl_source *src, const pl__sfile *f, int64_t r, int64_t offset,
+                 int64_t count, void *out, pl_dtype dt, char *err, size_t errcap);
 
 /* Release the mappings of a file (not its path). */
 void pl__sfile_unmap(pl__sfile *f);

@@ -95,7 +95,8 @@ PL_API const char *pl_version_string(void);
     X(ERECORD, -16, "malformed record")                                        \
     X(ECLOSED, -17, "handle is closed or failed earlier")                     \
     X(ETIMEDOUT, -18, "a wait passed its deadline")                            \
-    X(ELAG, -19, "rank fell further behind its group than the lag limit")
+    X(ELAG, -19, "rank fell further behind its group than the lag limit")      \
+    X(EIMAGE, -20, "image cannot be decoded, or is larger than the limit")
 
 typedef enum pl_status {
 #define PL__STATUS_ENUM(name, value, desc) PL_##name = value,
@@ -159,6 +160,11 @@ PL_API const char *pl_dtype_name(int dtype);
  *                       each document, so a document starts at each eos_id.
  *   PL_SOURCE_FLAT      a raw uint16/uint32 token array (OLMo/Dolma style);
  *                       a document ends with (and includes) each eos_id.
+ *   PL_SOURCE_WEBDATASET  WebDataset tar shards (see "image-text sources"
+ *                       below): a document is one sample, an image and its
+ *                       caption, as tokens: the image placeholder token
+ *                       repeated for the image's visual-token count, then
+ *                       the caption's tokens (then eos_id if given).
  *
  * llmc and flat files get a sidecar document index "<file>.plidx" (magic
  * "PLIDX\0\0\0", version, the file's size and mtime, eos_id, document count,
@@ -176,8 +182,58 @@ typedef struct pl_source pl_source;
 typedef enum pl_source_type {
     PL_SOURCE_MEGATRON = 1,
     PL_SOURCE_LLMC = 2,
-    PL_SOURCE_FLAT = 3
+    PL_SOURCE_FLAT = 3,
+    PL_SOURCE_WEBDATASET = 4
 } pl_source_type;
+
+/*
+ * Image-text sources (PL_SOURCE_WEBDATASET).  path: a shard, a directory of
+ * *.tar, a glob, and brace patterns ("shard-{000000..000099}.tar", zero
+ * padding kept; "{a,b}"), expanded before globbing.  A sample is a run of
+ * consecutive tar members sharing a key (the name up to the first '.' of its
+ * last path component, as webdataset groups them); its image is the member
+ * with extension jpg/jpeg/png/webp, its caption the member `caption_key`
+ * names: "txt" (UTF-8 text) or "json:FIELD" (a JSON object's string field,
+ * tokenized, or array of token ids, taken as they are).  Other members are
+ * ignored.
+ *
+ * Captions are tokenized when the index is built, by the tokenizer of this
+ * module: each UTF-8 byte b becomes token caption_token_offset + b (ByT5's
+ * byte tokens).  A caption stored as token ids ("json:FIELD" holding an
+ * array) needs no tokenizer: that is the path for a model's own tokenizer
+ * until online text tokenization (issue 10) plugs in here.
+ *
+ * Index: "<shard>.plwds" (magic "PLWDS\0\0\0", version 1, the shard's size
+ * and mtime, a hash of the options that shape it, counts, CRC-32; then one
+ * 48-byte record per sample: offsets of the image's tar header and data, its
+ * size, width and height read from its header (no pixel decoded), format,
+ * caption token count and first token; then the caption tokens as u32),
+ * written next to the shard once (write_index 1) or kept in memory only
+ * (write_index -1, or a read-only directory).
+ *
+ * Visual tokens of a sample, from the index alone:
+ *   fixed   (size/patch_size)^2 / merge_size^2 (LLaVA-1.5: 336/14 -> 576)
+ *   native  the Qwen2-VL grid: (rh/p) * (rw/p) / merge^2 with (rh, rw) =
+ *           smart_resize(h, w, p * merge, min_pixels, max_pixels)
+ */
+typedef enum pl_image_mode {
+    PL_IMAGE_FIXED = 1,  /* pixel_values [n_images, 3, size, size] uint8 */
+    PL_IMAGE_NATIVE = 2  /* patches [total_patches, 3*p*p] + image_grid_thw */
+} pl_image_mode;
+
+typedef struct pl_image_options {
+    pl_image_mode mode;        /* 0: PL_IMAGE_FIXED */
+    int64_t size;              /* fixed: side in pixels (0: 336) */
+    int64_t patch_size;        /* 0: 14 */
+    int64_t merge_size;        /* 0: 1 (fixed), 2 (native) */
+    int64_t min_pixels;        /* native; 0: 56*56 (Qwen2-VL's default) */
+    int64_t max_pixels;        /* native; 0: 28*28*1280 */
+    int64_t token_id;          /* the image placeholder token; required (>= 0) */
+    int64_t limit_pixels;      /* refuse images whose header promises more
+                                  pixels (0: 1 << 27, 128 Mpx); PL_EIMAGE */
+    int64_t caption_token_offset; /* byte tokens: offset + byte (0: 0) */
+    char caption_key[64];      /* "" means "txt" */
+} pl_image_options;
 
 typedef struct pl_source_options {
     int version;          /* set to PL_SOURCE_OPTIONS_VERSION */
@@ -187,7 +243,10 @@ typedef struct pl_source_options {
     pl_dtype token_dtype; /* flat only: PL_DTYPE_UINT16 (default) or UINT32 */
     int64_t eos_id;       /* llmc/flat; -1 = default (llmc 50256, flat 0) */
     int write_index;      /* llmc/flat: a PL_INDEX_* policy (1 is read as
-                             PL_INDEX_WRITE) */
+                             PL_INDEX_WRITE; webdataset: PL_INDEX_MEMORY keeps
+                             the .plwds index in memory) */
+    /* Version 2: */
+    const pl_image_options *image; /* webdataset: required; copied at open */
 } pl_source_options;
 
 /*
@@ -211,7 +270,7 @@ enum {
     PL_INDEX_READ = 2,
     PL_INDEX_MEMORY = -1
 };
-#define PL_SOURCE_OPTIONS_VERSION 1
+#define PL_SOURCE_OPTIONS_VERSION 2
 
 /*
  * Open a source.  On success returns PL_OK.  On error returns PL_ENOENT (no
@@ -283,6 +342,59 @@ typedef struct pl_source_stats {
     int64_t length_p50, length_p90, length_p99, length_max;
 } pl_source_stats;
 PL_API int pl_source_get_stats(pl_source *src, pl_source_stats *out);
+
+/*
+ * The image of sample `index` of a webdataset source, from the index only
+ * (no decode): the stored width and height; the size it is resized to
+ * (fixed: size x size; native: smart_resize's); grid_t/h/w in patches
+ * (grid_t 1); patches = grid_t*grid_h*grid_w; tokens = patches / merge^2,
+ * the image's visual tokens in the document; bytes = the size of its pixel
+ * output (pl_source_read_image).  PL_EINVAL for a source of another type,
+ * PL_ERANGE for a bad index.  Thread-safe.
+ */
+typedef struct pl_image_info {
+    int64_t width, height;          /* as stored */
+    int64_t out_width, out_height;  /* after resizing */
+    int64_t grid_t, grid_h, grid_w; /* in patches (image_grid_thw) */
+    int64_t patches;
+    int64_t tokens;
+    int64_t patch_dim;              /* 3 * patch_size^2 */
+    size_t bytes;
+    pl_image_mode mode;
+} pl_image_info;
+PL_API int pl_source_image_info(pl_source *src, int64_t index,
+                                pl_image_info *out);
+
+/*
+ * Decode and resize the image of sample `index` into out (cap bytes, at
+ * least info.bytes): fixed mode [3, size, size] uint8 (CHW, RGB; the shorter
+ * side resized to size with bicubic filtering, the centre cropped, as CLIP's
+ * processor does); native mode [patches, 3*p*p] uint8 in Qwen2-VL's patch
+ * order (transformers' Qwen2VLImageProcessor.patchify without the temporal
+ * repeat: each row is [channel, y, x] of one patch; rows grouped by
+ * merge_size x merge_size blocks).  Normalization is left to the trainer.
+ * Errors: PL_EIMAGE (corrupt, truncated or too large image), PL_ETRUNC /
+ * PL_EIO (the shard changed), with a message naming shard, member and byte
+ * offset.  Thread-safe (decoder state is per call).
+ */
+PL_API int pl_source_read_image(pl_source *src, int64_t index, void *out,
+                                size_t cap, pl_image_info *info);
+
+/* Width and height of an image from its header bytes (no decode); format
+ * is guessed from the signature (JPEG, PNG, WebP).  PL_EIMAGE for anything
+ * else, PL_ETRUNC when len is too short for the header.  The fuzz target of
+ * the image headers.  err/errcap may be NULL/0. */
+PL_API int pl_image_probe(const void *data, size_t len, int64_t *width,
+                          int64_t *height, char *err, size_t errcap);
+
+/* Qwen2-VL's smart_resize (transformers' image_processing_qwen2_vl.py): the
+ * size (*out_h, *out_w), both multiples of factor (patch_size * merge_size),
+ * with area in [min_pixels, max_pixels] and the aspect ratio of (h, w) kept
+ * as closely as possible (round half to even, as Python's round).
+ * PL_EIMAGE for an aspect ratio above 200, PL_EINVAL for sizes <= 0. */
+PL_API int pl_image_smart_resize(int64_t h, int64_t w, int64_t factor,
+                                 int64_t min_pixels, int64_t max_pixels,
+                                 int64_t *out_h, int64_t *out_w);
 
 /* ================================================================ config */
 /*
@@ -495,6 +607,10 @@ typedef struct pl_plan {
     const double *rank_cost;     /* [dp] */
     int64_t tokens;              /* non-padding tokens of the step */
     double lower_bound;          /* max(total cost / dp, costliest chunk) */
+    /* The image encoder's part of rank_cost (cost.encoder: a_e * N + b_e *
+     * N^2 per image of N patches), so the backbone's is rank_cost minus it;
+     * NULL when no encoder term is configured, or for a decoded plan. */
+    const double *rank_encoder_cost; /* [dp] */
 } pl_plan;
 
 /* =============================================================== batches */
@@ -547,6 +663,23 @@ typedef struct pl_batch {
        -1 for a row's trailing padding; NULL when cu_seqlens is.  With `step`
        and `micro_batch` it lets a trainer log loss per source. */
     int32_t *segment_sources;
+    /* Images of webdataset sources (present with input_ids; else 0/NULL).
+     * image_mode PL_IMAGE_FIXED: pixel_values [n_images, 3, H, W] uint8;
+     * PL_IMAGE_NATIVE: pixel_values [n_patches, patch_dim] uint8.  One
+     * micro-batch holds images of one mode (the config checks it).
+     * image_grid_thw [n_images, 3] int64 (t, h, w in patches; fixed: 1,
+     * H/p, W/p).  image_positions [n_images, 2] int64: the flattened offset
+     * in input_ids ([rows*cols]) of the image's first placeholder token and
+     * the count of them (its visual tokens). */
+    int32_t image_mode;
+    int32_t image_reserved;
+    int64_t n_images;
+    int64_t n_patches;    /* native: rows of pixel_values; fixed: 0 */
+    int64_t image_height, image_width, patch_dim;
+    uint8_t *pixel_values;
+    int64_t *image_grid_thw;
+    int64_t *image_positions;
+    int64_t visual_tokens; /* sum of image_positions[:, 1] */
 } pl_batch;
 
 /* A new owned reference to `batch` (the same pointer, for

@@ -93,6 +93,8 @@ STATE_VERSION = 1
 
 #: The batch fields that are arrays, in SPEC section 3 order.
 _ARRAY_FIELDS = ("input_ids", "labels", "loss_mask", "position_ids", "cu_seqlens")
+#: Image fields, present when a micro-batch holds images (webdataset sources).
+_IMAGE_FIELDS = ("pixel_values", "image_grid_thw", "image_positions")
 
 ConfigLike = Union[str, "os.PathLike[str]", Mapping[str, Any], "_core.Config"]
 
@@ -255,7 +257,13 @@ class Loader:
     ``position_ids`` same                              int64, restarting at each segment
     ``cu_seqlens``   ``[n_segments + 1]``              int32, over the flattened tokens
     ``max_seqlen``   scalar                            int (tokens)
+    ``pixel_values`` fixed ``[n_images, 3, H, W]``;    uint8 (normalize on the device)
+                     native ``[n_patches, 3*p*p]``
+    ``image_grid_thw`` ``[n_images, 3]``               int64 (t, h, w in patches)
+    ``image_positions`` ``[n_images, 2]``              int64 (flat offset in input_ids, count)
     ===============  ================================  ===================================
+
+    The image fields are present only in micro-batches that hold images.
 
     Fields the rank does not receive (pipeline stages, SPEC section 2) are absent.
     Values are ``torch.Tensor`` when torch is installed, else ``numpy.ndarray``.  The
@@ -404,6 +412,12 @@ class Loader:
         if conv is None:
             conv = self._converter(rank)
         d = b.to_dict(conv[0], writable=conv[1])
+        if b.n_images:
+            for n in _IMAGE_FIELDS:
+                x = getattr(b, n)
+                for f in conv[0]:
+                    x = f(x)
+                d[n] = x
         if self._with_sources:
             seg = b.segment_sources
             if seg is not None:  # small: a private copy, converted as the other fields

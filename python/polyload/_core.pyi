@@ -35,6 +35,7 @@ ERANGE: int
 ETOPOLOGY: int
 ERECORD: int
 ECLOSED: int
+EIMAGE: int
 DTYPE_UINT8: int
 DTYPE_INT8: int
 DTYPE_INT16: int
@@ -47,6 +48,9 @@ DTYPE_UINT32: int
 SOURCE_MEGATRON: int
 SOURCE_LLMC: int
 SOURCE_FLAT: int
+SOURCE_WEBDATASET: int
+IMAGE_FIXED: int
+IMAGE_NATIVE: int
 FIELD_INPUT_IDS: int
 FIELD_LABELS: int
 FIELD_LOSS_MASK: int
@@ -67,6 +71,9 @@ def cost_fit(tokens: Sequence[float], sum_sq: Sequence[float],
 def raise_status(code: int, message: Optional[str] = None) -> None: ...
 def state_pack(blob: _Buffer) -> bytes: ...
 def state_unpack(packed: _Buffer) -> bytes: ...
+def smart_resize(height: int, width: int, factor: int, min_pixels: int,
+                 max_pixels: int) -> Tuple[int, int]: ...
+def image_probe(data: Any) -> Tuple[int, int]: ...
 
 class Array:
     """C-contiguous C memory behind the buffer protocol (numpy.asarray: no copy)."""
@@ -105,6 +112,12 @@ class Batch:
     position_ids: Optional[Array]
     cu_seqlens: Optional[Array]
     segment_sources: Optional[Array]
+    n_images: int
+    visual_tokens: int
+    image_mode: int
+    pixel_values: Optional[Array]
+    image_grid_thw: Optional[Array]
+    image_positions: Optional[Array]
     released: bool
     def to_dict(self, convert: Optional[Tuple[Any, ...]] = None,
                 writable: bool = False) -> Dict[str, Any]: ...
@@ -147,6 +160,29 @@ class Source:
         eos_id: int = -1,
         write_index: int = 0,
     ) -> "Source": ...
+    @classmethod
+    def open_webdataset(
+        cls,
+        path: Union[str, bytes, Any],
+        token_id: int,
+        *,
+        mode: str = "fixed",
+        size: int = 0,
+        patch_size: int = 0,
+        merge_size: int = 0,
+        min_pixels: int = 0,
+        max_pixels: int = 0,
+        limit_pixels: int = 0,
+        caption: str = "",
+        caption_token_offset: int = 0,
+        eos_id: int = -1,
+        index: int = 0,
+        name: Optional[str] = None,
+    ) -> "Source": ...
+    def image_info(self, i: int) -> Dict[str, Any]: ...
+    def read_image(self, i: int) -> Array: ...
+    @property
+    def num_skipped(self) -> int: ...
     def document_length(self, i: int) -> int: ...
     def read(self, index: int, offset: int = 0, count: Optional[int] = None,
              dtype: Optional[_DType] = None) -> Array: ...

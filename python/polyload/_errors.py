@@ -6,7 +6,8 @@ Every C status code becomes one of these through a single mapping in
 =====================================================================  ====================
 status codes                                                           exception
 =====================================================================  ====================
-EMAGIC, EVERSION, EDTYPE, ECOUNT, EBOUNDS, ETRUNC, EDOCIDX, ERECORD     FormatError
+EMAGIC, EVERSION, EDTYPE, ECOUNT, EBOUNDS, ETRUNC, EDOCIDX, ERECORD    FormatError
+EIMAGE                                                                 FormatError
 ECONFIG, ETOPOLOGY                                                     ConfigError
 ESTATE                                                                 StateError
 EIO, ENOENT                                                            PolyloadIOError
@@ -63,7 +64,8 @@ class PolyloadError(Exception):
 
 class FormatError(PolyloadError):
     """A corrupt, truncated or unsupported data file (EMAGIC, EVERSION, EDTYPE, ECOUNT,
-    EBOUNDS, ETRUNC, EDOCIDX, ERECORD).  The message names the file, field and offset."""
+    EBOUNDS, ETRUNC, EDOCIDX, ERECORD, EIMAGE).  The message names the file, field and
+    offset."""
 
 
 class ConfigError(PolyloadError):

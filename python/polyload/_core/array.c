@@ -27,8 +27,8 @@ typedef struct {
     char format[4];
     Py_ssize_t itemsize;
     int ndim;
-    Py_ssize_t shape[2];
-    Py_ssize_t strides[2];
+    Py_ssize_t shape[4]; /* ndim 1 to 4 (images: [n, 3, H, W]) */
+    Py_ssize_t strides[4];
     int readonly;
     pid_t pid;
 } PyPlArray;
@@ -67,10 +67,11 @@ static PyObject *pypl_array_new(void *data, const char *format,
     snprintf(a->format, sizeof a->format, "%s", format);
     a->itemsize = itemsize;
     a->ndim = ndim;
-    a->shape[0] = shape[0];
-    a->shape[1] = ndim > 1 ? shape[1] : 1;
+    if (ndim < 1 || ndim > 4) ndim = 1; /* callers pass 1..4 */
+    a->ndim = ndim;
+    for (int i = 0; i < 4; i++) a->shape[i] = i < ndim ? shape[i] : 1;
     a->strides[ndim - 1] = itemsize;
-    if (ndim > 1) a->strides[0] = itemsize * a->shape[1];
+    for (int i = ndim - 2; i >= 0; i--) a->strides[i] = a->strides[i + 1] * a->shape[i + 1];
     a->readonly = 0;
     a->pid = pypl_getpid();
     return (PyObject *)a;
@@ -105,7 +106,7 @@ static void array_dealloc(PyPlArray *a) {
 }
 
 static Py_ssize_t array_nitems(const PyPlArray *a) {
-    return a->shape[0] * (a->ndim > 1 ? a->shape[1] : 1);
+    return a->shape[0] * a->shape[1] * a->shape[2] * a->shape[3];
 }
 
 static int array_getbuffer(PyPlArray *a, Py_buffer *view, int flags) {
@@ -145,8 +146,16 @@ static PySequenceMethods array_as_sequence = {
 
 static PyObject *array_get_shape(PyPlArray *a, void *c) {
     (void)c;
-    if (a->ndim == 1) return Py_BuildValue("(n)", a->shape[0]);
-    return Py_BuildValue("(nn)", a->shape[0], a->shape[1]);
+    PyObject *t = PyTuple_New(a->ndim);
+    for (int i = 0; t && i < a->ndim; i++) {
+        PyObject *v = PyLong_FromSsize_t(a->shape[i]);
+        if (!v) {
+            Py_DECREF(t);
+            return NULL;
+        }
+        PyTuple_SET_ITEM(t, i, v);
+    }
+    return t;
 }
 
 static PyObject *array_get_dtype(PyPlArray *a, void *c) {
@@ -194,7 +203,7 @@ static PyObject *array_repr(PyPlArray *a) {
 
 static PyGetSetDef array_getset[] = {
     {"shape", (getter)array_get_shape, NULL, "tuple of int: the array's shape", NULL},
-    {"ndim", (getter)array_get_ndim, NULL, "int: 1 or 2", NULL},
+    {"ndim", (getter)array_get_ndim, NULL, "int: 1 to 4", NULL},
     {"dtype", (getter)array_get_dtype, NULL,
      "str: numpy name of the element type ('int64', 'int32', 'float32', 'float64')", NULL},
     {"address", (getter)array_get_address, NULL,
@@ -281,6 +290,9 @@ BATCH_INT_GETTER(fields)
 BATCH_INT_GETTER(n_cu_seqlens)
 BATCH_INT_GETTER(tokens)
 BATCH_INT_GETTER(n_chunks)
+BATCH_INT_GETTER(n_images)
+BATCH_INT_GETTER(visual_tokens)
+BATCH_INT_GETTER(image_mode)
 
 static PyObject *batch_get_max_seqlen(PyPlBatch *o, void *c) {
     (void)c;
@@ -297,7 +309,8 @@ static PyObject *batch_get_dtype(PyPlBatch *o, void *c) {
 }
 
 /* closure: which field */
-enum { F_INPUT_IDS, F_LABELS, F_LOSS_MASK, F_POSITION_IDS, F_CU_SEQLENS, F_SEGMENT_SOURCES };
+enum { F_INPUT_IDS, F_LABELS, F_LOSS_MASK, F_POSITION_IDS, F_CU_SEQLENS, F_SEGMENT_SOURCES,
+       F_PIXEL_VALUES, F_IMAGE_GRID_THW, F_IMAGE_POSITIONS };
 
 /* Field `f` of b as an Array, or Py_None (new reference) when absent. */
 static PyObject *batch_field(pl_batch *b, int f, int writable) {
@@ -330,6 +343,29 @@ static PyObject *batch_field(pl_batch *b, int f, int writable) {
         shape[0] = (Py_ssize_t)(b->n_cu_seqlens - 1);
         return pypl_array_from_batch(b, b->segment_sources, "i", sizeof(int32_t), 1, shape,
                                      writable);
+    case F_PIXEL_VALUES: {
+        if (!b->pixel_values || !b->n_images) break;
+        Py_ssize_t sh[4];
+        if (b->image_mode == PL_IMAGE_NATIVE) {
+            sh[0] = (Py_ssize_t)b->n_patches;
+            sh[1] = (Py_ssize_t)b->patch_dim;
+            return pypl_array_from_batch(b, b->pixel_values, "B", 1, 2, sh, writable);
+        }
+        sh[0] = (Py_ssize_t)b->n_images;
+        sh[1] = 3;
+        sh[2] = (Py_ssize_t)b->image_height;
+        sh[3] = (Py_ssize_t)b->image_width;
+        return pypl_array_from_batch(b, b->pixel_values, "B", 1, 4, sh, writable);
+    }
+    case F_IMAGE_GRID_THW:
+    case F_IMAGE_POSITIONS: {
+        if (!b->image_grid_thw || !b->n_images) break;
+        int grid = f == F_IMAGE_GRID_THW;
+        shape[0] = (Py_ssize_t)b->n_images;
+        shape[1] = grid ? 3 : 2;
+        return pypl_array_from_batch(b, grid ? b->image_grid_thw : b->image_positions, "q",
+                                     sizeof(int64_t), 2, shape, writable);
+    }
     }
     Py_RETURN_NONE;
 }
@@ -476,6 +512,23 @@ static PyGetSetDef batch_getset[] = {
      "Array [n_cu_seqlens - 1] int32: the config index of the source of each segment of "
      "cu_seqlens, -1 for a row's trailing padding; or None with cu_seqlens",
      (void *)F_SEGMENT_SOURCES},
+    {"n_images", (getter)batch_get_n_images, NULL,
+     "int: images of webdataset sources in this micro-batch", NULL},
+    {"visual_tokens", (getter)batch_get_visual_tokens, NULL,
+     "int: image placeholder tokens (sum of image_positions[:, 1])", NULL},
+    {"image_mode", (getter)batch_get_image_mode, NULL,
+     "int: IMAGE_FIXED (1) or IMAGE_NATIVE (2); 0 without images", NULL},
+    {"pixel_values", (getter)batch_get_array, NULL,
+     "Array uint8: fixed mode [n_images, 3, H, W]; native mode [n_patches, 3*p*p]\n"
+     "(Qwen2-VL patch order); None without images",
+     (void *)F_PIXEL_VALUES},
+    {"image_grid_thw", (getter)batch_get_array, NULL,
+     "Array [n_images, 3] int64: (t, h, w) in patches; None without images",
+     (void *)F_IMAGE_GRID_THW},
+    {"image_positions", (getter)batch_get_array, NULL,
+     "Array [n_images, 2] int64: flattened offset in input_ids of each image's first\n"
+     "placeholder token, and their count; None without images",
+     (void *)F_IMAGE_POSITIONS},
     {"released", (getter)batch_get_released, NULL, "bool: release() was called", NULL},
     {NULL, NULL, NULL, NULL, NULL},
 };

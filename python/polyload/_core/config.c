@@ -441,6 +441,65 @@ static PyObject *source_open(PyTypeObject *cls, PyObject *args, PyObject *kw) {
     return pypl_source_wrap(src);
 }
 
+static PyObject *source_open_webdataset(PyObject *cls, PyObject *args, PyObject *kw) {
+    (void)cls;
+    static char *kwlist[] = {"path", "token_id", "mode", "size", "patch_size",
+                             "merge_size", "min_pixels", "max_pixels", "limit_pixels",
+                             "caption", "caption_token_offset", "eos_id", "index",
+                             "name", NULL};
+    PyObject *path_obj = NULL;
+    const char *mode = "fixed", *caption = "", *name = NULL;
+    long long token_id = -1, size = 0, patch = 0, merge = 0, minp = 0, maxp = 0,
+              limit = 0, offset = 0, eos_id = -1;
+    int index = 0;
+    if (!PyArg_ParseTupleAndKeywords(args, kw, "O&L|$sLLLLLLsLLiz:open_webdataset", kwlist,
+                                     PyUnicode_FSConverter, &path_obj, &token_id, &mode,
+                                     &size, &patch, &merge, &minp, &maxp, &limit, &caption,
+                                     &offset, &eos_id, &index, &name))
+        return NULL;
+    pl_image_options io;
+    memset(&io, 0, sizeof io);
+    if (!strcmp(mode, "fixed"))
+        io.mode = PL_IMAGE_FIXED;
+    else if (!strcmp(mode, "native"))
+        io.mode = PL_IMAGE_NATIVE;
+    else {
+        Py_DECREF(path_obj);
+        PyErr_Format(PyExc_ValueError, "mode must be 'fixed' or 'native', not '%s'", mode);
+        return NULL;
+    }
+    io.token_id = token_id;
+    io.size = size;
+    io.patch_size = patch;
+    io.merge_size = merge;
+    io.min_pixels = minp;
+    io.max_pixels = maxp;
+    io.limit_pixels = limit;
+    io.caption_token_offset = offset;
+    snprintf(io.caption_key, sizeof io.caption_key, "%s", caption);
+    pl_source_options o;
+    memset(&o, 0, sizeof o);
+    o.version = PL_SOURCE_OPTIONS_VERSION;
+    o.type = PL_SOURCE_WEBDATASET;
+    o.path = PyBytes_AS_STRING(path_obj);
+    o.name = name;
+    o.eos_id = eos_id;
+    o.write_index = index;
+    o.image = &io;
+    pl_source *src = NULL;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = pl_source_open(&o, &src);
+    Py_END_ALLOW_THREADS
+    Py_DECREF(path_obj);
+    if (rc != PL_OK) {
+        pypl_raise(rc, src ? pl_source_errmsg(src) : NULL);
+        pl_source_free(src);
+        return NULL;
+    }
+    return pypl_source_wrap(src);
+}
+
 static void source_dealloc(PyPlSource *o) {
     pl_source_free(o->src);
     PyObject_Free(o);
@@ -696,6 +755,57 @@ static PyObject *source_stats(PyPlSource *o, PyObject *unused) {
                          (long long)st.length_max);
 }
 
+static PyObject *image_info_dict(const pl_image_info *in) {
+    return Py_BuildValue(
+        "{s:L,s:L,s:L,s:L,s:(LLL),s:L,s:L,s:L,s:n,s:s}", "width", (long long)in->width,
+        "height", (long long)in->height, "out_width", (long long)in->out_width,
+        "out_height", (long long)in->out_height, "grid_thw", (long long)in->grid_t,
+        (long long)in->grid_h, (long long)in->grid_w, "patches", (long long)in->patches,
+        "tokens", (long long)in->tokens, "patch_dim", (long long)in->patch_dim, "bytes",
+        (Py_ssize_t)in->bytes, "mode", in->mode == PL_IMAGE_NATIVE ? "native" : "fixed");
+}
+
+static PyObject *source_image_info(PyPlSource *o, PyObject *arg) {
+    long long i = PyLong_AsLongLong(arg);
+    if (i == -1 && PyErr_Occurred()) return NULL;
+    pl_image_info in;
+    int rc = pl_source_image_info(o->src, (int64_t)i, &in);
+    if (rc != PL_OK) return pypl_raise(rc, pl_source_errmsg(o->src));
+    return image_info_dict(&in);
+}
+
+static PyObject *source_read_image(PyPlSource *o, PyObject *arg) {
+    long long i = PyLong_AsLongLong(arg);
+    if (i == -1 && PyErr_Occurred()) return NULL;
+    pl_image_info in;
+    int rc = pl_source_image_info(o->src, (int64_t)i, &in);
+    if (rc != PL_OK) return pypl_raise(rc, pl_source_errmsg(o->src));
+    uint8_t *buf = malloc(in.bytes ? in.bytes : 1);
+    if (!buf) return PyErr_NoMemory();
+    Py_BEGIN_ALLOW_THREADS
+    rc = pl_source_read_image(o->src, (int64_t)i, buf, in.bytes, &in);
+    Py_END_ALLOW_THREADS
+    if (rc != PL_OK) {
+        free(buf);
+        return pypl_raise(rc, pl_source_errmsg(o->src));
+    }
+    Py_ssize_t shape[3];
+    if (in.mode == PL_IMAGE_NATIVE) {
+        shape[0] = (Py_ssize_t)in.patches;
+        shape[1] = (Py_ssize_t)in.patch_dim;
+        return pypl_array_owned(buf, "B", 1, 2, shape);
+    }
+    shape[0] = 3;
+    shape[1] = (Py_ssize_t)in.out_height;
+    shape[2] = (Py_ssize_t)in.out_width;
+    return pypl_array_owned(buf, "B", 1, 3, shape);
+}
+
+static PyObject *source_get_num_skipped(PyPlSource *o, void *c) {
+    (void)c;
+    return PyLong_FromLongLong((long long)pl_source_num_skipped(o->src));
+}
+
 static PyObject *source_get_num_documents(PyPlSource *o, void *c) {
     (void)c;
     return PyLong_FromLongLong((long long)pl_source_num_documents(o->src));
@@ -721,6 +831,7 @@ static PyObject *source_get_type(PyPlSource *o, void *c) {
     case PL_SOURCE_MEGATRON: return PyUnicode_FromString("megatron");
     case PL_SOURCE_LLMC: return PyUnicode_FromString("llmc");
     case PL_SOURCE_FLAT: return PyUnicode_FromString("flat");
+    case PL_SOURCE_WEBDATASET: return PyUnicode_FromString("webdataset");
     }
     return PyUnicode_FromString("unknown");
 }
@@ -750,6 +861,15 @@ static PyMethodDef source_methods[] = {
      "write_index: the .plidx sidecar policy of llmc/flat sources, INDEX_WRITE (0: one\n"
      "writer under a lock), INDEX_READ (2: map one, write none), INDEX_MEMORY (-1).\n"
      "Raises PolyloadIOError (ENOENT, EIO) or FormatError naming file, field, offset."},
+    {"open_webdataset", (PyCFunction)(void (*)(void))source_open_webdataset,
+     METH_VARARGS | METH_KEYWORDS | METH_CLASS,
+     "Source.open_webdataset(path, token_id, *, mode='fixed', size=0, patch_size=0,\n"
+     "    merge_size=0, min_pixels=0, max_pixels=0, limit_pixels=0, caption='',\n"
+     "    caption_token_offset=0, eos_id=-1, index=0, name=None) -> Source\n\n"
+     "Open WebDataset shards (path: file, directory, glob or brace pattern) as an\n"
+     "image-text source (pl_image_options; 0 takes the default).  index 0 writes a\n"
+     "<shard>.plwds sidecar, -1 keeps the index in memory.  Raises PolyloadIOError or\n"
+     "FormatError naming shard, member and byte offset."},
     {"document_length", (PyCFunction)source_document_length, METH_O,
      "document_length(i) -> int\n\nLength of document i in tokens.  RangeError for a bad "
      "index, FormatError (EBOUNDS) when it lies outside its data file."},
@@ -769,11 +889,23 @@ static PyMethodDef source_methods[] = {
     {"stats", (PyCFunction)source_stats, METH_NOARGS,
      "stats() -> dict\n\n{'files', 'documents', 'tokens', 'length_p50', 'length_p90', "
      "'length_p99', 'length_max'}; scans the index."},
+    {"image_info", (PyCFunction)source_image_info, METH_O,
+     "image_info(i) -> dict\n\nImage of sample i of a webdataset source from the index "
+     "(no decode):\n{'width', 'height' (stored), 'out_width', 'out_height', 'grid_thw', "
+     "'patches',\n'tokens' (visual tokens), 'patch_dim', 'bytes', 'mode'} "
+     "(pl_source_image_info)."},
+    {"read_image", (PyCFunction)source_read_image, METH_O,
+     "read_image(i) -> Array uint8\n\nDecoded and resized image of sample i: fixed mode "
+     "[3, H, W]; native\nmode [patches, 3*p*p] in Qwen2-VL's patch order "
+     "(pl_source_read_image).\nRaises FormatError (EIMAGE) naming shard, member and "
+     "offset."},
     {"__reduce__", pypl_no_reduce, METH_NOARGS, NULL},
     {NULL, NULL, 0, NULL},
 };
 
 static PyGetSetDef source_getset[] = {
+    {"num_skipped", (getter)source_get_num_skipped, NULL,
+     "int: bad records left out at open (on_error: skip)", NULL},
     {"num_documents", (getter)source_get_num_documents, NULL, "int: documents", NULL},
     {"num_files", (getter)source_get_num_files, NULL, "int: files", NULL},
     {"name", (getter)source_get_name, NULL, "str: the name used in messages", NULL},

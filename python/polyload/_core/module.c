@@ -19,7 +19,7 @@ static PyObject *pypl_exc_base, *pypl_exc_format, *pypl_exc_config,
 static PyObject *pypl_class_of(int rc) {
     switch (rc) {
     case PL_EMAGIC: case PL_EVERSION: case PL_EDTYPE: case PL_ECOUNT:
-    case PL_EBOUNDS: case PL_ETRUNC: case PL_EDOCIDX: case PL_ERECORD:
+    case PL_EBOUNDS: case PL_ETRUNC: case PL_EDOCIDX: case PL_ERECORD: case PL_EIMAGE:
         return pypl_exc_format;
     case PL_ECONFIG: case PL_ETOPOLOGY:
         return pypl_exc_config;
@@ -269,7 +269,35 @@ static PyObject *m_cost_fit(PyObject *self, PyObject *args) {
     return r;
 }
 
+static PyObject *m_smart_resize(PyObject *self, PyObject *args) {
+    (void)self;
+    long long h, w, f, mn, mx;
+    if (!PyArg_ParseTuple(args, "LLLLL:smart_resize", &h, &w, &f, &mn, &mx)) return NULL;
+    int64_t rh = 0, rw = 0;
+    int rc = pl_image_smart_resize(h, w, f, mn, mx, &rh, &rw);
+    if (rc) return pypl_raise(rc, "smart_resize: bad size or aspect ratio above 200");
+    return Py_BuildValue("(LL)", (long long)rh, (long long)rw);
+}
+
+static PyObject *m_image_probe(PyObject *self, PyObject *arg) {
+    (void)self;
+    Py_buffer view;
+    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
+    int64_t w = 0, h = 0;
+    char err[256] = "";
+    int rc = pl_image_probe(view.buf, (size_t)view.len, &w, &h, err, sizeof err);
+    PyBuffer_Release(&view);
+    if (rc) return pypl_raise(rc, err);
+    return Py_BuildValue("(LL)", (long long)w, (long long)h);
+}
+
 static PyMethodDef module_methods[] = {
+    {"smart_resize", m_smart_resize, METH_VARARGS,
+     "smart_resize(height, width, factor, min_pixels, max_pixels) -> (h, w)\n\n"
+     "Qwen2-VL's smart_resize (pl_image_smart_resize)."},
+    {"image_probe", m_image_probe, METH_O,
+     "image_probe(data) -> (width, height)\n\nSize of a JPEG/PNG/WebP from its header, "
+     "no decode (pl_image_probe).\nRaises FormatError."},
     {"state_info", pypl_state_info, METH_O,
      "state_info(blob) -> dict\n\nPosition and per-source counters of a state blob "
      "(pl_state_inspect,\npl_state_source): version, seed, step, micro_batch, dp, "
@@ -349,7 +377,8 @@ static int add_constants(PyObject *m) {
         {"DTYPE_FLOAT32", PL_DTYPE_FLOAT32}, {"DTYPE_UINT16", PL_DTYPE_UINT16},
         {"DTYPE_UINT32", PL_DTYPE_UINT32},
         {"SOURCE_MEGATRON", PL_SOURCE_MEGATRON}, {"SOURCE_LLMC", PL_SOURCE_LLMC},
-        {"SOURCE_FLAT", PL_SOURCE_FLAT},
+        {"SOURCE_FLAT", PL_SOURCE_FLAT}, {"SOURCE_WEBDATASET", PL_SOURCE_WEBDATASET},
+        {"IMAGE_FIXED", PL_IMAGE_FIXED}, {"IMAGE_NATIVE", PL_IMAGE_NATIVE},
         {"FIELD_INPUT_IDS", PL_FIELD_INPUT_IDS}, {"FIELD_LABELS", PL_FIELD_LABELS},
         {"FIELD_LOSS_MASK", PL_FIELD_LOSS_MASK},
         {"FIELD_POSITION_IDS", PL_FIELD_POSITION_IDS},
