@@ -357,13 +357,29 @@ def resume_check(peer, seq, k, n, reweight, cap=2400):
         cmp = equal_runs([batch_key(b) for b in ref], [batch_key(b) for b in after])
         cmp["result"] = "yes" if cmp["equal"] else "no"
         if not cmp["equal"]:
-            cmp["what_happened"] = (f"micro-batch {cmp['first_difference']} of {n} after the "
-                                    "resume differs from the uninterrupted run")
+            rows = lambda bs: [row_key(r) for b in bs for r in np.asarray(b["input_ids"])]  # noqa: E731
+            x, y = rows(ref), rows(after)
+            common_rows = sum(min(v, y.count(k)) for k, v in
+                              {k: x.count(k) for k in set(x)}.items())
+            cmp["same_samples_any_order"] = common_rows
+            cmp["what_happened"] = (
+                f"micro-batch {cmp['first_difference']} of {n} after the resume differs from "
+                f"the uninterrupted run; {common_rows} of {len(x)} sequences of those {n} "
+                "micro-batches are among the resumed run's")
         return cmp
     before_ids = [x for b in before for x in index.ids(b)]
     last = [x for ids in after_ids[-2 * MB_PER_STEP:] for x in ids]
     r = epoch_check(index, before_ids, [x for ids in after_ids for x in ids], last)
     r["micro_batches_after"] = mbs
+    # control: the same check on an uninterrupted run with the new weights from the start
+    it3 = iter(peer.loader(seq, weights=REWEIGHTS))
+    ctl, _ = epoch_after(it3, index, [], cap)
+    getattr(peer, "close", lambda it: None)(it3)
+    c = epoch_check(index, [], [x for ids in ctl for x in ids],
+                    [x for ids in ctl[-2 * MB_PER_STEP:] for x in ids])
+    r["control_without_resume"] = {k: c[k] for k in ("result", "what_happened")}
+    if r["result"] == "no" and c["result"] == "no":
+        r["what_happened"] += "; without a resume too: " + c["what_happened"]
     return r
 
 
