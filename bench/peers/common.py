@@ -175,7 +175,10 @@ def drive(batches, warmup, seconds, pad_id=PAD_ID, max_batches=None):
     t0 = time.perf_counter()
     deadline = t0 + seconds
     while True:
-        b = next(it)
+        try:
+            b = next(it)
+        except StopIteration:  # a loader that ends its window at an epoch end (Ray Data)
+            break
         ids = b["input_ids"]
         real = int((ids != pad_id).sum())
         tokens += real
@@ -299,6 +302,8 @@ def main(peer):
         os._exit(0)  # shutdown of workers is not part of the figure
     elif a.mode == "throughput":
         it = peer.loader(a.seq)
+        if hasattr(it, "stop_at_epoch_end"):
+            it.stop_at_epoch_end = True
         res.update(drive(it, a.warmup, a.seconds))
         getattr(peer, "close", lambda it: None)(it)
     elif a.mode == "mixture":

@@ -14,7 +14,7 @@ pkgs() {
         streaming) echo "mosaicml-streaming==0.13.0" ;;
         grain)     echo "grain==0.2.18 array_record==0.8.6" ;;
         litdata)   echo "litdata==0.2.76" ;;
-        raydata)   echo "ray[data]==2.60.0 pyarrow" ;;
+        raydata)   echo "ray[data,train]==2.60.0 pyarrow" ;;
         *) echo "unknown peer $1" >&2; return 1 ;;
     esac
 }
