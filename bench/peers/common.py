@@ -157,6 +157,38 @@ def cpu_seconds_tree(pid=None):
     return total
 
 
+def descendants(pid=None):
+    """Pids of all live descendants of ``pid`` (default: this process)."""
+    pid = os.getpid() if pid is None else pid
+    kids = {}
+    for p in os.listdir("/proc"):
+        if p.isdigit():
+            try:
+                with open(f"/proc/{p}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            kids.setdefault(ppid, []).append(int(p))
+    out, stack = [], [pid]
+    while stack:
+        for c in kids.get(stack.pop(), []):
+            out.append(c)
+            stack.append(c)
+    return out
+
+
+def kill_descendants():
+    """SIGKILL this process's worker processes (and theirs): the start-up mode exits right
+    after its first batch, and workers left behind would hold the caller's stdout open."""
+    import signal
+
+    for p in descendants():
+        try:
+            os.kill(p, signal.SIGKILL)
+        except OSError:
+            pass
+
+
 def drive(batches, warmup, seconds, pad_id=PAD_ID, max_batches=None):
     """The PyTorch loop: consume micro-batch dicts of torch tensors; after ``warmup``
     micro-batches, time until ``seconds`` have passed (or ``max_batches``).
@@ -299,7 +331,8 @@ def main(peer):
         next(it)
         res["first_batch_s"] = time.time() - a.t0 if a.t0 else None
         print(json.dumps(res), flush=True)
-        os._exit(0)  # shutdown of workers is not part of the figure
+        kill_descendants()  # shutdown of workers is not part of the figure
+        os._exit(0)
     elif a.mode == "throughput":
         it = peer.loader(a.seq)
         if hasattr(it, "stop_at_epoch_end"):

@@ -1,0 +1,244 @@
+#!/usr/bin/env python3
+"""Run every peer harness of bench/peers/ and write the one table of bench/README.md
+("Side by side with every peer").
+
+Each harness runs in a fresh process of its own venv (bench/peers/setup_venvs.sh; polyload
+and megatron-core in the project's .venv), prints one JSON line per mode; this script
+collects them into bench/out/peers/results.json and bench/out/peers/table.md.
+
+- throughput: ``--repeats`` rounds; in each round every loader runs once per seq_length
+  (the pairing: a ratio is polyload's figure over the peer's of the same round), median
+  of the rounds reported with the range;
+- startup: wall clock from before the fork of ``VENV/bin/python HARNESS startup`` to the
+  first micro-batch in that process, imports included; 1 file and 2,000 files; median of
+  ``--startup-repeats`` (the first run of each warms the page cache and builds caches);
+- mixture (100 steps), resume (K=120), weight change at resume (K=128 and K=120),
+  resume with another DP size: once each (deterministic).
+
+Usage: .venv/bin/python bench/peers/run_table.py [--only NAME,...] [--repeats 5]
+"""
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+OUT = os.path.join(ROOT, "bench", "out", "peers")
+PROJECT_PY = os.path.join(ROOT, ".venv", "bin", "python")
+
+# key, venv ('' = the project's .venv), harness, how its sequences are built
+PEERS = [
+    ("polyload", "", "peer_polyload.py", "packed (best_fit)"),
+    ("megatron-core", "", "peer_megatron.py", "concatenated"),
+    ("torchdata", "torchdata", "peer_torchdata.py", "concatenated"),
+    ("torchdata.nodes", "torchdata", "peer_torchdata_nodes.py", "concatenated"),
+    ("streaming", "streaming", "peer_streaming.py", "concatenated"),
+    ("grain", "grain", "peer_grain.py", "concatenated"),
+    ("litdata", "litdata", "peer_litdata.py", "concatenated"),
+    ("raydata", "raydata", "peer_raydata.py", "concatenated"),
+]
+SEQS = (2048, 8192)
+
+
+def python_of(venv):
+    if not venv:
+        return PROJECT_PY, None
+    d = os.path.join(HERE, ".venvs", venv)
+    if not os.path.exists(os.path.join(d, ".ok")):
+        err = os.path.join(HERE, ".venvs", venv + ".install-error")
+        msg = open(err).read().strip() if os.path.exists(err) else "venv missing"
+        return None, "not installed: " + msg[-300:]
+    return os.path.join(d, "bin", "python"), None
+
+
+def run(py, script, args, timeout):
+    t0 = time.time()
+    cmd = [py, os.path.join(HERE, script)] + args
+    if args and args[0] == "startup":
+        cmd += ["--t0", repr(t0)]
+    try:
+        p = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout} s"}
+    for line in reversed(p.stdout.strip().splitlines()):
+        if line.startswith("{"):
+            return json.loads(line)
+    tail = (p.stderr or p.stdout).strip().splitlines()[-3:]
+    return {"error": f"exit {p.returncode}: " + " | ".join(tail)[-400:]}
+
+
+def log(*a):
+    print(*a, flush=True)
+    with open(os.path.join(OUT, "run_table.log"), "a") as f:
+        print(*a, file=f)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--only", default="", help="comma-separated keys of PEERS")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--startup-repeats", type=int, default=3)
+    ap.add_argument("--seconds", type=float, default=3.0, help="timed window per run")
+    ap.add_argument("--skip", default="", help="comma-separated parts: throughput,startup,"
+                    "mixture,resume,reweight,dpresume")
+    a = ap.parse_args()
+    os.makedirs(OUT, exist_ok=True)
+    only = set(filter(None, a.only.split(",")))
+    skip = set(filter(None, a.skip.split(",")))
+    peers = [p for p in PEERS if not only or p[0] in only]
+    path = os.path.join(OUT, "results.json")
+    res = json.load(open(path)) if os.path.exists(path) else {}
+    for key, venv, script, _ in peers:
+        py, err = python_of(venv)
+        r = res.setdefault(key, {})
+        if err:
+            r["not_installed"] = err
+            continue
+        r.pop("not_installed", None)
+        for seq in SEQS:
+            out = run(py, script, ["prepare", "--seq", str(seq)], 1200)
+            log(key, "prepare", seq, out)
+
+    def save():
+        with open(path, "w") as f:
+            json.dump(res, f, indent=1)
+
+    if "throughput" not in skip:
+        for key, _, _, _ in peers:
+            res[key]["throughput"] = {str(s): [] for s in SEQS}
+        for rnd in range(a.repeats):
+            for seq in SEQS:
+                for key, venv, script, _ in peers:
+                    py, err = python_of(venv)
+                    if err:
+                        continue
+                    out = run(py, script, ["throughput", "--seq", str(seq), "--seconds",
+                                           str(a.seconds)], 900)
+                    res[key]["throughput"][str(seq)].append(out)
+                    log("round", rnd, key, seq, {k: out.get(k) for k in
+                                                  ("tokens_per_s", "cpu_s_per_mtok", "error")})
+            save()
+    if "startup" not in skip:
+        for key, venv, script, _ in peers:
+            py, err = python_of(venv)
+            if err:
+                continue
+            res[key]["startup"] = {}
+            for files in ("1", "2000"):
+                runs = [run(py, script, ["startup", "--files", files], 600)
+                        for _ in range(a.startup_repeats)]
+                res[key]["startup"][files] = runs
+                log(key, "startup", files, [x.get("first_batch_s", x.get("error")) for x in runs])
+            save()
+    checks = [("mixture", ["mixture", "--steps", "100"]), ("resume", ["resume", "--k", "120"]),
+              ("reweight", ["reweight", "--k", "128"]),
+              ("reweight_mid", ["reweight", "--k", "120"]), ("dpresume", ["dpresume"])]
+    for name, args in checks:
+        if name.split("_")[0] in skip:
+            continue
+        for key, venv, script, _ in peers:
+            py, err = python_of(venv)
+            if err:
+                continue
+            out = run(py, script, args, 1200)
+            res[key][name] = out
+            log(key, name, json.dumps(out)[:400])
+            save()
+    save()
+    write_table(res)
+
+
+def med(xs):
+    return statistics.median(xs) if xs else None
+
+
+def fmt(x, digits=3):
+    if x is None:
+        return "–"
+    return f"{x:.{digits}g}" if abs(x) < 1000 else f"{x:.{digits}g}".replace("e+0", "e")
+
+
+def throughput_cell(res, key, seq):
+    runs = res.get(key, {}).get("throughput", {}).get(str(seq), [])
+    ok = [r for r in runs if "tokens_per_s" in r]
+    if not ok:
+        errs = [r.get("error") for r in runs if "error" in r]
+        return ("no: " + errs[0][:120]) if errs else "–", "–"
+    tps = [r["tokens_per_s"] for r in ok]
+    cpu = [r["cpu_s_per_mtok"] for r in ok]
+    pl = [r.get("tokens_per_s") for r in res.get("polyload", {}).get("throughput", {})
+          .get(str(seq), [])]
+    ratios = [p / t for p, t in zip(pl, [r.get("tokens_per_s") for r in runs]) if p and t]
+    cell = f"{med(tps):.3g} ({min(tps):.2g}–{max(tps):.2g})"
+    if key != "polyload" and ratios:
+        cell += f"; polyload/peer {med(ratios):.3g}x"
+    return cell, f"{med(cpu):.3g}"
+
+
+def startup_cell(res, key, files):
+    runs = res.get(key, {}).get("startup", {}).get(files, [])
+    ok = [r["first_batch_s"] for r in runs if r.get("first_batch_s") is not None]
+    if not ok:
+        errs = [r.get("error") for r in runs if "error" in r]
+        return ("no: " + errs[0][:120]) if errs else "–"
+    return f"{med(ok):.2f} s"
+
+
+def check_cell(r):
+    if not r:
+        return "–"
+    if "error" in r:
+        return "no: " + r["error"][:160]
+    if r.get("result") == "yes":
+        return "yes"
+    return f"{r.get('result', '?')}: {r.get('what_happened', '')}"
+
+
+def write_table(res):
+    rows = ["| loader | sequences | non-padding tokens/s, seq 2048 (median of runs; range) | "
+            "CPU-s per M tokens, 2048 | tokens/s, seq 8192 | CPU-s per M tokens, 8192 | "
+            "start to first batch, 1 file | 2,000 files | mixture error per step, max "
+            "(tokens; cumulative max) | exact resume, next 100 micro-batches | resume with "
+            "another DP size | weight change at resume (step boundary; mid-step) | padding "
+            "fraction |",
+            "|" + "---|" * 13]
+    for key, _, _, how in PEERS:
+        r = res.get(key)
+        if not r:
+            continue
+        if r.get("not_installed"):
+            rows.append(f"| {key} | | no: {r['not_installed']} |" + " |" * 10)
+            continue
+        t2, c2 = throughput_cell(res, key, 2048)
+        t8, c8 = throughput_cell(res, key, 8192)
+        m = r.get("mixture", {})
+        mix = (f"{m['per_step_max']:.0f} ({m['cumulative_max']:.0f}); realized "
+               f"{[round(x, 3) for x in m['realized_fraction']]}") if "per_step_max" in m \
+            else check_cell(m)
+        pads = [x.get("padding_fraction") for x in r.get("throughput", {}).get("2048", [])
+                if "padding_fraction" in x]
+        rw = check_cell(r.get("reweight"))
+        rwm = r.get("reweight_mid")
+        if rwm and (rwm.get("result") != r.get("reweight", {}).get("result") or
+                    key == "polyload"):
+            rw += f"; mid-step (K=120): {check_cell(rwm)}"
+        rows.append(" | ".join([
+            f"| {key}", how, t2, c2, t8, c8, startup_cell(res, key, "1"),
+            startup_cell(res, key, "2000"), mix, check_cell(r.get("resume")),
+            check_cell(r.get("dpresume")), rw,
+            (f"{med(pads):.2e}" if pads else "–")]) + " |")
+    text = "\n".join(rows) + "\n"
+    with open(os.path.join(OUT, "table.md"), "w") as f:
+        f.write(text)
+    print(text)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--table-only":
+        write_table(json.load(open(os.path.join(OUT, "results.json"))))
+    else:
+        main()
