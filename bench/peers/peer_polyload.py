@@ -69,12 +69,14 @@ def close(it):
 
 
 def state(it):
-    return copy.deepcopy(it.loader.state_dict())
+    """The Loader's state, and which rank's micro-batch comes next in the round robin."""
+    return {"loader": copy.deepcopy(it.loader.state_dict()), "next": it.i}
 
 
 def resume(seq, st, weights=C.WEIGHTS, dp=4):
     it = loader(seq, weights, dp=dp)
-    it.loader.load_state_dict(st)
+    it.loader.load_state_dict(st["loader"])
+    it.i = st["next"]
     return it
 
 
