@@ -57,7 +57,7 @@ def _decode(rec):
     return {"input_ids": x[:-1], "labels": x[1:]}
 
 
-def dataset(seq, weights=C.WEIGHTS, files="4"):
+def dataset(seq, weights=C.WEIGHTS, files="4", rank=None, dp=None):
     import grain
 
     d = data_dir(seq)
@@ -70,6 +70,8 @@ def dataset(seq, weights=C.WEIGHTS, files="4"):
     parts = [grain.MapDataset.source(grain.sources.ArrayRecordDataSource(p))
              .shuffle(seed=C.SEED + i).repeat() for i, p in enumerate(paths)]
     ds = parts[0] if len(parts) == 1 else grain.MapDataset.mix(parts, weights=weights)
+    if dp is not None:  # a DP rank: Grain's sharding by slicing (docs "Sharding")
+        ds = ds[rank::dp]
     ds = ds.map(_decode).batch(C.MICRO_BATCH)
     ds = ds.to_iter_dataset(grain.ReadOptions(num_threads=2, prefetch_buffer_size=32))
     return ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=2))
@@ -107,6 +109,16 @@ def close(it):
     close_ = getattr(it.it, "close", None)
     if close_:
         close_()
+
+
+def loader_dp(seq, rank, dp):
+    return Iter(iter(dataset(seq, rank=rank, dp=dp)))
+
+
+def resume_dp(seq, st, rank, dp):
+    it = iter(dataset(seq, rank=rank, dp=dp))
+    it.set_state(st)
+    return Iter(it)
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common as C  # noqa: E402
 
+NO_DP = ("not measured: LitData takes its rank and world size from torch.distributed / the environment, one rank per process; the harness runs in one process")
 NAME = "LitData"
 _ROWS = {}
 

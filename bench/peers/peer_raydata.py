@@ -21,6 +21,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common as C  # noqa: E402
 
+NO_DP = "no: no iterator state to resume from (see exact resume)"
 NAME = "Ray Data"
 NO_STATE = ("no state API: ray.data's DataIterator / iter_torch_batches has no state_dict "
             "or checkpoint of the position (the Ray Train docs resume from the epoch start)")

@@ -27,6 +27,7 @@ import types
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common as C  # noqa: E402
 
+NO_DP = ("not measured: Streaming takes its rank and world size from the process environment (one rank per process, shared-memory barriers between local ranks); the harness runs in one process")
 NAME = "MosaicML Streaming"
 sys.modules.setdefault("streaming.vision", types.ModuleType("streaming.vision"))
 

@@ -18,6 +18,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common as C  # noqa: E402
 import npy_data as D  # noqa: E402
 
+NO_DP = ("no: torch's WeightedRandomSampler has no rank / num_replicas and DistributedSampler has no weights, so this mixture cannot be split over DP ranks")
 NAME = "torchdata StatefulDataLoader"
 prepare = D.prepare
 

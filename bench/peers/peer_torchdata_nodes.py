@@ -24,7 +24,7 @@ NAME = "torchdata.nodes"
 prepare = D.prepare
 
 
-def make_loader(seq, weights=C.WEIGHTS, files="4"):
+def make_loader(seq, weights=C.WEIGHTS, files="4", rank=None, dp=None):
     import torch
     import torchdata.nodes as tn
     from torch.utils.data import default_collate
@@ -34,11 +34,17 @@ def make_loader(seq, weights=C.WEIGHTS, files="4"):
     w = weights if files == "4" else [1.0]
     nodes = {}
     for i, (name, p) in enumerate(zip(names, parts)):
-        g = torch.Generator().manual_seed(C.SEED + i)
-        idx = tn.SamplerWrapper(torch.utils.data.RandomSampler(range(len(p)), generator=g))
+        if dp is None:
+            g = torch.Generator().manual_seed(C.SEED + i)
+            smp = torch.utils.data.RandomSampler(range(len(p)), generator=g)
+        else:  # a DP rank: its shard of each source (torch's DistributedSampler)
+            smp = torch.utils.data.DistributedSampler(range(len(p)), num_replicas=dp,
+                                                      rank=rank, shuffle=True, seed=C.SEED + i)
+        idx = tn.SamplerWrapper(smp)
         nodes[name] = tn.Mapper(idx, lambda j, i=i: (i, j))
     mixed = tn.MultiNodeWeightedSampler(nodes, dict(zip(names, w)),
-                                        stop_criteria="CYCLE_FOREVER", seed=C.SEED)
+                                        stop_criteria="CYCLE_FOREVER", seed=C.SEED,
+                                        rank=rank, world_size=dp)
     node = tn.ParallelMapper(mixed, lambda ij: D.to_sample(parts[ij[0]][ij[1]]),
                              num_workers=2, method="thread")
     node = tn.Batcher(node, batch_size=C.MICRO_BATCH)
@@ -68,6 +74,16 @@ def state(it):
 
 def resume(seq, st, weights=C.WEIGHTS):
     dl = make_loader(seq, weights)
+    dl.load_state_dict(st)
+    return Iter(dl)
+
+
+def loader_dp(seq, rank, dp):
+    return Iter(make_loader(seq, rank=rank, dp=dp))
+
+
+def resume_dp(seq, st, rank, dp):
+    dl = make_loader(seq, rank=rank, dp=dp)
     dl.load_state_dict(st)
     return Iter(dl)
 
