@@ -354,7 +354,7 @@ def main(peer):
         elif hasattr(peer, "loader_dp"):
             res.update(dp_change_check(peer, a.seq, a.k, a.n))
         elif hasattr(peer, "NO_DP"):
-            res.update(result="no", what_happened=peer.NO_DP)
+            res.update(result=peer.NO_DP.split(":")[0], what_happened=peer.NO_DP)
         else:
             res["result"] = "not measured"
     print(json.dumps(res), flush=True)
