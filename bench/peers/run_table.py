@@ -195,7 +195,9 @@ def check_cell(r):
         return "no: " + r["error"][:160]
     if r.get("result") == "yes":
         return "yes"
-    return f"{r.get('result', '?')}: {r.get('what_happened', '')}"
+    what = r.get("what_happened", "")
+    res = r.get("result", "?")
+    return what if what.startswith(res) else f"{res}: {what}"
 
 
 def write_table(res):
