@@ -152,7 +152,9 @@ def cpu_seconds_tree(pid=None):
             if c in seen:
                 continue
             seen.add(c)
-            total += (int(fields[11]) + int(fields[12])) / ticks
+            # its own time and that of its children it reaped (Ray's raylet reaps workers)
+            total += (int(fields[11]) + int(fields[12]) + int(fields[13]) +
+                      int(fields[14])) / ticks
             stack.append(c)
     return total
 
