@@ -85,12 +85,15 @@ def main():
     ap.add_argument("--seconds", type=float, default=3.0, help="timed window per run")
     ap.add_argument("--skip", default="", help="comma-separated parts: throughput,startup,"
                     "mixture,resume,reweight,dpresume")
+    ap.add_argument("--results", default="results.json",
+                    help="file under bench/out/peers/ (a second run can fill other parts "
+                    "into another file; the table merges results*.json)")
     a = ap.parse_args()
     os.makedirs(OUT, exist_ok=True)
     only = set(filter(None, a.only.split(",")))
     skip = set(filter(None, a.skip.split(",")))
     peers = [p for p in PEERS if not only or p[0] in only]
-    path = os.path.join(OUT, "results.json")
+    path = os.path.join(OUT, a.results)
     res = json.load(open(path)) if os.path.exists(path) else {}
     for key, venv, script, _ in peers:
         py, err = python_of(venv)
@@ -99,7 +102,7 @@ def main():
             r["not_installed"] = err
             continue
         r.pop("not_installed", None)
-        for seq in SEQS:
+        for seq in SEQS if "prepare" not in skip else ():
             out = run(py, script, ["prepare", "--seq", str(seq)], 1200)
             log(key, "prepare", seq, out)
 
@@ -149,7 +152,18 @@ def main():
             log(key, name, json.dumps(out)[:400])
             save()
     save()
-    write_table(res)
+    write_table(load_all())
+
+
+def load_all():
+    """results*.json of bench/out/peers merged (per loader, per part)."""
+    import glob
+
+    res = {}
+    for p in sorted(glob.glob(os.path.join(OUT, "results*.json"))):
+        for key, parts in json.load(open(p)).items():
+            res.setdefault(key, {}).update(parts)
+    return res
 
 
 def med(xs):
@@ -241,6 +255,6 @@ def write_table(res):
 
 if __name__ == "__main__":
     if len(sys.argv) > 1 and sys.argv[1] == "--table-only":
-        write_table(json.load(open(os.path.join(OUT, "results.json"))))
+        write_table(load_all())
     else:
         main()
