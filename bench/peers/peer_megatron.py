@@ -51,7 +51,9 @@ def build(seq, weights=C.WEIGHTS, files="4", n=N_SAMPLES):
     else:
         import peer_polyload
         d = peer_polyload.FILES_DIR
-        blend = ([os.path.join(d, f"f{i:04d}") for i in range(2000)], None)
+        # weight 1 each: with None (size-proportional) BlendedDataset asserts, as the files
+        # of short fortunes hold fewer than seq_length + 1 tokens (0 samples, weight 0)
+        blend = ([os.path.join(d, f"f{i:04d}") for i in range(2000)], [1.0] * 2000)
     tag = "-".join(f"{w:g}" for w in weights) if files == "4" else files
     cache = os.path.join(C.OUT, "megatron_cache", f"{seq}-{tag}")
     cfg = GPTDatasetConfig(random_seed=C.SEED, sequence_length=seq, blend=blend,
