@@ -48,8 +48,10 @@ def make_loader(seq, weights=C.WEIGHTS, files="4"):
     w = weights if files == "4" else [1.0]
     per = torch.cat([torch.full((len(p),), wi / len(p), dtype=torch.float64)
                      for p, wi in zip(ds.parts, w)])
+    # num_samples: the sampler draws all indices when iteration starts (torch.multinomial),
+    # so it is sized to the longest run here (10**8 took ~1 min and 800 MB at start-up)
     sampler = torch.utils.data.WeightedRandomSampler(
-        per, num_samples=10 ** 8, replacement=True,
+        per, num_samples=200_000, replacement=True,
         generator=torch.Generator().manual_seed(C.SEED))
     return StatefulDataLoader(ds, batch_size=C.MICRO_BATCH, sampler=sampler, num_workers=2,
                               prefetch_factor=2, persistent_workers=True)
