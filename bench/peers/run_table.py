@@ -176,21 +176,30 @@ def fmt(x, digits=3):
     return f"{x:.{digits}g}" if abs(x) < 1000 else f"{x:.{digits}g}".replace("e+0", "e")
 
 
+def e(x):
+    """3 significant digits, 1.23e6 style."""
+    m, x_ = f"{x:.3g}", x
+    return m.replace("e+0", "e").replace("e+", "e")
+
+
 def throughput_cell(res, key, seq):
     runs = res.get(key, {}).get("throughput", {}).get(str(seq), [])
     ok = [r for r in runs if "tokens_per_s" in r]
     if not ok:
         errs = [r.get("error") for r in runs if "error" in r]
-        return ("no: " + errs[0][:120]) if errs else "–", "–"
+        return ("no: " + errs[0][:120]) if errs else "–", "–", None
     tps = [r["tokens_per_s"] for r in ok]
     cpu = [r["cpu_s_per_mtok"] for r in ok]
     pl = [r.get("tokens_per_s") for r in res.get("polyload", {}).get("throughput", {})
           .get(str(seq), [])]
     ratios = [p / t for p, t in zip(pl, [r.get("tokens_per_s") for r in runs]) if p and t]
-    cell = f"{med(tps):.3g} ({min(tps):.2g}–{max(tps):.2g})"
+    cell = f"{e(med(tps))}"
     if key != "polyload" and ratios:
-        cell += f"; polyload/peer {med(ratios):.3g}x"
-    return cell, f"{med(cpu):.3g}"
+        cell += f" (**{med(ratios):.3g}x**)"
+    detail = (f"{len(ok)} runs {e(min(tps))}–{e(max(tps))}" +
+              (f", ratios {min(ratios):.3g}–{max(ratios):.3g}x" if key != "polyload" and ratios
+               else ""))
+    return cell, f"{med(cpu):.3g}", detail
 
 
 def startup_cell(res, key, files):
@@ -198,8 +207,18 @@ def startup_cell(res, key, files):
     ok = [r["first_batch_s"] for r in runs if r.get("first_batch_s") is not None]
     if not ok:
         errs = [r.get("error") for r in runs if "error" in r]
-        return ("no: " + errs[0][:120]) if errs else "–"
+        return ("no: " + errs[0][-160:]) if errs else "–"
     return f"{med(ok):.2f} s"
+
+
+def startup_detail(res, key):
+    out = []
+    for files in ("1", "2000"):
+        runs = res.get(key, {}).get("startup", {}).get(files, [])
+        ok = [f"{r['first_batch_s']:.2f}" for r in runs if r.get("first_batch_s") is not None]
+        if ok:
+            out.append(f"{files} file{'s' if files != '1' else ''}: " + ", ".join(ok) + " s")
+    return "; ".join(out)
 
 
 def check_cell(r):
@@ -214,40 +233,87 @@ def check_cell(r):
     return what if what.startswith(res) else f"{res}: {what}"
 
 
+def short(r, part):
+    """The table's short form of a check; the long form goes under the table."""
+    if not r:
+        return "–"
+    if "error" in r:
+        return "no: error (below)"
+    res = r.get("result")
+    if res == "yes":
+        return "yes"
+    if part == "resume":
+        if "first_difference" in r:
+            return (f"no: differs from micro-batch {r['first_difference']}; "
+                    f"{r.get('same_samples_any_order')} of {2 * r['compared']} sequences "
+                    "the same, in another order")
+        return "no: no state API"
+    if part == "dp":
+        if "not_delivered" in r:
+            return (f"no: {r['not_delivered']} of {r['samples_after']} next samples not "
+                    "delivered")
+        if res == "not measured":
+            return "not measured (below)"
+        return "no: " + r.get("what_happened", "")[4:80].split(";")[0]
+    if part == "reweight":
+        if "missing_in_epoch" in r:
+            t = (f"no: {r['missing_in_epoch']} lost, {r['repeated_in_epoch']} repeated in "
+                 f"{r['small_source']}, {r['repeated_other_sources']} repeats elsewhere")
+            if r.get("control_without_resume", {}).get("result") == "no":
+                t += " (without a resume too)"
+            return t
+        if "whole_documents_after" in r:
+            return (f"no: {r['repeated_from_before']} of {r['whole_documents_after']} documents "
+                    f"repeated ({r['control_without_resume_repeated']} without a resume)")
+        return "no: no state API"
+    return res
+
+
 def write_table(res):
-    rows = ["| loader | sequences | non-padding tokens/s, seq 2048 (median of runs; range) | "
-            "CPU-s per M tokens, 2048 | tokens/s, seq 8192 | CPU-s per M tokens, 8192 | "
-            "start to first batch, 1 file | 2,000 files | mixture error per step, max "
-            "(tokens; cumulative max) | exact resume, next 100 micro-batches | resume with "
-            "another DP size | weight change at resume (step boundary; mid-step) | padding "
-            "fraction |",
-            "|" + "---|" * 13]
+    head = ("| loader | sequences | non-padding tokens/s, 2048 (polyload ÷ peer) | CPU-s per "
+            "M tokens | tokens/s, 8192 (polyload ÷ peer) | CPU-s per M tokens | start to "
+            "first batch, 1 file | 2,000 files | mixture error per step, max tokens "
+            "(cumulative) | realized mixture (for 0.4/0.3/0.2/0.1) | exact resume, next 100 "
+            "micro-batches | resume with another DP size | weight change at resume | "
+            "padding fraction |")
+    rows = [head, "|" + "---|" * 14]
+    details = []
     for key, _, _, how in PEERS:
         r = res.get(key)
         if not r:
             continue
         if r.get("not_installed"):
-            rows.append(f"| {key} | | no: {r['not_installed']} |" + " |" * 10)
+            rows.append(f"| {key} | | no: {r['not_installed']} |" + " |" * 11)
             continue
-        t2, c2 = throughput_cell(res, key, 2048)
-        t8, c8 = throughput_cell(res, key, 8192)
+        t2, c2, d2 = throughput_cell(res, key, 2048)
+        t8, c8, d8 = throughput_cell(res, key, 8192)
         m = r.get("mixture", {})
-        mix = (f"{m['per_step_max']:.0f} ({m['cumulative_max']:.0f}); realized "
-               f"{[round(x, 3) for x in m['realized_fraction']]}") if "per_step_max" in m \
-            else check_cell(m)
+        if "per_step_max" in m:
+            mix = f"{m['per_step_max']:.0f} ({m['cumulative_max']:.0f})"
+            real = "/".join(f"{x:.3f}" for x in m["realized_fraction"])
+        else:
+            mix, real = check_cell(m), "–"
         pads = [x.get("padding_fraction") for x in r.get("throughput", {}).get("2048", [])
                 if "padding_fraction" in x]
-        rw = check_cell(r.get("reweight"))
+        rw = short(r.get("reweight"), "reweight")
         rwm = r.get("reweight_mid")
-        if rwm and (rwm.get("result") != r.get("reweight", {}).get("result") or
-                    key == "polyload"):
-            rw += f"; mid-step (K=120): {check_cell(rwm)}"
+        if key == "polyload" and rwm:
+            rw = f"{rw} at a step boundary; mid-step {short(rwm, 'reweight')}"
         rows.append(" | ".join([
             f"| {key}", how, t2, c2, t8, c8, startup_cell(res, key, "1"),
-            startup_cell(res, key, "2000"), mix, check_cell(r.get("resume")),
-            check_cell(r.get("dpresume")), rw,
-            (f"{med(pads):.2e}" if pads else "–")]) + " |")
-    text = "\n".join(rows) + "\n"
+            startup_cell(res, key, "2000"), mix, real, short(r.get("resume"), "resume"),
+            short(r.get("dpresume"), "dp"), rw,
+            (f"{med(pads):.2g}" if pads else "–")]) + " |")
+        lines = [f"throughput 2048: {d2}; 8192: {d8}" if d2 else "",
+                 "start-up runs: " + startup_detail(res, key)]
+        for part, label in (("resume", "exact resume"), ("dpresume", "other DP size"),
+                            ("reweight", "weight change (K=128)"),
+                            ("reweight_mid", "weight change (K=120)")):
+            if r.get(part) and r[part].get("result") != "yes" or part == "dpresume" and \
+                    r.get(part):
+                lines.append(f"{label}: {check_cell(r[part])}")
+        details.append(f"- **{key}**: " + "; ".join(x for x in lines if x) + ".")
+    text = "\n".join(rows) + "\n\n" + "\n".join(details) + "\n"
     with open(os.path.join(OUT, "table.md"), "w") as f:
         f.write(text)
     print(text)
