@@ -254,7 +254,7 @@ def short(r, part):
                     "delivered")
         if res == "not measured":
             return "not measured (below)"
-        return "no: " + r.get("what_happened", "")[4:80].split(";")[0]
+        return r.get("what_happened", "no").split(", so")[0].split(" (")[0]
     if part == "reweight":
         if "missing_in_epoch" in r:
             t = (f"no: {r['missing_in_epoch']} lost, {r['repeated_in_epoch']} repeated in "
