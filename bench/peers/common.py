@@ -313,7 +313,7 @@ def main(peer):
     Modes print one JSON line."""
     ap = argparse.ArgumentParser()
     ap.add_argument("mode", choices=["prepare", "throughput", "startup", "mixture", "resume",
-                                     "reweight", "dpresume", "pss"])
+                                     "reweight", "dpresume"])
     ap.add_argument("--seq", type=int, default=2048)
     ap.add_argument("--warmup", type=int, default=32)
     ap.add_argument("--seconds", type=float, default=4.0)
