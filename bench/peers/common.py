@@ -340,14 +340,18 @@ def main(peer):
         if hasattr(it, "stop_at_epoch_end"):
             it.stop_at_epoch_end = True
         res.update(drive(it, a.warmup, a.seconds))
+        print(json.dumps(res), flush=True)  # before closing: Ray's shutdown can abort
         getattr(peer, "close", lambda it: None)(it)
+        return
     elif a.mode == "mixture":
         it = iter(peer.loader(a.seq))
         index = make_index(peer, a.seq)
         rows, unknown = step_tokens(take(it, a.steps * MB_PER_STEP), index, a.steps)
         res.update(mixture_error(rows, WEIGHTS))
         res["unidentified_samples"] = unknown
+        print(json.dumps(res), flush=True)
         getattr(peer, "close", lambda it: None)(it)
+        return
     elif a.mode in ("resume", "reweight"):
         res.update(resume_check(peer, a.seq, a.k, a.n, a.mode == "reweight"))
     elif a.mode == "dpresume":
