@@ -18,8 +18,10 @@ The work is the same for every loader:
 
 Every harness is run as ``VENV/bin/python bench/peers/NAME.py MODE [--seq N] ...`` and
 prints one JSON line (see ``main``).  A sample is identified by ``sid`` = source * 10**7 +
-index of the sample in its source (recovered from the delivered tokens by hashing the row,
-never taken from the loader), so that every check looks only at what reached the loop.
+index of the sample in its source, recovered from the delivered tokens by hashing the row
+(polyload: each document piece, located by cu_seqlens), so that the checks look only at
+what reached the loop; megatron-core's samples span documents, so its mixture check takes
+the source from its BlendedDataset index (peer_megatron.py).
 """
 import argparse
 import hashlib
@@ -281,22 +283,8 @@ def equal_runs(a, b):
     return {"equal": len(a) == len(b), "first_difference": None, "compared": min(len(a), len(b))}
 
 
-def repeats_after(before_sids, after_sids):
-    """How many samples delivered after a resume had been delivered before it (with no
-    source exhausted, a loader that keeps its position per source has none), and how many
-    repeat among themselves."""
-    seen = set(before_sids)
-    again = sum(1 for s in after_sids if s in seen)
-    return {"repeated_from_before": again, "after": len(after_sids),
-            "repeated_within_after": len(after_sids) - len(set(after_sids))}
 
 
-def per_source_counts(sids):
-    c = [0] * len(SOURCES)
-    for s in sids:
-        if s >= 0:
-            c[s // SID_BASE] += 1
-    return c
 
 
 # ---------------------------------------------------------------------------- driver
