@@ -1,5 +1,5 @@
 #!/bin/sh
-# Run the three benchmarks of bench/README.md; results in bench/out/*.json|log.
+# Run the benchmarks of bench/README.md; results in bench/out/*.json|log and bench/out/peers/.
 # Needs: data/ (scripts/build_corpus.py), .venv, cmake, ninja, gcc, libyaml,
 # libxxhash, zlib.
 set -eu
@@ -15,3 +15,10 @@ uptime
 build-bench/bench_memory bench/out/startup/files 2000 bench/out/startup/single_file.yaml \
     bench/out/startup/many_sources.yaml bench/out/startup/one_source.yaml | tee bench/out/memory.log
 uptime
+# The peer table (bench/README.md "Side by side with every peer"): one venv per peer from
+# PyPI (bench/peers/.venvs/, torch==2.13.0 as in .venv), then every harness.  PEERS=0 skips.
+if [ "${PEERS:-1}" != 0 ]; then
+    bench/peers/setup_venvs.sh
+    .venv/bin/python bench/peers/run_table.py | tee bench/out/peers_table.log | tail -12
+    uptime
+fi
