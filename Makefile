@@ -21,7 +21,7 @@ STAMPS := $(VENV)/.stamps
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
 # Debian packages: C dependencies, and the documents of the demo corpus.
-APT_PACKAGES := gcc make libyaml-dev libxxhash-dev zlib1g-dev clang libclang-rt-14-dev \
+APT_PACKAGES := gcc make libyaml-dev libxxhash-dev zlib1g-dev libjansson-dev libzstd-dev clang libclang-rt-14-dev \
                 linux-doc fortunes manpages-de manpages-fr manpages-ja
 # torch==2.13.0 is the CPU build on local disk; an unpinned torch pulls a CUDA build of GBs.
 PY_PACKAGES := torch==2.13.0 megatron-core tokenizers numpy pytest pyyaml tqdm ray==2.60.0 \

@@ -73,6 +73,17 @@ enum { PL__BALANCE_NONE = 0, PL__BALANCE_GREEDY = 1, PL__BALANCE_KK = 2 };
 enum { PL__ONERR_FAIL = 0, PL__ONERR_SKIP = 1 };
 enum { PL__INTERP_LINEAR = 0, PL__INTERP_STEP = 1 };
 
+/* A `tokenizer:` mapping (per source or top level). */
+enum { PL__TOK_BYTES = 1, PL__TOK_HF, PL__TOK_SENTENCEPIECE, PL__TOK_TIKTOKEN };
+typedef struct pl__tok_cfg {
+    int set;        /* 0: not given */
+    int type;       /* PL__TOK_* */
+    char path[1024];
+    int add_eos;    /* default 1 */
+    int threads;    /* tokenizer threads of the source; default 1 */
+    int line;
+} pl__tok_cfg;
+
 typedef struct pl__source_cfg {
     char *name;
     pl_source_type type;
@@ -82,6 +93,10 @@ typedef struct pl__source_cfg {
     double weight;        /* raw weight (not normalized) */
     int64_t max_epochs;   /* 0: no cap; else drawn from no more than N epochs */
     int path_line;        /* line of `path` in the config (0: unknown) */
+    /* jsonl/text */
+    char text_key[128];   /* "" = "text" */
+    int64_t lookahead;    /* 0 = default */
+    pl__tok_cfg tok;      /* own, or the top level's */
 } pl__source_cfg;
 
 typedef struct pl__sched_point {
@@ -126,6 +141,9 @@ struct pl_config {
     pl__sched_point *points; /* sorted by step */
     int64_t n_warnings;
     char **warnings; /* [n_warnings], from the parse (pl_config_warning) */
+    pl__tok_cfg tok; /* top-level `tokenizer` */
+    pl_tokenizer_factory tok_factory;
+    void *tok_factory_ctx;
 };
 
 /* Deep copy of a config (NULL on allocation failure). */
@@ -192,5 +210,13 @@ typedef struct pl__perm {
 void pl__perm_init(pl__perm *p, uint64_t n, uint64_t seed, const char *name,
                    uint64_t epoch);
 uint64_t pl__perm_apply(const pl__perm *p, uint64_t i);
+
+/* Raw text sources (source_text.c): sources whose lengths come from
+ * tokenizing.  The planner tells such a source the position `pos` of its
+ * epoch's order (perm) that it is about to ask for, so the source's threads
+ * can tokenize what follows. */
+int pl__source_is_lazy(const pl_source *src);
+void pl__source_lookahead(pl_source *src, const pl__perm *perm, int64_t epoch,
+                          int64_t pos);
 
 #endif

@@ -182,6 +182,9 @@ static int pl__next_document(pl_planner *p, int64_t i) {
                     sc->name, sc->path, (long long)s->skipped);
             return PL_ERECORD;
         }
+        /* A raw text source tokenizes ahead in this order (no-op else). */
+        pl__source_lookahead(p->sources[i], &p->perm[i], s->epoch,
+                             s->drawn_in_epoch);
         int64_t idx = (int64_t)pl__perm_apply(&p->perm[i],
                                               (uint64_t)s->drawn_in_epoch);
         s->drawn_in_epoch++;

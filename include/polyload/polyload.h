@@ -155,8 +155,12 @@ typedef struct pl_source pl_source;
 typedef enum pl_source_type {
     PL_SOURCE_MEGATRON = 1,
     PL_SOURCE_LLMC = 2,
-    PL_SOURCE_FLAT = 3
+    PL_SOURCE_FLAT = 3,
+    PL_SOURCE_JSONL = 4, /* raw text, tokenized online: see "raw text" below */
+    PL_SOURCE_TEXT = 5
 } pl_source_type;
+
+typedef struct pl_tokenizer pl_tokenizer; /* defined under "raw text" below */
 
 typedef struct pl_source_options {
     int version;          /* set to PL_SOURCE_OPTIONS_VERSION */
@@ -166,9 +170,22 @@ typedef struct pl_source_options {
     pl_dtype token_dtype; /* flat only: PL_DTYPE_UINT16 (default) or UINT32 */
     int64_t eos_id;       /* llmc/flat; -1 = default (llmc 50256, flat 0) */
     int write_index;      /* llmc/flat: 1 (default when 0) writes .plidx;
-                             -1 keeps the index in memory only */
+                             -1 keeps the index in memory only.
+                             jsonl/text: 1 writes the .plrec record sidecar,
+                             0 and -1 keep record offsets in memory only */
+    /* version 2 (jsonl/text; ignored by the other types): */
+    const char *text_key;       /* jsonl: the document's key; NULL = "text" */
+    const pl_tokenizer *tokenizer; /* required for jsonl/text; copied, and its
+                                      ctx owned by the source from then on
+                                      (destroyed by pl_source_free, or on a
+                                      failed open) */
+    int add_eos;                /* 1: append eos_id to every document */
+    int tokenizer_threads;      /* lookahead threads; 0 = 1 */
+    int64_t lookahead;          /* documents tokenized ahead; 0 = 512 */
+    int64_t max_record_bytes;   /* longer records are PL_ERECORD; 0 = 100 MiB */
+    int64_t cache_bytes;        /* tokens kept for readers; 0 = 256 MiB */
 } pl_source_options;
-#define PL_SOURCE_OPTIONS_VERSION 1
+#define PL_SOURCE_OPTIONS_VERSION 2
 
 /*
  * Open a source.  On success returns PL_OK.  On error returns PL_ENOENT (no
@@ -237,6 +254,107 @@ typedef struct pl_source_stats {
     int64_t length_p50, length_p90, length_p99, length_max;
 } pl_source_stats;
 PL_API int pl_source_get_stats(pl_source *src, pl_source_stats *out);
+
+/* ============================================================== raw text */
+/*
+ * Raw text sources, tokenized online (PL_SOURCE_JSONL, PL_SOURCE_TEXT).
+ *
+ *   PL_SOURCE_JSONL  one JSON object per line (RFC 8259, parsed by Jansson);
+ *                    the document is the string under text_key.  Files are
+ *                    plain, gzip (".gz", zlib) or Zstandard (".zst", libzstd).
+ *                    Lines holding only whitespace are not records.
+ *   PL_SOURCE_TEXT   one document per file, UTF-8.
+ *
+ * Document i is record i of the source's files in sorted path order, as for
+ * the token formats.  Opening finds the records and tokenizes nothing: a
+ * plain file is scanned for newlines with memchr (about 1 s per 10 GB when
+ * cached), a compressed file is decompressed once into anonymous memory
+ * while its records are found (it then costs its decompressed size in
+ * memory; random access into a gzip or zstd stream needs the decoder's
+ * state).  With write_index 1 the record offsets of a plain file are kept in
+ * a sidecar "<file>.plrec" (magic "PLREC\0\0\0", version 1, the file's size
+ * and mtime, record count, u64 [start, end) byte pairs), written once and
+ * mapped by later opens; a stale or damaged sidecar is ignored and rebuilt.
+ * The default writes nothing next to the data.
+ *
+ * Lengths are not stored, so the source tokenizes: the planner tells it the
+ * order in which it will ask (the source's shuffle), and tokenizer_threads
+ * threads tokenize the next `lookahead` documents of that order in batches
+ * (pl_tokenizer.encode_batch), keeping their tokens until they are read
+ * (pl_source_read, pl_source_read_many, pl_source_read_raw; at most
+ * cache_bytes of them, oldest dropped first).  A document is tokenized once
+ * unless it was dropped before being read (counted by
+ * pl_source_num_tokenized).  Lengths and tokens are those of the tokenizer,
+ * so plans stay a pure function of (config, seed, step): thread counts and
+ * timing change when, never what.  A document's tokens are the tokenizer's
+ * ids, plus eos_id when add_eos is set; the token dtype is int32.
+ *
+ * Bad records: a line that is not a JSON object, a missing or non-string
+ * text_key, invalid UTF-8, an empty document, a record over
+ * max_record_bytes are PL_ERECORD from pl_source_document_length (and the
+ * reads) with a message naming the file, the line and its byte offset.  With
+ * on_error: skip the planner skips such a document and counts it, the same
+ * on every rank.  A truncated or corrupt .gz/.zst is PL_ETRUNC / PL_ERECORD
+ * at open naming the file and the compressed byte offset; with on_error:
+ * skip (sources opened through a config) the complete records before the
+ * damage are kept and the partial one is counted by pl_source_num_skipped.
+ */
+
+/*
+ * A tokenizer, as a table of functions (grow-only, versioned).  The library
+ * calls encode_batch from the source's tokenizer threads, several at once
+ * when tokenizer_threads > 1, so it must be thread-safe; the Python package
+ * plugs in Hugging Face `tokenizers` this way (holding the GIL only around
+ * the call), C and C++ libraries plug in natively.
+ *
+ * encode_batch: tokenize n texts; texts[i] is lens[i] bytes of valid UTF-8
+ * (not NUL-terminated), borrowed for the call.  It sets ids[i] to a
+ * malloc(3)'d array of counts[i] token ids (the library frees it with
+ * free(3); NULL is allowed when counts[i] is 0) and returns 0, or a negative
+ * PL_E* code with a message in err (then no ids[i] is kept: the callee frees
+ * what it allocated).  Special tokens of the tokenizer are not added (as
+ * Hugging Face's add_special_tokens=False); add_eos is the source's job.
+ * destroy: release ctx (may be NULL); called once, by pl_source_free.
+ */
+typedef struct pl_tokenizer {
+    int version; /* PL_TOKENIZER_VERSION */
+    void *ctx;
+    int (*encode_batch)(void *ctx, int64_t n, const char *const *texts,
+                        const size_t *lens, int32_t **ids, int64_t *counts,
+                        char *err, size_t errcap);
+    void (*destroy)(void *ctx);
+    int64_t eos_id;     /* end-of-document id, -1 when it has none */
+    int64_t vocab_size; /* 0 when unknown */
+    const char *name;   /* for messages, e.g. "hf:tokenizer.json"; borrowed
+                           for the life of ctx */
+} pl_tokenizer;
+#define PL_TOKENIZER_VERSION 1
+
+/*
+ * The built-in byte tokenizer: every byte of the UTF-8 text is one token
+ * (0..255), eos_id 256, vocab_size 257.  It needs no file; config
+ * `tokenizer: {type: bytes}`.  Thread-safe.
+ */
+PL_API void pl_tokenizer_bytes(pl_tokenizer *out);
+
+/*
+ * What the config's `tokenizer` settings turn into a pl_tokenizer for types
+ * the library does not build in ("hf", "sentencepiece", "tiktoken"): the
+ * host (the Python package, or a C program linking a tokenizer library)
+ * registers a factory on the config (copied into loaders made from it).
+ * It fills *out and returns 0, or a negative PL_E* code with a message.
+ */
+typedef struct pl_config pl_config; /* see "config" below */
+typedef int (*pl_tokenizer_factory)(void *ctx, const char *type,
+                                    const char *path, pl_tokenizer *out,
+                                    char *err, size_t errcap);
+PL_API void pl_config_set_tokenizer_factory(pl_config *cfg,
+                                            pl_tokenizer_factory fn,
+                                            void *ctx);
+
+/* Documents tokenized so far (lookahead and reads together); equal to the
+ * documents used when none was tokenized twice.  0 for token sources. */
+PL_API int64_t pl_source_num_tokenized(const pl_source *src);
 
 /* ================================================================ config */
 /*
