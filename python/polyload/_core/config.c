@@ -21,6 +21,8 @@ static PyObject *config_wrap(pl_config *cfg) {
     }
     o->cfg = cfg;
     o->busy = 0;
+    /* Raw text sources tokenize with Hugging Face tokenizers (tokenizer.c). */
+    pl_config_set_tokenizer_factory(cfg, pypl_tokenizer_factory, NULL);
     return (PyObject *)o;
 }
 
@@ -420,7 +422,12 @@ static PyObject *source_open(PyTypeObject *cls, PyObject *args, PyObject *kw) {
 }
 
 static void source_dealloc(PyPlSource *o) {
-    pl_source_free(o->src);
+    /* A raw text source joins its tokenizer threads, which may wait for the
+       GIL (tokenizer.c): free it with the GIL released. */
+    pl_source *src = o->src;
+    Py_BEGIN_ALLOW_THREADS
+    pl_source_free(src);
+    Py_END_ALLOW_THREADS
     PyObject_Free(o);
 }
 
@@ -695,8 +702,15 @@ static PyObject *source_get_type(PyPlSource *o, void *c) {
     case PL_SOURCE_MEGATRON: return PyUnicode_FromString("megatron");
     case PL_SOURCE_LLMC: return PyUnicode_FromString("llmc");
     case PL_SOURCE_FLAT: return PyUnicode_FromString("flat");
+    case PL_SOURCE_JSONL: return PyUnicode_FromString("jsonl");
+    case PL_SOURCE_TEXT: return PyUnicode_FromString("text");
     }
     return PyUnicode_FromString("unknown");
+}
+
+static PyObject *source_get_num_tokenized(PyPlSource *o, void *c) {
+    (void)c;
+    return PyLong_FromLongLong((long long)pl_source_num_tokenized(o->src));
 }
 
 static PyObject *source_get_token_dtype(PyPlSource *o, void *c) {
@@ -748,8 +762,11 @@ static PyMethodDef source_methods[] = {
 static PyGetSetDef source_getset[] = {
     {"num_documents", (getter)source_get_num_documents, NULL, "int: documents", NULL},
     {"num_files", (getter)source_get_num_files, NULL, "int: files", NULL},
+    {"num_tokenized", (getter)source_get_num_tokenized, NULL,
+     "int: documents tokenized so far (raw text sources; pl_source_num_tokenized)",
+     NULL},
     {"name", (getter)source_get_name, NULL, "str: the name used in messages", NULL},
-    {"type", (getter)source_get_type, NULL, "str: 'megatron', 'llmc' or 'flat'", NULL},
+    {"type", (getter)source_get_type, NULL, "str: 'megatron', 'llmc', 'flat', 'jsonl' or 'text'", NULL},
     {"token_dtype", (getter)source_get_token_dtype, NULL,
      "str: numpy name of the stored token type", NULL},
     {"sizeof", (getter)source_get_sizeof, NULL,

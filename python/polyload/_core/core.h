@@ -46,6 +46,13 @@ static inline int PyModule_AddObjectRef(PyObject *m, const char *name, PyObject 
 extern pid_t pypl_pid;
 static inline pid_t pypl_getpid(void) { return pypl_pid; }
 
+/* ------------------------------------------------------------- tokenizers */
+
+/* The pl_tokenizer_factory of every Config (tokenizer.c): type "hf" through
+ * Hugging Face `tokenizers`. */
+int pypl_tokenizer_factory(void *ctx, const char *type, const char *path,
+                           pl_tokenizer *out, char *err, size_t errcap);
+
 /* ------------------------------------------------------------- errors */
 
 /* Raise the polyload exception for status `rc` (negative) with message
