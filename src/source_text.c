@@ -269,6 +269,8 @@ static int pl__has_suffix(const char *s, const char *suf) {
 static int pl__decompress(const char *path, int kind, const uint8_t *in,
                           size_t n, char **out, size_t *out_len,
                           int *damaged, char *err, size_t errcap) {
+    static const uint8_t empty[1];
+    if (!in) in = empty; /* an empty file is mapped as NULL */
     size_t cap = n * 4 + 4096, len = 0;
     char *buf = malloc(cap);
     *damaged = 0;
