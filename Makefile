@@ -49,6 +49,7 @@ help:
 
 demo: build corpus
 	build/polyload run $(DEMO_CONFIG)
+	$(VPY) examples/run_raw.py examples/pretrain_raw.yaml
 	$(VPY) examples/train_gpt.py --steps 20
 
 test: test-c test-asan test-python
