@@ -553,7 +553,10 @@ void pl_config_free(pl_config *cfg) {
     for (int64_t i = 0; i < cfg->n_sources; i++) {
         free(cfg->sources[i].name);
         free(cfg->sources[i].path);
+        free(cfg->sources[i].text_key);
+        free(cfg->sources[i].tok.path);
     }
+    free(cfg->tok.path);
     free(cfg->sources);
     for (int64_t k = 0; k < cfg->n_points; k++) free(cfg->points[k].weights);
     free(cfg->points);
@@ -725,6 +728,7 @@ static int walk_tokenizer(walk *w, const char *what, yaml_node_t *map,
     const char *base = what[0] ? key : "tokenizer";
     int rc = check_mapping(w, map, base);
     if (rc != PL_OK) return rc;
+    free(t->path);
     memset(t, 0, sizeof *t);
     t->set = 1;
     t->add_eos = 1;
@@ -753,11 +757,9 @@ static int walk_tokenizer(walk *w, const char *what, yaml_node_t *map,
             rc = get_enum(cfg, full, &v, ENUM_ARGS(toktype), &t->type);
             has_type = 1;
         } else if (strcmp(k, "path") == 0) {
-            if (strlen(v.s) >= sizeof t->path)
-                return cfg_err(cfg, PL_ECONFIG, v.line,
-                               "%s: longer than %zu bytes", full,
-                               sizeof t->path - 1);
-            pl__fmt(t->path, sizeof t->path, "%s", v.s);
+            free(t->path);
+            t->path = pl__strdup(v.s);
+            if (!t->path) return cfg_err(cfg, PL_ENOMEM, 0, "out of memory");
         } else if (strcmp(k, "add_eos") == 0) {
             if (strcmp(v.s, "true") == 0 || strcmp(v.s, "1") == 0)
                 t->add_eos = 1;
@@ -778,7 +780,7 @@ static int walk_tokenizer(walk *w, const char *what, yaml_node_t *map,
                        "%s: missing key 'type' (bytes, hf, sentencepiece or "
                        "tiktoken)",
                        base);
-    if (t->type != PL__TOK_BYTES && !t->path[0])
+    if (t->type != PL__TOK_BYTES && (!t->path || !t->path[0]))
         return cfg_err(cfg, PL_ECONFIG, t->line, "%s: missing key 'path'", base);
     return PL_OK;
 }
@@ -854,11 +856,11 @@ static int walk_source(walk *w, int64_t i, yaml_node_t *map) {
             rc = get_int(cfg, key, &v, 1, INT32_MAX, &s->max_epochs);
             if (rc != PL_OK) return rc;
         } else if (strcmp(k, "text_key") == 0) {
-            if (!v.s[0] || strlen(v.s) >= sizeof s->text_key)
-                return cfg_err(cfg, PL_ECONFIG, v.line,
-                               "%s: expected a key of 1 to %zu bytes", key,
-                               sizeof s->text_key - 1);
-            pl__fmt(s->text_key, sizeof s->text_key, "%s", v.s);
+            if (!v.s[0])
+                return cfg_err(cfg, PL_ECONFIG, v.line, "%s is empty", key);
+            free(s->text_key);
+            s->text_key = pl__strdup(v.s);
+            if (!s->text_key) return cfg_err(cfg, PL_ENOMEM, 0, "out of memory");
             line_text = v.line;
             line_key = v.line;
         } else if (strcmp(k, "lookahead") == 0) {
@@ -1184,7 +1186,12 @@ static int walk_root(walk *w) {
     for (int64_t i = 0; i < cfg->n_sources; i++) {
         pl__source_cfg *sc = &cfg->sources[i];
         if (sc->type != PL_SOURCE_JSONL && sc->type != PL_SOURCE_TEXT) continue;
-        if (!sc->tok.set) sc->tok = cfg->tok;
+        if (!sc->tok.set && cfg->tok.set) {
+            sc->tok = cfg->tok;
+            sc->tok.path = cfg->tok.path ? pl__strdup(cfg->tok.path) : NULL;
+            if (cfg->tok.path && !sc->tok.path)
+                return cfg_err(cfg, PL_ENOMEM, 0, "out of memory");
+        }
         if (!sc->tok.set)
             return cfg_err(cfg, PL_ECONFIG, w->ln.sources,
                            "sources[%" PRId64 "] (%s): a %s source needs a "
@@ -1556,16 +1563,24 @@ pl_config *pl__config_clone(const pl_config *cfg) {
     c->n_points = 0;
     c->warnings = NULL;
     c->n_warnings = 0;
+    c->tok.path = NULL;
     c->origin = pl__strdup(cfg->origin ? cfg->origin : "<string>");
+    if (cfg->tok.path && !(c->tok.path = pl__strdup(cfg->tok.path))) goto fail;
     c->sources = pl__calloc((size_t)cfg->n_sources, sizeof *c->sources);
     c->points = pl__calloc((size_t)cfg->n_points, sizeof *c->points);
     if (!c->origin || !c->sources || !c->points) goto fail;
     for (int64_t i = 0; i < cfg->n_sources; i++) {
         c->sources[i] = cfg->sources[i];
-        c->sources[i].name = pl__strdup(cfg->sources[i].name);
-        c->sources[i].path = pl__strdup(cfg->sources[i].path);
+        const pl__source_cfg *o = &cfg->sources[i];
+        c->sources[i].name = pl__strdup(o->name);
+        c->sources[i].path = pl__strdup(o->path);
+        c->sources[i].text_key = o->text_key ? pl__strdup(o->text_key) : NULL;
+        c->sources[i].tok.path = o->tok.path ? pl__strdup(o->tok.path) : NULL;
         c->n_sources = i + 1;
-        if (!c->sources[i].name || !c->sources[i].path) goto fail;
+        if (!c->sources[i].name || !c->sources[i].path ||
+            (o->text_key && !c->sources[i].text_key) ||
+            (o->tok.path && !c->sources[i].tok.path))
+            goto fail;
     }
     for (int64_t k = 0; k < cfg->n_points; k++) {
         c->points[k].step = cfg->points[k].step;
@@ -1609,12 +1624,12 @@ static int pl__config_tokenizer(const pl_config *cfg, const pl__tok_cfg *t,
                 "tokenizer type %s (%s) is not built into the C library (built "
                 "in: bytes); it needs a host that provides it, e.g. the Python "
                 "package (polyload.Loader)",
-                pl__tok_type_names[t->type], t->path);
+                pl__tok_type_names[t->type], t->path ? t->path : "");
         rc = PL_ECONFIG;
     } else {
         err[0] = '\0';
         rc = cfg->tok_factory(cfg->tok_factory_ctx, pl__tok_type_names[t->type],
-                              t->path, tok, err, sizeof err);
+                              t->path ? t->path : "", tok, err, sizeof err);
         if (rc == PL_OK && (tok->version != PL_TOKENIZER_VERSION || !tok->encode_batch)) {
             pl__fmt(err, sizeof err, "tokenizer factory gave no encode_batch");
             rc = PL_EINVAL;
@@ -1656,7 +1671,7 @@ int pl__config_open_source(const pl_config *cfg, int64_t i, pl_source **out) {
         int trc = pl__config_tokenizer(cfg, &s->tok, &tok, out);
         if (trc) return trc;
         o.tokenizer = &tok;
-        o.text_key = s->text_key[0] ? s->text_key : NULL;
+        o.text_key = s->text_key;
         o.add_eos = s->tok.add_eos;
         o.tokenizer_threads = s->tok.threads;
         o.lookahead = s->lookahead;
@@ -1714,8 +1729,10 @@ uint64_t pl_config_fingerprint(const pl_config *c) {
         if (sc->type == PL_SOURCE_JSONL || sc->type == PL_SOURCE_TEXT) {
             int32_t ti[2] = {sc->tok.type, sc->tok.add_eos};
             h = pl__hash64(ti, sizeof ti, h);
-            h = pl__hash64(sc->tok.path, strlen(sc->tok.path) + 1, h);
-            h = pl__hash64(sc->text_key, strlen(sc->text_key) + 1, h);
+            const char *tp = sc->tok.path ? sc->tok.path : "";
+            const char *tk = sc->text_key ? sc->text_key : "text";
+            h = pl__hash64(tp, strlen(tp) + 1, h);
+            h = pl__hash64(tk, strlen(tk) + 1, h);
         }
     }
     for (int64_t k = 0; k < c->n_points; k++) {

@@ -78,7 +78,7 @@ enum { PL__TOK_BYTES = 1, PL__TOK_HF, PL__TOK_SENTENCEPIECE, PL__TOK_TIKTOKEN };
 typedef struct pl__tok_cfg {
     int set;        /* 0: not given */
     int type;       /* PL__TOK_* */
-    char path[1024];
+    char *path;     /* malloc'd; NULL for bytes */
     int add_eos;    /* default 1 */
     int threads;    /* tokenizer threads of the source; default 1 */
     int line;
@@ -94,7 +94,7 @@ typedef struct pl__source_cfg {
     int64_t max_epochs;   /* 0: no cap; else drawn from no more than N epochs */
     int path_line;        /* line of `path` in the config (0: unknown) */
     /* jsonl/text */
-    char text_key[128];   /* "" = "text" */
+    char *text_key;       /* malloc'd; NULL = "text" */
     int64_t lookahead;    /* 0 = default */
     pl__tok_cfg tok;      /* own, or the top level's */
 } pl__source_cfg;
