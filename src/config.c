@@ -1652,6 +1652,12 @@ void pl_config_set_tokenizer_factory(pl_config *cfg, pl_tokenizer_factory fn,
     cfg->tok_factory_ctx = ctx;
 }
 
+void pl_config_set_lengths_provider(pl_config *cfg, pl_lengths_fn fn, void *ctx) {
+    if (!cfg) return;
+    cfg->lengths_fn = fn;
+    cfg->lengths_ctx = ctx;
+}
+
 int pl__config_open_source(const pl_config *cfg, int64_t i, pl_source **out) {
     if (out) *out = NULL;
     if (!cfg || !out) return PL_EINVAL;
@@ -1667,7 +1673,13 @@ int pl__config_open_source(const pl_config *cfg, int64_t i, pl_source **out) {
     o.eos_id = s->eos_id;
     o.write_index = 0;
     pl_tokenizer tok;
-    if (s->type == PL_SOURCE_JSONL || s->type == PL_SOURCE_TEXT) {
+    if ((s->type == PL_SOURCE_JSONL || s->type == PL_SOURCE_TEXT) && cfg->lengths_fn) {
+        o.lengths_fn = cfg->lengths_fn;
+        o.lengths_ctx = cfg->lengths_ctx;
+        o.lengths_source = i;
+        o.tokenizer_threads = s->tok.threads;
+        o.lookahead = s->lookahead;
+    } else if (s->type == PL_SOURCE_JSONL || s->type == PL_SOURCE_TEXT) {
         int trc = pl__config_tokenizer(cfg, &s->tok, &tok, out);
         if (trc) return trc;
         o.tokenizer = &tok;

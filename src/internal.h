@@ -144,6 +144,8 @@ struct pl_config {
     pl__tok_cfg tok; /* top-level `tokenizer` */
     pl_tokenizer_factory tok_factory;
     void *tok_factory_ctx;
+    pl_lengths_fn lengths_fn; /* raw text sources: lengths from elsewhere */
+    void *lengths_ctx;
 };
 
 /* Deep copy of a config (NULL on allocation failure). */

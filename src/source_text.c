@@ -89,6 +89,10 @@ struct pl__text {
     int64_t la_epoch, la_next, la_last;
     pl__perm la_perm;
     size_t spans_bytes;
+    /* lengths-only (pl_source_options.lengths_fn) */
+    pl_lengths_fn lengths_fn;
+    void *lengths_ctx;
+    int64_t lengths_source;
 };
 
 /* ------------------------------------------------------------ UTF-8 */
@@ -176,7 +180,16 @@ int pl__text_init(pl_source *src, const pl_source_options *opts, char *err,
         t->tok = *opts->tokenizer;
         t->have_tok = 1;
     }
-    if (!t->have_tok || t->tok.version != PL_TOKENIZER_VERSION ||
+    if (v2 && opts->lengths_fn) {
+        t->lengths_fn = opts->lengths_fn;
+        t->lengths_ctx = opts->lengths_ctx;
+        t->lengths_source = opts->lengths_source;
+        if (!t->have_tok) {
+            pl_tokenizer_bytes(&t->tok); /* never called: lengths come from fn */
+            t->tok.name = "lengths";
+        }
+    }
+    if ((!t->have_tok && !t->lengths_fn) || t->tok.version != PL_TOKENIZER_VERSION ||
         !t->tok.encode_batch) {
         pl__fmt(err, errcap,
                 "source %s: a %s source needs a tokenizer (pl_tokenizer of "
@@ -202,7 +215,7 @@ int pl__text_init(pl_source *src, const pl_source_options *opts, char *err,
         pl__fmt(err, errcap, "out of memory");
         return PL_ENOMEM;
     }
-    if (t->add_eos && t->eos_id < 0) {
+    if (t->add_eos && t->eos_id < 0 && !t->lengths_fn) {
         pl__fmt(err, errcap,
                 "source %s: add_eos is set but tokenizer %s has no "
                 "end-of-document token (give eos_id)",
@@ -814,10 +827,43 @@ typedef struct pl__tres {
     int64_t len;
 } pl__tres;
 
+/* Lengths-only: ask lengths_fn for idx[0..n). */
+static void pl__remote_lengths(pl_source *src, const int64_t *idx, int64_t n,
+                               pl__tres *res) {
+    pl__text *t = src->text;
+    int64_t *lens = pl__calloc((size_t)n, sizeof *lens);
+    char **msgs = pl__calloc((size_t)n, sizeof *msgs);
+    char err[PL__ERRMSG_CAP];
+    err[0] = '\0';
+    int rc = !lens || !msgs ? PL_ENOMEM
+                            : t->lengths_fn(t->lengths_ctx, t->lengths_source, n,
+                                            idx, lens, msgs, err, sizeof err);
+    for (int64_t i = 0; i < n; i++) {
+        res[i].ids = NULL;
+        res[i].len = 0;
+        res[i].rc = rc ? rc : lens[i] < 0 ? (int)lens[i] : PL_OK;
+        if (!rc && lens[i] >= 0) res[i].len = lens[i];
+        if (rc)
+            pl__fmt(res[i].err, sizeof res[i].err, "source %s: lengths of %lld "
+                                                   "documents: %s",
+                    src->name, (long long)n, err[0] ? err : pl_strerror(rc));
+        else if (lens[i] < 0)
+            pl__fmt(res[i].err, sizeof res[i].err, "%s",
+                    msgs[i] ? msgs[i] : pl_strerror((int)lens[i]));
+    }
+    for (int64_t i = 0; msgs && i < n; i++) free(msgs[i]);
+    free(msgs);
+    free(lens);
+}
+
 /* Parse and tokenize documents idx[0..n) into res[0..n) (no lock held). */
 static void pl__tokenize(pl_source *src, const int64_t *idx, int64_t n,
                          pl__tres *res) {
     pl__text *t = src->text;
+    if (t->lengths_fn) {
+        pl__remote_lengths(src, idx, n, res);
+        return;
+    }
     char **texts = pl__calloc((size_t)n, sizeof *texts);
     size_t *lens = pl__calloc((size_t)n, sizeof *lens);
     int *owned = pl__calloc((size_t)n, sizeof *owned);
@@ -1064,6 +1110,12 @@ int pl__text_read(pl_source *src, int64_t index, int64_t offset,
                 src->name, (long long)index, (long long)src->n_docs);
         return PL_ERANGE;
     }
+    if (t->lengths_fn) {
+        pl__fmt(err, errcap, "source %s holds lengths only (the tokens are read "
+                             "from its source loaders)",
+                src->name);
+        return PL_EINVAL;
+    }
     pthread_mutex_lock(&t->mu);
     pl__tentry *e = pl__acquire(src, index);
     int rc = PL_OK;
@@ -1135,4 +1187,93 @@ void pl__source_lookahead(pl_source *src, const pl__perm *perm, int64_t epoch,
 
 int64_t pl_source_num_tokenized(const pl_source *src) {
     return src && src->text ? (int64_t)atomic_load(&src->text->tokenized) : 0;
+}
+
+/* ------------------------------------------------------------ many lengths */
+
+int pl_source_lengths(pl_source *src, const int64_t *index, int64_t n,
+                      int64_t *lengths) {
+    if (!src || n < 0 || (n > 0 && (!index || !lengths))) return PL_EINVAL;
+    char err[PL__ERRMSG_CAP];
+    for (int64_t i = 0; i < n; i++)
+        if (index[i] < 0 || index[i] >= src->n_docs) {
+            pl__fmt(err, sizeof err,
+                    "source %s: document index %lld out of range [0, %lld)",
+                    src->name, (long long)index[i], (long long)src->n_docs);
+            pl__source_set_err(src, err);
+            return PL_ERANGE;
+        }
+    pl__text *t = src->text;
+    if (!t) {
+        for (int64_t i = 0; i < n; i++) {
+            int64_t len = 0;
+            int rc = pl__source_length(src, index[i], &len, err, sizeof err);
+            if (rc == PL_ENOMEM) return rc;
+            lengths[i] = rc ? rc : len;
+        }
+        return PL_OK;
+    }
+    /* Claim the documents nobody holds or is at (queued ones are taken over),
+       tokenize them in batches here, then collect every answer. */
+    pl__tentry **mine = pl__calloc((size_t)(n ? n : 1), sizeof *mine);
+    int64_t *idx = pl__calloc((size_t)(n ? n : 1), sizeof *idx);
+    pl__tres *res = malloc(PL__BATCH_DOCS * sizeof *res);
+    if (!mine || !idx || !res) {
+        free(mine);
+        free(idx);
+        free(res);
+        return PL_ENOMEM;
+    }
+    int64_t m = 0;
+    int rc = PL_OK;
+    pthread_mutex_lock(&t->mu);
+    for (int64_t i = 0; i < n; i++) {
+        pl__tentry *e = pl__find(t, index[i]);
+        if (!e) {
+            e = pl__insert(t, index[i], PL__T_RUNNING);
+            if (!e) {
+                rc = PL_ENOMEM;
+                break;
+            }
+        } else if (e->state == PL__T_QUEUED) {
+            e->state = PL__T_RUNNING;
+        } else {
+            continue;
+        }
+        e->waiters++;
+        mine[m] = e;
+        idx[m++] = index[i];
+    }
+    pthread_mutex_unlock(&t->mu);
+    for (int64_t b = 0; b < m; b += PL__BATCH_DOCS) {
+        int64_t k = m - b < PL__BATCH_DOCS ? m - b : PL__BATCH_DOCS;
+        pl__tokenize(src, idx + b, k, res);
+        pthread_mutex_lock(&t->mu);
+        for (int64_t j = 0; j < k; j++) {
+            pl__finish(t, mine[b + j], res[j].rc, res[j].err, res[j].ids, res[j].len);
+            mine[b + j]->waiters--;
+        }
+        pthread_mutex_unlock(&t->mu);
+    }
+    pthread_mutex_lock(&t->mu);
+    for (int64_t i = 0; i < n && rc == PL_OK; i++) {
+        pl__tentry *e = pl__find(t, index[i]);
+        if (!e) { /* dropped already (the cache is small): once more */
+            e = pl__acquire(src, index[i]);
+            if (!e) {
+                rc = PL_ENOMEM;
+                break;
+            }
+        } else {
+            e->waiters++;
+            while (e->state != PL__T_READY) pthread_cond_wait(&t->done_cv, &t->mu);
+        }
+        lengths[i] = e->rc ? e->rc : e->len;
+        e->waiters--;
+    }
+    pthread_mutex_unlock(&t->mu);
+    free(mine);
+    free(idx);
+    free(res);
+    return rc;
 }

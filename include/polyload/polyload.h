@@ -161,6 +161,10 @@ typedef enum pl_source_type {
 } pl_source_type;
 
 typedef struct pl_tokenizer pl_tokenizer; /* defined under "raw text" below */
+/* Lengths of raw text documents computed elsewhere (see "raw text" below). */
+typedef int (*pl_lengths_fn)(void *ctx, int64_t source, int64_t n,
+                             const int64_t *index, int64_t *lengths,
+                             char **messages, char *err, size_t errcap);
 
 typedef struct pl_source_options {
     int version;          /* set to PL_SOURCE_OPTIONS_VERSION */
@@ -184,6 +188,10 @@ typedef struct pl_source_options {
     int64_t lookahead;          /* documents tokenized ahead; 0 = 512 */
     int64_t max_record_bytes;   /* longer records are PL_ERECORD; 0 = 100 MiB */
     int64_t cache_bytes;        /* tokens kept for readers; 0 = 256 MiB */
+    pl_lengths_fn lengths_fn;   /* non-NULL: a lengths-only source (below);
+                                   tokenizer is then not used */
+    void *lengths_ctx;
+    int64_t lengths_source;     /* passed to lengths_fn as `source` */
 } pl_source_options;
 #define PL_SOURCE_OPTIONS_VERSION 2
 
@@ -351,6 +359,32 @@ typedef int (*pl_tokenizer_factory)(void *ctx, const char *type,
 PL_API void pl_config_set_tokenizer_factory(pl_config *cfg,
                                             pl_tokenizer_factory fn,
                                             void *ctx);
+
+/*
+ * Lengths of many documents at once: lengths[i] is the length of document
+ * index[i], or a negative PL_E* code when that document is bad (its message:
+ * pl_source_document_length of it).  A raw text source tokenizes the ones it
+ * does not hold in batches on the calling thread and keeps their tokens for
+ * the reads, as the lookahead does.  Returns 0, or an error that is not one
+ * document's (PL_EINVAL, PL_ERANGE for an index out of range, PL_ENOMEM).
+ */
+PL_API int pl_source_lengths(pl_source *src, const int64_t *index, int64_t n,
+                             int64_t *lengths);
+
+/*
+ * Lengths-only sources: where the planner runs in another process than the
+ * source loaders (the Ray deployment), a raw text source can be opened with
+ * pl_source_options.lengths_fn instead of a tokenizer.  The lookahead then
+ * asks lengths_fn for the lengths of the documents it would tokenize, a
+ * batch at a time, from the source's threads: lengths_fn fills lengths[i]
+ * (a length, or a negative PL_E* code for a bad document, with an optional
+ * malloc'd message in messages[i] that the library frees) and returns 0, or
+ * a negative code with a message in err for the whole call.  Such a source
+ * reads no tokens (pl_source_read*: PL_EINVAL).  Through a config:
+ * pl_config_set_lengths_provider, called with the source's config index.
+ */
+PL_API void pl_config_set_lengths_provider(pl_config *cfg, pl_lengths_fn fn,
+                                           void *ctx);
 
 /* Documents tokenized so far (lookahead and reads together); equal to the
  * documents used when none was tokenized twice.  0 for token sources. */

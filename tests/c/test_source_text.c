@@ -414,10 +414,96 @@ static void test_plans(void) {
     free(b);
 }
 
+/* A lengths provider backed by a real source (as a Ray source loader). */
+static int remote_lengths(void *ctx, int64_t source, int64_t n, const int64_t *index,
+                          int64_t *lengths, char **messages, char *err, size_t errcap) {
+    (void)source;
+    (void)err;
+    (void)errcap;
+    pl_source *real = ctx;
+    int rc = pl_source_lengths(real, index, n, lengths);
+    for (int64_t i = 0; i < n && rc == PL_OK; i++)
+        if (lengths[i] < 0) {
+            int64_t len;
+            pl_source_document_length(real, index[i], &len);
+            messages[i] = strdup(pl_source_errmsg(real));
+        }
+    return rc;
+}
+
+/* Chunk lists of `steps` plans of a one-source config (no reads). */
+static char *chunks_of(pl_config *cfg, pl_source *src, int64_t steps) {
+    pl_planner *pl;
+    if (pl_planner_create(cfg, &src, 1, &pl)) return NULL;
+    size_t cap = 1 << 20, k = 0;
+    char *out = calloc(1, cap);
+    for (int64_t s = 0; s < steps; s++) {
+        pl_plan *plan;
+        if (pl_planner_next(pl, &plan)) {
+            fprintf(stderr, "plan: %s\n", pl_planner_errmsg(pl));
+            free(out);
+            out = NULL;
+            break;
+        }
+        for (int64_t c = 0; c < plan->n_chunks; c++)
+            k += (size_t)snprintf(out + k, cap - k, "%lld:%lld+%lld ",
+                                  (long long)plan->chunks[c].index,
+                                  (long long)plan->chunks[c].offset,
+                                  (long long)plan->chunks[c].length);
+        pl_plan_free(plan);
+    }
+    pl_planner_free(pl);
+    return out;
+}
+
+static void test_lengths_only(void) {
+    char q[512], yaml[1024];
+    snprintf(q, sizeof q, "%s/mixed.jsonl", dir); /* written by test_plans */
+    snprintf(yaml, sizeof yaml,
+             "seed: 3\nseq_length: 64\nglobal_batch_size: 4\nmicro_batch_size: 1\n"
+             "on_error: skip\nsources:\n  - {name: web, type: jsonl, path: '%s', "
+             "lookahead: 16, tokenizer: {type: bytes, threads: 2}}\n", q);
+    pl_config *cfg;
+    CHECK_OK(pl_config_parse_string(yaml, strlen(yaml), "t", &cfg));
+    pl_source *real, *local, *remote;
+    CHECK_OK(pl_config_open_source(cfg, 0, &real));
+    CHECK_OK(pl_config_open_source(cfg, 0, &local));
+    /* pl_source_lengths: the lengths of document_length, bad ones as codes. */
+    int64_t idx[200], lens[200];
+    for (int i = 0; i < 200; i++) idx[i] = 199 - i;
+    CHECK_OK(pl_source_lengths(real, idx, 200, lens));
+    int same = 1;
+    for (int i = 0; i < 200; i++) {
+        int64_t len = -1;
+        int rc = pl_source_document_length(real, idx[i], &len);
+        if ((rc ? rc : len) != lens[i]) same = 0;
+        if ((idx[i] % 10 == 5) != (lens[i] == PL_ERECORD)) same = 0;
+    }
+    CHECK(same);
+    int64_t bad = 200;
+    CHECK_EQ_I64(pl_source_lengths(real, &bad, 1, lens), PL_ERANGE);
+    pl_config_set_lengths_provider(cfg, remote_lengths, real);
+    CHECK_OK(pl_config_open_source(cfg, 0, &remote));
+    int64_t out[4];
+    CHECK_EQ_I64(pl_source_read(remote, 0, 0, 1, out, PL_DTYPE_INT64), PL_EINVAL);
+    char *a = chunks_of(cfg, local, 40), *b = chunks_of(cfg, remote, 40);
+    CHECK(a && b && strcmp(a, b) == 0);
+    /* The remote source tokenized nothing itself; the real one did it all. */
+    CHECK_EQ_I64(pl_source_num_tokenized(remote), 0);
+    CHECK(pl_source_num_tokenized(real) >= 200);
+    free(a);
+    free(b);
+    pl_source_free(remote);
+    pl_source_free(local);
+    pl_source_free(real);
+    pl_config_free(cfg);
+}
+
 int main(void) {
     dir = pl_test_tmpdir();
     test_formats();
     test_bad_records();
     test_plans();
+    test_lengths_only();
     TEST_END();
 }
