@@ -190,3 +190,66 @@ out:
     out->name = h->name;
     return PL_OK;
 }
+
+/* ------------------------------------------------------------- lengths */
+
+/*
+ * Config.set_lengths_provider(fn): raw text sources opened from this config
+ * hold lengths only, asked of fn(source_index, [document indices]) ->
+ * (lengths, {position: message}) from the sources' threads (GIL taken for
+ * the call).  The Ray planner actor answers with its source loaders'.
+ */
+int pypl_lengths_provider(void *ctx, int64_t source, int64_t n, const int64_t *index,
+                          int64_t *lengths, char **messages, char *err, size_t errcap) {
+    PyObject *fn = ctx;
+    if (!Py_IsInitialized()) {
+        snprintf(err, errcap, "the Python interpreter is not running");
+        return PL_ECLOSED;
+    }
+    PyGILState_STATE g = PyGILState_Ensure();
+    int rc = PL_OK;
+    PyObject *list = PyList_New((Py_ssize_t)n), *res = NULL, *seq = NULL;
+    if (!list) goto pyerr;
+    for (int64_t i = 0; i < n; i++) {
+        PyObject *v = PyLong_FromLongLong((long long)index[i]);
+        if (!v) goto pyerr;
+        PyList_SET_ITEM(list, (Py_ssize_t)i, v);
+    }
+    res = PyObject_CallFunction(fn, "LO", (long long)source, list);
+    if (!res) goto pyerr;
+    PyObject *lens = res, *msgs = NULL;
+    if (PyTuple_Check(res) && PyTuple_GET_SIZE(res) == 2) {
+        lens = PyTuple_GET_ITEM(res, 0);
+        msgs = PyTuple_GET_ITEM(res, 1);
+    }
+    seq = PySequence_Fast(lens, "lengths provider: expected a sequence of int");
+    if (!seq) goto pyerr;
+    if (PySequence_Fast_GET_SIZE(seq) != (Py_ssize_t)n) {
+        snprintf(err, errcap, "lengths provider returned %zd lengths for %lld documents",
+                 PySequence_Fast_GET_SIZE(seq), (long long)n);
+        rc = PL_EINVAL;
+        goto out;
+    }
+    for (int64_t i = 0; i < n; i++) {
+        long long v = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(seq, (Py_ssize_t)i));
+        if (v == -1 && PyErr_Occurred()) goto pyerr;
+        lengths[i] = (int64_t)v;
+        if (v < 0 && msgs && PyDict_Check(msgs)) {
+            PyObject *k = PyLong_FromLongLong((long long)i);
+            PyObject *m = k ? PyDict_GetItem(msgs, k) : NULL;
+            Py_XDECREF(k);
+            const char *s = m && PyUnicode_Check(m) ? PyUnicode_AsUTF8(m) : NULL;
+            if (s) messages[i] = strdup(s);
+        }
+    }
+    goto out;
+pyerr:
+    pyhf_errmsg("lengths provider", err, errcap);
+    rc = PL_EIO;
+out:
+    Py_XDECREF(seq);
+    Py_XDECREF(res);
+    Py_XDECREF(list);
+    PyGILState_Release(g);
+    return rc;
+}

@@ -80,6 +80,10 @@ class Planner:
         enter_cwd(self._cwd)
         cfg = make_config(self._payload)
         self._cfg = cfg
+        # Raw text sources hold lengths only here: the source loaders tokenize (once per
+        # actor, keeping the tokens for the constructors' reads) and report lengths.
+        self._loader_handles: Dict[str, Any] = {}
+        cfg.set_lengths_provider(self._lengths)
         self._planner = _core.Planner.create(cfg)
         self._train_steps = cfg.get_int("train_steps")  # -1: endless
         self._gen = 0
@@ -104,6 +108,42 @@ class Planner:
 
     def set_info(self, info: Dict[str, Any]) -> None:
         self._info = dict(info)
+
+    def set_routing(self, names, partitions, loader_names, namespace) -> None:
+        """Which source loader owns which documents (before any plan is asked)."""
+        self._routing = {"sources": list(names), "partitions": [list(p) for p in partitions],
+                         "source_loaders": list(loader_names), "namespace": namespace}
+
+    def _lengths(self, source: int, indices: List[int]):
+        """Lengths of raw text documents, from the source loaders that own them (called
+        by the C planner's lookahead threads, in batches).  ``(lengths, {position:
+        message})`` as Config.set_lengths_provider wants."""
+        info = getattr(self, "_routing", None)
+        if not info:
+            raise RuntimeError("planner: lengths asked before the source loaders are known")
+        name = info["sources"][source]
+        parts = sorted((lo, hi, owner) for n, lo, hi, owner in info["partitions"] if n == name)
+        los = np.asarray([p[0] for p in parts], dtype=np.int64)
+        idx = np.asarray(indices, dtype=np.int64)
+        which = np.searchsorted(los, idx, side="right") - 1
+        calls = []
+        for k in np.unique(which):
+            pos = np.flatnonzero(which == k)
+            actor = info["source_loaders"][parts[int(k)][2]]
+            h = self._loader_handles.get(actor)
+            if h is None:
+                h = self._loader_handles[actor] = ray.get_actor(actor,
+                                                               namespace=info["namespace"])
+            calls.append((pos, h.lengths.remote(int(source), idx[pos].tolist())))
+        lengths = [0] * len(indices)
+        messages: Dict[int, str] = {}
+        for pos, ref in calls:
+            lens, msgs = ray.get(ref, timeout=600)
+            for j, p in enumerate(pos.tolist()):
+                lengths[p] = lens[j]
+                if j in msgs:
+                    messages[p] = msgs[j]
+        return lengths, messages
 
     def info(self) -> Dict[str, Any]:
         return self._info
@@ -240,6 +280,26 @@ class SourceLoader:
                 f"{self._shards}")
         data, _offsets = _core.read_rows_raw(self._srcs, reads)
         return np.frombuffer(data, dtype=np.uint8)
+
+    @ray.method(enable_task_events=False)
+    def lengths(self, source: int, indices: List[int]):
+        """Lengths of documents of a raw text source, tokenized here in batches (the
+        tokens stay for the constructors' reads): ``(lengths, {position: message})``, a
+        bad document's length being its negative PL_E* code."""
+        src = self._srcs[int(source)]
+        lens = src.lengths(indices)
+        msgs = {}
+        for j, v in enumerate(lens):
+            if v < 0:
+                try:
+                    src.document_length(indices[j])
+                except polyload.PolyloadError as e:
+                    msgs[j] = e.message
+        return lens, msgs
+
+    def num_tokenized(self) -> Dict[int, int]:
+        """Documents tokenized so far, per source held (raw text sources)."""
+        return {s: src.num_tokenized for s, src in enumerate(self._srcs) if src is not None}
 
     def pid(self) -> int:
         return os.getpid()

@@ -293,6 +293,10 @@ def launch(
             created.append(a)
             loaders.append(a)
         linfo = _get([a.setup.remote() for a in loaders], timeout)
+        # Raw text sources: the planner asks their lengths of these loaders.
+        _get(planner.set_routing.remote(
+            names, [[names[s], lo, hi, owner[j]] for j, (s, lo, hi) in enumerate(parts)],
+            loader_names, namespace), timeout)
         routing = []
         for s in range(len(names)):
             mine = [(lo, hi, owner[j]) for j, (src, lo, hi) in enumerate(parts) if src == s]
