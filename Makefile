@@ -21,11 +21,11 @@ STAMPS := $(VENV)/.stamps
 export PATH := $(abspath $(VENV))/bin:$(PATH)
 
 # Debian packages: C dependencies, and the documents of the demo corpus.
-APT_PACKAGES := gcc make libyaml-dev libxxhash-dev zlib1g-dev libjansson-dev libzstd-dev clang libclang-rt-14-dev \
+APT_PACKAGES := gcc make libyaml-dev libxxhash-dev zlib1g-dev libjansson-dev libzstd-dev libsentencepiece-dev g++ clang libclang-rt-14-dev \
                 linux-doc fortunes manpages-de manpages-fr manpages-ja
 # torch==2.13.0 is the CPU build on local disk; an unpinned torch pulls a CUDA build of GBs.
 PY_PACKAGES := torch==2.13.0 megatron-core tokenizers numpy pytest pyyaml tqdm ray==2.60.0 \
-               transformers==5.24.0 matplotlib==3.11.2
+               transformers==5.24.0 matplotlib==3.11.2 sentencepiece
 BUILD_TOOLS := scikit-build-core cmake ninja
 
 # -Werror in CI (CI=true), as STYLE.md asks.

@@ -62,36 +62,38 @@ def main():
     ap.add_argument("--data", default="data")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--gb", type=float, default=1.0)
+    ap.add_argument("--kernel-docs", type=int, default=300)
+    ap.add_argument("--fortunes", type=int, default=3000)
     a = ap.parse_args()
     tokenizer = os.path.join(a.data, "tokenizer.json")
     tmp = tempfile.mkdtemp(prefix="pltext.")
     try:
         src = os.path.join(tmp, "mix.jsonl")
+        texts = []
+        for name, n in (("kernel_docs", a.kernel_docs), ("fortunes", a.fortunes)):
+            texts += texts_of(os.path.join(a.data, "raw", f"{name}.jsonl"))[:n]
         with open(src, "w", encoding="utf-8") as f:
-            for name in ("kernel_docs", "fortunes"):
-                for t in texts_of(os.path.join(a.data, "raw", f"{name}.jsonl")):
-                    f.write(json.dumps({"text": t}, ensure_ascii=False) + "\n")
-        texts = texts_of(src)
+            for t in texts:
+                f.write(json.dumps({"text": t}, ensure_ascii=False) + "\n")
         tok = Tokenizer.from_file(tokenizer)
-        total = sum(len(e.ids) + 1 for e in tok.encode_batch_fast(texts[:2000], add_special_tokens=False))
-        # steps for about one epoch of the first 2,000 documents' worth of tokens
-        steps = max(1, total // (8 * 2048))
-        sub = texts  # the loader reads the whole file; the peer encodes what it consumed
+        total, _ = peer(tok, texts)
+        # The loader consumes about 95 % of one epoch of the same documents.
+        steps = max(1, int(total * 0.95) // (8 * 2048))
+        print(f"{len(texts)} documents, {total} tokens; loader runs {steps} steps of "
+              f"{8 * 2048} tokens", flush=True)
         rows = []
         for r in range(a.rounds):
             order = ("peer", "loader") if r % 2 == 0 else ("loader", "peer")
             res = {}
             for who in order:
-                if who == "peer":
-                    n, s = peer(tok, sub[:2000])
-                else:
-                    n, s = loader(src, tokenizer, steps)
-                res[who] = n / s
+                n, sec = peer(tok, texts) if who == "peer" else loader(src, tokenizer, steps)
+                res[who] = n / sec
             rows.append(res)
-            print(f"round {r}: tokenizer {res['peer']:.3e} tokens/s, loader {res['loader']:.3e} "
-                  f"tokens/s, loader/tokenizer {res['loader'] / res['peer']:.3f}", flush=True)
+            print(f"round {r}: tokenizer {res['peer']:.4g} tokens/s, loader "
+                  f"{res['loader']:.4g} tokens/s, loader/tokenizer "
+                  f"{res['loader'] / res['peer']:.3f}", flush=True)
         ratios = sorted(x["loader"] / x["peer"] for x in rows)
-        print(f"median loader/tokenizer: {ratios[len(ratios) // 2]:.3f}")
+        print(f"median loader/tokenizer: {ratios[len(ratios) // 2]:.3f}", flush=True)
 
         big = os.path.join(tmp, "big.jsonl")
         size = os.path.getsize(src)

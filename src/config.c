@@ -1619,10 +1619,16 @@ static int pl__config_tokenizer(const pl_config *cfg, const pl__tok_cfg *t,
     }
     char err[PL__ERRMSG_CAP];
     int rc;
+#ifdef PL_WITH_SENTENCEPIECE
+    if (t->type == PL__TOK_SENTENCEPIECE) {
+        rc = pl__spm_create(t->path ? t->path : "", tok, err, sizeof err);
+        if (rc == PL_OK) return PL_OK;
+    } else
+#endif
     if (!cfg->tok_factory) {
         pl__fmt(err, sizeof err,
                 "tokenizer type %s (%s) is not built into the C library (built "
-                "in: bytes); it needs a host that provides it, e.g. the Python "
+                "in: bytes, and sentencepiece where built with libsentencepiece); it needs a host that provides it, e.g. the Python "
                 "package (polyload.Loader)",
                 pl__tok_type_names[t->type], t->path ? t->path : "");
         rc = PL_ECONFIG;

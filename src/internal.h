@@ -84,6 +84,9 @@ typedef struct pl__tok_cfg {
     int line;
 } pl__tok_cfg;
 
+/* SentencePiece (tokenizer_spm.cc; only with PL_WITH_SENTENCEPIECE). */
+int pl__spm_create(const char *path, pl_tokenizer *out, char *err, size_t errcap);
+
 typedef struct pl__source_cfg {
     char *name;
     pl_source_type type;

@@ -346,8 +346,14 @@ typedef struct pl_tokenizer {
 PL_API void pl_tokenizer_bytes(pl_tokenizer *out);
 
 /*
+ * `tokenizer: {type: sentencepiece, path: MODEL}` is built in where the
+ * library was compiled with libsentencepiece (CMake finds it; the C++ shim
+ * src/tokenizer_spm.cc): SentencePieceProcessor::Encode, eos_id and vocab
+ * size from the model.
+ *
  * What the config's `tokenizer` settings turn into a pl_tokenizer for types
- * the library does not build in ("hf", "sentencepiece", "tiktoken"): the
+ * the library does not build in ("hf", "tiktoken", "sentencepiece" without
+ * libsentencepiece): the
  * host (the Python package, or a C program linking a tokenizer library)
  * registers a factory on the config (copied into loaders made from it).
  * It fills *out and returns 0, or a negative PL_E* code with a message.

@@ -124,7 +124,8 @@ int pypl_tokenizer_factory(void *ctx, const char *type, const char *path,
     (void)ctx;
     if (strcmp(type, "hf") != 0) {
         snprintf(err, errcap,
-                 "tokenizer type %s (%s) is not supported yet (hf and bytes are)",
+                 "tokenizer type %s (%s) is not supported here (hf and bytes are, and "
+                 "sentencepiece in a library built with libsentencepiece)",
                  type, path);
         return PL_ECONFIG;
     }
