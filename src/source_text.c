@@ -1064,9 +1064,13 @@ static pl__tentry *pl__acquire(pl_source *src, int64_t index) {
     if (!e) {
         e = pl__insert(t, index, PL__T_RUNNING);
         if (!e) return NULL;
-    } else if (e->state == PL__T_QUEUED) {
+    } else if (e->state == PL__T_QUEUED && !t->started) {
         e->state = PL__T_RUNNING; /* taken over; the worker skips it */
     } else {
+        /* Queued ones are left to the tokenizer threads, which take the queue in
+           the planner's order: the one asked for is at its head.  Tokenizing it
+           here instead would cost more than the wait (tokenizers' BPE cache is
+           per thread, so a second thread repeats merges the first had cached). */
         e->waiters++;
         while (e->state != PL__T_READY) pthread_cond_wait(&t->done_cv, &t->mu);
         return e;
