@@ -274,6 +274,8 @@ void pl__sfile_unmap(pl__sfile *f) {
     f->lengths = f->pointers = f->docidx = NULL;
     free(f->spans_owned); /* jsonl/text */
     free(f->text);
+    free(f->line_ck);
+    f->line_ck = NULL;
     f->spans_owned = NULL;
     f->spans = NULL;
     f->text = NULL;

@@ -92,6 +92,7 @@ typedef struct pl__sfile {
     char *text;            /* decompressed file, or NULL */
     size_t text_len;
     int compression;       /* 0 plain, 1 gzip, 2 zstd */
+    uint64_t *line_ck;     /* line of every 4096th record (NULL: count from 0) */
 } pl__sfile;
 
 typedef struct pl__text pl__text; /* source_text.c: tokenizer and cache */

@@ -47,6 +47,9 @@
 #define PL__REC_HEADER 48
 #define PL__BATCH_DOCS 64
 #define PL__BATCH_BYTES ((uint64_t)1 << 20)
+/* Records between line-number checkpoints (a message counts at most this
+ * many lines from the nearest one). */
+#define PL__LINE_CK 4096
 
 enum { PL__T_QUEUED = 1, PL__T_RUNNING = 2, PL__T_READY = 3 };
 
@@ -230,7 +233,22 @@ int pl__text_init(pl_source *src, const pl_source_options *opts, char *err,
 typedef struct pl__spanv {
     uint64_t *a;
     size_t n, cap; /* pairs */
+    uint64_t *ck;  /* line (1-based) of record k * PL__LINE_CK, for messages */
+    size_t nck, capck;
+    uint64_t line; /* line of the scan's position */
 } pl__spanv;
+
+static int pl__ck_push(pl__spanv *v) {
+    if (v->nck == v->capck) {
+        size_t nc = v->capck ? v->capck * 2 : 16;
+        uint64_t *na = pl__realloc_array(v->ck, nc, sizeof *na);
+        if (!na) return PL_ENOMEM;
+        v->ck = na;
+        v->capck = nc;
+    }
+    v->ck[v->nck++] = v->line;
+    return PL_OK;
+}
 
 static int pl__spanv_push(pl__spanv *v, uint64_t s, uint64_t e) {
     if (v->n == v->cap) {
@@ -252,6 +270,7 @@ static int pl__spanv_push(pl__spanv *v, uint64_t s, uint64_t e) {
 static int pl__scan_lines(const uint8_t *d, size_t n, size_t from,
                           int partial, pl__spanv *v, size_t *done) {
     size_t pos = from;
+    if (!v->line) v->line = 1;
     while (pos < n) {
         const uint8_t *nl = memchr(d + pos, '\n', n - pos);
         if (!nl && partial) break;
@@ -261,10 +280,12 @@ static int pl__scan_lines(const uint8_t *d, size_t n, size_t from,
         size_t s = pos;
         while (s < e && (d[s] == ' ' || d[s] == '\t' || d[s] == '\r')) s++;
         if (s < e) {
-            int rc = pl__spanv_push(v, pos, e);
+            int rc = v->n % PL__LINE_CK == 0 ? pl__ck_push(v) : PL_OK;
+            if (rc == PL_OK) rc = pl__spanv_push(v, pos, e);
             if (rc) return rc;
         }
         pos = end + 1;
+        v->line++;
     }
     *done = pos < n ? pos : n;
     return PL_OK;
@@ -540,11 +561,13 @@ int pl__text_open_file(pl_source *src, pl__sfile *f, int skip_damaged,
         rc = pl__spanv_push(&v, 0, data_len);
     if (rc) {
         free(v.a);
+        free(v.ck);
         pl__fmt(err, errcap, "%s: out of memory listing records", f->path);
         return rc;
     }
     f->spans_owned = v.a;
     f->spans = v.a;
+    f->line_ck = v.ck;
     f->n_docs = (int64_t)v.n;
     t->spans_bytes += v.n * 16;
     if (!f->compression && src->type == PL_SOURCE_JSONL && t->write_index == 1)
@@ -559,8 +582,23 @@ int pl__text_open_file(pl_source *src, pl__sfile *f, int skip_damaged,
 static int64_t pl__line_of(const pl_source *src, const pl__sfile *f,
                            uint64_t at) {
     int64_t line = 1;
+    uint64_t from = 0;
+    if (f->line_ck && f->n_docs > 0 && src->type == PL_SOURCE_JSONL) {
+        /* The last record starting at or before `at`, then its checkpoint. */
+        int64_t lo = 0, hi = f->n_docs;
+        while (hi - lo > 1) {
+            int64_t mid = lo + (hi - lo) / 2;
+            if (f->spans[2 * mid] <= at) lo = mid;
+            else hi = mid;
+        }
+        int64_t k = lo / PL__LINE_CK;
+        from = f->spans[2 * (k * PL__LINE_CK)];
+        if (from > at) from = 0;
+        else line = (int64_t)f->line_ck[k];
+    }
     if (f->text) {
-        const char *p = f->text, *end = f->text + (at < f->text_len ? at : f->text_len);
+        const char *p = f->text + from,
+                   *end = f->text + (at < f->text_len ? at : f->text_len);
         while ((p = memchr(p, '\n', (size_t)(end - p))) != NULL) {
             line++;
             p++;
@@ -571,7 +609,7 @@ static int64_t pl__line_of(const pl_source *src, const pl__sfile *f,
     char e[PL__ERRMSG_CAP];
     if (pl__source_data_fd(src, f, &fd, &owned, e, sizeof e)) return 0;
     char buf[65536];
-    uint64_t pos = 0;
+    uint64_t pos = from;
     while (pos < at) {
         size_t want = at - pos < sizeof buf ? (size_t)(at - pos) : sizeof buf;
         ssize_t k = pread(fd, buf, want, (off_t)pos);

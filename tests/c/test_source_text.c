@@ -269,6 +269,47 @@ static void check_bad(const char *name, const char *line2, const char *want,
     pl_source_free(src);
 }
 
+/* Line numbers far into a file (past the line checkpoints), with blank lines. */
+static void test_line_numbers(void) {
+    char p[512];
+    snprintf(p, sizeof p, "%s/long.jsonl", dir);
+    FILE *f = fopen(p, "w");
+    long off = 0, bad_off = 0;
+    for (int i = 0; i < 10000; i++) {
+        if (i % 1000 == 7) off += fprintf(f, "\n"); /* blank: not a record */
+        if (i == 9500) {
+            bad_off = off;
+            off += fprintf(f, "{\"text\": null}\n");
+        } else {
+            off += fprintf(f, "{\"text\": \"d%d\"}\n", i);
+        }
+    }
+    fclose(f);
+    pl_source *src;
+    CHECK_OK(open_text(p, PL_SOURCE_JSONL, 0, 1, 0, &src));
+    CHECK_EQ_I64(pl_source_num_documents(src), 10000);
+    int64_t len;
+    CHECK_EQ_I64(pl_source_document_length(src, 9500, &len), PL_ERECORD);
+    char want[128];
+    /* 9500 records and 10 blank lines before it: line 9511. */
+    snprintf(want, sizeof want, "line 9511 (byte offset %ld)", bad_off);
+    if (!strstr(pl_source_errmsg(src), want))
+        fprintf(stderr, "message: %s (want %s)\n", pl_source_errmsg(src), want);
+    CHECK(strstr(pl_source_errmsg(src), want) != NULL);
+    pl_source_free(src);
+    /* The same in a .zst (decompressed in memory). */
+    static char buf[400000];
+    FILE *g = fopen(p, "rb");
+    size_t n = fread(buf, 1, sizeof buf, g);
+    fclose(g);
+    snprintf(p, sizeof p, "%s/long.jsonl.zst", dir);
+    write_zst(p, buf, n, 0);
+    CHECK_OK(open_text(p, PL_SOURCE_JSONL, 0, 1, 0, &src));
+    CHECK_EQ_I64(pl_source_document_length(src, 9500, &len), PL_ERECORD);
+    CHECK(strstr(pl_source_errmsg(src), want) != NULL);
+    pl_source_free(src);
+}
+
 static void test_bad_records(void) {
     check_bad("malformed.jsonl", "{\"text\": \"abc", "malformed JSON", 0);
     check_bad("missing.jsonl", "{\"body\": \"abc\"}", "key 'text' is missing", 0);
@@ -501,6 +542,7 @@ int main(void) {
     dir = pl_test_tmpdir();
     test_formats();
     test_bad_records();
+    test_line_numbers();
     test_plans();
     test_lengths_only();
     TEST_END();
