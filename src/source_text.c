@@ -46,7 +46,7 @@
 #define PL__REC_VERSION 1u
 #define PL__REC_HEADER 48
 #define PL__BATCH_DOCS 64
-#define PL__BATCH_BYTES ((uint64_t)1 << 20)
+#define PL__BATCH_BYTES ((uint64_t)1 << 18)
 /* Records between line-number checkpoints (a message counts at most this
  * many lines from the nearest one). */
 #define PL__LINE_CK 4096
@@ -90,6 +90,7 @@ struct pl__text {
     /* lookahead cursor: the next position of the epoch's order to queue */
     int la_valid;
     int64_t la_epoch, la_next, la_last;
+    int64_t la_draws; /* documents drawn since open: the window grows with it */
     pl__perm la_perm;
     size_t spans_bytes;
     /* lengths-only (pl_source_options.lengths_fn) */
@@ -1207,8 +1208,13 @@ void pl__source_lookahead(pl_source *src, const pl__perm *perm, int64_t epoch,
     }
     t->la_last = pos;
     if (t->la_next < pos) t->la_next = pos;
-    if (t->la_next - pos <= t->lookahead / 2) {
-        int64_t end = pos + t->lookahead;
+    /* The window opens gradually (16 documents, then two more per document
+       drawn), so the first steps wait for their own documents, not for a
+       whole window of every source. */
+    int64_t window = 16 + 2 * t->la_draws++;
+    if (window > t->lookahead) window = t->lookahead;
+    if (t->la_next - pos <= window / 2) {
+        int64_t end = pos + window;
         if (end > src->n_docs) end = src->n_docs;
         int queued = 0;
         for (; t->la_next < end; t->la_next++) {
