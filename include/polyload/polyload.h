@@ -288,7 +288,9 @@ PL_API int pl_source_get_stats(pl_source *src, pl_source_stats *out);
  * Lengths are not stored, so the source tokenizes: the planner tells it the
  * order in which it will ask (the source's shuffle), and tokenizer_threads
  * threads tokenize the next `lookahead` documents of that order in batches
- * (pl_tokenizer.encode_batch), keeping their tokens until they are read
+ * of at most 64 documents or 256 KiB (pl_tokenizer.encode_batch; the window
+ * opens gradually, 16 documents and two more per document drawn, so the
+ * first step waits only for its own), keeping their tokens until they are read
  * (pl_source_read, pl_source_read_many, pl_source_read_raw; at most
  * cache_bytes of them, oldest dropped first).  A document is tokenized once
  * unless it was dropped before being read (counted by
