@@ -227,14 +227,19 @@ static const char *const interp_names[] = {"linear", "step"};
 static const int interp_values[] = {PL__INTERP_LINEAR, PL__INTERP_STEP};
 static const char *const dtype_names[] = {"int64", "int32"};
 static const int dtype_values[] = {PL_DTYPE_INT64, PL_DTYPE_INT32};
-static const char *const stype_names[] = {"megatron", "llmc", "flat",
-                                          "webdataset"};
+static const char *const stype_names[] = {"megatron", "llmc", "flat", "jsonl",
+                                          "text", "webdataset"};
 static const int stype_values[] = {PL_SOURCE_MEGATRON, PL_SOURCE_LLMC,
-                                   PL_SOURCE_FLAT, PL_SOURCE_WEBDATASET};
+                                   PL_SOURCE_FLAT, PL_SOURCE_JSONL,
+                                   PL_SOURCE_TEXT, PL_SOURCE_WEBDATASET};
 static const char *const imode_names[] = {"fixed", "native"};
 static const int imode_values[] = {PL_IMAGE_FIXED, PL_IMAGE_NATIVE};
 static const char *const index_names[] = {"file", "memory"};
 static const int index_values[] = {0, -1};
+static const char *const toktype_names[] = {"bytes", "hf", "sentencepiece",
+                                            "tiktoken"};
+static const int toktype_values[] = {PL__TOK_BYTES, PL__TOK_HF,
+                                     PL__TOK_SENTENCEPIECE, PL__TOK_TIKTOKEN};
 static const char *const tdtype_names[] = {"uint16", "uint32"};
 static const int tdtype_values[] = {PL_DTYPE_UINT16, PL_DTYPE_UINT32};
 
@@ -646,12 +651,17 @@ void pl_config_free(pl_config *cfg) {
     for (int64_t i = 0; i < cfg->n_sources; i++) {
         free(cfg->sources[i].name);
         free(cfg->sources[i].path);
+        free(cfg->sources[i].text_key);
+        free(cfg->sources[i].tok.path);
     }
+    free(cfg->tok.path);
     free(cfg->sources);
     for (int part = 0; part < 2; part++) {
         for (int64_t i = 0; i < cfg->n_eval_sources[part]; i++) {
             free(cfg->eval_sources[part][i].name);
             free(cfg->eval_sources[part][i].path);
+            free(cfg->eval_sources[part][i].text_key);
+            free(cfg->eval_sources[part][i].tok.path);
         }
         free(cfg->eval_sources[part]);
     }
@@ -888,6 +898,72 @@ static int walk_image(walk *w, const char *what, yaml_node_t *map,
     return PL_OK;
 }
 
+/* A `tokenizer:` mapping: {type, path, add_eos, threads}. */
+static int walk_tokenizer(walk *w, const char *what, yaml_node_t *map,
+                          pl__tok_cfg *t) {
+    pl_config *cfg = w->cfg;
+    char key[160];
+    pl__fmt(key, sizeof key, "%s.tokenizer", what[0] ? what : "");
+    const char *base = what[0] ? key : "tokenizer";
+    int rc = check_mapping(w, map, base);
+    if (rc != PL_OK) return rc;
+    free(t->path);
+    memset(t, 0, sizeof *t);
+    t->set = 1;
+    t->add_eos = 1;
+    t->threads = 1;
+    t->line = line_of(map);
+    int has_type = 0;
+    for (yaml_node_pair_t *p = map->data.mapping.pairs.start;
+         p < map->data.mapping.pairs.top; p++) {
+        const char *k = key_str(w, p);
+        yaml_node_t *vn = node(w, p->value);
+        char full[200];
+        pl__fmt(full, sizeof full, "%s.%s", base, k);
+        if (strcmp(k, "type") && strcmp(k, "path") && strcmp(k, "add_eos") &&
+            strcmp(k, "threads"))
+            return cfg_err(cfg, PL_ECONFIG, line_of(node(w, p->key)),
+                           "unknown key '%s' (expected type, path, add_eos, "
+                           "threads)",
+                           full);
+        if (vn->type != YAML_SCALAR_NODE)
+            return cfg_err(cfg, PL_ECONFIG, line_of(vn),
+                           "%s: expected a scalar, got %s", full, type_name(vn));
+        sval v = scalar_of(vn);
+        if (is_null(&v))
+            return cfg_err(cfg, PL_ECONFIG, v.line, "%s: missing value", full);
+        if (strcmp(k, "type") == 0) {
+            rc = get_enum(cfg, full, &v, ENUM_ARGS(toktype), &t->type);
+            has_type = 1;
+        } else if (strcmp(k, "path") == 0) {
+            free(t->path);
+            t->path = pl__strdup(v.s);
+            if (!t->path) return cfg_err(cfg, PL_ENOMEM, 0, "out of memory");
+        } else if (strcmp(k, "add_eos") == 0) {
+            if (strcmp(v.s, "true") == 0 || strcmp(v.s, "1") == 0)
+                t->add_eos = 1;
+            else if (strcmp(v.s, "false") == 0 || strcmp(v.s, "0") == 0)
+                t->add_eos = 0;
+            else
+                return cfg_err(cfg, PL_ECONFIG, v.line,
+                               "%s: expected true or false, got '%s'", full, v.s);
+        } else {
+            int64_t th = 1;
+            rc = get_int(cfg, full, &v, 1, 256, &th);
+            t->threads = (int)th;
+        }
+        if (rc != PL_OK) return rc;
+    }
+    if (!has_type)
+        return cfg_err(cfg, PL_ECONFIG, t->line,
+                       "%s: missing key 'type' (bytes, hf, sentencepiece or "
+                       "tiktoken)",
+                       base);
+    if (t->type != PL__TOK_BYTES && (!t->path || !t->path[0]))
+        return cfg_err(cfg, PL_ECONFIG, t->line, "%s: missing key 'path'", base);
+    return PL_OK;
+}
+
 static int walk_source(walk *w, const char *list, int64_t i, yaml_node_t *map,
                        pl__source_cfg *s, pl__names *names) {
     pl_config *cfg = w->cfg;
@@ -902,6 +978,7 @@ static int walk_source(walk *w, const char *list, int64_t i, yaml_node_t *map,
     s->weight = 1.0;
     s->token_dtype = (pl_dtype)0;
     int line_tdtype = 0, line_eos = 0, line_path = 0, has_type = 0, line_image = 0;
+    int line_text = 0, line_key = 0; /* keys of jsonl/text sources */
     yaml_node_pair_t *b = map->data.mapping.pairs.start;
     yaml_node_pair_t *e = map->data.mapping.pairs.top;
     for (yaml_node_pair_t *p = b; p < e; p++) {
@@ -911,16 +988,22 @@ static int walk_source(walk *w, const char *list, int64_t i, yaml_node_t *map,
         if (strcmp(k, "name") && strcmp(k, "type") && strcmp(k, "path") &&
             strcmp(k, "weight") && strcmp(k, "token_dtype") &&
             strcmp(k, "eos_id") && strcmp(k, "max_epochs") && strcmp(k, "image") &&
-            strcmp(k, "caption") && strcmp(k, "index") && strcmp(k, "split"))
+            strcmp(k, "caption") && strcmp(k, "index") && strcmp(k, "split") &&
+            strcmp(k, "text_key") && strcmp(k, "tokenizer") && strcmp(k, "lookahead"))
             return cfg_err(cfg, PL_ECONFIG, line_of(node(w, p->key)),
                            "unknown key '%s' (expected name, type, path, "
                            "weight, token_dtype, eos_id, max_epochs, split, image, "
-                           "caption, index)",
+                           "caption, index, text_key, tokenizer, lookahead)",
                            key);
         if (strcmp(k, "image") == 0) {
             rc = walk_image(w, key, vn, &s->image);
             if (rc != PL_OK) return rc;
             line_image = line_of(vn);
+            continue;
+        } else if (strcmp(k, "tokenizer") == 0) {
+            rc = walk_tokenizer(w, what, vn, &s->tok);
+            if (rc != PL_OK) return rc;
+            line_text = line_of(node(w, p->key));
             continue;
         }
         if (vn->type != YAML_SCALAR_NODE)
@@ -976,6 +1059,18 @@ static int walk_source(walk *w, const char *list, int64_t i, yaml_node_t *map,
         } else if (strcmp(k, "index") == 0) {
             rc = get_enum(cfg, key, &v, ENUM_ARGS(index), &s->write_index);
             if (rc != PL_OK) return rc;
+        } else if (strcmp(k, "text_key") == 0) {
+            if (!v.s[0])
+                return cfg_err(cfg, PL_ECONFIG, v.line, "%s is empty", key);
+            free(s->text_key);
+            s->text_key = pl__strdup(v.s);
+            if (!s->text_key) return cfg_err(cfg, PL_ENOMEM, 0, "out of memory");
+            line_text = v.line;
+            line_key = v.line;
+        } else if (strcmp(k, "lookahead") == 0) {
+            rc = get_int(cfg, key, &v, 1, (int64_t)1 << 24, &s->lookahead);
+            if (rc != PL_OK) return rc;
+            line_text = v.line;
         } else {
             rc = get_num(cfg, key, &v, &s->weight);
             if (rc != PL_OK) return rc;
@@ -992,7 +1087,7 @@ static int walk_source(walk *w, const char *list, int64_t i, yaml_node_t *map,
         return cfg_err(cfg, PL_ECONFIG, line, "%s.name is empty", what);
     if (!has_type)
         return cfg_err(cfg, PL_ECONFIG, line,
-                       "%s (%s): missing key 'type' (megatron, llmc or flat)",
+                       "%s (%s): missing key 'type' (megatron, llmc, flat, jsonl or text)",
                        what, s->name);
     if (!s->path)
         return cfg_err(cfg, PL_ECONFIG, line, "%s (%s): missing key 'path'",
@@ -1008,6 +1103,17 @@ static int walk_source(walk *w, const char *list, int64_t i, yaml_node_t *map,
                        what, s->name, stype_names[s->type - 1]);
     if (s->type == PL_SOURCE_FLAT && !s->token_dtype)
         s->token_dtype = PL_DTYPE_UINT16;
+    int is_text = s->type == PL_SOURCE_JSONL || s->type == PL_SOURCE_TEXT;
+    if (line_text && !is_text)
+        return cfg_err(cfg, PL_ECONFIG, line_text,
+                       "%s: text_key, tokenizer and lookahead apply only to "
+                       "jsonl and text sources (source '%s' is %s)",
+                       what, s->name, stype_names[s->type - 1]);
+    if (line_key && s->type != PL_SOURCE_JSONL)
+        return cfg_err(cfg, PL_ECONFIG, line_key,
+                       "%s.text_key applies only to jsonl sources (source '%s' "
+                       "is %s)",
+                       what, s->name, stype_names[s->type - 1]);
     if (line_eos && s->type == PL_SOURCE_MEGATRON)
         return cfg_err(cfg, PL_ECONFIG, line_eos,
                        "%s.eos_id applies only to llmc and flat sources "
@@ -1300,6 +1406,9 @@ static int walk_root(walk *w) {
         } else if (strcmp(k, "valid_sources") == 0 ||
                    strcmp(k, "test_sources") == 0) {
             eval_lists[k[0] == 't'] = vn;
+        } else if (strcmp(k, "tokenizer") == 0) {
+            rc = walk_tokenizer(w, "", vn, &cfg->tok);
+            if (rc != PL_OK) return rc;
         } else if (strcmp(k, "topology") == 0 || strcmp(k, "cost") == 0 ||
                    strcmp(k, "long_short") == 0) {
             rc = walk_submap(w, k, vn);
@@ -1322,6 +1431,22 @@ static int walk_root(walk *w) {
             rc = walk_eval_sources(w, part, eval_lists[part]);
             if (rc != PL_OK) return rc;
         }
+    /* Text sources without a tokenizer of their own take the top level's. */
+    for (int64_t i = 0; i < cfg->n_sources; i++) {
+        pl__source_cfg *sc = &cfg->sources[i];
+        if (sc->type != PL_SOURCE_JSONL && sc->type != PL_SOURCE_TEXT) continue;
+        if (!sc->tok.set && cfg->tok.set) {
+            sc->tok = cfg->tok;
+            sc->tok.path = cfg->tok.path ? pl__strdup(cfg->tok.path) : NULL;
+            if (cfg->tok.path && !sc->tok.path)
+                return cfg_err(cfg, PL_ENOMEM, 0, "out of memory");
+        }
+        if (!sc->tok.set)
+            return cfg_err(cfg, PL_ECONFIG, w->ln.sources,
+                           "sources[%" PRId64 "] (%s): a %s source needs a "
+                           "tokenizer (its own 'tokenizer' or a top-level one)",
+                           i, sc->name, stype_names[sc->type - 1]);
+    }
     if (schedule) {
         rc = walk_schedule(w, schedule);
         if (rc != PL_OK) return rc;
@@ -1702,20 +1827,33 @@ pl_config *pl__config_clone(const pl_config *cfg) {
             *d = cfg->eval_sources[part][i];
             d->name = pl__strdup(d->name);
             d->path = pl__strdup(d->path);
+            const pl__source_cfg *o = &cfg->eval_sources[part][i];
+            d->text_key = o->text_key ? pl__strdup(o->text_key) : NULL;
+            d->tok.path = o->tok.path ? pl__strdup(o->tok.path) : NULL;
             c->n_eval_sources[part] = i + 1;
-            if (!d->name || !d->path) goto fail;
+            if (!d->name || !d->path || (o->text_key && !d->text_key) ||
+                (o->tok.path && !d->tok.path))
+                goto fail;
         }
     }
+    c->tok.path = NULL;
     c->origin = pl__strdup(cfg->origin ? cfg->origin : "<string>");
+    if (cfg->tok.path && !(c->tok.path = pl__strdup(cfg->tok.path))) goto fail;
     c->sources = pl__calloc((size_t)cfg->n_sources, sizeof *c->sources);
     c->points = pl__calloc((size_t)cfg->n_points, sizeof *c->points);
     if (!c->origin || !c->sources || !c->points) goto fail;
     for (int64_t i = 0; i < cfg->n_sources; i++) {
         c->sources[i] = cfg->sources[i];
-        c->sources[i].name = pl__strdup(cfg->sources[i].name);
-        c->sources[i].path = pl__strdup(cfg->sources[i].path);
+        const pl__source_cfg *o = &cfg->sources[i];
+        c->sources[i].name = pl__strdup(o->name);
+        c->sources[i].path = pl__strdup(o->path);
+        c->sources[i].text_key = o->text_key ? pl__strdup(o->text_key) : NULL;
+        c->sources[i].tok.path = o->tok.path ? pl__strdup(o->tok.path) : NULL;
         c->n_sources = i + 1;
-        if (!c->sources[i].name || !c->sources[i].path) goto fail;
+        if (!c->sources[i].name || !c->sources[i].path ||
+            (o->text_key && !c->sources[i].text_key) ||
+            (o->tok.path && !c->sources[i].tok.path))
+            goto fail;
     }
     for (int64_t k = 0; k < cfg->n_points; k++) {
         c->points[k].step = cfg->points[k].step;
@@ -1741,6 +1879,64 @@ fail:
     return NULL;
 }
 
+/* The tokenizer of a `tokenizer:` setting: built in, or the factory's.  On
+ * failure *out is a source handle carrying the message (as a failed open). */
+static const char *const pl__tok_type_names[] = {"", "bytes", "hf",
+                                                 "sentencepiece", "tiktoken"};
+static int pl__config_tokenizer(const pl_config *cfg, const pl__tok_cfg *t,
+                                pl_tokenizer *tok, pl_source **out) {
+    memset(tok, 0, sizeof *tok);
+    if (t->type == PL__TOK_BYTES) {
+        pl_tokenizer_bytes(tok);
+        return PL_OK;
+    }
+    char err[PL__ERRMSG_CAP];
+    int rc;
+#ifdef PL_WITH_SENTENCEPIECE
+    if (t->type == PL__TOK_SENTENCEPIECE) {
+        rc = pl__spm_create(t->path ? t->path : "", tok, err, sizeof err);
+        if (rc == PL_OK) return PL_OK;
+    } else
+#endif
+    if (!cfg->tok_factory) {
+        pl__fmt(err, sizeof err,
+                "tokenizer type %s (%s) is not built into the C library (built "
+                "in: bytes, and sentencepiece where built with libsentencepiece); it needs a host that provides it, e.g. the Python "
+                "package (polyload.Loader)",
+                pl__tok_type_names[t->type], t->path ? t->path : "");
+        rc = PL_ECONFIG;
+    } else {
+        err[0] = '\0';
+        rc = cfg->tok_factory(cfg->tok_factory_ctx, pl__tok_type_names[t->type],
+                              t->path ? t->path : "", tok, err, sizeof err);
+        if (rc == PL_OK && (tok->version != PL_TOKENIZER_VERSION || !tok->encode_batch)) {
+            pl__fmt(err, sizeof err, "tokenizer factory gave no encode_batch");
+            rc = PL_EINVAL;
+        }
+    }
+    if (rc == PL_OK) return PL_OK;
+    /* A handle for the message, as pl_source_open leaves one. */
+    pl_source_options o;
+    memset(&o, 0, sizeof o);
+    o.version = 0; /* refused at once: the handle only carries the message */
+    pl__source_open(&o, 0, out);
+    if (*out) pl__source_set_err(*out, err);
+    return rc;
+}
+
+void pl_config_set_tokenizer_factory(pl_config *cfg, pl_tokenizer_factory fn,
+                                     void *ctx) {
+    if (!cfg) return;
+    cfg->tok_factory = fn;
+    cfg->tok_factory_ctx = ctx;
+}
+
+void pl_config_set_lengths_provider(pl_config *cfg, pl_lengths_fn fn, void *ctx) {
+    if (!cfg) return;
+    cfg->lengths_fn = fn;
+    cfg->lengths_ctx = ctx;
+}
+
 int pl__config_open_source(const pl_config *cfg, int64_t i, pl_source **out) {
     if (out) *out = NULL;
     if (!cfg || !out) return PL_EINVAL;
@@ -1756,6 +1952,23 @@ int pl__config_open_source(const pl_config *cfg, int64_t i, pl_source **out) {
     o.eos_id = s->eos_id;
     o.write_index = s->write_index ? s->write_index : cfg->sidecar_index;
     o.image = s->type == PL_SOURCE_WEBDATASET ? &s->image : NULL;
+    pl_tokenizer tok;
+    if ((s->type == PL_SOURCE_JSONL || s->type == PL_SOURCE_TEXT) && cfg->lengths_fn) {
+        o.lengths_fn = cfg->lengths_fn;
+        o.lengths_ctx = cfg->lengths_ctx;
+        o.lengths_source = i;
+        o.tokenizer_threads = s->tok.threads;
+        o.lookahead = s->lookahead;
+    } else if (s->type == PL_SOURCE_JSONL || s->type == PL_SOURCE_TEXT) {
+        o.write_index = 0; /* record offsets in memory (1: write .plrec) */
+        int trc = pl__config_tokenizer(cfg, &s->tok, &tok, out);
+        if (trc) return trc;
+        o.tokenizer = &tok;
+        o.text_key = s->text_key;
+        o.add_eos = s->tok.add_eos;
+        o.tokenizer_threads = s->tok.threads;
+        o.lookahead = s->lookahead;
+    }
     int rc = pl__source_open(&o, cfg->on_error == PL__ONERR_SKIP, out);
     if (rc == PL_ENOENT && *out && !path_exists(s->type, s->path)) {
         /* A path that matches nothing is the config's mistake: say which. */
@@ -1817,6 +2030,13 @@ uint64_t pl_config_fingerprint(const pl_config *c) {
                              io->limit_pixels, io->caption_token_offset};
             h = pl__hash64(ii, sizeof ii, h);
             h = pl__hash64(io->caption_key, strlen(io->caption_key), h);
+        } else if (sc->type == PL_SOURCE_JSONL || sc->type == PL_SOURCE_TEXT) {
+            int32_t ti[2] = {sc->tok.type, sc->tok.add_eos};
+            h = pl__hash64(ti, sizeof ti, h);
+            const char *tp = sc->tok.path ? sc->tok.path : "";
+            const char *tk = sc->text_key ? sc->text_key : "text";
+            h = pl__hash64(tp, strlen(tp) + 1, h);
+            h = pl__hash64(tk, strlen(tk) + 1, h);
         }
     }
     for (int64_t k = 0; k < c->n_points; k++) {
@@ -1885,6 +2105,8 @@ int pl_config_split(const pl_config *cfg, int split, pl_config **out) {
         for (int64_t i = 0; i < c->n_sources; i++) {
             free(c->sources[i].name);
             free(c->sources[i].path);
+            free(c->sources[i].text_key);
+            free(c->sources[i].tok.path);
         }
         free(c->sources);
         c->sources = c->eval_sources[e];

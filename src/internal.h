@@ -76,6 +76,20 @@ enum { PL__BALANCE_NONE = 0, PL__BALANCE_GREEDY = 1, PL__BALANCE_KK = 2 };
 enum { PL__ONERR_FAIL = 0, PL__ONERR_SKIP = 1 };
 enum { PL__INTERP_LINEAR = 0, PL__INTERP_STEP = 1 };
 
+/* A `tokenizer:` mapping (per source or top level). */
+enum { PL__TOK_BYTES = 1, PL__TOK_HF, PL__TOK_SENTENCEPIECE, PL__TOK_TIKTOKEN };
+typedef struct pl__tok_cfg {
+    int set;        /* 0: not given */
+    int type;       /* PL__TOK_* */
+    char *path;     /* malloc'd; NULL for bytes */
+    int add_eos;    /* default 1 */
+    int threads;    /* tokenizer threads of the source; default 1 */
+    int line;
+} pl__tok_cfg;
+
+/* SentencePiece (tokenizer_spm.cc; only with PL_WITH_SENTENCEPIECE). */
+int pl__spm_create(const char *path, pl_tokenizer *out, char *err, size_t errcap);
+
 typedef struct pl__source_cfg {
     char *name;
     pl_source_type type;
@@ -89,6 +103,10 @@ typedef struct pl__source_cfg {
     int has_split;        /* split set on this source */
     pl_image_options image; /* webdataset: image, caption (config keys) */
     int write_index;      /* 0 default, -1: `index: memory` */
+    /* jsonl/text */
+    char *text_key;       /* malloc'd; NULL = "text" */
+    int64_t lookahead;    /* 0 = default */
+    pl__tok_cfg tok;      /* own, or the top level's */
 } pl__source_cfg;
 
 typedef struct pl__sched_point {
@@ -145,6 +163,11 @@ struct pl_config {
     pl__source_cfg *eval_sources[2];
     int split_part; /* the part this config reads: 0 train, 1 valid, 2 test */
     int eval;       /* an evaluation pass: documents in index order, once */
+    pl__tok_cfg tok; /* top-level `tokenizer` */
+    pl_tokenizer_factory tok_factory;
+    void *tok_factory_ctx;
+    pl_lengths_fn lengths_fn; /* raw text sources: lengths from elsewhere */
+    void *lengths_ctx;
 };
 
 /* Documents [*lo, *hi) of a source of n documents in part `part` of the
@@ -230,5 +253,13 @@ typedef struct pl__perm {
 void pl__perm_init(pl__perm *p, uint64_t n, uint64_t seed, const char *name,
                    uint64_t epoch);
 uint64_t pl__perm_apply(const pl__perm *p, uint64_t i);
+
+/* Raw text sources (source_text.c): sources whose lengths come from
+ * tokenizing.  The planner tells such a source the position `pos` of its
+ * epoch's order (perm) that it is about to ask for, so the source's threads
+ * can tokenize what follows. */
+int pl__source_is_lazy(const pl_source *src);
+void pl__source_lookahead(pl_source *src, const pl__perm *perm, int64_t epoch,
+                          int64_t pos);
 
 #endif

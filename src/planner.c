@@ -197,6 +197,9 @@ static int pl__next_document(pl_planner *p, int64_t i) {
                     sc->name, sc->path, (long long)s->skipped);
             return PL_ERECORD;
         }
+        /* A raw text source tokenizes ahead in this order (no-op else). */
+        pl__source_lookahead(p->sources[i], &p->perm[i], s->epoch,
+                             s->drawn_in_epoch);
         /* An evaluation pass reads its documents in index order. */
         int64_t idx = p->doc_lo[i] +
                       (p->cfg->eval ? s->drawn_in_epoch

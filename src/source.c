@@ -205,6 +205,11 @@ static int pl__data_fd(const pl_source *src, const pl__sfile *f, int *fd,
     return pl__fwatch_fd((pl__fwatch *)&f->data_w, path, fd, owned, err, errcap);
 }
 
+int pl__source_data_fd(const pl_source *src, const pl__sfile *f, int *fd,
+                       int *owned, char *err, size_t errcap) {
+    return pl__data_fd(src, f, fd, owned, err, errcap);
+}
+
 /*
  * Is the watched file (idx: f's index, else its data file) still at least
  * `end` bytes long?  A size seen by fstat(2) in the last 10 ms is trusted.
@@ -271,6 +276,14 @@ void pl__sfile_unmap(pl__sfile *f) {
     f->tokens = NULL;
     f->ends = NULL;
     f->lengths = f->pointers = f->docidx = NULL;
+    free(f->spans_owned); /* jsonl/text */
+    free(f->text);
+    free(f->line_ck);
+    f->line_ck = NULL;
+    f->spans_owned = NULL;
+    f->spans = NULL;
+    f->text = NULL;
+    f->text_len = 0;
 }
 
 /* ------------------------------------------------------------ paths */
@@ -498,10 +511,14 @@ static int pl__source_open_impl(const pl_source_options *opts, int skip_damaged,
 
     if (!opts || opts->version < 1 || opts->version > PL_SOURCE_OPTIONS_VERSION) {
         pl__fmt(err, cap, "source options missing or of version %d, "
-                          "expected %d",
+                          "expected 1 to %d",
                 opts ? opts->version : 0, PL_SOURCE_OPTIONS_VERSION);
         return PL_EINVAL;
     }
+    /* A text source owns its tokenizer from here on, even on failure. */
+    int rc0 = pl__is_text_type(opts->type) ? pl__text_init(src, opts, err, cap)
+                                           : PL_OK;
+    if (rc0) return rc0;
     if (!opts->path || !opts->path[0]) {
         pl__fmt(err, cap, "source %s: no path given",
                 opts->name ? opts->name : "(unnamed)");
@@ -517,7 +534,7 @@ static int pl__source_open_impl(const pl_source_options *opts, int skip_damaged,
     if (opts->type == PL_SOURCE_WEBDATASET)
         return pl__wds_open(src, opts, skip_damaged);
     if (opts->type != PL_SOURCE_MEGATRON && opts->type != PL_SOURCE_LLMC &&
-        opts->type != PL_SOURCE_FLAT) {
+        opts->type != PL_SOURCE_FLAT && !pl__is_text_type(opts->type)) {
         pl__fmt(err, cap, "source %s: unknown source type %d", src->name,
                 (int)opts->type);
         return PL_EINVAL;
@@ -525,7 +542,7 @@ static int pl__source_open_impl(const pl_source_options *opts, int skip_damaged,
     src->eos_id = opts->eos_id;
     if (src->eos_id == -1)
         src->eos_id = opts->type == PL_SOURCE_LLMC ? 50256 : 0;
-    if (src->eos_id < 0) {
+    if (src->eos_id < 0 && !src->text) {
         pl__fmt(err, cap, "source %s: eos_id %lld is negative", src->name,
                 (long long)opts->eos_id);
         return PL_EINVAL;
@@ -546,7 +563,8 @@ static int pl__source_open_impl(const pl_source_options *opts, int skip_damaged,
                 src->name, pl_dtype_name(flat));
         return PL_EINVAL;
     }
-    src->dtype = opts->type == PL_SOURCE_MEGATRON ? PL_DTYPE_INT32 : flat;
+    src->dtype = opts->type == PL_SOURCE_MEGATRON || src->text ? PL_DTYPE_INT32
+                                                               : flat;
 
     pl__paths paths = {0};
     int rc = pl__expand(opts->path, opts->type == PL_SOURCE_MEGATRON, &paths,
@@ -569,6 +587,8 @@ static int pl__source_open_impl(const pl_source_options *opts, int skip_damaged,
         pl__sfile *f = &src->files[i];
         if (opts->type == PL_SOURCE_MEGATRON)
             rc = pl__megatron_open(f, skip_damaged, err, cap);
+        else if (src->text)
+            rc = pl__text_open_file(src, f, skip_damaged, err, cap);
         else
             rc = pl__tokens_open(f, opts->type, flat, src->eos_id,
                                  src->write_index, err, cap);
@@ -581,11 +601,13 @@ static int pl__source_open_impl(const pl_source_options *opts, int skip_damaged,
         src->skipped += f->skipped;
     }
     src->dtype = src->files[0].dtype;
+    if (src->text) return pl__text_start(src, err, cap);
     return PL_OK;
 }
 
 void pl_source_free(pl_source *src) {
     if (!src) return;
+    pl__text_free(src); /* joins its threads before the files go */
     pl__release_files(src);
     pl__wds_free(src);
     free(src->name);
@@ -627,7 +649,7 @@ size_t pl_source_sizeof(const pl_source *src) {
     n += (size_t)src->n_files * sizeof *src->files;
     for (int64_t i = 0; i < src->n_files; i++)
         n += strlen(src->files[i].path) + 1;
-    return n;
+    return n + pl__text_sizeof(src);
 }
 
 /* ------------------------------------------------------------ lookup */
@@ -655,6 +677,10 @@ static int pl__file_doc(const pl_source *src, const pl__sfile *f, int64_t r,
     if (src->type == PL_SOURCE_WEBDATASET) {
         *tokens = NULL;
         return pl__wds_doc_length(src, f, r, length, err, errcap);
+    }
+    if (src->text) {
+        *tokens = NULL;
+        return pl__text_length((pl_source *)src, f, r, length, err, errcap);
     }
     return pl__tokens_doc(f, r, tokens, length, err, errcap);
 }
@@ -766,6 +792,9 @@ int pl__source_read(pl_source *src, int64_t index, int64_t offset,
                 pl_dtype_name(out_dtype));
         return PL_EINVAL;
     }
+    if (src->text)
+        return pl__text_read(src, index, offset, count, out, out_dtype, err,
+                             errcap);
     const pl__sfile *f;
     const uint8_t *tok;
     int64_t len;
@@ -1027,6 +1056,14 @@ static int pl__read_ranges(pl_source *src, const pl_read *reads, int64_t n,
         const pl__sfile *f;
         const uint8_t *tok;
         int64_t len, off = reads[i].offset, count = reads[i].count;
+        if (src->text) {
+            rc = pl__text_read(src, reads[i].index, off, count, out,
+                               raw ? PL_DTYPE_INT32 : PL_DTYPE_INT64, err,
+                               sizeof err);
+            if (rc) break;
+            out = (uint8_t *)out + (size_t)count * es;
+            continue;
+        }
         rc = pl__doc(src, reads[i].index, &f, &tok, &len, err, sizeof err);
         if (rc) break;
         if (off < 0 || count < 0 || off > len || count > len - off) {

@@ -87,7 +87,18 @@ typedef struct pl__sfile {
     /* webdataset: the shard's descriptor + 1 (source_wds.c); the .plwds
      * index is idx_map (records, then caption tokens). */
     int wds_fd1;
+    /* jsonl/text (source_text.c): record r is bytes [spans[2r], spans[2r+1])
+     * of the file (plain: read with pread(2)) or of text (compressed: the
+     * decompressed bytes, malloc'd). */
+    const uint64_t *spans;
+    uint64_t *spans_owned; /* malloc'd spans (NULL: mapped .plrec) */
+    char *text;            /* decompressed file, or NULL */
+    size_t text_len;
+    int compression;       /* 0 plain, 1 gzip, 2 zstd */
+    uint64_t *line_ck;     /* line of every 4096th record (NULL: count from 0) */
 } pl__sfile;
+
+typedef struct pl__text pl__text; /* source_text.c: tokenizer and cache */
 
 struct pl_source {
     pthread_mutex_t mu; /* guards errmsg */
@@ -102,6 +113,7 @@ struct pl_source {
     int64_t skipped; /* records left out at open (on_error: skip) */
     pl__sfile *files;
     struct pl__wds *wds; /* webdataset options (source_wds.c), else NULL */
+    pl__text *text;  /* jsonl/text only */
 };
 
 /* Map a whole file read-only (MAP_SHARED), then close it.  A file of size 0
@@ -144,6 +156,31 @@ int pl__wds_doc_length(const pl_source *src, const pl__sfile *f, int64_t r,
  * UINT32). */
 int pl__wds_read(const pl_source *src, const pl__sfile *f, int64_t r, int64_t offset,
                  int64_t count, void *out, pl_dtype dt, char *err, size_t errcap);
+/* ------------------------------------------------------------ jsonl/text */
+static inline int pl__is_text_type(pl_source_type t) {
+    return t == PL_SOURCE_JSONL || t == PL_SOURCE_TEXT;
+}
+/* Set up src->text from the options (before the files open). */
+int pl__text_init(pl_source *src, const pl_source_options *opts, char *err,
+                  size_t errcap);
+/* Find the records of file f (no document is parsed or tokenized). */
+int pl__text_open_file(pl_source *src, pl__sfile *f, int skip_damaged,
+                       char *err, size_t errcap);
+/* Start the lookahead threads (after every file is open). */
+int pl__text_start(pl_source *src, char *err, size_t errcap);
+void pl__text_free(pl_source *src);
+size_t pl__text_sizeof(const pl_source *src);
+/* Length in tokens of local record r of f (tokenizing it if needed). */
+int pl__text_length(pl_source *src, const pl__sfile *f, int64_t r,
+                    int64_t *length, char *err, size_t errcap);
+/* Tokens [offset, offset + count) of global document index, as int64
+ * (out_dtype PL_DTYPE_INT64) or int32. */
+int pl__text_read(pl_source *src, int64_t index, int64_t offset,
+                  int64_t count, void *out, pl_dtype out_dtype, char *err,
+                  size_t errcap);
+/* A data file's descriptor as source.c keeps it (*owned: close after). */
+int pl__source_data_fd(const pl_source *src, const pl__sfile *f, int *fd,
+                       int *owned, char *err, size_t errcap);
 
 /* Release the mappings of a file (not its path). */
 void pl__sfile_unmap(pl__sfile *f);

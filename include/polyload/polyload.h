@@ -183,8 +183,16 @@ typedef enum pl_source_type {
     PL_SOURCE_MEGATRON = 1,
     PL_SOURCE_LLMC = 2,
     PL_SOURCE_FLAT = 3,
-    PL_SOURCE_WEBDATASET = 4
+    PL_SOURCE_JSONL = 4, /* raw text, tokenized online: see "raw text" below */
+    PL_SOURCE_TEXT = 5,
+    PL_SOURCE_WEBDATASET = 6 /* image-text: see below */
 } pl_source_type;
+
+typedef struct pl_tokenizer pl_tokenizer; /* defined under "raw text" below */
+/* Lengths of raw text documents computed elsewhere (see "raw text" below). */
+typedef int (*pl_lengths_fn)(void *ctx, int64_t source, int64_t n,
+                             const int64_t *index, int64_t *lengths,
+                             char **messages, char *err, size_t errcap);
 
 /*
  * Image-text sources (PL_SOURCE_WEBDATASET).  path: a shard, a directory of
@@ -244,9 +252,26 @@ typedef struct pl_source_options {
     int64_t eos_id;       /* llmc/flat; -1 = default (llmc 50256, flat 0) */
     int write_index;      /* llmc/flat: a PL_INDEX_* policy (1 is read as
                              PL_INDEX_WRITE; webdataset: PL_INDEX_MEMORY keeps
-                             the .plwds index in memory) */
+                             the .plwds index in memory; jsonl/text: 1
+                             writes the .plrec record sidecar, 0 and -1 keep
+                             record offsets in memory only) */
     /* Version 2: */
     const pl_image_options *image; /* webdataset: required; copied at open */
+    /* jsonl/text (ignored by the other types): */
+    const char *text_key;       /* jsonl: the document's key; NULL = "text" */
+    const pl_tokenizer *tokenizer; /* required for jsonl/text; copied, and its
+                                      ctx owned by the source from then on
+                                      (destroyed by pl_source_free, or on a
+                                      failed open) */
+    int add_eos;                /* 1: append eos_id to every document */
+    int tokenizer_threads;      /* lookahead threads; 0 = 1 */
+    int64_t lookahead;          /* documents tokenized ahead; 0 = 512 */
+    int64_t max_record_bytes;   /* longer records are PL_ERECORD; 0 = 100 MiB */
+    int64_t cache_bytes;        /* tokens kept for readers; 0 = 256 MiB */
+    pl_lengths_fn lengths_fn;   /* non-NULL: a lengths-only source (below);
+                                   tokenizer is then not used */
+    void *lengths_ctx;
+    int64_t lengths_source;     /* passed to lengths_fn as `source` */
 } pl_source_options;
 
 /*
@@ -395,6 +420,140 @@ PL_API int pl_image_probe(const void *data, size_t len, int64_t *width,
 PL_API int pl_image_smart_resize(int64_t h, int64_t w, int64_t factor,
                                  int64_t min_pixels, int64_t max_pixels,
                                  int64_t *out_h, int64_t *out_w);
+/* ============================================================== raw text */
+/*
+ * Raw text sources, tokenized online (PL_SOURCE_JSONL, PL_SOURCE_TEXT).
+ *
+ *   PL_SOURCE_JSONL  one JSON object per line (RFC 8259, parsed by Jansson);
+ *                    the document is the string under text_key.  Files are
+ *                    plain, gzip (".gz", zlib) or Zstandard (".zst", libzstd).
+ *                    Lines holding only whitespace are not records.
+ *   PL_SOURCE_TEXT   one document per file, UTF-8.
+ *
+ * Document i is record i of the source's files in sorted path order, as for
+ * the token formats.  Opening finds the records and tokenizes nothing: a
+ * plain file is scanned for newlines with memchr (about 1 s per 10 GB when
+ * cached), a compressed file is decompressed once into anonymous memory
+ * while its records are found (it then costs its decompressed size in
+ * memory; random access into a gzip or zstd stream needs the decoder's
+ * state).  With write_index 1 the record offsets of a plain file are kept in
+ * a sidecar "<file>.plrec" (magic "PLREC\0\0\0", version 1, the file's size
+ * and mtime, record count, u64 [start, end) byte pairs), written once and
+ * mapped by later opens; a stale or damaged sidecar is ignored and rebuilt.
+ * The default writes nothing next to the data.
+ *
+ * Lengths are not stored, so the source tokenizes: the planner tells it the
+ * order in which it will ask (the source's shuffle), and tokenizer_threads
+ * threads tokenize the next `lookahead` documents of that order in batches
+ * of at most 64 documents or 256 KiB (pl_tokenizer.encode_batch; the window
+ * opens gradually, 16 documents and two more per document drawn, so the
+ * first step waits only for its own), keeping their tokens until they are read
+ * (pl_source_read, pl_source_read_many, pl_source_read_raw; at most
+ * cache_bytes of them, oldest dropped first).  A document is tokenized once
+ * unless it was dropped before being read (counted by
+ * pl_source_num_tokenized).  Lengths and tokens are those of the tokenizer,
+ * so plans stay a pure function of (config, seed, step): thread counts and
+ * timing change when, never what.  A document's tokens are the tokenizer's
+ * ids, plus eos_id when add_eos is set; the token dtype is int32.
+ *
+ * Bad records: a line that is not a JSON object, a missing or non-string
+ * text_key, invalid UTF-8, an empty document, a record over
+ * max_record_bytes are PL_ERECORD from pl_source_document_length (and the
+ * reads) with a message naming the file, the line and its byte offset.  With
+ * on_error: skip the planner skips such a document and counts it, the same
+ * on every rank.  A truncated or corrupt .gz/.zst is PL_ETRUNC / PL_ERECORD
+ * at open naming the file and the compressed byte offset; with on_error:
+ * skip (sources opened through a config) the complete records before the
+ * damage are kept and the partial one is counted by pl_source_num_skipped.
+ */
+
+/*
+ * A tokenizer, as a table of functions (grow-only, versioned).  The library
+ * calls encode_batch from the source's tokenizer threads, several at once
+ * when tokenizer_threads > 1, so it must be thread-safe; the Python package
+ * plugs in Hugging Face `tokenizers` this way (holding the GIL only around
+ * the call), C and C++ libraries plug in natively.
+ *
+ * encode_batch: tokenize n texts; texts[i] is lens[i] bytes of valid UTF-8
+ * (not NUL-terminated), borrowed for the call.  It sets ids[i] to a
+ * malloc(3)'d array of counts[i] token ids (the library frees it with
+ * free(3); NULL is allowed when counts[i] is 0) and returns 0, or a negative
+ * PL_E* code with a message in err (then no ids[i] is kept: the callee frees
+ * what it allocated).  Special tokens of the tokenizer are not added (as
+ * Hugging Face's add_special_tokens=False); add_eos is the source's job.
+ * destroy: release ctx (may be NULL); called once, by pl_source_free.
+ */
+typedef struct pl_tokenizer {
+    int version; /* PL_TOKENIZER_VERSION */
+    void *ctx;
+    int (*encode_batch)(void *ctx, int64_t n, const char *const *texts,
+                        const size_t *lens, int32_t **ids, int64_t *counts,
+                        char *err, size_t errcap);
+    void (*destroy)(void *ctx);
+    int64_t eos_id;     /* end-of-document id, -1 when it has none */
+    int64_t vocab_size; /* 0 when unknown */
+    const char *name;   /* for messages, e.g. "hf:tokenizer.json"; borrowed
+                           for the life of ctx */
+} pl_tokenizer;
+#define PL_TOKENIZER_VERSION 1
+
+/*
+ * The built-in byte tokenizer: every byte of the UTF-8 text is one token
+ * (0..255), eos_id 256, vocab_size 257.  It needs no file; config
+ * `tokenizer: {type: bytes}`.  Thread-safe.
+ */
+PL_API void pl_tokenizer_bytes(pl_tokenizer *out);
+
+/*
+ * `tokenizer: {type: sentencepiece, path: MODEL}` is built in where the
+ * library was compiled with libsentencepiece (CMake finds it; the C++ shim
+ * src/tokenizer_spm.cc): SentencePieceProcessor::Encode, eos_id and vocab
+ * size from the model.
+ *
+ * What the config's `tokenizer` settings turn into a pl_tokenizer for types
+ * the library does not build in ("hf", "tiktoken", "sentencepiece" without
+ * libsentencepiece): the
+ * host (the Python package, or a C program linking a tokenizer library)
+ * registers a factory on the config (copied into loaders made from it).
+ * It fills *out and returns 0, or a negative PL_E* code with a message.
+ */
+typedef struct pl_config pl_config; /* see "config" below */
+typedef int (*pl_tokenizer_factory)(void *ctx, const char *type,
+                                    const char *path, pl_tokenizer *out,
+                                    char *err, size_t errcap);
+PL_API void pl_config_set_tokenizer_factory(pl_config *cfg,
+                                            pl_tokenizer_factory fn,
+                                            void *ctx);
+
+/*
+ * Lengths of many documents at once: lengths[i] is the length of document
+ * index[i], or a negative PL_E* code when that document is bad (its message:
+ * pl_source_document_length of it).  A raw text source tokenizes the ones it
+ * does not hold in batches on the calling thread and keeps their tokens for
+ * the reads, as the lookahead does.  Returns 0, or an error that is not one
+ * document's (PL_EINVAL, PL_ERANGE for an index out of range, PL_ENOMEM).
+ */
+PL_API int pl_source_lengths(pl_source *src, const int64_t *index, int64_t n,
+                             int64_t *lengths);
+
+/*
+ * Lengths-only sources: where the planner runs in another process than the
+ * source loaders (the Ray deployment), a raw text source can be opened with
+ * pl_source_options.lengths_fn instead of a tokenizer.  The lookahead then
+ * asks lengths_fn for the lengths of the documents it would tokenize, a
+ * batch at a time, from the source's threads: lengths_fn fills lengths[i]
+ * (a length, or a negative PL_E* code for a bad document, with an optional
+ * malloc'd message in messages[i] that the library frees) and returns 0, or
+ * a negative code with a message in err for the whole call.  Such a source
+ * reads no tokens (pl_source_read*: PL_EINVAL).  Through a config:
+ * pl_config_set_lengths_provider, called with the source's config index.
+ */
+PL_API void pl_config_set_lengths_provider(pl_config *cfg, pl_lengths_fn fn,
+                                           void *ctx);
+
+/* Documents tokenized so far (lookahead and reads together); equal to the
+ * documents used when none was tokenized twice.  0 for token sources. */
+PL_API int64_t pl_source_num_tokenized(const pl_source *src);
 
 /* ================================================================ config */
 /*

@@ -411,13 +411,7 @@ class Loader:
         conv = self._convert.get(rank)
         if conv is None:
             conv = self._converter(rank)
-        d = b.to_dict(conv[0], writable=conv[1])
-        if b.n_images:
-            for n in _IMAGE_FIELDS:
-                x = getattr(b, n)
-                for f in conv[0]:
-                    x = f(x)
-                d[n] = x
+        d = b.to_dict(conv[0], writable=conv[1])  # image fields included
         if self._with_sources:
             seg = b.segment_sources
             if seg is not None:  # small: a private copy, converted as the other fields

@@ -708,3 +708,34 @@ def test_lost_node_with_every_primary_source_loader(cluster, corpus2):
             c.close()
         fo = dep.failovers()
         assert fo and all(".shadow." in f["to"] for f in fo), (fo, dep.info["nodes"], node.node_id)
+
+
+def test_raw_text_tokenized_in_source_loaders(cluster, tmp_path_factory):
+    """Raw jsonl sources in the deployment: the source loaders tokenize (the planner holds
+    lengths only, asked of them), and the batches equal the embedded loader's and so those
+    of the same text prepared offline."""
+    import fortunes_corpus as fc
+
+    corpus = fc.build(tmp_path_factory.mktemp("ray_fortunes"))
+    cfg = fc.config(corpus, train_steps=8, tokenizer={"type": "hf", "path": corpus["tokenizer"]})
+    cfg["sources"] = [
+        {"name": n, "type": "jsonl", "path": os.path.join(corpus["dir"], f"{n}.jsonl"),
+         "weight": w} for n, w in (("tech", 0.6), ("wit", 0.4))]
+    with pr.launch(cfg, num_source_loaders={"tech": 2, "wit": 1}, num_constructors=1,
+                   namespace=NS, name="rawtext") as dep:
+        clients = [pr.Client(cfg, rank=r, namespace=NS, name="rawtext") for r in (0, 1)]
+        got = {0: [], 1: []}
+        while True:
+            b = [c.next_batch() for c in clients]
+            if b[0] is None:
+                break
+            for r in (0, 1):
+                got[r].append(batch_hash(b[r]))
+        counts = ray.get([a.num_tokenized.remote() for a in dep.actors["source_loader"]])
+    prepared = fc.config(corpus, train_steps=8)
+    for r in (0, 1):
+        assert got[r] == loader_hashes(cfg, r)[0] == loader_hashes(prepared, r)[0], r
+    tokenized = sum(sum(c.values()) for c in counts)
+    # 8 steps x 8 sequences x 128 tokens of short fortunes: a few hundred documents, each
+    # tokenized once by the loader that owns it (plus the planner's lookahead window).
+    assert 0 < tokenized <= 2 * 512 + 400

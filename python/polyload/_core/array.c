@@ -446,6 +446,26 @@ static PyObject *batch_to_dict(PyPlBatch *o, PyObject *const *args, Py_ssize_t n
         }
         Py_DECREF(v);
     }
+    /* Images of webdataset sources: present only when the micro-batch has some. */
+    static const char *const inames[] = {"pixel_values", "image_grid_thw", "image_positions"};
+    for (int f = F_PIXEL_VALUES; b->n_images > 0 && f <= F_IMAGE_POSITIONS; f++) {
+        PyObject *v = batch_field(b, f, writable);
+        if (v == Py_None) {
+            Py_DECREF(v);
+            continue;
+        }
+        for (Py_ssize_t c = 0; v && c < nconv; c++) {
+            PyObject *w = PyObject_CallOneArg(conv[c], v);
+            Py_DECREF(v);
+            v = w;
+        }
+        if (!v || PyDict_SetItemString(d, inames[f - F_PIXEL_VALUES], v) < 0) {
+            Py_XDECREF(v);
+            Py_DECREF(d);
+            return NULL;
+        }
+        Py_DECREF(v);
+    }
     if (b->fields & PL_FIELD_MAX_SEQLEN) {
         PyObject *v = PyLong_FromLongLong((long long)b->max_seqlen);
         if (!v || PyDict_SetItem(d, pypl_max_seqlen_name, v) < 0) {

@@ -21,6 +21,8 @@ static PyObject *config_wrap(pl_config *cfg) {
     }
     o->cfg = cfg;
     o->busy = 0;
+    /* Raw text sources tokenize with Hugging Face tokenizers (tokenizer.c). */
+    pl_config_set_tokenizer_factory(cfg, pypl_tokenizer_factory, NULL);
     return (PyObject *)o;
 }
 
@@ -250,6 +252,24 @@ static PyObject *config_rank_info(PyPlConfig *o, PyObject *arg) {
                          "fields", (unsigned long)ri.fields);
 }
 
+static PyObject *config_set_lengths_provider(PyPlConfig *o, PyObject *fn) {
+    if (!PyCallable_Check(fn)) {
+        PyErr_SetString(PyExc_TypeError, "set_lengths_provider: fn must be callable");
+        return NULL;
+    }
+    if (o->busy) {
+        PyErr_SetString(PyExc_RuntimeError,
+                        "Config.set_lengths_provider: the config is being read by another "
+                        "thread");
+        return NULL;
+    }
+    /* Sources and planners made from this config (copies included) call fn for
+       as long as they live: the reference is kept for the process's life. */
+    Py_INCREF(fn);
+    pl_config_set_lengths_provider(o->cfg, pypl_lengths_provider, fn);
+    Py_RETURN_NONE;
+}
+
 static PyObject *config_open_source(PyPlConfig *o, PyObject *arg) {
     long long i = PyLong_AsLongLong(arg);
     if (i == -1 && PyErr_Occurred()) return NULL;
@@ -335,6 +355,11 @@ static PyMethodDef config_methods[] = {
     {"rank_info", (PyCFunction)config_rank_info, METH_O,
      "rank_info(rank) -> dict\n\n{'rank', 'dp_rank', 'pp_rank', 'cp_rank', 'tp_rank', "
      "'fields'} of a global rank (Megatron's RankGenerator order).  Raises RangeError."},
+    {"set_lengths_provider", (PyCFunction)config_set_lengths_provider, METH_O,
+     "set_lengths_provider(fn)\n\nRaw text sources opened from this config afterwards "
+     "hold lengths only:\nfn(source_index, [document indices]) -> (lengths, {position: "
+     "message}) gives them\n(a negative length is a PL_E* code of a bad document), "
+     "called from the sources'\nthreads in batches (pl_config_set_lengths_provider)."},
     {"open_source", (PyCFunction)config_open_source, METH_O,
      "open_source(i) -> Source\n\nOpen source i with the options of the config."},
     {"cost_sequence", (PyCFunction)config_cost_sequence, METH_O,
@@ -501,7 +526,12 @@ static PyObject *source_open_webdataset(PyObject *cls, PyObject *args, PyObject 
 }
 
 static void source_dealloc(PyPlSource *o) {
-    pl_source_free(o->src);
+    /* A raw text source joins its tokenizer threads, which may wait for the
+       GIL (tokenizer.c): free it with the GIL released. */
+    pl_source *src = o->src;
+    Py_BEGIN_ALLOW_THREADS
+    pl_source_free(src);
+    Py_END_ALLOW_THREADS
     PyObject_Free(o);
 }
 
@@ -832,8 +862,60 @@ static PyObject *source_get_type(PyPlSource *o, void *c) {
     case PL_SOURCE_LLMC: return PyUnicode_FromString("llmc");
     case PL_SOURCE_FLAT: return PyUnicode_FromString("flat");
     case PL_SOURCE_WEBDATASET: return PyUnicode_FromString("webdataset");
+    case PL_SOURCE_JSONL: return PyUnicode_FromString("jsonl");
+    case PL_SOURCE_TEXT: return PyUnicode_FromString("text");
     }
     return PyUnicode_FromString("unknown");
+}
+
+static PyObject *source_lengths(PyPlSource *o, PyObject *arg) {
+    PyObject *seq = PySequence_Fast(arg, "lengths: indices must be a sequence of int");
+    if (!seq) return NULL;
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
+    int64_t *idx = PyMem_Calloc((size_t)(n ? n : 1), sizeof *idx);
+    int64_t *len = PyMem_Calloc((size_t)(n ? n : 1), sizeof *len);
+    if (!idx || !len) {
+        Py_DECREF(seq);
+        PyMem_Free(idx);
+        PyMem_Free(len);
+        return PyErr_NoMemory();
+    }
+    for (Py_ssize_t i = 0; i < n; i++) {
+        idx[i] = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(seq, i));
+        if (idx[i] == -1 && PyErr_Occurred()) {
+            Py_DECREF(seq);
+            PyMem_Free(idx);
+            PyMem_Free(len);
+            return NULL;
+        }
+    }
+    Py_DECREF(seq);
+    int rc;
+    pl_source *src = o->src;
+    Py_BEGIN_ALLOW_THREADS
+    rc = pl_source_lengths(src, idx, (int64_t)n, len);
+    Py_END_ALLOW_THREADS
+    PyObject *out = NULL;
+    if (rc != PL_OK) {
+        pypl_raise(rc, pl_source_errmsg(src));
+    } else if ((out = PyList_New(n)) != NULL) {
+        for (Py_ssize_t i = 0; i < n; i++) {
+            PyObject *v = PyLong_FromLongLong((long long)len[i]);
+            if (!v) {
+                Py_CLEAR(out);
+                break;
+            }
+            PyList_SET_ITEM(out, i, v);
+        }
+    }
+    PyMem_Free(idx);
+    PyMem_Free(len);
+    return out;
+}
+
+static PyObject *source_get_num_tokenized(PyPlSource *o, void *c) {
+    (void)c;
+    return PyLong_FromLongLong((long long)pl_source_num_tokenized(o->src));
 }
 
 static PyObject *source_get_token_dtype(PyPlSource *o, void *c) {
@@ -852,6 +934,11 @@ static PyObject *source_get_errmsg(PyPlSource *o, void *c) {
 }
 
 static PyMethodDef source_methods[] = {
+    {"lengths", (PyCFunction)source_lengths, METH_O,
+     "lengths(indices) -> list of int\n\nLengths of many documents (pl_source_lengths): "
+     "a raw text source tokenizes\nthem in batches and keeps the tokens for the reads. "
+     "A bad document's entry is\nits negative PL_E* code (document_length(i) raises "
+     "with its message)."},
     {"open", (PyCFunction)(void (*)(void))source_open,
      METH_VARARGS | METH_KEYWORDS | METH_CLASS,
      "Source.open(type, path, name=None, token_dtype=None, eos_id=-1, write_index=0)"
@@ -908,8 +995,11 @@ static PyGetSetDef source_getset[] = {
      "int: bad records left out at open (on_error: skip)", NULL},
     {"num_documents", (getter)source_get_num_documents, NULL, "int: documents", NULL},
     {"num_files", (getter)source_get_num_files, NULL, "int: files", NULL},
+    {"num_tokenized", (getter)source_get_num_tokenized, NULL,
+     "int: documents tokenized so far (raw text sources; pl_source_num_tokenized)",
+     NULL},
     {"name", (getter)source_get_name, NULL, "str: the name used in messages", NULL},
-    {"type", (getter)source_get_type, NULL, "str: 'megatron', 'llmc' or 'flat'", NULL},
+    {"type", (getter)source_get_type, NULL, "str: 'megatron', 'llmc', 'flat', 'jsonl' or 'text'", NULL},
     {"token_dtype", (getter)source_get_token_dtype, NULL,
      "str: numpy name of the stored token type", NULL},
     {"sizeof", (getter)source_get_sizeof, NULL,

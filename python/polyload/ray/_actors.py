@@ -122,6 +122,10 @@ class Planner:
         enter_cwd(self._cwd)
         cfg = make_config(self._payload)
         self._cfg = cfg
+        # Raw text sources hold lengths only here: the source loaders tokenize (once per
+        # actor, keeping the tokens for the constructors' reads) and report lengths.
+        self._loader_handles: Dict[str, Any] = {}
+        cfg.set_lengths_provider(self._lengths)
         self._planner = _core.Planner.create(cfg)
         self._train_steps = cfg.get_int("train_steps")  # -1: endless
         ctx = ray.get_runtime_context()
@@ -135,6 +139,8 @@ class Planner:
             self._persist()
         else:
             self._gen, self._start_blob, self._info = saved["gen"], saved["start"], saved["info"]
+            if saved.get("routing"):
+                self._routing = saved["routing"]
             self._start_hash = hashlib.sha256(self._start_blob).digest()
             self._reset_cache(_core.state_info(self._start_blob)["step"])
             if saved.get("ckpt") is not None:
@@ -165,6 +171,44 @@ class Planner:
         # step -> packed blob of its start; constructor -> least step of its ranks
         self._states: Dict[int, bytes] = {}
         self._low: Dict[int, int] = {}
+
+    def set_routing(self, names, partitions, loader_names, namespace) -> None:
+        """Which source loader owns which documents (before any plan is asked)."""
+        self._ensure()
+        self._routing = {"sources": list(names), "partitions": [list(p) for p in partitions],
+                         "source_loaders": list(loader_names), "namespace": namespace}
+        self._persist()
+
+    def _lengths(self, source: int, indices: List[int]):
+        """Lengths of raw text documents, from the source loaders that own them (called
+        by the C planner's lookahead threads, in batches).  ``(lengths, {position:
+        message})`` as Config.set_lengths_provider wants."""
+        info = getattr(self, "_routing", None)
+        if not info:
+            raise RuntimeError("planner: lengths asked before the source loaders are known")
+        name = info["sources"][source]
+        parts = sorted((lo, hi, owner) for n, lo, hi, owner in info["partitions"] if n == name)
+        los = np.asarray([p[0] for p in parts], dtype=np.int64)
+        idx = np.asarray(indices, dtype=np.int64)
+        which = np.searchsorted(los, idx, side="right") - 1
+        calls = []
+        for k in np.unique(which):
+            pos = np.flatnonzero(which == k)
+            actor = info["source_loaders"][parts[int(k)][2]]
+            h = self._loader_handles.get(actor)
+            if h is None:
+                h = self._loader_handles[actor] = ray.get_actor(actor,
+                                                               namespace=info["namespace"])
+            calls.append((pos, h.lengths.remote(int(source), idx[pos].tolist())))
+        lengths = [0] * len(indices)
+        messages: Dict[int, str] = {}
+        for pos, ref in calls:
+            lens, msgs = ray.get(ref, timeout=600)
+            for j, p in enumerate(pos.tolist()):
+                lengths[p] = lens[j]
+                if j in msgs:
+                    messages[p] = msgs[j]
+        return lengths, messages
 
     def _advance(self, step: int) -> None:
         """Plan every step up to ``step`` (stopping at a failure), keeping each plan
@@ -238,8 +282,11 @@ class Planner:
             self.setup()
 
     def _persist(self, ckpt: Optional[bytes] = None) -> None:
+        if ckpt is None:
+            ckpt = self._ckpt_blob  # the last checkpoint stays
         rec = {"gen": self._gen, "start": self._start_blob, "info": self._info,
-               "ckpt": ckpt, "low": dict(self._low) if ckpt is not None else {}}
+               "ckpt": ckpt, "low": dict(self._low) if ckpt is not None else {},
+               "routing": getattr(self, "_routing", None)}
         data = pickle.dumps(rec, protocol=5)
         _kv_put(self._kv_key, data)
         self.checkpoint_bytes += len(data)
@@ -456,6 +503,26 @@ class SourceLoader:
                 f"{self._shards}")
         data, _offsets = _core.read_rows_raw(self._srcs, reads)
         return np.frombuffer(data, dtype=np.uint8)
+
+    @ray.method(enable_task_events=False)
+    def lengths(self, source: int, indices: List[int]):
+        """Lengths of documents of a raw text source, tokenized here in batches (the
+        tokens stay for the constructors' reads): ``(lengths, {position: message})``, a
+        bad document's length being its negative PL_E* code."""
+        src = self._srcs[int(source)]
+        lens = src.lengths(indices)
+        msgs = {}
+        for j, v in enumerate(lens):
+            if v < 0:
+                try:
+                    src.document_length(indices[j])
+                except polyload.PolyloadError as e:
+                    msgs[j] = e.message
+        return lens, msgs
+
+    def num_tokenized(self) -> Dict[int, int]:
+        """Documents tokenized so far, per source held (raw text sources)."""
+        return {s: src.num_tokenized for s, src in enumerate(self._srcs) if src is not None}
 
     def pid(self) -> int:
         return os.getpid()

@@ -356,6 +356,10 @@ def launch(
                 shadow_actors.append(a)
                 shadow_names[j].append(f"{loader_names[j]}.shadow.{k}")
         sinfo = _get([a.setup.remote() for a in shadow_actors], timeout)
+        # Raw text sources: the planner asks their lengths of these loaders.
+        _get(planner.set_routing.remote(
+            names, [[names[s], lo, hi, owner[j]] for j, (s, lo, hi) in enumerate(parts)],
+            loader_names, namespace), timeout)
         routing = []
         for s in range(len(names)):
             mine = [(lo, hi, owner[j]) for j, (src, lo, hi) in enumerate(parts) if src == s]

@@ -1,0 +1,256 @@
+/*
+ * tokenizer.c -- Hugging Face `tokenizers` as a pl_tokenizer, for raw text
+ * sources (config `tokenizer: {type: hf, path: tokenizer.json}`).
+ *
+ * Every Config this extension parses carries pypl_tokenizer_factory
+ * (pl_config_set_tokenizer_factory), so the loaders, planners and sources
+ * made from it, in this process or in Ray actors, tokenize with
+ * `tokenizers.Tokenizer.from_file(path)`.  The C source loader calls
+ * encode_batch from its own threads, a batch of documents at a time; the
+ * callback takes the GIL (PyGILState_Ensure) only for the call:
+ * Tokenizer.encode_batch_fast(texts, add_special_tokens=False) runs in Rust
+ * with the GIL released, and the ids are copied out into int32 arrays.
+ * The end-of-document id is the first of polyload.prepare.EOD_CANDIDATES
+ * that the vocabulary has (as `polyload prepare --append-eod` picks it).
+ */
+#include "core.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+typedef struct pyhf {
+    PyObject *tok;    /* tokenizers.Tokenizer */
+    PyObject *encode; /* its encode_batch_fast (or encode_batch) */
+    PyObject *kw;     /* {"add_special_tokens": False} */
+    char name[1100];
+} pyhf;
+
+/* The pending Python exception as a message (and cleared). */
+static void pyhf_errmsg(const char *what, char *err, size_t errcap) {
+    PyObject *t, *v, *tb;
+    PyErr_Fetch(&t, &v, &tb);
+    PyObject *s = v ? PyObject_Str(v) : NULL;
+    const char *m = s ? PyUnicode_AsUTF8(s) : NULL;
+    snprintf(err, errcap, "%s: %s", what, m ? m : "Python error");
+    PyErr_Clear();
+    Py_XDECREF(s);
+    Py_XDECREF(t);
+    Py_XDECREF(v);
+    Py_XDECREF(tb);
+}
+
+static int pyhf_encode(void *ctx, int64_t n, const char *const *texts,
+                       const size_t *lens, int32_t **ids, int64_t *counts,
+                       char *err, size_t errcap) {
+    pyhf *h = ctx;
+    if (!Py_IsInitialized()) {
+        snprintf(err, errcap, "the Python interpreter is not running");
+        return PL_ECLOSED;
+    }
+    PyGILState_STATE g = PyGILState_Ensure();
+    int rc = PL_OK;
+    int64_t done = 0;
+    PyObject *list = PyList_New((Py_ssize_t)n), *res = NULL;
+    if (!list) goto pyerr;
+    for (int64_t i = 0; i < n; i++) {
+        PyObject *s = PyUnicode_DecodeUTF8(texts[i], (Py_ssize_t)lens[i], "strict");
+        if (!s) goto pyerr;
+        PyList_SET_ITEM(list, (Py_ssize_t)i, s);
+    }
+    PyObject *args = PyTuple_Pack(1, list);
+    if (!args) goto pyerr;
+    res = PyObject_Call(h->encode, args, h->kw);
+    Py_DECREF(args);
+    if (!res) goto pyerr;
+    if (!PyList_Check(res) || PyList_GET_SIZE(res) != (Py_ssize_t)n) {
+        snprintf(err, errcap, "%s: encode_batch returned no list of %lld", h->name,
+                 (long long)n);
+        rc = PL_EINVAL;
+        goto out;
+    }
+    for (; done < n; done++) {
+        PyObject *v = PyObject_GetAttrString(PyList_GET_ITEM(res, (Py_ssize_t)done), "ids");
+        if (!v) goto pyerr;
+        Py_ssize_t m = PyList_Check(v) ? PyList_GET_SIZE(v) : -1;
+        if (m < 0) {
+            Py_DECREF(v);
+            snprintf(err, errcap, "%s: Encoding.ids is not a list", h->name);
+            rc = PL_EINVAL;
+            goto out;
+        }
+        int32_t *a = m ? malloc((size_t)m * sizeof *a) : NULL;
+        if (m && !a) {
+            Py_DECREF(v);
+            snprintf(err, errcap, "out of memory");
+            rc = PL_ENOMEM;
+            goto out;
+        }
+        for (Py_ssize_t j = 0; j < m; j++) {
+            long x = PyLong_AsLong(PyList_GET_ITEM(v, j));
+            a[j] = (int32_t)(x < 0 || x > INT32_MAX ? -1 : x);
+        }
+        Py_DECREF(v);
+        ids[done] = a;
+        counts[done] = (int64_t)m;
+    }
+    goto out;
+pyerr:
+    pyhf_errmsg(h->name, err, errcap);
+    rc = PL_EINVAL;
+out:
+    if (rc)
+        for (int64_t i = 0; i < done; i++) free(ids[i]);
+    Py_XDECREF(res);
+    Py_XDECREF(list);
+    PyGILState_Release(g);
+    return rc;
+}
+
+static void pyhf_destroy(void *ctx) {
+    pyhf *h = ctx;
+    if (!h) return;
+    if (Py_IsInitialized()) {
+        PyGILState_STATE g = PyGILState_Ensure();
+        Py_XDECREF(h->encode);
+        Py_XDECREF(h->kw);
+        Py_XDECREF(h->tok);
+        PyGILState_Release(g);
+    }
+    free(h);
+}
+
+int pypl_tokenizer_factory(void *ctx, const char *type, const char *path,
+                           pl_tokenizer *out, char *err, size_t errcap) {
+    (void)ctx;
+    if (strcmp(type, "hf") != 0) {
+        snprintf(err, errcap,
+                 "tokenizer type %s (%s) is not supported here (hf and bytes are, and "
+                 "sentencepiece in a library built with libsentencepiece)",
+                 type, path);
+        return PL_ECONFIG;
+    }
+    pyhf *h = calloc(1, sizeof *h);
+    if (!h) {
+        snprintf(err, errcap, "out of memory");
+        return PL_ENOMEM;
+    }
+    snprintf(h->name, sizeof h->name, "hf:%s", path);
+    PyGILState_STATE g = PyGILState_Ensure();
+    int rc = PL_OK;
+    int64_t eos = -1, vocab = 0;
+    PyObject *mod = PyImport_ImportModule("tokenizers"), *cls = NULL, *cands = NULL;
+    if (!mod) goto pyerr;
+    cls = PyObject_GetAttrString(mod, "Tokenizer");
+    if (!cls) goto pyerr;
+    h->tok = PyObject_CallMethod(cls, "from_file", "s", path);
+    if (!h->tok) goto pyerr;
+    h->encode = PyObject_GetAttrString(h->tok, "encode_batch_fast");
+    if (!h->encode) {
+        PyErr_Clear();
+        h->encode = PyObject_GetAttrString(h->tok, "encode_batch");
+        if (!h->encode) goto pyerr;
+    }
+    h->kw = Py_BuildValue("{s:O}", "add_special_tokens", Py_False);
+    if (!h->kw) goto pyerr;
+    PyObject *vs = PyObject_CallMethod(h->tok, "get_vocab_size", "O", Py_True);
+    if (!vs) goto pyerr;
+    vocab = PyLong_AsLongLong(vs);
+    Py_DECREF(vs);
+    PyObject *prep = PyImport_ImportModule("polyload.prepare");
+    if (!prep) goto pyerr;
+    cands = PyObject_GetAttrString(prep, "EOD_CANDIDATES");
+    Py_DECREF(prep);
+    if (!cands) goto pyerr;
+    for (Py_ssize_t i = 0; i < PyTuple_Size(cands) && eos < 0; i++) {
+        PyObject *id = PyObject_CallMethod(h->tok, "token_to_id", "O",
+                                           PyTuple_GET_ITEM(cands, i));
+        if (!id) goto pyerr;
+        if (id != Py_None) eos = PyLong_AsLongLong(id);
+        Py_DECREF(id);
+    }
+    goto out;
+pyerr:
+    pyhf_errmsg(h->name, err, errcap);
+    rc = PL_ECONFIG;
+out:
+    Py_XDECREF(cands);
+    Py_XDECREF(cls);
+    Py_XDECREF(mod);
+    PyGILState_Release(g);
+    if (rc) {
+        pyhf_destroy(h);
+        return rc;
+    }
+    memset(out, 0, sizeof *out);
+    out->version = PL_TOKENIZER_VERSION;
+    out->ctx = h;
+    out->encode_batch = pyhf_encode;
+    out->destroy = pyhf_destroy;
+    out->eos_id = eos;
+    out->vocab_size = vocab;
+    out->name = h->name;
+    return PL_OK;
+}
+
+/* ------------------------------------------------------------- lengths */
+
+/*
+ * Config.set_lengths_provider(fn): raw text sources opened from this config
+ * hold lengths only, asked of fn(source_index, [document indices]) ->
+ * (lengths, {position: message}) from the sources' threads (GIL taken for
+ * the call).  The Ray planner actor answers with its source loaders'.
+ */
+int pypl_lengths_provider(void *ctx, int64_t source, int64_t n, const int64_t *index,
+                          int64_t *lengths, char **messages, char *err, size_t errcap) {
+    PyObject *fn = ctx;
+    if (!Py_IsInitialized()) {
+        snprintf(err, errcap, "the Python interpreter is not running");
+        return PL_ECLOSED;
+    }
+    PyGILState_STATE g = PyGILState_Ensure();
+    int rc = PL_OK;
+    PyObject *list = PyList_New((Py_ssize_t)n), *res = NULL, *seq = NULL;
+    if (!list) goto pyerr;
+    for (int64_t i = 0; i < n; i++) {
+        PyObject *v = PyLong_FromLongLong((long long)index[i]);
+        if (!v) goto pyerr;
+        PyList_SET_ITEM(list, (Py_ssize_t)i, v);
+    }
+    res = PyObject_CallFunction(fn, "LO", (long long)source, list);
+    if (!res) goto pyerr;
+    PyObject *lens = res, *msgs = NULL;
+    if (PyTuple_Check(res) && PyTuple_GET_SIZE(res) == 2) {
+        lens = PyTuple_GET_ITEM(res, 0);
+        msgs = PyTuple_GET_ITEM(res, 1);
+    }
+    seq = PySequence_Fast(lens, "lengths provider: expected a sequence of int");
+    if (!seq) goto pyerr;
+    if (PySequence_Fast_GET_SIZE(seq) != (Py_ssize_t)n) {
+        snprintf(err, errcap, "lengths provider returned %zd lengths for %lld documents",
+                 PySequence_Fast_GET_SIZE(seq), (long long)n);
+        rc = PL_EINVAL;
+        goto out;
+    }
+    for (int64_t i = 0; i < n; i++) {
+        long long v = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(seq, (Py_ssize_t)i));
+        if (v == -1 && PyErr_Occurred()) goto pyerr;
+        lengths[i] = (int64_t)v;
+        if (v < 0 && msgs && PyDict_Check(msgs)) {
+            PyObject *k = PyLong_FromLongLong((long long)i);
+            PyObject *m = k ? PyDict_GetItem(msgs, k) : NULL;
+            Py_XDECREF(k);
+            const char *s = m && PyUnicode_Check(m) ? PyUnicode_AsUTF8(m) : NULL;
+            if (s) messages[i] = strdup(s);
+        }
+    }
+    goto out;
+pyerr:
+    pyhf_errmsg("lengths provider", err, errcap);
+    rc = PL_EIO;
+out:
+    Py_XDECREF(seq);
+    Py_XDECREF(res);
+    Py_XDECREF(list);
+    PyGILState_Release(g);
+    return rc;
+}

@@ -1,0 +1,1327 @@
+/*
+ * source_text.c -- raw text sources (jsonl, text), tokenized online.
+ *
+ * Records.  Opening a file finds its records and parses none: a plain file
+ * is mapped, scanned for newlines with memchr(3) and unmapped again (reads
+ * go through pread(2) on the descriptor kept from open, so a file that
+ * shrinks is PL_ETRUNC, never SIGBUS); a .gz or .zst file is decompressed
+ * once (zlib, libzstd) into a malloc'd buffer while its records are found,
+ * because neither stream can be entered in the middle without the decoder's
+ * state.  Record r of a file is the byte span [spans[2r], spans[2r+1]),
+ * without its newline (and a '\r' before it); lines of only blanks are not
+ * records.  With write_index 1 the spans of a plain file are kept in a
+ * sidecar "<file>.plrec" (see polyload.h) and mapped by later opens.
+ *
+ * Tokens.  The planner asks for document lengths in the order of the
+ * source's shuffle and tells the source that order ahead
+ * (pl__source_lookahead): the next `lookahead` documents are queued, and the
+ * source's threads take them from the queue in batches (up to 64 documents
+ * or 1 MiB of text), parse them (Jansson) and tokenize them with one
+ * pl_tokenizer.encode_batch call.  Results live in a hash table by document
+ * index, with an age list; a reader that finds its document queued takes
+ * it over and tokenizes it itself, one that finds it being tokenized waits.
+ * A document read up to its last token leaves the table (it has been used);
+ * beyond cache_bytes the oldest finished documents leave it.  Entries being
+ * waited on or still queued are never dropped.  Every path computes the same
+ * tokens for a document, so timing changes only who does the work.
+ *
+ * Locking: one mutex per source guards the table, the queue and the
+ * lookahead cursor; parsing and tokenizing run outside it.
+ */
+#include "source_internal.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <jansson.h>
+#include <zlib.h>
+#include <zstd.h>
+
+#define PL__REC_MAGIC "PLREC\0\0\0"
+#define PL__REC_VERSION 1u
+#define PL__REC_HEADER 48
+#define PL__BATCH_DOCS 64
+#define PL__BATCH_BYTES ((uint64_t)1 << 18)
+/* Records between line-number checkpoints (a message counts at most this
+ * many lines from the nearest one). */
+#define PL__LINE_CK 4096
+
+enum { PL__T_QUEUED = 1, PL__T_RUNNING = 2, PL__T_READY = 3 };
+
+typedef struct pl__tentry {
+    int64_t index;
+    int state;
+    int inq;     /* linked in the work queue */
+    int waiters; /* threads waiting on it or copying from it */
+    int rc;      /* READY: PL_OK or the record's error */
+    char *err;   /* message of rc */
+    int32_t *ids;
+    int64_t len;
+    size_t cost; /* bytes charged to the cache */
+    struct pl__tentry *hnext;
+    struct pl__tentry *older, *younger;
+    struct pl__tentry *qnext;
+} pl__tentry;
+
+struct pl__text {
+    pl_tokenizer tok;
+    int have_tok;
+    char *text_key;
+    int add_eos;
+    int64_t eos_id;
+    int64_t lookahead, max_record, cache_bytes;
+    int nthreads, started, write_index;
+    pthread_t *threads;
+    pthread_mutex_t mu;
+    pthread_cond_t work_cv, done_cv;
+    int stop;
+    pl__tentry **buckets;
+    uint64_t nbuckets; /* power of two */
+    int64_t n_entries;
+    pl__tentry *oldest, *youngest;
+    pl__tentry *qhead, *qtail;
+    int64_t bytes;
+    atomic_llong tokenized;
+    /* lookahead cursor: the next position of the epoch's order to queue */
+    int la_valid;
+    int64_t la_epoch, la_next, la_last;
+    int64_t la_draws; /* documents drawn since open: the window grows with it */
+    pl__perm la_perm;
+    size_t spans_bytes;
+    /* lengths-only (pl_source_options.lengths_fn) */
+    pl_lengths_fn lengths_fn;
+    void *lengths_ctx;
+    int64_t lengths_source;
+};
+
+/* ------------------------------------------------------------ UTF-8 */
+
+/* Offset of the first byte that is not part of valid UTF-8 (RFC 3629: no
+ * overlong forms, no surrogates, nothing above U+10FFFF), or n. */
+static size_t pl__utf8_check(const uint8_t *s, size_t n) {
+    size_t i = 0;
+    while (i < n) {
+        uint8_t c = s[i];
+        if (c < 0x80) {
+            i++;
+            continue;
+        }
+        size_t k;
+        uint32_t cp;
+        if (c >= 0xC2 && c <= 0xDF) k = 1, cp = c & 0x1F;
+        else if (c >= 0xE0 && c <= 0xEF) k = 2, cp = c & 0x0F;
+        else if (c >= 0xF0 && c <= 0xF4) k = 3, cp = c & 0x07;
+        else return i;
+        if (n - i <= k) return i;
+        for (size_t j = 1; j <= k; j++) {
+            if ((s[i + j] & 0xC0) != 0x80) return i;
+            cp = (cp << 6) | (s[i + j] & 0x3F);
+        }
+        if ((k == 2 && (cp < 0x800 || (cp >= 0xD800 && cp <= 0xDFFF))) ||
+            (k == 3 && (cp < 0x10000 || cp > 0x10FFFF)))
+            return i;
+        i += k + 1;
+    }
+    return n;
+}
+
+/* ------------------------------------------------------------ bytes */
+
+static int pl__bytes_encode(void *ctx, int64_t n, const char *const *texts,
+                            const size_t *lens, int32_t **ids,
+                            int64_t *counts, char *err, size_t errcap) {
+    (void)ctx;
+    for (int64_t i = 0; i < n; i++) {
+        ids[i] = NULL;
+        counts[i] = (int64_t)lens[i];
+        if (!lens[i]) continue;
+        ids[i] = malloc(lens[i] * sizeof(int32_t));
+        if (!ids[i]) {
+            for (int64_t j = 0; j < i; j++) free(ids[j]);
+            pl__fmt(err, errcap, "bytes tokenizer: out of memory");
+            return PL_ENOMEM;
+        }
+        const uint8_t *s = (const uint8_t *)texts[i];
+        for (size_t j = 0; j < lens[i]; j++) ids[i][j] = s[j];
+    }
+    return PL_OK;
+}
+
+void pl_tokenizer_bytes(pl_tokenizer *out) {
+    if (!out) return;
+    memset(out, 0, sizeof *out);
+    out->version = PL_TOKENIZER_VERSION;
+    out->encode_batch = pl__bytes_encode;
+    out->eos_id = 256;
+    out->vocab_size = 257;
+    out->name = "bytes";
+}
+
+/* ------------------------------------------------------------ setup */
+
+int pl__text_init(pl_source *src, const pl_source_options *opts, char *err,
+                  size_t errcap) {
+    const char *name = opts->name && opts->name[0] ? opts->name
+                       : opts->path                ? opts->path
+                                                   : "(unnamed)";
+    pl__text *t = pl__calloc(1, sizeof *t);
+    if (!t) {
+        pl__fmt(err, errcap, "out of memory");
+        return PL_ENOMEM;
+    }
+    src->text = t;
+    pthread_mutex_init(&t->mu, NULL);
+    pthread_cond_init(&t->work_cv, NULL);
+    pthread_cond_init(&t->done_cv, NULL);
+    atomic_init(&t->tokenized, 0);
+    int v2 = opts->version >= 2;
+    if (v2 && opts->tokenizer) {
+        t->tok = *opts->tokenizer;
+        t->have_tok = 1;
+    }
+    if (v2 && opts->lengths_fn) {
+        t->lengths_fn = opts->lengths_fn;
+        t->lengths_ctx = opts->lengths_ctx;
+        t->lengths_source = opts->lengths_source;
+        if (!t->have_tok) {
+            pl_tokenizer_bytes(&t->tok); /* never called: lengths come from fn */
+            t->tok.name = "lengths";
+        }
+    }
+    if ((!t->have_tok && !t->lengths_fn) || t->tok.version != PL_TOKENIZER_VERSION ||
+        !t->tok.encode_batch) {
+        pl__fmt(err, errcap,
+                "source %s: a %s source needs a tokenizer (pl_tokenizer of "
+                "version %d with encode_batch)",
+                name, src->type == PL_SOURCE_JSONL ? "jsonl" : "text",
+                PL_TOKENIZER_VERSION);
+        return PL_EINVAL;
+    }
+    t->text_key = pl__strdup(v2 && opts->text_key ? opts->text_key : "text");
+    t->add_eos = v2 ? opts->add_eos != 0 : 0;
+    t->eos_id = opts->eos_id >= 0 ? opts->eos_id : t->tok.eos_id;
+    t->nthreads = v2 && opts->tokenizer_threads > 0 ? opts->tokenizer_threads : 1;
+    if (t->nthreads > 256) t->nthreads = 256;
+    t->lookahead = v2 && opts->lookahead > 0 ? opts->lookahead : 512;
+    t->max_record = v2 && opts->max_record_bytes > 0 ? opts->max_record_bytes
+                                                     : (int64_t)100 << 20;
+    t->cache_bytes = v2 && opts->cache_bytes > 0 ? opts->cache_bytes
+                                                 : (int64_t)256 << 20;
+    t->write_index = opts->write_index;
+    t->nbuckets = 1024;
+    t->buckets = pl__calloc(t->nbuckets, sizeof *t->buckets);
+    if (!t->text_key || !t->buckets) {
+        pl__fmt(err, errcap, "out of memory");
+        return PL_ENOMEM;
+    }
+    if (t->add_eos && t->eos_id < 0 && !t->lengths_fn) {
+        pl__fmt(err, errcap,
+                "source %s: add_eos is set but tokenizer %s has no "
+                "end-of-document token (give eos_id)",
+                name, t->tok.name ? t->tok.name : "");
+        return PL_EINVAL;
+    }
+    return PL_OK;
+}
+
+/* ------------------------------------------------------------ records */
+
+typedef struct pl__spanv {
+    uint64_t *a;
+    size_t n, cap; /* pairs */
+    uint64_t *ck;  /* line (1-based) of record k * PL__LINE_CK, for messages */
+    size_t nck, capck;
+    uint64_t line; /* line of the scan's position */
+} pl__spanv;
+
+static int pl__ck_push(pl__spanv *v) {
+    if (v->nck == v->capck) {
+        size_t nc = v->capck ? v->capck * 2 : 16;
+        uint64_t *na = pl__realloc_array(v->ck, nc, sizeof *na);
+        if (!na) return PL_ENOMEM;
+        v->ck = na;
+        v->capck = nc;
+    }
+    v->ck[v->nck++] = v->line;
+    return PL_OK;
+}
+
+static int pl__spanv_push(pl__spanv *v, uint64_t s, uint64_t e) {
+    if (v->n == v->cap) {
+        size_t nc = v->cap ? v->cap * 2 : 1024;
+        uint64_t *na = pl__realloc_array(v->a, nc * 2, sizeof *na);
+        if (!na) return PL_ENOMEM;
+        v->a = na;
+        v->cap = nc;
+    }
+    v->a[2 * v->n] = s;
+    v->a[2 * v->n + 1] = e;
+    v->n++;
+    return PL_OK;
+}
+
+/* Records of d[0, n) from byte `from` on; *done is where the scan stopped
+ * (complete lines only when `partial`: the last line without a newline is
+ * left for later). */
+static int pl__scan_lines(const uint8_t *d, size_t n, size_t from,
+                          int partial, pl__spanv *v, size_t *done) {
+    size_t pos = from;
+    if (!v->line) v->line = 1;
+    while (pos < n) {
+        const uint8_t *nl = memchr(d + pos, '\n', n - pos);
+        if (!nl && partial) break;
+        size_t end = nl ? (size_t)(nl - d) : n;
+        size_t e = end;
+        if (e > pos && d[e - 1] == '\r') e--;
+        size_t s = pos;
+        while (s < e && (d[s] == ' ' || d[s] == '\t' || d[s] == '\r')) s++;
+        if (s < e) {
+            int rc = v->n % PL__LINE_CK == 0 ? pl__ck_push(v) : PL_OK;
+            if (rc == PL_OK) rc = pl__spanv_push(v, pos, e);
+            if (rc) return rc;
+        }
+        pos = end + 1;
+        v->line++;
+    }
+    *done = pos < n ? pos : n;
+    return PL_OK;
+}
+
+static int pl__has_suffix(const char *s, const char *suf) {
+    size_t n = strlen(s), m = strlen(suf);
+    return n >= m && strcmp(s + n - m, suf) == 0;
+}
+
+/* Decompress a whole .gz (every member) or .zst (every frame) into a malloc'd
+ * buffer.  Damage: PL_ETRUNC / PL_ERECORD naming the compressed offset;
+ * with keep_partial the bytes decoded before it are returned as well, with
+ * *damaged set. */
+static int pl__decompress(const char *path, int kind, const uint8_t *in,
+                          size_t n, char **out, size_t *out_len,
+                          int *damaged, char *err, size_t errcap) {
+    static const uint8_t empty[1];
+    if (!in) in = empty; /* an empty file is mapped as NULL */
+    size_t cap = n * 4 + 4096, len = 0;
+    char *buf = malloc(cap);
+    *damaged = 0;
+    if (!buf) goto oom;
+    if (kind == 1) {
+        z_stream z;
+        memset(&z, 0, sizeof z);
+        if (inflateInit2(&z, 15 + 32) != Z_OK) goto oom;
+        size_t at = 0;
+        int rc = Z_OK;
+        while (1) {
+            if (len == cap) {
+                size_t nc = cap * 2;
+                char *nb = realloc(buf, nc);
+                if (!nb) {
+                    inflateEnd(&z);
+                    goto oom;
+                }
+                buf = nb;
+                cap = nc;
+            }
+            size_t chunk_in = n - at > (1u << 30) ? (1u << 30) : n - at;
+            size_t chunk_out = cap - len > (1u << 30) ? (1u << 30) : cap - len;
+            z.next_in = (Bytef *)(in + at);
+            z.avail_in = (uInt)chunk_in;
+            z.next_out = (Bytef *)(buf + len);
+            z.avail_out = (uInt)chunk_out;
+            rc = inflate(&z, Z_NO_FLUSH);
+            at += chunk_in - z.avail_in;
+            len += chunk_out - z.avail_out;
+            if (rc == Z_STREAM_END) {
+                if (at >= n) break;
+                /* another gzip member follows */
+                if (inflateReset(&z) != Z_OK) break;
+                continue;
+            }
+            if (rc == Z_BUF_ERROR && at >= n) {
+                inflateEnd(&z);
+                pl__fmt(err, errcap,
+                        "%s: gzip stream truncated at compressed byte offset "
+                        "%zu (%zu bytes decompressed)",
+                        path, n, len);
+                *damaged = PL_ETRUNC;
+                goto damaged;
+            }
+            if (rc != Z_OK && rc != Z_BUF_ERROR) {
+                inflateEnd(&z);
+                pl__fmt(err, errcap,
+                        "%s: corrupt gzip data at compressed byte offset %zu "
+                        "(%s)",
+                        path, at, z.msg ? z.msg : "inflate failed");
+                *damaged = PL_ERECORD;
+                goto damaged;
+            }
+        }
+        inflateEnd(&z);
+    } else {
+        ZSTD_DStream *zs = ZSTD_createDStream();
+        if (!zs) goto oom;
+        ZSTD_inBuffer ib = {in, n, 0};
+        size_t last = 0;
+        while (ib.pos < ib.size) {
+            if (len == cap) {
+                size_t nc = cap * 2;
+                char *nb = realloc(buf, nc);
+                if (!nb) {
+                    ZSTD_freeDStream(zs);
+                    goto oom;
+                }
+                buf = nb;
+                cap = nc;
+            }
+            ZSTD_outBuffer ob = {buf + len, cap - len, 0};
+            last = ZSTD_decompressStream(zs, &ob, &ib);
+            len += ob.pos;
+            if (ZSTD_isError(last)) {
+                pl__fmt(err, errcap,
+                        "%s: corrupt zstd data at compressed byte offset %zu "
+                        "(%s)",
+                        path, ib.pos, ZSTD_getErrorName(last));
+                ZSTD_freeDStream(zs);
+                *damaged = PL_ERECORD;
+                goto damaged;
+            }
+            if (ob.pos == 0 && ib.pos == ib.size) break;
+        }
+        /* Flush what the decoder still holds. */
+        while (last != 0 && !ZSTD_isError(last)) {
+            if (len == cap) {
+                size_t nc = cap * 2;
+                char *nb = realloc(buf, nc);
+                if (!nb) {
+                    ZSTD_freeDStream(zs);
+                    goto oom;
+                }
+                buf = nb;
+                cap = nc;
+            }
+            ZSTD_outBuffer ob = {buf + len, cap - len, 0};
+            last = ZSTD_decompressStream(zs, &ob, &ib);
+            if (ZSTD_isError(last)) break;
+            len += ob.pos;
+            if (ob.pos == 0) break;
+        }
+        ZSTD_freeDStream(zs);
+        if (last != 0) {
+            pl__fmt(err, errcap,
+                    "%s: zstd stream truncated at compressed byte offset %zu "
+                    "(%zu bytes decompressed)",
+                    path, n, len);
+            *damaged = PL_ETRUNC;
+            goto damaged;
+        }
+    }
+    *out = buf;
+    *out_len = len;
+    return PL_OK;
+damaged:
+    *out = buf;
+    *out_len = len;
+    return *damaged;
+oom:
+    free(buf);
+    pl__fmt(err, errcap, "%s: out of memory decompressing %zu bytes", path, n);
+    return PL_ENOMEM;
+}
+
+/* The .plrec sidecar of a plain file: read (PL_OK when valid) or write. */
+static void pl__rec_path(const pl__sfile *f, char *p, size_t cap) {
+    pl__fmt(p, cap, "%s.plrec", f->path);
+}
+
+static void pl__rec_header(uint8_t *h, const struct stat *st, uint64_t n) {
+    memset(h, 0, PL__REC_HEADER);
+    memcpy(h, PL__REC_MAGIC, 8);
+    pl__st_u32(h + 8, PL__REC_VERSION);
+    pl__st_u64(h + 16, (uint64_t)st->st_size);
+    pl__st_u64(h + 24, (uint64_t)st->st_mtim.tv_sec * 1000000000ull +
+                           (uint64_t)st->st_mtim.tv_nsec);
+    pl__st_u64(h + 32, n);
+    pl__st_u32(h + 44, pl__crc32(0, h, 44));
+}
+
+static int pl__rec_load(pl__sfile *f, const struct stat *st) {
+    char p[4200];
+    pl__rec_path(f, p, sizeof p);
+    void *map;
+    size_t len;
+    struct stat rst;
+    char e[64];
+    if (pl__map_file(p, &map, &len, &rst, NULL, e, sizeof e)) return -1;
+    if (len < PL__REC_HEADER) goto bad;
+    const uint8_t *h = map;
+    uint64_t n = pl__ld_u64(h + 32);
+    uint8_t want[PL__REC_HEADER];
+    pl__rec_header(want, st, n);
+    if (memcmp(h, want, PL__REC_HEADER) != 0) goto bad;
+    if (n > (len - PL__REC_HEADER) / 16 || PL__REC_HEADER + n * 16 != len)
+        goto bad;
+    const uint64_t *sp = (const uint64_t *)(h + PL__REC_HEADER);
+    for (uint64_t i = 0; i < n; i++) /* O(n) but over the sidecar only */
+        if (sp[2 * i] > sp[2 * i + 1] || sp[2 * i + 1] > (uint64_t)st->st_size ||
+            (i && sp[2 * i] < sp[2 * i - 1]))
+            goto bad;
+    f->idx_map = map;
+    f->idx_len = len;
+    f->spans = sp;
+    f->n_docs = (int64_t)n;
+    f->index_in_memory = 1; /* nothing to watch: spans are re-checked per read */
+    return 0;
+bad:
+    if (map) munmap(map, len);
+    return -1;
+}
+
+static void pl__rec_write(const pl__sfile *f, const struct stat *st,
+                          const uint64_t *spans, uint64_t n) {
+    char p[4200], tmp[4300];
+    pl__rec_path(f, p, sizeof p);
+    pl__fmt(tmp, sizeof tmp, "%s.tmp.%ld", p, (long)getpid());
+    int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+    if (fd < 0) return; /* a read-only directory: stay in memory */
+    uint8_t h[PL__REC_HEADER];
+    pl__rec_header(h, st, n);
+    int ok = write(fd, h, sizeof h) == (ssize_t)sizeof h;
+    size_t bytes = (size_t)n * 16, done = 0;
+    while (ok && done < bytes) {
+        ssize_t k = write(fd, (const uint8_t *)spans + done, bytes - done);
+        if (k <= 0) ok = 0;
+        else done += (size_t)k;
+    }
+    if (close(fd) != 0) ok = 0;
+    if (!ok || rename(tmp, p) != 0) unlink(tmp);
+}
+
+int pl__text_open_file(pl_source *src, pl__sfile *f, int skip_damaged,
+                       char *err, size_t errcap) {
+    pl__text *t = src->text;
+    f->dtype = PL_DTYPE_INT32;
+    f->width = 4;
+    f->compression = pl__has_suffix(f->path, ".gz")    ? 1
+                     : pl__has_suffix(f->path, ".zst") ? 2
+                     : pl__has_suffix(f->path, ".zstd") ? 2
+                                                        : 0;
+    void *map;
+    size_t len;
+    struct stat st;
+    int fd = -1;
+    int rc = pl__map_file(f->path, &map, &len, &st, f->compression ? NULL : &fd,
+                          err, errcap);
+    if (rc) return rc;
+    pl__spanv v = {0};
+    const uint8_t *data = map;
+    size_t data_len = len;
+    if (f->compression) {
+        int damaged = 0;
+        char *out = NULL;
+        size_t out_len = 0;
+        rc = pl__decompress(f->path, f->compression, map, len, &out, &out_len,
+                            &damaged, err, errcap);
+        if (map) munmap(map, len);
+        map = NULL;
+        if (rc == PL_ENOMEM) return rc;
+        f->text = out;
+        f->text_len = out_len;
+        if (rc && !skip_damaged) return rc;
+        data = (const uint8_t *)out;
+        data_len = out_len;
+        pl__fwatch_keep(&f->data_w, -1, &st);
+        size_t done = 0;
+        /* A damaged stream keeps its complete lines; the partial one is
+           counted as skipped. */
+        rc = pl__scan_lines(data, data_len, 0,
+                            damaged && src->type == PL_SOURCE_JSONL, &v, &done);
+        if (rc == PL_OK && damaged) {
+            if (src->type == PL_SOURCE_TEXT || done < data_len) f->skipped = 1;
+            if (src->type == PL_SOURCE_TEXT) v.n = 0;
+        }
+    } else {
+        pl__fwatch_keep(&f->data_w, fd, &st);
+        if (src->type == PL_SOURCE_TEXT) {
+            rc = pl__spanv_push(&v, 0, len);
+        } else if (t->write_index == 1 && pl__rec_load(f, &st) == 0) {
+            if (map) munmap(map, len);
+            return PL_OK;
+        } else {
+            size_t done;
+            rc = pl__scan_lines(data, data_len, 0, 0, &v, &done);
+        }
+        if (map) munmap(map, len);
+    }
+    if (src->type == PL_SOURCE_TEXT && f->compression && rc == PL_OK &&
+        v.n == 0 && !f->skipped)
+        rc = pl__spanv_push(&v, 0, data_len);
+    if (rc) {
+        free(v.a);
+        free(v.ck);
+        pl__fmt(err, errcap, "%s: out of memory listing records", f->path);
+        return rc;
+    }
+    f->spans_owned = v.a;
+    f->spans = v.a;
+    f->line_ck = v.ck;
+    f->n_docs = (int64_t)v.n;
+    t->spans_bytes += v.n * 16;
+    if (!f->compression && src->type == PL_SOURCE_JSONL && t->write_index == 1)
+        pl__rec_write(f, &st, v.a, v.n);
+    return PL_OK;
+}
+
+/* ------------------------------------------------------------ one record */
+
+/* Line (1-based) of byte `at` of file f: newlines before it are counted
+ * (error path only). */
+static int64_t pl__line_of(const pl_source *src, const pl__sfile *f,
+                           uint64_t at) {
+    int64_t line = 1;
+    uint64_t from = 0;
+    if (f->line_ck && f->n_docs > 0 && src->type == PL_SOURCE_JSONL) {
+        /* The last record starting at or before `at`, then its checkpoint. */
+        int64_t lo = 0, hi = f->n_docs;
+        while (hi - lo > 1) {
+            int64_t mid = lo + (hi - lo) / 2;
+            if (f->spans[2 * mid] <= at) lo = mid;
+            else hi = mid;
+        }
+        int64_t k = lo / PL__LINE_CK;
+        from = f->spans[2 * (k * PL__LINE_CK)];
+        if (from > at) from = 0;
+        else line = (int64_t)f->line_ck[k];
+    }
+    if (f->text) {
+        const char *p = f->text + from,
+                   *end = f->text + (at < f->text_len ? at : f->text_len);
+        while ((p = memchr(p, '\n', (size_t)(end - p))) != NULL) {
+            line++;
+            p++;
+        }
+        return line;
+    }
+    int fd, owned;
+    char e[PL__ERRMSG_CAP];
+    if (pl__source_data_fd(src, f, &fd, &owned, e, sizeof e)) return 0;
+    char buf[65536];
+    uint64_t pos = from;
+    while (pos < at) {
+        size_t want = at - pos < sizeof buf ? (size_t)(at - pos) : sizeof buf;
+        ssize_t k = pread(fd, buf, want, (off_t)pos);
+        if (k <= 0) break;
+        for (ssize_t i = 0; i < k; i++) line += buf[i] == '\n';
+        pos += (uint64_t)k;
+    }
+    if (owned) close(fd);
+    return line;
+}
+
+/* The text of local record r of f: *text malloc'd (or pointing into
+ * f->text when *owned is 0), *len bytes, valid UTF-8.  PL_ERECORD etc. with
+ * the file, the line and the byte offset. */
+static int pl__record_text(pl_source *src, const pl__sfile *f, int64_t r,
+                           char **text, size_t *len, int *owned, char *err,
+                           size_t errcap) {
+    pl__text *t = src->text;
+    uint64_t s = f->spans[2 * r], e = f->spans[2 * r + 1];
+    *text = NULL;
+    *len = 0;
+    *owned = 0;
+    const char *what = src->type == PL_SOURCE_JSONL ? "line" : "file";
+    if (e < s || (!f->text && e > (uint64_t)INT64_MAX) ||
+        (f->text && e > f->text_len)) {
+        pl__fmt(err, errcap, "%s: record %lld: byte range [%llu, %llu) is "
+                             "outside the file",
+                f->path, (long long)r, (unsigned long long)s,
+                (unsigned long long)e);
+        return PL_EBOUNDS;
+    }
+    if ((int64_t)(e - s) > t->max_record) {
+        pl__fmt(err, errcap,
+                "%s: %s %lld (byte offset %llu): %llu bytes, over the limit of "
+                "%lld (max_record_bytes)",
+                f->path, what, (long long)pl__line_of(src, f, s),
+                (unsigned long long)s, (unsigned long long)(e - s),
+                (long long)t->max_record);
+        return PL_ERECORD;
+    }
+    size_t n = (size_t)(e - s);
+    char *raw;
+    int raw_owned = 0;
+    if (f->text) {
+        raw = f->text + s;
+    } else {
+        raw = malloc(n ? n : 1);
+        if (!raw) {
+            pl__fmt(err, errcap, "%s: out of memory reading %zu bytes", f->path, n);
+            return PL_ENOMEM;
+        }
+        raw_owned = 1;
+        int fd, fowned;
+        int rc = pl__source_data_fd(src, f, &fd, &fowned, err, errcap);
+        if (rc) {
+            free(raw);
+            return rc;
+        }
+        size_t got = 0;
+        while (got < n) {
+            ssize_t k = pread(fd, raw + got, n - got, (off_t)(s + got));
+            if (k <= 0) {
+                int en = errno;
+                if (fowned) close(fd);
+                free(raw);
+                pl__fmt(err, errcap,
+                        "%s: read of %zu bytes at byte offset %llu failed: %s",
+                        f->path, n, (unsigned long long)s,
+                        k == 0 ? "file shrank since open" : strerror(en));
+                return k == 0 ? PL_ETRUNC : PL_EIO;
+            }
+            got += (size_t)k;
+        }
+        if (fowned) close(fd);
+    }
+    if (src->type == PL_SOURCE_TEXT) {
+        size_t bad = pl__utf8_check((const uint8_t *)raw, n);
+        if (bad < n) {
+            pl__fmt(err, errcap, "%s: invalid UTF-8 at byte offset %llu",
+                    f->path, (unsigned long long)(s + bad));
+            if (raw_owned) free(raw);
+            return PL_ERECORD;
+        }
+        if (n == 0) {
+            pl__fmt(err, errcap, "%s: empty document", f->path);
+            if (raw_owned) free(raw);
+            return PL_ERECORD;
+        }
+        *text = raw;
+        *len = n;
+        *owned = raw_owned;
+        return PL_OK;
+    }
+    json_error_t je;
+    json_t *obj = json_loadb(raw, n, JSON_DECODE_ANY | JSON_ALLOW_NUL, &je);
+    int rc = PL_OK;
+    char why[300];
+    why[0] = '\0';
+    if (!obj) {
+        if (json_error_code(&je) == json_error_invalid_utf8)
+            pl__fmt(why, sizeof why, "invalid UTF-8 at byte offset %llu",
+                    (unsigned long long)(s + (uint64_t)(je.position > 0 ? je.position - 1 : 0)));
+        else
+            pl__fmt(why, sizeof why, "malformed JSON at column %d: %s",
+                    je.column, je.text);
+    } else if (!json_is_object(obj)) {
+        pl__fmt(why, sizeof why, "expected a JSON object");
+    } else {
+        json_t *v = json_object_get(obj, t->text_key);
+        if (!v)
+            pl__fmt(why, sizeof why, "key '%s' is missing", t->text_key);
+        else if (!json_is_string(v))
+            pl__fmt(why, sizeof why, "key '%s' is not a string", t->text_key);
+        else if (json_string_length(v) == 0)
+            pl__fmt(why, sizeof why, "empty document (key '%s' is \"\")",
+                    t->text_key);
+        else {
+            size_t m = json_string_length(v);
+            char *d = malloc(m);
+            if (!d) rc = PL_ENOMEM;
+            else {
+                memcpy(d, json_string_value(v), m);
+                *text = d;
+                *len = m;
+                *owned = 1;
+            }
+        }
+    }
+    if (obj) json_decref(obj);
+    if (raw_owned) free(raw);
+    if (rc == PL_ENOMEM) {
+        pl__fmt(err, errcap, "%s: out of memory", f->path);
+        return rc;
+    }
+    if (why[0]) {
+        pl__fmt(err, errcap, "%s: line %lld (byte offset %llu): %s", f->path,
+                (long long)pl__line_of(src, f, s), (unsigned long long)s, why);
+        return PL_ERECORD;
+    }
+    return PL_OK;
+}
+
+/* ------------------------------------------------------------ the table */
+
+static uint64_t pl__hidx(const pl__text *t, int64_t index) {
+    return ((uint64_t)index * 0x9E3779B97F4A7C15ull) >> 17 & (t->nbuckets - 1);
+}
+
+static pl__tentry *pl__find(const pl__text *t, int64_t index) {
+    for (pl__tentry *e = t->buckets[pl__hidx(t, index)]; e; e = e->hnext)
+        if (e->index == index) return e;
+    return NULL;
+}
+
+static void pl__grow(pl__text *t) {
+    uint64_t nb = t->nbuckets * 2;
+    pl__tentry **b = pl__calloc(nb, sizeof *b);
+    if (!b) return; /* longer chains, still correct */
+    pl__tentry **old = t->buckets;
+    uint64_t on = t->nbuckets;
+    t->buckets = b;
+    t->nbuckets = nb;
+    for (uint64_t i = 0; i < on; i++) {
+        pl__tentry *e = old[i];
+        while (e) {
+            pl__tentry *nx = e->hnext;
+            uint64_t h = pl__hidx(t, e->index);
+            e->hnext = b[h];
+            b[h] = e;
+            e = nx;
+        }
+    }
+    free(old);
+}
+
+static pl__tentry *pl__insert(pl__text *t, int64_t index, int state) {
+    pl__tentry *e = pl__calloc(1, sizeof *e);
+    if (!e) return NULL;
+    e->index = index;
+    e->state = state;
+    e->cost = sizeof *e;
+    if ((uint64_t)t->n_entries >= t->nbuckets) pl__grow(t);
+    uint64_t h = pl__hidx(t, index);
+    e->hnext = t->buckets[h];
+    t->buckets[h] = e;
+    e->older = t->youngest;
+    if (t->youngest) t->youngest->younger = e;
+    else t->oldest = e;
+    t->youngest = e;
+    t->n_entries++;
+    t->bytes += (int64_t)e->cost;
+    return e;
+}
+
+static void pl__remove(pl__text *t, pl__tentry *e) {
+    pl__tentry **pp = &t->buckets[pl__hidx(t, e->index)];
+    while (*pp != e) pp = &(*pp)->hnext;
+    *pp = e->hnext;
+    if (e->older) e->older->younger = e->younger;
+    else t->oldest = e->younger;
+    if (e->younger) e->younger->older = e->older;
+    else t->youngest = e->older;
+    t->n_entries--;
+    t->bytes -= (int64_t)e->cost;
+    free(e->ids);
+    free(e->err);
+    free(e);
+}
+
+/* Drop the oldest finished entries beyond the budget. */
+static void pl__evict(pl__text *t) {
+    pl__tentry *e = t->oldest;
+    while (t->bytes > t->cache_bytes && e) {
+        pl__tentry *nx = e->younger;
+        if (e->state == PL__T_READY && !e->inq && !e->waiters) pl__remove(t, e);
+        e = nx;
+    }
+}
+
+static void pl__finish(pl__text *t, pl__tentry *e, int rc, const char *msg,
+                       int32_t *ids, int64_t len) {
+    e->rc = rc;
+    e->ids = ids;
+    e->len = len;
+    if (rc) e->err = pl__strdup(msg);
+    size_t add = (size_t)len * sizeof(int32_t) + (rc && msg ? strlen(msg) + 1 : 0);
+    e->cost += add;
+    t->bytes += (int64_t)add;
+    e->state = PL__T_READY;
+    pthread_cond_broadcast(&t->done_cv);
+    pl__evict(t);
+}
+
+/* ------------------------------------------------------------ tokenizing */
+
+/* The file and local record of global document index. */
+static const pl__sfile *pl__tlocate(const pl_source *src, int64_t index,
+                                    int64_t *r) {
+    int64_t lo = 0, hi = src->n_files;
+    while (hi - lo > 1) {
+        int64_t mid = lo + (hi - lo) / 2;
+        if (src->files[mid].first_doc <= index) lo = mid;
+        else hi = mid;
+    }
+    *r = index - src->files[lo].first_doc;
+    return &src->files[lo];
+}
+
+typedef struct pl__tres {
+    int rc;
+    char err[PL__ERRMSG_CAP];
+    int32_t *ids;
+    int64_t len;
+} pl__tres;
+
+/* Lengths-only: ask lengths_fn for idx[0..n). */
+static void pl__remote_lengths(pl_source *src, const int64_t *idx, int64_t n,
+                               pl__tres *res) {
+    pl__text *t = src->text;
+    int64_t *lens = pl__calloc((size_t)n, sizeof *lens);
+    char **msgs = pl__calloc((size_t)n, sizeof *msgs);
+    char err[PL__ERRMSG_CAP];
+    err[0] = '\0';
+    int rc = !lens || !msgs ? PL_ENOMEM
+                            : t->lengths_fn(t->lengths_ctx, t->lengths_source, n,
+                                            idx, lens, msgs, err, sizeof err);
+    for (int64_t i = 0; i < n; i++) {
+        res[i].ids = NULL;
+        res[i].len = 0;
+        res[i].rc = rc ? rc : lens[i] < 0 ? (int)lens[i] : PL_OK;
+        if (!rc && lens[i] >= 0) res[i].len = lens[i];
+        if (rc)
+            pl__fmt(res[i].err, sizeof res[i].err, "source %s: lengths of %lld "
+                                                   "documents: %s",
+                    src->name, (long long)n, err[0] ? err : pl_strerror(rc));
+        else if (lens[i] < 0)
+            pl__fmt(res[i].err, sizeof res[i].err, "%s",
+                    msgs[i] ? msgs[i] : pl_strerror((int)lens[i]));
+    }
+    for (int64_t i = 0; msgs && i < n; i++) free(msgs[i]);
+    free(msgs);
+    free(lens);
+}
+
+/* Parse and tokenize documents idx[0..n) into res[0..n) (no lock held). */
+static void pl__tokenize(pl_source *src, const int64_t *idx, int64_t n,
+                         pl__tres *res) {
+    pl__text *t = src->text;
+    if (t->lengths_fn) {
+        pl__remote_lengths(src, idx, n, res);
+        return;
+    }
+    char **texts = pl__calloc((size_t)n, sizeof *texts);
+    size_t *lens = pl__calloc((size_t)n, sizeof *lens);
+    int *owned = pl__calloc((size_t)n, sizeof *owned);
+    int64_t *slot = pl__calloc((size_t)n, sizeof *slot);
+    int32_t **ids = pl__calloc((size_t)n, sizeof *ids);
+    int64_t *counts = pl__calloc((size_t)n, sizeof *counts);
+    if (!texts || !lens || !owned || !slot || !ids || !counts) {
+        for (int64_t i = 0; i < n; i++) {
+            res[i].rc = PL_ENOMEM;
+            pl__fmt(res[i].err, sizeof res[i].err, "source %s: out of memory",
+                    src->name);
+        }
+        goto out;
+    }
+    int64_t m = 0; /* documents to encode, packed at the front */
+    for (int64_t i = 0; i < n; i++) {
+        int64_t r;
+        const pl__sfile *f = pl__tlocate(src, idx[i], &r);
+        res[i].ids = NULL;
+        res[i].len = 0;
+        res[i].rc = pl__record_text(src, f, r, &texts[m], &lens[m], &owned[m],
+                                    res[i].err, sizeof res[i].err);
+        if (res[i].rc == PL_OK) slot[m++] = i;
+    }
+    int rc = m ? t->tok.encode_batch(t->tok.ctx, m, (const char *const *)texts,
+                                     lens, ids, counts, res[slot[0]].err,
+                                     sizeof res[slot[0]].err)
+               : PL_OK;
+    if (rc && m > 1) {
+        /* Find which document the tokenizer refused: one at a time. */
+        for (int64_t j = 0; j < m; j++) {
+            pl__tres *q = &res[slot[j]];
+            q->rc = t->tok.encode_batch(t->tok.ctx, 1,
+                                        (const char *const *)&texts[j], &lens[j],
+                                        &ids[j], &counts[j], q->err, sizeof q->err);
+            if (q->rc) ids[j] = NULL, counts[j] = 0;
+        }
+    } else if (rc) {
+        res[slot[0]].rc = rc;
+        ids[0] = NULL;
+        counts[0] = 0;
+    }
+    for (int64_t j = 0; j < m; j++) {
+        pl__tres *q = &res[slot[j]];
+        int64_t r;
+        const pl__sfile *f = pl__tlocate(src, idx[slot[j]], &r);
+        if (q->rc) {
+            char tmp[PL__ERRMSG_CAP];
+            pl__fmt(tmp, sizeof tmp, "%s: record %lld: tokenizer %s: %s", f->path,
+                    (long long)r, t->tok.name ? t->tok.name : "", q->err);
+            memcpy(q->err, tmp, sizeof tmp);
+            continue;
+        }
+        int64_t c = counts[j];
+        int32_t *v = ids[j];
+        for (int64_t k = 0; k < c; k++) {
+            if (v[k] < 0 || (t->tok.vocab_size > 0 && v[k] >= t->tok.vocab_size)) {
+                q->rc = PL_ERECORD;
+                pl__fmt(q->err, sizeof q->err,
+                        "%s: record %lld: tokenizer %s gave id %d outside its "
+                        "vocabulary of %lld",
+                        f->path, (long long)r, t->tok.name ? t->tok.name : "",
+                        (int)v[k], (long long)t->tok.vocab_size);
+                break;
+            }
+        }
+        if (!q->rc && t->add_eos) {
+            int32_t *nv = realloc(v, (size_t)(c + 1) * sizeof *nv);
+            if (!nv) {
+                q->rc = PL_ENOMEM;
+                pl__fmt(q->err, sizeof q->err, "out of memory");
+            } else {
+                v = nv;
+                v[c++] = (int32_t)t->eos_id;
+            }
+        }
+        if (!q->rc && c == 0) {
+            q->rc = PL_ERECORD;
+            pl__fmt(q->err, sizeof q->err,
+                    "%s: %s %lld (byte offset %llu): the tokenizer gives no "
+                    "tokens (empty document)",
+                    f->path, src->type == PL_SOURCE_JSONL ? "line" : "file",
+                    (long long)pl__line_of(src, f, f->spans[2 * r]),
+                    (unsigned long long)f->spans[2 * r]);
+        }
+        if (q->rc) {
+            free(v);
+            continue;
+        }
+        q->ids = v;
+        q->len = c;
+    }
+    atomic_fetch_add(&t->tokenized, (long long)n);
+out:
+    for (int64_t j = 0; texts && owned && j < n; j++)
+        if (owned[j]) free(texts[j]);
+    free(texts);
+    free(lens);
+    free(owned);
+    free(slot);
+    free(ids);
+    free(counts);
+}
+
+static void *pl__worker(void *arg) {
+    pl_source *src = arg;
+    pl__text *t = src->text;
+    pl__tentry *batch[PL__BATCH_DOCS];
+    int64_t idx[PL__BATCH_DOCS];
+    pl__tres *res = malloc(PL__BATCH_DOCS * sizeof *res);
+    pthread_mutex_lock(&t->mu);
+    while (res) {
+        while (!t->stop && !t->qhead) pthread_cond_wait(&t->work_cv, &t->mu);
+        if (t->stop) break;
+        int64_t n = 0;
+        uint64_t bytes = 0;
+        while (t->qhead && n < PL__BATCH_DOCS && bytes < PL__BATCH_BYTES) {
+            pl__tentry *e = t->qhead;
+            t->qhead = e->qnext;
+            if (!t->qhead) t->qtail = NULL;
+            e->inq = 0;
+            e->qnext = NULL;
+            if (e->state != PL__T_QUEUED) continue; /* a reader took it */
+            e->state = PL__T_RUNNING;
+            int64_t r;
+            const pl__sfile *f = pl__tlocate(src, e->index, &r);
+            bytes += f->spans[2 * r + 1] - f->spans[2 * r];
+            batch[n] = e;
+            idx[n++] = e->index;
+        }
+        if (!n) continue;
+        pthread_mutex_unlock(&t->mu);
+        pl__tokenize(src, idx, n, res);
+        pthread_mutex_lock(&t->mu);
+        for (int64_t i = 0; i < n; i++)
+            pl__finish(t, batch[i], res[i].rc, res[i].err, res[i].ids, res[i].len);
+    }
+    pthread_mutex_unlock(&t->mu);
+    free(res);
+    return NULL;
+}
+
+int pl__text_start(pl_source *src, char *err, size_t errcap) {
+    pl__text *t = src->text;
+    t->threads = pl__calloc((size_t)t->nthreads, sizeof *t->threads);
+    if (!t->threads) {
+        pl__fmt(err, errcap, "out of memory");
+        return PL_ENOMEM;
+    }
+    for (int i = 0; i < t->nthreads; i++) {
+        if (pthread_create(&t->threads[i], NULL, pl__worker, src) != 0) {
+            pl__fmt(err, errcap, "source %s: cannot start tokenizer thread",
+                    src->name);
+            return PL_ENOMEM;
+        }
+        t->started = i + 1;
+    }
+    return PL_OK;
+}
+
+void pl__text_free(pl_source *src) {
+    pl__text *t = src->text;
+    if (!t) return;
+    pthread_mutex_lock(&t->mu);
+    t->stop = 1;
+    pthread_cond_broadcast(&t->work_cv);
+    pthread_mutex_unlock(&t->mu);
+    for (int i = 0; i < t->started; i++) pthread_join(t->threads[i], NULL);
+    free(t->threads);
+    while (t->oldest) pl__remove(t, t->oldest);
+    free(t->buckets);
+    if (t->have_tok && t->tok.destroy) t->tok.destroy(t->tok.ctx);
+    free(t->text_key);
+    pthread_mutex_destroy(&t->mu);
+    pthread_cond_destroy(&t->work_cv);
+    pthread_cond_destroy(&t->done_cv);
+    free(t);
+    src->text = NULL;
+}
+
+size_t pl__text_sizeof(const pl_source *src) {
+    pl__text *t = src->text;
+    if (!t) return 0;
+    size_t n = sizeof *t + t->spans_bytes + t->nbuckets * sizeof(void *);
+    pthread_mutex_lock(&((pl__text *)t)->mu);
+    n += (size_t)t->bytes;
+    pthread_mutex_unlock(&((pl__text *)t)->mu);
+    for (int64_t i = 0; i < src->n_files; i++) n += src->files[i].text_len;
+    return n;
+}
+
+/* With the lock held: the entry of `index`, finished (tokenized by this
+ * thread if nobody else is at it), with waiters raised (the caller lowers
+ * it).  NULL when out of memory. */
+static pl__tentry *pl__acquire(pl_source *src, int64_t index) {
+    pl__text *t = src->text;
+    pl__tentry *e = pl__find(t, index);
+    if (!e) {
+        e = pl__insert(t, index, PL__T_RUNNING);
+        if (!e) return NULL;
+    } else if (e->state == PL__T_QUEUED && !t->started) {
+        e->state = PL__T_RUNNING; /* taken over; the worker skips it */
+    } else {
+        /* Queued ones are left to the tokenizer threads, which take the queue in
+           the planner's order: the one asked for is at its head.  Tokenizing it
+           here instead would cost more than the wait (tokenizers' BPE cache is
+           per thread, so a second thread repeats merges the first had cached). */
+        e->waiters++;
+        while (e->state != PL__T_READY) pthread_cond_wait(&t->done_cv, &t->mu);
+        return e;
+    }
+    e->waiters++;
+    pthread_mutex_unlock(&t->mu);
+    pl__tres *res = malloc(sizeof *res);
+    if (res) pl__tokenize(src, &index, 1, res);
+    pthread_mutex_lock(&t->mu);
+    if (!res) pl__finish(t, e, PL_ENOMEM, "out of memory", NULL, 0);
+    else pl__finish(t, e, res->rc, res->err, res->ids, res->len);
+    free(res);
+    return e;
+}
+
+int pl__text_length(pl_source *src, const pl__sfile *f, int64_t r,
+                    int64_t *length, char *err, size_t errcap) {
+    pl__text *t = src->text;
+    pthread_mutex_lock(&t->mu);
+    pl__tentry *e = pl__acquire(src, f->first_doc + r);
+    int rc;
+    if (!e) {
+        rc = PL_ENOMEM;
+        pl__fmt(err, errcap, "source %s: out of memory", src->name);
+    } else {
+        rc = e->rc;
+        *length = rc ? 0 : e->len;
+        if (rc) pl__fmt(err, errcap, "%s", e->err ? e->err : "error");
+        e->waiters--;
+    }
+    pthread_mutex_unlock(&t->mu);
+    return rc;
+}
+
+int pl__text_read(pl_source *src, int64_t index, int64_t offset,
+                  int64_t count, void *out, pl_dtype out_dtype, char *err,
+                  size_t errcap) {
+    pl__text *t = src->text;
+    if (index < 0 || index >= src->n_docs) {
+        pl__fmt(err, errcap, "source %s: document index %lld out of range [0, %lld)",
+                src->name, (long long)index, (long long)src->n_docs);
+        return PL_ERANGE;
+    }
+    if (t->lengths_fn) {
+        pl__fmt(err, errcap, "source %s holds lengths only (the tokens are read "
+                             "from its source loaders)",
+                src->name);
+        return PL_EINVAL;
+    }
+    pthread_mutex_lock(&t->mu);
+    pl__tentry *e = pl__acquire(src, index);
+    int rc = PL_OK;
+    if (!e) {
+        pthread_mutex_unlock(&t->mu);
+        pl__fmt(err, errcap, "source %s: out of memory", src->name);
+        return PL_ENOMEM;
+    }
+    e->waiters--;
+    if (e->rc) {
+        rc = e->rc;
+        pl__fmt(err, errcap, "%s", e->err ? e->err : "error");
+    } else if (offset < 0 || count < 0 || offset > e->len ||
+               count > e->len - offset) {
+        pl__fmt(err, errcap,
+                "source %s: document %lld: tokens [%lld, %lld + %lld) are "
+                "outside the document's %lld tokens",
+                src->name, (long long)index, (long long)offset,
+                (long long)offset, (long long)count, (long long)e->len);
+        rc = PL_ERANGE;
+    } else {
+        pl__tokens_convert(e->ids + offset, PL_DTYPE_INT32, out, out_dtype, count);
+        /* Read up to its last token: the document has been used. */
+        if (offset + count == e->len && count > 0 && !e->waiters && !e->inq)
+            pl__remove(t, e);
+    }
+    pthread_mutex_unlock(&t->mu);
+    return rc;
+}
+
+/* ------------------------------------------------------------ lookahead */
+
+int pl__source_is_lazy(const pl_source *src) {
+    return src && src->text && src->text->started;
+}
+
+void pl__source_lookahead(pl_source *src, const pl__perm *perm, int64_t epoch,
+                          int64_t pos) {
+    pl__text *t = src->text;
+    if (!t || !t->started) return;
+    pthread_mutex_lock(&t->mu);
+    if (!t->la_valid || t->la_epoch != epoch || pos < t->la_last) {
+        t->la_perm = *perm;
+        t->la_epoch = epoch;
+        t->la_next = pos;
+        t->la_valid = 1;
+    }
+    t->la_last = pos;
+    if (t->la_next < pos) t->la_next = pos;
+    /* The window opens gradually (16 documents, then two more per document
+       drawn), so the first steps wait for their own documents, not for a
+       whole window of every source. */
+    int64_t window = 16 + 2 * t->la_draws++;
+    if (window > t->lookahead) window = t->lookahead;
+    if (t->la_next - pos <= window / 2) {
+        int64_t end = pos + window;
+        if (end > src->n_docs) end = src->n_docs;
+        int queued = 0;
+        for (; t->la_next < end; t->la_next++) {
+            int64_t idx = (int64_t)pl__perm_apply(&t->la_perm, (uint64_t)t->la_next);
+            if (pl__find(t, idx)) continue;
+            pl__tentry *e = pl__insert(t, idx, PL__T_QUEUED);
+            if (!e) break;
+            e->inq = 1;
+            if (t->qtail) t->qtail->qnext = e;
+            else t->qhead = e;
+            t->qtail = e;
+            queued = 1;
+        }
+        if (queued) pthread_cond_broadcast(&t->work_cv);
+    }
+    pthread_mutex_unlock(&t->mu);
+}
+
+int64_t pl_source_num_tokenized(const pl_source *src) {
+    return src && src->text ? (int64_t)atomic_load(&src->text->tokenized) : 0;
+}
+
+/* ------------------------------------------------------------ many lengths */
+
+int pl_source_lengths(pl_source *src, const int64_t *index, int64_t n,
+                      int64_t *lengths) {
+    if (!src || n < 0 || (n > 0 && (!index || !lengths))) return PL_EINVAL;
+    char err[PL__ERRMSG_CAP];
+    for (int64_t i = 0; i < n; i++)
+        if (index[i] < 0 || index[i] >= src->n_docs) {
+            pl__fmt(err, sizeof err,
+                    "source %s: document index %lld out of range [0, %lld)",
+                    src->name, (long long)index[i], (long long)src->n_docs);
+            pl__source_set_err(src, err);
+            return PL_ERANGE;
+        }
+    pl__text *t = src->text;
+    if (!t) {
+        for (int64_t i = 0; i < n; i++) {
+            int64_t len = 0;
+            int rc = pl__source_length(src, index[i], &len, err, sizeof err);
+            if (rc == PL_ENOMEM) return rc;
+            lengths[i] = rc ? rc : len;
+        }
+        return PL_OK;
+    }
+    /* Claim the documents nobody holds or is at (queued ones are taken over),
+       tokenize them in batches here, then collect every answer. */
+    pl__tentry **mine = pl__calloc((size_t)(n ? n : 1), sizeof *mine);
+    int64_t *idx = pl__calloc((size_t)(n ? n : 1), sizeof *idx);
+    pl__tres *res = malloc(PL__BATCH_DOCS * sizeof *res);
+    if (!mine || !idx || !res) {
+        free(mine);
+        free(idx);
+        free(res);
+        return PL_ENOMEM;
+    }
+    int64_t m = 0;
+    int rc = PL_OK;
+    pthread_mutex_lock(&t->mu);
+    for (int64_t i = 0; i < n; i++) {
+        pl__tentry *e = pl__find(t, index[i]);
+        if (!e) {
+            e = pl__insert(t, index[i], PL__T_RUNNING);
+            if (!e) {
+                rc = PL_ENOMEM;
+                break;
+            }
+        } else if (e->state == PL__T_QUEUED) {
+            e->state = PL__T_RUNNING;
+        } else {
+            continue;
+        }
+        e->waiters++;
+        mine[m] = e;
+        idx[m++] = index[i];
+    }
+    pthread_mutex_unlock(&t->mu);
+    for (int64_t b = 0; b < m; b += PL__BATCH_DOCS) {
+        int64_t k = m - b < PL__BATCH_DOCS ? m - b : PL__BATCH_DOCS;
+        pl__tokenize(src, idx + b, k, res);
+        pthread_mutex_lock(&t->mu);
+        for (int64_t j = 0; j < k; j++) {
+            pl__finish(t, mine[b + j], res[j].rc, res[j].err, res[j].ids, res[j].len);
+            mine[b + j]->waiters--;
+        }
+        pthread_mutex_unlock(&t->mu);
+    }
+    pthread_mutex_lock(&t->mu);
+    for (int64_t i = 0; i < n && rc == PL_OK; i++) {
+        pl__tentry *e = pl__find(t, index[i]);
+        if (!e) { /* dropped already (the cache is small): once more */
+            e = pl__acquire(src, index[i]);
+            if (!e) {
+                rc = PL_ENOMEM;
+                break;
+            }
+        } else {
+            e->waiters++;
+            while (e->state != PL__T_READY) pthread_cond_wait(&t->done_cv, &t->mu);
+        }
+        lengths[i] = e->rc ? e->rc : e->len;
+        e->waiters--;
+    }
+    pthread_mutex_unlock(&t->mu);
+    free(mine);
+    free(idx);
+    free(res);
+    return rc;
+}
