@@ -386,6 +386,16 @@ int pl__state_decode(pl_planner *p, const void *buf, size_t len, int64_t nmb,
         if ((rc = pl__chunks_push(&carry, &ch))) goto out;
     }
     if (r.bad || r.off != r.n) goto corrupt;
+    if (mb != 0 && mix != p->mixture_hash) {
+        /* The step would be planned again with the new weights, and the cursor
+           would skip into that other plan: chunks lost and repeated. */
+        pl__fmt(p->errmsg, sizeof p->errmsg,
+                "state: saved in the middle of step %lld (micro-batch %lld); the "
+                "weights, schedule or sources may change only at a step boundary",
+                (long long)step, (long long)mb);
+        rc = PL_ESTATE;
+        goto out;
+    }
     /* Commit. */
     memcpy(p->src, src, (size_t)p->n_sources * sizeof *src);
     pl__chunks_free(&p->carry);
