@@ -995,7 +995,9 @@ PL_API int pl_loader_get_state(pl_loader *loader, void *buf, size_t cap,
  * micro_batch_size, packing, long_documents, seed, topology.cp, a source's
  * path or document count) differs, or a source of the blob is missing; the
  * message names the field.  Weights, schedule, dp, threads and prefetch may
- * differ (dp only at a step boundary); sources may be added.  On error the
+ * differ, and sources may be added (dp, weights, schedule and sources only
+ * at a step boundary: a mid-step state with another mixture is PL_ESTATE,
+ * since the step would be planned again).  On error the
  * loader continues from where it was; on success a failed loader works again.
  */
 PL_API int pl_loader_set_state(pl_loader *loader, const void *buf,
