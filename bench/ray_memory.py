@@ -225,6 +225,9 @@ while True:
 """
 
 
+SHADOWS = 1  # standby source loaders per actor (launch's default); --shadows
+
+
 def run_polyload(n, loader_actors, constructors):
     import ray
 
@@ -247,7 +250,8 @@ def run_polyload(n, loader_actors, constructors):
     procs = []
     try:
         dep = pr.launch(cfg_path, num_source_loaders=1, num_constructors=constructors,
-                        namespace="bench", max_source_loader_actors=loader_actors)
+                        namespace="bench", max_source_loader_actors=loader_actors,
+                        shadows=SHADOWS)
         procs = [subprocess.Popen([sys.executable, script, str(r), address], cwd=ROOT)
                  for r in range(RANKS)]
         wait_files([ready + str(r) for r in range(RANKS)], procs, 900)
@@ -267,7 +271,7 @@ def run_polyload_fresh(n, loader_actors, constructors):
     process count); its JSON result on the last line of its output."""
     out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", str(n),
                           "--loader-actors", str(loader_actors),
-                          "--constructors", str(constructors)],
+                          "--constructors", str(constructors), "--shadows", str(SHADOWS)],
                          cwd=ROOT, check=True, stdout=subprocess.PIPE, text=True).stdout
     return json.loads([ln for ln in out.splitlines() if ln.startswith('{"processes"')][-1])
 
@@ -275,12 +279,16 @@ def run_polyload_fresh(n, loader_actors, constructors):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
+    ap.add_argument("--shadows", type=int, default=1,
+                    help="standby source loaders per actor (launch's shadows)")
     ap.add_argument("--sources", type=int, nargs="+", default=[30, 300])
     ap.add_argument("--loader-actors", type=int, default=2)
     ap.add_argument("--constructors", type=int, default=2)
     ap.add_argument("--skip-baseline", action="store_true")
     ap.add_argument("--json", default=os.path.join(HERE, "out", "ray_memory.json"))
     a = ap.parse_args()
+    global SHADOWS
+    SHADOWS = a.shadows
     if a.child is not None:
         print(json.dumps(run_polyload(a.child, a.loader_actors, a.constructors)), flush=True)
         return
