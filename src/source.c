@@ -288,12 +288,7 @@ void pl__sfile_unmap(pl__sfile *f) {
 
 /* ------------------------------------------------------------ paths */
 
-typedef struct pl__paths {
-    char **v;
-    int64_t n, cap;
-} pl__paths;
-
-static int pl__paths_add(pl__paths *p, const char *s, size_t len) {
+int pl__paths_add(pl__paths *p, const char *s, size_t len) {
     if (p->n == p->cap) {
         int64_t ncap = p->cap ? p->cap * 2 : 8;
         char **nv = pl__realloc_array(p->v, (size_t)ncap, sizeof *nv);
@@ -309,7 +304,7 @@ static int pl__paths_add(pl__paths *p, const char *s, size_t len) {
     return PL_OK;
 }
 
-static void pl__paths_free(pl__paths *p) {
+void pl__paths_free(pl__paths *p) {
     for (int64_t i = 0; i < p->n; i++) free(p->v[i]);
     free(p->v);
     p->v = NULL;

@@ -116,6 +116,15 @@ struct pl_source {
     pl__text *text;  /* jsonl/text only */
 };
 
+/* A growable list of owned strings (expanded source paths); zero-init. */
+typedef struct pl__paths {
+    char **v;
+    int64_t n, cap;
+} pl__paths;
+/* Append a copy of s[0..len); PL_ENOMEM. */
+int pl__paths_add(pl__paths *p, const char *s, size_t len);
+void pl__paths_free(pl__paths *p);
+
 /* Map a whole file read-only (MAP_SHARED), then close it.  A file of size 0
  * gives *map NULL and *len 0.  PL_ENOENT / PL_EIO with a message.  With
  * fd_out, the descriptor is returned open instead (-1 on error). */

@@ -104,46 +104,19 @@ static uint64_t pl__wds_opthash(const pl__wds *w) {
 
 /* ------------------------------------------------------------ paths */
 
-typedef struct pl__strs {
-    char **v;
-    size_t n, cap;
-} pl__strs;
-
-static int pl__strs_add(pl__strs *s, const char *p, size_t n) {
-    if (s->n == s->cap) {
-        size_t nc = s->cap ? 2 * s->cap : 8;
-        char **nv = pl__realloc_array(s->v, nc, sizeof *nv);
-        if (!nv) return PL_ENOMEM;
-        s->v = nv;
-        s->cap = nc;
-    }
-    char *d = malloc(n + 1);
-    if (!d) return PL_ENOMEM;
-    memcpy(d, p, n);
-    d[n] = '\0';
-    s->v[s->n++] = d;
-    return PL_OK;
-}
-
-static void pl__strs_free(pl__strs *s) {
-    for (size_t i = 0; i < s->n; i++) free(s->v[i]);
-    free(s->v);
-    memset(s, 0, sizeof *s);
-}
-
 #define PL__MAX_BRACE 1000000
 
 /*
  * Expand the first brace group of pat (numeric range {a..b}, zero padding
  * of the longer bound kept, or a list {x,y,z}) recursively into out.
  */
-static int pl__brace(const char *pat, pl__strs *out, size_t *budget) {
+static int pl__brace(const char *pat, pl__paths *out, size_t *budget) {
     const char *lb = strchr(pat, '{');
     const char *rb = lb ? strchr(lb, '}') : NULL;
     if (!lb || !rb) {
         if (*budget == 0) return PL_ECONFIG;
         (*budget)--;
-        return pl__strs_add(out, pat, strlen(pat));
+        return pl__paths_add(out, pat, strlen(pat));
     }
     size_t pre = (size_t)(lb - pat), inner = (size_t)(rb - lb - 1);
     char body[256];
@@ -200,18 +173,18 @@ static int pl__cmp(const void *a, const void *b) {
 }
 
 /* Shards of `path`, sorted and unique. */
-static int pl__wds_expand(const char *path, pl__strs *files, char *err, size_t errcap) {
-    pl__strs pats = {0};
+static int pl__wds_expand(const char *path, pl__paths *files, char *err, size_t errcap) {
+    pl__paths pats = {0};
     size_t budget = PL__MAX_BRACE;
     int rc = pl__brace(path, &pats, &budget);
     if (rc) {
-        pl__strs_free(&pats);
+        pl__paths_free(&pats);
         pl__fmt(err, errcap, "%s: %s", path,
                 rc == PL_ENOMEM ? "out of memory expanding braces"
                                 : "brace pattern too long or expands to over 1e6 names");
         return rc;
     }
-    for (size_t i = 0; i < pats.n && rc == PL_OK; i++) {
+    for (int64_t i = 0; i < pats.n && rc == PL_OK; i++) {
         const char *p = pats.v[i];
         struct stat st;
         if (strpbrk(p, "*?[")) {
@@ -220,7 +193,7 @@ static int pl__wds_expand(const char *path, pl__strs *files, char *err, size_t e
             if (glob(p, 0, NULL, &g) == 0)
                 for (size_t k = 0; k < g.gl_pathc && rc == PL_OK; k++)
                     if (pl__is_shard(g.gl_pathv[k]))
-                        rc = pl__strs_add(files, g.gl_pathv[k], strlen(g.gl_pathv[k]));
+                        rc = pl__paths_add(files, g.gl_pathv[k], strlen(g.gl_pathv[k]));
             globfree(&g);
         } else if (stat(p, &st) == 0 && S_ISDIR(st.st_mode)) {
             DIR *d = opendir(p);
@@ -229,26 +202,26 @@ static int pl__wds_expand(const char *path, pl__strs *files, char *err, size_t e
             while (d && rc == PL_OK && (de = readdir(d)) != NULL) {
                 if (!pl__ends(de->d_name, ".tar")) continue;
                 pl__fmt(full, sizeof full, "%s/%s", p, de->d_name);
-                if (pl__is_shard(full)) rc = pl__strs_add(files, full, strlen(full));
+                if (pl__is_shard(full)) rc = pl__paths_add(files, full, strlen(full));
             }
             if (d) closedir(d);
         } else if (stat(p, &st) == 0) {
-            rc = pl__strs_add(files, p, strlen(p));
+            rc = pl__paths_add(files, p, strlen(p));
         } else {
             pl__fmt(err, errcap, "%s: no such shard (from the pattern %s)", p, path);
             rc = PL_ENOENT;
         }
     }
-    pl__strs_free(&pats);
+    pl__paths_free(&pats);
     if (rc == PL_ENOMEM) pl__fmt(err, errcap, "%s: out of memory", path);
     if (rc) return rc;
     if (files->n == 0) {
         pl__fmt(err, errcap, "%s: no shard matches", path);
         return PL_ENOENT;
     }
-    qsort(files->v, files->n, sizeof *files->v, pl__cmp);
-    size_t k = 1;
-    for (size_t i = 1; i < files->n; i++) {
+    qsort(files->v, (size_t)files->n, sizeof *files->v, pl__cmp);
+    int64_t k = 1;
+    for (int64_t i = 1; i < files->n; i++) {
         if (strcmp(files->v[i], files->v[k - 1]) == 0)
             free(files->v[i]);
         else
@@ -884,19 +857,19 @@ int pl__wds_open(pl_source *src, const pl_source_options *opts, int skip_damaged
     }
     src->write_index = opts->write_index == -1 ? -1 : 1;
     src->dtype = PL_DTYPE_UINT32;
-    pl__strs files = {0};
+    pl__paths files = {0};
     if ((rc = pl__wds_expand(opts->path, &files, err, cap))) {
-        pl__strs_free(&files);
+        pl__paths_free(&files);
         return rc;
     }
-    src->files = pl__calloc(files.n, sizeof *src->files);
+    src->files = pl__calloc((size_t)files.n, sizeof *src->files);
     if (!src->files) {
-        pl__strs_free(&files);
+        pl__paths_free(&files);
         pl__fmt(err, cap, "out of memory");
         return PL_ENOMEM;
     }
     src->n_files = (int64_t)files.n;
-    for (size_t i = 0; i < files.n; i++) src->files[i].path = files.v[i];
+    for (int64_t i = 0; i < files.n; i++) src->files[i].path = files.v[i];
     free(files.v);
     for (int64_t i = 0; i < src->n_files; i++) {
         pl__sfile *f = &src->files[i];
