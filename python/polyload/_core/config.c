@@ -428,6 +428,21 @@ static int parse_source_type(PyObject *obj, pl_source_type *out) {
     return 0;
 }
 
+/* pl_source_open without the GIL, wrapped as a Source; raises on error. */
+static PyObject *source_open_wrap(const pl_source_options *o) {
+    pl_source *src = NULL;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = pl_source_open(o, &src);
+    Py_END_ALLOW_THREADS
+    if (rc != PL_OK) {
+        pypl_raise(rc, src ? pl_source_errmsg(src) : NULL);
+        pl_source_free(src);
+        return NULL;
+    }
+    return pypl_source_wrap(src);
+}
+
 static PyObject *source_open(PyTypeObject *cls, PyObject *args, PyObject *kw) {
     (void)cls;
     static char *kwlist[] = {"type", "path", "name", "token_dtype", "eos_id",
@@ -452,18 +467,9 @@ static PyObject *source_open(PyTypeObject *cls, PyObject *args, PyObject *kw) {
     o.name = name;
     o.eos_id = eos_id;
     o.write_index = write_index;
-    pl_source *src = NULL;
-    int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = pl_source_open(&o, &src);
-    Py_END_ALLOW_THREADS
+    PyObject *r = source_open_wrap(&o);
     Py_DECREF(path_obj);
-    if (rc != PL_OK) {
-        pypl_raise(rc, src ? pl_source_errmsg(src) : NULL);
-        pl_source_free(src);
-        return NULL;
-    }
-    return pypl_source_wrap(src);
+    return r;
 }
 
 static PyObject *source_open_webdataset(PyObject *cls, PyObject *args, PyObject *kw) {
@@ -511,18 +517,9 @@ static PyObject *source_open_webdataset(PyObject *cls, PyObject *args, PyObject 
     o.eos_id = eos_id;
     o.write_index = index;
     o.image = &io;
-    pl_source *src = NULL;
-    int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = pl_source_open(&o, &src);
-    Py_END_ALLOW_THREADS
+    PyObject *r = source_open_wrap(&o);
     Py_DECREF(path_obj);
-    if (rc != PL_OK) {
-        pypl_raise(rc, src ? pl_source_errmsg(src) : NULL);
-        pl_source_free(src);
-        return NULL;
-    }
-    return pypl_source_wrap(src);
+    return r;
 }
 
 static void source_dealloc(PyPlSource *o) {
