@@ -24,14 +24,10 @@ import ray
 import polyload
 from polyload import _core
 
-from ._common import actor_lost, unwrap
+from ._common import actor_lost, get, unwrap
 
 
-def _get(refs, timeout: Optional[float] = None):
-    try:
-        return ray.get(refs, timeout=timeout)
-    except Exception as e:  # noqa: BLE001 - polyload's own exception, unwrapped
-        raise unwrap(e) from None
+_get = get  # ray.get with polyload's exceptions and a deadline
 
 
 class Client(polyload.Loader):

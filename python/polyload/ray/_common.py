@@ -64,3 +64,19 @@ def actor_lost(exc: BaseException) -> bool:
         "ObjectLostError", "ObjectReconstructionFailedError", "NodeDiedError",
         "WorkerCrashedError", "LocalRayletDiedError")) if isinstance(k, type))
     return isinstance(exc, kinds)
+
+
+def get(refs, timeout=None):
+    """``ray.get`` with a deadline: polyload's own exceptions unwrapped from Ray's, and
+    a timeout as PolyloadTimeoutError."""
+    import ray  # noqa: PLC0415
+
+    try:
+        return ray.get(refs, timeout=timeout)
+    except ray.exceptions.GetTimeoutError:
+        raise polyload.PolyloadTimeoutError(
+            polyload._core.ETIMEDOUT, "ETIMEDOUT",
+            f"polyload.ray: no answer from the deployment's actors within {timeout:g} s "
+            f"({refs!r})") from None
+    except Exception as e:  # noqa: BLE001 - polyload's own exception, unwrapped
+        raise unwrap(e) from None

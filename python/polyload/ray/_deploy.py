@@ -12,7 +12,7 @@ import polyload
 from polyload import _core
 
 from ._actors import DataConstructor, Planner, SourceLoader
-from ._common import config_payload, make_config, unwrap
+from ._common import config_payload, get, make_config
 
 ROLES = ("planner", "source_loader", "constructor")
 #: placement keys: the roles, and "shadow" for the source loaders' standbys (default:
@@ -36,11 +36,7 @@ _SourceLoaderActor = ray.remote(SourceLoader)
 _DataConstructorActor = ray.remote(DataConstructor)
 
 
-def _get(refs, timeout: Optional[float] = None):
-    try:
-        return ray.get(refs, timeout=timeout)
-    except Exception as e:  # noqa: BLE001 - polyload's own exception, unwrapped
-        raise unwrap(e) from None
+_get = get  # ray.get with polyload's exceptions and a deadline
 
 
 def _role_options(placement: Optional[Mapping[str, Any]], role: str) -> Dict[str, Any]:
@@ -124,6 +120,8 @@ class Deployment:
         self._planner, self._loaders, self._constructors = planner, loaders, constructors
         self._shadows = list(shadows)
         self.info = info
+        #: seconds any call of this handle waits for the actors (PolyloadTimeoutError)
+        self.timeout = 300.0
 
     @property
     def actors(self) -> Dict[str, List[Any]]:
@@ -137,7 +135,7 @@ class Deployment:
         self._check_open()
         out = []
         for g, c in enumerate(self._constructors):
-            out += [dict(f, constructor=g) for f in _get(c.failover_log.remote())]
+            out += [dict(f, constructor=g) for f in _get(c.failover_log.remote(), self.timeout)]
         return out
 
     def _check_open(self) -> None:
@@ -151,9 +149,9 @@ class Deployment:
         is exact for its own position; this one may lead it by the steps a client
         prefetched)."""
         self._check_open()
-        pos = _get([c.position.remote() for c in self._constructors])
+        pos = _get([c.position.remote() for c in self._constructors], self.timeout)
         gen, step, mb = min(pos, key=lambda p: (p[1], p[2]))
-        blob = _core.state_unpack(_get(self._planner.state.remote(gen, step)))
+        blob = _core.state_unpack(_get(self._planner.state.remote(gen, step), self.timeout))
         dp = _core.state_info(blob)["dp"]
         return {"version": polyload.STATE_VERSION,
                 "blob": _core.state_retarget(blob, mb, dp) if mb else blob}
@@ -163,13 +161,14 @@ class Deployment:
         deployment stands at).  Clients then call their own ``load_state_dict`` with the
         same state (which joins this restart) to take up the position."""
         self._check_open()
-        gen, _ = _get(self._planner.restart.remote(polyload._state_blob(state), True))
-        _get([c.sync.remote(gen) for c in self._constructors])
+        gen, _ = _get(self._planner.restart.remote(polyload._state_blob(state), True),
+                      self.timeout)
+        _get([c.sync.remote(gen) for c in self._constructors], self.timeout)
 
     def pids(self) -> Dict[str, List[int]]:
         """Process ids of the actors, by role."""
         self._check_open()
-        return {role: [int(x) for x in _get([a.pid.remote() for a in handles])]
+        return {role: [int(x) for x in _get([a.pid.remote() for a in handles], self.timeout)]
                 for role, handles in self.actors.items()}
 
     def shutdown(self, timeout: float = 10.0) -> None:
@@ -412,7 +411,10 @@ def launch(
             except Exception:  # noqa: BLE001
                 pass
         raise
-    return Deployment(namespace, name, planner, loaders, ctors, info, shadow_actors)
+    dep = Deployment(namespace, name, planner, loaders, ctors, info, shadow_actors)
+    if timeout is not None:
+        dep.timeout = float(timeout)
+    return dep
 
 
 def _forget_checkpoint(namespace: str, name: str) -> None:
