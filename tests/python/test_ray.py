@@ -739,3 +739,93 @@ def test_raw_text_tokenized_in_source_loaders(cluster, tmp_path_factory):
     # 8 steps x 8 sequences x 128 tokens of short fortunes: a few hundred documents, each
     # tokenized once by the loader that owns it (plus the planner's lookahead window).
     assert 0 < tokenized <= 2 * 512 + 400
+
+
+# ------------------------------------------------------------------ scaling (issue 12)
+
+
+def test_scaling_at_random_steps_does_not_change_batches(cluster, tmp_path_factory):
+    """Pools of source loaders resized up, down and back onto the shared actors at
+    random steps (partitions split, merged and moved while the constructors read):
+    the batches hash equal to the embedded loader's (and so to a fixed pool's), the new
+    loaders serve reads, and the retired ones are gone."""
+    import random
+
+    import fortunes_corpus as fc
+
+    corpus = Corpus(tmp_path_factory.mktemp("ray_scale"), sizes=(120, 80, 160), seed=5)
+    text = fc.build(tmp_path_factory.mktemp("ray_scale_text"))
+    cfg = corpus.config(train_steps=24, topology={"dp": 2}, global_batch_size=8,
+                        micro_batch_size=2)
+    cfg["tokenizer"] = {"type": "hf", "path": text["tokenizer"]}
+    cfg["sources"].append({"name": "tech", "type": "jsonl", "weight": 0.2,
+                           "path": os.path.join(text["dir"], "tech.jsonl")})
+    for s in cfg["sources"][:3]:
+        s["weight"] = 0.8 / 3
+    want = {r: loader_hashes(cfg, r)[0] for r in (0, 1)}
+    rng = random.Random(12)
+    # shallow prefetch, so that reads after each scaling event go to the new layout
+    with pr.launch(cfg, namespace=NS, name="scale", shadows=1, placement=PLACEMENT,
+                   prefetch_steps=2) as dep:
+        clients = [pr.Client(cfg, rank=r, namespace=NS, name="scale") for r in (0, 1)]
+        got = {0: [], 1: []}
+        at = set(rng.sample(range(2, 40), 8))
+        k, sizes = 0, []
+        live = lambda v: {n for sl in v["slots"] for n in sl["actors"]}  # noqa: E731
+        seen, retired = live(dep.scaling()), set()
+        while True:
+            b = [c.next_batch() for c in clients]
+            if b[0] is None:
+                break
+            for r in (0, 1):
+                got[r].append(batch_hash(b[r]))
+            k += 1
+            if k == 1 or k in at:  # s0 gets 3 loaders at once and keeps them
+                src, n = ("s0", 3) if k == 1 else (rng.choice(["s1", "s2", "tech"]),
+                                                   rng.choice([0, 1, 2, 3]))
+                view = dep.scale(src, n)
+                row = next(x for x in view["sources"] if x["source"] == src)
+                assert row["dedicated"] == n and row["pinned"] == n
+                assert row["partitions"] == max(1, n)
+                now = live(view)
+                retired |= seen - now
+                seen |= now
+                sizes.append((src, n))
+        for r in (0, 1):
+            assert got[r] == want[r], f"rank {r}"
+        view = dep.scaling()
+        # every decision is logged with its reason
+        assert [d["source"] for d in view["decisions"]] == [s for s, _ in sizes]
+        assert all(d["reason"].startswith("manual") for d in view["decisions"])
+        # s0's three loaders each own a third of it and served reads of it
+        mine = [sl for sl in view["slots"] if any(p[0] == "s0" for p in sl["shards"])]
+        assert sorted(sl["shards"][0][1:] for sl in mine) == [[0, 40], [40, 80], [80, 120]]
+        profs = ray.get([ray.get_actor(sl["actors"][0], namespace=NS).profile.remote()
+                         for sl in mine])
+        assert all(p["sources"][0]["rows"] > 0 and p["sources"][0]["tokens"] > 0
+                   for p in profs), profs
+        # retired loaders (and their standbys) are gone
+        assert retired
+        deadline, left = time.time() + 20, set(retired)
+        while left and time.time() < deadline:
+            for n in list(left):
+                try:
+                    ray.get_actor(n, namespace=NS)
+                except ValueError:  # its name is released once it is dead
+                    left.discard(n)
+            time.sleep(0.2)
+        assert not left, f"retired source loaders still alive: {sorted(left)}"
+
+
+def test_scale_errors(cluster, corpus2):
+    cfg = corpus2.config(train_steps=2)
+    with pytest.raises(ValueError, match="autoscale: unknown keys"):
+        pr.launch(cfg, namespace=NS, name="scale_err", autoscale={"horizon": 3})
+    with pytest.raises(ValueError, match="min_loaders"):
+        pr.launch(cfg, namespace=NS, name="scale_err",
+                  autoscale={"min_loaders": {"s0": 3}, "max_loaders": 2})
+    with pr.launch(cfg, namespace=NS, name="scale_err") as dep:
+        with pytest.raises(ValueError, match="unknown source 'nope'"):
+            dep.scale("nope", 2)
+        with pytest.raises(ValueError, match="n must be >= 0"):
+            dep.scale("s0", -1)

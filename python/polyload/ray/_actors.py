@@ -40,7 +40,7 @@ import ray
 import polyload
 from polyload import _core
 
-from ._common import actor_lost, enter_cwd, make_config, unwrap
+from ._common import actor_lost, enter_cwd, make_config, routing_for_constructors, unwrap
 
 _KEY_SHIFT = 40  # routing key: source << 40 | document index
 
@@ -125,6 +125,8 @@ class Planner:
         # Raw text sources hold lengths only here: the source loaders tokenize (once per
         # actor, keeping the tokens for the constructors' reads) and report lengths.
         self._loader_handles: Dict[str, Any] = {}
+        self._inflight_lock = threading.Lock()
+        self._inflight: Dict[int, int] = {}  # lengths calls running, by routing version
         cfg.set_lengths_provider(self._lengths)
         self._planner = _core.Planner.create(cfg)
         self._train_steps = cfg.get_int("train_steps")  # -1: endless
@@ -172,12 +174,37 @@ class Planner:
         self._states: Dict[int, bytes] = {}
         self._low: Dict[int, int] = {}
 
-    def set_routing(self, names, partitions, loader_names, namespace) -> None:
-        """Which source loader owns which documents (before any plan is asked)."""
+    def set_routing(self, names, partitions, loader_names, namespace, version: int = 0,
+                    slots=None) -> None:
+        """Which source loader owns which documents (before any plan is asked, and
+        after each scaling event): ``partitions`` ``[source name, first, end, slot]``,
+        ``loader_names[slot]`` the slot's serving actor, ``slots[slot]`` its actor and
+        standbys.  Kept in the checkpoint."""
         self._ensure()
         self._routing = {"sources": list(names), "partitions": [list(p) for p in partitions],
-                         "source_loaders": list(loader_names), "namespace": namespace}
+                         "source_loaders": list(loader_names), "namespace": namespace,
+                         "version": int(version),
+                         "slots": [list(x) for x in (slots or [[n] for n in loader_names])]}
         self._persist()
+
+    def routing(self) -> Optional[Dict[str, Any]]:
+        """The routing table last set (``set_routing``'s arguments as a dict)."""
+        self._ensure()
+        return getattr(self, "_routing", None)
+
+    def drained(self, version: int) -> bool:
+        """True when no lengths call routed by a table older than ``version`` runs."""
+        with self._inflight_lock:
+            return not any(n for v, n in self._inflight.items() if v < int(version))
+
+    def progress(self) -> Dict[str, Any]:
+        """``{"next_step": next step to plan, "low": least step a constructor's ranks
+        stand at (-1: not known yet), "time": monotonic seconds}`` (the autoscaler's
+        clock of the training run)."""
+        self._ensure()
+        low = min(self._low.values()) if len(self._low) >= self._num_constructors else -1
+        return {"next_step": self._next_step, "low": low, "time": time.monotonic(),
+                "start_step": self._start_step}
 
     def _lengths(self, source: int, indices: List[int]):
         """Lengths of raw text documents, from the source loaders that own them (called
@@ -186,6 +213,16 @@ class Planner:
         info = getattr(self, "_routing", None)
         if not info:
             raise RuntimeError("planner: lengths asked before the source loaders are known")
+        version = info.get("version", 0)
+        with self._inflight_lock:
+            self._inflight[version] = self._inflight.get(version, 0) + 1
+        try:
+            return self._lengths_by(info, source, indices)
+        finally:
+            with self._inflight_lock:
+                self._inflight[version] -= 1
+
+    def _lengths_by(self, info, source: int, indices: List[int]):
         name = info["sources"][source]
         parts = sorted((lo, hi, owner) for n, lo, hi, owner in info["partitions"] if n == name)
         los = np.asarray([p[0] for p in parts], dtype=np.int64)
@@ -466,22 +503,97 @@ class SourceLoader:
         self._ready = False
         self._setup_lock = threading.Lock()  # reads run on two threads
 
-    def setup(self) -> Dict[str, Any]:
+    def setup(self, fresh: bool = False) -> Dict[str, Any]:
         """Open the partitions' sources.  Also run by the first read after Ray
-        restarted the actor (its process died): a loader holds no progress."""
+        restarted the actor (its process died): a loader holds no progress, only its
+        partitions, which it keeps in Ray's internal KV store (the autoscaler changes
+        them), so a restarted loader serves what it served before its death.
+        ``fresh``: a new actor (launch, a scale-up): the partitions given win."""
         enter_cwd(self._cwd)
+        ctx = ray.get_runtime_context()
+        self._kv_key = f"polyload:{ctx.namespace}:{ctx.get_actor_name()}.shards".encode()
+        saved = None if fresh else _kv_get(self._kv_key)
+        if saved is not None:
+            self._shards = [tuple(int(x) for x in t) for t in saved]
         cfg = make_config(self._payload)
+        self._cfg = cfg
         self._srcs: List[Any] = [None] * cfg.num_sources
-        for s, lo, hi in self._shards:
-            if self._srcs[s] is None:
-                self._srcs[s] = cfg.open_source(s)
-        # Partitions as intervals of the key (source << 40 | index), sorted.
-        parts = sorted((s << _KEY_SHIFT | lo, s << _KEY_SHIFT | hi) for s, lo, hi in self._shards)
-        self._lo = np.asarray([p[0] for p in parts], dtype=np.int64)
-        self._hi = np.asarray([p[1] for p in parts], dtype=np.int64)
+        # cost profile (the autoscaler's input): per source, wall seconds in calls,
+        # rows, tokens, bytes; the process's CPU seconds are split by wall share
+        self._prof_lock = threading.Lock()
+        self._prof: Dict[int, List[float]] = {}
+        self._t_start = time.monotonic()
+        self._cpu_start = time.process_time()
+        self._busy = 0.0
+        self._set_shards(self._shards)
         self._ready = True
         return {"pid": os.getpid(), "node_id": _node_id(), "shards": self._shards,
                 "actor": ray.get_runtime_context().get_actor_name()}
+
+    def _set_shards(self, shards) -> None:
+        shards = [tuple(int(x) for x in s) for s in shards]
+        for s, lo, hi in shards:
+            if self._srcs[s] is None:
+                self._srcs[s] = self._cfg.open_source(s)
+        # Partitions as disjoint intervals of the key (source << 40 | index), sorted
+        # (while the autoscaler moves a partition, old and new ones overlap).
+        parts: List[List[int]] = []
+        for a, b in sorted((s << _KEY_SHIFT | lo, s << _KEY_SHIFT | hi) for s, lo, hi in shards):
+            if parts and a <= parts[-1][1]:
+                parts[-1][1] = max(parts[-1][1], b)
+            else:
+                parts.append([a, b])
+        lo = np.asarray([p[0] for p in parts], dtype=np.int64)
+        hi = np.asarray([p[1] for p in parts], dtype=np.int64)
+        self._parts, self._shards = (lo, hi), shards  # read() sees old or new, whole
+        _kv_put(self._kv_key, pickle.dumps(shards, protocol=5))
+
+    def set_shards(self, shards: Sequence[Tuple[int, int, int]]) -> Dict[str, Any]:
+        """Serve these partitions from now on (the autoscaler moves, splits and merges
+        partitions; it adds a partition here before routing reads to it and removes one
+        after every reader has stopped using it).  Opens sources not open yet."""
+        if not self._ready:
+            with self._setup_lock:
+                if not self._ready:
+                    self.setup()
+        self._set_shards(shards)
+        return {"pid": os.getpid(), "node_id": _node_id(), "shards": self._shards}
+
+    def _account(self, rows: np.ndarray, tokens: np.ndarray, nbytes: int, wall: float) -> None:
+        """Add one call to the cost profile: its wall time split over its sources by
+        their share of its tokens."""
+        src = rows
+        total = float(tokens.sum()) or 1.0
+        with self._prof_lock:
+            self._busy += wall
+            for s in np.unique(src).tolist():
+                sel = src == s
+                tok = float(tokens[sel].sum())
+                p = self._prof.setdefault(int(s), [0.0, 0, 0, 0, 0])
+                p[0] += wall * (tok / total if len(np.unique(src)) > 1 else 1.0)
+                p[1] += int(sel.sum())
+                p[2] += int(tok)
+                p[3] += int(nbytes * tok / total)
+                p[4] += 1
+
+    def profile(self) -> Dict[str, Any]:
+        """The measured cost profile since the actor started: ``{"cpu_s": CPU seconds of
+        the process, "wall_s": seconds alive, "busy_s": seconds in calls, "sources":
+        {source index: {"busy_s", "rows", "tokens", "bytes", "calls", "cpu_s"}}}``;
+        a source's ``cpu_s`` is its share (by busy seconds) of the process's CPU."""
+        if not self._ready:
+            return {"cpu_s": 0.0, "wall_s": 0.0, "busy_s": 0.0, "sources": {},
+                    "shards": self._shards}
+        with self._prof_lock:
+            cpu = time.process_time() - self._cpu_start
+            busy = self._busy
+            per = {s: list(v) for s, v in self._prof.items()}
+        tot = sum(v[0] for v in per.values()) or 1.0
+        return {"cpu_s": cpu, "wall_s": time.monotonic() - self._t_start, "busy_s": busy,
+                "shards": self._shards, "pid": os.getpid(),
+                "sources": {s: {"busy_s": v[0], "rows": v[1], "tokens": v[2], "bytes": v[3],
+                                "calls": v[4], "cpu_s": cpu * v[0] / tot}
+                            for s, v in per.items()}}
 
     @ray.method(enable_task_events=False)
     def read(self, reads: np.ndarray) -> np.ndarray:
@@ -492,8 +604,9 @@ class SourceLoader:
                     self.setup()
         reads = np.ascontiguousarray(reads, dtype=np.int64).reshape(-1, 4)
         key = reads[:, 0] << _KEY_SHIFT | reads[:, 1]
-        i = np.searchsorted(self._lo, key, side="right") - 1
-        ok = (i >= 0) & (key < self._hi[np.maximum(i, 0)])
+        lo, hi = self._parts
+        i = np.searchsorted(lo, key, side="right") - 1
+        ok = (i >= 0) & (key < hi[np.maximum(i, 0)])
         if not ok.all():
             j = int(np.flatnonzero(~ok)[0])
             raise polyload.RangeError(
@@ -501,7 +614,9 @@ class SourceLoader:
                 f"source loader {ray.get_runtime_context().get_actor_name()}: document "
                 f"{int(reads[j, 1])} of source {int(reads[j, 0])} is outside its partitions "
                 f"{self._shards}")
+        t0 = time.monotonic()
         data, _offsets = _core.read_rows_raw(self._srcs, reads)
+        self._account(reads[:, 0], reads[:, 3], len(data), time.monotonic() - t0)
         return np.frombuffer(data, dtype=np.uint8)
 
     @ray.method(enable_task_events=False)
@@ -510,7 +625,11 @@ class SourceLoader:
         tokens stay for the constructors' reads): ``(lengths, {position: message})``, a
         bad document's length being its negative PL_E* code."""
         src = self._srcs[int(source)]
+        t0 = time.monotonic()
         lens = src.lengths(indices)
+        self._account(np.full(len(lens), int(source), np.int64),
+                      np.maximum(np.asarray(lens, dtype=np.int64), 0), 0,
+                      time.monotonic() - t0)
         msgs = {}
         for j, v in enumerate(lens):
             if v < 0:
@@ -594,14 +713,18 @@ class DataConstructor:
             cfg, ranks=self._ranks, group_by_cp=False, unit=self._nmb,
             prefetch=self._prefetch_steps * self._nmb, max_lag_steps=self._max_lag)
         self._planner = ray.get_actor(self._planner_name, namespace=self._namespace)
-        self._loaders = [[ray.get_actor(n, namespace=self._namespace) for n in names]
-                         for names in self._loader_names]
-        self._active = [0] * len(self._loaders)  # which candidate of each slot serves
-        keys = [(s << _KEY_SHIFT | int(lo), int(a)) for s, (los, owners) in
-                enumerate(self._routing) for lo, a in zip(los, owners)]
-        keys.sort()
-        self._pstart = np.asarray([k for k, _ in keys], dtype=np.int64)
-        self._powner = np.asarray([a for _, a in keys], dtype=np.int64)
+        self._handles: Dict[str, Any] = {}
+        self._rt_version = 0
+        self._reads_inflight: Dict[int, int] = {}
+        self._drain = asyncio.Condition()
+        self._wait_s = 0.0  # seconds fetches waited for a package not built yet
+        self._n_fetches = 0
+        self._built_step = -1
+        rt = await self._planner.routing.remote()
+        if rt is not None and rt.get("version", 0) > 0:  # scaled since launch
+            self._apply_routing(rt["version"], *routing_for_constructors(rt))
+        else:
+            self._apply_routing(0, self._routing, self._loader_names)
         # Three wake-ups, so that nobody wakes for what it does not wait for:
         # units built or steps added (consumers), room or demand (drivers), a
         # rank's cursor moved (its next fetch, which serves steps in order).
@@ -619,6 +742,53 @@ class DataConstructor:
         await self._reset(gen, blob)
         self._ready = True
         return {"pid": os.getpid(), "node_id": _node_id(), "ranks": self._ranks}
+
+    def _apply_routing(self, version: int, routing, slot_names) -> None:
+        """Route reads by ``routing`` (per source: partition starts, slot per
+        partition); ``slot_names[slot]``: the slot's actor, then its standbys.  Slots
+        are only ever appended, so a read in flight keeps a valid slot index."""
+        self._routing = routing
+        self._loader_names = [[n] if isinstance(n, str) else list(n) for n in slot_names]
+        old_active = getattr(self, "_active", [])
+        self._loaders = []
+        for names in self._loader_names:
+            hs = []
+            for n in names:
+                if n not in self._handles:
+                    self._handles[n] = ray.get_actor(n, namespace=self._namespace)
+                hs.append(self._handles[n])
+            self._loaders.append(hs)
+        # which candidate of each slot serves
+        self._active = [old_active[j] if j < len(old_active) else 0
+                        for j in range(len(self._loaders))]
+        keys = [(s << _KEY_SHIFT | int(lo), int(a)) for s, (los, owners) in
+                enumerate(routing) for lo, a in zip(los, owners)]
+        keys.sort()
+        self._pstart = np.asarray([k for k, _ in keys], dtype=np.int64)
+        self._powner = np.asarray([a for _, a in keys], dtype=np.int64)
+        self._rt_version = int(version)
+
+    async def set_routing(self, table: Dict[str, Any]) -> int:
+        """Route reads by a new table of the autoscaler (``Planner.set_routing``'s
+        dict); returns once no read routed by an older table is in flight, so the
+        autoscaler may then retire the actors the new table no longer names."""
+        await self._ensure_ready()
+        if int(table["version"]) > self._rt_version:
+            self._apply_routing(int(table["version"]), *routing_for_constructors(table))
+        async with self._drain:
+            while any(n for v, n in self._reads_inflight.items() if v < self._rt_version):
+                await self._drain.wait()
+        return self._rt_version
+
+    async def load(self) -> Dict[str, Any]:
+        """What the autoscaler's feedback reads: ``{"wait_s": seconds fetches waited for
+        packages not built yet, "fetches", "queue_steps": steps built ahead of the
+        least-advanced served rank, "version": routing version}`` (since start)."""
+        await self._ensure_ready()
+        low = min(self._cursor.values()) if self._cursor else 0
+        return {"wait_s": self._wait_s, "fetches": self._n_fetches,
+                "queue_steps": max(0, self._built_step + 1 - low),
+                "version": self._rt_version, "time": time.monotonic()}
 
     async def _ensure_ready(self) -> None:
         if not self._ready:
@@ -767,8 +937,17 @@ class DataConstructor:
             order = np.argsort(owner, kind="stable")
             actors, starts = np.unique(owner[order], return_index=True)
             ends = np.append(starts[1:], n)
-            outs = list(await asyncio.gather(*[
-                self._read(int(a), reads[order[st:en]]) for a, st, en in zip(actors, starts, ends)]))
+            ver = self._rt_version
+            self._reads_inflight[ver] = self._reads_inflight.get(ver, 0) + 1
+            try:
+                outs = list(await asyncio.gather(*[
+                    self._read(int(a), reads[order[st:en]])
+                    for a, st, en in zip(actors, starts, ends)]))
+            finally:
+                self._reads_inflight[ver] -= 1
+                if ver < self._rt_version:
+                    await self._wake(self._drain)
+            self._built_step = max([self._built_step] + [u.step for u in units])
         except Exception as e:  # noqa: BLE001 - the ranks that reach the units get it
             if gen == self._gen:
                 for u in units:
@@ -922,14 +1101,17 @@ class DataConstructor:
             except polyload.PolyloadTimeoutError:  # not built yet: woken by the drivers
                 await self._wake(self._demand)  # the request may have opened the window
                 self._waiting += 1
+                t0 = time.monotonic()
                 try:
                     await self._wait(self._built, f"package of rank {rank}, step {step}", deadline)
                 finally:
                     self._waiting -= 1
+                    self._wait_s += time.monotonic() - t0
                 continue
             break
         if res is None:
             return self._final
+        self._n_fetches += 1
         data, got_step, _mb, _count = res
         self._cursor[rank] = got_step + 1
         pkg = np.frombuffer(data, dtype=np.uint8)

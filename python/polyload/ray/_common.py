@@ -80,3 +80,18 @@ def get(refs, timeout=None):
             f"({refs!r})") from None
     except Exception as e:  # noqa: BLE001 - polyload's own exception, unwrapped
         raise unwrap(e) from None
+
+
+def routing_for_constructors(table):
+    """``(routing, slot_names)`` of a routing table (``Planner.set_routing``'s dict):
+    per source (partition starts, slot per partition) sorted by start, and per slot
+    its actor's name then its standbys'."""
+    index = {n: s for s, n in enumerate(table["sources"])}
+    per: list = [[] for _ in table["sources"]]
+    for name, lo, _hi, slot in table["partitions"]:
+        per[index[name]].append((int(lo), int(slot)))
+    routing = []
+    for parts in per:
+        parts.sort()
+        routing.append(([lo for lo, _ in parts], [a for _, a in parts]))
+    return routing, [list(x) for x in table["slots"]]

@@ -13,6 +13,8 @@ from polyload import _core
 
 from ._actors import DataConstructor, Planner, SourceLoader
 from ._common import config_payload, get, make_config
+from ._scale import DEFAULTS as AUTOSCALE_DEFAULTS
+from ._scale import Autoscaler, ScalePolicy, autoscale_options
 
 ROLES = ("planner", "source_loader", "constructor")
 #: placement keys: the roles, and "shadow" for the source loaders' standbys (default:
@@ -34,6 +36,7 @@ PREFETCH_BYTES = 64 << 20
 _PlannerActor = ray.remote(Planner)
 _SourceLoaderActor = ray.remote(SourceLoader)
 _DataConstructorActor = ray.remote(DataConstructor)
+_AutoscalerActor = ray.remote(Autoscaler)
 
 
 _get = get  # ray.get with polyload's exceptions and a deadline
@@ -115,19 +118,58 @@ class Deployment:
     """
 
     def __init__(self, namespace: str, name: str, planner, loaders, constructors,
-                 info: Dict[str, Any], shadows: Sequence[Any] = ()) -> None:
+                 info: Dict[str, Any], shadows: Sequence[Any] = (), autoscaler=None) -> None:
         self.namespace, self.name = namespace, name
         self._planner, self._loaders, self._constructors = planner, loaders, constructors
         self._shadows = list(shadows)
+        self._autoscaler = autoscaler
         self.info = info
         #: seconds any call of this handle waits for the actors (PolyloadTimeoutError)
         self.timeout = 300.0
 
     @property
     def actors(self) -> Dict[str, List[Any]]:
-        """Actor handles by role (``"shadow"``: the source loaders' standbys)."""
-        return {"planner": [self._planner], "source_loader": list(self._loaders),
-                "constructor": list(self._constructors), "shadow": list(self._shadows)}
+        """Actor handles by role (``"shadow"``: the source loaders' standbys), the
+        source loaders being those of the routing table in use (the autoscaler adds
+        and retires them)."""
+        loaders, shadows = list(self._loaders), list(self._shadows)
+        if self._autoscaler is not None and self._planner is not None:
+            table = _get(self._autoscaler.table.remote(), self.timeout)
+            gone = set(table.get("retired", []))
+            live = [j for j in range(len(table["slots"])) if j not in gone]
+            loaders = [ray.get_actor(table["slots"][j][0], namespace=self.namespace)
+                       for j in live]
+            shadows = [ray.get_actor(n, namespace=self.namespace)
+                       for j in live for n in table["slots"][j][1:]]
+        out = {"planner": [self._planner], "source_loader": loaders,
+               "constructor": list(self._constructors), "shadow": shadows}
+        if self._autoscaler is not None:
+            out["autoscaler"] = [self._autoscaler]
+        return out
+
+    def scale(self, source: str, n: Optional[int]) -> Dict[str, Any]:
+        """Give source ``source`` ``n`` dedicated source loaders now (its documents split
+        into ``n`` equal index ranges, one per loader; 0: back on the shared loaders the
+        deployment started with) and keep it there, the autoscaling policy leaving it
+        alone, until ``scale(source, None)`` hands it back.  Batches do not change.
+        Returns :meth:`scaling`'s view once the new loaders serve.
+
+        Raises:
+            ValueError: an unknown source or ``n < 0``.
+        """
+        self._check_open()
+        return _get(self._autoscaler.scale.remote(source, n), self.timeout)
+
+    def scaling(self) -> Dict[str, Any]:
+        """The autoscaler's view: per source (``"sources"``: weight now, loaders,
+        dedicated loaders, partitions, utilization (busy fraction), measured cost in
+        CPU-seconds per token, the policy's target, a manual pin), the trainers'
+        compute step time (s), data wait (fraction of the step), queue depth (steps
+        built ahead), the routing version, CPU-seconds reserved by dedicated loaders,
+        the live slots (actors and partitions) and every scaling decision with its
+        time, step and reason.  Shown live by ``polyload top``."""
+        self._check_open()
+        return _get(self._autoscaler.view.remote(), self.timeout)
 
     def failovers(self) -> List[Dict[str, Any]]:
         """Every read a constructor moved to a standby: ``{"constructor", "slot",
@@ -173,12 +215,28 @@ class Deployment:
 
     def shutdown(self, timeout: float = 10.0) -> None:
         """Stop and kill every actor of the deployment (idempotent)."""
-        handles = [h for hs in self.actors.values() for h in hs]
-        if not handles:
+        if self._planner is None:
             return
-        try:  # constructors first: their producer threads stop asking for payloads
+        handles = [self._planner] + list(self._loaders) + list(self._constructors) + \
+            list(self._shadows) + ([self._autoscaler] if self._autoscaler is not None else [])
+        try:  # the autoscaler first (it starts no more loaders), then the constructors
+            if self._autoscaler is not None:
+                ray.get(self._autoscaler.close.remote(), timeout=timeout)
             ray.get([h.close.remote() for h in self._constructors], timeout=timeout)
         except Exception:  # noqa: BLE001 - killing anyway
+            pass
+        # every actor named NAME.* in the namespace: also loaders the autoscaler started
+        try:
+            from ray.util import list_named_actors  # noqa: PLC0415
+
+            for a in list_named_actors(all_namespaces=True):
+                if a.get("namespace") == self.namespace and \
+                        a.get("name", "").startswith(self.name + "."):
+                    try:
+                        handles.append(ray.get_actor(a["name"], namespace=self.namespace))
+                    except Exception:  # noqa: BLE001 - gone meanwhile
+                        pass
+        except Exception:  # noqa: BLE001
             pass
         for h in handles:
             try:
@@ -187,6 +245,7 @@ class Deployment:
                 pass
         _forget_checkpoint(self.namespace, self.name)
         self._planner, self._loaders, self._constructors, self._shadows = None, [], [], []
+        self._autoscaler = None
 
     def __enter__(self) -> "Deployment":
         return self
@@ -216,6 +275,7 @@ def launch(
     shadows: int = 1,
     read_timeout: float = 30.0,
     checkpoint_steps: int = 8,
+    autoscale: Union[None, bool, Mapping[str, Any]] = None,
 ) -> Deployment:
     """Start a deployment: one planner, source loaders, ``num_constructors`` constructors.
 
@@ -257,6 +317,16 @@ def launch(
             store every this many steps; a restarted planner (Ray restarts every role
             whose process dies) continues from it, and a restarted constructor rebuilds
             from the least step its ranks stand at: batches do not change.
+        autoscale: size each source's pool of source loaders by its measured cost,
+            ahead of the mixture schedule (``polyload.ray._scale``: feed-forward from
+            the schedule and the measured CPU-seconds per token, feedback from the
+            trainers' data wait, bounds and a CPU budget).  True, or a dict of
+            ``polyload.ray.AUTOSCALE_DEFAULTS`` keys (``horizon_steps``, ``headroom``,
+            ``loader_cpus``, ``min_loaders``, ``max_loaders``, ``cpu_budget``,
+            ``placement``: Ray options of new loaders in preference order, e.g. spare
+            CPUs of trainer nodes first, then CPU-only nodes, ...).  None: no policy;
+            :meth:`Deployment.scale` still resizes pools by hand.  Batches are the same
+            for any pools and across every scaling event.
 
     Raises:
         ConfigError, FormatError, PolyloadIOError: as the embedded loader, from the actor
@@ -298,6 +368,9 @@ def launch(
 
     _check_cpus(placement, int(num_constructors), num_source_loaders, max_source_loader_actors,
                 cfg.num_sources)
+    scale_opts = autoscale_options(autoscale if autoscale is not None else {})
+    if autoscale is None:
+        scale_opts["enabled"] = False
     if int(shadows) < 0:
         raise ValueError(f"shadows must be >= 0, got {shadows}")
     created = []
@@ -315,6 +388,7 @@ def launch(
         created.append(planner)
         pinfo = _get(planner.setup.remote(), timeout)
         names = pinfo["names"]
+        ScalePolicy(names, lambda s, t: 0.0, 1.0, scale_opts)  # bounds: ValueError now
         parts = _partitions(names, pinfo["num_documents"], num_source_loaders)
         n_actors = len(parts) if not max_source_loader_actors else \
             max(1, min(len(parts), int(max_source_loader_actors)))
@@ -331,7 +405,7 @@ def launch(
                 payload, cwd, shards[j])
             created.append(a)
             loaders.append(a)
-        linfo = _get([a.setup.remote() for a in loaders], timeout)
+        linfo = _get([a.setup.remote(True) for a in loaders], timeout)
         # Standbys, created now (not during an outage), on another node than their
         # primary where there is one.
         alive = [n["NodeID"] for n in ray.nodes() if n.get("Alive")]
@@ -354,11 +428,16 @@ def launch(
                 created.append(a)
                 shadow_actors.append(a)
                 shadow_names[j].append(f"{loader_names[j]}.shadow.{k}")
-        sinfo = _get([a.setup.remote() for a in shadow_actors], timeout)
+        sinfo = _get([a.setup.remote(True) for a in shadow_actors], timeout)
         # Raw text sources: the planner asks their lengths of these loaders.
-        _get(planner.set_routing.remote(
-            names, [[names[s], lo, hi, owner[j]] for j, (s, lo, hi) in enumerate(parts)],
-            loader_names, namespace), timeout)
+        table = {"sources": list(names),
+                 "partitions": [[names[s], lo, hi, owner[j]] for j, (s, lo, hi) in
+                                enumerate(parts)],
+                 "source_loaders": list(loader_names), "namespace": namespace, "version": 0,
+                 "slots": [[loader_names[j]] + shadow_names[j] for j in range(n_actors)],
+                 "dedicated": [None] * n_actors}
+        _get(planner.set_routing.remote(names, table["partitions"], loader_names, namespace,
+                                        0, table["slots"]), timeout)
         routing = []
         for s in range(len(names)):
             mine = [(lo, hi, owner[j]) for j, (src, lo, hi) in enumerate(parts) if src == s]
@@ -378,6 +457,16 @@ def launch(
             created.append(a)
             ctors.append(a)
         cinfo = _get([a.setup.remote() for a in ctors], timeout)
+        # The scaling role: owns the routing table from now on (Deployment.scale, and
+        # the policy when autoscale is given).
+        autoscaler = _AutoscalerActor.options(
+            name=f"{name}.autoscaler", **common, num_cpus=0, **restart,
+            max_task_retries=-1).remote(
+            payload, cwd, name, namespace, table, pinfo["num_documents"], scale_opts,
+            _role_options(placement, "source_loader"), int(shadows), bool(detached),
+            ctor_names)
+        created.append(autoscaler)
+        _get(autoscaler.setup.remote(), timeout)
         info = {
             "name": name,
             "namespace": namespace,
@@ -411,13 +500,17 @@ def launch(
             except Exception:  # noqa: BLE001
                 pass
         raise
-    dep = Deployment(namespace, name, planner, loaders, ctors, info, shadow_actors)
+    dep = Deployment(namespace, name, planner, loaders, ctors, info, shadow_actors, autoscaler)
     if timeout is not None:
         dep.timeout = float(timeout)
     return dep
 
 
 def _forget_checkpoint(namespace: str, name: str) -> None:
+    """Delete what a deployment keeps in Ray's internal KV store: the planner's
+    checkpoint and the source loaders' partitions."""
     from ray.experimental import internal_kv  # noqa: PLC0415
 
     internal_kv._internal_kv_del(f"polyload:{namespace}:{name}.planner".encode())
+    internal_kv._internal_kv_del(f"polyload:{namespace}:{name}.source_loader.".encode(),
+                                 del_by_prefix=True)

@@ -1,0 +1,660 @@
+"""Source loaders that scale with the work: the autoscaling policy and the actor that
+applies it (issue "Source loaders that scale with the work").
+
+Batches never depend on the loaders: a read holds no progress and any loader holding a
+partition answers the same bytes, so the autoscaler may split, merge and move index-range
+partitions between actors at any step; it only changes the *routing table* (which slot
+owns which documents of which source), in this order: start the new actors with their
+partitions open, give kept actors the union of old and new partitions, publish the table
+to the planner and every constructor (each answers once no read routed by an older table
+is in flight), then shrink kept actors to their new partitions and retire the actors the
+table no longer names.  A routing table is checked to cover every document of every
+source exactly once before it is published.
+
+The policy (:class:`ScalePolicy`, pure Python, no Ray) follows the issue's formula:
+
+* **Feed-forward**: loaders needed for source s over the next ``horizon_steps`` steps =
+  max over k in [0, H] of weight_s(t+k) x tokens per step x cost_s / (loader_cpus x
+  compute step time) x (1 + headroom), where cost_s is CPU-seconds per delivered token
+  measured in the source loaders, and the compute step time is the measured step time
+  less the trainers' data wait.  The maximum over the horizon makes pools grow *before*
+  the schedule moves weight to them; they shrink only after ``down_delay_s`` below need.
+* **Feedback** (Cachew's and Ray Data's rules): when trainers waited more than
+  ``wait_high`` of the step, add one loader to the most utilized pool, one change per
+  ``cooldown_s``; a bias that decays when the pool is idle below ``util_low`` for
+  ``down_delay_s``.  Costs are sampled only at a steady count (``steady_s`` after the
+  source's last change) and the median of the last samples is used (outliers discarded).
+* **Bounds**: per-source ``min_loaders`` / ``max_loaders`` and a global ``cpu_budget``.
+  A source whose need is under ``pack_below`` loaders stays packed on the shared actors
+  the deployment started with (hundreds of small sources on a few actors).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import math
+import os
+import time
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+
+import numpy as np
+
+#: autoscale= keys of :func:`polyload.ray.launch` and their defaults
+DEFAULTS: Dict[str, Any] = {
+    "enabled": True,        # False: manual Deployment.scale only
+    "interval_s": 1.0,      # seconds between decisions
+    "horizon_steps": 8,     # H: steps ahead the feed-forward looks
+    "headroom": 0.1,        # extra capacity over the computed need
+    "loader_cpus": 1.0,     # CPUs one loader uses (its rate: CPU-seconds per second)
+    "min_loaders": 0,       # per source (int or {name: n}); 0: may stay packed
+    "max_loaders": 8,       # per source (int or {name: n})
+    "cpu_budget": None,     # CPUs for all dedicated loaders (None: the cluster's CPUs)
+    "pack_below": 0.5,      # a need under this many loaders stays on the shared actors
+    "wait_high": 0.05,      # trainer wait (fraction of the step) that triggers feedback
+    "util_low": 0.5,        # a pool's busy fraction under which it may shrink
+    "down_delay_s": 10.0,   # seconds below need before a pool shrinks
+    "cooldown_s": 2.0,      # seconds between feedback changes (one loader at a time)
+    "steady_s": 2.0,        # seconds after a change before costs are sampled again
+    "samples": 7,           # cost samples kept per source (the median is used)
+    "placement": None,      # [Ray options, ...] for new loaders, in preference order
+    "shadows": None,        # standbys per new loader (None: launch's shadows)
+}
+
+
+def autoscale_options(value) -> Dict[str, Any]:
+    """``launch(autoscale=...)``: True / a dict of :data:`DEFAULTS` keys -> options."""
+    if value is True:
+        value = {}
+    if not isinstance(value, Mapping):
+        raise ValueError(f"autoscale must be True or a dict, got {type(value).__name__}")
+    unknown = set(value) - set(DEFAULTS)
+    if unknown:
+        raise ValueError(f"autoscale: unknown keys {sorted(unknown)} (keys: {sorted(DEFAULTS)})")
+    out = {**DEFAULTS, **value}
+    for k in ("interval_s", "headroom", "loader_cpus", "down_delay_s", "cooldown_s",
+              "steady_s", "pack_below", "wait_high", "util_low"):
+        if not (isinstance(out[k], (int, float)) and out[k] >= 0):
+            raise ValueError(f"autoscale: {k} must be a number >= 0, got {out[k]!r}")
+    if out["loader_cpus"] <= 0 or out["interval_s"] <= 0:
+        raise ValueError("autoscale: loader_cpus and interval_s must be > 0")
+    if int(out["horizon_steps"]) < 0:
+        raise ValueError("autoscale: horizon_steps must be >= 0")
+    return out
+
+
+def _per_source(value, names: Sequence[str], what: str) -> List[int]:
+    if isinstance(value, Mapping):
+        unknown = set(value) - set(names)
+        if unknown:
+            raise ValueError(f"autoscale: {what}: unknown sources {sorted(unknown)}")
+        default = DEFAULTS[what]
+        return [int(value.get(n, default)) for n in names]
+    return [int(value)] * len(names)
+
+
+@dataclass
+class SourceView:
+    """What the policy knows of one source at a decision."""
+    cost_per_token: Optional[float]  # CPU-seconds per delivered token (None: unmeasured)
+    util: float                      # busy fraction of its loaders since the last look
+    loaders: int                     # dedicated loaders now (0: packed)
+
+
+@dataclass
+class ScalePolicy:
+    """Sizing of per-source pools (see the module's docstring); :meth:`decide` is pure
+    given its inputs and the policy's memory (bias, timers), so it is tested alone."""
+    names: Sequence[str]
+    weight: Callable[[int, int], float]   # (source, step) -> normalized weight
+    tokens_per_step: float
+    options: Dict[str, Any]
+    bias: List[int] = field(default_factory=list)
+    below_since: Dict[int, float] = field(default_factory=dict)
+    last_feedback: float = -1e18
+
+    def __post_init__(self) -> None:
+        n = len(self.names)
+        self.bias = [0] * n
+        self.min = _per_source(self.options["min_loaders"], self.names, "min_loaders")
+        self.max = _per_source(self.options["max_loaders"], self.names, "max_loaders")
+        for s in range(n):
+            if self.min[s] < 0 or self.max[s] < max(1, self.min[s]):
+                raise ValueError(f"autoscale: source {self.names[s]}: need 0 <= min_loaders "
+                                 f"<= max_loaders, max_loaders >= 1")
+
+    def need(self, s: int, step: int, cost: float, step_time: float) -> Tuple[float, int]:
+        """(loaders source s needs over the horizon, the step of the largest weight)."""
+        o = self.options
+        best, at = 0.0, step
+        for k in range(int(o["horizon_steps"]) + 1):
+            w = self.weight(s, step + k)
+            if w > best:
+                best, at = w, step + k
+        rate = o["loader_cpus"] * max(step_time, 1e-9)
+        return best * self.tokens_per_step * cost / rate * (1.0 + o["headroom"]), at
+
+    def decide(self, now: float, step: int, step_time: Optional[float], wait_frac: float,
+               sources: Sequence[SourceView], pinned: Mapping[int, int],
+               cpu_budget: float) -> Tuple[List[int], List[Dict[str, Any]]]:
+        """Target dedicated loaders per source and the reasons of each change.
+
+        ``step``: the least step the trainers stand at; ``step_time``: seconds per step
+        of compute (the measured step less the data wait; None: not known yet);
+        ``wait_frac``: the trainers' data wait as a fraction of the step since the last
+        decision; ``pinned``: sources set by hand (``Deployment.scale``)."""
+        o = self.options
+        cur = [v.loaders for v in sources]
+        target = list(cur)
+        why: Dict[int, str] = {}
+        for s, v in enumerate(sources):
+            if s in pinned:
+                target[s] = int(pinned[s])
+                continue
+            if v.cost_per_token is None or step_time is None:
+                continue  # nothing measured yet: stay
+            need, at = self.need(s, step, v.cost_per_token, step_time)
+            total = need + self.bias[s]
+            want = 0 if total < o["pack_below"] else max(1, math.ceil(total - 1e-9))
+            want = min(self.max[s], max(self.min[s], want))
+            detail = (f"weight {self.weight(s, step):.3f} now, {self.weight(s, at):.3f} at step "
+                      f"{at} (H={int(o['horizon_steps'])}), cost {v.cost_per_token:.3g} "
+                      f"CPU-s/token, step {step_time * 1e3:.1f} ms: need {need:.2f} loaders"
+                      + (f" + feedback bias {self.bias[s]}" if self.bias[s] else ""))
+            if want > cur[s]:
+                target[s] = want
+                self.below_since.pop(s, None)
+                why[s] = "feed-forward: " + detail
+            elif want < cur[s]:
+                since = self.below_since.setdefault(s, now)
+                if now - since >= o["down_delay_s"] and v.util < o["util_low"] \
+                        and wait_frac < o["wait_high"] / 2:
+                    target[s] = cur[s] - 1  # one at a time
+                    self.below_since[s] = now
+                    why[s] = (f"down after {o['down_delay_s']:g} s below need, util "
+                              f"{v.util:.2f}: " + detail)
+            else:
+                self.below_since.pop(s, None)
+        # Feedback: the trainers waited although the feed-forward sizing holds.
+        if (wait_frac > o["wait_high"] and not why
+                and now - self.last_feedback >= o["cooldown_s"]):
+            cand = [s for s, v in enumerate(sources)
+                    if s not in pinned and target[s] < self.max[s] and v.util >= o["util_low"]]
+            if cand:
+                s = max(cand, key=lambda i: sources[i].util)
+                self.bias[s] += 1
+                self.last_feedback = now
+                target[s] = max(target[s], cur[s] + 1)
+                why[s] = (f"feedback: trainers waited {wait_frac:.1%} of the step (> "
+                          f"{o['wait_high']:.0%}); pool util {sources[s].util:.2f}, the highest")
+        else:
+            for s, v in enumerate(sources):  # decay the bias of idle pools
+                if self.bias[s] > 0 and v.util < o["util_low"] / 2 \
+                        and now - self.last_feedback >= o["down_delay_s"]:
+                    self.bias[s] -= 1
+        # Global CPU budget: shrink the largest pools first.
+        cpus = o["loader_cpus"]
+        while sum(target) * cpus > cpu_budget + 1e-9:
+            s = max((i for i in range(len(target)) if target[i] > max(self.min[i], 0)
+                     and i not in pinned), key=lambda i: target[i], default=None)
+            if s is None:
+                break
+            target[s] -= 1
+            why[s] = why.get(s, "") + f" (limited by cpu_budget={cpu_budget:g})"
+        decisions = [{"time": now, "step": step, "source": self.names[s], "from": cur[s],
+                      "to": target[s], "reason": why.get(s, "")}
+                     for s in range(len(target)) if target[s] != cur[s]]
+        return target, decisions
+
+
+def split_ranges(n_docs: int, parts: int) -> List[Tuple[int, int]]:
+    """``parts`` index ranges covering ``[0, n_docs)``, equal to within one document."""
+    parts = max(1, min(int(parts), max(1, int(n_docs))))
+    edges = np.linspace(0, n_docs, parts + 1).round().astype(np.int64)
+    return [(int(edges[p]), int(edges[p + 1])) for p in range(parts)]
+
+
+def check_table(table: Mapping[str, Any], num_documents: Sequence[int]) -> None:
+    """Refuse a routing table that leaves a document of a source unowned or owned
+    twice, or names a slot that does not exist (ValueError naming the source)."""
+    names = list(table["sources"])
+    n_slots = len(table["slots"])
+    per: Dict[str, List[Tuple[int, int]]] = {n: [] for n in names}
+    for name, lo, hi, slot in table["partitions"]:
+        if name not in per or not 0 <= int(slot) < n_slots or not lo < hi:
+            raise ValueError(f"routing: bad partition {[name, lo, hi, slot]}")
+        per[name].append((int(lo), int(hi)))
+    for s, name in enumerate(names):
+        at = 0
+        for lo, hi in sorted(per[name]):
+            if lo != at:
+                raise ValueError(f"routing: source {name}: documents {min(lo, at)}..{max(lo, at)} "
+                                 f"are owned {'twice' if lo < at else 'by nobody'}")
+            at = hi
+        if at != int(num_documents[s]) and num_documents[s] > 0:
+            raise ValueError(f"routing: source {name}: documents {at}..{num_documents[s]} "
+                             f"are owned by nobody")
+
+
+# =============================================================== the actor
+
+
+class Autoscaler:
+    """The deployment's scaling role (actor ``NAME.autoscaler``): owns the routing table
+    after launch, applies :class:`ScalePolicy` every ``interval_s`` (when enabled) and
+    manual :meth:`scale` calls, and keeps every decision with its reason.  An async
+    actor; one change is applied at a time."""
+
+    def __init__(self, payload, cwd: str, name: str, namespace: str, table: Dict[str, Any],
+                 num_documents: Sequence[int], options: Dict[str, Any],
+                 loader_options: Dict[str, Any], shadows: int, detached: bool,
+                 constructors: Sequence[str]) -> None:
+        self._payload, self._cwd = payload, cwd
+        self._name, self._namespace = name, namespace
+        self._table = table
+        self._ndocs = [int(n) for n in num_documents]
+        self._opts = options
+        self._loader_opts = dict(loader_options)
+        self._shadows = int(shadows if options.get("shadows") is None else options["shadows"])
+        self._detached = bool(detached)
+        self._ctor_names = list(constructors)
+        self._lock = asyncio.Lock()
+        self.decisions: collections.deque = collections.deque(maxlen=1000)
+        self._pinned: Dict[int, int] = {}
+        self._task: Optional[asyncio.Task] = None
+        self._ready = False
+
+    async def setup(self) -> Dict[str, Any]:
+        import ray  # noqa: PLC0415
+
+        from ._common import enter_cwd, make_config  # noqa: PLC0415
+
+        enter_cwd(self._cwd)
+        cfg = make_config(self._payload)
+        self._cfg = cfg
+        names = list(self._table["sources"])
+        self._names = names
+        tokens = cfg.get_int("global_batch_size") * cfg.get_int("seq_length")
+        self._policy = ScalePolicy(names, lambda s, t: cfg.source_weight(s, max(0, t)),
+                                   float(tokens), self._opts)
+        self._planner = ray.get_actor(f"{self._name}.planner", namespace=self._namespace)
+        saved = await self._planner.routing.remote()
+        if saved is not None and saved.get("version", 0) >= self._table.get("version", 0):
+            self._table = saved  # restarted: the table last published
+        self._handles: Dict[str, Any] = {}
+        self._ctors = [ray.get_actor(n, namespace=self._namespace) for n in self._ctor_names]
+        # which slots are dedicated to which source (slots never renumber)
+        self._dedicated: Dict[int, List[int]] = {}
+        for j, d in enumerate(self._table.get("dedicated", [None] * len(self._table["slots"]))):
+            if d is not None:
+                self._dedicated.setdefault(int(d), []).append(j)
+        self._last: Dict[str, Any] = {}
+        self._samples = [collections.deque(maxlen=int(self._opts["samples"])) for _ in names]
+        self._changed = [time.monotonic()] * len(names)
+        self._step_time: Optional[float] = None
+        self._view: Dict[str, Any] = {}
+        self._cpu_used = 0.0  # CPU-seconds reserved by dedicated loaders
+        self._t_prev = time.monotonic()
+        self._ready = True
+        if self._opts.get("enabled", True):
+            self._task = asyncio.ensure_future(self._loop())
+        return {"pid": os.getpid()}
+
+    # ----------------------------------------------------------- helpers
+
+    def _handle(self, name: str):
+        import ray  # noqa: PLC0415
+
+        h = self._handles.get(name)
+        if h is None:
+            h = self._handles[name] = ray.get_actor(name, namespace=self._namespace)
+        return h
+
+    def _slot_shards(self, table) -> List[List[Tuple[int, int, int]]]:
+        index = {n: s for s, n in enumerate(table["sources"])}
+        out: List[List[Tuple[int, int, int]]] = [[] for _ in table["slots"]]
+        for name, lo, hi, slot in table["partitions"]:
+            out[int(slot)].append((index[name], int(lo), int(hi)))
+        return out
+
+    def _dedicated_count(self, s: int) -> int:
+        return len(self._dedicated.get(s, []))
+
+    def _loaders_of(self, s: int, table=None) -> List[int]:
+        table = table or self._table
+        name = self._names[s]
+        return sorted({int(slot) for n, _lo, _hi, slot in table["partitions"] if n == name})
+
+    def _pick_placement(self) -> Dict[str, Any]:
+        """Ray options of a new loader: the first ``placement`` entry whose resources
+        (and CPUs) are free now, else the last; default launch's source-loader options."""
+        import ray  # noqa: PLC0415
+
+        prefs = self._opts.get("placement") or [self._loader_opts]
+        free = ray.available_resources()
+        cpus = float(self._opts["loader_cpus"])
+        for p in prefs:
+            need = dict((p or {}).get("resources") or {})
+            need["CPU"] = float((p or {}).get("num_cpus", cpus))
+            if all(free.get(k, 0.0) >= v for k, v in need.items()):
+                return dict(p or {})
+        return dict(prefs[-1] or {})
+
+    async def _start_loader(self, slot: int, shards) -> List[str]:
+        """A new slot's actor and standbys, sources open; their names."""
+        import ray  # noqa: PLC0415
+
+        from ._actors import SourceLoader  # noqa: PLC0415
+
+        actor_cls = ray.remote(SourceLoader)
+        base = f"{self._name}.source_loader.{slot}"
+        names = [base] + [f"{base}.shadow.{k}" for k in range(self._shadows)]
+        made = []
+        for k, n in enumerate(names):
+            o = {"name": n, "namespace": self._namespace, "max_concurrency": 2,
+                 "max_restarts": -1}
+            if self._detached:
+                o["lifetime"] = "detached"
+            p = self._pick_placement()
+            node_id = p.pop("node_id", None)
+            o.update(p)
+            o.setdefault("num_cpus", float(self._opts["loader_cpus"]))
+            if k > 0:
+                o["num_cpus"] = 0  # standbys read only when their primary is gone
+            if node_id is not None:
+                from ray.util.scheduling_strategies import (  # noqa: PLC0415
+                    NodeAffinitySchedulingStrategy)
+                o["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id=node_id,
+                                                                           soft=False)
+            a = actor_cls.options(**o).remote(self._payload, self._cwd, shards)
+            self._handles[n] = a
+            made.append(a)
+        await asyncio.gather(*[a.setup.remote(True) for a in made])
+        return names
+
+    async def _publish(self, table) -> None:
+        check_table(table, self._ndocs)
+        await self._planner.set_routing.remote(
+            table["sources"], table["partitions"], table["source_loaders"],
+            self._namespace, table["version"], table["slots"])
+        await asyncio.gather(*[c.set_routing.remote(table) for c in self._ctors])
+        while not await self._planner.drained.remote(table["version"]):
+            await asyncio.sleep(0.05)
+
+    # ----------------------------------------------------------- changes
+
+    async def _resize(self, counts: Mapping[int, int]) -> None:
+        """Give each source in ``counts`` that many dedicated loaders (0: back on the
+        shared actors), in the order of the module's docstring."""
+        import ray  # noqa: PLC0415
+
+        old = self._table
+        slots = [list(x) for x in old["slots"]]
+        dedicated = list(old.get("dedicated", [None] * len(slots)))
+        parts = [list(p) for p in old["partitions"]]
+        old_shards = self._slot_shards(old)
+        new_slots: Dict[int, List[Tuple[int, int, int]]] = {}
+        retired: List[int] = []
+        for s, n in counts.items():
+            name = self._names[s]
+            mine = list(self._dedicated.get(s, []))
+            keep = mine[:n]
+            retired += mine[n:]
+            parts = [p for p in parts if p[0] != name]
+            if n == 0:  # back to the shared actors: the one with the fewest partitions
+                shared = [j for j in range(len(slots)) if dedicated[j] is None
+                          and j not in retired]
+                load = {j: sum(1 for p in parts if p[3] == j) for j in shared}
+                j = min(shared, key=lambda j: (load[j], j))
+                parts.append([name, 0, self._ndocs[s], j])
+                self._dedicated.pop(s, None)
+                continue
+            ranges = split_ranges(self._ndocs[s], n)
+            owners = list(keep)
+            while len(owners) < len(ranges):
+                j = len(slots)
+                slots.append([f"{self._name}.source_loader.{j}"])
+                dedicated.append(s)
+                new_slots[j] = []
+                owners.append(j)
+            for (lo, hi), j in zip(ranges, owners):
+                parts.append([name, lo, hi, j])
+                if j in new_slots:
+                    new_slots[j].append((s, lo, hi))
+            self._dedicated[s] = owners[:len(ranges)]
+        table = {"sources": list(old["sources"]), "partitions": parts,
+                 "slots": slots, "source_loaders": [x[0] for x in slots],
+                 "namespace": self._namespace, "version": int(old.get("version", 0)) + 1,
+                 "dedicated": dedicated,
+                 "retired": sorted(set(old.get("retired", [])) | set(retired))}
+        check_table(table, self._ndocs)
+        new_shards = self._slot_shards(table)
+        # 1. new actors, their partitions open
+        started = await asyncio.gather(*[self._start_loader(j, sh)
+                                         for j, sh in new_slots.items()])
+        for (j, _), names in zip(new_slots.items(), started):
+            slots[j] = names
+        table["source_loaders"] = [x[0] for x in slots]
+        # 2. kept actors hold old and new partitions while both tables are in use
+        both = []
+        for j in range(len(old_shards)):
+            if j in retired:
+                continue
+            union = sorted(set(old_shards[j]) | set(new_shards[j]))
+            if union != sorted(old_shards[j]):
+                both += [self._handle(n).set_shards.remote(union) for n in slots[j]]
+        await asyncio.gather(*both)
+        # 3. publish; 4. shrink and retire
+        await self._publish(table)
+        self._table = table
+        shrink = []
+        for j in range(len(old_shards)):
+            if j in retired or sorted(new_shards[j]) == sorted(old_shards[j]):
+                continue
+            shrink += [self._handle(n).set_shards.remote(new_shards[j]) for n in slots[j]]
+        await asyncio.gather(*shrink)
+        for j in retired:
+            for n in slots[j]:
+                try:
+                    ray.kill(self._handle(n), no_restart=True)
+                except Exception:  # noqa: BLE001 - already gone
+                    pass
+        now = time.monotonic()
+        for s in counts:
+            self._changed[s] = now
+            self._samples[s].clear()
+
+    async def scale(self, source: str, n: Optional[int]) -> Dict[str, Any]:
+        """Give ``source`` ``n`` dedicated loaders (0: back on the shared actors) and
+        hold it there (the policy leaves it alone) until ``scale(source, None)``."""
+        await self._ensure()
+        if source not in self._names:
+            raise ValueError(f"scale: unknown source {source!r} (sources: {self._names})")
+        s = self._names.index(source)
+        if n is None:
+            self._pinned.pop(s, None)
+            self._log(s, self._dedicated_count(s), self._dedicated_count(s),
+                      "manual: released to the policy")
+            return self.view_now()
+        n = int(n)
+        if n < 0:
+            raise ValueError(f"scale: n must be >= 0, got {n}")
+        async with self._lock:
+            before = self._dedicated_count(s)
+            self._pinned[s] = n
+            if n != before:
+                await self._resize({s: n})
+            self._log(s, before, n, "manual: Deployment.scale")
+        return self.view_now()
+
+    def _log(self, s: int, a: int, b: int, reason: str, step: Optional[int] = None) -> None:
+        rec = {"time": time.time(), "step": step if step is not None else self._view.get("step"),
+               "source": self._names[s], "from": a, "to": b, "reason": reason,
+               "version": self._table.get("version", 0)}
+        self.decisions.append(rec)
+
+    async def _ensure(self) -> None:
+        if not self._ready:
+            await self.setup()
+
+    # ----------------------------------------------------------- the loop
+
+    async def _measure(self) -> Dict[str, Any]:
+        """One look at the loaders, constructors and planner: costs, utilization, wait."""
+        slots = self._table["slots"]
+        live = sorted({int(p[3]) for p in self._table["partitions"]})
+        profs = await asyncio.gather(*[self._handle(slots[j][0]).profile.remote()
+                                       for j in live], return_exceptions=True)
+        loads = await asyncio.gather(*[c.load.remote() for c in self._ctors],
+                                     return_exceptions=True)
+        prog = await self._planner.progress.remote()
+        now = time.monotonic()
+        last = self._last
+        dt = max(1e-6, now - last.get("time", now - 1e-6))
+        per_src_busy = [0.0] * len(self._names)
+        per_src_cpu = [0.0] * len(self._names)
+        per_src_tok = [0.0] * len(self._names)
+        slot_util: Dict[int, float] = {}
+        prev_profs = last.get("profs", {})
+        for j, p in zip(live, profs):
+            if isinstance(p, BaseException):
+                continue
+            q = prev_profs.get(j)
+            if q is None or q.get("pid") != p.get("pid"):  # new or restarted: no delta
+                prev_profs[j] = p
+                continue
+            slot_util[j] = (p["busy_s"] - q["busy_s"]) / max(1e-6, p["wall_s"] - q["wall_s"])
+            for s, v in p["sources"].items():
+                u = q["sources"].get(s, {"busy_s": 0.0, "cpu_s": 0.0, "tokens": 0})
+                per_src_busy[int(s)] += v["busy_s"] - u["busy_s"]
+                per_src_cpu[int(s)] += v["cpu_s"] - u["cpu_s"]
+                per_src_tok[int(s)] += v["tokens"] - u["tokens"]
+            prev_profs[j] = p
+        wait = sum(x["wait_s"] for x in loads if not isinstance(x, BaseException))
+        fetches = sum(x["fetches"] for x in loads if not isinstance(x, BaseException))
+        queue = min([x["queue_steps"] for x in loads if not isinstance(x, BaseException)],
+                    default=0)
+        step = prog["low"] if prog["low"] >= 0 else prog["start_step"]
+        wait_frac = 0.0
+        if "step" in last and step > last["step"]:
+            steps = step - last["step"]
+            raw = dt / steps
+            # ranks wait concurrently: the mean rank's wait per step
+            n_ranks = max(1, len(self._cfg_ranks()))
+            w = (wait - last["wait"]) / n_ranks / steps
+            wait_frac = min(1.0, max(0.0, w / raw))
+            compute = max(1e-6, raw - max(0.0, w))
+            self._step_time = compute if self._step_time is None else \
+                0.7 * self._step_time + 0.3 * compute
+        elif "step" in last and step == last["step"] and wait > last["wait"]:
+            wait_frac = 1.0  # no step in the interval and the trainers waited
+        for s in range(len(self._names)):
+            if per_src_tok[s] > 0 and now - self._changed[s] >= self._opts["steady_s"]:
+                self._samples[s].append(per_src_cpu[s] / per_src_tok[s])
+        self._last = {"time": now, "step": step, "wait": wait, "profs": prev_profs}
+        util = []
+        for s in range(len(self._names)):
+            mine = self._loaders_of(s)
+            us = [slot_util[j] for j in mine if j in slot_util]
+            if self._dedicated_count(s) == 0 and us:
+                # packed: its share of the shared actors' busy time
+                util.append(per_src_busy[s] / dt / max(1, len(mine)))
+            else:
+                util.append(float(np.mean(us)) if us else 0.0)
+        return {"step": step, "wait_frac": wait_frac, "queue_steps": queue, "util": util,
+                "fetches": fetches, "dt": dt, "next_step": prog["next_step"]}
+
+    def _cfg_ranks(self) -> List[int]:
+        return list(range(self._cfg.world_size()))
+
+    def _cost(self, s: int) -> Optional[float]:
+        x = self._samples[s]
+        return float(np.median(list(x))) if x else None
+
+    def _budget(self) -> float:
+        import ray  # noqa: PLC0415
+
+        b = self._opts.get("cpu_budget")
+        return float(b) if b is not None else float(ray.cluster_resources().get("CPU", 1.0))
+
+    async def _tick(self) -> None:
+        m = await self._measure()
+        now = time.monotonic()
+        self._cpu_used += sum(self._dedicated_count(s) for s in range(len(self._names))) \
+            * float(self._opts["loader_cpus"]) * m["dt"]
+        views = [SourceView(self._cost(s), m["util"][s], self._dedicated_count(s))
+                 for s in range(len(self._names))]
+        target, decisions = self._policy.decide(now, m["step"], self._step_time,
+                                                m["wait_frac"], views, self._pinned,
+                                                self._budget())
+        self._view = {**m, "step_time": self._step_time, "target": target,
+                      "cost": [v.cost_per_token for v in views]}
+        changes = {self._names.index(d["source"]): d["to"] for d in decisions}
+        if changes:
+            async with self._lock:
+                await self._resize(changes)
+            for d in decisions:
+                s = self._names.index(d["source"])
+                self._log(s, d["from"], d["to"], d["reason"], m["step"])
+
+    async def _loop(self) -> None:
+        while True:
+            try:
+                await self._tick()
+            except asyncio.CancelledError:
+                raise
+            except Exception as e:  # noqa: BLE001 - keep scaling; say why in the log
+                self.decisions.append({"time": time.time(), "step": self._view.get("step"),
+                                       "source": None, "from": None, "to": None,
+                                       "reason": f"error: {type(e).__name__}: {e}"})
+            await asyncio.sleep(float(self._opts["interval_s"]))
+
+    # ----------------------------------------------------------- visibility
+
+    def view_now(self) -> Dict[str, Any]:
+        v = self._view
+        gone = set(self._table.get("retired", []))
+        ded = self._table.get("dedicated") or [None] * len(self._table["slots"])
+        srcs = []
+        for s, name in enumerate(self._names):
+            mine = self._loaders_of(s)
+            srcs.append({
+                "source": name,
+                "weight": self._cfg.source_weight(s, max(0, int(v.get("step") or 0))),
+                "loaders": len(mine),
+                "dedicated": self._dedicated_count(s),
+                "partitions": sum(1 for p in self._table["partitions"] if p[0] == name),
+                "util": (v.get("util") or [0.0] * len(self._names))[s],
+                "cost_per_token": self._cost(s),
+                "target": (v.get("target") or [None] * len(self._names))[s],
+                "pinned": self._pinned.get(s),
+            })
+        return {"sources": srcs, "step": v.get("step"), "step_time": v.get("step_time"),
+                "wait_frac": v.get("wait_frac"), "queue_steps": v.get("queue_steps"),
+                "routing_version": self._table.get("version", 0),
+                "cpu_seconds_reserved": self._cpu_used,
+                "slots": [{"slot": j, "actors": list(names),
+                           "dedicated": (None if ded[j] is None else self._names[ded[j]]),
+                           "shards": [p[:3] for p in self._table["partitions"]
+                                      if int(p[3]) == j]}
+                          for j, names in enumerate(self._table["slots"]) if j not in gone],
+                "decisions": list(self.decisions)}
+
+    async def view(self) -> Dict[str, Any]:
+        """Per source: its weight now, loaders (actors holding a partition of it),
+        dedicated loaders, partitions, utilization, measured cost (CPU-seconds per
+        token), the policy's target and a manual pin; the trainers' step time, data
+        wait fraction, queue depth, the routing version, CPU-seconds reserved by
+        dedicated loaders, the live slots and every decision with its reason."""
+        await self._ensure()
+        return self.view_now()
+
+    async def table(self) -> Dict[str, Any]:
+        """The routing table in use."""
+        await self._ensure()
+        return self._table
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()

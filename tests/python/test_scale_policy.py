@@ -1,0 +1,117 @@
+"""The autoscaling policy alone (polyload.ray._scale.ScalePolicy; no Ray cluster): the
+feed-forward size follows the issue's formula and grows before the schedule moves
+weight, pools shrink one loader at a time after the down-scale delay, feedback adds one
+loader to the busiest pool, bounds and the CPU budget hold, and routing tables that
+lose or repeat a document are refused."""
+
+import math
+
+import pytest
+
+pytest.importorskip("ray")
+from polyload.ray import _scale  # noqa: E402
+
+
+def schedule(step):
+    """Weights of three sources: the costly third one goes from 0.1 to 0.6 at step 50."""
+    return [0.8, 0.1, 0.1] if step < 50 else [0.3, 0.1, 0.6]
+
+
+def policy(**opts):
+    o = _scale.autoscale_options(opts)
+    return _scale.ScalePolicy(["tok", "text", "img"], lambda s, t: schedule(t)[s],
+                              tokens_per_step=8 * 1024, options=o)
+
+
+def views(costs, loaders, util=0.6):
+    return [_scale.SourceView(c, util, n) for c, n in zip(costs, loaders)]
+
+
+COSTS = [1e-8, 2e-4, 1e-3]  # CPU-seconds per token
+
+
+def test_feed_forward_formula_and_ahead_of_the_schedule():
+    p = policy(horizon_steps=8, headroom=0.1, loader_cpus=1.0, max_loaders=64)
+    step_time = 0.5
+    target, dec = p.decide(0.0, 10, step_time, 0.0, views(COSTS, [0, 0, 0]), {}, 100)
+    need_img = 0.1 * 8192 * 1e-3 / (1.0 * step_time) * 1.1   # 1.80 loaders
+    need_text = 0.1 * 8192 * 2e-4 / step_time * 1.1          # 0.36: stays packed
+    assert target == [0, 0, math.ceil(need_img)] == [0, 0, 2]
+    assert need_text < 0.5
+    assert all(d["reason"].startswith("feed-forward") for d in dec)
+    # 8 steps before the change (H = 8) the pool is sized for the new weight
+    cur = target
+    target, dec = p.decide(1.0, 42, step_time, 0.0, views(COSTS, cur), {}, 100)
+    assert target[2] == math.ceil(0.6 * 8192 * 1e-3 / step_time * 1.1) == 11
+    assert "0.600 at step 50" in next(d for d in dec if d["source"] == "img")["reason"]
+    # 9 steps before: not yet
+    p2 = policy(horizon_steps=8, max_loaders=64)
+    t2, _ = p2.decide(0.0, 41, step_time, 0.0, views(COSTS, cur), {}, 100)
+    assert t2[2] == cur[2]
+
+
+def test_down_scale_waits_and_goes_one_at_a_time():
+    p = policy(down_delay_s=10.0, max_loaders=64)
+    cur = [0, 0, 10]
+    t, dec = p.decide(0.0, 10, 0.5, 0.0, views(COSTS, cur, util=0.2), {}, 100)
+    assert t[2] == 10 and not [d for d in dec if d["source"] == "img"]
+    t, dec = p.decide(5.0, 11, 0.5, 0.0, views(COSTS, cur, util=0.2), {}, 100)
+    assert t[2] == 10
+    t, dec = p.decide(10.5, 12, 0.5, 0.0, views(COSTS, cur, util=0.2), {}, 100)
+    assert t[2] == 9 and dec[-1]["reason"].startswith("down after")
+    # a busy pool does not shrink even when the formula says so
+    p = policy(down_delay_s=0.0, max_loaders=64)
+    t, _ = p.decide(0.0, 10, 0.5, 0.0, views(COSTS, cur, util=0.9), {}, 100)
+    assert t[2] == 10
+
+
+def test_feedback_adds_one_loader_to_the_busiest_pool():
+    p = policy(cooldown_s=2.0, max_loaders=64)
+    sized, _ = p.decide(0.0, 10, 0.5, 0.0, views(COSTS, [0, 0, 0]), {}, 100)
+    vs = [_scale.SourceView(c, u, n) for c, u, n in zip(COSTS, [0.1, 0.7, 0.95], sized)]
+    t, dec = p.decide(1.0, 11, 0.5, 0.2, vs, {}, 100)
+    assert t[2] == sized[2] + 1 and t[1] == sized[1]
+    assert dec[0]["reason"].startswith("feedback: trainers waited 20.0%")
+    t2, dec2 = p.decide(2.0, 12, 0.5, 0.2, [_scale.SourceView(c, u, n) for c, u, n in
+                                          zip(COSTS, [0.1, 0.7, 0.95], t)], {}, 100)
+    assert t2 == t and not dec2  # cooldown: one change per cooldown_s
+
+
+def test_bounds_budget_and_pins():
+    p = policy(min_loaders={"tok": 1}, max_loaders={"img": 3}, loader_cpus=1.0)
+    t, _ = p.decide(0.0, 60, 0.1, 0.0, views(COSTS, [0, 0, 0]), {}, 100)
+    assert t[0] == 1 and t[2] == 3
+    p = policy(max_loaders=64)
+    t, dec = p.decide(0.0, 60, 0.1, 0.0, views(COSTS, [0, 0, 0]), {}, 10)
+    assert sum(t) <= 10 and any("cpu_budget=10" in d["reason"] for d in dec)
+    t, _ = p.decide(1.0, 60, 0.1, 0.0, views(COSTS, t), {2: 2}, 100)
+    assert t[2] == 2
+    with pytest.raises(ValueError, match="unknown keys"):
+        _scale.autoscale_options({"nope": 1})
+    with pytest.raises(ValueError, match="min_loaders"):
+        policy(min_loaders={"img": 5}, max_loaders={"img": 2})
+
+
+def test_unmeasured_sources_stay():
+    p = policy()
+    t, dec = p.decide(0.0, 10, None, 0.0, views([None, None, None], [0, 1, 2]), {}, 100)
+    assert t == [0, 1, 2] and dec == []
+
+
+def test_routing_tables_cover_every_document_once():
+    ok = {"sources": ["a", "b"], "slots": [["x"], ["y"]],
+          "partitions": [["a", 0, 5, 0], ["a", 5, 10, 1], ["b", 0, 3, 1]]}
+    _scale.check_table(ok, [10, 3])
+    gap = dict(ok, partitions=[["a", 0, 4, 0], ["a", 5, 10, 1], ["b", 0, 3, 1]])
+    with pytest.raises(ValueError, match="source a: documents 4..5 are owned by nobody"):
+        _scale.check_table(gap, [10, 3])
+    twice = dict(ok, partitions=[["a", 0, 6, 0], ["a", 5, 10, 1], ["b", 0, 3, 1]])
+    with pytest.raises(ValueError, match="owned twice"):
+        _scale.check_table(twice, [10, 3])
+    short = dict(ok, partitions=[["a", 0, 10, 0], ["b", 0, 2, 1]])
+    with pytest.raises(ValueError, match="source b: documents 2..3"):
+        _scale.check_table(short, [10, 3])
+    with pytest.raises(ValueError, match="bad partition"):
+        _scale.check_table(dict(ok, partitions=[["a", 0, 10, 7]]), [10, 3])
+    assert _scale.split_ranges(10, 3) == [(0, 3), (3, 7), (7, 10)]
+    assert _scale.split_ranges(2, 5) == [(0, 1), (1, 2)]
