@@ -1,7 +1,7 @@
 """``python -m polyload ARGS``: run the bundled C CLI, or ``prepare`` in Python.
 
 ``prepare`` (text -> Megatron indexed dataset, tokenizer training) is handled by
-:mod:`polyload.prepare`, ``report`` (a picture of the plan) by :mod:`polyload.report` and ``serve`` (a Ray deployment) by :mod:`polyload.ray.serve`; every other command (``run``, ``plan``, ``inspect``, ``calibrate``,
+:mod:`polyload.prepare`, ``report`` (a picture of the plan) by :mod:`polyload.report`, ``serve`` (a Ray deployment) by :mod:`polyload.ray.serve` and ``top`` (its live scaling view) by :mod:`polyload.ray.top`; every other command (``run``, ``plan``, ``inspect``, ``calibrate``,
 ``--help``) replaces this process with the ``polyload`` binary installed in
 ``polyload/bin/``, so exit codes and output are the CLI's own.
 """
@@ -46,6 +46,10 @@ def main(argv=None):
         from polyload.ray.serve import serve
 
         return serve(argv[1:])
+    if argv and argv[0] == "top":
+        from polyload.ray.top import top
+
+        return top(argv[1:])
     path = cli_path()
     if path is None:
         sys.stderr.write(

@@ -27,6 +27,7 @@ bytes between C calls.
 from __future__ import annotations
 
 import asyncio
+import collections
 import hashlib
 import os
 import pickle
@@ -43,6 +44,8 @@ from polyload import _core
 from ._common import actor_lost, enter_cwd, make_config, routing_for_constructors, unwrap
 
 _KEY_SHIFT = 40  # routing key: source << 40 | document index
+_WARM_DOCS = 1 << 15  # raw documents per source whose owners a scaling event may warm
+_WARM_STEPS = 16  # steps after planning that a raw document's tokens may still be read
 
 _WIDTH = {_core.DTYPE_UINT8: 1, _core.DTYPE_INT8: 1, _core.DTYPE_INT16: 2,
           _core.DTYPE_UINT16: 2, _core.DTYPE_INT32: 4, _core.DTYPE_UINT32: 4,
@@ -127,6 +130,11 @@ class Planner:
         self._loader_handles: Dict[str, Any] = {}
         self._inflight_lock = threading.Lock()
         self._inflight: Dict[int, int] = {}  # lengths calls running, by routing version
+        # raw text documents whose lengths were fetched last, per source (warm-up of the
+        # new owners after a scaling event)
+        self._fetch_log: Dict[int, Any] = {}
+        self._planned: Any = collections.deque()  # per step: raw documents it planned
+        self.warmed = 0
         cfg.set_lengths_provider(self._lengths)
         self._planner = _core.Planner.create(cfg)
         self._train_steps = cfg.get_int("train_steps")  # -1: endless
@@ -181,11 +189,57 @@ class Planner:
         ``loader_names[slot]`` the slot's serving actor, ``slots[slot]`` its actor and
         standbys.  Kept in the checkpoint."""
         self._ensure()
+        old = getattr(self, "_routing", None)
         self._routing = {"sources": list(names), "partitions": [list(p) for p in partitions],
                          "source_loaders": list(loader_names), "namespace": namespace,
                          "version": int(version),
                          "slots": [list(x) for x in (slots or [[n] for n in loader_names])]}
         self._persist()
+        if old is not None and int(version) > int(old.get("version", 0)):
+            self._warm(old, self._routing)
+
+    def _planned_docs(self, step: int, plan) -> None:
+        """Keep the fetch log of raw documents to those not planned yet or planned in
+        the last _WARM_STEPS steps (the constructors may not have read them yet)."""
+        rows = [np.asarray(plan.reads(d, m)) for d in range(plan.dp)
+                for m in range(plan.micro_batches_per_rank)]
+        rows = np.concatenate(rows) if rows else np.zeros((0, 4), np.int64)
+        mine = [(int(a), int(b)) for a, b in rows[:, :2].tolist() if int(a) in self._fetch_log]
+        with self._inflight_lock:
+            self._planned.append(mine)
+            while len(self._planned) > _WARM_STEPS:
+                for src, idx in self._planned.popleft():
+                    self._fetch_log[src].pop(idx, None)
+
+    def _warm(self, old, new) -> None:
+        """Raw text documents whose lengths were fetched lately (the lookahead window:
+        planned soon) and whose owner the new table changes: ask their new owners for
+        their lengths now, so that those loaders tokenize them before the constructors
+        read them (asynchronous; the answers are not needed)."""
+        def owners(table, source):
+            name = table["sources"][source]
+            parts = sorted((lo, owner) for n, lo, _hi, owner in table["partitions"] if n == name)
+            return (np.asarray([p[0] for p in parts], dtype=np.int64),
+                    np.asarray([p[1] for p in parts], dtype=np.int64))
+        with self._inflight_lock:
+            logs = {source: list(log) for source, log in self._fetch_log.items()}
+        for source, log in logs.items():
+            if not log:
+                continue
+            idx = np.asarray(log, dtype=np.int64)
+            lo_o, own_o = owners(old, source)
+            lo_n, own_n = owners(new, source)
+            a = own_o[np.searchsorted(lo_o, idx, side="right") - 1]
+            b = own_n[np.searchsorted(lo_n, idx, side="right") - 1]
+            moved = a != b
+            for slot in np.unique(b[moved]).tolist():
+                docs = idx[moved & (b == slot)].tolist()
+                try:
+                    h = ray.get_actor(new["source_loaders"][slot], namespace=new["namespace"])
+                    h.lengths.remote(int(source), docs)  # fire and forget
+                    self.warmed += len(docs)
+                except Exception:  # noqa: BLE001 - only a speed-up
+                    pass
 
     def routing(self) -> Optional[Dict[str, Any]]:
         """The routing table last set (``set_routing``'s arguments as a dict)."""
@@ -204,6 +258,7 @@ class Planner:
         self._ensure()
         low = min(self._low.values()) if len(self._low) >= self._num_constructors else -1
         return {"next_step": self._next_step, "low": low, "time": time.monotonic(),
+                "warmed": self.warmed,
                 "start_step": self._start_step}
 
     def _lengths(self, source: int, indices: List[int]):
@@ -223,6 +278,14 @@ class Planner:
                 self._inflight[version] -= 1
 
     def _lengths_by(self, info, source: int, indices: List[int]):
+        with self._inflight_lock:
+            log = self._fetch_log.get(source)
+            if log is None:
+                log = self._fetch_log[source] = collections.OrderedDict()
+            for i in indices:
+                log[int(i)] = None
+            while len(log) > _WARM_DOCS:
+                log.popitem(last=False)
         name = info["sources"][source]
         parts = sorted((lo, hi, owner) for n, lo, hi, owner in info["partitions"] if n == name)
         los = np.asarray([p[0] for p in parts], dtype=np.int64)
@@ -264,6 +327,8 @@ class Planner:
                     self._failure = (s, e)
                     break
                 self._cache[s] = (None, p.encode())
+                if self._fetch_log:
+                    self._planned_docs(s, p)
             self._states[s] = _core.state_pack(blob)
             self._next_step = s + 1
         self._trim_states()
@@ -525,6 +590,7 @@ class SourceLoader:
         self._t_start = time.monotonic()
         self._cpu_start = time.process_time()
         self._busy = 0.0
+        self._read_cpu = 0.0  # thread CPU seconds of reads so far
         self._set_shards(self._shards)
         self._ready = True
         return {"pid": os.getpid(), "node_id": _node_id(), "shards": self._shards,
@@ -559,40 +625,51 @@ class SourceLoader:
         self._set_shards(shards)
         return {"pid": os.getpid(), "node_id": _node_id(), "shards": self._shards}
 
-    def _account(self, rows: np.ndarray, tokens: np.ndarray, nbytes: int, wall: float) -> None:
-        """Add one call to the cost profile: its wall time split over its sources by
-        their share of its tokens."""
-        src = rows
+    def _account(self, rows: np.ndarray, tokens: np.ndarray, nbytes: int, wall: float,
+                 cpu: float, delivered: bool = True) -> None:
+        """Add one call to the cost profile, split over its sources by their share of
+        its tokens: wall seconds, rows, tokens (delivered by reads, or tokenized by
+        lengths calls), bytes and, for reads, the reading thread's CPU seconds."""
+        srcs = np.unique(rows).tolist()
         total = float(tokens.sum()) or 1.0
         with self._prof_lock:
             self._busy += wall
-            for s in np.unique(src).tolist():
-                sel = src == s
+            for s in srcs:
+                sel = rows == s
                 tok = float(tokens[sel].sum())
-                p = self._prof.setdefault(int(s), [0.0, 0, 0, 0, 0])
-                p[0] += wall * (tok / total if len(np.unique(src)) > 1 else 1.0)
+                share = tok / total if len(srcs) > 1 else 1.0
+                p = self._prof.setdefault(int(s), [0.0, 0, 0, 0, 0, 0.0, 0])
+                p[0] += wall * share
                 p[1] += int(sel.sum())
-                p[2] += int(tok)
-                p[3] += int(nbytes * tok / total)
+                p[3] += int(nbytes * share)
                 p[4] += 1
+                if delivered:
+                    p[2] += int(tok)
+                    p[5] += cpu * share
+                else:
+                    p[6] += int(tok)
 
     def profile(self) -> Dict[str, Any]:
-        """The measured cost profile since the actor started: ``{"cpu_s": CPU seconds of
-        the process, "wall_s": seconds alive, "busy_s": seconds in calls, "sources":
-        {source index: {"busy_s", "rows", "tokens", "bytes", "calls", "cpu_s"}}}``;
-        a source's ``cpu_s`` is its share (by busy seconds) of the process's CPU."""
+        """The measured cost profile since the actor started (counters; the autoscaler
+        takes differences): ``{"cpu_s": CPU seconds of the process, "read_cpu_s": of
+        which reads (their thread's ``time.thread_time``: the C read runs in it),
+        "wall_s": seconds alive, "busy_s": seconds in calls, "sources": {source index:
+        {"busy_s", "rows", "tokens" (delivered by reads), "tokenized" (tokens of the
+        lengths calls: raw text tokenized here), "bytes", "calls", "read_cpu_s"}}}``.
+        The rest of the process's CPU time is tokenizing (on the raw sources' threads)
+        and Ray's own threads."""
         if not self._ready:
-            return {"cpu_s": 0.0, "wall_s": 0.0, "busy_s": 0.0, "sources": {},
-                    "shards": self._shards}
+            return {"cpu_s": 0.0, "read_cpu_s": 0.0, "wall_s": 0.0, "busy_s": 0.0,
+                    "sources": {}, "shards": self._shards}
         with self._prof_lock:
             cpu = time.process_time() - self._cpu_start
-            busy = self._busy
+            busy, read_cpu = self._busy, self._read_cpu
             per = {s: list(v) for s, v in self._prof.items()}
-        tot = sum(v[0] for v in per.values()) or 1.0
-        return {"cpu_s": cpu, "wall_s": time.monotonic() - self._t_start, "busy_s": busy,
+        return {"cpu_s": cpu, "read_cpu_s": read_cpu,
+                "wall_s": time.monotonic() - self._t_start, "busy_s": busy,
                 "shards": self._shards, "pid": os.getpid(),
                 "sources": {s: {"busy_s": v[0], "rows": v[1], "tokens": v[2], "bytes": v[3],
-                                "calls": v[4], "cpu_s": cpu * v[0] / tot}
+                                "calls": v[4], "read_cpu_s": v[5], "tokenized": v[6]}
                             for s, v in per.items()}}
 
     @ray.method(enable_task_events=False)
@@ -614,9 +691,12 @@ class SourceLoader:
                 f"source loader {ray.get_runtime_context().get_actor_name()}: document "
                 f"{int(reads[j, 1])} of source {int(reads[j, 0])} is outside its partitions "
                 f"{self._shards}")
-        t0 = time.monotonic()
+        t0, c0 = time.monotonic(), time.thread_time()
         data, _offsets = _core.read_rows_raw(self._srcs, reads)
-        self._account(reads[:, 0], reads[:, 3], len(data), time.monotonic() - t0)
+        cpu = time.thread_time() - c0
+        with self._prof_lock:
+            self._read_cpu += cpu
+        self._account(reads[:, 0], reads[:, 3], len(data), time.monotonic() - t0, cpu)
         return np.frombuffer(data, dtype=np.uint8)
 
     @ray.method(enable_task_events=False)
@@ -629,7 +709,7 @@ class SourceLoader:
         lens = src.lengths(indices)
         self._account(np.full(len(lens), int(source), np.int64),
                       np.maximum(np.asarray(lens, dtype=np.int64), 0), 0,
-                      time.monotonic() - t0)
+                      time.monotonic() - t0, 0.0, delivered=False)
         msgs = {}
         for j, v in enumerate(lens):
             if v < 0:

@@ -201,7 +201,7 @@ class ScalePolicy:
             if s is None:
                 break
             target[s] -= 1
-            why[s] = why.get(s, "") + f" (limited by cpu_budget={cpu_budget:g})"
+            why[s] = (why.get(s, "") + f" (limited by cpu_budget={cpu_budget:g})").strip()
         decisions = [{"time": now, "step": step, "source": self.names[s], "from": cur[s],
                       "to": target[s], "reason": why.get(s, "")}
                      for s in range(len(target)) if target[s] != cur[s]]
@@ -293,12 +293,13 @@ class Autoscaler:
         self._samples = [collections.deque(maxlen=int(self._opts["samples"])) for _ in names]
         self._changed = [time.monotonic()] * len(names)
         self._step_time: Optional[float] = None
+        self._raw: set = set()  # sources seen tokenizing (raw text)
         self._view: Dict[str, Any] = {}
         self._cpu_used = 0.0  # CPU-seconds reserved by dedicated loaders
         self._t_prev = time.monotonic()
         self._ready = True
-        if self._opts.get("enabled", True):
-            self._task = asyncio.ensure_future(self._loop())
+        # measured always (polyload top, Deployment.scaling); decided only when enabled
+        self._task = asyncio.ensure_future(self._loop())
         return {"pid": os.getpid()}
 
     # ----------------------------------------------------------- helpers
@@ -512,25 +513,45 @@ class Autoscaler:
         now = time.monotonic()
         last = self._last
         dt = max(1e-6, now - last.get("time", now - 1e-6))
-        per_src_busy = [0.0] * len(self._names)
-        per_src_cpu = [0.0] * len(self._names)
-        per_src_tok = [0.0] * len(self._names)
+        n = len(self._names)
+        per_src_busy = [0.0] * n
+        read_cpu, read_tok = [0.0] * n, [0.0] * n
+        tok_cpu, tok_tok = [0.0] * n, [0.0] * n
         slot_util: Dict[int, float] = {}
         prev_profs = last.get("profs", {})
         for j, p in zip(live, profs):
             if isinstance(p, BaseException):
                 continue
             q = prev_profs.get(j)
+            prev_profs[j] = p
             if q is None or q.get("pid") != p.get("pid"):  # new or restarted: no delta
-                prev_profs[j] = p
                 continue
             slot_util[j] = (p["busy_s"] - q["busy_s"]) / max(1e-6, p["wall_s"] - q["wall_s"])
+            # the process's CPU beyond its reads: tokenizing, split by tokens tokenized
+            other = max(0.0, (p["cpu_s"] - q["cpu_s"]) - (p["read_cpu_s"] - q["read_cpu_s"]))
+            zero = {"busy_s": 0.0, "read_cpu_s": 0.0, "tokens": 0, "tokenized": 0}
+            d_tok = {int(s): v["tokenized"] - q["sources"].get(s, zero)["tokenized"]
+                     for s, v in p["sources"].items()}
+            all_tok = sum(d_tok.values())
             for s, v in p["sources"].items():
-                u = q["sources"].get(s, {"busy_s": 0.0, "cpu_s": 0.0, "tokens": 0})
-                per_src_busy[int(s)] += v["busy_s"] - u["busy_s"]
-                per_src_cpu[int(s)] += v["cpu_s"] - u["cpu_s"]
-                per_src_tok[int(s)] += v["tokens"] - u["tokens"]
-            prev_profs[j] = p
+                u = q["sources"].get(s, zero)
+                s = int(s)
+                per_src_busy[s] += v["busy_s"] - u["busy_s"]
+                read_cpu[s] += v["read_cpu_s"] - u["read_cpu_s"]
+                read_tok[s] += v["tokens"] - u["tokens"]
+                if all_tok > 0 and d_tok[s] > 0:
+                    tok_cpu[s] += other * d_tok[s] / all_tok
+                    tok_tok[s] += d_tok[s]
+        for s in range(n):
+            if read_tok[s] > 0 and now - self._changed[s] >= self._opts["steady_s"]:
+                # CPU-seconds per delivered token: reading it, plus tokenizing it once
+                c = read_cpu[s] / read_tok[s]
+                if tok_tok[s] > 0:
+                    c += tok_cpu[s] / tok_tok[s]
+                    self._raw.add(s)
+                elif s in self._raw:
+                    continue  # a raw source read from cache only: no tokenizing sample
+                self._samples[s].append(c)
         wait = sum(x["wait_s"] for x in loads if not isinstance(x, BaseException))
         fetches = sum(x["fetches"] for x in loads if not isinstance(x, BaseException))
         queue = min([x["queue_steps"] for x in loads if not isinstance(x, BaseException)],
@@ -549,9 +570,6 @@ class Autoscaler:
                 0.7 * self._step_time + 0.3 * compute
         elif "step" in last and step == last["step"] and wait > last["wait"]:
             wait_frac = 1.0  # no step in the interval and the trainers waited
-        for s in range(len(self._names)):
-            if per_src_tok[s] > 0 and now - self._changed[s] >= self._opts["steady_s"]:
-                self._samples[s].append(per_src_cpu[s] / per_src_tok[s])
         self._last = {"time": now, "step": step, "wait": wait, "profs": prev_profs}
         util = []
         for s in range(len(self._names)):
@@ -585,9 +603,12 @@ class Autoscaler:
             * float(self._opts["loader_cpus"]) * m["dt"]
         views = [SourceView(self._cost(s), m["util"][s], self._dedicated_count(s))
                  for s in range(len(self._names))]
-        target, decisions = self._policy.decide(now, m["step"], self._step_time,
-                                                m["wait_frac"], views, self._pinned,
-                                                self._budget())
+        if self._opts.get("enabled", True):
+            target, decisions = self._policy.decide(now, m["step"], self._step_time,
+                                                    m["wait_frac"], views, self._pinned,
+                                                    self._budget())
+        else:  # manual control only: measure, never change
+            target, decisions = [v.loaders for v in views], []
         self._view = {**m, "step_time": self._step_time, "target": target,
                       "cost": [v.cost_per_token for v in views]}
         changes = {self._names.index(d["source"]): d["to"] for d in decisions}
@@ -654,6 +675,9 @@ class Autoscaler:
         """The routing table in use."""
         await self._ensure()
         return self._table
+
+    def pid(self) -> int:
+        return os.getpid()
 
     async def close(self) -> None:
         if self._task is not None:

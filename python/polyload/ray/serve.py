@@ -30,6 +30,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--max-source-loader-actors", type=int, default=None, metavar="K",
                    help="host the partitions on at most K actors")
     p.add_argument("--prefetch-steps", type=int, default=None, metavar="S")
+    p.add_argument("--autoscale", nargs="?", const="{}", default=None, metavar="JSON",
+                   help="size source-loader pools by measured cost ahead of the schedule; "
+                        "optional JSON of launch's autoscale keys, e.g. "
+                        "'{\"max_loaders\": 4, \"cpu_budget\": 16}' (watch: polyload top)")
     p.add_argument("--namespace", default="polyload")
     p.add_argument("--name", default="polyload")
     return p
@@ -50,8 +54,15 @@ def serve(argv: Optional[List[str]] = None) -> int:
     except Exception as e:  # noqa: BLE001
         sys.stderr.write(f"polyload serve: cannot connect to Ray at {args.ray_address}: {e}\n")
         return 1
+    autoscale = None
+    if args.autoscale is not None:
+        try:
+            autoscale = json.loads(args.autoscale)
+        except ValueError as e:
+            sys.stderr.write(f"polyload serve: --autoscale: not JSON: {e}\n")
+            return 2
     try:
-        dep = launch(args.config, num_source_loaders=args.num_source_loaders,
+        dep = launch(args.config, autoscale=autoscale, num_source_loaders=args.num_source_loaders,
                      num_constructors=args.num_constructors, namespace=args.namespace,
                      name=args.name, max_source_loader_actors=args.max_source_loader_actors,
                      prefetch_steps=args.prefetch_steps)

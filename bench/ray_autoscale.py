@@ -1,0 +1,262 @@
+"""Autoscaled source-loader pools vs fixed pools (issue "Source loaders that scale with
+the work"), side by side on one local multi-node Ray cluster.
+
+Scenario: sources of different cost from the demo corpus (``make corpus``): ``code``
+(pre-tokenized Megatron, data/python_src_text_document), ``docs`` (raw JSON Lines
+tokenized online, data/raw/kernel_docs.jsonl) and ``intl`` (raw JSON Lines tokenized
+online, data/raw/man_i18n.jsonl: other scripts, another cost per token), both text
+sources with data/tokenizer.json (Hugging Face tokenizers, one thread per loader).  A
+step schedule moves weight from the cheap source to the costly ones at ``--change``.
+8 trainer ranks (``polyload.ray.Client`` in threads of this process) with simulated
+compute (``--compute`` seconds per step) and a barrier per step, as data-parallel
+training has; a step's data wait is the longest wait of its ranks.
+
+Modes, in paired rounds (autoscale then fixed, ``--rounds`` times):
+
+- ``autoscale``: ``launch(autoscale=...)``, pools start packed on the shared loaders;
+- ``fixed``: pools sized for the first step's mixture (the policy's formula at step 0
+  with the costs the autoscaled run measured), pinned with ``Deployment.scale``.
+
+Figures: data wait p99 as a fraction of the step (steps after ``--warmup``, and
+around the change), loader CPU-seconds reserved vs the ideal allocation computed
+offline from the measured costs (the integer loaders each step needs, and the
+fractional need), and for each pool the step at which it reached its new size
+relative to the schedule change.
+
+    .venv/bin/python bench/ray_autoscale.py [--rounds 2] [--json bench/out/ray_autoscale.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import threading
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+from _common import machine_note  # noqa: E402
+
+MiB = 1 << 20
+NS = "polyload_autoscale"
+
+
+def config(args):
+    data = os.path.join(ROOT, "data")
+    tok = {"type": "hf", "path": os.path.join(data, "tokenizer.json"), "add_eos": True}
+    before = {"code": 0.8, "docs": 0.15, "intl": 0.05}
+    after = {"code": 0.2, "docs": 0.3, "intl": 0.5}
+    return {
+        "seed": 7, "seq_length": args.seq_length, "global_batch_size": 8 * args.mbs,
+        "micro_batch_size": 1, "train_steps": args.steps, "dtype": "int32", "pad_id": 1,
+        "topology": {"dp": 8}, "balance": "greedy", "on_error": "skip",
+        "tokenizer": tok,
+        "sources": [
+            {"name": "code", "type": "megatron",
+             "path": os.path.join(data, "python_src_text_document")},
+            {"name": "docs", "type": "jsonl", "lookahead": 64,
+             "path": os.path.join(data, "raw", "kernel_docs.jsonl")},
+            {"name": "intl", "type": "jsonl", "lookahead": 64,
+             "path": os.path.join(data, "raw", "man_i18n.jsonl")},
+        ],
+        "schedule": {"interpolation": "step", "points": [
+            {"step": 0, "weights": before}, {"step": args.change, "weights": after}]},
+    }
+
+
+def run_once(mode, cfg, args, fixed=None):
+    import numpy as np
+    import ray
+
+    import polyload.ray as pr
+
+    name = f"as_{mode}"
+    auto = None
+    if mode == "autoscale":
+        auto = {"interval_s": 0.5, "horizon_steps": args.horizon, "headroom": 0.1,
+                "loader_cpus": 1.0, "max_loaders": 4, "cpu_budget": args.cpu_budget,
+                "down_delay_s": 5.0, "steady_s": 1.0,
+                "placement": [{"resources": {"cpu_node": 0.01}, "num_cpus": 1.0}]}
+    dep = pr.launch(cfg, namespace=NS, name=name, autoscale=auto, shadows=0,
+                    num_constructors=2, prefetch_steps=4,
+                    placement={"planner": {"resources": {"head_node": 0.01}},
+                               "source_loader": {"resources": {"cpu_node": 0.01}},
+                               "constructor": {"resources": {"head_node": 0.01}}})
+    try:
+        if fixed:
+            for src, n in fixed.items():
+                dep.scale(src, n)
+        clients = [pr.Client(cfg, rank=r, namespace=NS, name=name) for r in range(8)]
+        n_steps = cfg["train_steps"]
+        waits = np.zeros((n_steps, 8))
+        barrier = threading.Barrier(8)
+        sizes = []  # (time, step, {source: loaders})
+        step_at = [0]
+        stop = threading.Event()
+
+        def monitor():
+            while not stop.is_set():
+                try:
+                    v = dep.scaling()
+                    sizes.append((time.monotonic(), step_at[0],
+                                  {s["source"]: s["loaders"] if s["dedicated"] == 0 else
+                                   s["dedicated"] for s in v["sources"]},
+                                  {s["source"]: s["dedicated"] for s in v["sources"]}))
+                except Exception:  # noqa: BLE001 - shut down
+                    return
+                stop.wait(0.25)
+
+        def rank(r):
+            c = clients[r]
+            for t in range(n_steps):
+                t0 = time.perf_counter()
+                for _ in range(cfg["global_batch_size"] // 8):  # micro-batches of a step
+                    b = c.next_batch()
+                waits[t, r] = time.perf_counter() - t0
+                del b
+                time.sleep(args.compute)
+                barrier.wait()
+                if r == 0:
+                    step_at[0] = t + 1
+
+        mon = threading.Thread(target=monitor, daemon=True)
+        t_start = time.monotonic()
+        mon.start()
+        threads = [threading.Thread(target=rank, args=(r,)) for r in range(8)]
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join()
+        wall = time.monotonic() - t_start
+        stop.set()
+        mon.join()
+        view = dep.scaling()
+        profs = ray.get([a.profile.remote() for a in dep.actors["source_loader"]])
+        for c in clients:
+            c.close()
+    finally:
+        dep.shutdown()
+    step_wait = waits.max(axis=1)
+    step_time = step_wait + args.compute
+    frac = step_wait / step_time
+    w = args.warmup
+    around = slice(max(w, args.change - args.horizon), min(n_steps, args.change + args.horizon))
+    # loader CPU-seconds reserved: dedicated loaders x loader_cpus x time, plus the
+    # shared loaders the deployment started with (counted in both modes alike)
+    reserved = 0.0
+    for (t0, _s, _n, ded), (t1, *_rest) in zip(sizes, sizes[1:]):
+        reserved += sum(ded.values()) * 1.0 * (t1 - t0)
+    cost = {s["source"]: s["cost_per_token"] for s in view["sources"]}
+    cpu_used = sum(p["cpu_s"] for p in profs)
+    return {"mode": mode, "wall_s": wall, "steps": n_steps,
+            "wait_p99_frac": float(np.percentile(frac[w:], 99)),
+            "wait_p50_frac": float(np.percentile(frac[w:], 50)),
+            "wait_max_frac_around_change": float(frac[around].max()) if n_steps > w else None,
+            "wait_p99_frac_around_change": float(np.percentile(frac[around], 99)),
+            "step_wait_s": step_wait.tolist(), "sizes": sizes, "cost": cost,
+            "reserved_cpu_s": reserved, "loader_cpu_used_s": cpu_used,
+            "decisions": view["decisions"], "final": view["sources"]}
+
+
+def ideal(cfg, args, cost, wall_per_step):
+    """CPU-seconds an allocation sized exactly to the measured costs needs: per step,
+    the fractional need sum_s w_s(t) T c_s, and the integer loaders ceil(need_s / step)
+    each costly source needs for the step's duration."""
+    T = cfg["global_batch_size"] * cfg["seq_length"]
+    pts = cfg["schedule"]["points"]
+    frac = integer = 0.0
+    for t in range(cfg["train_steps"]):
+        w = pts[0]["weights"] if t < pts[1]["step"] else pts[1]["weights"]
+        for s, c in cost.items():
+            if c is None:
+                continue
+            need = w[s] * T * c  # CPU-seconds of this step's work of s
+            frac += need
+            n = need / (1.0 * wall_per_step)
+            integer += (0 if n < 0.5 else math.ceil(n)) * wall_per_step
+    return frac, integer
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=120)
+    ap.add_argument("--change", type=int, default=60)
+    ap.add_argument("--horizon", type=int, default=12)
+    ap.add_argument("--warmup", type=int, default=10)
+    ap.add_argument("--compute", type=float, default=0.25, help="simulated compute s/step")
+    ap.add_argument("--seq-length", type=int, default=2048)
+    ap.add_argument("--mbs", type=int, default=4, help="micro-batches per rank per step")
+    ap.add_argument("--cpu-budget", type=float, default=4.0)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+
+    import ray
+    from ray.cluster_utils import Cluster
+
+    for f in ("python_src_text_document.idx", "raw/kernel_docs.jsonl", "raw/man_i18n.jsonl",
+              "tokenizer.json"):
+        if not os.path.exists(os.path.join(ROOT, "data", f)):
+            sys.exit(f"bench/ray_autoscale.py: data/{f} is missing: run `make corpus` first")
+    cfg = config(args)
+    c = Cluster(initialize_head=True, head_node_args={
+        "num_cpus": 8, "object_store_memory": 512 * MiB, "include_dashboard": False,
+        "resources": {"head_node": 1}})
+    c.add_node(num_cpus=8, object_store_memory=256 * MiB, resources={"cpu_node": 1})
+    c.add_node(num_cpus=8, object_store_memory=256 * MiB, resources={"cpu_node": 1})
+    c.wait_for_nodes()
+    ray.init(address=c.address, namespace=NS, log_to_driver=False)
+    results = []
+    try:
+        for rnd in range(args.rounds):
+            a = run_once("autoscale", cfg, args)
+            T = cfg["global_batch_size"] * cfg["seq_length"]
+            w0 = cfg["schedule"]["points"][0]["weights"]
+            fixed = {}
+            for s, cst in a["cost"].items():
+                if cst is None:
+                    continue
+                need = w0[s] * T * cst / args.compute * 1.1
+                fixed[s] = 0 if need < 0.5 else math.ceil(need)
+            f = run_once("fixed", cfg, args, fixed=fixed)
+            f["fixed"] = fixed
+            for r in (a, f):
+                r["round"] = rnd
+                fr, it = ideal(cfg, args, a["cost"], args.compute)
+                r["ideal_fractional_cpu_s"], r["ideal_integer_cpu_s"] = fr, it
+                # when each pool reached its size after the change (autoscale only)
+                if r["mode"] == "autoscale":
+                    final = {s: r["sizes"][-1][3][s] for s in r["sizes"][-1][3]} if r["sizes"] else {}
+                    reached = {}
+                    for s, n in final.items():
+                        for (_t, step, _l, ded) in r["sizes"]:
+                            if ded.get(s) == n and n > 0:
+                                reached[s] = step - args.change
+                                break
+                    r["reached_rel_change"] = reached
+                results.append(r)
+                print(f"round {rnd} {r['mode']:>9}: wall {r['wall_s']:.1f} s, data wait p99 "
+                      f"{r['wait_p99_frac']:.1%} of the step (p50 {r['wait_p50_frac']:.1%}, "
+                      f"around the change max {r['wait_max_frac_around_change']:.1%}), "
+                      f"loader CPU-s reserved {r['reserved_cpu_s']:.1f} vs ideal integer "
+                      f"{it:.1f} / fractional {fr:.1f}, costs "
+                      f"{ {k: (None if v is None else round(v * 1e6, 3)) for k, v in r['cost'].items()} } "
+                      f"us/token" + (f", fixed {r.get('fixed')}" if r["mode"] == "fixed" else
+                                     f", reached (steps rel. change) {r.get('reached_rel_change')}"),
+                      flush=True)
+    finally:
+        ray.shutdown()
+        c.shutdown()
+    out = {"machine": machine_note(), "args": vars(args), "results": results}
+    if args.json:
+        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
+        with open(args.json, "w") as fh:
+            json.dump(out, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()
