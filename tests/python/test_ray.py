@@ -829,3 +829,54 @@ def test_scale_errors(cluster, corpus2):
             dep.scale("nope", 2)
         with pytest.raises(ValueError, match="n must be >= 0"):
             dep.scale("s0", -1)
+
+
+def test_autoscaler_sizes_a_pool_before_the_schedule_needs_it(cluster, tmp_path_factory):
+    """The policy on a real deployment: a raw text source with weight 0 until step 14
+    (its cost measured by calibration, since nothing reads it before) gets a loader
+    of its own within the horizon before the change, the cheap pre-tokenized sources
+    stay packed, every decision names its reason, and batches equal the embedded
+    loader's."""
+    import fortunes_corpus as fc
+
+    corpus = Corpus(tmp_path_factory.mktemp("ray_autoscale"), sizes=(120, 80), seed=9)
+    text = fc.build(tmp_path_factory.mktemp("ray_autoscale_text"))
+    # 4k tokens a step: the raw source needs ~0.1 loader after the change, the
+    # pre-tokenized ones ~0.001 (their cost is the per-call overhead): pack_below 0.01
+    cfg = corpus.config(train_steps=24, topology={"dp": 2}, global_batch_size=8,
+                        micro_batch_size=2, seq_length=512)
+    cfg["tokenizer"] = {"type": "hf", "path": text["tokenizer"]}
+    cfg["sources"].append({"name": "tech", "type": "jsonl", "lookahead": 16,
+                           "path": os.path.join(text["dir"], "tech.jsonl")})
+    change, horizon = 14, 6
+    for src in cfg["sources"]:
+        src.pop("weight", None)  # the schedule sets them
+    cfg["schedule"] = {"interpolation": "step", "points": [
+        {"step": 0, "weights": {"s0": 0.5, "s1": 0.5, "tech": 0.0}},
+        {"step": change, "weights": {"s0": 0.05, "s1": 0.05, "tech": 0.9}}]}
+    want = {r: loader_hashes(cfg, r)[0] for r in (0, 1)}
+    auto = {"interval_s": 0.1, "steady_s": 0.1, "horizon_steps": horizon,
+            "pack_below": 0.01, "max_loaders": 2, "down_delay_s": 60.0}
+    with pr.launch(cfg, namespace=NS, name="auto", shadows=0, placement=PLACEMENT,
+                   prefetch_steps=2, autoscale=auto) as dep:
+        clients = [pr.Client(cfg, rank=r, namespace=NS, name="auto") for r in (0, 1)]
+        got = {0: [], 1: []}
+        while True:
+            b = [c.next_batch() for c in clients]
+            if b[0] is None:
+                break
+            for r in (0, 1):
+                got[r].append(batch_hash(b[r]))
+            time.sleep(0.075)  # simulated compute: 2 micro-batches a step
+        view = dep.scaling()
+    for r in (0, 1):
+        assert got[r] == want[r], f"rank {r}"
+    ups = [d for d in view["decisions"] if d["source"] == "tech" and d["to"] > d["from"]]
+    assert ups, view["decisions"]
+    first = ups[0]
+    assert change - horizon <= first["step"] < change, first
+    assert first["reason"].startswith("feed-forward") and "at step 14" in first["reason"]
+    assert not [d for d in view["decisions"] if d["source"] in ("s0", "s1")], view["decisions"]
+    row = {x["source"]: x for x in view["sources"]}
+    assert row["tech"]["dedicated"] >= 1 and row["tech"]["cost_per_token"] > 0
+    assert row["s0"]["dedicated"] == 0 and row["s1"]["dedicated"] == 0

@@ -719,6 +719,35 @@ class SourceLoader:
                     msgs[j] = e.message
         return lens, msgs
 
+    def calibrate(self, source: int, count: int = 32, seed: int = 0) -> Dict[str, float]:
+        """Measure a source's cost before any traffic (the autoscaler sizes pools of
+        sources the schedule has not used yet): tokenize (raw text) and read ``count``
+        documents of this loader's partitions of it, picked at random.  ``{"cpu_s",
+        "tokens", "docs"}``: CPU seconds of the process (its tokenizing threads
+        included) for those tokens."""
+        if not self._ready:
+            with self._setup_lock:
+                if not self._ready:
+                    self.setup()
+        src = self._srcs[int(source)]
+        mine = [(lo, hi) for s, lo, hi in self._shards if s == int(source)]
+        if src is None or not mine:
+            raise polyload.RangeError(_core.ERANGE, "ERANGE",
+                                      f"calibrate: source {source} is not held here")
+        rng = np.random.default_rng(seed)
+        docs = sorted({int(rng.integers(lo, hi)) for lo, hi in mine for _ in range(count)})
+        docs = docs[:count]
+        c0 = time.process_time()
+        lens = [max(0, int(x)) for x in src.lengths(docs)]
+        reads = np.asarray([[int(source), d, 0, n] for d, n in zip(docs, lens) if n > 0],
+                           dtype=np.int64).reshape(-1, 4)
+        srcs = [None] * len(self._srcs)
+        srcs[int(source)] = src
+        if len(reads):
+            _core.read_rows_raw(srcs, reads)
+        return {"cpu_s": time.process_time() - c0, "tokens": float(sum(lens)),
+                "docs": float(len(docs))}
+
     def num_tokenized(self) -> Dict[int, int]:
         """Documents tokenized so far, per source held (raw text sources)."""
         return {s: src.num_tokenized for s, src in enumerate(self._srcs) if src is not None}

@@ -156,7 +156,7 @@ class ScalePolicy:
                 continue  # nothing measured yet: stay
             need, at = self.need(s, step, v.cost_per_token, step_time)
             total = need + self.bias[s]
-            want = 0 if total < o["pack_below"] else max(1, math.ceil(total - 1e-9))
+            want = 0 if total <= 0 or total < o["pack_below"] else max(1, math.ceil(total - 1e-9))
             want = min(self.max[s], max(self.min[s], want))
             detail = (f"weight {self.weight(s, step):.3f} now, {self.weight(s, at):.3f} at step "
                       f"{at} (H={int(o['horizon_steps'])}), cost {v.cost_per_token:.3g} "
@@ -294,6 +294,7 @@ class Autoscaler:
         self._changed = [time.monotonic()] * len(names)
         self._step_time: Optional[float] = None
         self._raw: set = set()  # sources seen tokenizing (raw text)
+        self._calibrated: set = set()
         self._view: Dict[str, Any] = {}
         self._cpu_used = 0.0  # CPU-seconds reserved by dedicated loaders
         self._t_prev = time.monotonic()
@@ -570,6 +571,20 @@ class Autoscaler:
                 0.7 * self._step_time + 0.3 * compute
         elif "step" in last and step == last["step"] and wait > last["wait"]:
             wait_frac = 1.0  # no step in the interval and the trainers waited
+        # Sources with no traffic yet (weight 0 now): calibrate once on their owner.
+        for s in range(n):
+            if self._samples[s] or s in self._calibrated:
+                continue
+            owners = self._loaders_of(s)
+            if not owners:
+                continue
+            self._calibrated.add(s)
+            try:
+                c = await self._handle(slots[owners[0]][0]).calibrate.remote(s, 32)
+                if c["tokens"] > 0:
+                    self._samples[s].append(c["cpu_s"] / c["tokens"])
+            except Exception:  # noqa: BLE001 - measured from traffic later
+                pass
         self._last = {"time": now, "step": step, "wait": wait, "profs": prev_profs}
         util = []
         for s in range(len(self._names)):
@@ -609,7 +624,10 @@ class Autoscaler:
                                                     self._budget())
         else:  # manual control only: measure, never change
             target, decisions = [v.loaders for v in views], []
-        self._view = {**m, "step_time": self._step_time, "target": target,
+        need = [None if v.cost_per_token is None or self._step_time is None else
+                self._policy.need(s, m["step"], v.cost_per_token, self._step_time)[0]
+                for s, v in enumerate(views)]
+        self._view = {**m, "step_time": self._step_time, "target": target, "need": need,
                       "cost": [v.cost_per_token for v in views]}
         changes = {self._names.index(d["source"]): d["to"] for d in decisions}
         if changes:
@@ -649,6 +667,7 @@ class Autoscaler:
                 "util": (v.get("util") or [0.0] * len(self._names))[s],
                 "cost_per_token": self._cost(s),
                 "target": (v.get("target") or [None] * len(self._names))[s],
+                "need": (v.get("need") or [None] * len(self._names))[s],
                 "pinned": self._pinned.get(s),
             })
         return {"sources": srcs, "step": v.get("step"), "step_time": v.get("step_time"),
@@ -665,7 +684,8 @@ class Autoscaler:
     async def view(self) -> Dict[str, Any]:
         """Per source: its weight now, loaders (actors holding a partition of it),
         dedicated loaders, partitions, utilization, measured cost (CPU-seconds per
-        token), the policy's target and a manual pin; the trainers' step time, data
+        token), the feed-forward need (loaders, over the horizon), the policy's target
+        and a manual pin; the trainers' step time, data
         wait fraction, queue depth, the routing version, CPU-seconds reserved by
         dedicated loaders, the live slots and every decision with its reason."""
         await self._ensure()
