@@ -880,3 +880,49 @@ def test_autoscaler_sizes_a_pool_before_the_schedule_needs_it(cluster, tmp_path_
     row = {x["source"]: x for x in view["sources"]}
     assert row["tech"]["dedicated"] >= 1 and row["tech"]["cost_per_token"] > 0
     assert row["s0"]["dedicated"] == 0 and row["s1"]["dedicated"] == 0
+
+
+def test_killed_autoscaler_and_scaled_loader_keep_the_layout(cluster, corpus2):
+    """SIGKILL of the autoscaler and of a loader it started: Ray restarts both; the
+    loader serves the partition it was given (kept in Ray's KV store), the autoscaler
+    finds the table it published (with its pins) at the planner, and batches equal the
+    embedded loader's.  New loaders go to the first placement entry with free CPUs."""
+    cfg = corpus2.config(train_steps=16, topology={"dp": 2}, global_batch_size=8,
+                         micro_batch_size=2)
+    want = {r: loader_hashes(cfg, r)[0] for r in (0, 1)}
+    prefs = [{"resources": {"ctor_node": 0.01}, "num_cpus": 3},
+             {"resources": {"loader_node": 0.01}, "num_cpus": 3}]
+    with pr.launch(cfg, namespace=NS, name="scalekill", shadows=0, placement=PLACEMENT,
+                   prefetch_steps=2, autoscale={"enabled": False, "placement": prefs}) as dep:
+        clients = [pr.Client(cfg, rank=r, namespace=NS, name="scalekill") for r in (0, 1)]
+        view = dep.scale("s2", 3)
+        slots = [sl for sl in view["slots"] if sl["dedicated"] == "s2"]
+        assert len(slots) == 3
+        nodes = ray.get([ray.get_actor(sl["actors"][0], namespace=NS).setup.remote()
+                         for sl in slots])
+        where = sorted(n["node_id"] for n in nodes)
+        # the constructor node has 8 - 1 CPUs free: two loaders of 3 CPUs, then the next
+        assert where.count(cluster.node_ids["ctor_node"]) == 2, where
+        assert where.count(cluster.node_ids["loader_node"]) == 1, where
+        got = {0: [], 1: []}
+        k = 0
+        while True:
+            b = [c.next_batch() for c in clients]
+            if b[0] is None:
+                break
+            for r in (0, 1):
+                got[r].append(batch_hash(b[r]))
+            k += 1
+            if k == 4:
+                pids = dep.pids()
+                os.kill(pids["autoscaler"][0], signal.SIGKILL)
+                victim = ray.get_actor(slots[1]["actors"][0], namespace=NS)
+                os.kill(ray.get(victim.pid.remote()), signal.SIGKILL)
+        for r in (0, 1):
+            assert got[r] == want[r], f"rank {r}"
+        after = dep.scaling()  # the restarted autoscaler
+        row = next(x for x in after["sources"] if x["source"] == "s2")
+        assert row["dedicated"] == 3 and row["pinned"] == 3
+        prof = ray.get(victim.profile.remote())
+        _name, lo, hi = slots[1]["shards"][0]
+        assert [tuple(x) for x in prof["shards"]] == [(2, lo, hi)]  # source s2 is index 2

@@ -183,17 +183,19 @@ class Planner:
         self._low: Dict[int, int] = {}
 
     def set_routing(self, names, partitions, loader_names, namespace, version: int = 0,
-                    slots=None) -> None:
+                    slots=None, extra: Optional[Dict[str, Any]] = None) -> None:
         """Which source loader owns which documents (before any plan is asked, and
         after each scaling event): ``partitions`` ``[source name, first, end, slot]``,
         ``loader_names[slot]`` the slot's serving actor, ``slots[slot]`` its actor and
-        standbys.  Kept in the checkpoint."""
+        standbys; ``extra``: more keys kept with the table (the autoscaler's).  Kept in
+        the checkpoint, so a restarted planner or autoscaler finds it."""
         self._ensure()
         old = getattr(self, "_routing", None)
         self._routing = {"sources": list(names), "partitions": [list(p) for p in partitions],
                          "source_loaders": list(loader_names), "namespace": namespace,
                          "version": int(version),
                          "slots": [list(x) for x in (slots or [[n] for n in loader_names])]}
+        self._routing.update(extra or {})  # the autoscaler's own fields (kept, not read)
         self._persist()
         if old is not None and int(version) > int(old.get("version", 0)):
             self._warm(old, self._routing)
@@ -561,12 +563,36 @@ class SourceLoader:
     together) and returns one uint8 array per run of rows of one source: their tokens
     back to back at that source's stored width."""
 
-    def __init__(self, payload, cwd: str, shards: Sequence[Tuple[int, int, int]]) -> None:
+    def __init__(self, payload, cwd: str, shards: Sequence[Tuple[int, int, int]],
+                 watch: Optional[str] = None) -> None:
         self._payload, self._cwd = payload, cwd
         self._shards = [tuple(int(x) for x in s) for s in shards]
+        if watch:
+            # Started by the autoscaler, detached so that it does not die with the
+            # autoscaler's process (Ray kills the actors an actor owns with it): it
+            # leaves by itself once its deployment's planner is gone for good.
+            threading.Thread(target=self._watch, args=(watch,), daemon=True,
+                             name="polyload-watch").start()
         self._sources: Dict[int, Any] = {}
         self._ready = False
         self._setup_lock = threading.Lock()  # reads run on two threads
+
+    def _watch(self, planner: str, every: float = 2.0) -> None:
+        ctx = ray.get_runtime_context()
+        namespace = ctx.namespace
+        missing = 0
+        while True:
+            time.sleep(every)
+            try:
+                ray.get_actor(planner, namespace=namespace)
+                missing = 0
+            except ValueError:  # the name is gone: the deployment was shut down or lost
+                missing += 1
+                if missing >= 3:
+                    ray.kill(ctx.current_actor, no_restart=True)
+                    return
+            except Exception:  # noqa: BLE001 - the GCS is busy: look again later
+                pass
 
     def setup(self, fresh: bool = False) -> Dict[str, Any]:
         """Open the partitions' sources.  Also run by the first read after Ray
@@ -1090,7 +1116,11 @@ class DataConstructor:
         again.  PolyloadIOError naming the slot's actors when every one failed."""
         cands = self._loaders[slot]
         errors = []
-        for attempt in range(2 * len(cands)):
+        # without a standby, wait up to read_timeout for Ray to restart the actor
+        deadline = time.monotonic() + self._read_timeout
+        attempt = 0
+        while attempt < 2 * len(cands) or (len(cands) == 1 and time.monotonic() < deadline):
+            attempt += 1
             i = self._active[slot]
             actor = cands[i]
             try:

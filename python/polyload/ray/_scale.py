@@ -282,6 +282,7 @@ class Autoscaler:
         saved = await self._planner.routing.remote()
         if saved is not None and saved.get("version", 0) >= self._table.get("version", 0):
             self._table = saved  # restarted: the table last published
+            self._pinned = {int(k): int(v) for k, v in (saved.get("pinned") or {}).items()}
         self._handles: Dict[str, Any] = {}
         self._ctors = [ray.get_actor(n, namespace=self._namespace) for n in self._ctor_names]
         # which slots are dedicated to which source (slots never renumber)
@@ -295,6 +296,7 @@ class Autoscaler:
         self._step_time: Optional[float] = None
         self._raw: set = set()  # sources seen tokenizing (raw text)
         self._calibrated: set = set()
+        self._reserved: Dict[Any, float] = {}  # CPUs of loaders being placed, by node
         self._view: Dict[str, Any] = {}
         self._cpu_used = 0.0  # CPU-seconds reserved by dedicated loaders
         self._t_prev = time.monotonic()
@@ -328,19 +330,39 @@ class Autoscaler:
         name = self._names[s]
         return sorted({int(slot) for n, _lo, _hi, slot in table["partitions"] if n == name})
 
-    def _pick_placement(self) -> Dict[str, Any]:
-        """Ray options of a new loader: the first ``placement`` entry whose resources
-        (and CPUs) are free now, else the last; default launch's source-loader options."""
+    def _pick_placement(self, cpus: Optional[float] = None,
+                        avoid: Optional[str] = None) -> Dict[str, Any]:
+        """Ray options of a new loader: the first ``placement`` entry some node can host
+        now (its resources and the loader's CPUs free there; the loader is then pinned
+        to that node), else the last entry as it is.  Default: launch's source-loader
+        options.  So ``[{"resources": {"trainer": 0.01}}, {"resources": {"cpu_only":
+        0.01}}]`` fills the spare CPUs of trainer nodes (sidecars) first, then CPU-only
+        nodes."""
         import ray  # noqa: PLC0415
 
         prefs = self._opts.get("placement") or [self._loader_opts]
-        free = ray.available_resources()
-        cpus = float(self._opts["loader_cpus"])
+        try:
+            from ray._private.state import available_resources_per_node  # noqa: PLC0415
+
+            per_node = available_resources_per_node()
+        except Exception:  # noqa: BLE001 - a Ray without it: the cluster's totals
+            per_node = {None: ray.available_resources()}
         for p in prefs:
-            need = dict((p or {}).get("resources") or {})
-            need["CPU"] = float((p or {}).get("num_cpus", cpus))
-            if all(free.get(k, 0.0) >= v for k, v in need.items()):
-                return dict(p or {})
+            p = dict(p or {})
+            if "node_id" in p or "label_selector" in p or "scheduling_strategy" in p:
+                return p  # placed by the caller's rule
+            need = dict(p.get("resources") or {})
+            need["CPU"] = float(p.get("num_cpus", self._opts["loader_cpus"])) \
+                if cpus is None else float(cpus)
+            nodes = sorted(per_node, key=lambda n: n == avoid)  # another node first
+            for node in nodes:
+                free = dict(per_node[node])
+                free["CPU"] = free.get("CPU", 0.0) - self._reserved.get(node, 0.0)
+                if all(free.get(k, 0.0) >= v - 1e-9 for k, v in need.items()):
+                    if node is not None:
+                        p["node_id"] = node
+                        self._reserved[node] = self._reserved.get(node, 0.0) + need["CPU"]
+                    return p
         return dict(prefs[-1] or {})
 
     async def _start_loader(self, slot: int, shards) -> List[str]:
@@ -353,23 +375,28 @@ class Autoscaler:
         base = f"{self._name}.source_loader.{slot}"
         names = [base] + [f"{base}.shadow.{k}" for k in range(self._shadows)]
         made = []
+        primary_node = None
         for k, n in enumerate(names):
+            # detached: an actor's actors die with it, and these must outlive a restart
+            # of the autoscaler; each leaves once the deployment's planner is gone
             o = {"name": n, "namespace": self._namespace, "max_concurrency": 2,
-                 "max_restarts": -1}
-            if self._detached:
-                o["lifetime"] = "detached"
-            p = self._pick_placement()
+                 "max_restarts": -1, "lifetime": "detached"}
+            # standbys read only when their primary is gone: no CPU, another node
+            p = self._pick_placement(0.0 if k else None, avoid=primary_node if k else None)
             node_id = p.pop("node_id", None)
+            if k == 0:
+                primary_node = node_id
             o.update(p)
             o.setdefault("num_cpus", float(self._opts["loader_cpus"]))
             if k > 0:
-                o["num_cpus"] = 0  # standbys read only when their primary is gone
+                o["num_cpus"] = 0
             if node_id is not None:
                 from ray.util.scheduling_strategies import (  # noqa: PLC0415
                     NodeAffinitySchedulingStrategy)
                 o["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id=node_id,
-                                                                           soft=False)
-            a = actor_cls.options(**o).remote(self._payload, self._cwd, shards)
+                                                                           soft=k > 0)
+            a = actor_cls.options(**o).remote(self._payload, self._cwd, shards,
+                                              f"{self._name}.planner")
             self._handles[n] = a
             made.append(a)
         await asyncio.gather(*[a.setup.remote(True) for a in made])
@@ -379,7 +406,9 @@ class Autoscaler:
         check_table(table, self._ndocs)
         await self._planner.set_routing.remote(
             table["sources"], table["partitions"], table["source_loaders"],
-            self._namespace, table["version"], table["slots"])
+            self._namespace, table["version"], table["slots"],
+            {"dedicated": table.get("dedicated"), "retired": table.get("retired", []),
+             "pinned": dict(self._pinned)})
         await asyncio.gather(*[c.set_routing.remote(table) for c in self._ctors])
         while not await self._planner.drained.remote(table["version"]):
             await asyncio.sleep(0.05)
@@ -433,8 +462,11 @@ class Autoscaler:
         check_table(table, self._ndocs)
         new_shards = self._slot_shards(table)
         # 1. new actors, their partitions open
-        started = await asyncio.gather(*[self._start_loader(j, sh)
-                                         for j, sh in new_slots.items()])
+        try:
+            started = await asyncio.gather(*[self._start_loader(j, sh)
+                                             for j, sh in new_slots.items()])
+        finally:
+            self._reserved = {}  # Ray's accounting has them now
         for (j, _), names in zip(new_slots.items(), started):
             slots[j] = names
         table["source_loaders"] = [x[0] for x in slots]
