@@ -81,8 +81,10 @@ def run_once(mode, cfg, args, fixed=None):
                 "loader_cpus": 1.0, "max_loaders": 4, "cpu_budget": args.cpu_budget,
                 "down_delay_s": 5.0, "steady_s": 1.0,
                 "placement": [{"resources": {"cpu_node": 0.01}, "num_cpus": 1.0}]}
+    # One shared loader for the three sources at launch (what a pool sized for the
+    # average looks like with many sources); dedicated pools come on top of it.
     dep = pr.launch(cfg, namespace=NS, name=name, autoscale=auto, shadows=0,
-                    num_constructors=2, prefetch_steps=4,
+                    num_constructors=2, prefetch_steps=4, max_source_loader_actors=1,
                     placement={"planner": {"resources": {"head_node": 0.01}},
                                "source_loader": {"resources": {"cpu_node": 0.01}},
                                "constructor": {"resources": {"head_node": 0.01}}})
@@ -153,6 +155,7 @@ def run_once(mode, cfg, args, fixed=None):
     cost = {s["source"]: s["cost_per_token"] for s in view["sources"]}
     cpu_used = sum(p["cpu_s"] for p in profs)
     return {"mode": mode, "wall_s": wall, "steps": n_steps,
+            "first_step_wait_s": float(step_wait[0]),
             "wait_p99_frac": float(np.percentile(frac[w:], 99)),
             "wait_p50_frac": float(np.percentile(frac[w:], 50)),
             "wait_max_frac_around_change": float(frac[around].max()) if n_steps > w else None,
@@ -160,6 +163,148 @@ def run_once(mode, cfg, args, fixed=None):
             "step_wait_s": step_wait.tolist(), "sizes": sizes, "cost": cost,
             "reserved_cpu_s": reserved, "loader_cpu_used_s": cpu_used,
             "decisions": view["decisions"], "final": view["sources"]}
+
+
+class _Tokenize:
+    """The Ray Data transform: the same tokenizer as the polyload sources (Hugging Face
+    tokenizers, data/tokenizer.json, end-of-document appended), one thread."""
+
+    def __init__(self, path):
+        os.environ["TOKENIZERS_PARALLELISM"] = "false"
+        from tokenizers import Tokenizer
+
+        self.tok = Tokenizer.from_file(path)
+        self.eos = self.tok.token_to_id("<|endoftext|>")
+
+    def __call__(self, batch):
+        import numpy as np
+
+        enc = self.tok.encode_batch(list(batch["text"]))
+        out = np.empty(len(enc), dtype=object)
+        for i, e in enumerate(enc):
+            out[i] = np.asarray(e.ids + [self.eos], dtype=np.int32)
+        return {"ids": out}
+
+
+def run_raydata(cfg, args):
+    """Ray Data with actor-pool autoscaling (``ActorPoolStrategy(min_size=1,
+    max_size=4)``) on the same transforms: the raw sources read with read_json and
+    tokenized by a pool each, the pre-tokenized source's documents sliced from its
+    .bin; the driver mixes them by the schedule (Ray Data has no mixture) and packs
+    them into sequences, and feeds the 8 ranks through one queue per rank."""
+    import queue
+
+    import numpy as np
+    import ray
+    import ray.data as rd
+    from ray.data import ActorPoolStrategy
+
+    data = os.path.join(ROOT, "data")
+    tok = os.path.join(data, "tokenizer.json")
+    ctx = rd.DataContext.get_current()
+    ctx.enable_progress_bars = False
+    def tokenized(file):
+        """Batches of the file's tokenized documents, endlessly (a new pass each time
+        the dataset ends: Ray Data has no epochs of its own)."""
+        while True:
+            ds = rd.read_json(os.path.join(data, "raw", file))
+            ds = ds.map_batches(_Tokenize, fn_constructor_args=(tok,), batch_size=16,
+                                compute=ActorPoolStrategy(min_size=1, max_size=4),
+                                num_cpus=1.0, resources={"cpu_node": 0.01})
+            yield from ds.iter_batches(batch_size=16, batch_format="numpy",
+                                       prefetch_batches=4)
+
+    its = {"docs": tokenized("kernel_docs.jsonl"), "intl": tokenized("man_i18n.jsonl")}
+    # the pre-tokenized source: documents of the Megatron file, read with megatron-core
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+
+    code = IndexedDataset(os.path.join(data, "python_src_text_document"))
+
+    def code_docs():
+        while True:
+            for i in range(len(code)):
+                yield {"ids": [np.asarray(code[i], dtype=np.int32)]}
+
+    its["code"] = code_docs()
+    seq, T = cfg["seq_length"], cfg["global_batch_size"] * cfg["seq_length"]
+    pts = cfg["schedule"]["points"]
+    n_steps = cfg["train_steps"]
+    qs = [queue.Queue(maxsize=4) for _ in range(8)]
+    bufs = {k: [] for k in its}
+    have = {k: 0 for k in its}
+
+    def mixer():
+        for t in range(n_steps):
+            w = pts[0]["weights"] if t < pts[1]["step"] else pts[1]["weights"]
+            parts = []
+            for s, it in its.items():
+                want = int(round(w[s] * T))
+                while have[s] < want:
+                    b = next(it)
+                    for ids in b["ids"]:
+                        bufs[s].append(ids)
+                        have[s] += len(ids)
+                cat = np.concatenate(bufs[s]) if bufs[s] else np.zeros(0, np.int32)
+                parts.append(cat[:want])
+                rest = cat[want:]
+                bufs[s], have[s] = ([rest] if len(rest) else []), len(rest)
+            step = np.concatenate(parts)[:T]
+            step = np.pad(step, (0, T - len(step)))
+            per = step.reshape(8, -1)
+            for r in range(8):
+                qs[r].put(per[r])
+        for q in qs:
+            q.put(None)
+
+    waits = np.zeros((n_steps, 8))
+    barrier = threading.Barrier(8)
+    pool = []
+    stop = threading.Event()
+
+    def monitor():
+        from ray._private.state import actors  # the GCS's actor table (no dashboard)
+
+        while not stop.is_set():
+            try:
+                pool.append((time.monotonic(), sum(
+                    1 for a in actors().values() if a.get("State") == "ALIVE"
+                    and "MapWorker" in (a.get("ActorClassName") or ""))))
+            except Exception:  # noqa: BLE001
+                pass
+            stop.wait(0.5)
+
+    def rank(r):
+        for t in range(n_steps):
+            t0 = time.perf_counter()
+            x = qs[r].get()
+            waits[t, r] = time.perf_counter() - t0
+            del x
+            time.sleep(args.compute)
+            barrier.wait()
+
+    t_start = time.monotonic()
+    threads = [threading.Thread(target=mixer, daemon=True),
+               threading.Thread(target=monitor, daemon=True)] + \
+        [threading.Thread(target=rank, args=(r,)) for r in range(8)]
+    for th in threads:
+        th.start()
+    for th in threads[2:]:
+        th.join()
+    wall = time.monotonic() - t_start
+    stop.set()
+    reserved = sum(n0 * (t1 - t0) for (t0, n0), (t1, _n1) in zip(pool, pool[1:]))
+    step_wait = waits.max(axis=1)
+    frac = step_wait / (step_wait + args.compute)
+    w = args.warmup
+    around = slice(max(w, args.change - args.horizon), min(n_steps, args.change + args.horizon))
+    return {"mode": "raydata", "wall_s": wall, "steps": n_steps,
+            "first_step_wait_s": float(step_wait[0]),
+            "wait_p99_frac": float(np.percentile(frac[w:], 99)),
+            "wait_p50_frac": float(np.percentile(frac[w:], 50)),
+            "wait_max_frac_around_change": float(frac[around].max()),
+            "wait_p99_frac_around_change": float(np.percentile(frac[around], 99)),
+            "step_wait_s": step_wait.tolist(), "pool": pool, "reserved_cpu_s": reserved,
+            "cost": {}}
 
 
 def ideal(cfg, args, cost, wall_per_step):
@@ -192,6 +337,7 @@ def main():
     ap.add_argument("--seq-length", type=int, default=2048)
     ap.add_argument("--mbs", type=int, default=4, help="micro-batches per rank per step")
     ap.add_argument("--cpu-budget", type=float, default=4.0)
+    ap.add_argument("--no-raydata", action="store_true", help="skip the Ray Data run")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
 
@@ -224,7 +370,10 @@ def main():
                 fixed[s] = 0 if need < 0.5 else math.ceil(need)
             f = run_once("fixed", cfg, args, fixed=fixed)
             f["fixed"] = fixed
-            for r in (a, f):
+            runs = [a, f]
+            if not args.no_raydata:
+                runs.append(run_raydata(cfg, args))
+            for r in runs:
                 r["round"] = rnd
                 fr, it = ideal(cfg, args, a["cost"], args.compute)
                 r["ideal_fractional_cpu_s"], r["ideal_integer_cpu_s"] = fr, it
@@ -239,14 +388,17 @@ def main():
                                 break
                     r["reached_rel_change"] = reached
                 results.append(r)
-                print(f"round {rnd} {r['mode']:>9}: wall {r['wall_s']:.1f} s, data wait p99 "
+                print(f"round {rnd} {r['mode']:>9}: wall {r['wall_s']:.1f} s (first step waited "
+                      f"{r['first_step_wait_s']:.1f} s), data wait p99 "
                       f"{r['wait_p99_frac']:.1%} of the step (p50 {r['wait_p50_frac']:.1%}, "
                       f"around the change max {r['wait_max_frac_around_change']:.1%}), "
                       f"loader CPU-s reserved {r['reserved_cpu_s']:.1f} vs ideal integer "
                       f"{it:.1f} / fractional {fr:.1f}, costs "
                       f"{ {k: (None if v is None else round(v * 1e6, 3)) for k, v in r['cost'].items()} } "
                       f"us/token" + (f", fixed {r.get('fixed')}" if r["mode"] == "fixed" else
-                                     f", reached (steps rel. change) {r.get('reached_rel_change')}"),
+                                     f", reached (steps rel. change) {r.get('reached_rel_change')}"
+                                     if r["mode"] == "autoscale" else
+                                     f", Ray Data pool sizes {sorted({n for _, n in r['pool']})}"),
                       flush=True)
     finally:
         ray.shutdown()

@@ -926,3 +926,41 @@ def test_killed_autoscaler_and_scaled_loader_keep_the_layout(cluster, corpus2):
         prof = ray.get(victim.profile.remote())
         _name, lo, hi = slots[1]["shards"][0]
         assert [tuple(x) for x in prof["shards"]] == [(2, lo, hi)]  # source s2 is index 2
+
+
+def test_serve_autoscale_and_top_cli(cluster, corpus2, tmp_path):
+    """``polyload serve --autoscale`` and ``polyload top``: the live view names every
+    source with its loaders and shows a manual scaling decision; bad arguments fail
+    with exit codes 1 and 2."""
+    import yaml
+
+    cfg = corpus2.config(train_steps=3)
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "polyload", "serve", str(path), "--ray-address", cluster.address,
+         "--namespace", NS, "--name", "topped", "--autoscale", '{"max_loaders": 2}'],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline(), proc.stderr.read()
+        scaler = ray.get_actor("topped.autoscaler", namespace=NS)
+        ray.get(scaler.scale.remote("s1", 2))
+        top = [sys.executable, "-m", "polyload", "top", "--ray-address", cluster.address,
+               "--namespace", NS, "--name", "topped", "--once"]
+        out = subprocess.run(top + ["--json"], capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+        view = json.loads(out.stdout.splitlines()[-1])
+        assert [s["source"] for s in view["sources"]] == ["s0", "s1", "s2"]
+        assert next(s for s in view["sources"] if s["source"] == "s1")["dedicated"] == 2
+        table = subprocess.run(top, capture_output=True, text=True, timeout=120)
+        assert table.returncode == 0, table.stderr
+        assert "s1" in table.stdout and "manual: Deployment.scale" in table.stdout
+        missing = subprocess.run(top[:-3] + ["--name", "nope", "--once"], capture_output=True,
+                                 text=True, timeout=120)
+        assert missing.returncode == 1 and "no deployment" in missing.stderr
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 0
+    bad = subprocess.run([sys.executable, "-m", "polyload", "serve", str(path), "--ray-address",
+                          cluster.address, "--autoscale", "{nope"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "--autoscale: not JSON" in bad.stderr
