@@ -964,3 +964,42 @@ def test_serve_autoscale_and_top_cli(cluster, corpus2, tmp_path):
     bad = subprocess.run([sys.executable, "-m", "polyload", "serve", str(path), "--ray-address",
                           cluster.address, "--autoscale", "{nope"], capture_output=True, text=True)
     assert bad.returncode == 2 and "--autoscale: not JSON" in bad.stderr
+
+
+def test_attach_to_a_detached_deployment(cluster, corpus2, tmp_path):
+    """A detached deployment outlives the process that launched it; another process
+    attaches by name, scales it, takes its state, and shuts it down (every actor gone,
+    also the loaders the autoscaler started)."""
+    import yaml
+
+    cfg = corpus2.config(train_steps=5)
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    script = (
+        "import ray, polyload.ray as pr\n"
+        f"ray.init(address={cluster.address!r}, namespace={NS!r}, log_to_driver=False)\n"
+        f"pr.launch({str(path)!r}, namespace={NS!r}, name='detached', detached=True)\n")
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=300)
+    with pytest.raises(ValueError, match="no deployment"):
+        pr.attach("nope", NS)
+    dep = pr.attach("detached", NS)
+    assert dep.info["constructors"] == ["detached.constructor.0"]
+    dep.scale("s0", 2)
+    for r in (0, 1):  # both DP ranks, so that every step is delivered
+        with pr.Client(str(path), rank=r, namespace=NS, name="detached") as c:
+            assert client_hashes(c) == loader_hashes(cfg, r)[0]
+    names = {n for sl in dep.scaling()["slots"] for n in sl["actors"]}
+    assert "detached.source_loader.3" in names  # one of the two started for s0
+    state = dep.state_dict()
+    assert _core.state_info(state["blob"])["step"] == 5
+    dep.shutdown()
+    deadline = time.time() + 20
+    left = set(names) | {"detached.planner", "detached.autoscaler"}
+    while left and time.time() < deadline:
+        for n in list(left):
+            try:
+                ray.get_actor(n, namespace=NS)
+            except ValueError:
+                left.discard(n)
+        time.sleep(0.2)
+    assert not left, sorted(left)

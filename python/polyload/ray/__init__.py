@@ -32,10 +32,11 @@ in C at the trainer.  The state blob is the embedded loader's (SPEC section 4)::
 from ._actors import DataConstructor, Planner, SourceLoader
 from ._client import Client
 from ._deploy import (AUTOSCALE_DEFAULTS, DEFAULT_NUM_CPUS, DEFAULT_SOURCE_LOADER_ACTORS,
-                      PREFETCH_BYTES, Deployment, launch)
+                      PREFETCH_BYTES, Deployment, attach, launch)
 from ._scale import Autoscaler, ScalePolicy
 from .serve import serve
 
-__all__ = ["launch", "Deployment", "Client", "SourceLoader", "Planner", "DataConstructor",
+__all__ = ["launch", "attach", "Deployment", "Client", "SourceLoader", "Planner",
+           "DataConstructor",
            "serve", "Autoscaler", "ScalePolicy", "AUTOSCALE_DEFAULTS", "DEFAULT_NUM_CPUS",
            "DEFAULT_SOURCE_LOADER_ACTORS", "PREFETCH_BYTES"]

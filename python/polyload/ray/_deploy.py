@@ -506,6 +506,41 @@ def launch(
     return dep
 
 
+def attach(name: str = "polyload", namespace: str = "polyload", *,
+           timeout: Optional[float] = 300.0) -> Deployment:
+    """A :class:`Deployment` handle on a running deployment started elsewhere (by
+    ``launch(..., detached=True)``, ``polyload serve``, or another process of the
+    cluster): found by its actors' names, so this process can scale it, read its
+    scaling view, take or load its state and shut it down.
+
+    Raises:
+        ValueError: no deployment ``namespace``/``name`` (no actor ``NAME.planner``).
+    """
+    if not ray.is_initialized():
+        ray.init(namespace=namespace, include_dashboard=False)
+    try:
+        planner = ray.get_actor(f"{name}.planner", namespace=namespace)
+    except ValueError:
+        raise ValueError(f"polyload.ray.attach: no deployment {namespace}/{name} "
+                         f"(no actor {name}.planner)") from None
+    info = _get(planner.info.remote(), timeout)
+    ctors = [ray.get_actor(n, namespace=namespace) for n in info["constructors"]]
+    try:
+        scaler = ray.get_actor(f"{name}.autoscaler", namespace=namespace)
+    except ValueError:
+        scaler = None
+    table = _get(planner.routing.remote(), timeout)
+    gone = set(table.get("retired", []))
+    live = [j for j in range(len(table["slots"])) if j not in gone]
+    loaders = [ray.get_actor(table["slots"][j][0], namespace=namespace) for j in live]
+    shadows = [ray.get_actor(n, namespace=namespace) for j in live
+               for n in table["slots"][j][1:]]
+    dep = Deployment(namespace, name, planner, loaders, ctors, info, shadows, scaler)
+    if timeout is not None:
+        dep.timeout = float(timeout)
+    return dep
+
+
 def _forget_checkpoint(namespace: str, name: str) -> None:
     """Delete what a deployment keeps in Ray's internal KV store: the planner's
     checkpoint and the source loaders' partitions."""
