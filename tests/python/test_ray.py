@@ -1003,3 +1003,33 @@ def test_attach_to_a_detached_deployment(cluster, corpus2, tmp_path):
                 left.discard(n)
         time.sleep(0.2)
     assert not left, sorted(left)
+
+
+def test_raw_text_lengths_move_to_a_standby(cluster, tmp_path_factory):
+    """The planner's lengths calls for a raw text source whose loader is killed move to
+    its standby (and the reads too): batches equal the embedded loader's."""
+    import fortunes_corpus as fc
+
+    corpus = fc.build(tmp_path_factory.mktemp("ray_lengths_fail"))
+    cfg = fc.config(corpus, train_steps=12, tokenizer={"type": "hf", "path": corpus["tokenizer"]})
+    cfg["sources"] = [
+        {"name": n, "type": "jsonl", "path": os.path.join(corpus["dir"], f"{n}.jsonl"),
+         "weight": w, "lookahead": 8} for n, w in (("tech", 0.6), ("wit", 0.4))]
+    want = {r: loader_hashes(cfg, r)[0] for r in (0, 1)}
+    with pr.launch(cfg, num_source_loaders=1, namespace=NS, name="lenfail", shadows=1,
+                   prefetch_steps=1, read_timeout=5.0) as dep:
+        clients = [pr.Client(cfg, rank=r, namespace=NS, name="lenfail") for r in (0, 1)]
+        got = {0: [], 1: []}
+        k = 0
+        while True:
+            b = [c.next_batch() for c in clients]
+            if b[0] is None:
+                break
+            for r in (0, 1):
+                got[r].append(batch_hash(b[r]))
+            k += 1
+            if k == 2:
+                for pid in dep.pids()["source_loader"]:
+                    os.kill(pid, signal.SIGKILL)
+    for r in (0, 1):
+        assert got[r] == want[r], f"rank {r}"

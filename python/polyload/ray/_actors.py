@@ -293,24 +293,52 @@ class Planner:
         los = np.asarray([p[0] for p in parts], dtype=np.int64)
         idx = np.asarray(indices, dtype=np.int64)
         which = np.searchsorted(los, idx, side="right") - 1
+        slots = info.get("slots") or [[n] for n in info["source_loaders"]]
         calls = []
         for k in np.unique(which):
             pos = np.flatnonzero(which == k)
-            actor = info["source_loaders"][parts[int(k)][2]]
-            h = self._loader_handles.get(actor)
-            if h is None:
-                h = self._loader_handles[actor] = ray.get_actor(actor,
-                                                               namespace=info["namespace"])
-            calls.append((pos, h.lengths.remote(int(source), idx[pos].tolist())))
+            slot = parts[int(k)][2]
+            calls.append((pos, slot, 0, self._handle(info, slots[slot][0]).lengths.remote(
+                int(source), idx[pos].tolist())))
         lengths = [0] * len(indices)
         messages: Dict[int, str] = {}
-        for pos, ref in calls:
-            lens, msgs = ray.get(ref, timeout=600)
+        for pos, slot, _i, ref in calls:
+            lens, msgs = self._lengths_answer(info, slots[slot], ref, int(source),
+                                              idx[pos].tolist())
             for j, p in enumerate(pos.tolist()):
                 lengths[p] = lens[j]
                 if j in msgs:
                     messages[p] = msgs[j]
         return lengths, messages
+
+    def _handle(self, info, name: str):
+        h = self._loader_handles.get(name)
+        if h is None:
+            h = self._loader_handles[name] = ray.get_actor(name, namespace=info["namespace"])
+        return h
+
+    def _lengths_answer(self, info, names: List[str], ref, source: int, docs: List[int]):
+        """The answer of a lengths call, asked again of the slot's standbys (then of
+        its restarted actor) when the actor that got it is lost; a raw document's tokens
+        hold no progress, so any of them answers the same.  PolyloadIOError naming the
+        actors once each was tried twice."""
+        tried = []
+        for attempt in range(2 * len(names)):
+            try:
+                return ray.get(ref, timeout=600)
+            except Exception as e:  # noqa: BLE001 - a lost actor moves on, others raise
+                exc = unwrap(e)
+                if not actor_lost(exc):
+                    raise exc from None
+                tried.append(f"{names[attempt % len(names)]}: {type(exc).__name__}")
+                if len(names) == 1:
+                    time.sleep(0.5)  # no standby: wait for Ray's restart
+                nxt = names[(attempt + 1) % len(names)]
+                ref = self._handle(info, nxt).lengths.remote(source, docs)
+        raise polyload.PolyloadIOError(
+            _core.EIO, "EIO",
+            f"planner: no source loader could tokenize documents of source "
+            f"{info['sources'][source]} (tried {'; '.join(tried)})")
 
     def _advance(self, step: int) -> None:
         """Plan every step up to ``step`` (stopping at a failure), keeping each plan
@@ -577,6 +605,13 @@ class SourceLoader:
         self._ready = False
         self._setup_lock = threading.Lock()  # reads run on two threads
 
+    def _ensure_ready(self) -> None:
+        """Set up on the first call after Ray restarted the actor (its process died)."""
+        if not self._ready:
+            with self._setup_lock:
+                if not self._ready:
+                    self.setup()
+
     def _watch(self, planner: str, every: float = 2.0) -> None:
         ctx = ray.get_runtime_context()
         namespace = ctx.namespace
@@ -644,10 +679,7 @@ class SourceLoader:
         """Serve these partitions from now on (the autoscaler moves, splits and merges
         partitions; it adds a partition here before routing reads to it and removes one
         after every reader has stopped using it).  Opens sources not open yet."""
-        if not self._ready:
-            with self._setup_lock:
-                if not self._ready:
-                    self.setup()
+        self._ensure_ready()
         self._set_shards(shards)
         return {"pid": os.getpid(), "node_id": _node_id(), "shards": self._shards}
 
@@ -701,10 +733,7 @@ class SourceLoader:
     @ray.method(enable_task_events=False)
     def read(self, reads: np.ndarray) -> np.ndarray:
         """The rows' tokens back to back at their sources' stored widths (uint8)."""
-        if not self._ready:
-            with self._setup_lock:
-                if not self._ready:
-                    self.setup()
+        self._ensure_ready()
         reads = np.ascontiguousarray(reads, dtype=np.int64).reshape(-1, 4)
         key = reads[:, 0] << _KEY_SHIFT | reads[:, 1]
         lo, hi = self._parts
@@ -730,6 +759,7 @@ class SourceLoader:
         """Lengths of documents of a raw text source, tokenized here in batches (the
         tokens stay for the constructors' reads): ``(lengths, {position: message})``, a
         bad document's length being its negative PL_E* code."""
+        self._ensure_ready()
         src = self._srcs[int(source)]
         t0 = time.monotonic()
         lens = src.lengths(indices)
@@ -751,10 +781,7 @@ class SourceLoader:
         documents of this loader's partitions of it, picked at random.  ``{"cpu_s",
         "tokens", "docs"}``: CPU seconds of the process (its tokenizing threads
         included) for those tokens."""
-        if not self._ready:
-            with self._setup_lock:
-                if not self._ready:
-                    self.setup()
+        self._ensure_ready()
         src = self._srcs[int(source)]
         mine = [(lo, hi) for s, lo, hi in self._shards if s == int(source)]
         if src is None or not mine:
@@ -776,6 +803,7 @@ class SourceLoader:
 
     def num_tokenized(self) -> Dict[int, int]:
         """Documents tokenized so far, per source held (raw text sources)."""
+        self._ensure_ready()
         return {s: src.num_tokenized for s, src in enumerate(self._srcs) if src is not None}
 
     def pid(self) -> int:
