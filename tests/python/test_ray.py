@@ -829,6 +829,17 @@ def test_scale_errors(cluster, corpus2):
             dep.scale("nope", 2)
         with pytest.raises(ValueError, match="n must be >= 0"):
             dep.scale("s0", -1)
+    # a loader that cannot be placed: the change is dropped, the pools stay, batches flow
+    auto = {"enabled": False, "placement": [{"resources": {"no_such_node": 1}}],
+            "start_timeout_s": 3}
+    with pr.launch(cfg, namespace=NS, name="scale_err2", autoscale=auto) as dep:
+        with pytest.raises(RuntimeError, match="not running within start_timeout_s=3"):
+            dep.scale("s0", 2)
+        view = dep.scaling()
+        assert [x["dedicated"] for x in view["sources"]] == [0, 0, 0]
+        assert view["routing_version"] == 0
+        with pr.Client(cfg, rank=0, namespace=NS, name="scale_err2") as c:
+            assert client_hashes(c) == loader_hashes(cfg, 0)[0]
 
 
 def test_autoscaler_sizes_a_pool_before_the_schedule_needs_it(cluster, tmp_path_factory):

@@ -60,6 +60,7 @@ DEFAULTS: Dict[str, Any] = {
     "samples": 7,           # cost samples kept per source (the median is used)
     "placement": None,      # [Ray options, ...] for new loaders, in preference order
     "shadows": None,        # standbys per new loader (None: launch's shadows)
+    "start_timeout_s": 120.0,  # a new loader not running by then: the change is dropped
 }
 
 
@@ -74,7 +75,7 @@ def autoscale_options(value) -> Dict[str, Any]:
         raise ValueError(f"autoscale: unknown keys {sorted(unknown)} (keys: {sorted(DEFAULTS)})")
     out = {**DEFAULTS, **value}
     for k in ("interval_s", "headroom", "loader_cpus", "down_delay_s", "cooldown_s",
-              "steady_s", "pack_below", "wait_high", "util_low"):
+              "steady_s", "pack_below", "wait_high", "util_low", "start_timeout_s"):
         if not (isinstance(out[k], (int, float)) and out[k] >= 0):
             raise ValueError(f"autoscale: {k} must be a number >= 0, got {out[k]!r}")
     if out["loader_cpus"] <= 0 or out["interval_s"] <= 0:
@@ -427,9 +428,10 @@ class Autoscaler:
         old_shards = self._slot_shards(old)
         new_slots: Dict[int, List[Tuple[int, int, int]]] = {}
         retired: List[int] = []
+        dedicated_of = {k: list(v) for k, v in self._dedicated.items()}  # committed last
         for s, n in counts.items():
             name = self._names[s]
-            mine = list(self._dedicated.get(s, []))
+            mine = list(dedicated_of.get(s, []))
             keep = mine[:n]
             retired += mine[n:]
             parts = [p for p in parts if p[0] != name]
@@ -439,7 +441,7 @@ class Autoscaler:
                 load = {j: sum(1 for p in parts if p[3] == j) for j in shared}
                 j = min(shared, key=lambda j: (load[j], j))
                 parts.append([name, 0, self._ndocs[s], j])
-                self._dedicated.pop(s, None)
+                dedicated_of.pop(s, None)
                 continue
             ranges = split_ranges(self._ndocs[s], n)
             owners = list(keep)
@@ -453,7 +455,7 @@ class Autoscaler:
                 parts.append([name, lo, hi, j])
                 if j in new_slots:
                     new_slots[j].append((s, lo, hi))
-            self._dedicated[s] = owners[:len(ranges)]
+            dedicated_of[s] = owners[:len(ranges)]
         table = {"sources": list(old["sources"]), "partitions": parts,
                  "slots": slots, "source_loaders": [x[0] for x in slots],
                  "namespace": self._namespace, "version": int(old.get("version", 0)) + 1,
@@ -463,8 +465,31 @@ class Autoscaler:
         new_shards = self._slot_shards(table)
         # 1. new actors, their partitions open
         try:
-            started = await asyncio.gather(*[self._start_loader(j, sh)
-                                             for j, sh in new_slots.items()])
+            started = await asyncio.wait_for(
+                asyncio.gather(*[self._start_loader(j, sh) for j, sh in new_slots.items()]),
+                float(self._opts["start_timeout_s"]))
+        except BaseException as e:
+            # not placed in time (no node has the CPUs or resources) or failed to open:
+            # nothing was published, the old table stays; the new actors go
+            import ray  # noqa: PLC0415
+
+            for j in new_slots:
+                for nm in [f"{self._name}.source_loader.{j}"] + [
+                        f"{self._name}.source_loader.{j}.shadow.{k}" for k in range(self._shadows)]:
+                    h = self._handles.pop(nm, None)
+                    if h is not None:
+                        try:
+                            ray.kill(h, no_restart=True)
+                        except Exception:  # noqa: BLE001
+                            pass
+            if isinstance(e, asyncio.TimeoutError):
+                raise RuntimeError(
+                    f"autoscaler: new source loaders for {sorted(self._names[s] for s in counts)} "
+                    f"were not running within start_timeout_s="
+                    f"{self._opts['start_timeout_s']:g} s (no node with the CPUs and resources "
+                    f"of placement {self._opts.get('placement') or self._loader_opts}?); "
+                    f"the pools stay as they were") from None
+            raise
         finally:
             self._reserved = {}  # Ray's accounting has them now
         for (j, _), names in zip(new_slots.items(), started):
@@ -482,6 +507,7 @@ class Autoscaler:
         # 3. publish; 4. shrink and retire
         await self._publish(table)
         self._table = table
+        self._dedicated = dedicated_of
         shrink = []
         for j in range(len(old_shards)):
             if j in retired or sorted(new_shards[j]) == sorted(old_shards[j]):
