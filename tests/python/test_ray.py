@@ -837,6 +837,7 @@ def test_scale_errors(cluster, corpus2):
             dep.scale("s0", 2)
         view = dep.scaling()
         assert [x["dedicated"] for x in view["sources"]] == [0, 0, 0]
+        assert [x["pinned"] for x in view["sources"]] == [None, None, None]
         assert view["routing_version"] == 0
         with pr.Client(cfg, rank=0, namespace=NS, name="scale_err2") as c:
             assert client_hashes(c) == loader_hashes(cfg, 0)[0]

@@ -542,9 +542,17 @@ class Autoscaler:
             raise ValueError(f"scale: n must be >= 0, got {n}")
         async with self._lock:
             before = self._dedicated_count(s)
-            self._pinned[s] = n
-            if n != before:
-                await self._resize({s: n})
+            old_pin = self._pinned.get(s)
+            self._pinned[s] = n  # published with the table
+            try:
+                if n != before:
+                    await self._resize({s: n})
+            except BaseException:
+                if old_pin is None:
+                    self._pinned.pop(s, None)
+                else:
+                    self._pinned[s] = old_pin
+                raise
             self._log(s, before, n, "manual: Deployment.scale")
         return self.view_now()
 
