@@ -59,6 +59,12 @@ def test_down_scale_waits_and_goes_one_at_a_time():
     assert t[2] == 10
     t, dec = p.decide(10.5, 12, 0.5, 0.0, views(COSTS, cur, util=0.2), {}, 100)
     assert t[2] == 9 and dec[-1]["reason"].startswith("down after")
+    # an empty queue (nothing built ahead of the trainers) holds the pool
+    p = policy(down_delay_s=0.0, max_loaders=64)
+    t, _ = p.decide(0.0, 10, 0.5, 0.0, views(COSTS, cur, util=0.2), {}, 100, queue_steps=0)
+    assert t[2] == 10
+    t, _ = p.decide(0.0, 10, 0.5, 0.0, views(COSTS, cur, util=0.2), {}, 100, queue_steps=3)
+    assert t[2] == 9
     # a busy pool does not shrink even when the formula says so
     p = policy(down_delay_s=0.0, max_loaders=64)
     t, _ = p.decide(0.0, 10, 0.5, 0.0, views(COSTS, cur, util=0.9), {}, 100)

@@ -22,7 +22,8 @@ The policy (:class:`ScalePolicy`, pure Python, no Ray) follows the issue's formu
 * **Feedback** (Cachew's and Ray Data's rules): when trainers waited more than
   ``wait_high`` of the step, add one loader to the most utilized pool, one change per
   ``cooldown_s``; a bias that decays when the pool is idle below ``util_low`` for
-  ``down_delay_s``.  Costs are sampled only at a steady count (``steady_s`` after the
+  ``down_delay_s``.  A pool shrinks only while the constructors' queue holds built
+  steps (data is ahead of the trainers).  Costs are sampled only at a steady count (``steady_s`` after the
   source's last change) and the median of the last samples is used (outliers discarded).
 * **Bounds**: per-source ``min_loaders`` / ``max_loaders`` and a global ``cpu_budget``.
   A source whose need is under ``pack_below`` loaders stays packed on the shared actors
@@ -138,13 +139,16 @@ class ScalePolicy:
 
     def decide(self, now: float, step: int, step_time: Optional[float], wait_frac: float,
                sources: Sequence[SourceView], pinned: Mapping[int, int],
-               cpu_budget: float) -> Tuple[List[int], List[Dict[str, Any]]]:
+               cpu_budget: float, queue_steps: Optional[int] = None
+               ) -> Tuple[List[int], List[Dict[str, Any]]]:
         """Target dedicated loaders per source and the reasons of each change.
 
         ``step``: the least step the trainers stand at; ``step_time``: seconds per step
         of compute (the measured step less the data wait; None: not known yet);
         ``wait_frac``: the trainers' data wait as a fraction of the step since the last
-        decision; ``pinned``: sources set by hand (``Deployment.scale``)."""
+        decision; ``pinned``: sources set by hand (``Deployment.scale``);
+        ``queue_steps``: steps built ahead of the trainers (None: unknown); a pool
+        shrinks only while the queue is not empty."""
         o = self.options
         cur = [v.loaders for v in sources]
         target = list(cur)
@@ -170,7 +174,7 @@ class ScalePolicy:
             elif want < cur[s]:
                 since = self.below_since.setdefault(s, now)
                 if now - since >= o["down_delay_s"] and v.util < o["util_low"] \
-                        and wait_frac < o["wait_high"] / 2:
+                        and wait_frac < o["wait_high"] / 2 and queue_steps != 0:
                     target[s] = cur[s] - 1  # one at a time
                     self.below_since[s] = now
                     why[s] = (f"down after {o['down_delay_s']:g} s below need, util "
@@ -687,7 +691,7 @@ class Autoscaler:
         if self._opts.get("enabled", True):
             target, decisions = self._policy.decide(now, m["step"], self._step_time,
                                                     m["wait_frac"], views, self._pinned,
-                                                    self._budget())
+                                                    self._budget(), m["queue_steps"])
         else:  # manual control only: measure, never change
             target, decisions = [v.loaders for v in views], []
         need = [None if v.cost_per_token is None or self._step_time is None else
