@@ -121,3 +121,37 @@ def test_routing_tables_cover_every_document_once():
         _scale.check_table(dict(ok, partitions=[["a", 0, 10, 7]]), [10, 3])
     assert _scale.split_ranges(10, 3) == [(0, 3), (3, 7), (7, 10)]
     assert _scale.split_ranges(2, 5) == [(0, 1), (1, 2)]
+
+
+def test_feedback_bias_counts_once():
+    """A need under pack_below and trainers waiting: feedback gives the source one
+    loader, and the next decision keeps it at one (the bias is added after packing and
+    rounding, not before)."""
+    costs = [1e-8, 2e-4, 2.0e-4]  # img needs 0.1 * 8192 * 2e-4 / 0.5 * 1.1 = 0.36 loaders
+    p = policy(cooldown_s=100.0, max_loaders=64)
+    vs = [_scale.SourceView(c, u, n) for c, u, n in zip(costs, [0.1, 0.2, 0.9], [0, 0, 0])]
+    t, dec = p.decide(0.0, 10, 0.5, 0.3, vs, {}, 100)
+    assert t == [0, 0, 1] and dec[0]["reason"].startswith("feedback")
+    vs = [_scale.SourceView(c, u, n) for c, u, n in zip(costs, [0.1, 0.2, 0.9], t)]
+    t2, dec2 = p.decide(1.0, 11, 0.5, 0.0, vs, {}, 100)
+    assert t2 == [0, 0, 1] and not dec2
+
+
+def test_horizon_reaches_past_the_planning_frontier():
+    """Raw text is tokenized when its step is planned: with the planner 10 steps ahead
+    of the trainers, a change 15 steps away is within reach of H = 8."""
+    p = policy(horizon_steps=8, max_loaders=64)
+    t, _ = p.decide(0.0, 35, 0.5, 0.0, views(COSTS, [0, 0, 2]), {}, 100)
+    assert t[2] == 2  # step 35: the change at 50 is beyond 35 + 8
+    t, dec = p.decide(0.0, 35, 0.5, 0.0, views(COSTS, [0, 0, 2]), {}, 100, ahead=10)
+    assert t[2] == 11 and "at step 50" in dec[0]["reason"]
+
+
+def test_constructor_routing_skips_retired_slots():
+    from polyload.ray._common import routing_for_constructors
+
+    table = {"sources": ["a", "b"], "slots": [["x"], ["y", "y.shadow.0"], ["z"]],
+             "retired": [2], "partitions": [["a", 5, 10, 1], ["a", 0, 5, 0], ["b", 0, 3, 1]]}
+    routing, names = routing_for_constructors(table)
+    assert routing == [([0, 5], [0, 1]), ([0], [1])]
+    assert names == [["x"], ["y", "y.shadow.0"], []]

@@ -190,12 +190,14 @@ class Planner:
         standbys; ``extra``: more keys kept with the table (the autoscaler's).  Kept in
         the checkpoint, so a restarted planner or autoscaler finds it."""
         self._ensure()
-        old = getattr(self, "_routing", None)
-        self._routing = {"sources": list(names), "partitions": [list(p) for p in partitions],
-                         "source_loaders": list(loader_names), "namespace": namespace,
-                         "version": int(version),
-                         "slots": [list(x) for x in (slots or [[n] for n in loader_names])]}
-        self._routing.update(extra or {})  # the autoscaler's own fields (kept, not read)
+        table = {"sources": list(names), "partitions": [list(p) for p in partitions],
+                 "source_loaders": list(loader_names), "namespace": namespace,
+                 "version": int(version),
+                 "slots": [list(x) for x in (slots or [[n] for n in loader_names])]}
+        table.update(extra or {})  # the autoscaler's own fields (kept, not read)
+        with self._inflight_lock:
+            old = getattr(self, "_routing", None)
+            self._routing = table
         self._persist()
         if old is not None and int(version) > int(old.get("version", 0)):
             self._warm(old, self._routing)
@@ -267,11 +269,12 @@ class Planner:
         """Lengths of raw text documents, from the source loaders that own them (called
         by the C planner's lookahead threads, in batches).  ``(lengths, {position:
         message})`` as Config.set_lengths_provider wants."""
-        info = getattr(self, "_routing", None)
-        if not info:
-            raise RuntimeError("planner: lengths asked before the source loaders are known")
-        version = info.get("version", 0)
-        with self._inflight_lock:
+        with self._inflight_lock:  # the table and its in-flight count, together
+            info = getattr(self, "_routing", None)
+            if not info:
+                raise RuntimeError("planner: lengths asked before the source loaders are "
+                                   "known")
+            version = info.get("version", 0)
             self._inflight[version] = self._inflight.get(version, 0) + 1
         try:
             return self._lengths_by(info, source, indices)
@@ -738,7 +741,7 @@ class SourceLoader:
         key = reads[:, 0] << _KEY_SHIFT | reads[:, 1]
         lo, hi = self._parts
         i = np.searchsorted(lo, key, side="right") - 1
-        ok = (i >= 0) & (key < hi[np.maximum(i, 0)])
+        ok = (i >= 0) & (key < hi[np.maximum(i, 0)]) if len(lo) else np.zeros(len(key), bool)
         if not ok.all():
             j = int(np.flatnonzero(~ok)[0])
             raise polyload.RangeError(
@@ -881,6 +884,7 @@ class DataConstructor:
         self._reads_inflight: Dict[int, int] = {}
         self._drain = asyncio.Condition()
         self._wait_s = 0.0  # seconds fetches waited for a package not built yet
+        self._waits_now: Dict[object, float] = {}  # waits going on: their start
         self._n_fetches = 0
         self._built_step = -1
         rt = await self._planner.routing.remote()
@@ -912,6 +916,7 @@ class DataConstructor:
         are only ever appended, so a read in flight keeps a valid slot index."""
         self._routing = routing
         self._loader_names = [[n] if isinstance(n, str) else list(n) for n in slot_names]
+        # handles of slots that serve (a retired slot has no names: no lookups)
         old_active = getattr(self, "_active", [])
         self._loaders = []
         for names in self._loader_names:
@@ -945,11 +950,17 @@ class DataConstructor:
 
     async def load(self) -> Dict[str, Any]:
         """What the autoscaler's feedback reads: ``{"wait_s": seconds fetches waited for
-        packages not built yet, "fetches", "queue_steps": steps built ahead of the
-        least-advanced served rank, "version": routing version}`` (since start)."""
+        packages not built yet (waits still going on included), "fetches",
+        "queue_steps": steps built ahead of the least-advanced served rank, "version":
+        routing version, "pid"}`` (since this process started).  The waits are those
+        of the Client's fetches, which run ahead of the trainer by its prefetch: an
+        upper bound of the trainer's own data wait."""
         await self._ensure_ready()
         low = min(self._cursor.values()) if self._cursor else 0
-        return {"wait_s": self._wait_s, "fetches": self._n_fetches,
+        now = time.monotonic()
+        ongoing = sum(now - t0 for t0 in self._waits_now.values())  # waits not over yet
+        return {"wait_s": self._wait_s + ongoing, "fetches": self._n_fetches,
+                "pid": os.getpid(),
                 "queue_steps": max(0, self._built_step + 1 - low),
                 "version": self._rt_version, "time": time.monotonic()}
 
@@ -1143,6 +1154,10 @@ class DataConstructor:
         same bytes; Ray restarts a lost actor in the background and it becomes a standby
         again.  PolyloadIOError naming the slot's actors when every one failed."""
         cands = self._loaders[slot]
+        if not cands:
+            raise polyload.PolyloadIOError(
+                _core.EIO, "EIO", f"constructor {self._index}: routing table v"
+                f"{self._rt_version} sends a read to retired slot {slot}")
         errors = []
         # without a standby, wait up to read_timeout for Ray to restart the actor
         deadline = time.monotonic() + self._read_timeout
@@ -1269,10 +1284,13 @@ class DataConstructor:
                 await self._wake(self._demand)  # the request may have opened the window
                 self._waiting += 1
                 t0 = time.monotonic()
+                key = object()
+                self._waits_now[key] = t0
                 try:
                     await self._wait(self._built, f"package of rank {rank}, step {step}", deadline)
                 finally:
                     self._waiting -= 1
+                    del self._waits_now[key]
                     self._wait_s += time.monotonic() - t0
                 continue
             break

@@ -85,8 +85,10 @@ def get(refs, timeout=None):
 def routing_for_constructors(table):
     """``(routing, slot_names)`` of a routing table (``Planner.set_routing``'s dict):
     per source (partition starts, slot per partition) sorted by start, and per slot
-    its actor's name then its standbys'."""
+    its actor's name then its standbys' (none for a retired slot: its actors are gone,
+    and slot indices are never reused)."""
     index = {n: s for s, n in enumerate(table["sources"])}
+    gone = set(int(j) for j in table.get("retired") or [])
     per: list = [[] for _ in table["sources"]]
     for name, lo, _hi, slot in table["partitions"]:
         per[index[name]].append((int(lo), int(slot)))
@@ -94,4 +96,4 @@ def routing_for_constructors(table):
     for parts in per:
         parts.sort()
         routing.append(([lo for lo, _ in parts], [a for _, a in parts]))
-    return routing, [list(x) for x in table["slots"]]
+    return routing, [[] if j in gone else list(x) for j, x in enumerate(table["slots"])]

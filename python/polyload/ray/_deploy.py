@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -157,7 +158,7 @@ class Deployment:
         Raises:
             ValueError: an unknown source or ``n < 0``.
         """
-        self._check_open()
+        self._check_scaler()
         return _get(self._autoscaler.scale.remote(source, n), self.timeout)
 
     def scaling(self) -> Dict[str, Any]:
@@ -168,8 +169,16 @@ class Deployment:
         built ahead), the routing version, CPU-seconds reserved by dedicated loaders,
         the live slots (actors and partitions) and every scaling decision with its
         time, step and reason.  Shown live by ``polyload top``."""
-        self._check_open()
+        self._check_scaler()
         return _get(self._autoscaler.view.remote(), self.timeout)
+
+    def _check_scaler(self) -> None:
+        self._check_open()
+        if self._autoscaler is None:
+            raise polyload.PolyloadError(
+                _core.EINVAL, "EINVAL",
+                f"deployment {self.namespace}/{self.name} has no autoscaler actor "
+                f"({self.name}.autoscaler): it was launched by an older polyload")
 
     def failovers(self) -> List[Dict[str, Any]]:
         """Every read a constructor moved to a standby: ``{"constructor", "slot",
@@ -229,9 +238,10 @@ class Deployment:
         try:
             from ray.util import list_named_actors  # noqa: PLC0415
 
+            mine = re.compile(re.escape(self.name) + r"\.(planner|autoscaler|constructor\.\d+|"
+                              r"source_loader\.\d+(\.shadow\.\d+)?)$")
             for a in list_named_actors(all_namespaces=True):
-                if a.get("namespace") == self.namespace and \
-                        a.get("name", "").startswith(self.name + "."):
+                if a.get("namespace") == self.namespace and mine.match(a.get("name", "")):
                     try:
                         handles.append(ray.get_actor(a["name"], namespace=self.namespace))
                     except Exception:  # noqa: BLE001 - gone meanwhile

@@ -126,11 +126,14 @@ class ScalePolicy:
                 raise ValueError(f"autoscale: source {self.names[s]}: need 0 <= min_loaders "
                                  f"<= max_loaders, max_loaders >= 1")
 
-    def need(self, s: int, step: int, cost: float, step_time: float) -> Tuple[float, int]:
-        """(loaders source s needs over the horizon, the step of the largest weight)."""
+    def need(self, s: int, step: int, cost: float, step_time: float,
+             ahead: int = 0) -> Tuple[float, int]:
+        """(loaders source s needs over the horizon, the step of the largest weight).
+        ``ahead``: steps the planner stands ahead of the trainers (raw text is tokenized
+        when its step is planned, not when it is consumed), added to the horizon."""
         o = self.options
         best, at = 0.0, step
-        for k in range(int(o["horizon_steps"]) + 1):
+        for k in range(int(o["horizon_steps"]) + max(0, int(ahead)) + 1):
             w = self.weight(s, step + k)
             if w > best:
                 best, at = w, step + k
@@ -139,7 +142,8 @@ class ScalePolicy:
 
     def decide(self, now: float, step: int, step_time: Optional[float], wait_frac: float,
                sources: Sequence[SourceView], pinned: Mapping[int, int],
-               cpu_budget: float, queue_steps: Optional[int] = None
+               cpu_budget: float, queue_steps: Optional[int] = None, ahead: int = 0,
+               cpus_per_loader: Optional[float] = None
                ) -> Tuple[List[int], List[Dict[str, Any]]]:
         """Target dedicated loaders per source and the reasons of each change.
 
@@ -148,7 +152,9 @@ class ScalePolicy:
         ``wait_frac``: the trainers' data wait as a fraction of the step since the last
         decision; ``pinned``: sources set by hand (``Deployment.scale``);
         ``queue_steps``: steps built ahead of the trainers (None: unknown); a pool
-        shrinks only while the queue is not empty."""
+        shrinks only while the queue is not empty; ``ahead``: steps the planner stands
+        ahead of ``step`` (see :meth:`need`); ``cpus_per_loader``: CPUs a dedicated
+        loader reserves, for the budget (default ``loader_cpus``)."""
         o = self.options
         cur = [v.loaders for v in sources]
         target = list(cur)
@@ -159,12 +165,13 @@ class ScalePolicy:
                 continue
             if v.cost_per_token is None or step_time is None:
                 continue  # nothing measured yet: stay
-            need, at = self.need(s, step, v.cost_per_token, step_time)
-            total = need + self.bias[s]
-            want = 0 if total <= 0 or total < o["pack_below"] else max(1, math.ceil(total - 1e-9))
-            want = min(self.max[s], max(self.min[s], want))
+            need, at = self.need(s, step, v.cost_per_token, step_time, ahead)
+            want = 0 if need <= 0 or need < o["pack_below"] else max(1, math.ceil(need - 1e-9))
+            want = min(self.max[s], max(self.min[s], want + self.bias[s]))
             detail = (f"weight {self.weight(s, step):.3f} now, {self.weight(s, at):.3f} at step "
-                      f"{at} (H={int(o['horizon_steps'])}), cost {v.cost_per_token:.3g} "
+                      f"{at} (H={int(o['horizon_steps'])}"
+                      + (f", planner {int(ahead)} steps ahead" if ahead else "") +
+                      f"), cost {v.cost_per_token:.3g} "
                       f"CPU-s/token, step {step_time * 1e3:.1f} ms: need {need:.2f} loaders"
                       + (f" + feedback bias {self.bias[s]}" if self.bias[s] else ""))
             if want > cur[s]:
@@ -199,7 +206,7 @@ class ScalePolicy:
                         and now - self.last_feedback >= o["down_delay_s"]:
                     self.bias[s] -= 1
         # Global CPU budget: shrink the largest pools first.
-        cpus = o["loader_cpus"]
+        cpus = o["loader_cpus"] if cpus_per_loader is None else float(cpus_per_loader)
         while sum(target) * cpus > cpu_budget + 1e-9:
             s = max((i for i in range(len(target)) if target[i] > max(self.min[i], 0)
                      and i not in pinned), key=lambda i: target[i], default=None)
@@ -207,8 +214,8 @@ class ScalePolicy:
                 break
             target[s] -= 1
             why[s] = (why.get(s, "") + f" (limited by cpu_budget={cpu_budget:g})").strip()
-        decisions = [{"time": now, "step": step, "source": self.names[s], "from": cur[s],
-                      "to": target[s], "reason": why.get(s, "")}
+        decisions = [{"time": now, "step": step, "ahead": int(ahead), "source": self.names[s],
+                      "from": cur[s], "to": target[s], "reason": why.get(s, "")}
                      for s in range(len(target)) if target[s] != cur[s]]
         return target, decisions
 
@@ -222,13 +229,17 @@ def split_ranges(n_docs: int, parts: int) -> List[Tuple[int, int]]:
 
 def check_table(table: Mapping[str, Any], num_documents: Sequence[int]) -> None:
     """Refuse a routing table that leaves a document of a source unowned or owned
-    twice, or names a slot that does not exist (ValueError naming the source)."""
+    twice, or names a slot that does not exist or is retired (ValueError naming the
+    source)."""
     names = list(table["sources"])
     n_slots = len(table["slots"])
+    gone = set(int(j) for j in table.get("retired") or [])
     per: Dict[str, List[Tuple[int, int]]] = {n: [] for n in names}
     for name, lo, hi, slot in table["partitions"]:
         if name not in per or not 0 <= int(slot) < n_slots or not lo < hi:
             raise ValueError(f"routing: bad partition {[name, lo, hi, slot]}")
+        if int(slot) in gone:
+            raise ValueError(f"routing: partition {[name, lo, hi, slot]} on retired slot {slot}")
         per[name].append((int(lo), int(hi)))
     for s, name in enumerate(names):
         at = 0
@@ -285,15 +296,18 @@ class Autoscaler:
                                    float(tokens), self._opts)
         self._planner = ray.get_actor(f"{self._name}.planner", namespace=self._namespace)
         saved = await self._planner.routing.remote()
+        restarted = False
         if saved is not None and saved.get("version", 0) >= self._table.get("version", 0):
             self._table = saved  # restarted: the table last published
             self._pinned = {int(k): int(v) for k, v in (saved.get("pinned") or {}).items()}
+            restarted = saved.get("version", 0) > 0
         self._handles: Dict[str, Any] = {}
         self._ctors = [ray.get_actor(n, namespace=self._namespace) for n in self._ctor_names]
         # which slots are dedicated to which source (slots never renumber)
         self._dedicated: Dict[int, List[int]] = {}
+        gone = set(int(j) for j in self._table.get("retired") or [])
         for j, d in enumerate(self._table.get("dedicated", [None] * len(self._table["slots"]))):
-            if d is not None:
+            if d is not None and j not in gone:
                 self._dedicated.setdefault(int(d), []).append(j)
         self._last: Dict[str, Any] = {}
         self._samples = [collections.deque(maxlen=int(self._opts["samples"])) for _ in names]
@@ -302,12 +316,14 @@ class Autoscaler:
         self._raw: set = set()  # sources seen tokenizing (raw text)
         self._calibrated: set = set()
         self._reserved: Dict[Any, float] = {}  # CPUs of loaders being placed, by node
+        self._free_cpus = float(ray.available_resources().get("CPU", 1.0))
+        self._calib: Dict[int, float] = {}  # cost by calibration (until traffic)
         self._view: Dict[str, Any] = {}
         self._cpu_used = 0.0  # CPU-seconds reserved by dedicated loaders
         self._t_prev = time.monotonic()
         self._ready = True
         # measured always (polyload top, Deployment.scaling); decided only when enabled
-        self._task = asyncio.ensure_future(self._loop())
+        self._task = asyncio.ensure_future(self._loop(restarted))
         return {"pid": os.getpid()}
 
     # ----------------------------------------------------------- helpers
@@ -379,6 +395,15 @@ class Autoscaler:
         actor_cls = ray.remote(SourceLoader)
         base = f"{self._name}.source_loader.{slot}"
         names = [base] + [f"{base}.shadow.{k}" for k in range(self._shadows)]
+        # a name left by an interrupted change (killed, not yet released): wait for it
+        for n in names:
+            for _ in range(100):
+                try:
+                    h = ray.get_actor(n, namespace=self._namespace)
+                except ValueError:
+                    break
+                ray.kill(h, no_restart=True)
+                await asyncio.sleep(0.1)
         made = []
         primary_node = None
         for k, n in enumerate(names):
@@ -407,27 +432,90 @@ class Autoscaler:
         await asyncio.gather(*[a.setup.remote(True) for a in made])
         return names
 
-    async def _publish(self, table) -> None:
+    async def _publish_planner(self, table) -> None:
         check_table(table, self._ndocs)
         await self._planner.set_routing.remote(
             table["sources"], table["partitions"], table["source_loaders"],
             self._namespace, table["version"], table["slots"],
             {"dedicated": table.get("dedicated"), "retired": table.get("retired", []),
              "pinned": dict(self._pinned)})
-        await asyncio.gather(*[c.set_routing.remote(table) for c in self._ctors])
+
+    async def _publish_constructors(self, table) -> None:
+        """Every constructor routes by ``table`` and no read of an older one is in
+        flight; the planner's lengths calls of older tables are done.  A constructor
+        that died meanwhile reads the table at its restart (from the planner)."""
+        from ._common import actor_lost, unwrap  # noqa: PLC0415
+
+        res = await asyncio.gather(*[c.set_routing.remote(table) for c in self._ctors],
+                                   return_exceptions=True)
+        for r in res:
+            if isinstance(r, BaseException):
+                if not actor_lost(unwrap(r)):
+                    raise unwrap(r)  # kept loaders keep both tables' partitions
+                self._error(f"publishing routing v{table['version']} to a constructor "
+                            f"that is restarting (it reads the table then): "
+                            f"{type(r).__name__}")
         while not await self._planner.drained.remote(table["version"]):
             await asyncio.sleep(0.05)
 
+    def _error(self, msg: str) -> None:
+        self.decisions.append({"time": time.time(), "step": self._view.get("step"),
+                               "source": None, "from": None, "to": None,
+                               "reason": f"error: {msg}"})
+
     # ----------------------------------------------------------- changes
+
+    def _names_of(self, j: int) -> List[str]:
+        base = f"{self._name}.source_loader.{j}"
+        return [base] + [f"{base}.shadow.{k}" for k in range(self._shadows)]
+
+    async def _kill(self, names: Sequence[str], forget: bool = True) -> None:
+        """Kill these loaders for good (and drop their partitions from Ray's KV)."""
+        import ray  # noqa: PLC0415
+
+        from ._actors import _kv_del  # noqa: PLC0415
+
+        for n in names:
+            h = self._handles.pop(n, None)
+            if h is None:
+                try:
+                    h = ray.get_actor(n, namespace=self._namespace)
+                except ValueError:
+                    h = None
+            if h is not None:
+                try:
+                    ray.kill(h, no_restart=True)
+                except Exception:  # noqa: BLE001 - already gone
+                    pass
+            if forget:
+                _kv_del(f"polyload:{self._namespace}:{n}.shards".encode())
+
+    async def _set_shards(self, names: Sequence[str], shards) -> None:
+        """``set_shards`` on each actor, asked again after a restart of the actor
+        (idempotent); an actor gone for good is skipped (its slot's standby serves)."""
+        from ._common import actor_lost, unwrap  # noqa: PLC0415
+
+        async def one(n):
+            for attempt in range(20):
+                try:
+                    return await self._handle(n).set_shards.remote(shards)
+                except Exception as e:  # noqa: BLE001
+                    if not actor_lost(unwrap(e)) or attempt == 19:
+                        raise
+                    await asyncio.sleep(0.5)
+        await asyncio.gather(*[one(n) for n in names])
 
     async def _resize(self, counts: Mapping[int, int]) -> None:
         """Give each source in ``counts`` that many dedicated loaders (0: back on the
-        shared actors), in the order of the module's docstring."""
-        import ray  # noqa: PLC0415
-
+        shared actors), in the order of the module's docstring.  Until the planner
+        holds the new table nothing has changed (new actors are killed on a failure);
+        after that the new table is the deployment's, and what is left (constructors
+        that died meanwhile read it at their restart, shrinking kept loaders, retiring
+        the others) is finished here or by a restarted autoscaler (:meth:`_reconcile`)."""
         old = self._table
         slots = [list(x) for x in old["slots"]]
         dedicated = list(old.get("dedicated", [None] * len(slots)))
+        was_retired = set(int(j) for j in old.get("retired") or [])
         parts = [list(p) for p in old["partitions"]]
         old_shards = self._slot_shards(old)
         new_slots: Dict[int, List[Tuple[int, int, int]]] = {}
@@ -441,7 +529,7 @@ class Autoscaler:
             parts = [p for p in parts if p[0] != name]
             if n == 0:  # back to the shared actors: the one with the fewest partitions
                 shared = [j for j in range(len(slots)) if dedicated[j] is None
-                          and j not in retired]
+                          and j not in retired and j not in was_retired]
                 load = {j: sum(1 for p in parts if p[3] == j) for j in shared}
                 j = min(shared, key=lambda j: (load[j], j))
                 parts.append([name, 0, self._ndocs[s], j])
@@ -450,8 +538,8 @@ class Autoscaler:
             ranges = split_ranges(self._ndocs[s], n)
             owners = list(keep)
             while len(owners) < len(ranges):
-                j = len(slots)
-                slots.append([f"{self._name}.source_loader.{j}"])
+                j = len(slots)  # slot indices only grow: never reused
+                slots.append(self._names_of(j))
                 dedicated.append(s)
                 new_slots[j] = []
                 owners.append(j)
@@ -460,74 +548,101 @@ class Autoscaler:
                 if j in new_slots:
                     new_slots[j].append((s, lo, hi))
             dedicated_of[s] = owners[:len(ranges)]
+        for j in retired:
+            dedicated[j] = None
         table = {"sources": list(old["sources"]), "partitions": parts,
                  "slots": slots, "source_loaders": [x[0] for x in slots],
                  "namespace": self._namespace, "version": int(old.get("version", 0)) + 1,
                  "dedicated": dedicated,
-                 "retired": sorted(set(old.get("retired", [])) | set(retired))}
+                 "retired": sorted(was_retired | set(retired))}
         check_table(table, self._ndocs)
         new_shards = self._slot_shards(table)
-        # 1. new actors, their partitions open
+        created = [n for j in new_slots for n in slots[j]]
         try:
-            started = await asyncio.wait_for(
-                asyncio.gather(*[self._start_loader(j, sh) for j, sh in new_slots.items()]),
-                float(self._opts["start_timeout_s"]))
-        except BaseException as e:
-            # not placed in time (no node has the CPUs or resources) or failed to open:
-            # nothing was published, the old table stays; the new actors go
-            import ray  # noqa: PLC0415
-
-            for j in new_slots:
-                for nm in [f"{self._name}.source_loader.{j}"] + [
-                        f"{self._name}.source_loader.{j}.shadow.{k}" for k in range(self._shadows)]:
-                    h = self._handles.pop(nm, None)
-                    if h is not None:
-                        try:
-                            ray.kill(h, no_restart=True)
-                        except Exception:  # noqa: BLE001
-                            pass
-            if isinstance(e, asyncio.TimeoutError):
+            # 1. new actors, their partitions open
+            try:
+                started = await asyncio.wait_for(
+                    asyncio.gather(*[self._start_loader(j, sh) for j, sh in new_slots.items()]),
+                    float(self._opts["start_timeout_s"]))
+            except asyncio.TimeoutError:
                 raise RuntimeError(
                     f"autoscaler: new source loaders for {sorted(self._names[s] for s in counts)} "
                     f"were not running within start_timeout_s="
                     f"{self._opts['start_timeout_s']:g} s (no node with the CPUs and resources "
                     f"of placement {self._opts.get('placement') or self._loader_opts}?); "
                     f"the pools stay as they were") from None
+            finally:
+                self._reserved = {}  # Ray's accounting has them now
+            for (j, _), names in zip(new_slots.items(), started):
+                slots[j] = names
+            table["source_loaders"] = [x[0] for x in slots]
+            # 2. kept actors hold old and new partitions while both tables are in use
+            both = []
+            for j in range(len(old_shards)):
+                if j in retired or j in was_retired:
+                    continue
+                union = sorted(set(old_shards[j]) | set(new_shards[j]))
+                if union != sorted(old_shards[j]):
+                    both.append(self._set_shards(slots[j], union))
+            await asyncio.gather(*both)
+            # 3. the planner first: from here on the new table is the deployment's
+            await self._publish_planner(table)
+        except BaseException:
+            await self._kill(created)
             raise
-        finally:
-            self._reserved = {}  # Ray's accounting has them now
-        for (j, _), names in zip(new_slots.items(), started):
-            slots[j] = names
-        table["source_loaders"] = [x[0] for x in slots]
-        # 2. kept actors hold old and new partitions while both tables are in use
-        both = []
-        for j in range(len(old_shards)):
-            if j in retired:
-                continue
-            union = sorted(set(old_shards[j]) | set(new_shards[j]))
-            if union != sorted(old_shards[j]):
-                both += [self._handle(n).set_shards.remote(union) for n in slots[j]]
-        await asyncio.gather(*both)
-        # 3. publish; 4. shrink and retire
-        await self._publish(table)
         self._table = table
         self._dedicated = dedicated_of
-        shrink = []
-        for j in range(len(old_shards)):
-            if j in retired or sorted(new_shards[j]) == sorted(old_shards[j]):
-                continue
-            shrink += [self._handle(n).set_shards.remote(new_shards[j]) for n in slots[j]]
-        await asyncio.gather(*shrink)
-        for j in retired:
-            for n in slots[j]:
-                try:
-                    ray.kill(self._handle(n), no_restart=True)
-                except Exception:  # noqa: BLE001 - already gone
-                    pass
         now = time.monotonic()
         for s in counts:
             self._changed[s] = now
             self._samples[s].clear()
+        await self._publish_constructors(table)
+        # 4. shrink and retire
+        await self._finish(old_shards, new_shards, retired, slots)
+
+    async def _finish(self, old_shards, new_shards, retired, slots) -> None:
+        shrink = []
+        for j in range(len(old_shards)):
+            if j in retired or j >= len(new_shards) or \
+                    sorted(new_shards[j]) == sorted(old_shards[j]) or j in set(
+                        self._table.get("retired") or []):
+                continue
+            shrink.append(self._set_shards(slots[j], new_shards[j]))
+        results = await asyncio.gather(*shrink, return_exceptions=True)
+        for r in results:
+            if isinstance(r, BaseException):
+                self._error(f"shrinking a kept loader's partitions: {type(r).__name__}: {r}")
+        for j in retired:
+            await self._kill(slots[j])
+
+    async def _reconcile(self) -> None:
+        """After a restart of the autoscaler: finish what a change it was making left
+        (actors of retired slots or of slots the table never got are killed, live
+        loaders hold exactly their partitions of the table)."""
+        import ray  # noqa: PLC0415
+        from ray.util import list_named_actors  # noqa: PLC0415
+
+        table = self._table
+        gone = set(int(j) for j in table.get("retired") or [])
+        prefix = f"{self._name}.source_loader."
+        stray = []
+        for a in list_named_actors(all_namespaces=True):
+            n = a.get("name", "")
+            if a.get("namespace") != self._namespace or not n.startswith(prefix):
+                continue
+            try:
+                j = int(n[len(prefix):].split(".")[0])
+            except ValueError:
+                continue
+            if j >= len(table["slots"]) or j in gone:
+                stray.append(n)
+        await self._kill(stray)
+        await self._publish_constructors(table)
+        shards = self._slot_shards(table)
+        await asyncio.gather(*[self._set_shards(table["slots"][j], shards[j])
+                               for j in range(len(table["slots"])) if j not in gone],
+                             return_exceptions=True)
+        del ray
 
     async def scale(self, source: str, n: Optional[int]) -> Dict[str, Any]:
         """Give ``source`` ``n`` dedicated loaders (0: back on the shared actors) and
@@ -560,9 +675,10 @@ class Autoscaler:
             self._log(s, before, n, "manual: Deployment.scale")
         return self.view_now()
 
-    def _log(self, s: int, a: int, b: int, reason: str, step: Optional[int] = None) -> None:
+    def _log(self, s: int, a: int, b: int, reason: str, step: Optional[int] = None,
+             ahead: int = 0) -> None:
         rec = {"time": time.time(), "step": step if step is not None else self._view.get("step"),
-               "source": self._names[s], "from": a, "to": b, "reason": reason,
+               "ahead": ahead, "source": self._names[s], "from": a, "to": b, "reason": reason,
                "version": self._table.get("version", 0)}
         self.decisions.append(rec)
 
@@ -597,7 +713,9 @@ class Autoscaler:
             prev_profs[j] = p
             if q is None or q.get("pid") != p.get("pid"):  # new or restarted: no delta
                 continue
-            slot_util[j] = (p["busy_s"] - q["busy_s"]) / max(1e-6, p["wall_s"] - q["wall_s"])
+            # busy fraction (two calls may overlap: capped at 1)
+            slot_util[j] = min(1.0, (p["busy_s"] - q["busy_s"]) /
+                               max(1e-6, p["wall_s"] - q["wall_s"]))
             # the process's CPU beyond its reads: tokenizing, split by tokens tokenized
             other = max(0.0, (p["cpu_s"] - q["cpu_s"]) - (p["read_cpu_s"] - q["read_cpu_s"]))
             zero = {"busy_s": 0.0, "read_cpu_s": 0.0, "tokens": 0, "tokenized": 0}
@@ -623,7 +741,19 @@ class Autoscaler:
                 elif s in self._raw:
                     continue  # a raw source read from cache only: no tokenizing sample
                 self._samples[s].append(c)
-        wait = sum(x["wait_s"] for x in loads if not isinstance(x, BaseException))
+        # the constructors' fetch waits, as differences per constructor process (a
+        # restarted constructor starts its counter again)
+        prev_waits = last.get("waits", {})
+        waits: Dict[int, Tuple[int, float]] = {}
+        d_wait = 0.0
+        for g, x in enumerate(loads):
+            if isinstance(x, BaseException):
+                continue
+            waits[g] = (x.get("pid"), x["wait_s"])
+            q = prev_waits.get(g)
+            if q is not None and q[0] == x.get("pid"):
+                d_wait += max(0.0, x["wait_s"] - q[1])
+        wait = last.get("wait", 0.0) + d_wait  # cumulative over processes
         fetches = sum(x["fetches"] for x in loads if not isinstance(x, BaseException))
         queue = min([x["queue_steps"] for x in loads if not isinstance(x, BaseException)],
                     default=0)
@@ -641,82 +771,98 @@ class Autoscaler:
                 0.7 * self._step_time + 0.3 * compute
         elif "step" in last and step == last["step"] and wait > last["wait"]:
             wait_frac = 1.0  # no step in the interval and the trainers waited
-        # Sources with no traffic yet (weight 0 now): calibrate once on their owner.
-        for s in range(n):
-            if self._samples[s] or s in self._calibrated:
-                continue
-            owners = self._loaders_of(s)
-            if not owners:
-                continue
-            self._calibrated.add(s)
-            try:
-                c = await self._handle(slots[owners[0]][0]).calibrate.remote(s, 32)
-                if c["tokens"] > 0:
-                    self._samples[s].append(c["cpu_s"] / c["tokens"])
-            except Exception:  # noqa: BLE001 - measured from traffic later
-                pass
-        self._last = {"time": now, "step": step, "wait": wait, "profs": prev_profs}
+        # Sources with no traffic yet (weight 0 now): calibrate once on their owner
+        # (a first estimate, replaced by the samples of traffic once there are any).
+        todo = [s for s in range(n) if not self._samples[s] and s not in self._calibrated
+                and self._loaders_of(s)]
+        for k in range(0, len(todo), 16):
+            batch = todo[k:k + 16]
+            self._calibrated.update(batch)
+            res = await asyncio.gather(*[self._handle(slots[self._loaders_of(s)[0]][0])
+                                         .calibrate.remote(s, 32) for s in batch],
+                                       return_exceptions=True)
+            for s, c in zip(batch, res):
+                if not isinstance(c, BaseException) and c["tokens"] > 0:
+                    self._calib[s] = c["cpu_s"] / c["tokens"]
+        self._last = {"time": now, "step": step, "wait": wait, "profs": prev_profs,
+                      "waits": waits}
         util = []
         for s in range(len(self._names)):
             mine = self._loaders_of(s)
             us = [slot_util[j] for j in mine if j in slot_util]
             if self._dedicated_count(s) == 0 and us:
                 # packed: its share of the shared actors' busy time
-                util.append(per_src_busy[s] / dt / max(1, len(mine)))
+                util.append(min(1.0, per_src_busy[s] / dt / max(1, len(mine))))
             else:
                 util.append(float(np.mean(us)) if us else 0.0)
         return {"step": step, "wait_frac": wait_frac, "queue_steps": queue, "util": util,
-                "fetches": fetches, "dt": dt, "next_step": prog["next_step"]}
+                "fetches": fetches, "dt": dt, "next_step": prog["next_step"],
+                "ahead": max(0, int(prog["next_step"]) - int(step))}
 
     def _cfg_ranks(self) -> List[int]:
         return list(range(self._cfg.world_size()))
 
     def _cost(self, s: int) -> Optional[float]:
         x = self._samples[s]
-        return float(np.median(list(x))) if x else None
+        return float(np.median(list(x))) if x else self._calib.get(s)
 
     def _budget(self) -> float:
-        import ray  # noqa: PLC0415
-
+        """``cpu_budget``, default the CPUs free in the cluster when the deployment
+        started (what its other roles and other jobs left)."""
         b = self._opts.get("cpu_budget")
-        return float(b) if b is not None else float(ray.cluster_resources().get("CPU", 1.0))
+        return float(b) if b is not None else self._free_cpus
+
+    def _cpus_per_loader(self) -> float:
+        """CPUs a dedicated loader reserves: its placement's ``num_cpus``, else
+        ``loader_cpus``."""
+        prefs = self._opts.get("placement") or [self._loader_opts]
+        p = prefs[0] or {}
+        return float(p.get("num_cpus", self._opts["loader_cpus"]))
 
     async def _tick(self) -> None:
+        async with self._lock:  # a manual scale() never interleaves with a decision
+            await self._tick_locked()
+
+    async def _tick_locked(self) -> None:
         m = await self._measure()
         now = time.monotonic()
         self._cpu_used += sum(self._dedicated_count(s) for s in range(len(self._names))) \
-            * float(self._opts["loader_cpus"]) * m["dt"]
+            * self._cpus_per_loader() * m["dt"]
         views = [SourceView(self._cost(s), m["util"][s], self._dedicated_count(s))
                  for s in range(len(self._names))]
         if self._opts.get("enabled", True):
-            target, decisions = self._policy.decide(now, m["step"], self._step_time,
-                                                    m["wait_frac"], views, self._pinned,
-                                                    self._budget(), m["queue_steps"])
+            target, decisions = self._policy.decide(
+                now, m["step"], self._step_time, m["wait_frac"], views, self._pinned,
+                self._budget(), m["queue_steps"], m["ahead"], self._cpus_per_loader())
         else:  # manual control only: measure, never change
             target, decisions = [v.loaders for v in views], []
         need = [None if v.cost_per_token is None or self._step_time is None else
-                self._policy.need(s, m["step"], v.cost_per_token, self._step_time)[0]
+                self._policy.need(s, m["step"], v.cost_per_token, self._step_time,
+                                  m["ahead"])[0]
                 for s, v in enumerate(views)]
         self._view = {**m, "step_time": self._step_time, "target": target, "need": need,
                       "cost": [v.cost_per_token for v in views]}
         changes = {self._names.index(d["source"]): d["to"] for d in decisions}
         if changes:
-            async with self._lock:
-                await self._resize(changes)
+            await self._resize(changes)
             for d in decisions:
                 s = self._names.index(d["source"])
-                self._log(s, d["from"], d["to"], d["reason"], m["step"])
+                self._log(s, d["from"], d["to"], d["reason"], m["step"], d["ahead"])
 
-    async def _loop(self) -> None:
+    async def _loop(self, restarted: bool = False) -> None:
+        if restarted:
+            async with self._lock:
+                try:
+                    await self._reconcile()
+                except Exception as e:  # noqa: BLE001
+                    self._error(f"after a restart: {type(e).__name__}: {e}")
         while True:
             try:
                 await self._tick()
             except asyncio.CancelledError:
                 raise
             except Exception as e:  # noqa: BLE001 - keep scaling; say why in the log
-                self.decisions.append({"time": time.time(), "step": self._view.get("step"),
-                                       "source": None, "from": None, "to": None,
-                                       "reason": f"error: {type(e).__name__}: {e}"})
+                self._error(f"{type(e).__name__}: {e}")
             await asyncio.sleep(float(self._opts["interval_s"]))
 
     # ----------------------------------------------------------- visibility
