@@ -479,6 +479,8 @@ class SourceLoader:
         parts = sorted((s << _KEY_SHIFT | lo, s << _KEY_SHIFT | hi) for s, lo, hi in self._shards)
         self._lo = np.asarray([p[0] for p in parts], dtype=np.int64)
         self._hi = np.asarray([p[1] for p in parts], dtype=np.int64)
+        # Image-text sources in the config: reads are answered as C replies (below).
+        self._images = cfg.get_int("image_sources") > 0
         self._ready = True
         return {"pid": os.getpid(), "node_id": _node_id(), "shards": self._shards,
                 "actor": ray.get_runtime_context().get_actor_name()}
@@ -501,8 +503,18 @@ class SourceLoader:
                 f"source loader {ray.get_runtime_context().get_actor_name()}: document "
                 f"{int(reads[j, 1])} of source {int(reads[j, 0])} is outside its partitions "
                 f"{self._shards}")
+        if self._images:
+            return self._read_reply(reads)
         data, _offsets = _core.read_rows_raw(self._srcs, reads)
         return np.frombuffer(data, dtype=np.uint8)
+
+    def _read_reply(self, reads: np.ndarray) -> np.ndarray:
+        """The reply of a deployment with image-text sources (``pl_reply_encode``, one C
+        call): the rows' tokens at stored width plus the image of every row that holds a
+        sample's placeholder run, decoded and resized here (the sample-level work of a
+        source loader); a bad image travels as its error, which the micro-batch that
+        needs it reports.  Parsed by the constructor in C (``complete_replies``)."""
+        return np.frombuffer(_core.read_rows_reply(self._srcs, reads), dtype=np.uint8)
 
     @ray.method(enable_task_events=False)
     def lengths(self, source: int, indices: List[int]):
@@ -588,6 +600,7 @@ class DataConstructor:
         self._cfg = cfg
         self._nmb = cfg.get_int("micro_batches_per_rank")
         self._train_steps = cfg.get_int("train_steps")
+        self._images = cfg.get_int("image_sources") > 0  # reads come as C replies
         infos = [cfg.rank_info(r) for r in range(cfg.world_size())]
         self._ranks = [i["rank"] for i in infos if i["dp_rank"] in self._dp_ranks]
         self._pipe = _core.Pipeline.create(
@@ -776,6 +789,9 @@ class DataConstructor:
             return
         if gen != self._gen:
             return
+        if self._images:
+            self._complete_replies(units, sizes, outs, order, starts, ends, n)
+            return
         read_buf = np.empty(n, dtype=np.int64)
         read_off = np.empty(n, dtype=np.int64)
         nbytes = reads[:, 3] * self._widths[reads[:, 0]]
@@ -790,6 +806,24 @@ class DataConstructor:
             try:
                 self._pipe.complete(u, outs, read_dtype[at:at + k], read_buf[at:at + k],
                                     read_off[at:at + k])
+            except Exception as e:  # noqa: BLE001
+                self._pipe.fail(u, *_error_parts(e))
+            at += k
+
+    def _complete_replies(self, units, sizes, outs, order, starts, ends, n) -> None:
+        """The packages of units whose reads came back as replies (image-text sources):
+        read j is row ``read_row[j]`` of reply ``read_buf[j]``; C parses the replies and
+        puts tokens and images into each package (``Pipeline.complete_replies``)."""
+        read_buf = np.empty(n, dtype=np.int64)
+        read_row = np.empty(n, dtype=np.int64)
+        for j, (st, en) in enumerate(zip(starts, ends)):
+            sel = order[st:en]
+            read_buf[sel] = j
+            read_row[sel] = np.arange(en - st, dtype=np.int64)
+        at = 0
+        for u, k in zip(units, sizes):
+            try:
+                self._pipe.complete_replies(u, outs, read_buf[at:at + k], read_row[at:at + k])
             except Exception as e:  # noqa: BLE001
                 self._pipe.fail(u, *_error_parts(e))
             at += k
