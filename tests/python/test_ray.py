@@ -22,7 +22,7 @@ ray = pytest.importorskip("ray")
 torch = pytest.importorskip("torch")
 pr = pytest.importorskip("polyload.ray")
 
-from conftest import Corpus, batch_hash, write_megatron  # noqa: E402
+from conftest import Corpus, batch_hash, write_megatron, write_vlm_corpus  # noqa: E402
 
 NS = "polyload_test"
 MiB = 1 << 20
@@ -747,16 +747,10 @@ def test_raw_text_tokenized_in_source_loaders(cluster, tmp_path_factory):
 def _vlm_corpus(out):
     """The real photo corpus of scripts/make_vlm_corpus.py (26 samples, 4 shards) and a flat
     text source, in `out`."""
-    import importlib.util
+    import io
     import tarfile
 
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    spec = importlib.util.spec_from_file_location(
-        "make_vlm_corpus", os.path.join(root, "scripts", "make_vlm_corpus.py"))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    items = mod.samples()
-    mod.write_shards(items, str(out), 8)
+    items = write_vlm_corpus(out)
     rng = np.random.default_rng(0)
     toks = []
     for _ in range(400):
@@ -771,7 +765,6 @@ def _vlm_corpus(out):
                               ("b.jpg", jpg[: len(jpg) // 2]), ("b.txt", b"half a photo")]:
             ti = tarfile.TarInfo(name)
             ti.size = len(payload)
-            import io
             t.addfile(ti, io.BytesIO(payload))
     return items
 
