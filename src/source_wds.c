@@ -959,12 +959,16 @@ int pl__wds_read(const pl_source *src, const pl__sfile *f, int64_t r, int64_t of
             t = pl__ld_u32(tok + (size_t)(p - nvis) * 4);
         else
             t = src->eos_id;
-        if (dt == PL_DTYPE_INT64)
-            ((int64_t *)out)[i] = t;
-        else if (dt == PL_DTYPE_INT32)
-            ((int32_t *)out)[i] = (int32_t)t;
-        else
-            ((uint32_t *)out)[i] = (uint32_t)t;
+        /* out may be unaligned (stored-width reads of several sources back to back). */
+        if (dt == PL_DTYPE_INT64) {
+            memcpy((uint8_t *)out + (size_t)i * 8, &t, 8);
+        } else if (dt == PL_DTYPE_INT32) {
+            int32_t v = (int32_t)t;
+            memcpy((uint8_t *)out + (size_t)i * 4, &v, 4);
+        } else {
+            uint32_t v = (uint32_t)t;
+            memcpy((uint8_t *)out + (size_t)i * 4, &v, 4);
+        }
     }
     return PL_OK;
 }
