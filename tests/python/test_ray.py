@@ -802,6 +802,8 @@ def test_images_through_the_deployment(cluster, vlm_dir, tmp_path, monkeypatch, 
     for r in range(4):
         with polyload.Loader(cfg, rank=r) as loader:
             batches = list(loader)
+            if r == 0:
+                want_stats = loader.stats()
         want[r] = [batch_hash(b) for b in batches]
         n_img += sum(int(b["image_grid_thw"].shape[0]) for b in batches if "pixel_values" in b)
         px_bytes += sum(b["pixel_values"].numel() for b in batches if "pixel_values" in b)
@@ -822,6 +824,9 @@ def test_images_through_the_deployment(cluster, vlm_dir, tmp_path, monkeypatch, 
             for r, b in enumerate(bs):
                 got[r].append(batch_hash(b))
         pixels = sum(c.package_bytes for c in clients)
+        st = clients[0].stats()  # visual tokens count as tokens in both deployments
+        for key in ("steps", "tokens", "padding_fraction", "sources"):
+            assert st[key] == want_stats[key], key
         for c in clients:
             c.close()
     for r in range(4):
