@@ -12,8 +12,10 @@ bytes between C calls.
   Also the deployment's registry and the keeper of its generation (the state it was
   last restarted from).
 - :class:`SourceLoader`: index-range partitions of one or more sources; ``read`` answers
-  token ranges at their stored width (``pl_source_read_raw``).  Holds no training
-  progress, so any replica can serve any key of its partitions.
+  token ranges at their stored width (``pl_source_read_raw``), or, when the config has
+  image-text sources, a reply (``pl_reply_encode``) that adds each read's image, decoded
+  and resized here.  Holds no training progress, so any replica can serve any key of its
+  partitions.
 - :class:`DataConstructor`: the fan-out layer for a group of DP ranks and all their TP,
   PP and CP peers.  It hosts a ``pl_pipeline`` (polyload._core.Pipeline): the C object
   that also drives the embedded loader decides which step to plan and which unit to
@@ -457,7 +459,8 @@ class SourceLoader:
     ``(source index, first document, end document)``.  ``read(reads)`` takes an int64
     array ``[n, 4]`` of ``(source, index, offset, count)`` (rows of one source
     together) and returns one uint8 array per run of rows of one source: their tokens
-    back to back at that source's stored width."""
+    back to back at that source's stored width (with image-text sources in the config:
+    one ``pl_reply_encode`` reply, see ``_read_reply``)."""
 
     def __init__(self, payload, cwd: str, shards: Sequence[Tuple[int, int, int]]) -> None:
         self._payload, self._cwd = payload, cwd
