@@ -148,16 +148,18 @@ int pl__construct_images(pl__build_ctx *x, const pl_plan *plan, int64_t dp_rank,
                         "micro-batch holds images of both modes (fixed and native)");
                 return PL_EINVAL;
             }
-            b->image_mode = (int32_t)in.mode;
-            if ((rc = pl__grow_images(buf, n + 1, used + in.bytes))) {
-                pl__fmt(x->err, x->errcap, "constructor: out of memory for images");
-                return rc;
-            }
-            if (rec && rec->bytes != in.bytes) { /* no pixels: only a cut run has none */
+            /* Before any allocation: a package's pixels are as large as the record says
+             * (no pixels: only a cut run, refused above, has none). */
+            if (rec && rec->bytes != in.bytes) {
                 pl__fmt(x->err, x->errcap, "package: sample %lld of source '%s' arrived "
                         "without its pixels", (long long)c->index,
                         cfg->sources[c->source].name);
                 return PL_EINVAL;
+            }
+            b->image_mode = (int32_t)in.mode;
+            if ((rc = pl__grow_images(buf, n + 1, used + in.bytes))) {
+                pl__fmt(x->err, x->errcap, "constructor: out of memory for images");
+                return rc;
             }
             if (rec)
                 memcpy(b->pixel_values + used, rec->data, in.bytes);

@@ -358,10 +358,19 @@ int main(void) {
     pl_payload_image *pi = calloc((size_t)n, sizeof *pi);
     CHECK_OK(pl_reply_decode(reply, rl, pr, n, pi, n, &nr, &ni));
     CHECK(ni > 0);
-    for (int t = 0; t < 2; t++) {
+    const char *why[3] = {"does not fit the source's image options",
+                          "does not fit the source's image options",
+                          "arrived without its pixels"};
+    for (int t = 0; t < 3; t++) {
         pl_payload_image keep = pi[0];
-        if (t == 0) pi[0].tokens += 1;
-        else pi[0].height += 1; /* not a multiple of patch * merge */
+        if (t == 0) {
+            pi[0].tokens += 1;
+        } else if (t == 1) {
+            pi[0].height += 1; /* not a multiple of patch * merge */
+        } else { /* a whole run without pixels: refused before any allocation */
+            pi[0].data = NULL;
+            pi[0].bytes = 0;
+        }
         size_t pl = 0;
         CHECK_OK(pl_package_encode_v2(plan, 0, blob, bl, pr, nr, pi, ni, NULL, 0, &pl));
         void *pkg = malloc(pl);
@@ -378,7 +387,7 @@ int main(void) {
         int rc = PL_OK;
         for (int k = 0; k < 2 && rc == PL_OK; k++) rc = pl_loader_next(ext, 0, &b);
         CHECK_EQ_I64(rc, PL_EINVAL);
-        CHECK(strstr(pl_last_errmsg(), "does not fit the source's image options") != NULL);
+        CHECK(strstr(pl_last_errmsg(), why[t]) != NULL);
         pl_loader_free(ext);
         free(pkg);
         pi[0] = keep;
