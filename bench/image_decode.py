@@ -10,6 +10,14 @@ Same shards, same targets, one thread each (so images/s is images/s per core):
                     then numpy to the same uint8 layout ([3, H, W], or Qwen2-VL patches)
     wds+Pillow+draft  the same, with Image.draft() so Pillow's JPEG decoder also uses DCT
                     scaling (the fairest Pillow can do)
+    energon         Megatron-Energon (--energon-python PY, its own venv; the shards prepared
+                    by `energon prepare DIR --non-interactive --split-ratio 1,0,0
+                    --sample-type CrudeWebdataset`): get_train_dataset + get_loader, one
+                    thread (num_workers 0, no shuffle, batch 1), its SampleDecoder decoding
+                    images to PIL, and a cooker doing the Pillow resize and layout above
+                    (Energon ships no resizer of its own; its examples use torchvision or
+                    Pillow); "energon+draft" decodes in the cooker from the raw bytes with
+                    Image.draft (Energon's decoder has no draft)
 
 Paired repeats: each repeat runs all three in rotating order.  Prints one JSON object per
 (mode, loader, repeat), with wall and CPU seconds, and a summary of the medians of images
@@ -91,6 +99,80 @@ def pillow_loader(shards, mode, draft):
     return run
 
 
+def _pillow_layout(im, mode, draft):
+    from PIL import Image
+
+    w, h = im.size
+    if mode == "fixed":
+        sc = 336 / min(w, h)
+        nw, nh = max(336, round(w * sc)), max(336, round(h * sc))
+        if draft:
+            im.draft("RGB", (nw, nh))
+        im = im.convert("RGB").resize((nw, nh), Image.BICUBIC)
+        x0, y0 = (nw - 336) // 2, (nh - 336) // 2
+        return np.ascontiguousarray(
+            np.asarray(im.crop((x0, y0, x0 + 336, y0 + 336))).transpose(2, 0, 1))
+    rh, rw = smart_resize(h, w)
+    if draft:
+        im.draft("RGB", (rw, rh))
+    return patchify(np.asarray(im.convert("RGB").resize((rw, rh), Image.BICUBIC)))
+
+
+def energon_loader(root, mode, draft):
+    """Megatron-Energon's loader over an energon-prepared copy of the shards (CrudeWebdataset),
+    one process, no workers: its decoder gives PIL images (or raw bytes for the draft
+    variant), a cooker resizes as the Pillow loaders do."""
+    import tarfile
+
+    from PIL import Image
+    from megatron.energon import (Cooker, DefaultTaskEncoder, WorkerConfig, get_loader,
+                                  get_train_dataset, stateless)
+    from megatron.energon.flavors.webdataset.sample_decoder import SampleDecoder
+
+    n_samples = 0
+    for f in sorted(glob.glob(os.path.join(root, "*.tar"))):
+        with tarfile.open(f) as t:
+            n_samples += sum(m.name.endswith(".txt") for m in t.getmembers())
+    exts = ("jpg", "jpeg", "png", "webp")
+
+    @stateless
+    def cook(sample):
+        key = next(k for k in exts if k in sample)
+        im = sample[key]
+        if draft:
+            im = Image.open(io.BytesIO(im))
+        return _pillow_layout(im, mode, draft)
+
+    class TE(DefaultTaskEncoder):
+        cookers = [Cooker(cook)]
+        decoder = None if draft else SampleDecoder(image_decode="pil")
+
+        def batch(self, samples):
+            return samples
+
+    wc = WorkerConfig(rank=0, world_size=1, num_workers=0)
+
+    # Opening (index, split, task encoder) happens once, outside the timed part, as
+    # polyload's Source.open_webdataset.
+    ds = get_train_dataset(root, batch_size=1, worker_config=wc, task_encoder=TE(),
+                           shuffle_buffer_size=None, max_samples_per_sequence=None,
+                           repeat=False)
+    # Energon's loader runs gc.collect() every 10 samples and freezes the objects present
+    # at the start of its worker processes (gc_freeze_at_start) so those collections stay
+    # cheap; with num_workers 0 there is no worker, so freeze here as its workers would
+    # (without it, gc.collect over torch's objects took 30 % of the time).
+    import gc
+    gc.freeze()
+
+    def run():
+        n = 0
+        for _ in get_loader(ds):
+            n += 1
+        assert n == n_samples, (n, n_samples)
+        return n
+    return run
+
+
 def polyload_loader(shards, mode):
     from polyload import _core
 
@@ -118,14 +200,22 @@ def main(argv=None):
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--python", help="interpreter for the Pillow loaders (e.g. Pillow-SIMD)")
     ap.add_argument("--only-pillow", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--energon-python", help="interpreter of a venv with megatron-energon")
+    ap.add_argument("--energon-root", help="energon-prepared copy of the shards' directory")
+    ap.add_argument("--only-energon", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--modes", default="fixed,native")
     ap.add_argument("--label", default="")
     args = ap.parse_args(argv)
     files = sorted(glob.glob(args.shards))
     brace = "{" + ",".join(files) + "}" if len(files) > 1 else files[0]
     rows = []
-    for mode in ("fixed", "native"):
-        loaders = {} if args.only_pillow else {"polyload": polyload_loader(brace, mode)}
-        if not args.python:
+    for mode in args.modes.split(","):
+        if args.only_energon:
+            loaders = {"energon": energon_loader(args.energon_root, mode, False),
+                       "energon+draft": energon_loader(args.energon_root, mode, True)}
+        else:
+            loaders = {} if args.only_pillow else {"polyload": polyload_loader(brace, mode)}
+        if not args.python and not args.only_energon:
             loaders["wds+Pillow"] = pillow_loader(files, mode, draft=False)
             loaders["wds+Pillow+draft"] = pillow_loader(files, mode, draft=True)
         names = list(loaders)
@@ -139,6 +229,17 @@ def main(argv=None):
                        "images_per_cpu_s": round(n / cpu, 1)}
                 rows.append(row)
                 print(json.dumps(row), flush=True)
+            if args.energon_python:  # paired: one repeat of the peer after each of ours
+                out = subprocess.run(
+                    [args.energon_python, os.path.abspath(__file__), args.shards, "--repeats",
+                     "1", "--only-energon", "--energon-root", args.energon_root,
+                     "--modes", mode],
+                    check=True, capture_output=True, text=True).stdout
+                for line in out.splitlines():
+                    row = json.loads(line)
+                    row["repeat"] = r
+                    rows.append(row)
+                    print(json.dumps(row), flush=True)
             if args.python:
                 out = subprocess.run(
                     [args.python, os.path.abspath(__file__), args.shards, "--repeats", "1",
@@ -150,10 +251,10 @@ def main(argv=None):
                         row["repeat"] = r
                         rows.append(row)
                         print(json.dumps(row), flush=True)
-    if args.only_pillow:
+    if args.only_pillow or args.only_energon:
         return 0
     summary = {}
-    for mode in ("fixed", "native"):
+    for mode in args.modes.split(","):
         med = {}
         for row in rows:
             if row["mode"] == mode:

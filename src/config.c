@@ -1643,6 +1643,9 @@ fail:;
 
 int pl_config_get_int(const pl_config *cfg, const char *key, int64_t *out) {
     if (!cfg || !key || !out) return PL_EINVAL;
+    int64_t n_img = 0;
+    for (int64_t i = 0; i < cfg->n_sources; i++)
+        n_img += cfg->sources[i].type == PL_SOURCE_WEBDATASET;
     struct {
         const char *k;
         int64_t v;
@@ -1676,6 +1679,7 @@ int pl_config_get_int(const pl_config *cfg, const char *key, int64_t *out) {
         {"world_size", pl_config_world_size(cfg)},
         {"micro_batches_per_rank",
          cfg->global_batch_size / (cfg->topology.dp * cfg->micro_batch_size)},
+        {"image_sources", n_img},
     };
     for (size_t i = 0; i < sizeof t / sizeof t[0]; i++) {
         if (strcmp(key, t[i].k) == 0) {

@@ -49,6 +49,8 @@ struct pl__build_ctx {
     int64_t n_payloads;
     const pl_payload *typed;        /* typed payload reader (packages) */
     int64_t n_typed;
+    const pl_payload_image *images; /* packages: the step's images */
+    const int64_t *image_of;        /* [n_typed]: image of each read, -1 */
     pl_source *const *sources;
     pl_dtype dtype;
     int64_t pad_id;

@@ -241,6 +241,14 @@ int pl__wds_image_info(pl_source *src, int64_t index, pl_image_info *out, char *
                        size_t errcap);
 int pl__wds_read_image(pl_source *src, int64_t index, uint8_t *out, size_t cap,
                        pl_image_info *info, char *err, size_t errcap);
+/* Apply the defaults of pl_image_options (as a webdataset source does at
+ * open) and check the ranges; PL_EINVAL with a message naming source `name`. */
+int pl__wds_defaults(pl_image_options *o, char *err, size_t errcap, const char *name);
+/* The geometry of an image resized to out_h x out_w under options o (with
+ * defaults applied): mode, patch_dim, grid, patches, tokens, bytes and the
+ * out size; width/height (as stored) are left as they are. */
+void pl__image_geometry(const pl_image_options *o, int64_t out_h, int64_t out_w,
+                        pl_image_info *out);
 
 /* ------------------------------------------------------------ shuffle */
 /* Keyed bijection on [0, n) (Feistel network with cycle walking). */

@@ -163,6 +163,8 @@ static void pl__do_build(pl_loader *l, pl__worker *w, const pl_work *wk) {
         if (pkg) {
             w->ctx.typed = pkg->reads + pkg->mb_first[mb];
             w->ctx.n_typed = pkg->mb_first[mb + 1] - pkg->mb_first[mb];
+            w->ctx.images = pkg->images;
+            w->ctx.image_of = pkg->image_of + pkg->mb_first[mb];
         }
         rc = pl__construct(&w->ctx, wk->plan, wk->dp_rank, mb, buf);
         if (rc) {

@@ -7,11 +7,15 @@
  * Layout (little-endian):
  *   "PLPK", u32 version, u64 total length,
  *   i64 step, i64 dp_rank, i64 n_reads, u64 state length, u64 plan length,
+ *   i64 n_images,
  *   the state blob (PLST) of the step's start,
  *   the plan restricted to dp_rank (PLPN: every sequence of other ranks is
  *     empty; rank_cost and lower_bound are the whole step's),
  *   n_reads x { i32 dtype, i32 0, i64 count } in pl_plan_step_reads order,
  *   the tokens of every read back to back at the width of its dtype,
+ *   n_images x { i64 read, i64 tokens, i64 height, i64 width, i32 status,
+ *     i32 0, u64 bytes } (pl_payload_image, reads increasing), then the
+ *     images' data back to back,
  *   u64 XXH3-64 of everything before it.
  * Tokens are not aligned; readers convert with unaligned loads.
  */
@@ -20,8 +24,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define PL__PACKAGE_VERSION 1u
-#define PL__PACKAGE_HEADER (4 + 4 + 8 + 5 * 8)
+#define PL__PACKAGE_VERSION 2u
+#define PL__PACKAGE_HEADER (4 + 4 + 8 + 6 * 8)
+#define PL__PACKAGE_IMAGE 48
 
 int pl_plan_step_reads(const pl_plan *plan, int64_t dp_rank, pl_read *out,
                        int64_t cap, int64_t *n) {
@@ -98,9 +103,25 @@ static int pl__token_dtype_ok(int32_t dt) {
 int pl_package_encode(const pl_plan *plan, int64_t dp_rank, const void *state,
                       size_t state_len, const pl_payload *payloads,
                       int64_t n_payloads, void *buf, size_t cap, size_t *len) {
+    return pl_package_encode_v2(plan, dp_rank, state, state_len, payloads, n_payloads,
+                                NULL, 0, buf, cap, len);
+}
+
+int pl_package_encode_v2(const pl_plan *plan, int64_t dp_rank, const void *state,
+                         size_t state_len, const pl_payload *payloads,
+                         int64_t n_payloads, const pl_payload_image *images,
+                         int64_t n_images, void *buf, size_t cap, size_t *len) {
     if (!plan || !len || (!state && state_len) || n_payloads < 0 ||
-        (n_payloads > 0 && !payloads))
+        (n_payloads > 0 && !payloads) || n_images < 0 || (n_images > 0 && !images))
         return PL_EINVAL;
+    size_t image_bytes = 0;
+    for (int64_t k = 0; k < n_images; k++) {
+        const pl_payload_image *im = &images[k];
+        if (im->read < 0 || im->read >= n_payloads || (k && im->read <= images[k - 1].read) ||
+            (im->bytes && !im->data) || im->status > 0)
+            return PL_EINVAL;
+        image_bytes += PL__PACKAGE_IMAGE + im->bytes;
+    }
     if (dp_rank < 0 || dp_rank >= plan->dp) return PL_ERANGE;
     int64_t n_reads = 0;
     int rc = pl_plan_step_reads(plan, dp_rank, NULL, 0, &n_reads);
@@ -122,7 +143,7 @@ int pl_package_encode(const pl_plan *plan, int64_t dp_rank, const void *state,
     if (!rc) rc = pl__plan_subset(plan, dp_rank, &sub);
     if (!rc) rc = pl_plan_encode(sub, NULL, 0, &plan_len);
     size_t total = PL__PACKAGE_HEADER + state_len + plan_len +
-                   (size_t)n_reads * 16 + token_bytes + 8;
+                   (size_t)n_reads * 16 + token_bytes + image_bytes + 8;
     if (!rc) *len = total;
     if (!rc && buf) {
         if (cap < total) {
@@ -138,6 +159,7 @@ int pl_package_encode(const pl_plan *plan, int64_t dp_rank, const void *state,
             memcpy(w + 16, hdr, 24);
             memcpy(w + 40, &sl, 8);
             memcpy(w + 48, &plen, 8);
+            memcpy(w + 56, &n_images, 8);
             w += PL__PACKAGE_HEADER;
             if (state_len) memcpy(w, state, state_len);
             w += state_len;
@@ -154,6 +176,20 @@ int pl_package_encode(const pl_plan *plan, int64_t dp_rank, const void *state,
                 if (nb) memcpy(w, payloads[i].data, nb);
                 w += nb;
             }
+            for (int64_t k = 0; k < n_images; k++) {
+                const pl_payload_image *im = &images[k];
+                int64_t rec[4] = {im->read, im->tokens, im->height, im->width};
+                int32_t st[2] = {im->status, 0};
+                uint64_t nb = im->bytes;
+                memcpy(w, rec, 32);
+                memcpy(w + 32, st, 8);
+                memcpy(w + 40, &nb, 8);
+                w += PL__PACKAGE_IMAGE;
+            }
+            for (int64_t k = 0; k < n_images; k++) {
+                if (images[k].bytes) memcpy(w, images[k].data, images[k].bytes);
+                w += images[k].bytes;
+            }
             uint64_t h = pl__hash64(b, (size_t)(w - b), 0);
             memcpy(w, &h, 8);
         }
@@ -164,7 +200,7 @@ int pl_package_encode(const pl_plan *plan, int64_t dp_rank, const void *state,
 }
 
 /* Envelope check; fills the header fields. */
-static int pl__package_open(const void *buf, size_t len, int64_t hdr[3],
+static int pl__package_open(const void *buf, size_t len, int64_t hdr[4],
                             uint64_t *state_len, uint64_t *plan_len) {
     const unsigned char *b = buf;
     if (!b || len < PL__PACKAGE_HEADER + 8 || memcmp(b, "PLPK", 4) != 0)
@@ -180,8 +216,10 @@ static int pl__package_open(const void *buf, size_t len, int64_t hdr[3],
     memcpy(hdr, b + 16, 24);
     memcpy(state_len, b + 40, 8);
     memcpy(plan_len, b + 48, 8);
+    memcpy(&hdr[3], b + 56, 8);
     size_t room = len - PL__PACKAGE_HEADER - 8;
-    if (hdr[0] < 0 || hdr[1] < 0 || hdr[2] < 0 || *state_len > room ||
+    if (hdr[0] < 0 || hdr[1] < 0 || hdr[2] < 0 || hdr[3] < 0 || hdr[3] > hdr[2] ||
+        *state_len > room ||
         *plan_len > room - *state_len ||
         (uint64_t)hdr[2] > (room - *state_len - *plan_len) / 16)
         return PL_EINVAL;
@@ -190,7 +228,7 @@ static int pl__package_open(const void *buf, size_t len, int64_t hdr[3],
 
 int pl_package_inspect(const void *buf, size_t len, int64_t *step,
                        int64_t *dp_rank) {
-    int64_t hdr[3];
+    int64_t hdr[4];
     uint64_t sl, pl;
     int rc = pl__package_open(buf, len, hdr, &sl, &pl);
     if (rc) return rc;
@@ -203,6 +241,8 @@ void pl__package_free(pl__package *k) {
     if (!k) return;
     pl_plan_free(k->plan);
     free(k->reads);
+    free(k->images);
+    free(k->image_of);
     free(k->mb_first);
     free(k->buf);
     free(k);
@@ -211,7 +251,7 @@ void pl__package_free(pl__package *k) {
 int pl__package_decode(const void *buf, size_t len, pl__package **out,
                        char *err, size_t errcap) {
     *out = NULL;
-    int64_t hdr[3];
+    int64_t hdr[4];
     uint64_t sl, plen;
     int rc = pl__package_open(buf, len, hdr, &sl, &plen);
     if (rc) {
@@ -231,6 +271,7 @@ int pl__package_decode(const void *buf, size_t len, pl__package **out,
     k->step = hdr[0];
     k->dp_rank = hdr[1];
     k->n_reads = hdr[2];
+    k->n_images = hdr[3];
     k->state = b + PL__PACKAGE_HEADER;
     k->state_len = (size_t)sl;
     rc = pl_plan_decode(b + PL__PACKAGE_HEADER + sl, (size_t)plen, &k->plan);
@@ -251,7 +292,9 @@ int pl__package_decode(const void *buf, size_t len, pl__package **out,
     pl_read *reads = NULL;
     k->reads = pl__calloc(k->n_reads ? (size_t)k->n_reads : 1, sizeof *k->reads);
     k->mb_first = pl__calloc((size_t)nmb + 1, sizeof *k->mb_first);
-    rc = !k->reads || !k->mb_first ? PL_ENOMEM
+    k->images = pl__calloc(k->n_images ? (size_t)k->n_images : 1, sizeof *k->images);
+    k->image_of = pl__calloc(k->n_reads ? (size_t)k->n_reads : 1, sizeof *k->image_of);
+    rc = !k->reads || !k->mb_first || !k->images || !k->image_of ? PL_ENOMEM
                                    : pl_plan_step_reads(k->plan, k->dp_rank, NULL, 0, &want);
     if (!rc && want != k->n_reads) rc = PL_EINVAL;
     if (!rc) {
@@ -279,8 +322,31 @@ int pl__package_decode(const void *buf, size_t len, pl__package **out,
             break;
         }
         k->reads[i] = (pl_payload){tok, d[0], 0, count};
+        k->image_of[i] = -1;
         tok += (size_t)count * es;
     }
+    /* Images: records inside the buffer, reads increasing, data back to back. */
+    if (!rc && (uint64_t)k->n_images > (uint64_t)(end - tok) / PL__PACKAGE_IMAGE) rc = PL_EINVAL;
+    const unsigned char *itab = tok, *idata = tok + (size_t)k->n_images * PL__PACKAGE_IMAGE;
+    for (int64_t j = 0; !rc && j < k->n_images; j++) {
+        int64_t rec[4];
+        int32_t st[2];
+        uint64_t nb;
+        memcpy(rec, itab + (size_t)j * PL__PACKAGE_IMAGE, 32);
+        memcpy(st, itab + (size_t)j * PL__PACKAGE_IMAGE + 32, 8);
+        memcpy(&nb, itab + (size_t)j * PL__PACKAGE_IMAGE + 40, 8);
+        if (rec[0] < 0 || rec[0] >= k->n_reads || (j && rec[0] <= k->images[j - 1].read) ||
+            rec[1] <= 0 || rec[2] <= 0 || rec[3] <= 0 || st[0] > 0 || st[1] ||
+            nb > (uint64_t)(end - idata)) {
+            rc = PL_EINVAL;
+            break;
+        }
+        k->images[j] = (pl_payload_image){rec[0], rec[1], rec[2], rec[3], st[0], 0,
+                                          nb ? idata : NULL, (size_t)nb};
+        k->image_of[rec[0]] = j;
+        idata += nb;
+    }
+    if (!rc) tok = idata;
     if (!rc && tok != end) rc = PL_EINVAL;
     free(reads);
     if (rc) {

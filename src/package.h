@@ -14,6 +14,9 @@ typedef struct pl__package {
     pl_plan *plan;       /* owned: the DP rank's part of the step's plan */
     int64_t n_reads;
     pl_payload *reads;   /* [n_reads], data into buf (unaligned) */
+    int64_t n_images;
+    pl_payload_image *images; /* [n_images], data into buf */
+    int64_t *image_of;   /* [n_reads]: index into images, -1 for none */
     int64_t *mb_first;   /* [nmb + 1]: first read of each micro-batch */
     void *buf;           /* owned copy of the package */
 } pl__package;

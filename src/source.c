@@ -737,13 +737,16 @@ static inline int64_t pl__f2i(double x) {
     return x > -9.2e18 && x < 9.2e18 ? (int64_t)x : 0;
 }
 
+/* Both sides may be unaligned: stored-width reads of several sources lie back
+ * to back in one buffer (pl_source_read_raw, pl_reply_encode). */
 #define PL__CONV(NAME, ST, OT, EXPR)                                      \
     static void NAME(const uint8_t *s, void *dst, int64_t n) {           \
-        OT *d = dst;                                                     \
+        uint8_t *d = dst;                                                \
         for (int64_t i = 0; i < n; i++) {                                \
             ST v;                                                        \
             memcpy(&v, s + (size_t)i * sizeof(ST), sizeof(ST));          \
-            d[i] = (OT)(EXPR);                                           \
+            OT o = (OT)(EXPR);                                           \
+            memcpy(d + (size_t)i * sizeof(OT), &o, sizeof(OT));          \
         }                                                                \
     }
 #define PL__CONV_PAIR(TAG, ST, EXPR)                                      \

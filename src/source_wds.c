@@ -58,8 +58,7 @@ typedef struct pl__wds {
     int skip; /* on_error: skip */
 } pl__wds;
 
-static int pl__wds_defaults(pl_image_options *o, char *err, size_t errcap,
-                            const char *name) {
+int pl__wds_defaults(pl_image_options *o, char *err, size_t errcap, const char *name) {
     if (!o->mode) o->mode = PL_IMAGE_FIXED;
     if (o->mode != PL_IMAGE_FIXED && o->mode != PL_IMAGE_NATIVE) {
         pl__fmt(err, errcap, "source %s: image mode %d is not fixed or native", name,
@@ -894,23 +893,28 @@ static int pl__info(const pl__wds *w, const uint8_t *r, pl_image_info *out, char
     memset(out, 0, sizeof *out);
     out->width = pl__ld_u32(r + 24);
     out->height = pl__ld_u32(r + 28);
+    int64_t oh = o->size, ow = o->size;
+    if (o->mode != PL_IMAGE_FIXED) {
+        int rc = pl__smart_resize(out->height, out->width, o->patch_size * o->merge_size,
+                                  o->min_pixels, o->max_pixels, &oh, &ow, err, errcap);
+        if (rc) return rc;
+    }
+    pl__image_geometry(o, oh, ow, out);
+    return PL_OK;
+}
+
+void pl__image_geometry(const pl_image_options *o, int64_t out_h, int64_t out_w,
+                        pl_image_info *out) {
     out->mode = o->mode;
     out->patch_dim = 3 * o->patch_size * o->patch_size;
     out->grid_t = 1;
-    if (o->mode == PL_IMAGE_FIXED) {
-        out->out_width = out->out_height = o->size;
-    } else {
-        int rc = pl__smart_resize(out->height, out->width, o->patch_size * o->merge_size,
-                                  o->min_pixels, o->max_pixels, &out->out_height,
-                                  &out->out_width, err, errcap);
-        if (rc) return rc;
-    }
-    out->grid_h = out->out_height / o->patch_size;
-    out->grid_w = out->out_width / o->patch_size;
+    out->out_height = out_h;
+    out->out_width = out_w;
+    out->grid_h = out_h / o->patch_size;
+    out->grid_w = out_w / o->patch_size;
     out->patches = out->grid_h * out->grid_w;
     out->tokens = out->patches / (o->merge_size * o->merge_size);
     out->bytes = (size_t)out->patches * (size_t)out->patch_dim;
-    return PL_OK;
 }
 
 int pl__wds_doc_length(const pl_source *src, const pl__sfile *f, int64_t r,
@@ -955,12 +959,16 @@ int pl__wds_read(const pl_source *src, const pl__sfile *f, int64_t r, int64_t of
             t = pl__ld_u32(tok + (size_t)(p - nvis) * 4);
         else
             t = src->eos_id;
-        if (dt == PL_DTYPE_INT64)
-            ((int64_t *)out)[i] = t;
-        else if (dt == PL_DTYPE_INT32)
-            ((int32_t *)out)[i] = (int32_t)t;
-        else
-            ((uint32_t *)out)[i] = (uint32_t)t;
+        /* out may be unaligned (stored-width reads of several sources back to back). */
+        if (dt == PL_DTYPE_INT64) {
+            memcpy((uint8_t *)out + (size_t)i * 8, &t, 8);
+        } else if (dt == PL_DTYPE_INT32) {
+            int32_t v = (int32_t)t;
+            memcpy((uint8_t *)out + (size_t)i * 4, &v, 4);
+        } else {
+            uint32_t v = (uint32_t)t;
+            memcpy((uint8_t *)out + (size_t)i * 4, &v, 4);
+        }
     }
     return PL_OK;
 }

@@ -601,7 +601,9 @@ PL_API int pl_config_set(pl_config *cfg, const char *key, const char *value);
  * keys such as "packing" give their code; "vocab_size" is 0 when not set).
  * Derived keys: "world_size", "num_sources", "micro_batches_per_rank",
  * "num_warnings", "topology.dp_auto" (1 while dp: auto waits for
- * pl_config_set_world_size).  PL_EINVAL for an unknown key. */
+ * pl_config_set_world_size), "image_sources" (webdataset sources: their
+ * images travel in pl_reply_encode replies in a deployment).  PL_EINVAL for
+ * an unknown key. */
 PL_API int pl_config_get_int(const pl_config *cfg, const char *key,
                              int64_t *out);
 /* A 64-bit hash of every setting that decides the batches (all keys except
@@ -1489,6 +1491,86 @@ PL_API int pl_package_encode(const pl_plan *plan, int64_t dp_rank,
                              const void *state, size_t state_len,
                              const pl_payload *payloads, int64_t n_payloads,
                              void *buf, size_t cap, size_t *len);
+/*
+ * The pixels of one image of a read (image-text sources), as a source loader
+ * ships them to a data constructor (pl_reply_encode) and a constructor to
+ * its trainer ranks (pl_package_encode_v2).  An image belongs to a read of a
+ * webdataset sample that holds part of the sample's placeholder run (the
+ * first `tokens` positions of its document; polyload.h "image-text
+ * sources").  status PL_OK: data holds bytes = 3 * height * width pixel
+ * bytes in pl_source_read_image's layout (fixed: [3, height, width]; native:
+ * Qwen2-VL patches), or is NULL with bytes 0 when the read cuts the run (the
+ * receiver reports that as the embedded loader does).  Any other status: the
+ * PL_E* code of decoding the image, and data holds its message (bytes long,
+ * not NUL-terminated), reported by the micro-batch that needs the image, so
+ * a bad image fails the same micro-batch as in the embedded loader.
+ */
+typedef struct pl_payload_image {
+    int64_t read;          /* index of its read in the payload list */
+    int64_t tokens;        /* N: the image's placeholder tokens */
+    int64_t height, width; /* after resizing, in pixels */
+    int32_t status;        /* PL_OK or a PL_E* code */
+    int32_t reserved;      /* 0 */
+    const void *data;
+    size_t bytes;
+} pl_payload_image;
+
+/*
+ * pl_package_encode with images: images[0, n_images) in increasing `read`
+ * order, at most one per read.  Without images (n_images 0) the package is
+ * the one pl_package_encode makes.  Package layout after the tokens: per
+ * image { i64 read, i64 tokens, i64 height, i64 width, i32 status, i32 0,
+ * u64 bytes }, then their data back to back.  The receiving loader checks
+ * every record against its config (the source's image options) before a
+ * byte is copied.  PL_EINVAL for a bad image list.
+ */
+PL_API int pl_package_encode_v2(const pl_plan *plan, int64_t dp_rank,
+                                const void *state, size_t state_len,
+                                const pl_payload *payloads, int64_t n_payloads,
+                                const pl_payload_image *images,
+                                int64_t n_images, void *buf, size_t cap,
+                                size_t *len);
+
+/*
+ * A source loader's reply to reads of several sources, images included: what
+ * a source-loader process of a distributed deployment returns when some
+ * source is a webdataset (token-only deployments ship pl_source_read_raw's
+ * bytes).  sources[reads[i].source] must be open (n_sources entries; NULL
+ * for sources not held).  For every read of a webdataset sample that holds
+ * part of its placeholder run (offset < N) the image is decoded and resized
+ * here (pl_source_read_image) when the read holds the whole run (offset 0,
+ * count >= N); a decoding error is stored in the reply as its image's status
+ * and message (see pl_payload_image), not returned.
+ *
+ * Layout (little-endian): "PLRR", u32 version 1, u64 total length, i64
+ * n_rows, i64 n_images; n_rows x { i32 dtype, i32 0, i64 count }; n_images
+ * x { i64 row, i64 tokens, i64 height, i64 width, i32 status, i32 0, u64
+ * offset, u64 bytes } (offset into the pixel area, each image's slot being
+ * 3 * height * width bytes); the tokens of every row back to back at their
+ * source's stored width; the pixel area; u64 XXH3-64 of everything before.
+ *
+ * buf NULL (or cap too small: PL_EINVAL) gives *len alone, from the indexes
+ * (no pixel decoded).  Errors: PL_EINVAL (bad arguments, a source not held),
+ * and those of pl_source_read_raw / pl_source_image_info, with the message in
+ * pl_last_errmsg() of the calling thread.  Thread-safe (sources are).
+ */
+PL_API int pl_reply_encode(pl_source *const *sources, int64_t n_sources,
+                           const pl_read *reads, int64_t n, void *buf,
+                           size_t cap, size_t *len);
+
+/*
+ * Check a reply (magic, version, length, checksum, every table entry inside
+ * the buffer) and point rows[i] and images[k] into buf (borrowed: valid
+ * while buf is).  Writes at most rows_cap / images_cap entries; *n_rows and
+ * *n_images receive the counts (rows/images may be NULL to learn them).
+ * images[k].read is the row it belongs to.  PL_EINVAL when corrupt,
+ * PL_EVERSION for another version.
+ */
+PL_API int pl_reply_decode(const void *buf, size_t len, pl_payload *rows,
+                           int64_t rows_cap, pl_payload_image *images,
+                           int64_t images_cap, int64_t *n_rows,
+                           int64_t *n_images);
+
 /* Step and DP rank of a package (checks magic, version, length, checksum). */
 PL_API int pl_package_inspect(const void *buf, size_t len, int64_t *step,
                               int64_t *dp_rank);

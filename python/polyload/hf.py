@@ -30,6 +30,21 @@ stays within documents depends on ``attn_implementation``:
   and models default to ``use_cache=True``: the returned dict sets ``use_cache=False``;
   do not add an ``attention_mask``.  The FA keyword arguments are ignored there.
 
+Images (webdataset sources).  polyload's sequences hold each image's placeholder token
+once per visual token (the expanded layout transformers' vision-language models use), so a
+model finds its image features' places from ``input_ids``.  When the batch has images,
+:func:`causal_lm_batch` adds ``pixel_values`` as the model's processor would give them,
+normalized here, on the batch's device (only uint8 crossed processes):
+
+- native mode (Qwen2-VL, ``Qwen2VLForConditionalGeneration``): ``pixel_values`` float
+  ``[n_patches, 3 * temporal_patch_size * p * p]``, each patch repeated over the temporal
+  axis as ``Qwen2VLImageProcessor`` does for a still image, and ``image_grid_thw``;
+- fixed mode (LLaVA, ``LlavaForConditionalGeneration``): ``pixel_values`` float
+  ``[n_images, 3, H, W]``.
+
+The placeholder token must be the model's ``image_token_id`` (the source's
+``image.token_id``).
+
 Context parallelism is not supported here (``topology.cp`` must be 1): a CP slice's
 positions are not contiguous within a document.
 """
@@ -42,13 +57,40 @@ import torch
 
 from . import ConfigError, _core
 
-__all__ = ["causal_lm_batch", "check_model", "evaluate"]
+__all__ = ["causal_lm_batch", "vision_inputs", "check_model", "evaluate"]
 
 IGNORE_INDEX = -100
 
 
+def vision_inputs(batch: Mapping[str, Any], image_mean=None, image_std=None,
+                  temporal_patch_size: int = 2,
+                  dtype: torch.dtype = torch.float32) -> Dict[str, Any]:
+    """The image keyword arguments of a transformers vision-language model for a polyload
+    micro-batch: ``{}`` without images; native mode ``{"pixel_values": [n_patches, 3 *
+    temporal_patch_size * p * p], "image_grid_thw": int64 [n_images, 3]}`` (Qwen2-VL's
+    processor layout: per patch ``[channel, t, y, x]``, a still image copied over ``t``);
+    fixed mode ``{"pixel_values": [n_images, 3, H, W]}``.  Values are ``(x / 255 - mean) /
+    std`` (:func:`polyload.torch.normalize_images`; default CLIP's mean and std, as
+    Qwen2-VL and LLaVA-1.5 use), in ``dtype``, on the device of ``batch["pixel_values"]``.
+    """
+    from .torch import CLIP_MEAN, CLIP_STD, normalize_images  # noqa: PLC0415
+
+    pv = batch.get("pixel_values")
+    if pv is None:
+        return {}
+    pv = torch.as_tensor(pv)
+    x = normalize_images(pv, CLIP_MEAN if image_mean is None else image_mean,
+                         CLIP_STD if image_std is None else image_std, dtype=dtype)
+    if x.dim() == 4:
+        return {"pixel_values": x}
+    t = int(temporal_patch_size)
+    x = x.view(x.shape[0], 3, 1, -1).expand(-1, -1, t, -1).reshape(x.shape[0], -1)
+    return {"pixel_values": x, "image_grid_thw": torch.as_tensor(batch["image_grid_thw"])}
+
+
 def causal_lm_batch(batch: Mapping[str, Any], flatten: bool = True,
-                    flash_kwargs: bool = True) -> Dict[str, Any]:
+                    flash_kwargs: bool = True, image_mean=None, image_std=None,
+                    temporal_patch_size: int = 2) -> Dict[str, Any]:
     """The keyword arguments of a transformers causal-LM forward for one polyload batch.
 
     Args:
@@ -60,13 +102,18 @@ def causal_lm_batch(batch: Mapping[str, Any], flatten: bool = True,
             per row); the FA keyword arguments are then left out, since they index the
             flattened tokens.
         flash_kwargs: include ``cu_seq_lens_q/k`` and ``max_length_q/k``.
+        image_mean, image_std, temporal_patch_size: for batches with images, see
+            :func:`vision_inputs` (the model's image processor's values; default CLIP's
+            mean and std, temporal patch 2 as Qwen2-VL).
 
     Returns a dict: ``input_ids`` (int64), ``labels`` (unshifted, int64), ``shift_labels``
     (int64, polyload's labels), ``position_ids`` (int64), ``use_cache`` (False), and with
     ``flash_kwargs``
     ``cu_seq_lens_q``, ``cu_seq_lens_k`` (int32 ``[n_segments + 1]``), ``max_length_q``,
-    ``max_length_k`` (int).  Call ``model(**causal_lm_batch(batch))``: the loss is the mean
-    over the tokens with a label (``ForCausalLMLoss`` with ``shift_labels``).
+    ``max_length_k`` (int); with images also :func:`vision_inputs`'s ``pixel_values`` (and
+    ``image_grid_thw`` in native mode).  Call ``model(**causal_lm_batch(batch))``: the loss
+    is the mean over the tokens with a label (``ForCausalLMLoss`` with ``shift_labels``);
+    image placeholders have none.
 
     Raises:
         ValueError: the batch lacks a field (a pipeline stage's batch), or its positions
@@ -105,6 +152,7 @@ def causal_lm_batch(batch: Mapping[str, Any], flatten: bool = True,
         max_len = int(batch["max_seqlen"])
         out.update(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=max_len,
                    max_length_k=max_len)
+    out.update(vision_inputs(batch, image_mean, image_std, temporal_patch_size))
     return out
 
 

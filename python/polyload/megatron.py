@@ -58,6 +58,7 @@ from typing import Any, Dict, Iterator, Mapping, Optional, Tuple, Union
 import torch
 
 from . import ConfigError, Loader, _make_config, eval_loader
+from .torch import IMAGE_FIELDS
 
 __all__ = [
     "MegatronIterator",
@@ -132,7 +133,16 @@ class MegatronIterator:
     ====================  =====================  =======================================
 
     with ``rows = micro_batch_size`` and ``cols = seq_length / cp``.  Fields a pipeline stage
-    does not receive are None.  Iteration ends after ``train_steps``.  The tensors share
+    does not receive are None.  Micro-batches that hold images (webdataset sources) add
+    polyload's image fields, on ``device``: ``pixel_values`` uint8 (fixed mode ``[n_images,
+    3, H, W]``, native ``[n_patches, 3 * p * p]``; normalize on the device, e.g. with
+    :func:`polyload.torch.normalize_images`), ``image_grid_thw`` int64 ``[n_images, 3]`` and
+    ``image_positions`` int64 ``[n_images, 2]`` (offset of each image's placeholder run in
+    the flattened ``tokens``, and its length).  The sequence holds one placeholder per
+    visual token, the layout of transformers' vision-language models; megatron-core's
+    ``LLaVAModel`` instead expects one ``image_token_index`` per image and expands it
+    itself, so feed these fields to a model that embeds images at ``image_positions``
+    (as ``examples/train_vlm.py`` does).  Iteration ends after ``train_steps``.  The tensors share
     the loader's memory when ``device`` is the CPU: do not modify them in place.
     """
 
@@ -170,7 +180,7 @@ class MegatronIterator:
             t = t.reshape(1, -1)
             return t if dev.type == "cpu" else t.to(dev, non_blocking=True)
 
-        return {
+        out = {
             "tokens": flat("input_ids"),
             "labels": flat("labels"),
             "loss_mask": flat("loss_mask"),
@@ -178,6 +188,11 @@ class MegatronIterator:
             "attention_mask": None,
             "packed_seq_params": packed_seq_params(b, self.cp, device=dev),
         }
+        for name in IMAGE_FIELDS:  # present in micro-batches with images only
+            t = b.get(name)
+            if t is not None:
+                out[name] = t if dev.type == "cpu" else t.to(dev, non_blocking=True)
+        return out
 
     # ------------------------------------------------------------------ state
 

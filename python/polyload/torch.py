@@ -5,6 +5,8 @@
 group runs a :class:`polyload.Loader`; it broadcasts every micro-batch to its TP peers,
 which need the same data (SPEC section 2).  This saves the peers' reads and memory; the
 Ray deployment's constructors do the same across processes without a trainer group.
+Micro-batches with images carry their image fields too (:data:`IMAGE_FIELDS`, uint8 pixels:
+``normalize_images`` turns them into model inputs on the device).
 """
 
 from __future__ import annotations
@@ -14,20 +16,28 @@ from typing import Any, Dict, Optional
 import torch
 import torch.distributed as dist
 
-__all__ = ["broadcast_tp", "BATCH_FIELDS", "token_sources", "loss_by_source"]
+__all__ = ["broadcast_tp", "BATCH_FIELDS", "IMAGE_FIELDS", "CLIP_MEAN", "CLIP_STD",
+           "normalize_images", "token_sources", "loss_by_source"]
 
 #: The tensor fields of a micro-batch, in the order they are broadcast (SPEC section 3;
 #: ``segment_sources`` with ``Loader(..., with_sources=True)``).
 BATCH_FIELDS = ("input_ids", "labels", "loss_mask", "position_ids", "cu_seqlens",
                 "segment_sources")
+#: The image fields of a micro-batch with images (webdataset sources), broadcast after
+#: BATCH_FIELDS when present: ``pixel_values`` uint8 (fixed mode ``[n_images, 3, H, W]``,
+#: native mode ``[n_patches, 3 * p * p]``), ``image_grid_thw`` and ``image_positions``
+#: int64 ``[n_images, 3]`` / ``[n_images, 2]``.
+IMAGE_FIELDS = ("pixel_values", "image_grid_thw", "image_positions")
+_FIELDS = BATCH_FIELDS + IMAGE_FIELDS
+_MAX_DIM = 4
 #: The int fields of a micro-batch, carried in the header.
 _SCALARS = ("max_seqlen", "step", "micro_batch")
 
 # dtype codes of the header (any value fits: they only need to agree between ranks)
 _DTYPES = (torch.int64, torch.int32, torch.float32, torch.float64, torch.int16,
            torch.uint8, torch.int8, torch.bfloat16, torch.float16)
-_SLOT = 5  # per field: present, dtype code, ndim, dim0, dim1
-_HEADER = len(BATCH_FIELDS) * _SLOT + 2 * len(_SCALARS)  # + (present, value) per int
+_SLOT = 3 + _MAX_DIM  # per field: present, dtype code, ndim, dim0 .. dim3
+_HEADER = len(_FIELDS) * _SLOT + 2 * len(_SCALARS)  # + (present, value) per int
 
 
 def _default_device(group) -> torch.device:
@@ -49,8 +59,9 @@ def broadcast_tp(
             (``input_ids``, ``labels``, ``loss_mask``, ``position_ids``: ``[micro_batch,
             seq_length / cp]``; ``cu_seqlens``: int32 ``[n_segments + 1]``;
             ``max_seqlen``: int; with ``with_sources=True`` also ``segment_sources``,
-            ``step`` and ``micro_batch``; absent fields stay absent).  ``None`` on the other ranks
-            (ignored there).
+            ``step`` and ``micro_batch``; in micro-batches with images also
+            :data:`IMAGE_FIELDS` (``pixel_values`` uint8, fixed mode 4-D); absent fields
+            stay absent).  ``None`` on the other ranks (ignored there).
         group: the TP process group (``None``: the default group).  The source is the
             group's rank 0 (``dist.get_global_rank(group, 0)``).
         device: where tensors are sent and received.  Default: the current CUDA device
@@ -65,7 +76,7 @@ def broadcast_tp(
     allocate exactly.  All ranks of ``group`` must call it with the same ``group``.
 
     Raises:
-        ValueError: group rank 0 passed ``None``, or a field has more than 2 dimensions.
+        ValueError: group rank 0 passed ``None``, or a field has more than 4 dimensions.
     """
     if device is None:
         device = _default_device(group)
@@ -76,18 +87,19 @@ def broadcast_tp(
         if batch is None:
             raise ValueError("broadcast_tp: group rank 0 must pass a batch")
         tensors = {}
-        for i, name in enumerate(BATCH_FIELDS):
+        for i, name in enumerate(_FIELDS):
             t = batch.get(name)
             if t is None:
                 continue
             t = torch.as_tensor(t)
-            if t.dim() > 2:
-                raise ValueError(f"broadcast_tp: {name} has {t.dim()} dimensions (at most 2)")
+            if t.dim() > _MAX_DIM:
+                raise ValueError(f"broadcast_tp: {name} has {t.dim()} dimensions "
+                                 f"(at most {_MAX_DIM})")
             tensors[name] = t.to(device, non_blocking=True).contiguous()
-            shape = list(t.shape) + [0] * (2 - t.dim())
+            shape = list(t.shape) + [0] * (_MAX_DIM - t.dim())
             header[i * _SLOT: (i + 1) * _SLOT] = torch.tensor(
-                [1, _DTYPES.index(t.dtype), t.dim(), shape[0], shape[1]])
-        base = len(BATCH_FIELDS) * _SLOT
+                [1, _DTYPES.index(t.dtype), t.dim()] + shape)
+        base = len(_FIELDS) * _SLOT
         for j, name in enumerate(_SCALARS):
             if batch.get(name) is not None:
                 header[base + 2 * j] = 1
@@ -96,21 +108,54 @@ def broadcast_tp(
     dist.broadcast(header, src=src, group=group)
     h = header.cpu().tolist()
     out: Dict[str, Any] = {}
-    for i, name in enumerate(BATCH_FIELDS):
-        present, code, ndim, d0, d1 = h[i * _SLOT: (i + 1) * _SLOT]
+    for i, name in enumerate(_FIELDS):
+        present, code, ndim, *dims = h[i * _SLOT: (i + 1) * _SLOT]
         if not present:
             continue
         if me == 0:
             t = tensors[name]
         else:
-            t = torch.empty([d0, d1][:ndim], dtype=_DTYPES[code], device=device)
+            t = torch.empty(dims[:ndim], dtype=_DTYPES[code], device=device)
         dist.broadcast(t, src=src, group=group)
         out[name] = t
-    base = len(BATCH_FIELDS) * _SLOT
+    base = len(_FIELDS) * _SLOT
     for j, name in enumerate(_SCALARS):
         if h[base + 2 * j]:
             out[name] = int(h[base + 2 * j + 1])
     return out
+
+
+#: CLIP's (and Qwen2-VL's, LLaVA's) per-channel mean and std of RGB in [0, 1].
+CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
+CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+
+
+def normalize_images(pixel_values: torch.Tensor, mean=CLIP_MEAN, std=CLIP_STD,
+                     dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """``(pixel_values / 255 - mean) / std`` per channel, on the tensor's device (where
+    polyload leaves normalization, so only uint8 crosses processes and PCIe).
+
+    Args:
+        pixel_values: uint8 ``[n_images, 3, H, W]`` (fixed mode) or ``[n_patches, 3 * p *
+            p]`` (native mode, each row channel-major: ``[3, p, p]``).
+        mean, std: per-channel values for RGB in [0, 1] (default CLIP's, which Qwen2-VL and
+            LLaVA use).
+        dtype: of the result.
+
+    Returns:
+        A ``dtype`` tensor of the same shape, as transformers' image processors compute
+        with ``do_rescale`` and ``do_normalize`` (rescale by 1/255, then normalize).
+    """
+    x = pixel_values.to(dtype) * (1.0 / 255.0)
+    m = torch.as_tensor(mean, dtype=dtype, device=x.device)
+    s = torch.as_tensor(std, dtype=dtype, device=x.device)
+    if x.dim() == 4:
+        return (x - m[None, :, None, None]) / s[None, :, None, None]
+    if x.dim() == 2 and x.shape[1] % 3 == 0:
+        y = x.view(x.shape[0], 3, -1)
+        return ((y - m[None, :, None]) / s[None, :, None]).view_as(x)
+    raise ValueError(f"normalize_images: pixel_values of shape {tuple(x.shape)} are neither "
+                     "[n, 3, H, W] nor [n_patches, 3 * p * p]")
 
 
 def token_sources(batch: Dict[str, Any]) -> torch.Tensor:

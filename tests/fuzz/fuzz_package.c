@@ -5,7 +5,7 @@
 
 /* A copy with the u64 length (offset 8) and the XXH3-64 tail resealed. */
 static uint8_t *resealed_package(const uint8_t *data, size_t size) {
-    if (size < 64) return NULL;
+    if (size < 72) return NULL;
     uint8_t *b = malloc(size);
     memcpy(b, data, size);
     uint64_t n = size;
@@ -18,10 +18,10 @@ static uint8_t *resealed_package(const uint8_t *data, size_t size) {
 static void push_and_drain(pl_config *cfg, const uint8_t *pkg, size_t size) {
     int64_t step = -1, dp = -1;
     if (pl_package_inspect(pkg, size, &step, &dp) != PL_OK) return;
-    /* The package's state blob: after the 56-byte header, length at 40. */
+    /* The package's state blob: after the 64-byte header, length at 40. */
     uint64_t sl = 0;
     memcpy(&sl, pkg + 40, 8);
-    if (sl > size - 64) return;
+    if (sl > size - 72) return;
     int64_t ranks[4], nr = 0, world = pl_config_world_size(cfg);
     for (int64_t r = 0; r < world && nr < 4; r++) {
         pl_rank_info ri;
@@ -31,7 +31,7 @@ static void push_and_drain(pl_config *cfg, const uint8_t *pkg, size_t size) {
     pl_loader_options o = {PL_LOADER_OPTIONS_VERSION, ranks, nr, 1, 2, 1, 1, 0};
     pl_loader *l = NULL;
     if (pl_loader_create(cfg, &o, &l) != PL_OK) abort();
-    if (pl_loader_set_state(l, pkg + 56, (size_t)sl) == PL_OK) {
+    if (pl_loader_set_state(l, pkg + 64, (size_t)sl) == PL_OK) {
         int64_t want = -1;
         if (pl_loader_want_step(l, 1000, &want) == PL_OK && want == step &&
             pl_loader_push_package(l, pkg, size) == PL_OK) {

@@ -19,6 +19,30 @@ static void seed(const char *target, int k, const void *data, size_t n) {
     fz_write(p, data, n);
 }
 
+/* A 2x2 red PNG (as Pillow writes it), for a webdataset shard. */
+static const uint8_t PNG2x2[] = {
+    0x89, 0x50, 0x4E, 0x47, 0x0D, 0x0A, 0x1A, 0x0A, 0x00, 0x00, 0x00, 0x0D, 0x49, 0x48, 0x44, 0x52,
+    0x00, 0x00, 0x00, 0x02, 0x00, 0x00, 0x00, 0x02, 0x08, 0x02, 0x00, 0x00, 0x00, 0xFD, 0xD4, 0x9A,
+    0x73, 0x00, 0x00, 0x00, 0x16, 0x49, 0x44, 0x41, 0x54, 0x78, 0x9C, 0x63, 0xFC, 0xCF, 0xC0, 0xC0,
+    0xC0, 0xC0, 0xC0, 0xC4, 0xC0, 0xC0, 0xC0, 0xC0, 0xC0, 0x00, 0x00, 0x0D, 0x1D, 0x01, 0x03, 0x6A,
+    0xC2, 0x9B, 0xE9, 0x00, 0x00, 0x00, 0x00, 0x49, 0x45, 0x4E, 0x44, 0xAE, 0x42, 0x60, 0x82,
+};
+
+static void tar_add(FILE *f, const char *name, const void *data, size_t n) {
+    uint8_t h[512] = {0};
+    snprintf((char *)h, 100, "%s", name);
+    snprintf((char *)h + 124, 12, "%011zo", n);
+    h[156] = '0';
+    memset(h + 148, ' ', 8);
+    unsigned sum = 0;
+    for (int i = 0; i < 512; i++) sum += h[i];
+    snprintf((char *)h + 148, 8, "%06o", sum);
+    fwrite(h, 1, 512, f);
+    fwrite(data, 1, n, f);
+    static const uint8_t zero[1024];
+    fwrite(zero, 1, (512 - n % 512) % 512, f);
+}
+
 static void *slurp(const char *path, size_t *n) {
     FILE *f = fopen(path, "rb");
     if (!f) abort();
@@ -87,6 +111,44 @@ int main(int argc, char **argv) {
         b[20] |= 1;
         seed("fuzz_plidx", 0, b, n);
         free(b);
+    }
+    /* Source-loader replies: megatron rows, and webdataset rows with images
+     * (whole run, cut run, caption only). */
+    {
+        FILE *f = fopen("w.tar", "wb");
+        tar_add(f, "a.png", PNG2x2, sizeof PNG2x2);
+        tar_add(f, "a.txt", "red", 3);
+        tar_add(f, "b.png", PNG2x2, sizeof PNG2x2);
+        tar_add(f, "b.txt", "red too", 7);
+        static const uint8_t zero[1024];
+        fwrite(zero, 1, 1024, f);
+        fclose(f);
+        pl_image_options io = {0};
+        io.mode = PL_IMAGE_NATIVE;
+        io.token_id = 300;
+        io.min_pixels = 28 * 28;
+        io.max_pixels = 56 * 56;
+        pl_source_options o = {PL_SOURCE_OPTIONS_VERSION, PL_SOURCE_WEBDATASET, "w.tar", "w", 0,
+                               -1, PL_INDEX_MEMORY, &io};
+        pl_source *src[2] = {NULL, NULL};
+        if (pl_source_open(&o, &src[1])) abort();
+        pl_source_options m = {0};
+        m.version = PL_SOURCE_OPTIONS_VERSION;
+        m.type = PL_SOURCE_MEGATRON;
+        m.path = "src0";
+        if (pl_source_open(&m, &src[0])) abort();
+        const pl_read rd[2][3] = {{{0, 0, 0, 0, 5}, {0, 0, 3, 2, 4}, {0, 0, 1, 0, 1}},
+                                  {{1, 0, 0, 0, 3}, {1, 0, 1, 0, 1}, {1, 0, 0, 2, 2}}};
+        for (int k = 0; k < 2; k++) {
+            size_t n = 0;
+            if (pl_reply_encode(src, 2, rd[k], 3, NULL, 0, &n)) abort();
+            void *b = malloc(n);
+            if (pl_reply_encode(src, 2, rd[k], 3, b, n, &n)) abort();
+            seed("fuzz_reply", k, b, n);
+            free(b);
+        }
+        pl_source_free(src[0]);
+        pl_source_free(src[1]);
     }
     /* Configs. */
     seed("fuzz_config", 0, FZ_CONFIG, strlen(FZ_CONFIG));

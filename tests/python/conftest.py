@@ -119,3 +119,20 @@ def batch_hash(b):
         h.update(k.encode())
         h.update(v.numpy().tobytes() if isinstance(v, torch.Tensor) else str(v).encode())
     return h.hexdigest()
+
+
+# ---------------------------------------------------------------- image-text fixtures
+# (used by test_hf.py, test_megatron.py, test_loader.py and test_ray.py)
+
+
+def write_vlm_corpus(out):
+    """The real photo corpus of scripts/make_vlm_corpus.py (26 captioned photos of
+    scikit-image, scikit-learn and matplotlib, 4 shards ``shard-00000{0..3}.tar``) in
+    directory ``out``; returns its items (key, ext, bytes, caption, licence, origin)."""
+    spec = importlib.util.spec_from_file_location(
+        "make_vlm_corpus", os.path.join(ROOT, "scripts", "make_vlm_corpus.py"))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    items = mod.samples()
+    mod.write_shards(items, str(out), 8)
+    return items

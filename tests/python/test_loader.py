@@ -252,6 +252,29 @@ def test_broadcast_tp_gloo(corpus, tmp_path):
     assert counts == [3 * 2, 3 * 2]
 
 
+@pytest.mark.parametrize("mode", ["fixed", "native"])
+def test_broadcast_tp_gloo_images(tmp_path, mode):
+    """Micro-batches with images: pixel_values (4-D in fixed mode, 2-D patches in native
+    mode), image_grid_thw and image_positions reach the TP peer equal to its own Loader's,
+    and micro-batches without images carry none."""
+    import torch.multiprocessing as mp
+
+    from conftest import write_vlm_corpus
+
+    write_vlm_corpus(tmp_path / "vlm")
+    cfg = {"seed": 2, "seq_length": 1024, "global_batch_size": 4, "micro_batch_size": 2,
+           "train_steps": 2, "topology": {"dp": 1, "tp": 2},
+           "sources": [{"name": "img", "type": "webdataset", "index": "memory", "weight": 1.0,
+                        "path": str(tmp_path / "vlm" / "shard-{000000..000003}.tar"),
+                        "image": {"mode": mode, "token_id": 300, "max_pixels": 28 * 28 * 64}}]}
+    with polyload.Loader(cfg, rank=0) as loader:
+        assert all("pixel_values" in b for b in loader)
+    mp.spawn(_tp_worker, args=(2, str(tmp_path / "init"), cfg, str(tmp_path)), nprocs=2,
+             join=True)
+    counts = [int((tmp_path / f"ok{r}").read_text()) for r in (0, 1)]
+    assert counts == [2 * 2, 2 * 2]
+
+
 def test_roles_one_by_one_equal_the_loader(corpus):
     """Planner -> encoded plan -> reads -> Source.read_many -> Constructor.build gives the
     Loader's batches bit for bit (the path of a multi-process deployment)."""

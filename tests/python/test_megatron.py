@@ -250,3 +250,31 @@ def test_state_saved_with_checkpoint(corpus, tmp_path):
     other = corpus.config(topology={"dp": 1}, seed=99)
     with pytest.raises(polyload.StateError, match="seed"):
         plm.load_checkpoint_state(plm.MegatronIterator(_loader(other)), str(tmp_path), 7)
+
+
+@pytest.mark.parametrize("mode", ["fixed", "native"])
+def test_image_fields(tmp_path, mode):
+    """MegatronIterator hands the image fields on with the tokens: equal to the Loader's,
+    and image_positions index placeholder runs of the flattened tokens."""
+    from conftest import write_vlm_corpus
+
+    write_vlm_corpus(tmp_path / "vlm")
+    cfg = {"seed": 2, "seq_length": 1024, "global_batch_size": 4, "micro_batch_size": 2,
+           "train_steps": 2, "topology": {"dp": 1},
+           "sources": [{"name": "img", "type": "webdataset", "index": "memory", "weight": 1.0,
+                        "path": str(tmp_path / "vlm" / "shard-{000000..000003}.tar"),
+                        "image": {"mode": mode, "token_id": 300, "max_pixels": 28 * 28 * 64}}]}
+    with polyload.Loader(cfg, rank=0) as loader:
+        want = [{k: v.clone() for k, v in b.items() if torch.is_tensor(v)} for b in loader]
+    with plm.MegatronIterator(cfg, device="cpu") as it:
+        got = list(it)
+    assert len(got) == len(want) == 4
+    for m, w in zip(got, want):
+        assert {"pixel_values", "image_grid_thw", "image_positions"} <= set(m)
+        for k in ("pixel_values", "image_grid_thw", "image_positions"):
+            assert m[k].dtype == w[k].dtype and torch.equal(m[k], w[k]), k
+        assert m["pixel_values"].dim() == (4 if mode == "fixed" else 2)
+        tok = m["tokens"][0]
+        for at, n in m["image_positions"].tolist():
+            assert bool((tok[at:at + n] == 300).all())
+            assert bool((m["loss_mask"][0, at:at + n - 1] == 0).all())

@@ -22,7 +22,7 @@ ray = pytest.importorskip("ray")
 torch = pytest.importorskip("torch")
 pr = pytest.importorskip("polyload.ray")
 
-from conftest import Corpus, batch_hash, write_megatron  # noqa: E402
+from conftest import Corpus, batch_hash, write_megatron, write_vlm_corpus  # noqa: E402
 
 NS = "polyload_test"
 MiB = 1 << 20
@@ -1086,3 +1086,119 @@ def test_raw_text_lengths_move_to_a_standby(cluster, tmp_path_factory):
                     os.kill(pid, signal.SIGKILL)
     for r in (0, 1):
         assert got[r] == want[r], f"rank {r}"
+# ------------------------------------------------------------------ image-text sources
+
+
+def _vlm_corpus(out):
+    """The real photo corpus of scripts/make_vlm_corpus.py (26 samples, 4 shards) and a flat
+    text source, in `out`."""
+    import io
+    import tarfile
+
+    items = write_vlm_corpus(out)
+    rng = np.random.default_rng(0)
+    toks = []
+    for _ in range(400):
+        toks.extend(rng.integers(1, 256, size=int(rng.integers(20, 400))).tolist())
+        toks.append(0)
+    np.asarray(toks, dtype=np.uint16).tofile(str(out / "t.bin"))
+    # A shard whose second photo is cut in half: its header survives (indexed), its
+    # pixels do not decode.
+    jpg = next(d for k, e, d, *_ in items if e == "jpg")
+    with tarfile.open(str(out / "cut.tar"), "w", format=tarfile.USTAR_FORMAT) as t:
+        for name, payload in [("a.jpg", jpg), ("a.txt", b"a whole photo"),
+                              ("b.jpg", jpg[: len(jpg) // 2]), ("b.txt", b"half a photo")]:
+            ti = tarfile.TarInfo(name)
+            ti.size = len(payload)
+            t.addfile(ti, io.BytesIO(payload))
+    return items
+
+
+def _vlm_config(mode, img="shard-{000000..000003}.tar", **kw):
+    """Relative paths: the actors resolve them against launch's directory; a trainer
+    process that stands elsewhere has no copy of the photos."""
+    cfg = {"seed": 3, "seq_length": 2048 if mode == "native" else 4096,
+           "global_batch_size": 8, "micro_batch_size": 2, "train_steps": 4,
+           "topology": {"dp": 2, "tp": 2}, "threads": 2,
+           "sources": [{"name": "img", "type": "webdataset", "path": img, "weight": 0.5,
+                        "index": "memory",
+                        "image": {"mode": mode, "token_id": 300, "max_pixels": 200704}},
+                       {"name": "txt", "type": "flat", "path": "t.bin", "weight": 0.5}]}
+    cfg.update(kw)
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def vlm_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("ray_vlm")
+    _vlm_corpus(out)
+    return out
+
+
+@pytest.mark.parametrize("mode", ["native", "fixed"])
+def test_images_through_the_deployment(cluster, vlm_dir, tmp_path, monkeypatch, mode):
+    """Image-text sources in the deployment: the source loaders (on the loader node) decode
+    and resize, the constructors put pixels into packages, and every rank of dp 2 x tp 2
+    gets the embedded loader's micro-batches, pixel_values, image_grid_thw and
+    image_positions included (hashes over every field), in a process without the photos."""
+    monkeypatch.chdir(vlm_dir)
+    cfg = _vlm_config(mode)
+    want, n_img, px_bytes = {}, 0, 0
+    for r in range(4):
+        with polyload.Loader(cfg, rank=r) as loader:
+            batches = list(loader)
+            if r == 0:
+                want_stats = loader.stats()
+        want[r] = [batch_hash(b) for b in batches]
+        n_img += sum(int(b["image_grid_thw"].shape[0]) for b in batches if "pixel_values" in b)
+        px_bytes += sum(b["pixel_values"].numel() for b in batches if "pixel_values" in b)
+    assert n_img > 20
+    with pr.launch(cfg, num_source_loaders={"img": 2, "txt": 1}, num_constructors=2,
+                   namespace=NS, name=f"vlm_{mode}", placement=PLACEMENT) as dep:
+        assert dep.info["nodes"]["source_loader"] == [cluster.node_ids["loader_node"]] * 3
+        empty = tmp_path / "trainer_cwd"
+        empty.mkdir()
+        monkeypatch.chdir(empty)  # the photos are not reachable from here
+        clients = [pr.Client(cfg, rank=r, namespace=NS, name=f"vlm_{mode}") for r in range(4)]
+        got = {r: [] for r in range(4)}
+        while True:
+            bs = [c.next_batch() for c in clients]
+            if bs[0] is None:
+                assert all(b is None for b in bs)
+                break
+            for r, b in enumerate(bs):
+                got[r].append(batch_hash(b))
+        pixels = sum(c.package_bytes for c in clients)
+        st = clients[0].stats()  # visual tokens count as tokens in both deployments
+        for key in ("steps", "tokens", "padding_fraction", "sources"):
+            assert st[key] == want_stats[key], key
+        for c in clients:
+            c.close()
+    for r in range(4):
+        assert got[r] == want[r], f"rank {r}"
+    # The pixels crossed the object store: each rank's packages held its batches' pixels.
+    assert pixels > px_bytes
+
+
+def test_damaged_image_in_the_deployment(cluster, vlm_dir, monkeypatch):
+    """A photo that does not decode fails, in the deployment, the same micro-batch as in
+    the embedded loader, with the same exception type and message (shard, member, offset):
+    the source loader ships the error in its reply instead of failing the whole read."""
+    monkeypatch.chdir(vlm_dir)
+    cfg = _vlm_config("fixed", img="cut.tar", topology={"dp": 1}, global_batch_size=4,
+                      train_steps=6)
+
+    def run(it):
+        n = 0
+        with pytest.raises(polyload.FormatError) as e:
+            for _ in it:
+                n += 1
+        return n, type(e.value), e.value.message
+
+    with polyload.Loader(cfg, rank=0) as loader:
+        want = run(loader)
+    assert "cut.tar" in want[2] and "b.jpg" in want[2] and "offset" in want[2]
+    with pr.launch(cfg, num_source_loaders=1, namespace=NS, name="vlm_cut") as dep:
+        with pr.Client(cfg, rank=0, namespace=NS, name="vlm_cut") as c:
+            got = run(c)
+    assert got == want

@@ -762,6 +762,65 @@ out:
     return ret;
 }
 
+/* read_rows_reply(sources, reads) -> bytes: pl_reply_encode's reply (tokens
+ * at stored width and the images of the rows, decoded and resized here).
+ * What a source-loader actor answers when some source has images. */
+PyObject *pypl_read_rows_reply(PyObject *self, PyObject *args) {
+    (void)self;
+    PyObject *srcs_obj, *reads_obj;
+    if (!PyArg_ParseTuple(args, "OO:read_rows_reply", &srcs_obj, &reads_obj)) return NULL;
+    PyObject *srcs = PySequence_Fast(srcs_obj, "sources must be a sequence");
+    if (!srcs) return NULL;
+    pl_read *reads = NULL;
+    int64_t n = 0, total = 0;
+    if (pypl_parse_reads(reads_obj, "read_rows_reply", &reads, &n, &total) < 0) {
+        Py_DECREF(srcs);
+        return NULL;
+    }
+    Py_ssize_t ns = PySequence_Fast_GET_SIZE(srcs);
+    pl_source **h = PyMem_Calloc((size_t)(ns ? ns : 1), sizeof *h);
+    PyObject *b = NULL;
+    if (!h) {
+        PyErr_NoMemory();
+        goto out;
+    }
+    for (Py_ssize_t i = 0; i < ns; i++) {
+        PyObject *it = PySequence_Fast_GET_ITEM(srcs, i);
+        if (it != Py_None && !PyObject_TypeCheck(it, &PyPl_SourceType)) {
+            PyErr_SetString(PyExc_TypeError, "read_rows_reply: sources must be Source or None");
+            goto out;
+        }
+        h[i] = it == Py_None ? NULL : ((PyPlSource *)it)->src;
+    }
+    int rc;
+    size_t len = 0;
+    char err[PL__ERRMSG_CAP];
+    Py_BEGIN_ALLOW_THREADS
+    rc = pl_reply_encode(h, (int64_t)ns, reads, n, NULL, 0, &len);
+    if (rc) snprintf(err, sizeof err, "%s", pl_last_errmsg());
+    Py_END_ALLOW_THREADS
+    if (rc) {
+        pypl_raise(rc, err);
+        goto out;
+    }
+    b = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)len);
+    if (!b) goto out;
+    char *buf = PyBytes_AS_STRING(b);
+    Py_BEGIN_ALLOW_THREADS
+    rc = pl_reply_encode(h, (int64_t)ns, reads, n, buf, len, &len);
+    if (rc) snprintf(err, sizeof err, "%s", pl_last_errmsg());
+    Py_END_ALLOW_THREADS
+    if (rc) {
+        Py_CLEAR(b);
+        pypl_raise(rc, err);
+    }
+out:
+    PyMem_Free(h);
+    PyMem_Free(reads);
+    Py_DECREF(srcs);
+    return b;
+}
+
 static PyObject *source_stats(PyPlSource *o, PyObject *unused) {
     (void)unused;
     pl_source_stats st;

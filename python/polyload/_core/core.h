@@ -139,6 +139,7 @@ PyObject *pypl_state_pack(PyObject *self, PyObject *arg);
 PyObject *pypl_state_unpack(PyObject *self, PyObject *arg);
 PyObject *pypl_package_info(PyObject *self, PyObject *arg);
 PyObject *pypl_read_rows_raw(PyObject *self, PyObject *args);
+PyObject *pypl_read_rows_reply(PyObject *self, PyObject *args);
 /* Parse reads (an int64 buffer [n, 4]) into a PyMem array; *total: the sum
  * of counts (-1 when a count is negative or the sum overflows).  -1 with an
  * exception set. */

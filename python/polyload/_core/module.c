@@ -317,6 +317,11 @@ static PyMethodDef module_methods[] = {
      "(sources[reads[i, 0]] a Source, others None) at their\nstored widths, back to back "
      "in row order (pl_source_read_raw); offsets: int64 Array\nof each row's byte "
      "offset.  What a source-loader actor answers, in one call."},
+    {"read_rows_reply", pypl_read_rows_reply, METH_VARARGS,
+     "read_rows_reply(sources, reads) -> bytes\n\nThe reply of a source loader whose "
+     "sources have images (pl_reply_encode):\ntokens of every row at stored width and the "
+     "image of every row that holds\na webdataset sample's placeholder run, decoded and "
+     "resized here.  Parsed\nin C by Pipeline.complete_replies."},
     {"package_info", pypl_package_info, METH_O,
      "package_info(package) -> (step, dp_rank)\n\npl_package_inspect."},
     {"cost_fit", m_cost_fit, METH_VARARGS,

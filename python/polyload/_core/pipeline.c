@@ -397,6 +397,46 @@ static PyObject *pipe_fail_step(PyPlPipeline *o, PyObject *args) {
     Py_RETURN_NONE;
 }
 
+/* Encode the unit's package from its payloads (and images) and hand it over;
+ * None, or NULL with an exception. */
+static PyObject *pipe_finish(PyPlPipeline *o, PyPlWork *w, const pl_payload *pay, int64_t n,
+                             const pl_payload_image *img, int64_t ni) {
+    if (pipe_rd(o)) return NULL;
+    if (!work_current(o, w)) { /* reset since: its plan is gone, drop the unit */
+        pthread_rwlock_unlock(&o->lock);
+        w->done = 1;
+        return Py_NewRef(Py_None);
+    }
+    int rc;
+    size_t len = 0;
+    Py_BEGIN_ALLOW_THREADS
+    rc = pl_package_encode_v2(w->w.plan, w->w.dp_rank, w->w.blob, w->w.blob_len, pay, n, img,
+                              ni, NULL, 0, &len);
+    pypl_item *item = NULL;
+    if (rc == PL_OK) {
+        item = malloc(sizeof *item + len);
+        rc = item ? PL_OK : PL_ENOMEM;
+    }
+    if (rc == PL_OK) {
+        atomic_init(&item->refs, 1);
+        item->len = len;
+        rc = pl_package_encode_v2(w->w.plan, w->w.dp_rank, w->w.blob, w->w.blob_len, pay, n,
+                                  img, ni, item->data, len, &len);
+    }
+    if (rc == PL_OK) {
+        pl_pipeline_complete(o->p, &w->w, PL_OK, NULL, item, NULL, NULL);
+    } else {
+        free(item);
+        pl_pipeline_complete(o->p, &w->w, rc, "constructor: payloads do not match the plan",
+                             NULL, NULL, NULL);
+    }
+    Py_END_ALLOW_THREADS
+    pthread_rwlock_unlock(&o->lock);
+    w->done = 1;
+    if (rc != PL_OK) return pypl_raise(rc, "constructor: payloads do not match the plan's reads");
+    return Py_NewRef(Py_None);
+}
+
 /* complete(work, buffers, dtypes, read_buf, read_off): encode the unit's
  * package from payload buffers (read j is at byte read_off[j] of
  * buffers[read_buf[j]], at dtype dtypes[j]) and hand it over. */
@@ -452,44 +492,7 @@ static PyObject *pipe_complete(PyPlPipeline *o, PyObject *args) {
         pay[j].dtype = (int32_t)d;
         pay[j].count = (int64_t)((size_t)(views[rbv[j]].len - rov[j]) / es);
     }
-    if (pipe_rd(o)) goto out;
-    if (!work_current(o, w)) { /* reset since: its plan is gone, drop the unit */
-        pthread_rwlock_unlock(&o->lock);
-        w->done = 1;
-        ret = Py_NewRef(Py_None);
-        goto out;
-    }
-    int rc;
-    size_t len = 0;
-    Py_BEGIN_ALLOW_THREADS
-    rc = pl_package_encode(w->w.plan, w->w.dp_rank, w->w.blob, w->w.blob_len, pay, n, NULL,
-                           0, &len);
-    pypl_item *item = NULL;
-    if (rc == PL_OK) {
-        item = malloc(sizeof *item + len);
-        rc = item ? PL_OK : PL_ENOMEM;
-    }
-    if (rc == PL_OK) {
-        atomic_init(&item->refs, 1);
-        item->len = len;
-        rc = pl_package_encode(w->w.plan, w->w.dp_rank, w->w.blob, w->w.blob_len, pay, n,
-                               item->data, len, &len);
-    }
-    if (rc == PL_OK) {
-        pl_pipeline_complete(o->p, &w->w, PL_OK, NULL, item, NULL, NULL);
-    } else {
-        free(item);
-        pl_pipeline_complete(o->p, &w->w, rc, "constructor: payloads do not match the plan",
-                             NULL, NULL, NULL);
-    }
-    Py_END_ALLOW_THREADS
-    pthread_rwlock_unlock(&o->lock);
-    w->done = 1;
-    if (rc != PL_OK) {
-        pypl_raise(rc, "constructor: payloads do not match the plan's reads");
-        goto out;
-    }
-    ret = Py_NewRef(Py_None);
+    ret = pipe_finish(o, w, pay, n, NULL, 0);
 out:
     for (Py_ssize_t i = 0; i < got; i++) PyBuffer_Release(&views[i]);
     PyMem_Free(views);
@@ -498,6 +501,104 @@ out:
     PyBuffer_Release(&dt);
     PyBuffer_Release(&rb);
     PyBuffer_Release(&ro);
+    return ret;
+}
+
+/* complete_replies(work, replies, read_buf, read_row): encode the unit's
+ * package from source-loader replies (pl_reply_encode's PLRR bytes): read j
+ * is row read_row[j] of replies[read_buf[j]], its image (if any) that row's.
+ * Each reply is checked (pl_reply_decode) before use. */
+static PyObject *pipe_complete_replies(PyPlPipeline *o, PyObject *args) {
+    PyObject *wo, *bufs;
+    Py_buffer rb, rr;
+    if (!PyArg_ParseTuple(args, "O!Oy*y*:complete_replies", &PyPl_WorkType, &wo, &bufs, &rb,
+                          &rr))
+        return NULL;
+    PyPlWork *w = (PyPlWork *)wo;
+    PyObject *seq = NULL, *ret = NULL;
+    Py_buffer *views = NULL;
+    pl_payload *pay = NULL, **rows = NULL;
+    pl_payload_image *img = NULL, **imgs = NULL;
+    int64_t **img_of = NULL, *nrows = NULL, ni = 0;
+    Py_ssize_t nb = 0, got = 0;
+    const int64_t n = (int64_t)(rb.len / 8);
+    if (w->done || w->w.kind != PL_WORK_BUILD || w->pipeline != (PyObject *)o ||
+        rr.len != rb.len || rb.len % 8) {
+        PyErr_SetString(PyExc_ValueError, "complete_replies: not an open build unit of this "
+                                          "pipeline, or read_buf/read_row lengths differ");
+        goto out;
+    }
+    seq = PySequence_Fast(bufs, "replies must be a sequence");
+    if (!seq) goto out;
+    nb = PySequence_Fast_GET_SIZE(seq);
+    views = PyMem_Calloc((size_t)(nb ? nb : 1), sizeof *views);
+    rows = PyMem_Calloc((size_t)(nb ? nb : 1), sizeof *rows);
+    imgs = PyMem_Calloc((size_t)(nb ? nb : 1), sizeof *imgs);
+    img_of = PyMem_Calloc((size_t)(nb ? nb : 1), sizeof *img_of);
+    nrows = PyMem_Calloc((size_t)(nb ? nb : 1), sizeof *nrows);
+    pay = PyMem_Calloc((size_t)(n ? n : 1), sizeof *pay);
+    img = PyMem_Calloc((size_t)(n ? n : 1), sizeof *img);
+    if (!views || !rows || !imgs || !img_of || !nrows || !pay || !img) {
+        PyErr_NoMemory();
+        goto out;
+    }
+    for (; got < nb; got++)
+        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(seq, got), &views[got], PyBUF_SIMPLE) < 0)
+            goto out;
+    for (Py_ssize_t i = 0; i < nb; i++) {
+        int64_t nr = 0, nim = 0;
+        int rc = pl_reply_decode(views[i].buf, (size_t)views[i].len, NULL, 0, NULL, 0, &nr, &nim);
+        if (rc == PL_OK) {
+            rows[i] = PyMem_Calloc((size_t)(nr ? nr : 1), sizeof **rows);
+            imgs[i] = PyMem_Calloc((size_t)(nim ? nim : 1), sizeof **imgs);
+            img_of[i] = PyMem_Malloc((size_t)(nr ? nr : 1) * sizeof **img_of);
+            if (!rows[i] || !imgs[i] || !img_of[i]) {
+                PyErr_NoMemory();
+                goto out;
+            }
+            rc = pl_reply_decode(views[i].buf, (size_t)views[i].len, rows[i], nr, imgs[i], nim,
+                                 &nr, &nim);
+        }
+        if (rc != PL_OK) {
+            pypl_raise(PL_EINVAL, "constructor: a source loader's reply is corrupt");
+            goto out;
+        }
+        nrows[i] = nr;
+        for (int64_t r = 0; r < nr; r++) img_of[i][r] = -1;
+        for (int64_t k = 0; k < nim; k++) img_of[i][imgs[i][k].read] = k;
+    }
+    const int64_t *rbv = rb.buf, *rrv = rr.buf;
+    for (int64_t j = 0; j < n; j++) {
+        if (rbv[j] < 0 || rbv[j] >= nb || rrv[j] < 0 || rrv[j] >= nrows[rbv[j]]) {
+            PyErr_Format(PyExc_ValueError, "complete_replies: read %lld names no reply row",
+                         (long long)j);
+            goto out;
+        }
+        pay[j] = rows[rbv[j]][rrv[j]];
+        int64_t k = img_of[rbv[j]][rrv[j]];
+        if (k >= 0) {
+            img[ni] = imgs[rbv[j]][k];
+            img[ni++].read = j;
+        }
+    }
+    ret = pipe_finish(o, w, pay, n, img, ni);
+out:
+    for (Py_ssize_t i = 0; i < got; i++) PyBuffer_Release(&views[i]);
+    for (Py_ssize_t i = 0; i < nb && rows; i++) {
+        PyMem_Free(rows[i]);
+        PyMem_Free(imgs[i]);
+        PyMem_Free(img_of[i]);
+    }
+    PyMem_Free(views);
+    PyMem_Free(rows);
+    PyMem_Free(imgs);
+    PyMem_Free(img_of);
+    PyMem_Free(nrows);
+    PyMem_Free(pay);
+    PyMem_Free(img);
+    Py_XDECREF(seq);
+    PyBuffer_Release(&rb);
+    PyBuffer_Release(&rr);
     return ret;
 }
 
@@ -626,6 +727,11 @@ static PyMethodDef pipe_methods[] = {
      "(pl_package_encode) from payload buffers at stored width:\nread j lies at byte "
      "read_off[j] of buffers[read_buf[j]], at dtype dtypes[j] (int64\narrays).  The reads "
      "are work.reads() in order."},
+    {"complete_replies", (PyCFunction)pipe_complete_replies, METH_VARARGS,
+     "complete_replies(work, replies, read_buf, read_row)\n\nEncode the unit's package "
+     "(pl_package_encode_v2) from source-loader replies\n(read_rows_reply's PLRR bytes, "
+     "checked by pl_reply_decode): read j is row\nread_row[j] of replies[read_buf[j]] "
+     "(int64 arrays), with that row's image.  The\nreads are work.reads() in order."},
     {"fail", (PyCFunction)pipe_fail, METH_VARARGS,
      "fail(work, code, message)\n\nThe unit failed; the rank that reaches it gets the error."},
     {"next", (PyCFunction)pipe_next, METH_VARARGS,

@@ -12,8 +12,10 @@ bytes between C calls.
   Also the deployment's registry and the keeper of its generation (the state it was
   last restarted from).
 - :class:`SourceLoader`: index-range partitions of one or more sources; ``read`` answers
-  token ranges at their stored width (``pl_source_read_raw``).  Holds no training
-  progress, so any replica can serve any key of its partitions.
+  token ranges at their stored width (``pl_source_read_raw``), or, when the config has
+  image-text sources, a reply (``pl_reply_encode``) that adds each read's image, decoded
+  and resized here.  Holds no training progress, so any replica can serve any key of its
+  partitions.
 - :class:`DataConstructor`: the fan-out layer for a group of DP ranks and all their TP,
   PP and CP peers.  It hosts a ``pl_pipeline`` (polyload._core.Pipeline): the C object
   that also drives the embedded loader decides which step to plan and which unit to
@@ -592,7 +594,8 @@ class SourceLoader:
     ``(source index, first document, end document)``.  ``read(reads)`` takes an int64
     array ``[n, 4]`` of ``(source, index, offset, count)`` (rows of one source
     together) and returns one uint8 array per run of rows of one source: their tokens
-    back to back at that source's stored width."""
+    back to back at that source's stored width (with image-text sources in the config:
+    one ``pl_reply_encode`` reply, see ``_read_reply``)."""
 
     def __init__(self, payload, cwd: str, shards: Sequence[Tuple[int, int, int]],
                  watch: Optional[str] = None) -> None:
@@ -656,6 +659,8 @@ class SourceLoader:
         self._busy = 0.0
         self._read_cpu = 0.0  # thread CPU seconds of reads so far
         self._set_shards(self._shards)
+        # Image-text sources in the config: reads are answered as C replies (below).
+        self._images = cfg.get_int("image_sources") > 0
         self._ready = True
         return {"pid": os.getpid(), "node_id": _node_id(), "shards": self._shards,
                 "actor": ray.get_runtime_context().get_actor_name()}
@@ -750,12 +755,27 @@ class SourceLoader:
                 f"{int(reads[j, 1])} of source {int(reads[j, 0])} is outside its partitions "
                 f"{self._shards}")
         t0, c0 = time.monotonic(), time.thread_time()
+        if self._images:
+            out = self._read_reply(reads)
+            cpu = time.thread_time() - c0
+            with self._prof_lock:
+                self._read_cpu += cpu
+            self._account(reads[:, 0], reads[:, 3], len(out), time.monotonic() - t0, cpu)
+            return out
         data, _offsets = _core.read_rows_raw(self._srcs, reads)
         cpu = time.thread_time() - c0
         with self._prof_lock:
             self._read_cpu += cpu
         self._account(reads[:, 0], reads[:, 3], len(data), time.monotonic() - t0, cpu)
         return np.frombuffer(data, dtype=np.uint8)
+
+    def _read_reply(self, reads: np.ndarray) -> np.ndarray:
+        """The reply of a deployment with image-text sources (``pl_reply_encode``, one C
+        call): the rows' tokens at stored width plus the image of every row that holds a
+        sample's placeholder run, decoded and resized here (the sample-level work of a
+        source loader); a bad image travels as its error, which the micro-batch that
+        needs it reports.  Parsed by the constructor in C (``complete_replies``)."""
+        return np.frombuffer(_core.read_rows_reply(self._srcs, reads), dtype=np.uint8)
 
     @ray.method(enable_task_events=False)
     def lengths(self, source: int, indices: List[int]):
@@ -873,6 +893,7 @@ class DataConstructor:
         self._cfg = cfg
         self._nmb = cfg.get_int("micro_batches_per_rank")
         self._train_steps = cfg.get_int("train_steps")
+        self._images = cfg.get_int("image_sources") > 0  # reads come as C replies
         infos = [cfg.rank_info(r) for r in range(cfg.world_size())]
         self._ranks = [i["rank"] for i in infos if i["dp_rank"] in self._dp_ranks]
         self._pipe = _core.Pipeline.create(
@@ -1129,6 +1150,9 @@ class DataConstructor:
             return
         if gen != self._gen:
             return
+        if self._images:
+            self._complete_replies(units, sizes, outs, order, starts, ends, n)
+            return
         read_buf = np.empty(n, dtype=np.int64)
         read_off = np.empty(n, dtype=np.int64)
         nbytes = reads[:, 3] * self._widths[reads[:, 0]]
@@ -1143,6 +1167,24 @@ class DataConstructor:
             try:
                 self._pipe.complete(u, outs, read_dtype[at:at + k], read_buf[at:at + k],
                                     read_off[at:at + k])
+            except Exception as e:  # noqa: BLE001
+                self._pipe.fail(u, *_error_parts(e))
+            at += k
+
+    def _complete_replies(self, units, sizes, outs, order, starts, ends, n) -> None:
+        """The packages of units whose reads came back as replies (image-text sources):
+        read j is row ``read_row[j]`` of reply ``read_buf[j]``; C parses the replies and
+        puts tokens and images into each package (``Pipeline.complete_replies``)."""
+        read_buf = np.empty(n, dtype=np.int64)
+        read_row = np.empty(n, dtype=np.int64)
+        for j, (st, en) in enumerate(zip(starts, ends)):
+            sel = order[st:en]
+            read_buf[sel] = j
+            read_row[sel] = np.arange(en - st, dtype=np.int64)
+        at = 0
+        for u, k in zip(units, sizes):
+            try:
+                self._pipe.complete_replies(u, outs, read_buf[at:at + k], read_row[at:at + k])
             except Exception as e:  # noqa: BLE001
                 self._pipe.fail(u, *_error_parts(e))
             at += k
