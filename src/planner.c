@@ -24,14 +24,14 @@
  * (adding the previous draw's increments, t = t + w * L as before, and
  * finding the largest class deficit; ties across classes go to the lowest
  * top index).  The usual mixtures (equal weights, a few weight levels over
- * many sources) have a handful of classes; every source its own weight (or
- * a resume that restarts each target at its drawn tokens) gives one class
- * per source, the linear pass of before.  The exact operations per source
+ * many sources) have a handful of classes; where every source is a class
+ * of its own (every source its own weight, or a resume that restarts each
+ * target at its drawn tokens) the draw is the linear one below, O(sources).  The exact operations per source
  * are those of the two-scan loop this replaced, so plans and states are bit
  * for bit the same (tests/c/test_planner_draw.c: golden hashes, the two-scan
  * draw side by side, and whole runs against the linear draw kept below).
  * The linear draw (act_* arrays, zero-weight sources left out and applied
- * once at the end) serves where classes would not be exact: weights or
+ * once at the end) also serves where classes would not be exact: weights or
  * targets that are not finite, or targets or drawn tokens at or above 2^49
  * (where t - d could round two drawn counts to one deficit).
  *
@@ -437,7 +437,9 @@ void pl__planner_draw_begin(pl_planner *p) {
                 break;
             }
     p->open_src = p->open_act >= 0 ? p->act[p->open_act] : -1;
-    p->use_cls = !exotic && !p->draw_linear && pl__cls_build(p) == 0;
+    /* Classes where some are shared; one source per class is the linear
+       draw itself (with less bookkeeping). */
+    p->use_cls = !exotic && !p->draw_linear && pl__cls_build(p) == 0 && p->cls_multi;
 }
 
 /* Add the pending draw's increments to every target (t = t + w * L). */

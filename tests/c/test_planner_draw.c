@@ -363,13 +363,12 @@ static void compare_runs(const char *yaml, int steps, const char *label) {
     run_open(&a, yaml);
     run_open(&b, yaml);
     b.p->draw_linear = 1;
-    int64_t mism = 0, classed = 0, multi = 0;
+    int64_t mism = 0, classed = 0;
     int s = 0;
     for (; s < steps; s++) {
         pl_plan *pa = NULL, *pb = NULL;
         int ra = pl_planner_next(a.p, &pa), rb = pl_planner_next(b.p, &pb);
         classed += a.p->use_cls;
-        multi += a.p->use_cls && a.p->cls_multi;
         CHECK(!b.p->use_cls);
         if (ra != rb) mism++;
         if (ra == PL_OK && rb == PL_OK && hash_plan(pa, 1) != hash_plan(pb, 1)) mism++;
@@ -378,8 +377,8 @@ static void compare_runs(const char *yaml, int steps, const char *label) {
         pl_plan_free(pb);
         if (ra || rb) break;
     }
-    fprintf(stderr, "compare_runs %s: %d steps, %lld by classes (%lld with shared classes), %lld mismatches\n",
-            label, s, (long long)classed, (long long)multi, (long long)mism);
+    fprintf(stderr, "compare_runs %s: %d steps, %lld by classes, %lld mismatches\n",
+            label, s, (long long)classed, (long long)mism);
     CHECK_EQ_I64(mism, 0);
     CHECK(classed > 0);
     run_close(&a);
