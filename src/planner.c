@@ -276,26 +276,26 @@ static int pl__exhausted(const pl_planner *p, int64_t i);
 
 /* Heap order within a class: fewer drawn tokens first (the larger deficit,
  * the targets being equal), then the lower index. */
-static inline int pl__hless(const pl_planner *p, int64_t a, int64_t b) {
-    int64_t da = p->src[a].drawn_tokens, db = p->src[b].drawn_tokens;
-    return da < db || (da == db && a < b);
+static inline int pl__hless(pl__hent a, pl__hent b) {
+    return a.d < b.d || (a.d == b.d && a.i < b.i);
 }
 
-static void pl__hset(pl_planner *p, int64_t q, int64_t i) {
-    p->heap[q] = i;
-    p->hpos[i] = q;
+static inline void pl__hset(pl_planner *p, int64_t q, pl__hent e) {
+    p->heap[q] = e;
+    p->hpos[e.i] = q;
 }
 
 /* Move the source at position q (absolute) of class c's heap down. */
 static void pl__hdown(pl_planner *p, int64_t c, int64_t q) {
     const int64_t off = p->cls_off[c], hs = p->cls_hs[c];
-    int64_t r = q - off, x = p->heap[q];
+    pl__hent *h = p->heap + off, x = h[q - off];
+    int64_t r = q - off;
     for (;;) {
         int64_t l = 2 * r + 1, m = l;
         if (l >= hs) break;
-        if (l + 1 < hs && pl__hless(p, p->heap[off + l + 1], p->heap[off + l])) m = l + 1;
-        if (!pl__hless(p, p->heap[off + m], x)) break;
-        pl__hset(p, off + r, p->heap[off + m]);
+        if (l + 1 < hs && pl__hless(h[l + 1], h[l])) m = l + 1;
+        if (!pl__hless(h[m], x)) break;
+        pl__hset(p, off + r, h[m]);
         r = m;
     }
     pl__hset(p, off + r, x);
@@ -304,11 +304,12 @@ static void pl__hdown(pl_planner *p, int64_t c, int64_t q) {
 /* Restore the heap of class c around position q (absolute). */
 static void pl__hfix(pl_planner *p, int64_t c, int64_t q) {
     const int64_t off = p->cls_off[c];
-    int64_t r = q - off, x = p->heap[q];
+    pl__hent *h = p->heap + off, x = h[q - off];
+    int64_t r = q - off;
     while (r > 0) { /* up */
         int64_t up = (r - 1) / 2;
-        if (!pl__hless(p, x, p->heap[off + up])) break;
-        pl__hset(p, off + r, p->heap[off + up]);
+        if (!pl__hless(x, h[up])) break;
+        pl__hset(p, off + r, h[up]);
         r = up;
     }
     pl__hset(p, off + r, x);
@@ -316,9 +317,7 @@ static void pl__hfix(pl_planner *p, int64_t c, int64_t q) {
 }
 
 static void pl__cls_top(pl_planner *p, int64_t c) {
-    p->cls_d[c] = p->cls_hs[c] > 0
-                      ? (double)p->src[p->heap[p->cls_off[c]]].drawn_tokens
-                      : INFINITY;
+    p->cls_d[c] = p->cls_hs[c] > 0 ? (double)p->heap[p->cls_off[c]].d : INFINITY;
 }
 
 /* Take source i out of its class's heap (it stays a member: its target
@@ -327,8 +326,8 @@ static void pl__cls_remove(pl_planner *p, int64_t i) {
     int64_t c = p->cls_of[i], q = p->hpos[i];
     int64_t last = p->cls_off[c] + p->cls_hs[c] - 1;
     if (q > last) return; /* already out */
-    int64_t y = p->heap[last];
-    pl__hset(p, last, i);
+    pl__hent y = p->heap[last], me = p->heap[q];
+    pl__hset(p, last, me);
     p->cls_hs[c]--;
     if (q < last) {
         pl__hset(p, q, y);
@@ -387,7 +386,8 @@ static int pl__cls_build(pl_planner *p) {
     for (int64_t k = 0; k < p->n_act; k++) {
         int64_t i = p->act[k], c = p->cls_of[i];
         if (p->has_caps && pl__exhausted(p, i)) continue;
-        pl__hset(p, p->cls_off[c] + p->cls_hs[c]++, i);
+        pl__hset(p, p->cls_off[c] + p->cls_hs[c]++,
+                 (pl__hent){p->src[i].drawn_tokens, i});
     }
     if (p->has_caps) {
         int64_t *out = p->cls_hash; /* free again: a count per class */
@@ -395,7 +395,8 @@ static int pl__cls_build(pl_planner *p) {
         for (int64_t k = 0; k < p->n_act; k++) {
             int64_t i = p->act[k], c = p->cls_of[i];
             if (pl__exhausted(p, i))
-                pl__hset(p, p->cls_off[c] + p->cls_hs[c] + out[c]++, i);
+                pl__hset(p, p->cls_off[c] + p->cls_hs[c] + out[c]++,
+                         (pl__hent){p->src[i].drawn_tokens, i});
         }
     }
     for (int64_t c = 0; c < g; c++) {
@@ -632,11 +633,11 @@ static int64_t pl__cls_argmax(pl_planner *p, double take) {
     double m = t[k] - d[k];
     if (m == -INFINITY) return -1; /* empty classes only */
     if (p->cls_multi) {
-        int64_t top = p->heap[p->cls_off[k]];
+        int64_t top = p->heap[p->cls_off[k]].i;
         for (int64_t j = k + 1; j < n; j++)
-            if (t[j] - d[j] == m && p->heap[p->cls_off[j]] < top) {
+            if (t[j] - d[j] == m && p->heap[p->cls_off[j]].i < top) {
                 k = j;
-                top = p->heap[p->cls_off[j]];
+                top = p->heap[p->cls_off[j]].i;
             }
     }
     return k;
@@ -685,7 +686,7 @@ again:
        drawn (the targets still rose above), so the stream never interleaves
        two documents. */
     if (p->use_cls) {
-        best = p->open_src >= 0 ? p->open_src : p->heap[p->cls_off[k]];
+        best = p->open_src >= 0 ? p->open_src : p->heap[p->cls_off[k]].i;
     } else {
         if (p->open_act >= 0) k = p->open_act;
         best = p->act[k];
@@ -720,6 +721,7 @@ again:
     if (p->use_cls) {
         int64_t c = p->cls_of[best];
         p->open_src = open ? best : -1;
+        p->heap[p->hpos[best]].d = s->drawn_tokens;
         pl__hdown(p, c, p->hpos[best]); /* more drawn: down its heap */
         if (p->has_caps && pl__exhausted(p, best))
             pl__cls_remove(p, best);

@@ -30,6 +30,12 @@ typedef struct pl__chunks {
 int pl__chunks_push(pl__chunks *c, const pl_chunk *ch);
 void pl__chunks_free(pl__chunks *c);
 
+/* A class member in its class's heap: its drawn tokens (the key, kept
+ * here so that sifting reads no source state) and its index. */
+typedef struct pl__hent {
+    int64_t d, i;
+} pl__hent;
+
 struct pl_planner {
     char errmsg[PL__ERRMSG_CAP];
     pl_config *cfg;          /* owned clone */
@@ -74,7 +80,7 @@ struct pl_planner {
     int64_t *cls_off, *cls_size, *cls_hs; /* members in heap[off, off+size),
                                              the first hs of them in the heap */
     int64_t *cls_of;         /* [n_sources]: class of a source */
-    int64_t *heap;           /* [n_sources]: source indices */
+    pl__hent *heap;          /* [n_sources]: members, heap order first */
     int64_t *hpos;           /* [n_sources]: position of a source in heap */
     int64_t *cls_hash;       /* [cls_hash_cap]: class grouping scratch */
     int64_t cls_hash_cap;
