@@ -26,7 +26,11 @@
  * top index).  The usual mixtures (equal weights, a few weight levels over
  * many sources) have a handful of classes; where every source is a class
  * of its own (every source its own weight, or a resume that restarts each
- * target at its drawn tokens) the draw is the linear one below, O(sources).  The exact operations per source
+ * target at its drawn tokens) the draw is the linear one below, O(sources):
+ * one pass that adds the previous draw's increments and keeps each lane's
+ * largest deficit and its first index (AVX-512F, four independent 8-lane
+ * sets), or, without AVX-512, that pass and a second for the first index
+ * (AVX or SSE2).  The exact operations per source
  * are those of the two-scan loop this replaced, so plans and states are bit
  * for bit the same (tests/c/test_planner_draw.c: golden hashes, the two-scan
  * draw side by side, and whole runs against the linear draw kept below).
@@ -566,15 +570,94 @@ pl__draw_argmax_avx(double *t, const double *w, const double *d, int64_t n,
     return 0;
 }
 
+/* pl__draw_argmax in one pass of 8 lanes (AVX-512F, no FMA: the same
+ * roundings): each lane keeps its largest deficit and the index of its first
+ * occurrence (strict >), then the lanes' maxima meet, ties to the lowest
+ * index; the same k as the two passes. */
+__attribute__((target("avx512f"))) static int64_t
+pl__draw_argmax_avx512(double *t, const double *w, const double *d, int64_t n,
+                       double take) {
+    enum { L = 4 }; /* independent lane sets of 8, so the keep chains overlap */
+    int64_t k = 0;
+    const __m512d vl = _mm512_set1_pd(take);
+    __m512d vm[L];
+    __m512i vi[L], vk[L];
+    for (int j = 0; j < L; j++) {
+        vm[j] = _mm512_set1_pd(-INFINITY);
+        vi[j] = _mm512_set1_epi64(0);
+        vk[j] = _mm512_add_epi64(_mm512_set_epi64(7, 6, 5, 4, 3, 2, 1, 0),
+                                 _mm512_set1_epi64(8 * j));
+    }
+    const __m512i vstep = _mm512_set1_epi64(8 * L);
+    const int add = take > 0;
+    for (; k + 8 * L <= n; k += 8 * L) {
+        for (int j = 0; j < L; j++) {
+            __m512d tv = _mm512_loadu_pd(t + k + 8 * j);
+            if (add) {
+                tv = _mm512_add_pd(tv, _mm512_mul_pd(_mm512_loadu_pd(w + k + 8 * j), vl));
+                _mm512_storeu_pd(t + k + 8 * j, tv);
+            }
+            __m512d x = _mm512_sub_pd(tv, _mm512_loadu_pd(d + k + 8 * j));
+            __mmask8 g = _mm512_cmp_pd_mask(x, vm[j], _CMP_GT_OQ);
+            vm[j] = _mm512_mask_mov_pd(vm[j], g, x);
+            vi[j] = _mm512_mask_mov_epi64(vi[j], g, vk[j]);
+            vk[j] = _mm512_add_epi64(vk[j], vstep);
+        }
+    }
+    double lanes[8 * L], m = -INFINITY;
+    int64_t idx[8 * L], best = -1;
+    for (int j = 0; j < L; j++) {
+        _mm512_storeu_pd(lanes + 8 * j, vm[j]);
+        _mm512_storeu_si512((void *)(idx + 8 * j), vi[j]);
+    }
+    for (int j = 0; j < 8 * L && k > 0; j++)
+        if (lanes[j] > m || (lanes[j] == m && best >= 0 && idx[j] < best)) {
+            m = lanes[j];
+            best = idx[j];
+        }
+    for (; k < n; k++) { /* the tail comes after every lane's index */
+        if (add) {
+            double inc = w[k] * take;
+            t[k] = t[k] + inc;
+        }
+        double x = t[k] - d[k];
+        if (best < 0 || x > m) {
+            m = x;
+            best = k;
+        }
+    }
+    return best < 0 ? 0 : best;
+}
+
+static int pl__draw_isa_cap = 2; /* tests lower it (pl__planner_draw_isa) */
+
 static int pl__have_avx(void) {
     static int have = -1; /* benign race: every thread computes the same */
     if (have < 0) {
         __builtin_cpu_init();
-        have = __builtin_cpu_supports("avx") ? 1 : 0;
+        have = __builtin_cpu_supports("avx512f") ? 2 : __builtin_cpu_supports("avx") ? 1 : 0;
     }
-    return have;
+    return have < pl__draw_isa_cap ? have : pl__draw_isa_cap;
+}
+
+/* The vectorized argmax this CPU runs best (n >= 8). */
+static int64_t pl__draw_argmax_wide(double *t, const double *w, const double *d,
+                                    int64_t n, double take) {
+    return pl__have_avx() == 2 ? pl__draw_argmax_avx512(t, w, d, n, take)
+                               : pl__draw_argmax_avx(t, w, d, n, take);
 }
 #endif
+
+int pl__planner_draw_isa(int cap) {
+#if PL__DRAW_AVX
+    int old = pl__draw_isa_cap;
+    pl__draw_isa_cap = cap;
+    return old;
+#else
+    (void)cap;
+    return 0;
+#endif
+}
 
 /* The two-scan rule itself, for weights or targets that are not finite. */
 static int64_t pl__draw_argmax_exotic(double *t, const double *w,
@@ -626,7 +709,7 @@ static int64_t pl__cls_argmax(pl_planner *p, double take) {
     double *t = p->cls_t, *w = p->cls_w, *d = p->cls_d;
 #if PL__DRAW_AVX
     if (n >= 8 && pl__have_avx())
-        k = pl__draw_argmax_avx(t, w, d, n, take);
+        k = pl__draw_argmax_wide(t, w, d, n, take);
     else
 #endif
         k = pl__draw_argmax(t, w, d, n, take);
@@ -664,7 +747,7 @@ again:
         k = pl__draw_argmax_exotic(p->act_t, p->act_w, p->act_d, p->n_act, take_prev);
 #if PL__DRAW_AVX
     else if (p->n_act >= 8 && pl__have_avx())
-        k = pl__draw_argmax_avx(p->act_t, p->act_w, p->act_d, p->n_act, take_prev);
+        k = pl__draw_argmax_wide(p->act_t, p->act_w, p->act_d, p->n_act, take_prev);
 #endif
     else
         k = pl__draw_argmax(p->act_t, p->act_w, p->act_d, p->n_act, take_prev);

@@ -111,6 +111,11 @@ int pl__planner_draw(pl_planner *p, pl_chunk *out);
 void pl__planner_draw_begin(pl_planner *p);
 void pl__planner_draw_end(pl_planner *p);
 
+/* Tests: cap the vector code of the draw (2 AVX-512F, 1 AVX, 0 SSE2) to
+ * check every path on one machine; returns the previous cap.  Not thread
+ * safe; the default is 2 (the best the CPU has). */
+int pl__planner_draw_isa(int cap);
+
 /* Packing: turn carry + drawn chunks into a plan (pack.c). */
 int pl__pack_step(pl_planner *p, pl_plan **out);
 void pl__pack_free(void *pack);
