@@ -497,6 +497,52 @@ static void test_classes_resume(const corpus *c) {
     free(blob);
 }
 
+/* An evaluation pass (pl_config_split): every document of the split once,
+ * in index order, then PL_DONE; class draw and linear draw alike. */
+static void test_classes_eval(const corpus *c) {
+    static char y[16384];
+    const char *w[12];
+    char wbuf[12][8];
+    for (int i = 0; i < 12; i++) {
+        snprintf(wbuf[i], sizeof wbuf[i], "%d", 1 + i % 2);
+        w[i] = wbuf[i];
+    }
+    snprintf(y, sizeof y, "seq_length: 64\nglobal_batch_size: 8\nseed: 17\nsplit: 70,30,0\n");
+    sources_yaml(y, sizeof y, c, 12, w);
+    run a, b;
+    run_open(&a, y);
+    run_open(&b, y);
+    pl_config *va = NULL, *vb = NULL;
+    CHECK_OK(pl_config_split(a.cfg, PL_SPLIT_VALID, &va));
+    CHECK_OK(pl_config_split(b.cfg, PL_SPLIT_VALID, &vb));
+    pl_planner *pa = NULL, *pb = NULL;
+    CHECK_OK(pl_planner_create(va, a.src, a.n, &pa));
+    CHECK_OK(pl_planner_create(vb, b.src, b.n, &pb));
+    pb->draw_linear = 1;
+    int steps = 0, classed = 0, ra = 0, rb = 0;
+    for (; steps < 1000; steps++) {
+        pl_plan *x = NULL, *z = NULL;
+        ra = pl_planner_next(pa, &x);
+        rb = pl_planner_next(pb, &z);
+        classed += pa->use_cls;
+        CHECK_EQ_I64(ra, rb);
+        if (ra == PL_OK && rb == PL_OK) CHECK(hash_plan(x, 3) == hash_plan(z, 3));
+        CHECK(hash_state(pa, 4) == hash_state(pb, 4));
+        pl_plan_free(x);
+        pl_plan_free(z);
+        if (ra || rb) break;
+    }
+    fprintf(stderr, "compare eval pass: %d steps, %d by classes, ended %d\n", steps,
+            classed, ra);
+    CHECK(ra == PL_DONE && steps > 2 && classed > 0);
+    pl_planner_free(pa);
+    pl_planner_free(pb);
+    pl_config_free(va);
+    pl_config_free(vb);
+    run_close(&a);
+    run_close(&b);
+}
+
 int main(void) {
     corpus c;
     corpus_make(&c, 64);
@@ -505,6 +551,7 @@ int main(void) {
     test_reference(&c);
     test_classes(&c);
     test_classes_resume(&c);
+    test_classes_eval(&c);
     corpus_free(&c);
     TEST_END();
 }
