@@ -289,15 +289,21 @@ static inline void pl__hset(pl_planner *p, int64_t q, pl__hent e) {
     p->hpos[e.i] = q;
 }
 
+/* The heaps are 4-ary: a node's four children (16 bytes each) share one
+ * cache line, and a sift crosses half the levels of a binary heap. */
+#define PL__HARITY 4
+
 /* Move the source at position q (absolute) of class c's heap down. */
 static void pl__hdown(pl_planner *p, int64_t c, int64_t q) {
     const int64_t off = p->cls_off[c], hs = p->cls_hs[c];
     pl__hent *h = p->heap + off, x = h[q - off];
     int64_t r = q - off;
     for (;;) {
-        int64_t l = 2 * r + 1, m = l;
+        int64_t l = PL__HARITY * r + 1, m = l;
         if (l >= hs) break;
-        if (l + 1 < hs && pl__hless(h[l + 1], h[l])) m = l + 1;
+        int64_t end = l + PL__HARITY < hs ? l + PL__HARITY : hs;
+        for (int64_t j = l + 1; j < end; j++)
+            if (pl__hless(h[j], h[m])) m = j;
         if (!pl__hless(h[m], x)) break;
         pl__hset(p, off + r, h[m]);
         r = m;
@@ -311,7 +317,7 @@ static void pl__hfix(pl_planner *p, int64_t c, int64_t q) {
     pl__hent *h = p->heap + off, x = h[q - off];
     int64_t r = q - off;
     while (r > 0) { /* up */
-        int64_t up = (r - 1) / 2;
+        int64_t up = (r - 1) / PL__HARITY;
         if (!pl__hless(x, h[up])) break;
         pl__hset(p, off + r, h[up]);
         r = up;
@@ -405,7 +411,7 @@ static int pl__cls_build(pl_planner *p) {
     }
     for (int64_t c = 0; c < g; c++) {
         if (p->cls_hs[c] > 1)
-            for (int64_t r = p->cls_hs[c] / 2 - 1; r >= 0; r--)
+            for (int64_t r = (p->cls_hs[c] - 2) / PL__HARITY; r >= 0; r--)
                 pl__hdown(p, c, p->cls_off[c] + r);
         pl__cls_top(p, c);
     }
