@@ -4,7 +4,9 @@
  *
  * Build (after cmake --build build-bench; it uses the internal builder):
  *   gcc -O2 -std=c11 -Iinclude -Isrc bench/handoff.c build-bench/libpolyload.a \
- *       -lyaml -lxxhash -lz -lpthread -lm -o build-bench/bench_handoff
+ *       -lyaml -lxxhash -ljansson -lzstd -lz \
+ *       $(pkg-config --libs libjpeg spng libwebp libswscale stb) \
+ *       -lsentencepiece -lstdc++ -lpthread -lm -o build-bench/bench_handoff
  * Run:
  *   build-bench/bench_handoff CONFIG SECONDS THREADS...      (see bench/handoff.py)
  *
@@ -17,7 +19,8 @@
  * loader: pl_loader_create with `threads` = each of THREADS, serving every
  *   rank; one consumer takes every rank's micro-batches in step order (as
  *   `polyload run`), after a 1 s warm-up, for SECONDS; tokens/s from
- *   pl_loader_get_stats's non-padding token counter.
+ *   pl_loader_get_stats's non-padding token counter, and the process's
+ *   voluntary and involuntary context switches per micro-batch (getrusage).
  * Prints one JSON line per measurement.
  */
 #ifndef _GNU_SOURCE
@@ -25,6 +28,7 @@
 #endif
 #include <pthread.h>
 #include <stdatomic.h>
+#include <sys/resource.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,6 +41,15 @@ static double cpu_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
+
+/* Context switches of the process so far: voluntary (a thread slept: a
+ * hand-off that waited) and involuntary (preempted, e.g. by other load). */
+static void csw_now(long *vol, long *invol) {
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    *vol = ru.ru_nvcsw;
+    *invol = ru.ru_nivcsw;
 }
 
 static double now_s(void) {
@@ -166,7 +179,8 @@ static int run_loader(const pl_config *cfg, double seconds, int threads, int64_t
     pl_config_get_int(cfg, "seq_length", &cols);
     pl_loader_stats st = {.size = sizeof st};
     double t0 = now_s(), tm = 0, cm = 0;
-    int64_t k0 = 0;
+    int64_t k0 = 0, m0 = 0;
+    long v0 = 0, i0 = 0, v1 = 0, i1 = 0;
     for (int phase = 0; phase < 2; phase++) {
         double until = now_s() + (phase ? seconds : 1.0);
         while (now_s() < until) {
@@ -182,17 +196,23 @@ static int run_loader(const pl_config *cfg, double seconds, int threads, int64_t
         pl_loader_get_stats(l, &st, NULL, 0);
         if (phase == 0) {
             k0 = st.tokens;
+            m0 = st.micro_batches;
             tm = now_s();
             cm = cpu_now();
+            csw_now(&v0, &i0);
         }
     }
     double dt = now_s() - tm, cpu = cpu_now() - cm;
+    csw_now(&v1, &i1);
+    double mbs = (double)(st.micro_batches - m0);
     (void)t0;
     printf("{\"what\": \"loader\", \"threads\": %d, \"unit\": %lld, \"rows\": %lld, "
            "\"cols\": %lld, \"tokens_per_s\": %.4g, \"tokens_per_cpu_s\": %.4g, "
-           "\"seconds\": %.3f, \"cpu_s\": %.3f}\n",
+           "\"seconds\": %.3f, \"cpu_s\": %.3f, \"voluntary_csw_per_mb\": %.3f, "
+           "\"involuntary_csw_per_mb\": %.3f}\n",
            threads, (long long)unit, (long long)rows, (long long)cols,
-           (double)(st.tokens - k0) / dt, (double)(st.tokens - k0) / cpu, dt, cpu);
+           (double)(st.tokens - k0) / dt, (double)(st.tokens - k0) / cpu, dt, cpu,
+           (double)(v1 - v0) / (mbs > 0 ? mbs : 1), (double)(i1 - i0) / (mbs > 0 ? mbs : 1));
     pl_loader_free(l);
     return 0;
 }

@@ -36,7 +36,7 @@ int pl__pool_create(int64_t rows, int64_t cols, int64_t full_cols,
                     pl_dtype dtype, pl__pool **out) {
     pl__pool *p = pl__calloc(1, sizeof *p);
     if (!p) return PL_ENOMEM;
-    if (pthread_mutex_init(&p->mu, NULL)) {
+    if (pl__mutex_init_busy(&p->mu)) {
         free(p);
         return PL_ENOMEM;
     }

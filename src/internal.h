@@ -8,12 +8,31 @@
 
 #include "polyload/polyload.h"
 
+#include <pthread.h>
 #include <stdarg.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #define PL__ERRMSG_CAP 512
+
+/* A mutex for short critical sections that threads on other cores take at
+ * a high rate (the pipeline's, the batch pool's): glibc's adaptive kind
+ * spins a little before it sleeps in the kernel, so a contended lock held
+ * for a few hundred nanoseconds costs no futex wait and wake-up.  0 or an
+ * errno value, as pthread_mutex_init. */
+static inline int pl__mutex_init_busy(pthread_mutex_t *mu) {
+#if defined(PTHREAD_ADAPTIVE_MUTEX_INITIALIZER_NP)
+    pthread_mutexattr_t a;
+    if (pthread_mutexattr_init(&a)) return pthread_mutex_init(mu, NULL);
+    pthread_mutexattr_settype(&a, PTHREAD_MUTEX_ADAPTIVE_NP);
+    int rc = pthread_mutex_init(mu, &a);
+    pthread_mutexattr_destroy(&a);
+    return rc;
+#else
+    return pthread_mutex_init(mu, NULL);
+#endif
+}
 
 /* Format into buf (always NUL-terminated, truncated if needed). */
 void pl__fmt(char *buf, size_t cap, const char *fmt, ...)

@@ -64,6 +64,7 @@ typedef struct pl__prank {
     int64_t group;
     int64_t cursor;
     int64_t pin;       /* unit pinned, -1 */
+    int64_t wait_u;    /* unit its consumer waits for in next, -1 */
     int attached, lagged;
 } pl__prank;
 
@@ -91,6 +92,8 @@ struct pl_pipeline {
     pthread_mutex_t mu;
     pthread_cond_t work_cv, ready_cv;
     int64_t work_cv_n, ready_cv_n; /* waiters */
+    int pend_work_cv, pend_ready_cv; /* broadcasts due at the next unlock */
+    int64_t ready_other_n; /* waiters on ready_cv for a state or statistics */
     int sync_inited;
     int closed, failed, failed_reported;
     char fail_msg[PL__ERRMSG_CAP];
@@ -152,16 +155,33 @@ static pl__pentry *pl__entry(pl_pipeline *p, int64_t step) {
 }
 
 /* Condition variables that count their waiters, so that a wake-up costs no
- * system call when nobody waits (the common case once the rings are full). */
-#define pl__wake(cv) pl__wake_(&p->cv, &p->cv##_n)
-#define pl__wait(cv, mu, dl) pl__wait_(&p->cv, (mu), (dl), &p->cv##_n)
-static void pl__wake_(pthread_cond_t *cv, const int64_t *waiters) {
-    if (*waiters > 0) pthread_cond_broadcast(cv);
+ * system call when nobody waits (the common case once the rings are full).
+ * A wake-up is only noted under the mutex and sent by pl__unlock once the
+ * mutex is free (or before the caller itself waits): a thread woken while
+ * the waker still held the mutex would run only to block on it again, two
+ * more context switches per hand-off.  Waiters re-check their conditions
+ * under the mutex, so a broadcast after the unlock loses nothing. */
+#define pl__wake(cv) pl__wake_(&p->cv##_n, &p->pend_##cv)
+#define pl__wait(cv, mu, dl) pl__wait_(p, &p->cv, (mu), (dl), &p->cv##_n)
+static void pl__wake_(const int64_t *waiters, int *pending) {
+    if (*waiters > 0) *pending = 1;
 }
 
-/* Wait with an absolute deadline (NULL: none); PL_ETIMEDOUT when it passed. */
-static int pl__wait_(pthread_cond_t *cv, pthread_mutex_t *mu,
+static void pl__unlock(pl_pipeline *p) {
+    int w = p->pend_work_cv, r = p->pend_ready_cv;
+    p->pend_work_cv = p->pend_ready_cv = 0;
+    pthread_mutex_unlock(&p->mu);
+    if (w) pthread_cond_broadcast(&p->work_cv);
+    if (r) pthread_cond_broadcast(&p->ready_cv);
+}
+
+/* Wait with an absolute deadline (NULL: none); PL_ETIMEDOUT when it passed.
+ * The wake-ups noted so far go out first (they cannot wait for an unlock). */
+static int pl__wait_(pl_pipeline *p, pthread_cond_t *cv, pthread_mutex_t *mu,
                      const struct timespec *deadline, int64_t *waiters) {
+    if (p->pend_work_cv) pthread_cond_broadcast(&p->work_cv);
+    if (p->pend_ready_cv) pthread_cond_broadcast(&p->ready_cv);
+    p->pend_work_cv = p->pend_ready_cv = 0;
     int rc = PL_OK;
     (*waiters)++;
     if (!deadline)
@@ -221,6 +241,13 @@ static int64_t pl__group_min(const pl_pipeline *p, const pl__pgroup *g,
         if (m < 0 || r->cursor < m) m = r->cursor;
     }
     return m;
+}
+
+/* Does a consumer of group g wait for unit u? */
+static int pl__group_waits(const pl_pipeline *p, const pl__pgroup *g, int64_t u) {
+    for (int64_t j = 0; j < g->n_members; j++)
+        if (p->ranks[p->members[g->first_member + j]].wait_u == u) return 1;
+    return 0;
 }
 
 /* Consumed position: least cursor of every rank not dropped. */
@@ -396,7 +423,7 @@ int pl_pipeline_create(const pl_config *cfg, const pl_pipeline_options *o,
         return pl__pfail(p, PL_EINVAL,
                          "pipeline: prefetch %lld or max_lag_steps %lld above the limit 2^20",
                          (long long)prefetch, (long long)lag_steps);
-    if (pthread_mutex_init(&p->mu, NULL))
+    if (pl__mutex_init_busy(&p->mu))
         return pl__pfail(p, PL_ENOMEM, "pipeline: cannot create mutex");
     if (pthread_cond_init(&p->work_cv, NULL)) {
         pthread_mutex_destroy(&p->mu);
@@ -432,6 +459,7 @@ int pl_pipeline_create(const pl_config *cfg, const pl_pipeline_options *o,
                              (long long)c->topology.tp);
         }
         p->ranks[i].pin = -1;
+        p->ranks[i].wait_u = -1;
     }
     qsort(p->ranks, (size_t)p->n_ranks, sizeof *p->ranks, pl__cmp_rank);
     for (int64_t i = 1; i < p->n_ranks; i++)
@@ -568,7 +596,7 @@ static int pl__pipeline_reset_impl(pl_pipeline *p, const void *blob, size_t len,
     p->st_mom_sum = p->st_molb_sum = 0;
     pl__wake(work_cv);
     pl__wake(ready_cv);
-    pthread_mutex_unlock(&p->mu);
+    pl__unlock(p);
     return PL_OK;
 }
 
@@ -578,20 +606,20 @@ void pl_pipeline_close(pl_pipeline *p) {
     p->closed = 1;
     pl__wake(work_cv);
     pl__wake(ready_cv);
-    pthread_mutex_unlock(&p->mu);
+    pl__unlock(p);
 }
 
 uint64_t pl_pipeline_generation(pl_pipeline *p) {
     pthread_mutex_lock(&p->mu);
     uint64_t g = p->generation;
-    pthread_mutex_unlock(&p->mu);
+    pl__unlock(p);
     return g;
 }
 
 void pl__pipeline_reopen(pl_pipeline *p) {
     pthread_mutex_lock(&p->mu);
     p->closed = 0;
-    pthread_mutex_unlock(&p->mu);
+    pl__unlock(p);
 }
 
 void pl__pipeline_end_at(pl_pipeline *p, int64_t step) {
@@ -602,7 +630,7 @@ void pl__pipeline_end_at(pl_pipeline *p, int64_t step) {
         pl__wake(work_cv);
         pl__wake(ready_cv);
     }
-    pthread_mutex_unlock(&p->mu);
+    pl__unlock(p);
 }
 
 size_t pl_pipeline_sizeof(const pl_pipeline *p) {
@@ -715,7 +743,7 @@ int pl_pipeline_get_work(pl_pipeline *p, unsigned kinds, int64_t timeout_ms,
         }
         pl__wait(work_cv, &p->mu, use ? &ts : NULL);
     }
-    pthread_mutex_unlock(&p->mu);
+    pl__unlock(p);
     return rc;
 }
 
@@ -729,7 +757,7 @@ static void pl__fail_oom(pl_pipeline *p, int64_t step) {
         pl__wake(work_cv);
         pl__wake(ready_cv);
     }
-    pthread_mutex_unlock(&p->mu);
+    pl__unlock(p);
 }
 
 static int pl__add(pl_pipeline *p, int64_t step, pl_plan *plan, const void *blob,
@@ -756,7 +784,7 @@ static int pl__add(pl_pipeline *p, int64_t step, pl_plan *plan, const void *blob
     e->msg = message ? pl__strdup(message) : NULL;
     pthread_mutex_lock(&p->mu);
     if (!p->asked || step != p->next_plan_step) {
-        pthread_mutex_unlock(&p->mu);
+        pl__unlock(p);
         pl__entry_free(e);
         return PL_EINVAL;
     }
@@ -764,7 +792,7 @@ static int pl__add(pl_pipeline *p, int64_t step, pl_plan *plan, const void *blob
         int64_t nc = p->cap_entries ? p->cap_entries * 2 : 8;
         pl__pentry **v = pl__realloc_array(p->entries, (size_t)nc, sizeof *v);
         if (!v) {
-            pthread_mutex_unlock(&p->mu);
+            pl__unlock(p);
             pl__entry_free(e);
             pl__fail_oom(p, step);
             return PL_ENOMEM;
@@ -777,8 +805,10 @@ static int pl__add(pl_pipeline *p, int64_t step, pl_plan *plan, const void *blob
     p->next_plan_step++;
     p->asked = 0;
     pl__wake(work_cv);
-    pl__wake(ready_cv);
-    pthread_mutex_unlock(&p->mu);
+    /* Consumers wait for units, not steps: a new step concerns the state and
+       statistics calls that wait for its blob, and a failed one everybody. */
+    if (status != PL_OK || p->ready_other_n > 0) pl__wake(ready_cv);
+    pl__unlock(p);
     return PL_OK;
 }
 
@@ -816,7 +846,7 @@ int pl_pipeline_complete(pl_pipeline *p, const pl_work *w, int status,
     }
     if (!s) { /* reset meanwhile: drop it */
         if (item && p->release) p->release(item, p->release_ctx);
-        pthread_mutex_unlock(&p->mu);
+        pl__unlock(p);
         return PL_ECLOSED;
     }
     if (status == PL_OK) {
@@ -832,8 +862,12 @@ int pl_pipeline_complete(pl_pipeline *p, const pl_work *w, int status,
         s->rc = status;
         s->msg = pl__strdup(message ? message : pl_strerror(status));
     }
-    pl__wake(ready_cv);
-    pthread_mutex_unlock(&p->mu);
+    /* A ready unit wakes only a consumer waiting for it (or a state or
+       statistics call); an error wakes every waiter. */
+    if (status != PL_OK || p->ready_other_n > 0 ||
+        pl__group_waits(p, &p->groups[w->group], w->unit))
+        pl__wake(ready_cv);
+    pl__unlock(p);
     return PL_OK;
 }
 
@@ -932,7 +966,9 @@ static int pl__pipeline_next_impl(pl_pipeline *p, int64_t rank, int64_t max_coun
             rc = PL_ETIMEDOUT;
             goto out;
         }
+        r->wait_u = u;
         pl__wait(ready_cv, &p->mu, use ? &ts : NULL);
+        r->wait_u = -1;
     }
     int64_t k0 = pl__unit_k0(p, u), n = pl__unit_n(p, u);
     int64_t take = k0 + n - k < max_count ? k0 + n - k : max_count;
@@ -959,7 +995,7 @@ static int pl__pipeline_next_impl(pl_pipeline *p, int64_t rank, int64_t max_coun
     }
     pl__advance(p, g);
 out:
-    pthread_mutex_unlock(&p->mu);
+    pl__unlock(p);
     return rc;
 }
 
@@ -989,7 +1025,7 @@ int pl_pipeline_position(pl_pipeline *p, int64_t *step, int64_t *micro_batch,
     int64_t k = pl__position(p);
     size_t n = 0;
     int have = p->base_step >= 0 && pl__blob_of(p, k / p->nmb, &n) != NULL;
-    pthread_mutex_unlock(&p->mu);
+    pl__unlock(p);
     if (step) *step = k / p->nmb;
     if (micro_batch) *micro_batch = k % p->nmb;
     if (have_blob) *have_blob = have;
@@ -1020,7 +1056,7 @@ int pl_pipeline_attach_state(pl_pipeline *p, const void *blob, size_t len, char 
     pthread_mutex_lock(&p->mu);
     size_t n = 0;
     if (pl__blob_of(p, si.step, &n)) { /* already held: keep it */
-        pthread_mutex_unlock(&p->mu);
+        pl__unlock(p);
         free(copy);
         return PL_OK;
     }
@@ -1035,7 +1071,7 @@ int pl_pipeline_attach_state(pl_pipeline *p, const void *blob, size_t len, char 
         p->loose_step = si.step;
     }
     pl__wake(ready_cv);
-    pthread_mutex_unlock(&p->mu);
+    pl__unlock(p);
     return PL_OK;
 }
 
@@ -1070,7 +1106,9 @@ static int pl__pipeline_get_state_impl(pl_pipeline *p, int64_t timeout_ms, void 
             rc = PL_ETIMEDOUT;
             break;
         }
+        p->ready_other_n++;
         pl__wait(ready_cv, &p->mu, use ? &ts : NULL);
+        p->ready_other_n--;
     }
     if (!rc) {
         *len = n;
@@ -1085,7 +1123,7 @@ static int pl__pipeline_get_state_impl(pl_pipeline *p, int64_t timeout_ms, void 
             }
         }
     }
-    pthread_mutex_unlock(&p->mu);
+    pl__unlock(p);
     return rc;
 }
 
@@ -1122,15 +1160,17 @@ int pl_pipeline_get_stats(pl_pipeline *p, int64_t timeout_ms, pl_loader_stats *s
         if (blob || p->failed || p->closed || p->base_step < 0) break;
         pl__pentry *e = pl__entry(p, step);
         if (e && e->rc == PL_OK && !p->failed) { /* added without its blob */
-            pthread_mutex_unlock(&p->mu);
+            pl__unlock(p);
             return PL_ESTATE;
         }
         if (e) break;
         if (use && (timeout_ms == 0 || pl__past(&ts))) {
-            pthread_mutex_unlock(&p->mu);
+            pl__unlock(p);
             return PL_ETIMEDOUT;
         }
+        p->ready_other_n++;
         pl__wait(ready_cv, &p->mu, use ? &ts : NULL);
+        p->ready_other_n--;
     }
     out->steps = step - p->start_k / p->nmb;
     if (out->steps < 0) out->steps = 0;
@@ -1179,7 +1219,7 @@ int pl_pipeline_get_stats(pl_pipeline *p, int64_t timeout_ms, pl_loader_stats *s
     free(target);
     out->n_sources = ns;
     out->sources = sources;
-    pthread_mutex_unlock(&p->mu);
+    pl__unlock(p);
     memcpy(stats, out, sizeof *out);
     return PL_OK;
 }

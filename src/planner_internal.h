@@ -30,6 +30,12 @@ typedef struct pl__chunks {
 int pl__chunks_push(pl__chunks *c, const pl_chunk *ch);
 void pl__chunks_free(pl__chunks *c);
 
+/* A class member in its class's heap: its drawn tokens (the key, kept
+ * here so that sifting reads no source state) and its index. */
+typedef struct pl__hent {
+    int64_t d, i;
+} pl__hent;
+
 struct pl_planner {
     char errmsg[PL__ERRMSG_CAP];
     pl_config *cfg;          /* owned clone */
@@ -58,6 +64,28 @@ struct pl_planner {
     int drew;                /* a chunk was drawn in this step */
     int exotic;              /* a weight or target that is not finite */
     int has_caps;            /* some source has max_epochs */
+    /* Classes (planner.c): the sources of positive weight grouped by equal
+     * weight and target (bit for bit) at the step's start.  The members of
+     * a class keep equal targets through the step (each draw adds them the
+     * same rounded w * L), so one target per class is updated per draw, and
+     * the member with the largest deficit is the one with the fewest drawn
+     * tokens (then the lowest index): a binary heap per class.  use_cls is 0
+     * where that does not hold exactly (targets or drawn tokens at or above
+     * 2^49, weights or targets not finite): then the act_* arrays serve. */
+    int use_cls;
+    int draw_linear;         /* tests: always the act_* arrays (the reference) */
+    int cls_multi;           /* some class has two or more members */
+    int64_t n_cls;
+    double *cls_w, *cls_t, *cls_d; /* [n_cls]: weight, target, drawn of top */
+    int64_t *cls_off, *cls_size, *cls_hs; /* members in heap[off, off+size),
+                                             the first hs of them in the heap */
+    int64_t *cls_of;         /* [n_sources]: class of a source */
+    pl__hent *heap;          /* [n_sources]: members, heap order first */
+    int64_t *hpos;           /* [n_sources]: position of a source in heap */
+    int64_t *cls_hash;       /* [cls_hash_cap]: class grouping scratch */
+    int64_t cls_hash_cap;
+    int64_t open_src;        /* concat_chunk, class path: source of the
+                                partly drawn document, -1 if none */
     /* packing scratch (pack.c) */
     void *pack;
     /* concat_chunk: the act[] slot of the source whose document is partly
@@ -82,6 +110,11 @@ int pl__planner_draw(pl_planner *p, pl_chunk *out);
  * after them (pl_planner_next calls both around the packing). */
 void pl__planner_draw_begin(pl_planner *p);
 void pl__planner_draw_end(pl_planner *p);
+
+/* Tests: cap the vector code of the draw (2 AVX-512F, 1 AVX, 0 SSE2) to
+ * check every path on one machine; returns the previous cap.  Not thread
+ * safe; the default is 2 (the best the CPU has). */
+int pl__planner_draw_isa(int cap);
 
 /* Packing: turn carry + drawn chunks into a plan (pack.c). */
 int pl__pack_step(pl_planner *p, pl_plan **out);

@@ -25,17 +25,20 @@
  *   imbalance [--corpus real|synthetic|both] [--steps N] [--out FILE.md]
  *             [--seq 4096,8192,...] [--dp 8,64,512] [--mult 8,32]
  *   imbalance --plan-time [--balance none|greedy|karmarkar_karp] [--steps N]
- *             [--sources N]
+ *             [--sources N] [--weights cycle|distinct|equal]
  *
  * --plan-time: one thread, dp 512, global batch 4096 sequences of 16k
  * tokens on the synthetic source; times pl_planner_next (mixture drawing,
  * packing, balancing; document lengths come from the mapped index, which a
  * few untimed warm-up steps fault in) and prints the median and p90 of N
  * steps (default 100).  --sources N (default 1) splits the mixture over N
- * weighted sources (weights 1..5 in turn, names lognormal_0 .. N-1), all
+ * weighted sources (--weights: cycle, the default, is 1..5 in turn;
+ * distinct gives source i the weight 1 + i/N; equal all 1; names
+ * lognormal_0 .. N-1), all
  * over the synthetic file; they share one source handle, since only the
  * planner's cost per source is measured, and the figure per million tokens
- * is printed so runs with different N compare directly.
+ * is printed so runs with different N compare directly, with wall and
+ * thread CPU time (the latter is steadier on a shared machine).
  *
  * Compiled against the static library and the internals (planner_internal.h)
  * to open sources as the CLI does; see README.md for the gcc line.
@@ -83,6 +86,22 @@ typedef struct bench_planner {
 } bench_planner;
 
 static int64_t n_synthetic_sources = 1;
+static const char *weights_kind = "cycle";
+
+/* --weights: cycle (1..5 in turn: five classes of equal weight), distinct
+ * (every source its own weight, 1 + i / N), equal (all 1). */
+static double source_weight(int64_t i) {
+    if (!strcmp(weights_kind, "distinct"))
+        return 1.0 + (double)i / (double)n_synthetic_sources;
+    if (!strcmp(weights_kind, "equal")) return 1.0;
+    return (double)(1 + i % 5);
+}
+
+static double cpu_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
+}
 
 static const char *corpus_yaml(int synthetic) {
     static char buf[2048];
@@ -95,8 +114,8 @@ static const char *corpus_yaml(int synthetic) {
         for (int64_t i = 0; i < n_synthetic_sources; i++)
             at += (size_t)snprintf(many + at, cap - at,
                                    "  - {name: lognormal_%" PRId64 ", type: megatron, "
-                                   "path: %s, weight: %d}\n",
-                                   i, synthetic_prefix, (int)(1 + i % 5));
+                                   "path: %s, weight: %.17g}\n",
+                                   i, synthetic_prefix, source_weight(i));
         return many;
     }
     if (synthetic)
@@ -362,11 +381,13 @@ static int plan_time(const char *balance, int steps) {
     planner_open(&b, 1, 16384, 512, 4096, "best_fit", balance, "llama-7b");
     for (int s = 0; s < 3; s++) pl_plan_free(planner_next(&b)); /* warm-up */
     double *t = calloc((size_t)steps, sizeof *t), lbr = 0;
+    double *ct = calloc((size_t)steps, sizeof *ct);
     int64_t chunks = 0, tokens = 0;
     for (int s = 0; s < steps; s++) {
-        double t0 = now_s();
+        double t0 = now_s(), c0 = cpu_s();
         pl_plan *p = planner_next(&b);
         t[s] = now_s() - t0;
+        ct[s] = cpu_s() - c0;
         double mx = 0;
         for (int64_t r = 0; r < p->dp; r++) mx = fmax(mx, p->rank_cost[r]);
         lbr += mx / p->lower_bound / steps;
@@ -375,13 +396,17 @@ static int plan_time(const char *balance, int steps) {
         pl_plan_free(p);
     }
     qsort(t, (size_t)steps, sizeof *t, cmp_d);
+    qsort(ct, (size_t)steps, sizeof *ct, cmp_d);
     double mtok = (double)tokens / steps / 1e6;
     printf("plan-time balance=%s dp=512 G=4096 seq=16384 synthetic sources=%" PRId64
-           ": median %.2f ms, p90 %.2f ms, min %.2f ms over %d steps; "
-           "%.3f ms per million tokens (median); %.0f chunks/step; mean max/lb %.4f\n",
-           balance, n_synthetic_sources, 1e3 * t[steps / 2], 1e3 * t[steps * 9 / 10],
-           1e3 * t[0], steps, 1e3 * t[steps / 2] / mtok, (double)chunks / steps, lbr);
+           " weights=%s: median %.2f ms, p90 %.2f ms, min %.2f ms over %d steps; "
+           "%.3f ms per million tokens (median); thread CPU median %.2f ms, "
+           "%.3f ms per million tokens; %.0f chunks/step; mean max/lb %.4f\n",
+           balance, n_synthetic_sources, weights_kind, 1e3 * t[steps / 2],
+           1e3 * t[steps * 9 / 10], 1e3 * t[0], steps, 1e3 * t[steps / 2] / mtok,
+           1e3 * ct[steps / 2], 1e3 * ct[steps / 2] / mtok, (double)chunks / steps, lbr);
     free(t);
+    free(ct);
     planner_close(&b);
     return 0;
 }
@@ -402,6 +427,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(a, "--mult") && v) mults = argv[++i];
         else if (!strcmp(a, "--balance") && v) balance = argv[++i];
         else if (!strcmp(a, "--sources") && v) n_synthetic_sources = atoll(argv[++i]);
+        else if (!strcmp(a, "--weights") && v) weights_kind = argv[++i];
         else {
             fprintf(stderr, "usage: see the comment at the top of imbalance.c\n");
             return 2;

@@ -364,7 +364,7 @@ class Loader:
 
         self._np = np
         self._wrap = self._torch.from_numpy if self._torch is not None else None
-        self._convert: Dict[int, tuple] = {}  # rank -> (convert, writable) of to_dict
+        self._convert: Dict[int, tuple] = {}  # rank -> (convert, writable, dlpack) of to_dict
         groups: Dict[tuple, int] = {}
         infos = {r: cfg.rank_info(r) for r in served}
         for info in infos.values():
@@ -411,7 +411,7 @@ class Loader:
         conv = self._convert.get(rank)
         if conv is None:
             conv = self._converter(rank)
-        d = b.to_dict(conv[0], writable=conv[1])  # image fields included
+        d = b.to_dict(conv[0], writable=conv[1], dlpack=conv[2])  # image fields included
         if self._with_sources:
             seg = b.segment_sources
             if seg is not None:  # small: a private copy, converted as the other fields
@@ -424,23 +424,26 @@ class Loader:
         return d
 
     def _converter(self, rank: int):
-        """(convert, writable) of Batch.to_dict for a served rank.
+        """(convert, writable, dlpack) of Batch.to_dict for a served rank.
 
         Batch memory is shared by the served ranks of one (DP, CP) group (TP peers
         and PP stages get views of one build).  NumPy arrays (torch absent) are
         read-only views.  torch has no read-only tensors, so a rank whose group this
         loader serves alone gets writable zero-copy tensors (an in-place change
-        reaches no other rank), and a rank that shares its group gets private copies.
+        reaches no other rank), made by torch.from_dlpack from one DLPack capsule
+        per field (one C call each, instead of an Array, a NumPy array and
+        torch.from_numpy), and a rank that shares its group gets private copies.
+        ``convert`` also serves ``segment_sources`` (always a private copy).
         """
         np = self._np
         if self._wrap is None:
-            conv = ((np.asarray,), False)
+            conv = ((np.asarray,), False, None)
         elif self._pin:  # pin_memory copies: the tensor is private
-            conv = ((np.asarray, self._wrap, self._torch.Tensor.pin_memory), True)
+            conv = ((np.asarray, self._wrap, self._torch.Tensor.pin_memory), True, None)
         elif self._group_size[rank] == 1:
-            conv = ((np.asarray, self._wrap), True)
+            conv = ((np.asarray, self._wrap), True, self._torch.from_dlpack)
         else:
-            conv = ((np.array, self._wrap), False)
+            conv = ((np.array, self._wrap), False, None)
         self._convert[rank] = conv
         return conv
 

@@ -286,15 +286,17 @@ static uint64_t rng(uint64_t *x) {
 }
 
 /* Side by side over `rounds` weight vectors of `draws` draws each. */
-static void compare_draws(const char *yaml, int rounds, int draws, uint64_t seed) {
+static void compare_draws_(const char *yaml, int rounds, int draws, uint64_t seed,
+                           int linear) {
     run a, b;
     run_open(&a, yaml);
     run_open(&b, yaml);
+    a.p->draw_linear = linear; /* the vectorized linear draw, ties included */
     const int64_t n = a.n;
     uint64_t x = seed;
     int64_t mismatches = 0, compared = 0;
     for (int r = 0; r < rounds; r++) {
-        int kind = (int)(rng(&x) % 5);
+        int kind = (int)(rng(&x) % 6);
         for (int64_t i = 0; i < n; i++) {
             double w;
             switch (kind) {
@@ -302,6 +304,8 @@ static void compare_draws(const char *yaml, int rounds, int draws, uint64_t seed
             case 1: w = (double)(rng(&x) % 4) / 3.0; break;          /* zeros, thirds */
             case 2: w = (double)(rng(&x) >> 11) * 0x1.0p-53; break;  /* any */
             case 3: w = i == r % n ? 1.0 : 0.0; break;               /* one source */
+            case 4: w = (double)(1 + rng(&x) % 3) / 64.0; break;     /* dyadic: exact
+                                                                         ties across classes */
             default: w = (double)(1 + i % 5) / (double)(3 * n); break;
             }
             a.p->weights[i] = b.p->weights[i] = w;
@@ -320,12 +324,23 @@ static void compare_draws(const char *yaml, int rounds, int draws, uint64_t seed
         /* Every counter and every target, bit for bit. */
         if (memcmp(a.p->src, b.p->src, (size_t)n * sizeof *a.p->src)) mismatches++;
     }
-    fprintf(stderr, "compare_draws: %lld sources, %lld draws, %lld mismatches\n",
-            (long long)n, (long long)compared, (long long)mismatches);
+    fprintf(stderr, "compare_draws%s: %lld sources, %lld draws, %lld mismatches\n",
+            linear ? " (linear)" : "", (long long)n, (long long)compared,
+            (long long)mismatches);
     CHECK_EQ_I64(mismatches, 0);
     CHECK(compared > (int64_t)rounds * draws / 2);
     run_close(&a);
     run_close(&b);
+}
+
+static void compare_draws(const char *yaml, int rounds, int draws, uint64_t seed) {
+    compare_draws_(yaml, rounds, draws, seed, 0);
+    /* The linear draw with each vector path this machine can run. */
+    for (int isa = 2; isa >= 0; isa--) {
+        pl__planner_draw_isa(isa);
+        compare_draws_(yaml, rounds / 3, draws, seed + 1 + (uint64_t)isa, 1);
+    }
+    pl__planner_draw_isa(2);
 }
 
 static void test_reference(const corpus *c) {
@@ -347,9 +362,185 @@ static void test_reference(const corpus *c) {
     snprintf(y, sizeof y, "seq_length: 64\nglobal_batch_size: 8\nseed: 6\ntopology: {cp: 2}\n");
     sources_yaml(y, sizeof y, c, 59, w60); /* odd count: the vector tail */
     compare_draws(y, 40, 1500, 4242);
+    /* 13 and 45 sources: the 8-lane passes' tails (13 < 32 is tail only). */
+    snprintf(y, sizeof y, "seq_length: 64\nglobal_batch_size: 8\nseed: 7\n");
+    sources_yaml(y, sizeof y, c, 13, w60);
+    compare_draws(y, 40, 800, 31337);
+    snprintf(y, sizeof y, "seq_length: 64\nglobal_batch_size: 8\nseed: 9\n");
+    sources_yaml(y, sizeof y, c, 45, w60);
+    compare_draws(y, 40, 800, 4711);
     snprintf(y, sizeof y, "seq_length: 64\nglobal_batch_size: 8\nseed: 8\npacking: concat_chunk\n");
     sources_yaml(y, sizeof y, c, 60, w60);
     compare_draws(y, 40, 1500, 777);
+}
+
+/* Whole steps (pl_planner_next: packing, carry, schedule, max_epochs,
+ * concat_chunk, a resume that restarts the targets) by the class draw and
+ * by the linear draw the library keeps as its fallback: every plan and every
+ * state blob must be the same. */
+static void compare_runs(const char *yaml, int steps, const char *label) {
+    run a, b;
+    run_open(&a, yaml);
+    run_open(&b, yaml);
+    b.p->draw_linear = 1;
+    int64_t mism = 0, classed = 0;
+    int s = 0;
+    for (; s < steps; s++) {
+        pl_plan *pa = NULL, *pb = NULL;
+        int ra = pl_planner_next(a.p, &pa), rb = pl_planner_next(b.p, &pb);
+        classed += a.p->use_cls;
+        CHECK(!b.p->use_cls);
+        if (ra != rb) mism++;
+        if (ra == PL_OK && rb == PL_OK && hash_plan(pa, 1) != hash_plan(pb, 1)) mism++;
+        if (hash_state(a.p, 2) != hash_state(b.p, 2)) mism++;
+        pl_plan_free(pa);
+        pl_plan_free(pb);
+        if (ra || rb) break;
+    }
+    fprintf(stderr, "compare_runs %s: %d steps, %lld by classes, %lld mismatches\n",
+            label, s, (long long)classed, (long long)mism);
+    CHECK_EQ_I64(mism, 0);
+    CHECK(classed > 0);
+    run_close(&a);
+    run_close(&b);
+}
+
+static void test_classes(const corpus *c) {
+    static char y[65536];
+    const char *w200[200];
+    char wbuf[200][8];
+    for (int i = 0; i < 200; i++) {
+        snprintf(wbuf[i], sizeof wbuf[i], "%d", 1 + i % 3);
+        w200[i] = wbuf[i];
+    }
+    const char *base = "seq_length: 64\nglobal_batch_size: 16\nmicro_batch_size: 2\n"
+                       "topology: {dp: 2}\nseed: 21\n";
+    /* 200 sources in 3 weight classes. */
+    snprintf(y, sizeof y, "%s", base);
+    sources_yaml(y, sizeof y, c, 200, w200);
+    compare_runs(y, 30, "200 sources, 3 weights");
+    /* Equal weights, concat_chunk (a partly drawn document goes first). */
+    snprintf(y, sizeof y, "%spacking: concat_chunk\n", base);
+    sources_yaml(y, sizeof y, c, 40, w200 + 1);
+    compare_runs(y, 30, "concat_chunk");
+    /* Truncate, CP 2, a step schedule that merges and splits classes. */
+    snprintf(y, sizeof y, "%slong_documents: truncate\ntopology: {dp: 2, cp: 2}\n"
+                          "balance: karmarkar_karp\n", "seq_length: 64\nglobal_batch_size: 16\nmicro_batch_size: 2\nseed: 4\n");
+    sources_yaml(y, sizeof y, c, 30, w200);
+    strcat(y, "schedule:\n  interpolation: step\n  points:\n"
+              "    - {step: 0, weights: {s0: 1, s1: 1, s2: 1, s3: 2}}\n"
+              "    - {step: 6, weights: {s0: 1, s1: 2, s2: 1, s3: 2, s4: 1, s29: 3}}\n"
+              "    - {step: 12, weights: {s0: 1, s1: 1, s2: 1, s3: 1, s4: 1, s5: 1}}\n");
+    compare_runs(y, 24, "step schedule");
+    /* A linear schedule: weights of equal sources stay equal. */
+    snprintf(y, sizeof y, "%s", base);
+    sources_yaml(y, sizeof y, c, 12, w200);
+    strcat(y, "schedule:\n  points:\n"
+              "    - {step: 0, weights: {s0: 1, s1: 1, s2: 1, s3: 3, s4: 3}}\n"
+              "    - {step: 20, weights: {s0: 2, s1: 2, s2: 2, s3: 1, s4: 1, s5: 1}}\n");
+    compare_runs(y, 30, "linear schedule");
+    /* max_epochs: capped sources run out in the middle of steps; the others
+       share their weight. */
+    snprintf(y, sizeof y, "%ssources:\n", base);
+    for (int i = 0; i < 9; i++) {
+        size_t at = strlen(y);
+        snprintf(y + at, sizeof y - at,
+                 "  - {name: s%d, type: megatron, path: src%d, weight: %d%s}\n", i,
+                 i % NSRC, 1 + i % 2, i < 6 ? ", max_epochs: 1" : "");
+    }
+    compare_runs(y, 80, "max_epochs");
+    /* Every source capped: both end with the same error. */
+    snprintf(y, sizeof y, "%ssources:\n", base);
+    for (int i = 0; i < 6; i++) {
+        size_t at = strlen(y);
+        snprintf(y + at, sizeof y - at,
+                 "  - {name: s%d, type: megatron, path: src%d, weight: 1, max_epochs: %d}\n",
+                 i, i % NSRC, 1 + i % 2);
+    }
+    compare_runs(y, 200, "all capped");
+}
+
+/* A resume with other weights restarts every target at its drawn tokens:
+ * the classes split up (distinct targets) and must still match. */
+static void test_classes_resume(const corpus *c) {
+    static char y[16384];
+    const char *w[40];
+    char wbuf[40][8];
+    for (int i = 0; i < 40; i++) {
+        snprintf(wbuf[i], sizeof wbuf[i], "%d", 1 + i % 2);
+        w[i] = wbuf[i];
+    }
+    const char *base = "seq_length: 64\nglobal_batch_size: 16\nseed: 13\n";
+    snprintf(y, sizeof y, "%s", base);
+    sources_yaml(y, sizeof y, c, 40, w);
+    run r;
+    run_open(&r, y);
+    uint64_t h = run_steps(&r, 7, 1);
+    (void)h;
+    size_t n = 0;
+    CHECK_OK(pl_planner_get_state(r.p, NULL, 0, &n));
+    void *blob = malloc(n);
+    CHECK_OK(pl_planner_get_state(r.p, blob, n, &n));
+    run_close(&r);
+    for (int i = 0; i < 40; i++) w[i] = i % 3 ? "1" : "2";
+    snprintf(y, sizeof y, "%s", base);
+    sources_yaml(y, sizeof y, c, 40, w);
+    run a, b;
+    run_open(&a, y);
+    run_open(&b, y);
+    b.p->draw_linear = 1;
+    CHECK_OK(pl_planner_set_state(a.p, blob, n));
+    CHECK_OK(pl_planner_set_state(b.p, blob, n));
+    CHECK_EQ_I64((int64_t)run_steps(&a, 20, 5), (int64_t)run_steps(&b, 20, 5));
+    run_close(&a);
+    run_close(&b);
+    free(blob);
+}
+
+/* An evaluation pass (pl_config_split): every document of the split once,
+ * in index order, then PL_DONE; class draw and linear draw alike. */
+static void test_classes_eval(const corpus *c) {
+    static char y[16384];
+    const char *w[12];
+    char wbuf[12][8];
+    for (int i = 0; i < 12; i++) {
+        snprintf(wbuf[i], sizeof wbuf[i], "%d", 1 + i % 2);
+        w[i] = wbuf[i];
+    }
+    snprintf(y, sizeof y, "seq_length: 64\nglobal_batch_size: 8\nseed: 17\nsplit: 70,30,0\n");
+    sources_yaml(y, sizeof y, c, 12, w);
+    run a, b;
+    run_open(&a, y);
+    run_open(&b, y);
+    pl_config *va = NULL, *vb = NULL;
+    CHECK_OK(pl_config_split(a.cfg, PL_SPLIT_VALID, &va));
+    CHECK_OK(pl_config_split(b.cfg, PL_SPLIT_VALID, &vb));
+    pl_planner *pa = NULL, *pb = NULL;
+    CHECK_OK(pl_planner_create(va, a.src, a.n, &pa));
+    CHECK_OK(pl_planner_create(vb, b.src, b.n, &pb));
+    pb->draw_linear = 1;
+    int steps = 0, classed = 0, ra = 0, rb = 0;
+    for (; steps < 1000; steps++) {
+        pl_plan *x = NULL, *z = NULL;
+        ra = pl_planner_next(pa, &x);
+        rb = pl_planner_next(pb, &z);
+        classed += pa->use_cls;
+        CHECK_EQ_I64(ra, rb);
+        if (ra == PL_OK && rb == PL_OK) CHECK(hash_plan(x, 3) == hash_plan(z, 3));
+        CHECK(hash_state(pa, 4) == hash_state(pb, 4));
+        pl_plan_free(x);
+        pl_plan_free(z);
+        if (ra || rb) break;
+    }
+    fprintf(stderr, "compare eval pass: %d steps, %d by classes, ended %d\n", steps,
+            classed, ra);
+    CHECK(ra == PL_DONE && steps > 2 && classed > 0);
+    pl_planner_free(pa);
+    pl_planner_free(pb);
+    pl_config_free(va);
+    pl_config_free(vb);
+    run_close(&a);
+    run_close(&b);
 }
 
 int main(void) {
@@ -358,6 +549,9 @@ int main(void) {
     if (chdir(c.dir) != 0) return 2;
     test_golden(&c);
     test_reference(&c);
+    test_classes(&c);
+    test_classes_resume(&c);
+    test_classes_eval(&c);
     corpus_free(&c);
     TEST_END();
 }

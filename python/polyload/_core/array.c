@@ -312,62 +312,184 @@ static PyObject *batch_get_dtype(PyPlBatch *o, void *c) {
 enum { F_INPUT_IDS, F_LABELS, F_LOSS_MASK, F_POSITION_IDS, F_CU_SEQLENS, F_SEGMENT_SOURCES,
        F_PIXEL_VALUES, F_IMAGE_GRID_THW, F_IMAGE_POSITIONS };
 
-/* Field `f` of b as an Array, or Py_None (new reference) when absent. */
-static PyObject *batch_field(pl_batch *b, int f, int writable) {
-    Py_ssize_t shape[2] = {(Py_ssize_t)b->rows, (Py_ssize_t)b->cols};
-    size_t tok = pl_dtype_size(b->dtype);
+/* Where field `f` of b lies: 1 and its address, element format, size, rank
+ * and shape; 0 when absent. */
+static int batch_field_desc(const pl_batch *b, int f, void **data, const char **fmt,
+                            Py_ssize_t *itemsize, int *ndim, Py_ssize_t shape[4]) {
+    shape[0] = (Py_ssize_t)b->rows;
+    shape[1] = (Py_ssize_t)b->cols;
+    *ndim = 2;
     switch (f) {
     case F_INPUT_IDS:
-        if (!b->input_ids) break;
-        return pypl_array_from_batch(b, b->input_ids, pypl_format_of(b->dtype),
-                                     (Py_ssize_t)tok, 2, shape, writable);
     case F_LABELS:
-        if (!b->labels) break;
-        return pypl_array_from_batch(b, b->labels, pypl_format_of(b->dtype),
-                                     (Py_ssize_t)tok, 2, shape, writable);
+        *data = f == F_INPUT_IDS ? b->input_ids : b->labels;
+        *fmt = pypl_format_of(b->dtype);
+        *itemsize = (Py_ssize_t)pl_dtype_size(b->dtype);
+        return *data != NULL;
     case F_LOSS_MASK:
-        if (!b->loss_mask) break;
-        return pypl_array_from_batch(b, b->loss_mask, "f", sizeof(float), 2, shape,
-                                     writable);
+        *data = b->loss_mask;
+        *fmt = "f";
+        *itemsize = sizeof(float);
+        return *data != NULL;
     case F_POSITION_IDS:
-        if (!b->position_ids) break;
-        return pypl_array_from_batch(b, b->position_ids, "q", sizeof(int64_t), 2, shape,
-                                     writable);
+        *data = b->position_ids;
+        *fmt = "q";
+        *itemsize = sizeof(int64_t);
+        return *data != NULL;
     case F_CU_SEQLENS:
-        if (!b->cu_seqlens) break;
+        *data = b->cu_seqlens;
+        *fmt = "i";
+        *itemsize = sizeof(int32_t);
+        *ndim = 1;
         shape[0] = (Py_ssize_t)b->n_cu_seqlens;
-        return pypl_array_from_batch(b, b->cu_seqlens, "i", sizeof(int32_t), 1, shape,
-                                     writable);
+        return *data != NULL;
     case F_SEGMENT_SOURCES:
-        if (!b->segment_sources || b->n_cu_seqlens < 1) break;
+        *data = b->segment_sources;
+        *fmt = "i";
+        *itemsize = sizeof(int32_t);
+        *ndim = 1;
         shape[0] = (Py_ssize_t)(b->n_cu_seqlens - 1);
-        return pypl_array_from_batch(b, b->segment_sources, "i", sizeof(int32_t), 1, shape,
-                                     writable);
-    case F_PIXEL_VALUES: {
-        if (!b->pixel_values || !b->n_images) break;
-        Py_ssize_t sh[4];
+        return *data != NULL && b->n_cu_seqlens >= 1;
+    case F_PIXEL_VALUES:
+        *data = b->pixel_values;
+        *fmt = "B";
+        *itemsize = 1;
+        if (!b->pixel_values || !b->n_images) return 0;
         if (b->image_mode == PL_IMAGE_NATIVE) {
-            sh[0] = (Py_ssize_t)b->n_patches;
-            sh[1] = (Py_ssize_t)b->patch_dim;
-            return pypl_array_from_batch(b, b->pixel_values, "B", 1, 2, sh, writable);
+            shape[0] = (Py_ssize_t)b->n_patches;
+            shape[1] = (Py_ssize_t)b->patch_dim;
+            return 1;
         }
-        sh[0] = (Py_ssize_t)b->n_images;
-        sh[1] = 3;
-        sh[2] = (Py_ssize_t)b->image_height;
-        sh[3] = (Py_ssize_t)b->image_width;
-        return pypl_array_from_batch(b, b->pixel_values, "B", 1, 4, sh, writable);
-    }
-    case F_IMAGE_GRID_THW:
-    case F_IMAGE_POSITIONS: {
-        if (!b->image_grid_thw || !b->n_images) break;
-        int grid = f == F_IMAGE_GRID_THW;
+        *ndim = 4;
         shape[0] = (Py_ssize_t)b->n_images;
-        shape[1] = grid ? 3 : 2;
-        return pypl_array_from_batch(b, grid ? b->image_grid_thw : b->image_positions, "q",
-                                     sizeof(int64_t), 2, shape, writable);
+        shape[1] = 3;
+        shape[2] = (Py_ssize_t)b->image_height;
+        shape[3] = (Py_ssize_t)b->image_width;
+        return 1;
+    case F_IMAGE_GRID_THW:
+    case F_IMAGE_POSITIONS:
+        if (!b->image_grid_thw || !b->n_images) return 0;
+        *data = f == F_IMAGE_GRID_THW ? (void *)b->image_grid_thw : (void *)b->image_positions;
+        *fmt = "q";
+        *itemsize = sizeof(int64_t);
+        shape[0] = (Py_ssize_t)b->n_images;
+        shape[1] = f == F_IMAGE_GRID_THW ? 3 : 2;
+        return 1;
     }
+    return 0;
+}
+
+/* Field `f` of b as an Array, or Py_None (new reference) when absent. */
+static PyObject *batch_field(pl_batch *b, int f, int writable) {
+    void *data = NULL;
+    const char *fmt = "B";
+    Py_ssize_t itemsize = 1, shape[4];
+    int ndim = 1;
+    if (!batch_field_desc(b, f, &data, &fmt, &itemsize, &ndim, shape)) Py_RETURN_NONE;
+    return pypl_array_from_batch(b, data, fmt, itemsize, ndim, shape, writable);
+}
+
+/*
+ * DLPack export (https://github.com/dmlc/dlpack, include/dlpack/dlpack.h,
+ * the unversioned ABI of v0.8 that torch.from_dlpack takes as a "dltensor"
+ * capsule).  The managed tensor holds a pl_batch_retain reference, given
+ * back by its deleter (thread-safe, as the consumer may run it from any
+ * thread; not in a forked child, as for Arrays), so the memory returns to
+ * the pool when the last tensor lets go.  One C call per field instead of an
+ * Array, a NumPy array and torch.from_numpy.
+ */
+typedef struct {
+    int32_t device_type; /* kDLCPU = 1 */
+    int32_t device_id;
+} pypl_DLDevice;
+typedef struct {
+    uint8_t code; /* kDLInt 0, kDLUInt 1, kDLFloat 2 */
+    uint8_t bits;
+    uint16_t lanes;
+} pypl_DLDataType;
+typedef struct {
+    void *data;
+    pypl_DLDevice device;
+    int32_t ndim;
+    pypl_DLDataType dtype;
+    int64_t *shape;
+    int64_t *strides; /* NULL: compact row-major */
+    uint64_t byte_offset;
+} pypl_DLTensor;
+typedef struct pypl_DLManagedTensor {
+    pypl_DLTensor dl_tensor;
+    void *manager_ctx;
+    void (*deleter)(struct pypl_DLManagedTensor *self);
+} pypl_DLManagedTensor;
+
+typedef struct {
+    pypl_DLManagedTensor m;
+    int64_t shape[4];
+    pid_t pid;
+} pypl_dl_export;
+
+static void pypl_dl_deleter(pypl_DLManagedTensor *m) {
+    pypl_dl_export *x = (pypl_dl_export *)m;
+    if (x->pid == pypl_getpid()) pl_batch_release(m->manager_ctx);
+    free(x);
+}
+
+static void pypl_dl_capsule_free(PyObject *cap) {
+    /* Not consumed (the consumer renames it "used_dltensor"): ours to free. */
+    if (!PyCapsule_IsValid(cap, "dltensor")) return;
+    PyObject *et, *ev, *tb;
+    PyErr_Fetch(&et, &ev, &tb);
+    pypl_DLManagedTensor *m = PyCapsule_GetPointer(cap, "dltensor");
+    if (m && m->deleter) m->deleter(m);
+    PyErr_Restore(et, ev, tb);
+}
+
+/* Field `f` of b as a DLPack capsule, or Py_None (new reference). */
+static PyObject *batch_field_dlpack(pl_batch *b, int f) {
+    void *data = NULL;
+    const char *fmt = "B";
+    Py_ssize_t itemsize = 1, shape[4];
+    int ndim = 1;
+    if (!batch_field_desc(b, f, &data, &fmt, &itemsize, &ndim, shape)) Py_RETURN_NONE;
+    pypl_dl_export *x = malloc(sizeof *x);
+    if (!x) return PyErr_NoMemory();
+    memset(x, 0, sizeof *x);
+    x->m.dl_tensor.data = data ? data : (void *)pypl_empty;
+    x->m.dl_tensor.device.device_type = 1;
+    x->m.dl_tensor.ndim = ndim;
+    x->m.dl_tensor.dtype.code = fmt[0] == 'f' || fmt[0] == 'd' ? 2 : fmt[0] == 'B' ? 1 : 0;
+    x->m.dl_tensor.dtype.bits = (uint8_t)(8 * itemsize);
+    x->m.dl_tensor.dtype.lanes = 1;
+    for (int i = 0; i < ndim; i++) x->shape[i] = shape[i];
+    x->m.dl_tensor.shape = x->shape;
+    x->m.manager_ctx = pl_batch_retain(b);
+    x->m.deleter = pypl_dl_deleter;
+    x->pid = pypl_getpid();
+    PyObject *cap = PyCapsule_New(&x->m, "dltensor", pypl_dl_capsule_free);
+    if (!cap) pypl_dl_deleter(&x->m);
+    return cap;
+}
+
+/* Field f of b as to_dict hands it out: through dlpack (a callable taking a
+ * capsule) or as an Array through the convert callables; Py_None when
+ * absent. */
+static PyObject *batch_export(pl_batch *b, int f, int writable, PyObject *dlpack,
+                              PyObject *const *conv, Py_ssize_t nconv) {
+    if (dlpack) {
+        PyObject *cap = batch_field_dlpack(b, f);
+        if (!cap || cap == Py_None) return cap;
+        PyObject *t = PyObject_CallOneArg(dlpack, cap);
+        Py_DECREF(cap);
+        return t;
     }
-    Py_RETURN_NONE;
+    PyObject *v = batch_field(b, f, writable);
+    if (v == Py_None) return v;
+    for (Py_ssize_t c = 0; v && c < nconv; c++) {
+        PyObject *w = PyObject_CallOneArg(conv[c], v);
+        Py_DECREF(v);
+        v = w;
+    }
+    return v;
 }
 
 static PyObject *batch_get_array(PyPlBatch *o, void *closure) {
@@ -384,7 +506,7 @@ static PyObject *batch_to_dict(PyPlBatch *o, PyObject *const *args, Py_ssize_t n
                                PyObject *kwnames) {
     static const char *const names[] = {"input_ids", "labels", "loss_mask",
                                         "position_ids", "cu_seqlens"};
-    PyObject *convert = Py_None;
+    PyObject *convert = Py_None, *dlpack = NULL;
     int writable = 0;
     Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
     if (nargs > 1) {
@@ -398,10 +520,18 @@ static PyObject *batch_to_dict(PyPlBatch *o, PyObject *const *args, Py_ssize_t n
         else if (PyUnicode_CompareWithASCIIString(k, "writable") == 0) {
             writable = PyObject_IsTrue(v);
             if (writable < 0) return NULL;
+        } else if (PyUnicode_CompareWithASCIIString(k, "dlpack") == 0) {
+            dlpack = v == Py_None ? NULL : v;
         } else {
             PyErr_Format(PyExc_TypeError, "to_dict: unexpected keyword argument %R", k);
             return NULL;
         }
+    }
+    if (dlpack && (!writable || !PyCallable_Check(dlpack))) {
+        PyErr_SetString(PyExc_ValueError,
+                        "to_dict: dlpack must be a callable, and needs writable=True "
+                        "(DLPack cannot mark memory read-only)");
+        return NULL;
     }
     Py_ssize_t nconv = 0;
     PyObject *const *conv = NULL;
@@ -429,15 +559,10 @@ static PyObject *batch_to_dict(PyPlBatch *o, PyObject *const *args, Py_ssize_t n
                                     PL_FIELD_POSITION_IDS, PL_FIELD_CU_SEQLENS};
     for (int f = 0; f <= F_CU_SEQLENS; f++) {
         if (!(b->fields & bits[f])) continue;
-        PyObject *v = batch_field(b, f, writable);
+        PyObject *v = batch_export(b, f, writable, dlpack, conv, nconv);
         if (v == Py_None) {
             Py_DECREF(v);
             continue;
-        }
-        for (Py_ssize_t c = 0; v && c < nconv; c++) {
-            PyObject *w = PyObject_CallOneArg(conv[c], v);
-            Py_DECREF(v);
-            v = w;
         }
         if (!v || PyDict_SetItem(d, pypl_field_names[f], v) < 0) {
             Py_XDECREF(v);
@@ -449,15 +574,10 @@ static PyObject *batch_to_dict(PyPlBatch *o, PyObject *const *args, Py_ssize_t n
     /* Images of webdataset sources: present only when the micro-batch has some. */
     static const char *const inames[] = {"pixel_values", "image_grid_thw", "image_positions"};
     for (int f = F_PIXEL_VALUES; b->n_images > 0 && f <= F_IMAGE_POSITIONS; f++) {
-        PyObject *v = batch_field(b, f, writable);
+        PyObject *v = batch_export(b, f, writable, dlpack, conv, nconv);
         if (v == Py_None) {
             Py_DECREF(v);
             continue;
-        }
-        for (Py_ssize_t c = 0; v && c < nconv; c++) {
-            PyObject *w = PyObject_CallOneArg(conv[c], v);
-            Py_DECREF(v);
-            v = w;
         }
         if (!v || PyDict_SetItemString(d, inames[f - F_PIXEL_VALUES], v) < 0) {
             Py_XDECREF(v);
@@ -555,13 +675,17 @@ static PyGetSetDef batch_getset[] = {
 
 static PyMethodDef batch_methods[] = {
     {"to_dict", (PyCFunction)(void (*)(void))batch_to_dict, METH_FASTCALL | METH_KEYWORDS,
-     "to_dict(convert=None, writable=False)\n\n"
+     "to_dict(convert=None, writable=False, dlpack=None)\n\n"
      "The micro-batch as a dict (SPEC section 3): each present array field, plus\n"
      "'max_seqlen' (int) when present.  convert: a tuple of callables applied in\n"
      "turn to each field's Array (e.g. (numpy.asarray, torch.from_numpy)); None\n"
      "leaves the Arrays.  writable=True exports the fields writable: only for a\n"
      "batch that no other rank receives (the memory is shared by the served ranks\n"
-     "of a DP group; polyload.Loader decides from the topology).  Default: read-only."},
+     "of a DP group; polyload.Loader decides from the topology).  Default: read-only.\n"
+     "dlpack: a callable taking a DLPack capsule (\"dltensor\", CPU, compact\n"
+     "row-major, the unversioned ABI), e.g. torch.from_dlpack: each field goes to it\n"
+     "instead of through convert, zero-copy; the memory is writable to the consumer\n"
+     "(DLPack has no read-only flag), so only with writable=True."},
     {"release", (PyCFunction)batch_release, METH_NOARGS,
      "release()\n\nDrop this Batch's reference now.  Arrays taken from it stay valid."},
     {"__reduce__", pypl_no_reduce, METH_NOARGS, NULL},
