@@ -256,10 +256,13 @@ uint64_t pl__perm_apply(const pl__perm *p, uint64_t i);
 
 /* Raw text sources (source_text.c): sources whose lengths come from
  * tokenizing.  The planner tells such a source the position `pos` of its
- * epoch's order (perm) that it is about to ask for, so the source's threads
- * can tokenize what follows. */
+ * epoch's order that it is about to ask for, so the source's threads can
+ * tokenize what follows.  Position i of the order is document
+ * lo + perm(i) of the source, or lo + i when perm is NULL (an evaluation
+ * pass in index order); the order has perm->n (else n) positions (a split
+ * of the source: lo and n are its range). */
 int pl__source_is_lazy(const pl_source *src);
-void pl__source_lookahead(pl_source *src, const pl__perm *perm, int64_t epoch,
-                          int64_t pos);
+void pl__source_lookahead(pl_source *src, const pl__perm *perm, int64_t lo,
+                          int64_t n, int64_t epoch, int64_t pos);
 
 #endif

@@ -92,6 +92,8 @@ struct pl__text {
     int64_t la_epoch, la_next, la_last;
     int64_t la_draws; /* documents drawn since open: the window grows with it */
     pl__perm la_perm;
+    int la_ordered;       /* index order (evaluation), la_perm unused */
+    int64_t la_lo, la_n;  /* the order's range of documents (a split) */
     size_t spans_bytes;
     /* lengths-only (pl_source_options.lengths_fn) */
     pl_lengths_fn lengths_fn;
@@ -1195,13 +1197,19 @@ int pl__source_is_lazy(const pl_source *src) {
     return src && src->text && src->text->started;
 }
 
-void pl__source_lookahead(pl_source *src, const pl__perm *perm, int64_t epoch,
-                          int64_t pos) {
+void pl__source_lookahead(pl_source *src, const pl__perm *perm, int64_t lo,
+                          int64_t n, int64_t epoch, int64_t pos) {
     pl__text *t = src->text;
     if (!t || !t->started) return;
     pthread_mutex_lock(&t->mu);
-    if (!t->la_valid || t->la_epoch != epoch || pos < t->la_last) {
-        t->la_perm = *perm;
+    if (!t->la_valid || t->la_epoch != epoch || pos < t->la_last ||
+        t->la_lo != lo || t->la_ordered != (perm == NULL)) {
+        t->la_ordered = perm == NULL;
+        if (perm) t->la_perm = *perm;
+        t->la_lo = lo;
+        t->la_n = perm ? (int64_t)perm->n : n;
+        if (t->la_lo < 0 || t->la_lo > src->n_docs) t->la_lo = 0, t->la_n = 0;
+        if (t->la_n > src->n_docs - t->la_lo) t->la_n = src->n_docs - t->la_lo;
         t->la_epoch = epoch;
         t->la_next = pos;
         t->la_valid = 1;
@@ -1215,10 +1223,13 @@ void pl__source_lookahead(pl_source *src, const pl__perm *perm, int64_t epoch,
     if (window > t->lookahead) window = t->lookahead;
     if (t->la_next - pos <= window / 2) {
         int64_t end = pos + window;
-        if (end > src->n_docs) end = src->n_docs;
+        if (end > t->la_n) end = t->la_n;
         int queued = 0;
         for (; t->la_next < end; t->la_next++) {
-            int64_t idx = (int64_t)pl__perm_apply(&t->la_perm, (uint64_t)t->la_next);
+            int64_t idx = t->la_lo + (t->la_ordered ? t->la_next
+                                                    : (int64_t)pl__perm_apply(
+                                                          &t->la_perm,
+                                                          (uint64_t)t->la_next));
             if (pl__find(t, idx)) continue;
             pl__tentry *e = pl__insert(t, idx, PL__T_QUEUED);
             if (!e) break;

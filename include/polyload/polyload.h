@@ -308,7 +308,10 @@ PL_API int pl_source_open(const pl_source_options *opts, pl_source **out);
 PL_API void pl_source_free(pl_source *src);
 
 /* The last error message of this handle; "" when none. Valid until the next
- * call on the handle. */
+ * call on the handle.  Where several threads use one handle, another thread's
+ * failure may rewrite it while it is read: a thread reads its own message
+ * with pl_last_errmsg() (lengths_fn callbacks, which run on the source's
+ * threads, among them). */
 PL_API const char *pl_source_errmsg(const pl_source *src);
 PL_API const char *pl_source_name(const pl_source *src);
 PL_API pl_source_type pl_source_get_type(const pl_source *src);

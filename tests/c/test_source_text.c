@@ -9,6 +9,8 @@
 #include "internal.h"
 #include "testutil.h"
 
+#include <pthread.h>
+#include <stdatomic.h>
 #include <sys/stat.h>
 #include <zlib.h>
 #include <zstd.h>
@@ -465,7 +467,10 @@ static int remote_lengths(void *ctx, int64_t source, int64_t n, const int64_t *i
         if (lengths[i] < 0) {
             int64_t len;
             pl_source_document_length(real, index[i], &len);
-            messages[i] = strdup(pl_source_errmsg(real));
+            /* This runs on the remote source's tokenizer threads, several at
+               once: the calling thread's message, not the handle's (which
+               another thread may be writing). */
+            messages[i] = strdup(pl_last_errmsg());
         }
     return rc;
 }
@@ -538,6 +543,185 @@ static void test_lengths_only(void) {
     pl_config_free(cfg);
 }
 
+/* A tokenizer that counts how often each document of the corpus is
+ * tokenized (the text starts "doc N:"), then encodes as the byte tokenizer. */
+static atomic_int tok_count[NDOC];
+
+static int counting_encode(void *ctx, int64_t n, const char *const *texts,
+                           const size_t *lens, int32_t **ids, int64_t *counts,
+                           char *err, size_t errcap) {
+    pl_tokenizer *bytes = ctx;
+    for (int64_t i = 0; i < n; i++) {
+        int d = -1;
+        if (lens[i] > 4 && memcmp(texts[i], "doc ", 4) == 0) d = atoi(texts[i] + 4);
+        if (d >= 0 && d < NDOC) atomic_fetch_add(&tok_count[d], 1);
+    }
+    return bytes->encode_batch(bytes->ctx, n, texts, lens, ids, counts, err, errcap);
+}
+
+static int counting_factory(void *ctx, const char *type, const char *path,
+                            pl_tokenizer *out, char *err, size_t errcap) {
+    (void)type;
+    (void)path;
+    (void)err;
+    (void)errcap;
+    pl_tokenizer_bytes(out);
+    out->ctx = ctx;
+    out->encode_batch = counting_encode;
+    out->name = "counting";
+    return PL_OK;
+}
+
+/* Runs `steps` plans of `cfg` (all when 0) through the planner, reading
+ * every chunk; the counts of tokenizations per document are in tok_count.
+ * Returns the planner's last status (PL_OK, or PL_DONE at a pass's end). */
+static int run_pass(pl_config *cfg, int64_t steps) {
+    static pl_tokenizer bytes;
+    pl_tokenizer_bytes(&bytes);
+    pl_config_set_tokenizer_factory(cfg, counting_factory, &bytes);
+    for (int i = 0; i < NDOC; i++) atomic_store(&tok_count[i], 0);
+    pl_source *src;
+    pl_planner *pl = NULL;
+    int rc = pl_config_open_source(cfg, 0, &src);
+    if (rc == PL_OK) rc = pl_planner_create(cfg, &src, 1, &pl);
+    for (int64_t s = 0; (!steps || s < steps) && rc == PL_OK; s++) {
+        pl_plan *plan;
+        rc = pl_planner_next(pl, &plan);
+        if (rc) break;
+        for (int64_t c = 0; c < plan->n_chunks; c++) {
+            const pl_chunk *ch = &plan->chunks[c];
+            int64_t tok[256];
+            if (pl_source_read(src, ch->index, ch->offset, ch->length, tok,
+                               PL_DTYPE_INT64))
+                rc = PL_EIO;
+        }
+        pl_plan_free(plan);
+    }
+    if (rc != PL_OK && rc != PL_DONE)
+        fprintf(stderr, "pass: rc %d: %s\n", rc, pl_planner_errmsg(pl));
+    pl_planner_free(pl);
+    pl_source_free(src); /* joins the tokenizer threads */
+    return rc;
+}
+
+/* A split source (train [0, 150), valid [150, 300) of the 300 documents):
+ * the lookahead tokenizes the documents of the split in the order the
+ * planner draws them (index order in an evaluation pass), so every document
+ * is tokenized once, and none outside the split. */
+static void test_split_lookahead(void) {
+    char p[512], yaml[1024];
+    snprintf(p, sizeof p, "%s/plain.jsonl", dir);
+    snprintf(yaml, sizeof yaml,
+             "seed: 9\nseq_length: 256\nglobal_batch_size: 4\nmicro_batch_size: 1\n"
+             "split: 50,50,0\nsources:\n  - {name: web, type: jsonl, path: '%s', "
+             "lookahead: 32, tokenizer: {type: hf, path: counting, threads: 2}}\n", p);
+    pl_config *cfg, *valid;
+    CHECK_OK(pl_config_parse_string(yaml, strlen(yaml), "t", &cfg));
+    CHECK_OK(pl_config_split(cfg, PL_SPLIT_VALID, &valid));
+    CHECK_EQ_I64(run_pass(valid, 0), PL_DONE);
+    int bad = 0;
+    for (int i = 0; i < NDOC; i++)
+        if (atomic_load(&tok_count[i]) != (i >= NDOC / 2)) {
+            if (!bad) fprintf(stderr, "valid: document %d tokenized %d times\n", i,
+                              atomic_load(&tok_count[i]));
+            bad = 1;
+        }
+    CHECK(!bad);
+    /* Training: 8 steps draw fewer than the train split's 150 documents;
+       those and the lookahead's are tokenized once, all in the split. */
+    CHECK_OK(run_pass(cfg, 8));
+    int seen = 0;
+    bad = 0;
+    for (int i = 0; i < NDOC; i++) {
+        int c = atomic_load(&tok_count[i]);
+        seen += c;
+        if (c > 1 || (c && i >= NDOC / 2)) bad = 1;
+    }
+    CHECK(!bad);
+    CHECK(seen > 32 && seen < NDOC / 2);
+    pl_config_free(valid);
+    pl_config_free(cfg);
+}
+
+/* Threads asking for lengths (singly and in batches) and reading tokens at
+ * once, while the lookahead runs: every answer is the document's bytes, and
+ * each document is tokenized exactly once (nothing is dropped: the cache is
+ * large and documents are read by one thread each, after every length). */
+typedef struct conc_arg {
+    pl_source *src;
+    int id;
+    int bad;
+    pthread_barrier_t *bar;
+} conc_arg;
+
+static void *conc_thread(void *arg) {
+    conc_arg *a = arg;
+    char t[512];
+    int64_t idx[NDOC], lens[NDOC], tok[600];
+    /* Lengths: thread k walks the documents from its own start, alternately
+       one at a time and in batches of 37 (pl_source_lengths). */
+    for (int i = 0; i < NDOC; i++) idx[i] = (i * 7 + a->id * 61) % NDOC;
+    for (int i = 0; i < NDOC;) {
+        int k = (i / 37) % 2 ? 37 : 1;
+        if (k > NDOC - i) k = NDOC - i;
+        if (k == 1) {
+            if (pl_source_document_length(a->src, idx[i], &lens[i])) a->bad = 1;
+        } else if (pl_source_lengths(a->src, idx + i, k, lens + i)) {
+            a->bad = 1;
+        }
+        i += k;
+    }
+    for (int i = 0; i < NDOC; i++) {
+        doc_text((int)idx[i], t, sizeof t);
+        if (lens[i] != (int64_t)strlen(t) + 1) a->bad = 1;
+    }
+    pthread_barrier_wait(a->bar);
+    /* Reads: thread k reads the documents i with i % 4 == k, in two pieces. */
+    for (int i = a->id; i < NDOC; i += 4) {
+        doc_text(i, t, sizeof t);
+        int64_t n = (int64_t)strlen(t) + 1, h = n / 2;
+        if (pl_source_read(a->src, i, 0, h, tok, PL_DTYPE_INT64) ||
+            pl_source_read(a->src, i, h, n - h, tok + h, PL_DTYPE_INT64))
+            a->bad = 1;
+        for (int64_t j = 0; j + 1 < n; j++)
+            if (tok[j] != (uint8_t)t[j]) a->bad = 1;
+        if (tok[n - 1] != 256) a->bad = 1;
+    }
+    return NULL;
+}
+
+static void test_concurrent(void) {
+    char p[512];
+    snprintf(p, sizeof p, "%s/plain.jsonl", dir);
+    for (int round = 0; round < 3; round++) {
+        pl_source *src;
+        CHECK_OK(open_text(p, PL_SOURCE_JSONL, 0, 3, 0, &src));
+        pl__perm perm;
+        pl__perm_init(&perm, NDOC, 11, "t", 0);
+        /* The lookahead over the first half of the order (a planner's
+           window), racing the threads below. */
+        for (int64_t pos = 0; pos < NDOC / 2; pos += 8)
+            pl__source_lookahead(src, &perm, 0, NDOC, 0, pos);
+        pthread_barrier_t bar;
+        pthread_barrier_init(&bar, NULL, 4);
+        conc_arg a[4];
+        pthread_t th[4];
+        for (int k = 0; k < 4; k++) {
+            a[k] = (conc_arg){src, k, 0, &bar};
+            pthread_create(&th[k], NULL, conc_thread, &a[k]);
+        }
+        int bad = 0;
+        for (int k = 0; k < 4; k++) {
+            pthread_join(th[k], NULL);
+            bad |= a[k].bad;
+        }
+        pthread_barrier_destroy(&bar);
+        CHECK(!bad);
+        CHECK_EQ_I64(pl_source_num_tokenized(src), NDOC);
+        pl_source_free(src);
+    }
+}
+
 int main(void) {
     dir = pl_test_tmpdir();
     test_formats();
@@ -545,5 +729,7 @@ int main(void) {
     test_line_numbers();
     test_plans();
     test_lengths_only();
+    test_split_lookahead();
+    test_concurrent();
     TEST_END();
 }

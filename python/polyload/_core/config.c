@@ -797,7 +797,7 @@ static PyObject *source_image_info(PyPlSource *o, PyObject *arg) {
     if (i == -1 && PyErr_Occurred()) return NULL;
     pl_image_info in;
     int rc = pl_source_image_info(o->src, (int64_t)i, &in);
-    if (rc != PL_OK) return pypl_raise(rc, pl_source_errmsg(o->src));
+    if (rc != PL_OK) return pypl_raise(rc, pl_last_errmsg());
     return image_info_dict(&in);
 }
 
@@ -806,7 +806,7 @@ static PyObject *source_read_image(PyPlSource *o, PyObject *arg) {
     if (i == -1 && PyErr_Occurred()) return NULL;
     pl_image_info in;
     int rc = pl_source_image_info(o->src, (int64_t)i, &in);
-    if (rc != PL_OK) return pypl_raise(rc, pl_source_errmsg(o->src));
+    if (rc != PL_OK) return pypl_raise(rc, pl_last_errmsg());
     uint8_t *buf = malloc(in.bytes ? in.bytes : 1);
     if (!buf) return PyErr_NoMemory();
     Py_BEGIN_ALLOW_THREADS
@@ -814,7 +814,7 @@ static PyObject *source_read_image(PyPlSource *o, PyObject *arg) {
     Py_END_ALLOW_THREADS
     if (rc != PL_OK) {
         free(buf);
-        return pypl_raise(rc, pl_source_errmsg(o->src));
+        return pypl_raise(rc, pl_last_errmsg());
     }
     Py_ssize_t shape[3];
     if (in.mode == PL_IMAGE_NATIVE) {
@@ -894,7 +894,7 @@ static PyObject *source_lengths(PyPlSource *o, PyObject *arg) {
     Py_END_ALLOW_THREADS
     PyObject *out = NULL;
     if (rc != PL_OK) {
-        pypl_raise(rc, pl_source_errmsg(src));
+        pypl_raise(rc, pl_last_errmsg());
     } else if ((out = PyList_New(n)) != NULL) {
         for (Py_ssize_t i = 0; i < n; i++) {
             PyObject *v = PyLong_FromLongLong((long long)len[i]);
