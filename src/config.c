@@ -652,6 +652,8 @@ void pl_config_free(pl_config *cfg) {
         free(cfg->sources[i].name);
         free(cfg->sources[i].path);
         free(cfg->sources[i].text_key);
+        free(cfg->sources[i].prompt_key);
+        free(cfg->sources[i].response_key);
         free(cfg->sources[i].tok.path);
     }
     free(cfg->tok.path);
@@ -661,6 +663,8 @@ void pl_config_free(pl_config *cfg) {
             free(cfg->eval_sources[part][i].name);
             free(cfg->eval_sources[part][i].path);
             free(cfg->eval_sources[part][i].text_key);
+            free(cfg->eval_sources[part][i].prompt_key);
+            free(cfg->eval_sources[part][i].response_key);
             free(cfg->eval_sources[part][i].tok.path);
         }
         free(cfg->eval_sources[part]);
@@ -979,6 +983,7 @@ static int walk_source(walk *w, const char *list, int64_t i, yaml_node_t *map,
     s->token_dtype = (pl_dtype)0;
     int line_tdtype = 0, line_eos = 0, line_path = 0, has_type = 0, line_image = 0;
     int line_text = 0, line_key = 0; /* keys of jsonl/text sources */
+    int line_tkey = 0, line_sft = 0;
     yaml_node_pair_t *b = map->data.mapping.pairs.start;
     yaml_node_pair_t *e = map->data.mapping.pairs.top;
     for (yaml_node_pair_t *p = b; p < e; p++) {
@@ -989,11 +994,13 @@ static int walk_source(walk *w, const char *list, int64_t i, yaml_node_t *map,
             strcmp(k, "weight") && strcmp(k, "token_dtype") &&
             strcmp(k, "eos_id") && strcmp(k, "max_epochs") && strcmp(k, "image") &&
             strcmp(k, "caption") && strcmp(k, "index") && strcmp(k, "split") &&
-            strcmp(k, "text_key") && strcmp(k, "tokenizer") && strcmp(k, "lookahead"))
+            strcmp(k, "text_key") && strcmp(k, "tokenizer") && strcmp(k, "lookahead") &&
+            strcmp(k, "prompt_key") && strcmp(k, "response_key"))
             return cfg_err(cfg, PL_ECONFIG, line_of(node(w, p->key)),
                            "unknown key '%s' (expected name, type, path, "
                            "weight, token_dtype, eos_id, max_epochs, split, image, "
-                           "caption, index, text_key, tokenizer, lookahead)",
+                           "caption, index, text_key, prompt_key, response_key, "
+                           "tokenizer, lookahead)",
                            key);
         if (strcmp(k, "image") == 0) {
             rc = walk_image(w, key, vn, &s->image);
@@ -1067,6 +1074,17 @@ static int walk_source(walk *w, const char *list, int64_t i, yaml_node_t *map,
             if (!s->text_key) return cfg_err(cfg, PL_ENOMEM, 0, "out of memory");
             line_text = v.line;
             line_key = v.line;
+            line_tkey = v.line;
+        } else if (strcmp(k, "prompt_key") == 0 || strcmp(k, "response_key") == 0) {
+            if (!v.s[0])
+                return cfg_err(cfg, PL_ECONFIG, v.line, "%s is empty", key);
+            char **dst = k[0] == 'p' ? &s->prompt_key : &s->response_key;
+            free(*dst);
+            *dst = pl__strdup(v.s);
+            if (!*dst) return cfg_err(cfg, PL_ENOMEM, 0, "out of memory");
+            line_text = v.line;
+            line_key = v.line;
+            line_sft = v.line;
         } else if (strcmp(k, "lookahead") == 0) {
             rc = get_int(cfg, key, &v, 1, (int64_t)1 << 24, &s->lookahead);
             if (rc != PL_OK) return rc;
@@ -1111,9 +1129,20 @@ static int walk_source(walk *w, const char *list, int64_t i, yaml_node_t *map,
                        what, s->name, stype_names[s->type - 1]);
     if (line_key && s->type != PL_SOURCE_JSONL)
         return cfg_err(cfg, PL_ECONFIG, line_key,
-                       "%s.text_key applies only to jsonl sources (source '%s' "
+                       "%s.%s applies only to jsonl sources (source '%s' "
                        "is %s)",
-                       what, s->name, stype_names[s->type - 1]);
+                       what, line_sft ? "prompt_key/response_key" : "text_key",
+                       s->name, stype_names[s->type - 1]);
+    if (line_sft && (!s->prompt_key || !s->response_key))
+        return cfg_err(cfg, PL_ECONFIG, line_sft,
+                       "%s (%s): instruction data needs both prompt_key and "
+                       "response_key",
+                       what, s->name);
+    if (line_sft && line_tkey)
+        return cfg_err(cfg, PL_ECONFIG, line_tkey,
+                       "%s (%s): text_key is not used with prompt_key and "
+                       "response_key (give one or the other)",
+                       what, s->name);
     if (line_eos && s->type == PL_SOURCE_MEGATRON)
         return cfg_err(cfg, PL_ECONFIG, line_eos,
                        "%s.eos_id applies only to llmc and flat sources "
@@ -1829,9 +1858,13 @@ pl_config *pl__config_clone(const pl_config *cfg) {
             d->path = pl__strdup(d->path);
             const pl__source_cfg *o = &cfg->eval_sources[part][i];
             d->text_key = o->text_key ? pl__strdup(o->text_key) : NULL;
+            d->prompt_key = o->prompt_key ? pl__strdup(o->prompt_key) : NULL;
+            d->response_key = o->response_key ? pl__strdup(o->response_key) : NULL;
             d->tok.path = o->tok.path ? pl__strdup(o->tok.path) : NULL;
             c->n_eval_sources[part] = i + 1;
             if (!d->name || !d->path || (o->text_key && !d->text_key) ||
+                (o->prompt_key && !d->prompt_key) ||
+                (o->response_key && !d->response_key) ||
                 (o->tok.path && !d->tok.path))
                 goto fail;
         }
@@ -1848,10 +1881,15 @@ pl_config *pl__config_clone(const pl_config *cfg) {
         c->sources[i].name = pl__strdup(o->name);
         c->sources[i].path = pl__strdup(o->path);
         c->sources[i].text_key = o->text_key ? pl__strdup(o->text_key) : NULL;
+        c->sources[i].prompt_key = o->prompt_key ? pl__strdup(o->prompt_key) : NULL;
+        c->sources[i].response_key =
+            o->response_key ? pl__strdup(o->response_key) : NULL;
         c->sources[i].tok.path = o->tok.path ? pl__strdup(o->tok.path) : NULL;
         c->n_sources = i + 1;
         if (!c->sources[i].name || !c->sources[i].path ||
             (o->text_key && !c->sources[i].text_key) ||
+            (o->prompt_key && !c->sources[i].prompt_key) ||
+            (o->response_key && !c->sources[i].response_key) ||
             (o->tok.path && !c->sources[i].tok.path))
             goto fail;
     }
@@ -1965,6 +2003,8 @@ int pl__config_open_source(const pl_config *cfg, int64_t i, pl_source **out) {
         if (trc) return trc;
         o.tokenizer = &tok;
         o.text_key = s->text_key;
+        o.prompt_key = s->prompt_key;
+        o.response_key = s->response_key;
         o.add_eos = s->tok.add_eos;
         o.tokenizer_threads = s->tok.threads;
         o.lookahead = s->lookahead;
@@ -2037,6 +2077,10 @@ uint64_t pl_config_fingerprint(const pl_config *c) {
             const char *tk = sc->text_key ? sc->text_key : "text";
             h = pl__hash64(tp, strlen(tp) + 1, h);
             h = pl__hash64(tk, strlen(tk) + 1, h);
+            if (sc->prompt_key && sc->response_key) {
+                h = pl__hash64(sc->prompt_key, strlen(sc->prompt_key) + 1, h);
+                h = pl__hash64(sc->response_key, strlen(sc->response_key) + 1, h);
+            }
         }
     }
     for (int64_t k = 0; k < c->n_points; k++) {
@@ -2106,6 +2150,8 @@ int pl_config_split(const pl_config *cfg, int split, pl_config **out) {
             free(c->sources[i].name);
             free(c->sources[i].path);
             free(c->sources[i].text_key);
+            free(c->sources[i].prompt_key);
+            free(c->sources[i].response_key);
             free(c->sources[i].tok.path);
         }
         free(c->sources);

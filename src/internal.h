@@ -105,6 +105,8 @@ typedef struct pl__source_cfg {
     int write_index;      /* 0 default, -1: `index: memory` */
     /* jsonl/text */
     char *text_key;       /* malloc'd; NULL = "text" */
+    char *prompt_key;     /* malloc'd; instruction data when set (with */
+    char *response_key;   /* response_key), else NULL */
     int64_t lookahead;    /* 0 = default */
     pl__tok_cfg tok;      /* own, or the top level's */
 } pl__source_cfg;
@@ -223,6 +225,8 @@ void pl__tokens_convert(const void *src, pl_dtype src_dtype, void *dst,
                         pl_dtype dst_dtype, int64_t n);
 int pl__source_length(pl_source *src, int64_t index, int64_t *length,
                       char *err, size_t errcap);
+/* As pl_source_read, but an instruction source gives its prompt tokens in
+ * the marked form (-1 - id) that the constructor turns into the mask. */
 int pl__source_read(pl_source *src, int64_t index, int64_t offset,
                     int64_t count, void *out, pl_dtype out_dtype, char *err,
                     size_t errcap);

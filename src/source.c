@@ -774,9 +774,19 @@ static const pl__conv_fn pl__conv_table[10][2] = {
     [PL_DTYPE_UINT32] = {pl__conv_u32_i64, pl__conv_u32_i32},
 };
 
+static int pl__source_read_impl(pl_source *src, int64_t index, int64_t offset,
+                                int64_t count, void *out, pl_dtype out_dtype,
+                                int marked, char *err, size_t errcap);
 int pl__source_read(pl_source *src, int64_t index, int64_t offset,
                     int64_t count, void *out, pl_dtype out_dtype, char *err,
                     size_t errcap) {
+    return pl__source_read_impl(src, index, offset, count, out, out_dtype, 1, err,
+                                errcap);
+}
+
+static int pl__source_read_impl(pl_source *src, int64_t index, int64_t offset,
+                                int64_t count, void *out, pl_dtype out_dtype,
+                                int marked, char *err, size_t errcap) {
     if (!src || (!out && count > 0)) {
         pl__fmt(err, errcap, "pl_source_read: NULL argument");
         return PL_EINVAL;
@@ -788,7 +798,7 @@ int pl__source_read(pl_source *src, int64_t index, int64_t offset,
         return PL_EINVAL;
     }
     if (src->text)
-        return pl__text_read(src, index, offset, count, out, out_dtype, err,
+        return pl__text_read(src, index, offset, count, out, out_dtype, marked, err,
                              errcap);
     const pl__sfile *f;
     const uint8_t *tok;
@@ -832,8 +842,8 @@ int pl_source_document_length(pl_source *src, int64_t index,
 int pl_source_read(pl_source *src, int64_t index, int64_t offset,
                    int64_t count, void *out, pl_dtype out_dtype) {
     char err[PL__ERRMSG_CAP];
-    int rc = pl__source_read(src, index, offset, count, out, out_dtype, err,
-                             sizeof err);
+    int rc = pl__source_read_impl(src, index, offset, count, out, out_dtype, 0, err,
+                                  sizeof err);
     if (rc && src) pl__set_err(src, err);
     return rc;
 }
@@ -1053,7 +1063,7 @@ static int pl__read_ranges(pl_source *src, const pl_read *reads, int64_t n,
         int64_t len, off = reads[i].offset, count = reads[i].count;
         if (src->text) {
             rc = pl__text_read(src, reads[i].index, off, count, out,
-                               raw ? PL_DTYPE_INT32 : PL_DTYPE_INT64, err,
+                               raw ? PL_DTYPE_INT32 : PL_DTYPE_INT64, 1, err,
                                sizeof err);
             if (rc) break;
             out = (uint8_t *)out + (size_t)count * es;

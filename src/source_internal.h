@@ -183,10 +183,11 @@ size_t pl__text_sizeof(const pl_source *src);
 int pl__text_length(pl_source *src, const pl__sfile *f, int64_t r,
                     int64_t *length, char *err, size_t errcap);
 /* Tokens [offset, offset + count) of global document index, as int64
- * (out_dtype PL_DTYPE_INT64) or int32. */
+ * (out_dtype PL_DTYPE_INT64) or int32; with marked, an instruction
+ * source's prompt tokens as -1 - id (see polyload.h). */
 int pl__text_read(pl_source *src, int64_t index, int64_t offset,
-                  int64_t count, void *out, pl_dtype out_dtype, char *err,
-                  size_t errcap);
+                  int64_t count, void *out, pl_dtype out_dtype, int marked,
+                  char *err, size_t errcap);
 /* A data file's descriptor as source.c keeps it (*owned: close after). */
 int pl__source_data_fd(const pl_source *src, const pl__sfile *f, int *fd,
                        int *owned, char *err, size_t errcap);

@@ -62,6 +62,7 @@ typedef struct pl__tentry {
     char *err;   /* message of rc */
     int32_t *ids;
     int64_t len;
+    int64_t plen; /* instruction data: the prompt's tokens, ids[0, plen) */
     size_t cost; /* bytes charged to the cache */
     struct pl__tentry *hnext;
     struct pl__tentry *older, *younger;
@@ -72,6 +73,7 @@ struct pl__text {
     pl_tokenizer tok;
     int have_tok;
     char *text_key;
+    char *prompt_key, *response_key; /* instruction data: both set */
     int add_eos;
     int64_t eos_id;
     int64_t lookahead, max_record, cache_bytes;
@@ -205,6 +207,21 @@ int pl__text_init(pl_source *src, const pl_source_options *opts, char *err,
         return PL_EINVAL;
     }
     t->text_key = pl__strdup(v2 && opts->text_key ? opts->text_key : "text");
+    if (opts->version >= 3 && opts->prompt_key && opts->response_key) {
+        if (opts->type != PL_SOURCE_JSONL) {
+            pl__fmt(err, errcap,
+                    "source %s: prompt_key and response_key apply only to jsonl "
+                    "sources",
+                    name);
+            return PL_EINVAL;
+        }
+        t->prompt_key = pl__strdup(opts->prompt_key);
+        t->response_key = pl__strdup(opts->response_key);
+        if (!t->prompt_key || !t->response_key) {
+            pl__fmt(err, errcap, "out of memory");
+            return PL_ENOMEM;
+        }
+    }
     t->add_eos = v2 ? opts->add_eos != 0 : 0;
     t->eos_id = opts->eos_id >= 0 ? opts->eos_id : t->tok.eos_id;
     t->nthreads = v2 && opts->tokenizer_threads > 0 ? opts->tokenizer_threads : 1;
@@ -626,15 +643,16 @@ static int64_t pl__line_of(const pl_source *src, const pl__sfile *f,
 
 /* The text of local record r of f: *text malloc'd (or pointing into
  * f->text when *owned is 0), *len bytes, valid UTF-8.  PL_ERECORD etc. with
- * the file, the line and the byte offset. */
+ * the file, the line and the byte offset.  Instruction data gives two texts,
+ * text[0] the prompt and text[1] the response (both malloc'd; text, len and
+ * owned have room for two). */
 static int pl__record_text(pl_source *src, const pl__sfile *f, int64_t r,
                            char **text, size_t *len, int *owned, char *err,
                            size_t errcap) {
     pl__text *t = src->text;
     uint64_t s = f->spans[2 * r], e = f->spans[2 * r + 1];
-    *text = NULL;
-    *len = 0;
-    *owned = 0;
+    const int parts = t->prompt_key ? 2 : 1;
+    for (int k = 0; k < parts; k++) text[k] = NULL, len[k] = 0, owned[k] = 0;
     const char *what = src->type == PL_SOURCE_JSONL ? "line" : "file";
     if (e < s || (!f->text && e > (uint64_t)INT64_MAX) ||
         (f->text && e > f->text_len)) {
@@ -721,28 +739,37 @@ static int pl__record_text(pl_source *src, const pl__sfile *f, int64_t r,
     } else if (!json_is_object(obj)) {
         pl__fmt(why, sizeof why, "expected a JSON object");
     } else {
-        json_t *v = json_object_get(obj, t->text_key);
-        if (!v)
-            pl__fmt(why, sizeof why, "key '%s' is missing", t->text_key);
-        else if (!json_is_string(v))
-            pl__fmt(why, sizeof why, "key '%s' is not a string", t->text_key);
-        else if (json_string_length(v) == 0)
-            pl__fmt(why, sizeof why, "empty document (key '%s' is \"\")",
-                    t->text_key);
-        else {
-            size_t m = json_string_length(v);
-            char *d = malloc(m);
-            if (!d) rc = PL_ENOMEM;
+        const char *keys[2] = {t->text_key, NULL};
+        if (parts == 2) keys[0] = t->prompt_key, keys[1] = t->response_key;
+        for (int k = 0; k < parts && !why[0] && rc == PL_OK; k++) {
+            json_t *v = json_object_get(obj, keys[k]);
+            if (!v)
+                pl__fmt(why, sizeof why, "key '%s' is missing", keys[k]);
+            else if (!json_is_string(v))
+                pl__fmt(why, sizeof why, "key '%s' is not a string", keys[k]);
+            else if (json_string_length(v) == 0 && !(parts == 2 && k == 0))
+                pl__fmt(why, sizeof why, "empty %s (key '%s' is \"\")",
+                        parts == 2 ? "response" : "document", keys[k]);
             else {
-                memcpy(d, json_string_value(v), m);
-                *text = d;
-                *len = m;
-                *owned = 1;
+                size_t m = json_string_length(v);
+                char *d = malloc(m ? m : 1);
+                if (!d) rc = PL_ENOMEM;
+                else {
+                    memcpy(d, json_string_value(v), m);
+                    text[k] = d;
+                    len[k] = m;
+                    owned[k] = 1;
+                }
             }
         }
     }
     if (obj) json_decref(obj);
     if (raw_owned) free(raw);
+    if (rc == PL_ENOMEM || why[0])
+        for (int k = 0; k < parts; k++) {
+            if (owned[k]) free(text[k]);
+            text[k] = NULL, len[k] = 0, owned[k] = 0;
+        }
     if (rc == PL_ENOMEM) {
         pl__fmt(err, errcap, "%s: out of memory", f->path);
         return rc;
@@ -833,10 +860,11 @@ static void pl__evict(pl__text *t) {
 }
 
 static void pl__finish(pl__text *t, pl__tentry *e, int rc, const char *msg,
-                       int32_t *ids, int64_t len) {
+                       int32_t *ids, int64_t len, int64_t plen) {
     e->rc = rc;
     e->ids = ids;
     e->len = len;
+    e->plen = plen;
     if (rc) e->err = pl__strdup(msg);
     size_t add = (size_t)len * sizeof(int32_t) + (rc && msg ? strlen(msg) + 1 : 0);
     e->cost += add;
@@ -866,6 +894,7 @@ typedef struct pl__tres {
     char err[PL__ERRMSG_CAP];
     int32_t *ids;
     int64_t len;
+    int64_t plen; /* instruction data: the prompt's tokens */
 } pl__tres;
 
 /* Lengths-only: ask lengths_fn for idx[0..n). */
@@ -897,39 +926,46 @@ static void pl__remote_lengths(pl_source *src, const int64_t *idx, int64_t n,
     free(lens);
 }
 
-/* Parse and tokenize documents idx[0..n) into res[0..n) (no lock held). */
+/* Parse and tokenize documents idx[0..n) into res[0..n) (no lock held).
+ * Instruction data encodes the prompt and the response of each document as
+ * two texts of the same batch and joins their ids (res[i].plen: the
+ * prompt's). */
 static void pl__tokenize(pl_source *src, const int64_t *idx, int64_t n,
                          pl__tres *res) {
     pl__text *t = src->text;
     if (t->lengths_fn) {
         pl__remote_lengths(src, idx, n, res);
+        for (int64_t i = 0; i < n; i++) res[i].plen = 0;
         return;
     }
-    char **texts = pl__calloc((size_t)n, sizeof *texts);
-    size_t *lens = pl__calloc((size_t)n, sizeof *lens);
-    int *owned = pl__calloc((size_t)n, sizeof *owned);
+    const int64_t parts = t->prompt_key ? 2 : 1, nt = n * parts;
+    char **texts = pl__calloc((size_t)nt, sizeof *texts);
+    size_t *lens = pl__calloc((size_t)nt, sizeof *lens);
+    int *owned = pl__calloc((size_t)nt, sizeof *owned);
     int64_t *slot = pl__calloc((size_t)n, sizeof *slot);
-    int32_t **ids = pl__calloc((size_t)n, sizeof *ids);
-    int64_t *counts = pl__calloc((size_t)n, sizeof *counts);
+    int32_t **ids = pl__calloc((size_t)nt, sizeof *ids);
+    int64_t *counts = pl__calloc((size_t)nt, sizeof *counts);
     if (!texts || !lens || !owned || !slot || !ids || !counts) {
         for (int64_t i = 0; i < n; i++) {
             res[i].rc = PL_ENOMEM;
+            res[i].ids = NULL;
+            res[i].len = res[i].plen = 0;
             pl__fmt(res[i].err, sizeof res[i].err, "source %s: out of memory",
                     src->name);
         }
         goto out;
     }
-    int64_t m = 0; /* documents to encode, packed at the front */
+    int64_t m = 0; /* documents to encode, their texts packed at the front */
     for (int64_t i = 0; i < n; i++) {
         int64_t r;
         const pl__sfile *f = pl__tlocate(src, idx[i], &r);
         res[i].ids = NULL;
-        res[i].len = 0;
-        res[i].rc = pl__record_text(src, f, r, &texts[m], &lens[m], &owned[m],
-                                    res[i].err, sizeof res[i].err);
+        res[i].len = res[i].plen = 0;
+        res[i].rc = pl__record_text(src, f, r, &texts[m * parts], &lens[m * parts],
+                                    &owned[m * parts], res[i].err, sizeof res[i].err);
         if (res[i].rc == PL_OK) slot[m++] = i;
     }
-    int rc = m ? t->tok.encode_batch(t->tok.ctx, m, (const char *const *)texts,
+    int rc = m ? t->tok.encode_batch(t->tok.ctx, m * parts, (const char *const *)texts,
                                      lens, ids, counts, res[slot[0]].err,
                                      sizeof res[slot[0]].err)
                : PL_OK;
@@ -937,15 +973,17 @@ static void pl__tokenize(pl_source *src, const int64_t *idx, int64_t n,
         /* Find which document the tokenizer refused: one at a time. */
         for (int64_t j = 0; j < m; j++) {
             pl__tres *q = &res[slot[j]];
-            q->rc = t->tok.encode_batch(t->tok.ctx, 1,
-                                        (const char *const *)&texts[j], &lens[j],
-                                        &ids[j], &counts[j], q->err, sizeof q->err);
-            if (q->rc) ids[j] = NULL, counts[j] = 0;
+            q->rc = t->tok.encode_batch(t->tok.ctx, parts,
+                                        (const char *const *)&texts[j * parts],
+                                        &lens[j * parts], &ids[j * parts],
+                                        &counts[j * parts], q->err, sizeof q->err);
+            if (q->rc)
+                for (int64_t k = 0; k < parts; k++)
+                    ids[j * parts + k] = NULL, counts[j * parts + k] = 0;
         }
     } else if (rc) {
         res[slot[0]].rc = rc;
-        ids[0] = NULL;
-        counts[0] = 0;
+        for (int64_t k = 0; k < parts; k++) ids[k] = NULL, counts[k] = 0;
     }
     for (int64_t j = 0; j < m; j++) {
         pl__tres *q = &res[slot[j]];
@@ -958,9 +996,33 @@ static void pl__tokenize(pl_source *src, const int64_t *idx, int64_t n,
             memcpy(q->err, tmp, sizeof tmp);
             continue;
         }
-        int64_t c = counts[j];
-        int32_t *v = ids[j];
-        for (int64_t k = 0; k < c; k++) {
+        int64_t c = counts[j * parts];
+        int32_t *v = ids[j * parts];
+        ids[j * parts] = NULL;
+        if (parts == 2) { /* prompt ids, then the response's */
+            int64_t c2 = counts[j * parts + 1];
+            int32_t *nv = c + c2 ? realloc(v, (size_t)(c + c2) * sizeof *nv) : v;
+            if (!nv) {
+                q->rc = PL_ENOMEM;
+                pl__fmt(q->err, sizeof q->err, "out of memory");
+            } else {
+                v = nv;
+                if (c2) memcpy(v + c, ids[j * parts + 1], (size_t)c2 * sizeof *v);
+                q->plen = c;
+                c += c2;
+                if (c2 == 0) {
+                    q->rc = PL_ERECORD;
+                    pl__fmt(q->err, sizeof q->err,
+                            "%s: line %lld (byte offset %llu): the tokenizer gives "
+                            "no tokens for the response (key '%s')",
+                            f->path, (long long)pl__line_of(src, f, f->spans[2 * r]),
+                            (unsigned long long)f->spans[2 * r], t->response_key);
+                }
+            }
+            free(ids[j * parts + 1]);
+            ids[j * parts + 1] = NULL;
+        }
+        for (int64_t k = 0; k < c && !q->rc; k++) {
             if (v[k] < 0 || (t->tok.vocab_size > 0 && v[k] >= t->tok.vocab_size)) {
                 q->rc = PL_ERECORD;
                 pl__fmt(q->err, sizeof q->err,
@@ -992,6 +1054,7 @@ static void pl__tokenize(pl_source *src, const int64_t *idx, int64_t n,
         }
         if (q->rc) {
             free(v);
+            q->plen = 0;
             continue;
         }
         q->ids = v;
@@ -999,7 +1062,7 @@ static void pl__tokenize(pl_source *src, const int64_t *idx, int64_t n,
     }
     atomic_fetch_add(&t->tokenized, (long long)n);
 out:
-    for (int64_t j = 0; texts && owned && j < n; j++)
+    for (int64_t j = 0; texts && owned && j < nt; j++)
         if (owned[j]) free(texts[j]);
     free(texts);
     free(lens);
@@ -1040,7 +1103,8 @@ static void *pl__worker(void *arg) {
         pl__tokenize(src, idx, n, res);
         pthread_mutex_lock(&t->mu);
         for (int64_t i = 0; i < n; i++)
-            pl__finish(t, batch[i], res[i].rc, res[i].err, res[i].ids, res[i].len);
+            pl__finish(t, batch[i], res[i].rc, res[i].err, res[i].ids, res[i].len,
+                       res[i].plen);
     }
     pthread_mutex_unlock(&t->mu);
     free(res);
@@ -1078,6 +1142,8 @@ void pl__text_free(pl_source *src) {
     free(t->buckets);
     if (t->have_tok && t->tok.destroy) t->tok.destroy(t->tok.ctx);
     free(t->text_key);
+    free(t->prompt_key);
+    free(t->response_key);
     pthread_mutex_destroy(&t->mu);
     pthread_cond_destroy(&t->work_cv);
     pthread_cond_destroy(&t->done_cv);
@@ -1121,8 +1187,8 @@ static pl__tentry *pl__acquire(pl_source *src, int64_t index) {
     pl__tres *res = malloc(sizeof *res);
     if (res) pl__tokenize(src, &index, 1, res);
     pthread_mutex_lock(&t->mu);
-    if (!res) pl__finish(t, e, PL_ENOMEM, "out of memory", NULL, 0);
-    else pl__finish(t, e, res->rc, res->err, res->ids, res->len);
+    if (!res) pl__finish(t, e, PL_ENOMEM, "out of memory", NULL, 0, 0);
+    else pl__finish(t, e, res->rc, res->err, res->ids, res->len, res->plen);
     free(res);
     return e;
 }
@@ -1147,8 +1213,8 @@ int pl__text_length(pl_source *src, const pl__sfile *f, int64_t r,
 }
 
 int pl__text_read(pl_source *src, int64_t index, int64_t offset,
-                  int64_t count, void *out, pl_dtype out_dtype, char *err,
-                  size_t errcap) {
+                  int64_t count, void *out, pl_dtype out_dtype, int marked,
+                  char *err, size_t errcap) {
     pl__text *t = src->text;
     if (index < 0 || index >= src->n_docs) {
         pl__fmt(err, errcap, "source %s: document index %lld out of range [0, %lld)",
@@ -1183,6 +1249,18 @@ int pl__text_read(pl_source *src, int64_t index, int64_t offset,
         rc = PL_ERANGE;
     } else {
         pl__tokens_convert(e->ids + offset, PL_DTYPE_INT32, out, out_dtype, count);
+        /* Instruction data, marked form: prompt tokens as -1 - id. */
+        int64_t np = marked && e->plen > offset ? e->plen - offset : 0;
+        if (np > count) np = count;
+        for (int64_t k = 0; k < np; k++) {
+            if (out_dtype == PL_DTYPE_INT64) {
+                int64_t *o = out;
+                o[k] = -1 - o[k];
+            } else {
+                int32_t *o = out;
+                o[k] = -1 - o[k];
+            }
+        }
         /* Read up to its last token: the document has been used. */
         if (offset + count == e->len && count > 0 && !e->waiters && !e->inq)
             pl__remove(t, e);
@@ -1309,7 +1387,8 @@ int pl_source_lengths(pl_source *src, const int64_t *index, int64_t n,
         pl__tokenize(src, idx + b, k, res);
         pthread_mutex_lock(&t->mu);
         for (int64_t j = 0; j < k; j++) {
-            pl__finish(t, mine[b + j], res[j].rc, res[j].err, res[j].ids, res[j].len);
+            pl__finish(t, mine[b + j], res[j].rc, res[j].err, res[j].ids, res[j].len,
+                       res[j].plen);
             mine[b + j]->waiters--;
         }
         pthread_mutex_unlock(&t->mu);

@@ -272,6 +272,9 @@ typedef struct pl_source_options {
                                    tokenizer is then not used */
     void *lengths_ctx;
     int64_t lengths_source;     /* passed to lengths_fn as `source` */
+    /* Version 3: instruction data (jsonl; see "instruction data" below). */
+    const char *prompt_key;     /* both non-NULL: each record is a prompt and */
+    const char *response_key;   /* a response (text_key is then not used) */
 } pl_source_options;
 
 /*
@@ -295,7 +298,7 @@ enum {
     PL_INDEX_READ = 2,
     PL_INDEX_MEMORY = -1
 };
-#define PL_SOURCE_OPTIONS_VERSION 2
+#define PL_SOURCE_OPTIONS_VERSION 3
 
 /*
  * Open a source.  On success returns PL_OK.  On error returns PL_ENOENT (no
@@ -468,6 +471,23 @@ PL_API int pl_image_smart_resize(int64_t h, int64_t w, int64_t factor,
  * at open naming the file and the compressed byte offset; with on_error:
  * skip (sources opened through a config) the complete records before the
  * damage are kept and the partial one is counted by pl_source_num_skipped.
+ *
+ * Instruction data (SFT): a jsonl source with prompt_key and response_key
+ * (config keys of the same names) reads two strings from each record.  They
+ * are tokenized separately (as NeMo's GPTSFTDataset does: no BPE merge
+ * crosses the boundary) and the document is prompt ids, response ids, then
+ * eos_id when add_eos is set.  The batch gives loss only on the response:
+ * labels[t] is -100 and loss_mask[t] 0 where the token at t + 1 (the label)
+ * is a prompt token, so the last prompt position predicts the first response
+ * token, and the response's eos is predicted as well.  The prompt may be ""
+ * (an empty string), the response may not; a missing or non-string key is
+ * PL_ERECORD naming the key, the file, the line and its byte offset.  The
+ * document packs, splits and truncates like any other.
+ * pl_source_read gives the plain ids; pl_source_read_many and
+ * pl_source_read_raw, the forms that travel to a data constructor, give a
+ * prompt token as -1 - id (negative), which pl_constructor_build and
+ * packages turn back into the id and the mask; no id of a tokenizer is
+ * negative, so the form is unambiguous.
  */
 
 /*

@@ -722,6 +722,173 @@ static void test_concurrent(void) {
     }
 }
 
+/* Instruction data: prompt '?' + lowercase + ':', response uppercase + '!'
+ * (byte tokens, eos 256), so every token tells which part it is from. */
+static int sft_is_response(int64_t id) {
+    return id == 256 || id == '!' || (id >= 'A' && id <= 'Z');
+}
+
+static void test_instruction(void) {
+    char p[512], yaml[1024];
+    snprintf(p, sizeof p, "%s/sft.jsonl", dir);
+    FILE *f = fopen(p, "w");
+    for (int i = 0; i < 40; i++) {
+        char q[200], a[64];
+        int nq = i == 7 ? 150 : 1 + (i * 5) % 17, na = 1 + (i * 3) % 11;
+        int k = 0;
+        if (i != 11) q[k++] = '?';
+        for (int j = 0; j < nq - 1 && i != 11; j++) q[k++] = (char)('a' + (i + j) % 26);
+        if (i != 11) q[k++] = ':';
+        q[k] = '\0'; /* record 11: an empty prompt */
+        for (k = 0; k < na; k++) a[k] = (char)('A' + (i + k) % 26);
+        a[k++] = '!';
+        a[k] = '\0';
+        fprintf(f, "{\"prompt\": \"%s\", \"response\": \"%s\", \"id\": %d}\n", q, a, i);
+    }
+    fclose(f);
+    /* The source alone: lengths are prompt + response + eos; pl_source_read
+       gives plain ids, pl_source_read_many the marked form. */
+    {
+        pl_tokenizer tok;
+        pl_tokenizer_bytes(&tok);
+        pl_source_options o;
+        memset(&o, 0, sizeof o);
+        o.version = PL_SOURCE_OPTIONS_VERSION;
+        o.type = PL_SOURCE_JSONL;
+        o.path = p;
+        o.eos_id = -1;
+        o.tokenizer = &tok;
+        o.add_eos = 1;
+        o.prompt_key = "prompt";
+        o.response_key = "response";
+        pl_source *src;
+        CHECK_OK(pl_source_open(&o, &src));
+        int64_t len = 0, plain[64], marked[64];
+        CHECK_OK(pl_source_document_length(src, 1, &len));
+        /* record 1: prompt 7 bytes ("?bcdef:"), response 5 ("BCDE!"), eos */
+        CHECK_EQ_I64(len, 7 + 5 + 1);
+        CHECK_OK(pl_source_read(src, 1, 0, len, plain, PL_DTYPE_INT64));
+        pl_read rd = {0, 0, 1, 0, len};
+        CHECK_OK(pl_source_read_many(src, &rd, 1, marked));
+        int ok = plain[0] == '?' && plain[6] == ':' && plain[7] == 'B' &&
+                 plain[len - 1] == 256;
+        for (int64_t k = 0; k < len; k++)
+            if (marked[k] != (k < 7 ? -1 - plain[k] : plain[k])) ok = 0;
+        CHECK(ok);
+        pl_source_free(src);
+    }
+    snprintf(yaml, sizeof yaml,
+             "seed: 4\nseq_length: 64\nglobal_batch_size: 2\nmicro_batch_size: 1\n"
+             "topology: {dp: 2}\nsources:\n  - {name: sft, type: jsonl, path: '%s', "
+             "prompt_key: prompt, response_key: response,\n"
+             "     tokenizer: {type: bytes, add_eos: true, threads: 2}}\n", p);
+    pl_config *cfg;
+    CHECK_OK(pl_config_parse_string(yaml, strlen(yaml), "t", &cfg));
+    pl_loader_options lo = {PL_LOADER_OPTIONS_VERSION, NULL, 0, 2, 2};
+    pl_loader *l = NULL;
+    int rc = pl_loader_create(cfg, &lo, &l);
+    if (rc) fprintf(stderr, "loader: %s\n", pl_loader_errmsg(l));
+    CHECK_OK(rc);
+    int bad = 0;
+    int64_t trained = 0, prompts = 0;
+    for (int step = 0; step < 30 && !rc && !bad; step++)
+        for (int64_t r = 0; r < 2 && !bad; r++) {
+            const pl_batch *b = NULL;
+            rc = pl_loader_next(l, r, &b);
+            if (rc) {
+                fprintf(stderr, "next: %s\n", pl_loader_errmsg(l));
+                break;
+            }
+            const int64_t *ids = b->input_ids, *lab = b->labels;
+            for (int64_t k = 0; k + 1 < b->n_cu_seqlens; k++) {
+                if (b->segment_sources[k] < 0) continue; /* padding */
+                int64_t s0 = b->cu_seqlens[k], s1 = b->cu_seqlens[k + 1];
+                for (int64_t t = s0; t < s1; t++) {
+                    int64_t id = ids[t];
+                    float m = b->loss_mask[t];
+                    if (id < 0 || id > 256) bad = 1;
+                    if (!sft_is_response(id)) prompts++;
+                    if (t + 1 < s1) {
+                        int want = sft_is_response(ids[t + 1]);
+                        if (m != (float)want || lab[t] != (want ? ids[t + 1] : -100))
+                            bad = 1;
+                    } else if (id == 256) {
+                        if (m != 0.0f || lab[t] != -100) bad = 1;
+                    } else if ((m != 0.0f) != (lab[t] != -100) ||
+                               (lab[t] != -100 && !sft_is_response(lab[t]))) {
+                        bad = 1; /* a split document: the label is the next chunk's */
+                    }
+                    trained += m != 0.0f;
+                    if (bad) {
+                        fprintf(stderr, "step %d rank %lld pos %lld: id %lld mask %g "
+                                        "label %lld\n",
+                                step, (long long)r, (long long)t, (long long)id, m,
+                                (long long)lab[t]);
+                        break;
+                    }
+                }
+            }
+        }
+    CHECK_OK(rc);
+    CHECK(!bad);
+    CHECK(trained > 100 && prompts > 100);
+    pl_loader_free(l);
+    pl_config_free(cfg);
+
+    /* Config errors and bad records. */
+    const char *badcfg[][2] = {
+        {"sources:\n  - {name: a, type: jsonl, path: x, prompt_key: p, tokenizer: {type: bytes}}\n",
+         "needs both prompt_key and response_key"},
+        {"sources:\n  - {name: a, type: jsonl, path: x, prompt_key: p, response_key: r, "
+         "text_key: t, tokenizer: {type: bytes}}\n",
+         "text_key is not used with prompt_key"},
+        {"sources:\n  - {name: a, type: text, path: x, prompt_key: p, response_key: r, "
+         "tokenizer: {type: bytes}}\n",
+         "prompt_key/response_key applies only to jsonl"},
+    };
+    for (size_t i = 0; i < sizeof badcfg / sizeof badcfg[0]; i++) {
+        CHECK_EQ_I64(pl_config_parse_string(badcfg[i][0], strlen(badcfg[i][0]), "t", &cfg),
+                     PL_ECONFIG);
+        if (!strstr(pl_config_errmsg(cfg), badcfg[i][1]))
+            fprintf(stderr, "config %zu: %s\n", i, pl_config_errmsg(cfg));
+        CHECK(strstr(pl_config_errmsg(cfg), badcfg[i][1]) != NULL);
+        pl_config_free(cfg);
+    }
+    const char *recs[][2] = {
+        {"{\"prompt\": \"q\"}", "key 'response' is missing"},
+        {"{\"prompt\": 3, \"response\": \"a\"}", "key 'prompt' is not a string"},
+        {"{\"prompt\": \"q\", \"response\": \"\"}", "empty response (key 'response'"},
+    };
+    for (size_t i = 0; i < sizeof recs / sizeof recs[0]; i++) {
+        snprintf(p, sizeof p, "%s/sftbad%zu.jsonl", dir, i);
+        f = fopen(p, "w");
+        fprintf(f, "{\"prompt\": \"a\", \"response\": \"b\"}\n%s\n", recs[i][0]);
+        fclose(f);
+        pl_tokenizer tok;
+        pl_tokenizer_bytes(&tok);
+        pl_source_options o;
+        memset(&o, 0, sizeof o);
+        o.version = PL_SOURCE_OPTIONS_VERSION;
+        o.type = PL_SOURCE_JSONL;
+        o.path = p;
+        o.eos_id = -1;
+        o.tokenizer = &tok;
+        o.prompt_key = "prompt";
+        o.response_key = "response";
+        pl_source *src;
+        CHECK_OK(pl_source_open(&o, &src));
+        int64_t len;
+        CHECK_EQ_I64(pl_source_document_length(src, 1, &len), PL_ERECORD);
+        const char *m = pl_source_errmsg(src);
+        int ok = strstr(m, "line 2 (byte offset 33)") && strstr(m, recs[i][1]);
+        if (!ok) fprintf(stderr, "sft record %zu: %s\n", i, m);
+        CHECK(ok);
+        CHECK_OK(pl_source_document_length(src, 0, &len));
+        CHECK_EQ_I64(len, 2);
+        pl_source_free(src);
+    }
+}
+
 int main(void) {
     dir = pl_test_tmpdir();
     test_formats();
@@ -731,5 +898,6 @@ int main(void) {
     test_lengths_only();
     test_split_lookahead();
     test_concurrent();
+    test_instruction();
     TEST_END();
 }
