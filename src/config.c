@@ -1921,6 +1921,31 @@ fail:
  * failure *out is a source handle carrying the message (as a failed open). */
 static const char *const pl__tok_type_names[] = {"", "bytes", "hf",
                                                  "sentencepiece", "tiktoken"};
+/* The length-cache key of a raw text source: what decides its lengths (the
+ * tokenizer's type and file bytes, add_eos, eos_id, the record keys).  0
+ * (no cache) when the tokenizer file cannot be read. */
+static uint64_t pl__length_cache_key(const pl__source_cfg *s) {
+    uint64_t h = pl__hash64("pllen1", 6, 0);
+    int32_t ti[2] = {s->tok.type, s->tok.add_eos};
+    h = pl__hash64(ti, sizeof ti, h);
+    h = pl__hash64(&s->eos_id, sizeof s->eos_id, h);
+    const char *keys[3] = {s->text_key ? s->text_key : "text",
+                           s->prompt_key ? s->prompt_key : "",
+                           s->response_key ? s->response_key : ""};
+    for (int k = 0; k < 3; k++) h = pl__hash64(keys[k], strlen(keys[k]) + 1, h);
+    if (s->tok.path) {
+        FILE *f = fopen(s->tok.path, "rb");
+        if (!f) return 0;
+        char buf[65536];
+        size_t n;
+        while ((n = fread(buf, 1, sizeof buf, f)) > 0) h = pl__hash64(buf, n, h);
+        int bad = ferror(f);
+        fclose(f);
+        if (bad) return 0;
+    }
+    return h ? h : 1;
+}
+
 static int pl__config_tokenizer(const pl_config *cfg, const pl__tok_cfg *t,
                                 pl_tokenizer *tok, pl_source **out) {
     memset(tok, 0, sizeof *tok);
@@ -1991,6 +2016,10 @@ int pl__config_open_source(const pl_config *cfg, int64_t i, pl_source **out) {
     o.write_index = s->write_index ? s->write_index : cfg->sidecar_index;
     o.image = s->type == PL_SOURCE_WEBDATASET ? &s->image : NULL;
     pl_tokenizer tok;
+    if (s->type == PL_SOURCE_JSONL || s->type == PL_SOURCE_TEXT) {
+        o.length_cache_key = pl__length_cache_key(s);
+        o.length_cache = s->write_index ? s->write_index : cfg->sidecar_index;
+    }
     if ((s->type == PL_SOURCE_JSONL || s->type == PL_SOURCE_TEXT) && cfg->lengths_fn) {
         o.lengths_fn = cfg->lengths_fn;
         o.lengths_ctx = cfg->lengths_ctx;

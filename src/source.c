@@ -45,6 +45,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <glob.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -280,6 +281,10 @@ void pl__sfile_unmap(pl__sfile *f) {
     free(f->text);
     free(f->line_ck);
     f->line_ck = NULL;
+    if (f->len_map) munmap(f->len_map, f->len_map_len);
+    f->len_map = NULL;
+    f->len_map_len = 0;
+    f->cached_len = NULL;
     f->spans_owned = NULL;
     f->spans = NULL;
     f->text = NULL;
@@ -353,7 +358,13 @@ static int pl__is_file(const char *path) {
 
 /* Our own sidecars and their temporaries are never data files. */
 static int pl__is_sidecar(const char *path) {
-    return pl__ends_with(path, ".plidx") || strstr(path, ".plidx.tmp.");
+    static const char *const ext[] = {".plidx", ".plrec", ".pllen", ".plwds"};
+    char tmp[16];
+    for (size_t i = 0; i < sizeof ext / sizeof ext[0]; i++) {
+        snprintf(tmp, sizeof tmp, "%s.tmp.", ext[i]);
+        if (pl__ends_with(path, ext[i]) || strstr(path, tmp)) return 1;
+    }
+    return 0;
 }
 
 /* Add a match of a Megatron pattern or directory: "x.idx" or "x.bin" -> "x". */

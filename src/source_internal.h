@@ -96,6 +96,11 @@ typedef struct pl__sfile {
     size_t text_len;
     int compression;       /* 0 plain, 1 gzip, 2 zstd */
     uint64_t *line_ck;     /* line of every 4096th record (NULL: count from 0) */
+    /* jsonl/text: the mapped <file>.pllen (length cache), or NULL */
+    void *len_map;
+    size_t len_map_len;
+    const int64_t *cached_len; /* [n_docs]: a length, or -1 */
+    uint64_t st_size, st_mtime_ns; /* the data file at open (the sidecar's key) */
 } pl__sfile;
 
 typedef struct pl__text pl__text; /* source_text.c: tokenizer and cache */

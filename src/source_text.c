@@ -97,10 +97,19 @@ struct pl__text {
     int la_ordered;       /* index order (evaluation), la_perm unused */
     int64_t la_lo, la_n;  /* the order's range of documents (a split) */
     size_t spans_bytes;
+    /* the length cache (<file>.pllen) */
+    uint64_t lc_key;   /* 0: none */
+    int lc_policy;     /* PL_INDEX_* */
+    int64_t *learned;  /* [n_docs] lengths learned by tokenizing, -1 unknown
+                          (PL_INDEX_WRITE only) */
+    int64_t lc_known;  /* documents with a cached or learned length */
+    int64_t lc_new;    /* learned and not in the sidecars yet */
+    int lc_flush;      /* every length known: write the sidecars once */
     /* lengths-only (pl_source_options.lengths_fn) */
     pl_lengths_fn lengths_fn;
     void *lengths_ctx;
     int64_t lengths_source;
+    pl_source *src; /* the owner */
 };
 
 /* ------------------------------------------------------------ UTF-8 */
@@ -179,6 +188,7 @@ int pl__text_init(pl_source *src, const pl_source_options *opts, char *err,
         return PL_ENOMEM;
     }
     src->text = t;
+    t->src = src;
     pthread_mutex_init(&t->mu, NULL);
     pthread_cond_init(&t->work_cv, NULL);
     pthread_cond_init(&t->done_cv, NULL);
@@ -232,6 +242,10 @@ int pl__text_init(pl_source *src, const pl_source_options *opts, char *err,
     t->cache_bytes = v2 && opts->cache_bytes > 0 ? opts->cache_bytes
                                                  : (int64_t)256 << 20;
     t->write_index = opts->write_index;
+    if (opts->version >= 3 && opts->length_cache_key) {
+        t->lc_key = opts->length_cache_key;
+        t->lc_policy = opts->length_cache == 1 ? PL_INDEX_WRITE : opts->length_cache;
+    }
     t->nbuckets = 1024;
     t->buckets = pl__calloc(t->nbuckets, sizeof *t->buckets);
     if (!t->text_key || !t->buckets) {
@@ -520,6 +534,120 @@ static void pl__rec_write(const pl__sfile *f, const struct stat *st,
     if (!ok || rename(tmp, p) != 0) unlink(tmp);
 }
 
+/* ------------------------------------------------------------ length cache */
+
+static const pl__sfile *pl__tlocate(const pl_source *src, int64_t index,
+                                    int64_t *r);
+
+#define PL__LEN_MAGIC "PLLEN\0\0\0"
+#define PL__LEN_VERSION 1u
+#define PL__LEN_HEADER 56
+
+static void pl__len_header(uint8_t *h, const pl__sfile *f, uint64_t key) {
+    memset(h, 0, PL__LEN_HEADER);
+    memcpy(h, PL__LEN_MAGIC, 8);
+    pl__st_u32(h + 8, PL__LEN_VERSION);
+    pl__st_u64(h + 16, f->st_size);
+    pl__st_u64(h + 24, f->st_mtime_ns);
+    pl__st_u64(h + 32, (uint64_t)f->n_docs);
+    pl__st_u64(h + 40, key);
+    pl__st_u32(h + 48, pl__crc32(0, h, 48));
+}
+
+/* Map f's <file>.pllen when it matches the file, its records and the key. */
+static void pl__len_load(pl__text *t, pl__sfile *f) {
+    if (!t->lc_key || t->lc_policy == PL_INDEX_MEMORY) return;
+    char p[4200];
+    pl__fmt(p, sizeof p, "%s.pllen", f->path);
+    void *map = NULL;
+    size_t len = 0;
+    struct stat st;
+    char e[64];
+    if (pl__map_file(p, &map, &len, &st, NULL, e, sizeof e)) return;
+    uint8_t want[PL__LEN_HEADER];
+    pl__len_header(want, f, t->lc_key);
+    if (len != PL__LEN_HEADER + (size_t)f->n_docs * 8 || !map ||
+        memcmp(map, want, PL__LEN_HEADER) != 0) {
+        if (map) munmap(map, len);
+        return;
+    }
+    f->len_map = map;
+    f->len_map_len = len;
+    f->cached_len = (const int64_t *)((const uint8_t *)map + PL__LEN_HEADER);
+}
+
+/* Write the sidecars of every file with lengths not in them yet (no lock
+ * held; `known` is a copy of the learned lengths). */
+static void pl__len_write(pl_source *src, const int64_t *known) {
+    for (int64_t i = 0; i < src->n_files; i++) {
+        const pl__sfile *f = &src->files[i];
+        if (!f->n_docs) continue;
+        int news = 0;
+        for (int64_t r = 0; r < f->n_docs && !news; r++)
+            news = known[f->first_doc + r] >= 0 &&
+                   (!f->cached_len || f->cached_len[r] < 0);
+        if (!news) continue;
+        int64_t *v = malloc((size_t)f->n_docs * sizeof *v);
+        if (!v) return;
+        for (int64_t r = 0; r < f->n_docs; r++) {
+            int64_t k = known[f->first_doc + r];
+            v[r] = k >= 0 ? k : f->cached_len ? f->cached_len[r] : -1;
+            if (v[r] < 0) v[r] = -1;
+        }
+        char p[4200], tmp[4300];
+        pl__fmt(p, sizeof p, "%s.pllen", f->path);
+        pl__fmt(tmp, sizeof tmp, "%s.tmp.%ld.%p", p, (long)getpid(), (void *)v);
+        int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+        if (fd >= 0) {
+            uint8_t h[PL__LEN_HEADER];
+            pl__len_header(h, f, src->text->lc_key);
+            int ok = write(fd, h, sizeof h) == (ssize_t)sizeof h;
+            size_t bytes = (size_t)f->n_docs * 8, done = 0;
+            while (ok && done < bytes) {
+                ssize_t k = write(fd, (const uint8_t *)v + done, bytes - done);
+                if (k <= 0) ok = 0;
+                else done += (size_t)k;
+            }
+            if (close(fd) != 0) ok = 0;
+            if (!ok || rename(tmp, p) != 0) unlink(tmp);
+        }
+        free(v);
+    }
+}
+
+/* With the lock held: a copy of what is known, when the sidecars are due
+ * (force: at free), else NULL. */
+static int64_t *pl__len_due(pl_source *src, int force) {
+    pl__text *t = src->text;
+    if (!t->learned || !t->lc_new || (!force && !t->lc_flush)) return NULL;
+    t->lc_flush = 0;
+    t->lc_new = 0;
+    int64_t *copy = malloc((size_t)src->n_docs * sizeof *copy);
+    if (copy) memcpy(copy, t->learned, (size_t)src->n_docs * sizeof *copy);
+    return copy;
+}
+
+/* With the lock held: remember document index's length (PL_INDEX_WRITE);
+ * len -2 for a bad record (settled, never cached). */
+static void pl__len_learn(pl_source *src, int64_t index, int64_t len) {
+    pl__text *t = src->text;
+    if (!t->learned || t->learned[index] != -1) return;
+    int64_t r;
+    const pl__sfile *f = pl__tlocate(src, index, &r);
+    if (f->cached_len && f->cached_len[r] >= 0) return;
+    t->learned[index] = len;
+    if (len >= 0) t->lc_new++;
+    if (++t->lc_known == src->n_docs) t->lc_flush = 1;
+}
+
+/* A cached length of document index, or -1. */
+static int64_t pl__len_cached(const pl_source *src, int64_t index) {
+    if (!src->text->lc_key) return -1;
+    int64_t r;
+    const pl__sfile *f = pl__tlocate(src, index, &r);
+    return f->cached_len ? f->cached_len[r] : -1;
+}
+
 int pl__text_open_file(pl_source *src, pl__sfile *f, int skip_damaged,
                        char *err, size_t errcap) {
     pl__text *t = src->text;
@@ -536,6 +664,9 @@ int pl__text_open_file(pl_source *src, pl__sfile *f, int skip_damaged,
     int rc = pl__map_file(f->path, &map, &len, &st, f->compression ? NULL : &fd,
                           err, errcap);
     if (rc) return rc;
+    f->st_size = (uint64_t)st.st_size;
+    f->st_mtime_ns = (uint64_t)st.st_mtim.tv_sec * 1000000000ull +
+                     (uint64_t)st.st_mtim.tv_nsec;
     pl__spanv v = {0};
     const uint8_t *data = map;
     size_t data_len = len;
@@ -569,6 +700,7 @@ int pl__text_open_file(pl_source *src, pl__sfile *f, int skip_damaged,
             rc = pl__spanv_push(&v, 0, len);
         } else if (t->write_index == 1 && pl__rec_load(f, &st) == 0) {
             if (map) munmap(map, len);
+            pl__len_load(t, f);
             return PL_OK;
         } else {
             size_t done;
@@ -592,6 +724,7 @@ int pl__text_open_file(pl_source *src, pl__sfile *f, int skip_damaged,
     t->spans_bytes += v.n * 16;
     if (!f->compression && src->type == PL_SOURCE_JSONL && t->write_index == 1)
         pl__rec_write(f, &st, v.a, v.n);
+    pl__len_load(t, f);
     return PL_OK;
 }
 
@@ -870,6 +1003,7 @@ static void pl__finish(pl__text *t, pl__tentry *e, int rc, const char *msg,
     e->cost += add;
     t->bytes += (int64_t)add;
     e->state = PL__T_READY;
+    pl__len_learn(t->src, e->index, rc == PL_OK ? len : -2);
     pthread_cond_broadcast(&t->done_cv);
     pl__evict(t);
 }
@@ -1105,6 +1239,13 @@ static void *pl__worker(void *arg) {
         for (int64_t i = 0; i < n; i++)
             pl__finish(t, batch[i], res[i].rc, res[i].err, res[i].ids, res[i].len,
                        res[i].plen);
+        int64_t *due = pl__len_due(src, 0);
+        if (due) {
+            pthread_mutex_unlock(&t->mu);
+            pl__len_write(src, due);
+            free(due);
+            pthread_mutex_lock(&t->mu);
+        }
     }
     pthread_mutex_unlock(&t->mu);
     free(res);
@@ -1113,6 +1254,20 @@ static void *pl__worker(void *arg) {
 
 int pl__text_start(pl_source *src, char *err, size_t errcap) {
     pl__text *t = src->text;
+    if (t->lc_key && t->lc_policy == PL_INDEX_WRITE && src->n_docs > 0) {
+        t->learned = malloc((size_t)src->n_docs * sizeof *t->learned);
+        if (!t->learned) {
+            pl__fmt(err, errcap, "out of memory");
+            return PL_ENOMEM;
+        }
+        for (int64_t i = 0; i < src->n_files; i++) {
+            const pl__sfile *f = &src->files[i];
+            for (int64_t r = 0; r < f->n_docs; r++) {
+                t->learned[f->first_doc + r] = -1;
+                t->lc_known += f->cached_len && f->cached_len[r] >= 0;
+            }
+        }
+    }
     t->threads = pl__calloc((size_t)t->nthreads, sizeof *t->threads);
     if (!t->threads) {
         pl__fmt(err, errcap, "out of memory");
@@ -1138,6 +1293,10 @@ void pl__text_free(pl_source *src) {
     pthread_mutex_unlock(&t->mu);
     for (int i = 0; i < t->started; i++) pthread_join(t->threads[i], NULL);
     free(t->threads);
+    int64_t *due = pl__len_due(src, 1);
+    if (due) pl__len_write(src, due);
+    free(due);
+    free(t->learned);
     while (t->oldest) pl__remove(t, t->oldest);
     free(t->buckets);
     if (t->have_tok && t->tok.destroy) t->tok.destroy(t->tok.ctx);
@@ -1157,6 +1316,7 @@ size_t pl__text_sizeof(const pl_source *src) {
     size_t n = sizeof *t + t->spans_bytes + t->nbuckets * sizeof(void *);
     pthread_mutex_lock(&((pl__text *)t)->mu);
     n += (size_t)t->bytes;
+    if (t->learned) n += (size_t)src->n_docs * sizeof *t->learned;
     pthread_mutex_unlock(&((pl__text *)t)->mu);
     for (int64_t i = 0; i < src->n_files; i++) n += src->files[i].text_len;
     return n;
@@ -1196,6 +1356,10 @@ static pl__tentry *pl__acquire(pl_source *src, int64_t index) {
 int pl__text_length(pl_source *src, const pl__sfile *f, int64_t r,
                     int64_t *length, char *err, size_t errcap) {
     pl__text *t = src->text;
+    if (f->cached_len && f->cached_len[r] >= 0) {
+        *length = f->cached_len[r];
+        return PL_OK;
+    }
     pthread_mutex_lock(&t->mu);
     pl__tentry *e = pl__acquire(src, f->first_doc + r);
     int rc;
@@ -1365,6 +1529,7 @@ int pl_source_lengths(pl_source *src, const int64_t *index, int64_t n,
     int rc = PL_OK;
     pthread_mutex_lock(&t->mu);
     for (int64_t i = 0; i < n; i++) {
+        if (pl__len_cached(src, index[i]) >= 0) continue;
         pl__tentry *e = pl__find(t, index[i]);
         if (!e) {
             e = pl__insert(t, index[i], PL__T_RUNNING);
@@ -1395,6 +1560,11 @@ int pl_source_lengths(pl_source *src, const int64_t *index, int64_t n,
     }
     pthread_mutex_lock(&t->mu);
     for (int64_t i = 0; i < n && rc == PL_OK; i++) {
+        int64_t cl = pl__len_cached(src, index[i]);
+        if (cl >= 0) {
+            lengths[i] = cl;
+            continue;
+        }
         pl__tentry *e = pl__find(t, index[i]);
         if (!e) { /* dropped already (the cache is small): once more */
             e = pl__acquire(src, index[i]);

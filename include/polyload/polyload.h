@@ -275,6 +275,10 @@ typedef struct pl_source_options {
     /* Version 3: instruction data (jsonl; see "instruction data" below). */
     const char *prompt_key;     /* both non-NULL: each record is a prompt and */
     const char *response_key;   /* a response (text_key is then not used) */
+    /* jsonl/text: the length cache (see "length cache" below). */
+    uint64_t length_cache_key;  /* fingerprint of what decides the lengths;
+                                   0: no length cache */
+    int length_cache;           /* a PL_INDEX_* policy for <file>.pllen */
 } pl_source_options;
 
 /*
@@ -488,6 +492,27 @@ PL_API int pl_image_smart_resize(int64_t h, int64_t w, int64_t factor,
  * prompt token as -1 - id (negative), which pl_constructor_build and
  * packages turn back into the id and the mask; no id of a tokenizer is
  * negative, so the form is unambiguous.
+ *
+ * Length cache: with length_cache_key non-zero, the tokenized lengths of a
+ * plain or compressed jsonl/text file are kept in a sidecar
+ * "<file>.pllen" (magic "PLLEN\0\0\0", version 1, the data file's size
+ * and mtime, record count, the key, CRC-32 of those 48 bytes, 56-byte header; then one
+ * int64 per record, -1 where the length is not known).  A sidecar whose
+ * header does not match the file, its record count or the key is ignored.
+ * Opening maps a matching one; the planner's length queries
+ * (pl_source_document_length, pl_source_lengths, the lookahead's waits) are
+ * then answered from it without tokenizing, and the lookahead still
+ * tokenizes ahead for the reads.  Lengths learned by tokenizing are written
+ * (a temporary file renamed into place, merged with what the sidecar held)
+ * when every document of the source is known and at pl_source_free, under
+ * length_cache = PL_INDEX_WRITE; PL_INDEX_READ only maps; PL_INDEX_MEMORY
+ * neither.  A read-only directory keeps them in memory.  Bad records are
+ * never cached (their message needs the record).  The key must change with
+ * anything that changes a length: through a config it hashes the tokenizer
+ * type, the bytes of its file, add_eos, eos_id, text_key / prompt_key /
+ * response_key (config key `index` of the source, else `sidecar_index`, is
+ * the policy).  The cache is a shortcut only: lengths are the tokenizer's
+ * either way.
  */
 
 /*

@@ -11,6 +11,7 @@
 
 #include <pthread.h>
 #include <stdatomic.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <zlib.h>
 #include <zstd.h>
@@ -505,8 +506,8 @@ static void test_lengths_only(void) {
     snprintf(q, sizeof q, "%s/mixed.jsonl", dir); /* written by test_plans */
     snprintf(yaml, sizeof yaml,
              "seed: 3\nseq_length: 64\nglobal_batch_size: 4\nmicro_batch_size: 1\n"
-             "on_error: skip\nsources:\n  - {name: web, type: jsonl, path: '%s', "
-             "lookahead: 16, tokenizer: {type: bytes, threads: 2}}\n", q);
+             "on_error: skip\nsidecar_index: memory\nsources:\n  - {name: web, type: jsonl, "
+             "path: '%s', lookahead: 16, tokenizer: {type: bytes, threads: 2}}\n", q);
     pl_config *cfg;
     CHECK_OK(pl_config_parse_string(yaml, strlen(yaml), "t", &cfg));
     pl_source *real, *local, *remote;
@@ -889,6 +890,123 @@ static void test_instruction(void) {
     }
 }
 
+/* The length cache: <file>.pllen written after the lengths are known, then
+ * used without tokenizing; ignored when stale, damaged or of another key;
+ * not written under sidecar_index read or memory; plans unchanged. */
+static pl_source *open_cfg(const char *yaml) {
+    pl_config *cfg;
+    pl_source *src = NULL;
+    if (pl_config_parse_string(yaml, strlen(yaml), "t", &cfg)) {
+        fprintf(stderr, "config: %s\n", pl_config_errmsg(cfg));
+    } else if (pl_config_open_source(cfg, 0, &src)) {
+        fprintf(stderr, "open: %s\n", pl_source_errmsg(src));
+        pl_source_free(src);
+        src = NULL;
+    }
+    pl_config_free(cfg);
+    return src;
+}
+
+static void test_length_cache(void) {
+    static char corpus[NDOC * 1200];
+    size_t n = jsonl_corpus(corpus, sizeof corpus);
+    char p[512], side[600], yaml[1024];
+    snprintf(p, sizeof p, "%s/lc.jsonl", dir);
+    snprintf(side, sizeof side, "%s.pllen", p);
+    pl_test_write_file(p, corpus, n);
+    const char *fmt = "seed: 5\nseq_length: 64\nglobal_batch_size: 4\nmicro_batch_size: 1\n"
+                      "%s\nsources:\n  - {name: web, type: jsonl, path: '%s', lookahead: 8,\n"
+                      "     tokenizer: {type: bytes, add_eos: %s}}\n";
+    snprintf(yaml, sizeof yaml, fmt, "", p, "true");
+    int64_t idx[NDOC], lens[NDOC], again[NDOC];
+    for (int i = 0; i < NDOC; i++) idx[i] = i;
+    pl_source *src = open_cfg(yaml);
+    CHECK(src != NULL);
+    if (!src) return;
+    CHECK_OK(pl_source_lengths(src, idx, NDOC, lens));
+    /* Every length known: written by the tokenizer thread or at free. */
+    pl_source_free(src);
+    struct stat st;
+    CHECK(stat(side, &st) == 0 && st.st_size == 56 + NDOC * 8);
+    src = open_cfg(yaml);
+    int same = 1;
+    for (int i = 0; i < NDOC; i++) {
+        int64_t len = -1;
+        if (pl_source_document_length(src, i, &len) || len != lens[i]) same = 0;
+    }
+    CHECK(same);
+    CHECK_EQ_I64(pl_source_num_tokenized(src), 0); /* from the sidecar */
+    CHECK_OK(pl_source_lengths(src, idx, NDOC, again));
+    CHECK(memcmp(lens, again, sizeof lens) == 0);
+    CHECK_EQ_I64(pl_source_num_tokenized(src), 0);
+    check_docs(src, "length cache"); /* the reads tokenize */
+    pl_source_free(src);
+    /* Another key (add_eos false): ignored, and lengths one shorter. */
+    snprintf(yaml, sizeof yaml, fmt, "sidecar_index: read", p, "false");
+    src = open_cfg(yaml);
+    CHECK_OK(pl_source_lengths(src, idx, NDOC, again));
+    same = 1;
+    for (int i = 0; i < NDOC; i++) same &= again[i] == lens[i] - 1;
+    CHECK(same);
+    CHECK_EQ_I64(pl_source_num_tokenized(src), NDOC);
+    pl_source_free(src);
+    CHECK(stat(side, &st) == 0 && st.st_size == 56 + NDOC * 8); /* read: kept */
+    /* A damaged header: ignored (and rewritten). */
+    {
+        FILE *f = fopen(side, "r+b");
+        fseek(f, 20, SEEK_SET);
+        fputc('x', f);
+        fclose(f);
+    }
+    snprintf(yaml, sizeof yaml, fmt, "", p, "true");
+    src = open_cfg(yaml);
+    CHECK_OK(pl_source_lengths(src, idx, NDOC, again));
+    CHECK(memcmp(lens, again, sizeof lens) == 0);
+    CHECK_EQ_I64(pl_source_num_tokenized(src), NDOC);
+    pl_source_free(src);
+    src = open_cfg(yaml);
+    CHECK_OK(pl_source_lengths(src, idx, NDOC, again));
+    CHECK_EQ_I64(pl_source_num_tokenized(src), 0); /* rewritten whole */
+    pl_source_free(src);
+    /* The data file changed (a record appended): the sidecar is stale. */
+    {
+        FILE *f = fopen(p, "ab");
+        fputs("{\"text\": \"one more\"}\n", f);
+        fclose(f);
+        struct timespec ts[2] = {{0, UTIME_OMIT}, {12345, 0}}; /* another mtime */
+        utimensat(AT_FDCWD, p, ts, 0);
+    }
+    src = open_cfg(yaml);
+    CHECK_EQ_I64(pl_source_num_documents(src), NDOC + 1);
+    CHECK_OK(pl_source_lengths(src, idx, NDOC, again));
+    CHECK(memcmp(lens, again, sizeof lens) == 0);
+    CHECK_EQ_I64(pl_source_num_tokenized(src), NDOC);
+    int64_t last = 0;
+    CHECK_OK(pl_source_document_length(src, NDOC, &last));
+    CHECK_EQ_I64(last, 9); /* "one more" + eos */
+    pl_source_free(src);
+    /* sidecar_index: memory writes nothing. */
+    snprintf(p, sizeof p, "%s/lc2.jsonl", dir);
+    pl_test_write_file(p, corpus, n);
+    snprintf(yaml, sizeof yaml, fmt, "sidecar_index: memory", p, "true");
+    src = open_cfg(yaml);
+    CHECK_OK(pl_source_lengths(src, idx, NDOC, lens));
+    pl_source_free(src);
+    snprintf(side, sizeof side, "%s.pllen", p);
+    CHECK(stat(side, &st) != 0);
+    /* Plans with the cache equal plans without it (the first run writes it). */
+    snprintf(p, sizeof p, "%s/lc3.jsonl", dir);
+    pl_test_write_file(p, corpus, n);
+    snprintf(yaml, sizeof yaml, fmt, "", p, "true");
+    char *a = plans_of(yaml, 30, NDOC + 64);
+    snprintf(side, sizeof side, "%s.pllen", p);
+    CHECK(stat(side, &st) == 0);
+    char *b = plans_of(yaml, 30, NDOC + 64);
+    CHECK(a && b && strcmp(a, b) == 0);
+    free(a);
+    free(b);
+}
+
 int main(void) {
     dir = pl_test_tmpdir();
     test_formats();
@@ -899,5 +1017,6 @@ int main(void) {
     test_split_lookahead();
     test_concurrent();
     test_instruction();
+    test_length_cache();
     TEST_END();
 }
