@@ -25,8 +25,20 @@
  * waited on or still queued are never dropped.  Every path computes the same
  * tokens for a document, so timing changes only who does the work.
  *
- * Locking: one mutex per source guards the table, the queue and the
- * lookahead cursor; parsing and tokenizing run outside it.
+ * Instruction data (prompt_key/response_key): the two strings of a record are
+ * encoded as two texts of the same batch and joined; the entry keeps the
+ * prompt's token count, and the transport reads give those tokens as
+ * -1 - id for the constructor's mask.
+ *
+ * Length cache: a matching "<file>.pllen" answers the planner's length
+ * queries without tokenizing; lengths learned by tokenizing are collected
+ * (pl__len_learn, under the lock) and written by a tokenizer thread once
+ * every document is known, and at free.  A cached length is checked against
+ * the tokens when the document is tokenized.
+ *
+ * Locking: one mutex per source guards the table, the queue, the lookahead
+ * cursor and the learned lengths; parsing, tokenizing and writing sidecars
+ * run outside it.
  */
 #include "source_internal.h"
 
@@ -543,10 +555,12 @@ static const pl__sfile *pl__tlocate(const pl_source *src, int64_t index,
 #define PL__LEN_VERSION 1u
 #define PL__LEN_HEADER 56
 
-static void pl__len_header(uint8_t *h, const pl__sfile *f, uint64_t key) {
+static void pl__len_header(uint8_t *h, const pl__sfile *f, uint64_t key,
+                           uint32_t body_crc) {
     memset(h, 0, PL__LEN_HEADER);
     memcpy(h, PL__LEN_MAGIC, 8);
     pl__st_u32(h + 8, PL__LEN_VERSION);
+    pl__st_u32(h + 12, body_crc);
     pl__st_u64(h + 16, f->st_size);
     pl__st_u64(h + 24, f->st_mtime_ns);
     pl__st_u64(h + 32, (uint64_t)f->n_docs);
@@ -565,8 +579,11 @@ static void pl__len_load(pl__text *t, pl__sfile *f) {
     char e[64];
     if (pl__map_file(p, &map, &len, &st, NULL, e, sizeof e)) return;
     uint8_t want[PL__LEN_HEADER];
-    pl__len_header(want, f, t->lc_key);
-    if (len != PL__LEN_HEADER + (size_t)f->n_docs * 8 || !map ||
+    const size_t body = (size_t)f->n_docs * 8;
+    if (map && len == PL__LEN_HEADER + body)
+        pl__len_header(want, f, t->lc_key,
+                       pl__crc32(0, (const uint8_t *)map + PL__LEN_HEADER, body));
+    if (len != PL__LEN_HEADER + body || !map ||
         memcmp(map, want, PL__LEN_HEADER) != 0) {
         if (map) munmap(map, len);
         return;
@@ -600,7 +617,8 @@ static void pl__len_write(pl_source *src, const int64_t *known) {
         int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
         if (fd >= 0) {
             uint8_t h[PL__LEN_HEADER];
-            pl__len_header(h, f, src->text->lc_key);
+            pl__len_header(h, f, src->text->lc_key,
+                           pl__crc32(0, (const uint8_t *)v, (size_t)f->n_docs * 8));
             int ok = write(fd, h, sizeof h) == (ssize_t)sizeof h;
             size_t bytes = (size_t)f->n_docs * 8, done = 0;
             while (ok && done < bytes) {
@@ -994,6 +1012,25 @@ static void pl__evict(pl__text *t) {
 
 static void pl__finish(pl__text *t, pl__tentry *e, int rc, const char *msg,
                        int32_t *ids, int64_t len, int64_t plen) {
+    char m[PL__ERRMSG_CAP];
+    if (rc == PL_OK && t->lc_key) {
+        /* A cached length the tokenizer does not give would have planned
+           chunks that are not there (or left tokens out): refuse the
+           document, naming the sidecar. */
+        int64_t r;
+        const pl__sfile *f = pl__tlocate(t->src, e->index, &r);
+        if (f->cached_len && f->cached_len[r] >= 0 && f->cached_len[r] != len) {
+            pl__fmt(m, sizeof m,
+                    "%s.pllen: record %lld: the length cache says %lld tokens, the "
+                    "tokenizer gives %lld (a stale length cache: delete it)",
+                    f->path, (long long)r, (long long)f->cached_len[r], (long long)len);
+            free(ids);
+            ids = NULL;
+            len = plen = 0;
+            rc = PL_EDOCIDX;
+            msg = m;
+        }
+    }
     e->rc = rc;
     e->ids = ids;
     e->len = len;

@@ -495,10 +495,14 @@ PL_API int pl_image_smart_resize(int64_t h, int64_t w, int64_t factor,
  *
  * Length cache: with length_cache_key non-zero, the tokenized lengths of a
  * plain or compressed jsonl/text file are kept in a sidecar
- * "<file>.pllen" (magic "PLLEN\0\0\0", version 1, the data file's size
- * and mtime, record count, the key, CRC-32 of those 48 bytes, 56-byte header; then one
+ * "<file>.pllen" (a 56-byte header: magic "PLLEN\0\0\0", u32 version 1,
+ * u32 CRC-32 of the lengths, u64 size and mtime (ns) of the data file,
+ * u64 record count, u64 key, u32 CRC-32 of the first 48 bytes; then one
  * int64 per record, -1 where the length is not known).  A sidecar whose
- * header does not match the file, its record count or the key is ignored.
+ * header does not match the file, its record count, the key or its lengths
+ * is ignored.  A document whose tokens turn out to differ in number from its
+ * cached length is PL_EDOCIDX at its read, naming the sidecar (never a
+ * silently shortened document).
  * Opening maps a matching one; the planner's length queries
  * (pl_source_document_length, pl_source_lengths, the lookahead's waits) are
  * then answered from it without tokenizing, and the lookahead still

@@ -7,6 +7,7 @@
  * number of tokenizer threads or the lookahead.
  */
 #include "internal.h"
+#include "source_internal.h"
 #include "testutil.h"
 
 #include <pthread.h>
@@ -968,6 +969,43 @@ static void test_length_cache(void) {
     CHECK_OK(pl_source_lengths(src, idx, NDOC, again));
     CHECK_EQ_I64(pl_source_num_tokenized(src), 0); /* rewritten whole */
     pl_source_free(src);
+    /* A damaged body (the header's CRC of the lengths): ignored. */
+    {
+        FILE *f = fopen(side, "r+b");
+        fseek(f, 56 + 8 * 5, SEEK_SET);
+        fputc(0x7f, f);
+        fclose(f);
+    }
+    src = open_cfg(yaml);
+    CHECK_OK(pl_source_lengths(src, idx, NDOC, again));
+    CHECK(memcmp(lens, again, sizeof lens) == 0);
+    CHECK_EQ_I64(pl_source_num_tokenized(src), NDOC);
+    pl_source_free(src);
+    /* A sidecar that passes its checks but lies (a length one too short, CRCs
+       recomputed): the planner sees its length, the read refuses the
+       document naming the sidecar instead of leaving a token out. */
+    {
+        FILE *f = fopen(side, "r+b");
+        uint8_t h[56];
+        int64_t v[NDOC];
+        CHECK(fread(h, 1, 56, f) == 56 && fread(v, 8, NDOC, f) == NDOC);
+        v[3] -= 1;
+        pl__st_u32(h + 12, pl__crc32(0, v, sizeof v));
+        pl__st_u32(h + 48, pl__crc32(0, h, 48));
+        fseek(f, 0, SEEK_SET);
+        fwrite(h, 1, 56, f);
+        fwrite(v, 8, NDOC, f);
+        fclose(f);
+        src = open_cfg(yaml);
+        int64_t len = 0, tok[600];
+        CHECK_OK(pl_source_document_length(src, 3, &len));
+        CHECK_EQ_I64(len, lens[3] - 1);
+        CHECK_EQ_I64(pl_source_read(src, 3, 0, len, tok, PL_DTYPE_INT64), PL_EDOCIDX);
+        CHECK(strstr(pl_source_errmsg(src), "lc.jsonl.pllen: record 3: the length cache "
+                                            "says") != NULL);
+        pl_source_free(src);
+        unlink(side);
+    }
     /* The data file changed (a record appended): the sidecar is stale. */
     {
         FILE *f = fopen(p, "ab");
