@@ -582,12 +582,13 @@ static PyObject *source_read(PyPlSource *o, PyObject *args, PyObject *kw) {
     size_t es = pl_dtype_size(dt);
     void *buf = malloc(count ? (size_t)count * es : 1);
     if (!buf) return PyErr_NoMemory();
+    /* pl_source_read: plain ids (an instruction source's prompt tokens too). */
     Py_BEGIN_ALLOW_THREADS
-    rc = pl__source_read(o->src, index, offset, count, buf, dt, err, sizeof err);
+    rc = pl_source_read(o->src, index, offset, count, buf, dt);
     Py_END_ALLOW_THREADS
     if (rc != PL_OK) {
         free(buf);
-        return pypl_raise(rc, err);
+        return pypl_raise(rc, pl_last_errmsg());
     }
     Py_ssize_t shape[1] = {(Py_ssize_t)count};
     return pypl_array_owned(buf, pypl_format_of(dt), (Py_ssize_t)es, 1, shape);
