@@ -107,6 +107,8 @@ typedef struct pl__source_cfg {
     char *text_key;       /* malloc'd; NULL = "text" */
     char *prompt_key;     /* malloc'd; instruction data when set (with */
     char *response_key;   /* response_key), else NULL */
+    char *messages_key;   /* malloc'd; chat instruction data when set */
+    char *chat[3];        /* malloc'd chat_template: system, user, assistant */
     int64_t lookahead;    /* 0 = default */
     pl__tok_cfg tok;      /* own, or the top level's */
 } pl__source_cfg;

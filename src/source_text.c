@@ -25,10 +25,12 @@
  * waited on or still queued are never dropped.  Every path computes the same
  * tokens for a document, so timing changes only who does the work.
  *
- * Instruction data (prompt_key/response_key): the two strings of a record are
- * encoded as two texts of the same batch and joined; the entry keeps the
- * prompt's token count, and the transport reads give those tokens as
- * -1 - id for the constructor's mask.
+ * Instruction data (prompt_key/response_key, or messages_key with a chat
+ * template): a record is a list of texts (pl__segv), each marked trained on
+ * or not, all encoded in the batch's one call and joined; the table keeps
+ * the ids of texts not trained on as -1 - id (the marked form), which the
+ * transport reads pass on for the constructor's mask and pl_source_read
+ * turns back into ids.
  *
  * Length cache: a matching "<file>.pllen" answers the planner's length
  * queries without tokenizing; lengths learned by tokenizing are collected
@@ -74,7 +76,6 @@ typedef struct pl__tentry {
     char *err;   /* message of rc */
     int32_t *ids;
     int64_t len;
-    int64_t plen; /* instruction data: the prompt's tokens, ids[0, plen) */
     size_t cost; /* bytes charged to the cache */
     struct pl__tentry *hnext;
     struct pl__tentry *older, *younger;
@@ -86,6 +87,10 @@ struct pl__text {
     int have_tok;
     char *text_key;
     char *prompt_key, *response_key; /* instruction data: both set */
+    char *messages_key;              /* chat instruction data */
+    char *chat_pre[3], *chat_suf[3]; /* system, user, assistant: the template
+                                        around {content} */
+    int masked;                      /* instruction data: ids in marked form */
     int add_eos;
     int64_t eos_id;
     int64_t lookahead, max_record, cache_bytes;
@@ -243,6 +248,36 @@ int pl__text_init(pl_source *src, const pl_source_options *opts, char *err,
             pl__fmt(err, errcap, "out of memory");
             return PL_ENOMEM;
         }
+        t->masked = 1;
+    } else if (opts->version >= 3 && opts->messages_key) {
+        if (opts->type != PL_SOURCE_JSONL) {
+            pl__fmt(err, errcap, "source %s: messages_key applies only to jsonl sources",
+                    name);
+            return PL_EINVAL;
+        }
+        t->messages_key = pl__strdup(opts->messages_key);
+        if (!t->messages_key) {
+            pl__fmt(err, errcap, "out of memory");
+            return PL_ENOMEM;
+        }
+        for (int k = 0; k < 3; k++) {
+            const char *tp = opts->chat_template[k];
+            const char *at = tp ? strstr(tp, "{content}") : NULL;
+            if (!at || strstr(at + 9, "{content}")) {
+                pl__fmt(err, errcap,
+                        "source %s: chat_template.%s must hold {content} once",
+                        name, k == 0 ? "system" : k == 1 ? "user" : "assistant");
+                return PL_EINVAL;
+            }
+            t->chat_pre[k] = pl__calloc((size_t)(at - tp) + 1, 1);
+            t->chat_suf[k] = pl__strdup(at + 9);
+            if (!t->chat_pre[k] || !t->chat_suf[k]) {
+                pl__fmt(err, errcap, "out of memory");
+                return PL_ENOMEM;
+            }
+            memcpy(t->chat_pre[k], tp, (size_t)(at - tp));
+        }
+        t->masked = 1;
     }
     t->add_eos = v2 ? opts->add_eos != 0 : 0;
     t->eos_id = opts->eos_id >= 0 ? opts->eos_id : t->tok.eos_id;
@@ -792,18 +827,119 @@ static int64_t pl__line_of(const pl_source *src, const pl__sfile *f,
     return line;
 }
 
-/* The text of local record r of f: *text malloc'd (or pointing into
- * f->text when *owned is 0), *len bytes, valid UTF-8.  PL_ERECORD etc. with
- * the file, the line and the byte offset.  Instruction data gives two texts,
- * text[0] the prompt and text[1] the response (both malloc'd; text, len and
- * owned have room for two). */
+/* Texts of a record, in order, with whether their tokens are trained on
+ * (instruction data) and whether the text is malloc'd. */
+typedef struct pl__segv {
+    char **text;
+    size_t *len;
+    unsigned char *owned, *train;
+    int64_t n, cap;
+} pl__segv;
+
+static int pl__seg_push(pl__segv *v, char *text, size_t len, int owned, int train) {
+    if (v->n == v->cap) {
+        int64_t nc = v->cap ? 2 * v->cap : 16;
+        char **a = pl__realloc_array(v->text, (size_t)nc, sizeof *a);
+        if (a) v->text = a;
+        size_t *l = a ? pl__realloc_array(v->len, (size_t)nc, sizeof *l) : NULL;
+        if (l) v->len = l;
+        unsigned char *o = l ? pl__realloc_array(v->owned, (size_t)nc, 1) : NULL;
+        if (o) v->owned = o;
+        unsigned char *tr = o ? pl__realloc_array(v->train, (size_t)nc, 1) : NULL;
+        if (!tr) {
+            if (owned) free(text);
+            return PL_ENOMEM;
+        }
+        v->train = tr;
+        v->cap = nc;
+    }
+    v->text[v->n] = text;
+    v->len[v->n] = len;
+    v->owned[v->n] = (unsigned char)owned;
+    v->train[v->n] = (unsigned char)train;
+    v->n++;
+    return PL_OK;
+}
+
+static void pl__seg_pop_to(pl__segv *v, int64_t n) {
+    while (v->n > n) {
+        v->n--;
+        if (v->owned[v->n]) free(v->text[v->n]);
+    }
+}
+
+/* A malloc'd copy of a JSON string's bytes as a segment. */
+static int pl__seg_json(pl__segv *v, const json_t *str, int train) {
+    size_t m = json_string_length(str);
+    char *d = malloc(m ? m : 1);
+    if (!d) return PL_ENOMEM;
+    memcpy(d, json_string_value(str), m);
+    return pl__seg_push(v, d, m, 1, train);
+}
+
+/* The segments of a chat `messages` list rendered with the source's
+ * template: per message the role's prefix and suffix around its content,
+ * trained on for assistant messages (content and suffix).  A message that
+ * is not {"role": system|user|assistant, "content": string} is refused in
+ * why. */
+static int pl__seg_messages(const pl__text *t, const json_t *list, pl__segv *v,
+                            char *why, size_t cap) {
+    static const char *const roles[3] = {"system", "user", "assistant"};
+    size_t n = json_array_size(list);
+    int trained = 0;
+    for (size_t i = 0; i < n; i++) {
+        const json_t *m = json_array_get(list, i);
+        const json_t *role = json_is_object(m) ? json_object_get(m, "role") : NULL;
+        const json_t *content = json_is_object(m) ? json_object_get(m, "content") : NULL;
+        int k = -1;
+        for (int j = 0; j < 3 && role && json_is_string(role); j++)
+            if (strcmp(json_string_value(role), roles[j]) == 0) k = j;
+        if (!json_is_object(m)) {
+            pl__fmt(why, cap, "key '%s': message %zu is not an object", t->messages_key, i);
+            return PL_ERECORD;
+        }
+        if (k < 0) {
+            pl__fmt(why, cap,
+                    "key '%s': message %zu: role %s%s%s is not system, user or assistant",
+                    t->messages_key, i, role && json_is_string(role) ? "'" : "",
+                    role && json_is_string(role) ? json_string_value(role) : "missing",
+                    role && json_is_string(role) ? "'" : "");
+            return PL_ERECORD;
+        }
+        if (!content || !json_is_string(content)) {
+            pl__fmt(why, cap, "key '%s': message %zu: 'content' is %s", t->messages_key,
+                    i, content ? "not a string" : "missing");
+            return PL_ERECORD;
+        }
+        const int tr = k == 2;
+        int rc = PL_OK;
+        if (t->chat_pre[k][0])
+            rc = pl__seg_push(v, t->chat_pre[k], strlen(t->chat_pre[k]), 0, 0);
+        if (rc == PL_OK && json_string_length(content)) rc = pl__seg_json(v, content, tr);
+        if (rc == PL_OK && t->chat_suf[k][0])
+            rc = pl__seg_push(v, t->chat_suf[k], strlen(t->chat_suf[k]), 0, tr);
+        if (rc) return rc;
+        trained |= tr && json_string_length(content) > 0;
+    }
+    if (!trained) {
+        pl__fmt(why, cap, "key '%s': no assistant message with content (nothing to "
+                          "train on)",
+                t->messages_key);
+        return PL_ERECORD;
+    }
+    return PL_OK;
+}
+
+/* The texts of local record r of f, appended to v: one (trained) for
+ * documents; prompt (not trained) and response for instruction data; the
+ * rendered messages of a chat record.  Valid UTF-8.  On error nothing is
+ * appended; PL_ERECORD etc. name the file, the line and the byte offset. */
 static int pl__record_text(pl_source *src, const pl__sfile *f, int64_t r,
-                           char **text, size_t *len, int *owned, char *err,
-                           size_t errcap) {
+                           pl__segv *v, char *err, size_t errcap) {
     pl__text *t = src->text;
     uint64_t s = f->spans[2 * r], e = f->spans[2 * r + 1];
     const int parts = t->prompt_key ? 2 : 1;
-    for (int k = 0; k < parts; k++) text[k] = NULL, len[k] = 0, owned[k] = 0;
+    const int64_t n0 = v->n;
     const char *what = src->type == PL_SOURCE_JSONL ? "line" : "file";
     if (e < s || (!f->text && e > (uint64_t)INT64_MAX) ||
         (f->text && e > f->text_len)) {
@@ -824,7 +960,7 @@ static int pl__record_text(pl_source *src, const pl__sfile *f, int64_t r,
     }
     size_t n = (size_t)(e - s);
     char *raw;
-    int raw_owned = 0;
+    int raw_owned = 0, rc = PL_OK;
     if (f->text) {
         raw = f->text + s;
     } else {
@@ -835,7 +971,7 @@ static int pl__record_text(pl_source *src, const pl__sfile *f, int64_t r,
         }
         raw_owned = 1;
         int fd, fowned;
-        int rc = pl__source_data_fd(src, f, &fd, &fowned, err, errcap);
+        rc = pl__source_data_fd(src, f, &fd, &fowned, err, errcap);
         if (rc) {
             free(raw);
             return rc;
@@ -870,14 +1006,12 @@ static int pl__record_text(pl_source *src, const pl__sfile *f, int64_t r,
             if (raw_owned) free(raw);
             return PL_ERECORD;
         }
-        *text = raw;
-        *len = n;
-        *owned = raw_owned;
-        return PL_OK;
+        rc = pl__seg_push(v, raw, n, raw_owned, 1);
+        if (rc) pl__fmt(err, errcap, "%s: out of memory", f->path);
+        return rc;
     }
     json_error_t je;
     json_t *obj = json_loadb(raw, n, JSON_DECODE_ANY | JSON_ALLOW_NUL, &je);
-    int rc = PL_OK;
     char why[300];
     why[0] = '\0';
     if (!obj) {
@@ -889,38 +1023,34 @@ static int pl__record_text(pl_source *src, const pl__sfile *f, int64_t r,
                     je.column, je.text);
     } else if (!json_is_object(obj)) {
         pl__fmt(why, sizeof why, "expected a JSON object");
+    } else if (t->messages_key) {
+        json_t *list = json_object_get(obj, t->messages_key);
+        if (!list)
+            pl__fmt(why, sizeof why, "key '%s' is missing", t->messages_key);
+        else if (!json_is_array(list) || json_array_size(list) == 0)
+            pl__fmt(why, sizeof why, "key '%s' is not a non-empty list", t->messages_key);
+        else
+            rc = pl__seg_messages(t, list, v, why, sizeof why);
+        if (rc == PL_ERECORD) rc = PL_OK; /* reported through why */
     } else {
         const char *keys[2] = {t->text_key, NULL};
         if (parts == 2) keys[0] = t->prompt_key, keys[1] = t->response_key;
         for (int k = 0; k < parts && !why[0] && rc == PL_OK; k++) {
-            json_t *v = json_object_get(obj, keys[k]);
-            if (!v)
+            json_t *jv = json_object_get(obj, keys[k]);
+            if (!jv)
                 pl__fmt(why, sizeof why, "key '%s' is missing", keys[k]);
-            else if (!json_is_string(v))
+            else if (!json_is_string(jv))
                 pl__fmt(why, sizeof why, "key '%s' is not a string", keys[k]);
-            else if (json_string_length(v) == 0 && !(parts == 2 && k == 0))
+            else if (json_string_length(jv) == 0 && !(parts == 2 && k == 0))
                 pl__fmt(why, sizeof why, "empty %s (key '%s' is \"\")",
                         parts == 2 ? "response" : "document", keys[k]);
-            else {
-                size_t m = json_string_length(v);
-                char *d = malloc(m ? m : 1);
-                if (!d) rc = PL_ENOMEM;
-                else {
-                    memcpy(d, json_string_value(v), m);
-                    text[k] = d;
-                    len[k] = m;
-                    owned[k] = 1;
-                }
-            }
+            else if (json_string_length(jv) > 0 || parts == 1)
+                rc = pl__seg_json(v, jv, parts == 1 || k == 1);
         }
     }
     if (obj) json_decref(obj);
     if (raw_owned) free(raw);
-    if (rc == PL_ENOMEM || why[0])
-        for (int k = 0; k < parts; k++) {
-            if (owned[k]) free(text[k]);
-            text[k] = NULL, len[k] = 0, owned[k] = 0;
-        }
+    if (rc == PL_ENOMEM || why[0]) pl__seg_pop_to(v, n0);
     if (rc == PL_ENOMEM) {
         pl__fmt(err, errcap, "%s: out of memory", f->path);
         return rc;
@@ -1011,7 +1141,7 @@ static void pl__evict(pl__text *t) {
 }
 
 static void pl__finish(pl__text *t, pl__tentry *e, int rc, const char *msg,
-                       int32_t *ids, int64_t len, int64_t plen) {
+                       int32_t *ids, int64_t len) {
     char m[PL__ERRMSG_CAP];
     if (rc == PL_OK && t->lc_key) {
         /* A cached length the tokenizer does not give would have planned
@@ -1026,7 +1156,7 @@ static void pl__finish(pl__text *t, pl__tentry *e, int rc, const char *msg,
                     f->path, (long long)r, (long long)f->cached_len[r], (long long)len);
             free(ids);
             ids = NULL;
-            len = plen = 0;
+            len = 0;
             rc = PL_EDOCIDX;
             msg = m;
         }
@@ -1034,7 +1164,6 @@ static void pl__finish(pl__text *t, pl__tentry *e, int rc, const char *msg,
     e->rc = rc;
     e->ids = ids;
     e->len = len;
-    e->plen = plen;
     if (rc) e->err = pl__strdup(msg);
     size_t add = (size_t)len * sizeof(int32_t) + (rc && msg ? strlen(msg) + 1 : 0);
     e->cost += add;
@@ -1065,7 +1194,6 @@ typedef struct pl__tres {
     char err[PL__ERRMSG_CAP];
     int32_t *ids;
     int64_t len;
-    int64_t plen; /* instruction data: the prompt's tokens */
 } pl__tres;
 
 /* Lengths-only: ask lengths_fn for idx[0..n). */
@@ -1097,69 +1225,77 @@ static void pl__remote_lengths(pl_source *src, const int64_t *idx, int64_t n,
     free(lens);
 }
 
-/* Parse and tokenize documents idx[0..n) into res[0..n) (no lock held).
- * Instruction data encodes the prompt and the response of each document as
- * two texts of the same batch and joins their ids (res[i].plen: the
- * prompt's). */
+/* Parse and tokenize documents idx[0..n) into res[0..n) (no lock held):
+ * the texts of every document (pl__record_text) go to one encode_batch
+ * call, and a document's ids are its texts' ids joined.  Instruction data
+ * keeps the ids of texts not trained on as -1 - id (the marked form). */
 static void pl__tokenize(pl_source *src, const int64_t *idx, int64_t n,
                          pl__tres *res) {
     pl__text *t = src->text;
     if (t->lengths_fn) {
         pl__remote_lengths(src, idx, n, res);
-        for (int64_t i = 0; i < n; i++) res[i].plen = 0;
         return;
     }
-    const int64_t parts = t->prompt_key ? 2 : 1, nt = n * parts;
-    char **texts = pl__calloc((size_t)nt, sizeof *texts);
-    size_t *lens = pl__calloc((size_t)nt, sizeof *lens);
-    int *owned = pl__calloc((size_t)nt, sizeof *owned);
+    pl__segv v = {0};
+    int64_t *first = pl__calloc((size_t)n + 1, sizeof *first); /* texts of doc i */
     int64_t *slot = pl__calloc((size_t)n, sizeof *slot);
-    int32_t **ids = pl__calloc((size_t)nt, sizeof *ids);
-    int64_t *counts = pl__calloc((size_t)nt, sizeof *counts);
-    if (!texts || !lens || !owned || !slot || !ids || !counts) {
+    int32_t **ids = NULL;
+    int64_t *counts = NULL;
+    int64_t m = 0; /* documents to encode, their texts packed at the front */
+    int oom = !first || !slot;
+    for (int64_t i = 0; i < n && !oom; i++) {
+        int64_t r;
+        const pl__sfile *f = pl__tlocate(src, idx[i], &r);
+        res[i].ids = NULL;
+        res[i].len = 0;
+        int64_t at = v.n;
+        res[i].rc = pl__record_text(src, f, r, &v, res[i].err, sizeof res[i].err);
+        if (res[i].rc == PL_OK) {
+            first[m] = at;
+            slot[m++] = i;
+        }
+    }
+    if (!oom) {
+        first[m] = v.n;
+        ids = pl__calloc((size_t)(v.n ? v.n : 1), sizeof *ids);
+        counts = pl__calloc((size_t)(v.n ? v.n : 1), sizeof *counts);
+        oom = !ids || !counts;
+    }
+    if (oom) {
         for (int64_t i = 0; i < n; i++) {
             res[i].rc = PL_ENOMEM;
             res[i].ids = NULL;
-            res[i].len = res[i].plen = 0;
+            res[i].len = 0;
             pl__fmt(res[i].err, sizeof res[i].err, "source %s: out of memory",
                     src->name);
         }
         goto out;
     }
-    int64_t m = 0; /* documents to encode, their texts packed at the front */
-    for (int64_t i = 0; i < n; i++) {
-        int64_t r;
-        const pl__sfile *f = pl__tlocate(src, idx[i], &r);
-        res[i].ids = NULL;
-        res[i].len = res[i].plen = 0;
-        res[i].rc = pl__record_text(src, f, r, &texts[m * parts], &lens[m * parts],
-                                    &owned[m * parts], res[i].err, sizeof res[i].err);
-        if (res[i].rc == PL_OK) slot[m++] = i;
-    }
-    int rc = m ? t->tok.encode_batch(t->tok.ctx, m * parts, (const char *const *)texts,
-                                     lens, ids, counts, res[slot[0]].err,
-                                     sizeof res[slot[0]].err)
-               : PL_OK;
+    int rc = v.n ? t->tok.encode_batch(t->tok.ctx, v.n, (const char *const *)v.text,
+                                       v.len, ids, counts, res[slot[0]].err,
+                                       sizeof res[slot[0]].err)
+                 : PL_OK;
     if (rc && m > 1) {
         /* Find which document the tokenizer refused: one at a time. */
         for (int64_t j = 0; j < m; j++) {
             pl__tres *q = &res[slot[j]];
-            q->rc = t->tok.encode_batch(t->tok.ctx, parts,
-                                        (const char *const *)&texts[j * parts],
-                                        &lens[j * parts], &ids[j * parts],
-                                        &counts[j * parts], q->err, sizeof q->err);
+            int64_t a = first[j], k = first[j + 1] - a;
+            q->rc = k ? t->tok.encode_batch(t->tok.ctx, k, (const char *const *)&v.text[a],
+                                            &v.len[a], &ids[a], &counts[a], q->err,
+                                            sizeof q->err)
+                      : PL_OK;
             if (q->rc)
-                for (int64_t k = 0; k < parts; k++)
-                    ids[j * parts + k] = NULL, counts[j * parts + k] = 0;
+                for (int64_t x = a; x < a + k; x++) ids[x] = NULL, counts[x] = 0;
         }
     } else if (rc) {
         res[slot[0]].rc = rc;
-        for (int64_t k = 0; k < parts; k++) ids[k] = NULL, counts[k] = 0;
+        for (int64_t x = 0; x < v.n; x++) ids[x] = NULL, counts[x] = 0;
     }
     for (int64_t j = 0; j < m; j++) {
         pl__tres *q = &res[slot[j]];
         int64_t r;
         const pl__sfile *f = pl__tlocate(src, idx[slot[j]], &r);
+        const int64_t a = first[j], b = first[j + 1];
         if (q->rc) {
             char tmp[PL__ERRMSG_CAP];
             pl__fmt(tmp, sizeof tmp, "%s: record %lld: tokenizer %s: %s", f->path,
@@ -1167,52 +1303,42 @@ static void pl__tokenize(pl_source *src, const int64_t *idx, int64_t n,
             memcpy(q->err, tmp, sizeof tmp);
             continue;
         }
-        int64_t c = counts[j * parts];
-        int32_t *v = ids[j * parts];
-        ids[j * parts] = NULL;
-        if (parts == 2) { /* prompt ids, then the response's */
-            int64_t c2 = counts[j * parts + 1];
-            int32_t *nv = c + c2 ? realloc(v, (size_t)(c + c2) * sizeof *nv) : v;
-            if (!nv) {
-                q->rc = PL_ENOMEM;
-                pl__fmt(q->err, sizeof q->err, "out of memory");
-            } else {
-                v = nv;
-                if (c2) memcpy(v + c, ids[j * parts + 1], (size_t)c2 * sizeof *v);
-                q->plen = c;
-                c += c2;
-                if (c2 == 0) {
+        int64_t c = 0, trained = 0;
+        for (int64_t x = a; x < b; x++) c += counts[x];
+        int32_t *w = malloc((size_t)(c + 1) * sizeof *w);
+        if (!w) {
+            q->rc = PL_ENOMEM;
+            pl__fmt(q->err, sizeof q->err, "out of memory");
+            continue;
+        }
+        c = 0;
+        int last_train = 1;
+        for (int64_t x = a; x < b; x++) {
+            for (int64_t k = 0; k < counts[x] && !q->rc; k++) {
+                int32_t id = ids[x][k];
+                if (id < 0 || (t->tok.vocab_size > 0 && id >= t->tok.vocab_size)) {
                     q->rc = PL_ERECORD;
                     pl__fmt(q->err, sizeof q->err,
-                            "%s: line %lld (byte offset %llu): the tokenizer gives "
-                            "no tokens for the response (key '%s')",
-                            f->path, (long long)pl__line_of(src, f, f->spans[2 * r]),
-                            (unsigned long long)f->spans[2 * r], t->response_key);
+                            "%s: record %lld: tokenizer %s gave id %d outside its "
+                            "vocabulary of %lld",
+                            f->path, (long long)r, t->tok.name ? t->tok.name : "",
+                            (int)id, (long long)t->tok.vocab_size);
                 }
+                w[c++] = v.train[x] || !t->masked ? id : -1 - id;
             }
-            free(ids[j * parts + 1]);
-            ids[j * parts + 1] = NULL;
+            if (counts[x]) last_train = v.train[x];
+            if (v.train[x]) trained += counts[x];
         }
-        for (int64_t k = 0; k < c && !q->rc; k++) {
-            if (v[k] < 0 || (t->tok.vocab_size > 0 && v[k] >= t->tok.vocab_size)) {
-                q->rc = PL_ERECORD;
-                pl__fmt(q->err, sizeof q->err,
-                        "%s: record %lld: tokenizer %s gave id %d outside its "
-                        "vocabulary of %lld",
-                        f->path, (long long)r, t->tok.name ? t->tok.name : "",
-                        (int)v[k], (long long)t->tok.vocab_size);
-                break;
-            }
-        }
-        if (!q->rc && t->add_eos) {
-            int32_t *nv = realloc(v, (size_t)(c + 1) * sizeof *nv);
-            if (!nv) {
-                q->rc = PL_ENOMEM;
-                pl__fmt(q->err, sizeof q->err, "out of memory");
-            } else {
-                v = nv;
-                v[c++] = (int32_t)t->eos_id;
-            }
+        if (!q->rc && t->add_eos) /* the eos is trained where the text before it is */
+            w[c++] = last_train || !t->masked ? (int32_t)t->eos_id : -1 - (int32_t)t->eos_id;
+        if (!q->rc && t->masked && trained == 0) {
+            q->rc = PL_ERECORD;
+            pl__fmt(q->err, sizeof q->err,
+                    "%s: line %lld (byte offset %llu): the tokenizer gives no "
+                    "tokens to train on (the %s is empty once tokenized)",
+                    f->path, (long long)pl__line_of(src, f, f->spans[2 * r]),
+                    (unsigned long long)f->spans[2 * r],
+                    t->prompt_key ? "response" : "assistant content");
         }
         if (!q->rc && c == 0) {
             q->rc = PL_ERECORD;
@@ -1224,20 +1350,21 @@ static void pl__tokenize(pl_source *src, const int64_t *idx, int64_t n,
                     (unsigned long long)f->spans[2 * r]);
         }
         if (q->rc) {
-            free(v);
-            q->plen = 0;
+            free(w);
             continue;
         }
-        q->ids = v;
+        q->ids = w;
         q->len = c;
     }
     atomic_fetch_add(&t->tokenized, (long long)n);
 out:
-    for (int64_t j = 0; texts && owned && j < nt; j++)
-        if (owned[j]) free(texts[j]);
-    free(texts);
-    free(lens);
-    free(owned);
+    for (int64_t x = 0; ids && x < v.n; x++) free(ids[x]);
+    pl__seg_pop_to(&v, 0);
+    free(v.text);
+    free(v.len);
+    free(v.owned);
+    free(v.train);
+    free(first);
     free(slot);
     free(ids);
     free(counts);
@@ -1274,8 +1401,7 @@ static void *pl__worker(void *arg) {
         pl__tokenize(src, idx, n, res);
         pthread_mutex_lock(&t->mu);
         for (int64_t i = 0; i < n; i++)
-            pl__finish(t, batch[i], res[i].rc, res[i].err, res[i].ids, res[i].len,
-                       res[i].plen);
+            pl__finish(t, batch[i], res[i].rc, res[i].err, res[i].ids, res[i].len);
         int64_t *due = pl__len_due(src, 0);
         if (due) {
             pthread_mutex_unlock(&t->mu);
@@ -1340,6 +1466,8 @@ void pl__text_free(pl_source *src) {
     free(t->text_key);
     free(t->prompt_key);
     free(t->response_key);
+    free(t->messages_key);
+    for (int k = 0; k < 3; k++) free(t->chat_pre[k]), free(t->chat_suf[k]);
     pthread_mutex_destroy(&t->mu);
     pthread_cond_destroy(&t->work_cv);
     pthread_cond_destroy(&t->done_cv);
@@ -1384,8 +1512,8 @@ static pl__tentry *pl__acquire(pl_source *src, int64_t index) {
     pl__tres *res = malloc(sizeof *res);
     if (res) pl__tokenize(src, &index, 1, res);
     pthread_mutex_lock(&t->mu);
-    if (!res) pl__finish(t, e, PL_ENOMEM, "out of memory", NULL, 0, 0);
-    else pl__finish(t, e, res->rc, res->err, res->ids, res->len, res->plen);
+    if (!res) pl__finish(t, e, PL_ENOMEM, "out of memory", NULL, 0);
+    else pl__finish(t, e, res->rc, res->err, res->ids, res->len);
     free(res);
     return e;
 }
@@ -1450,16 +1578,15 @@ int pl__text_read(pl_source *src, int64_t index, int64_t offset,
         rc = PL_ERANGE;
     } else {
         pl__tokens_convert(e->ids + offset, PL_DTYPE_INT32, out, out_dtype, count);
-        /* Instruction data, marked form: prompt tokens as -1 - id. */
-        int64_t np = marked && e->plen > offset ? e->plen - offset : 0;
-        if (np > count) np = count;
-        for (int64_t k = 0; k < np; k++) {
+        /* Instruction data keeps the marked form (untrained tokens as
+           -1 - id); plain reads give the ids. */
+        for (int64_t k = 0; t->masked && !marked && k < count; k++) {
             if (out_dtype == PL_DTYPE_INT64) {
                 int64_t *o = out;
-                o[k] = -1 - o[k];
+                if (o[k] < 0) o[k] = -1 - o[k];
             } else {
                 int32_t *o = out;
-                o[k] = -1 - o[k];
+                if (o[k] < 0) o[k] = -1 - o[k];
             }
         }
         /* Read up to its last token: the document has been used. */
@@ -1589,8 +1716,7 @@ int pl_source_lengths(pl_source *src, const int64_t *index, int64_t n,
         pl__tokenize(src, idx + b, k, res);
         pthread_mutex_lock(&t->mu);
         for (int64_t j = 0; j < k; j++) {
-            pl__finish(t, mine[b + j], res[j].rc, res[j].err, res[j].ids, res[j].len,
-                       res[j].plen);
+            pl__finish(t, mine[b + j], res[j].rc, res[j].err, res[j].ids, res[j].len);
             mine[b + j]->waiters--;
         }
         pthread_mutex_unlock(&t->mu);

@@ -275,6 +275,9 @@ typedef struct pl_source_options {
     /* Version 3: instruction data (jsonl; see "instruction data" below). */
     const char *prompt_key;     /* both non-NULL: each record is a prompt and */
     const char *response_key;   /* a response (text_key is then not used) */
+    const char *messages_key;   /* non-NULL (and no prompt_key): a chat list */
+    const char *chat_template[3]; /* system, user, assistant: each holds
+                                     "{content}" once (messages_key) */
     /* jsonl/text: the length cache (see "length cache" below). */
     uint64_t length_cache_key;  /* fingerprint of what decides the lengths;
                                    0: no length cache */
@@ -487,10 +490,20 @@ PL_API int pl_image_smart_resize(int64_t h, int64_t w, int64_t factor,
  * (an empty string), the response may not; a missing or non-string key is
  * PL_ERECORD naming the key, the file, the line and its byte offset.  The
  * document packs, splits and truncates like any other.
+ * Chat data: with messages_key instead, the record's list of
+ * {"role": "system" | "user" | "assistant", "content": string} messages is
+ * rendered with chat_template (one string per role, "{content}" marking
+ * where the content goes, e.g. ChatML's "<|im_start|>user\n{content}<|im_end|>\n"):
+ * each template piece and each content is tokenized on its own, and the
+ * tokens trained on are an assistant message's content and the template
+ * text after it (its end-of-turn marker), as TRL's assistant_only_loss
+ * does; the eos is trained when the last message is an assistant's.  A
+ * record with no assistant content, a message of another role or without
+ * string content is PL_ERECORD naming the message.
  * pl_source_read gives the plain ids; pl_source_read_many and
  * pl_source_read_raw, the forms that travel to a data constructor, give a
- * prompt token as -1 - id (negative), which pl_constructor_build and
- * packages turn back into the id and the mask; no id of a tokenizer is
+ * token not trained on as -1 - id (negative), which pl_constructor_build
+ * and packages turn back into the id and the mask; no id of a tokenizer is
  * negative, so the form is unambiguous.
  *
  * Length cache: with length_cache_key non-zero, the tokenized lengths of a

@@ -1045,6 +1045,138 @@ static void test_length_cache(void) {
     free(b);
 }
 
+/* Chat data: messages rendered with ChatML; trained on are the assistant's
+ * content and its "<|im_end|>\n", and the eos after an assistant turn. */
+static void test_chat(void) {
+    char p[512], yaml[1024];
+    snprintf(p, sizeof p, "%s/chat.jsonl", dir);
+    FILE *f = fopen(p, "w");
+    fprintf(f, "{\"messages\": [{\"role\": \"system\", \"content\": \"Be brief.\"}, "
+               "{\"role\": \"user\", \"content\": \"Hi?\"}, "
+               "{\"role\": \"assistant\", \"content\": \"Hello!\"}, "
+               "{\"role\": \"user\", \"content\": \"Bye?\"}, "
+               "{\"role\": \"assistant\", \"content\": \"Bye.\"}]}\n");
+    fprintf(f, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}, "
+               "{\"role\": \"assistant\", \"content\": \"y\"}, "
+               "{\"role\": \"user\", \"content\": \"z\"}]}\n");
+    fprintf(f, "{\"messages\": [{\"role\": \"tool\", \"content\": \"x\"}]}\n");
+    fprintf(f, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}]}\n");
+    fprintf(f, "{\"messages\": [{\"role\": \"assistant\"}]}\n");
+    fprintf(f, "{\"messages\": []}\n");
+    fclose(f);
+    snprintf(yaml, sizeof yaml,
+             "seq_length: 256\nglobal_batch_size: 1\nmicro_batch_size: 1\n"
+             "on_error: skip\nsources:\n  - {name: chat, type: jsonl, path: '%s', "
+             "messages_key: messages, chat_template: chatml,\n"
+             "     tokenizer: {type: bytes, add_eos: true}}\n", p);
+    pl_source *src = open_cfg(yaml);
+    CHECK(src != NULL);
+    if (!src) return;
+    /* Record 0, rendered, with the trained parts in upper case of a mask. */
+    const char *parts[][2] = {
+        {"<|im_start|>system\nBe brief.<|im_end|>\n", NULL},
+        {"<|im_start|>user\nHi?<|im_end|>\n", NULL},
+        {"<|im_start|>assistant\n", "Hello!<|im_end|>\n"},
+        {"<|im_start|>user\nBye?<|im_end|>\n", NULL},
+        {"<|im_start|>assistant\n", "Bye.<|im_end|>\n"},
+    };
+    char text[512];
+    char train[512];
+    size_t k = 0;
+    for (size_t i = 0; i < 5; i++)
+        for (int h = 0; h < 2; h++)
+            for (const char *c = parts[i][h]; c && *c; c++) {
+                train[k] = (char)h;
+                text[k++] = *c;
+            }
+    int64_t len = 0, plain[600], marked[600];
+    CHECK_OK(pl_source_document_length(src, 0, &len));
+    CHECK_EQ_I64(len, (int64_t)k + 1);
+    CHECK_OK(pl_source_read(src, 0, 0, len, plain, PL_DTYPE_INT64));
+    pl_read rd = {0, 0, 0, 0, len};
+    CHECK_OK(pl_source_read_many(src, &rd, 1, marked));
+    int ok = plain[len - 1] == 256 && marked[len - 1] == 256;
+    for (size_t i = 0; i < k && ok; i++)
+        ok = plain[i] == (uint8_t)text[i] &&
+             marked[i] == (train[i] ? plain[i] : -1 - plain[i]);
+    CHECK(ok);
+    /* Record 1 ends with a user turn: its eos is not trained on. */
+    CHECK_OK(pl_source_document_length(src, 1, &len));
+    rd.index = 1;
+    rd.count = len;
+    CHECK_OK(pl_source_read_many(src, &rd, 1, marked));
+    CHECK_EQ_I64(marked[len - 1], -1 - 256);
+    const char *want[] = {"message 0: role 'tool' is not system, user or assistant",
+                          "no assistant message with content",
+                          "message 0: 'content' is missing",
+                          "key 'messages' is not a non-empty list"};
+    for (int i = 0; i < 4; i++) {
+        CHECK_EQ_I64(pl_source_document_length(src, 2 + i, &len), PL_ERECORD);
+        ok = strstr(pl_source_errmsg(src), want[i]) && strstr(pl_source_errmsg(src), "chat.jsonl: line");
+        if (!ok) fprintf(stderr, "chat record %d: %s\n", 2 + i, pl_source_errmsg(src));
+        CHECK(ok);
+    }
+    pl_source_free(src);
+    /* Through a loader: ids are plain, masks follow the marked form. */
+    pl_config *cfg;
+    CHECK_OK(pl_config_parse_string(yaml, strlen(yaml), "t", &cfg));
+    pl_loader_options lo = {PL_LOADER_OPTIONS_VERSION, NULL, 0, 1, 2};
+    pl_loader *l = NULL;
+    CHECK_OK(pl_loader_create(cfg, &lo, &l));
+    int bad = 0, rows = 0;
+    for (int step = 0; step < 4 && l; step++) {
+        const pl_batch *b = NULL;
+        if (pl_loader_next(l, 0, &b)) {
+            bad = 1;
+            break;
+        }
+        const int64_t *ids = b->input_ids, *lab = b->labels;
+        for (int64_t t = 0; t < b->cols; t++) {
+            if (ids[t] < 0) bad = 1;
+            if ((b->loss_mask[t] == 0.0f) != (lab[t] == -100)) bad = 1;
+        }
+        /* The segment of record 0: masks follow its trained parts. */
+        for (int64_t g = 0; g + 1 < b->n_cu_seqlens; g++) {
+            int64_t s0 = b->cu_seqlens[g];
+            if (b->cu_seqlens[g + 1] - s0 != (int64_t)k + 1) continue;
+            int same = 1;
+            for (size_t i = 0; i < k && same; i++) same = ids[s0 + (int64_t)i] == (uint8_t)text[i];
+            if (!same) continue;
+            for (size_t i = 0; i + 1 < k; i++)
+                if (b->loss_mask[s0 + (int64_t)i] != (train[i + 1] ? 1.0f : 0.0f)) bad = 1;
+            if (b->loss_mask[s0 + (int64_t)k - 1] != 1.0f || b->loss_mask[s0 + (int64_t)k] != 0.0f)
+                bad = 1; /* the eos is predicted; the eos position predicts nothing */
+            rows++;
+        }
+    }
+    CHECK(!bad);
+    CHECK(rows > 0);
+    pl_loader_free(l);
+    pl_config_free(cfg);
+    /* Config errors. */
+    const char *badcfg[][2] = {
+        {"sources:\n  - {name: a, type: jsonl, path: x, messages_key: m, tokenizer: {type: bytes}}\n",
+         "messages_key needs chat_template"},
+        {"sources:\n  - {name: a, type: jsonl, path: x, messages_key: m, chat_template: {user: "
+         "'{content}', system: 's', assistant: '{content}'}, tokenizer: {type: bytes}}\n",
+         "chat_template.system must hold {content} once"},
+        {"sources:\n  - {name: a, type: jsonl, path: x, messages_key: m, chat_template: llama, "
+         "tokenizer: {type: bytes}}\n",
+         "unknown value 'llama'"},
+        {"sources:\n  - {name: a, type: jsonl, path: x, messages_key: m, prompt_key: p, "
+         "response_key: r, chat_template: chatml, tokenizer: {type: bytes}}\n",
+         "give one kind"},
+    };
+    for (size_t i = 0; i < sizeof badcfg / sizeof badcfg[0]; i++) {
+        CHECK_EQ_I64(pl_config_parse_string(badcfg[i][0], strlen(badcfg[i][0]), "t", &cfg),
+                     PL_ECONFIG);
+        if (!strstr(pl_config_errmsg(cfg), badcfg[i][1]))
+            fprintf(stderr, "chat config %zu: %s\n", i, pl_config_errmsg(cfg));
+        CHECK(strstr(pl_config_errmsg(cfg), badcfg[i][1]) != NULL);
+        pl_config_free(cfg);
+    }
+}
+
 int main(void) {
     dir = pl_test_tmpdir();
     test_formats();
@@ -1056,5 +1188,6 @@ int main(void) {
     test_concurrent();
     test_instruction();
     test_length_cache();
+    test_chat();
     TEST_END();
 }
