@@ -46,9 +46,13 @@ static void walk(pl_source *src, int sft, int o_chat) {
             }
             if (!seen_plain) abort();
         }
+        /* The eos, marked (-1 - 256) where a chat record ends with a turn
+           that is not trained on. */
         pl_read r = {0, 0, i, len - 1, 1};
-        if (pl_source_read_many(src, &r, 1, buf) != PL_OK || buf[0] != 256) abort();
-        if (pl_source_read_raw(src, &r, 1, raw, sizeof raw) != PL_OK || raw[0] != 256)
+        if (pl_source_read_many(src, &r, 1, buf) != PL_OK ||
+            (buf[0] != 256 && !(o_chat && buf[0] == -257)))
+            abort();
+        if (pl_source_read_raw(src, &r, 1, raw, sizeof raw) != PL_OK || raw[0] != buf[0])
             abort();
     }
 }

@@ -253,3 +253,39 @@ def test_instruction_data_masks_the_prompt(corpus, tmp_path):
                 seen += 1
                 masked += max(plen - 1, 0)
     assert seen > 20 and masked > 100
+
+
+def test_chat_messages_train_on_assistant_turns(corpus, tmp_path):
+    """messages_key with chat_template chatml: the ids are those of ``tokenizers`` for
+    each template piece and content, joined; trained on are the assistant's content and
+    its end-of-turn text (and the eos after it)."""
+    from tokenizers import Tokenizer
+
+    texts = _texts(os.path.join(corpus["dir"], "wit.jsonl"))[:120]
+    path = str(tmp_path / "chat.jsonl")
+    with open(path, "w", encoding="utf-8") as f:
+        for i in range(0, len(texts) - 1, 2):
+            msgs = [{"role": "user", "content": texts[i]},
+                    {"role": "assistant", "content": texts[i + 1]}]
+            f.write(json.dumps({"messages": msgs}, ensure_ascii=False) + "\n")
+    tok = Tokenizer.from_file(corpus["tokenizer"])
+    eos = tok.token_to_id("<|endoftext|>")
+    enc = lambda s: tok.encode(s, add_special_tokens=False).ids  # noqa: E731
+    cfg = _raw_config(corpus, train_steps=4, seq_length=512, topology={"dp": 1})
+    cfg["sources"] = [{"name": "chat", "type": "jsonl", "path": path,
+                       "messages_key": "messages", "chat_template": "chatml", "weight": 1.0}]
+    src = _core.Config.parse_string(yaml.safe_dump(cfg), origin="t").open_source(0)
+    for d in (0, 5, 30):
+        u, a = texts[2 * d], texts[2 * d + 1]
+        pieces = [("<|im_start|>user\n", 0), (u, 0), ("<|im_end|>\n", 0),
+                  ("<|im_start|>assistant\n", 0), (a, 1), ("<|im_end|>\n", 1)]
+        ids, train = [], []
+        for text, t in pieces:
+            e = enc(text)
+            ids += e
+            train += [t] * len(e)
+        ids.append(eos)
+        train.append(1)
+        assert np.asarray(src.read(d)).tolist() == ids, d
+        marked = np.asarray(src.read_many(np.array([[0, d, 0, len(ids)]], dtype=np.int64)))
+        assert marked.tolist() == [x if t else -1 - x for x, t in zip(ids, train)], d
