@@ -1,11 +1,11 @@
 """Autoscaled source-loader pools vs fixed pools (issue "Source loaders that scale with
 the work"), side by side on one local multi-node Ray cluster.
 
-Scenario: sources of different cost from the demo corpus (``make corpus``): ``code``
-(pre-tokenized Megatron, data/python_src_text_document), ``docs`` (raw JSON Lines
-tokenized online, data/raw/kernel_docs.jsonl) and ``intl`` (raw JSON Lines tokenized
-online, data/raw/man_i18n.jsonl: other scripts, another cost per token), both text
-sources with data/tokenizer.json (Hugging Face tokenizers, one thread per loader).  A
+Scenario: three sources of different cost from the demo corpus (``make corpus``):
+``code`` (pre-tokenized Megatron, data/python_src_text_document), ``docs`` (raw JSON
+Lines tokenized online with data/tokenizer.json, Hugging Face tokenizers, one thread per
+loader) and ``img`` (image-text WebDataset data/vlm: real photos decoded and resized to
+224 x 224 in the source loaders, 256 visual tokens each, captions as bytes).  A
 step schedule moves weight from the cheap source to the costly ones at ``--change``.
 8 trainer ranks (``polyload.ray.Client`` in threads of this process) with simulated
 compute (``--compute`` seconds per step) and a barrier per step, as data-parallel
@@ -48,20 +48,22 @@ NS = "polyload_autoscale"
 def config(args):
     data = os.path.join(ROOT, "data")
     tok = {"type": "hf", "path": os.path.join(data, "tokenizer.json"), "add_eos": True}
-    before = {"code": 0.8, "docs": 0.15, "intl": 0.05}
-    after = {"code": 0.2, "docs": 0.3, "intl": 0.5}
+    before = {"code": 0.85, "docs": 0.1, "img": 0.05}
+    after = {"code": 0.3, "docs": 0.3, "img": 0.4}
     return {
         "seed": 7, "seq_length": args.seq_length, "global_batch_size": 8 * args.mbs,
         "micro_batch_size": 1, "train_steps": args.steps, "dtype": "int32", "pad_id": 1,
         "topology": {"dp": 8}, "balance": "greedy", "on_error": "skip",
+        "long_documents": "truncate",
         "tokenizer": tok,
         "sources": [
             {"name": "code", "type": "megatron",
              "path": os.path.join(data, "python_src_text_document")},
             {"name": "docs", "type": "jsonl", "lookahead": 64,
              "path": os.path.join(data, "raw", "kernel_docs.jsonl")},
-            {"name": "intl", "type": "jsonl", "lookahead": 64,
-             "path": os.path.join(data, "raw", "man_i18n.jsonl")},
+            {"name": "img", "type": "webdataset", "index": "memory", "caption": "txt",
+             "path": os.path.join(data, "vlm", "shard-{000000..000003}.tar"),
+             "image": {"mode": "fixed", "size": 224, "patch_size": 14, "token_id": 31999}},
         ],
         "schedule": {"interpolation": "step", "points": [
             {"step": 0, "weights": before}, {"step": args.change, "weights": after}]},
@@ -186,6 +188,30 @@ class _Tokenize:
         return {"ids": out}
 
 
+class _Decode:
+    """The Ray Data image transform: decode and resize to 224 x 224 (Pillow, bicubic),
+    tokens = 256 placeholders (id 31999) + the caption's bytes."""
+
+    def __call__(self, batch):
+        import io
+
+        import numpy as np
+        from PIL import Image
+
+        ids = np.empty(len(batch["__key__"]), dtype=object)
+        for i in range(len(ids)):
+            raw = next(batch[k][i] for k in ("jpg", "jpeg", "png", "webp")
+                       if k in batch and batch[k][i] is not None)
+            img = Image.open(io.BytesIO(raw)).convert("RGB").resize((224, 224),
+                                                                     Image.BICUBIC)
+            np.asarray(img)
+            cap = batch["txt"][i] if "txt" in batch else b""
+            cap = cap.encode() if isinstance(cap, str) else bytes(cap)
+            ids[i] = np.concatenate([np.full(256, 31999, np.int32),
+                                     np.frombuffer(cap, np.uint8).astype(np.int32)])
+        return {"ids": ids}
+
+
 def run_raydata(cfg, args):
     """Ray Data with actor-pool autoscaling (``ActorPoolStrategy(min_size=1,
     max_size=4)``) on the same transforms: the raw sources read with read_json and
@@ -214,7 +240,20 @@ def run_raydata(cfg, args):
             yield from ds.iter_batches(batch_size=16, batch_format="numpy",
                                        prefetch_batches=4)
 
-    its = {"docs": tokenized("kernel_docs.jsonl"), "intl": tokenized("man_i18n.jsonl")}
+    def images():
+        """The photos decoded and resized to 224 x 224 (Pillow, as webdataset users do)
+        by an actor pool, endlessly; each sample's tokens: 256 placeholders + caption."""
+        import glob
+
+        while True:
+            ds = rd.read_webdataset(sorted(glob.glob(os.path.join(data, "vlm", "shard-*.tar"))),
+                                    decoder=None)
+            ds = ds.map_batches(_Decode, batch_size=4,
+                                compute=ActorPoolStrategy(min_size=1, max_size=4),
+                                num_cpus=1.0, resources={"cpu_node": 0.01})
+            yield from ds.iter_batches(batch_size=4, batch_format="numpy", prefetch_batches=4)
+
+    its = {"docs": tokenized("kernel_docs.jsonl"), "img": images()}
     # the pre-tokenized source: documents of the Megatron file, read with megatron-core
     from megatron.core.datasets.indexed_dataset import IndexedDataset
 

@@ -25,6 +25,7 @@ os.environ.setdefault("RAYON_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 import polyload  # noqa: E402
+import torch  # noqa: E402,F401  a training process has it; Loader() would import it lazily
 from tokenizers import Tokenizer  # noqa: E402
 
 
@@ -74,6 +75,8 @@ def main():
     ap.add_argument("--kernel-docs", type=int, default=800)
     ap.add_argument("--fortunes", type=int, default=15000)
     ap.add_argument("--epochs", type=float, default=2.9)
+    ap.add_argument("--no-first-batch", action="store_true",
+                    help="only the tokens per CPU-second figure")
     a = ap.parse_args()
     tokenizer = os.path.join(a.data, "tokenizer.json")
     tmp = tempfile.mkdtemp(prefix="pltext.")
@@ -105,6 +108,8 @@ def main():
                   f"{res['loader'] / res['peer']:.3f}", flush=True)
         ratios = sorted(x["loader"] / x["peer"] for x in rows)
         print(f"median loader/tokenizer: {ratios[len(ratios) // 2]:.3f}", flush=True)
+        if a.no_first_batch:
+            return
 
         big = os.path.join(tmp, "big.jsonl")
         size = os.path.getsize(src)

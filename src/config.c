@@ -652,6 +652,10 @@ void pl_config_free(pl_config *cfg) {
         free(cfg->sources[i].name);
         free(cfg->sources[i].path);
         free(cfg->sources[i].text_key);
+        free(cfg->sources[i].prompt_key);
+        free(cfg->sources[i].response_key);
+        free(cfg->sources[i].messages_key);
+        for (int q = 0; q < 3; q++) free(cfg->sources[i].chat[q]);
         free(cfg->sources[i].tok.path);
     }
     free(cfg->tok.path);
@@ -661,6 +665,10 @@ void pl_config_free(pl_config *cfg) {
             free(cfg->eval_sources[part][i].name);
             free(cfg->eval_sources[part][i].path);
             free(cfg->eval_sources[part][i].text_key);
+            free(cfg->eval_sources[part][i].prompt_key);
+            free(cfg->eval_sources[part][i].response_key);
+            free(cfg->eval_sources[part][i].messages_key);
+            for (int q = 0; q < 3; q++) free(cfg->eval_sources[part][i].chat[q]);
             free(cfg->eval_sources[part][i].tok.path);
         }
         free(cfg->eval_sources[part]);
@@ -899,6 +907,55 @@ static int walk_image(walk *w, const char *what, yaml_node_t *map,
 }
 
 /* A `tokenizer:` mapping: {type, path, add_eos, threads}. */
+/* chat_template: "chatml", or {system, user, assistant} strings, each with
+ * {content} once (checked when the source opens). */
+static int walk_chat(walk *w, const char *key, yaml_node_t *vn, char **chat) {
+    pl_config *cfg = w->cfg;
+    static const char *const roles[3] = {"system", "user", "assistant"};
+    for (int k = 0; k < 3; k++) free(chat[k]), chat[k] = NULL;
+    if (vn->type == YAML_SCALAR_NODE) {
+        sval v = scalar_of(vn);
+        if (strcmp(v.s, "chatml") != 0)
+            return cfg_err(cfg, PL_ECONFIG, v.line,
+                           "%s: unknown value '%s' (expected chatml, or a mapping of "
+                           "system, user and assistant)",
+                           key, v.s);
+        for (int k = 0; k < 3; k++) {
+            char b[96];
+            pl__fmt(b, sizeof b, "<|im_start|>%s\n{content}<|im_end|>\n", roles[k]);
+            if (!(chat[k] = pl__strdup(b))) return cfg_err(cfg, PL_ENOMEM, 0, "out of memory");
+        }
+        return PL_OK;
+    }
+    int rc = check_mapping(w, vn, key);
+    if (rc != PL_OK) return rc;
+    for (yaml_node_pair_t *p = vn->data.mapping.pairs.start;
+         p < vn->data.mapping.pairs.top; p++) {
+        const char *k = key_str(w, p);
+        yaml_node_t *xn = node(w, p->value);
+        char full[200];
+        pl__fmt(full, sizeof full, "%s.%s", key, k);
+        int r = strcmp(k, "system") == 0 ? 0 : strcmp(k, "user") == 0 ? 1
+                : strcmp(k, "assistant") == 0 ? 2 : -1;
+        if (r < 0)
+            return cfg_err(cfg, PL_ECONFIG, line_of(node(w, p->key)),
+                           "unknown key '%s' (expected system, user, assistant)", full);
+        if (xn->type != YAML_SCALAR_NODE)
+            return cfg_err(cfg, PL_ECONFIG, line_of(xn), "%s: expected a string", full);
+        sval v = scalar_of(xn);
+        const char *at = strstr(v.s, "{content}");
+        if (!at || strstr(at + 9, "{content}"))
+            return cfg_err(cfg, PL_ECONFIG, v.line, "%s must hold {content} once", full);
+        free(chat[r]);
+        if (!(chat[r] = pl__strdup(v.s))) return cfg_err(cfg, PL_ENOMEM, 0, "out of memory");
+    }
+    for (int k = 0; k < 3; k++)
+        if (!chat[k])
+            return cfg_err(cfg, PL_ECONFIG, line_of(vn), "%s: missing key '%s'", key,
+                           roles[k]);
+    return PL_OK;
+}
+
 static int walk_tokenizer(walk *w, const char *what, yaml_node_t *map,
                           pl__tok_cfg *t) {
     pl_config *cfg = w->cfg;
@@ -979,6 +1036,7 @@ static int walk_source(walk *w, const char *list, int64_t i, yaml_node_t *map,
     s->token_dtype = (pl_dtype)0;
     int line_tdtype = 0, line_eos = 0, line_path = 0, has_type = 0, line_image = 0;
     int line_text = 0, line_key = 0; /* keys of jsonl/text sources */
+    int line_tkey = 0, line_sft = 0, line_msg = 0, line_chat = 0;
     yaml_node_pair_t *b = map->data.mapping.pairs.start;
     yaml_node_pair_t *e = map->data.mapping.pairs.top;
     for (yaml_node_pair_t *p = b; p < e; p++) {
@@ -989,11 +1047,14 @@ static int walk_source(walk *w, const char *list, int64_t i, yaml_node_t *map,
             strcmp(k, "weight") && strcmp(k, "token_dtype") &&
             strcmp(k, "eos_id") && strcmp(k, "max_epochs") && strcmp(k, "image") &&
             strcmp(k, "caption") && strcmp(k, "index") && strcmp(k, "split") &&
-            strcmp(k, "text_key") && strcmp(k, "tokenizer") && strcmp(k, "lookahead"))
+            strcmp(k, "text_key") && strcmp(k, "tokenizer") && strcmp(k, "lookahead") &&
+            strcmp(k, "prompt_key") && strcmp(k, "response_key") &&
+            strcmp(k, "messages_key") && strcmp(k, "chat_template"))
             return cfg_err(cfg, PL_ECONFIG, line_of(node(w, p->key)),
                            "unknown key '%s' (expected name, type, path, "
                            "weight, token_dtype, eos_id, max_epochs, split, image, "
-                           "caption, index, text_key, tokenizer, lookahead)",
+                           "caption, index, text_key, prompt_key, response_key, "
+                           "messages_key, chat_template, tokenizer, lookahead)",
                            key);
         if (strcmp(k, "image") == 0) {
             rc = walk_image(w, key, vn, &s->image);
@@ -1004,6 +1065,11 @@ static int walk_source(walk *w, const char *list, int64_t i, yaml_node_t *map,
             rc = walk_tokenizer(w, what, vn, &s->tok);
             if (rc != PL_OK) return rc;
             line_text = line_of(node(w, p->key));
+            continue;
+        } else if (strcmp(k, "chat_template") == 0) {
+            rc = walk_chat(w, key, vn, s->chat);
+            if (rc != PL_OK) return rc;
+            line_text = line_key = line_chat = line_of(node(w, p->key));
             continue;
         }
         if (vn->type != YAML_SCALAR_NODE)
@@ -1067,6 +1133,24 @@ static int walk_source(walk *w, const char *list, int64_t i, yaml_node_t *map,
             if (!s->text_key) return cfg_err(cfg, PL_ENOMEM, 0, "out of memory");
             line_text = v.line;
             line_key = v.line;
+            line_tkey = v.line;
+        } else if (strcmp(k, "messages_key") == 0) {
+            if (!v.s[0])
+                return cfg_err(cfg, PL_ECONFIG, v.line, "%s is empty", key);
+            free(s->messages_key);
+            s->messages_key = pl__strdup(v.s);
+            if (!s->messages_key) return cfg_err(cfg, PL_ENOMEM, 0, "out of memory");
+            line_text = line_key = line_msg = v.line;
+        } else if (strcmp(k, "prompt_key") == 0 || strcmp(k, "response_key") == 0) {
+            if (!v.s[0])
+                return cfg_err(cfg, PL_ECONFIG, v.line, "%s is empty", key);
+            char **dst = k[0] == 'p' ? &s->prompt_key : &s->response_key;
+            free(*dst);
+            *dst = pl__strdup(v.s);
+            if (!*dst) return cfg_err(cfg, PL_ENOMEM, 0, "out of memory");
+            line_text = v.line;
+            line_key = v.line;
+            line_sft = v.line;
         } else if (strcmp(k, "lookahead") == 0) {
             rc = get_int(cfg, key, &v, 1, (int64_t)1 << 24, &s->lookahead);
             if (rc != PL_OK) return rc;
@@ -1111,9 +1195,36 @@ static int walk_source(walk *w, const char *list, int64_t i, yaml_node_t *map,
                        what, s->name, stype_names[s->type - 1]);
     if (line_key && s->type != PL_SOURCE_JSONL)
         return cfg_err(cfg, PL_ECONFIG, line_key,
-                       "%s.text_key applies only to jsonl sources (source '%s' "
+                       "%s.%s applies only to jsonl sources (source '%s' "
                        "is %s)",
-                       what, s->name, stype_names[s->type - 1]);
+                       what,
+                       line_sft ? "prompt_key/response_key"
+                       : line_msg || line_chat ? "messages_key/chat_template"
+                                               : "text_key",
+                       s->name, stype_names[s->type - 1]);
+    if ((line_msg || line_chat) && (line_sft || line_tkey))
+        return cfg_err(cfg, PL_ECONFIG, line_msg ? line_msg : line_chat,
+                       "%s (%s): messages_key is used instead of text_key, prompt_key "
+                       "and response_key (give one kind)",
+                       what, s->name);
+    if (line_msg && !s->chat[0])
+        return cfg_err(cfg, PL_ECONFIG, line_msg,
+                       "%s (%s): messages_key needs chat_template (chatml, or "
+                       "{system, user, assistant} strings with {content})",
+                       what, s->name);
+    if (line_chat && !s->messages_key)
+        return cfg_err(cfg, PL_ECONFIG, line_chat,
+                       "%s (%s): chat_template needs messages_key", what, s->name);
+    if (line_sft && (!s->prompt_key || !s->response_key))
+        return cfg_err(cfg, PL_ECONFIG, line_sft,
+                       "%s (%s): instruction data needs both prompt_key and "
+                       "response_key",
+                       what, s->name);
+    if (line_sft && line_tkey)
+        return cfg_err(cfg, PL_ECONFIG, line_tkey,
+                       "%s (%s): text_key is not used with prompt_key and "
+                       "response_key (give one or the other)",
+                       what, s->name);
     if (line_eos && s->type == PL_SOURCE_MEGATRON)
         return cfg_err(cfg, PL_ECONFIG, line_eos,
                        "%s.eos_id applies only to llmc and flat sources "
@@ -1833,9 +1944,20 @@ pl_config *pl__config_clone(const pl_config *cfg) {
             d->path = pl__strdup(d->path);
             const pl__source_cfg *o = &cfg->eval_sources[part][i];
             d->text_key = o->text_key ? pl__strdup(o->text_key) : NULL;
+            d->prompt_key = o->prompt_key ? pl__strdup(o->prompt_key) : NULL;
+            d->response_key = o->response_key ? pl__strdup(o->response_key) : NULL;
+            d->messages_key = o->messages_key ? pl__strdup(o->messages_key) : NULL;
+            int dchat_ok = 1;
+            for (int q = 0; q < 3; q++) {
+                d->chat[q] = o->chat[q] ? pl__strdup(o->chat[q]) : NULL;
+                if (o->chat[q] && !d->chat[q]) dchat_ok = 0;
+            }
             d->tok.path = o->tok.path ? pl__strdup(o->tok.path) : NULL;
             c->n_eval_sources[part] = i + 1;
             if (!d->name || !d->path || (o->text_key && !d->text_key) ||
+                (o->prompt_key && !d->prompt_key) ||
+                (o->response_key && !d->response_key) ||
+                (o->messages_key && !d->messages_key) || !dchat_ok ||
                 (o->tok.path && !d->tok.path))
                 goto fail;
         }
@@ -1852,10 +1974,23 @@ pl_config *pl__config_clone(const pl_config *cfg) {
         c->sources[i].name = pl__strdup(o->name);
         c->sources[i].path = pl__strdup(o->path);
         c->sources[i].text_key = o->text_key ? pl__strdup(o->text_key) : NULL;
+        c->sources[i].prompt_key = o->prompt_key ? pl__strdup(o->prompt_key) : NULL;
+        c->sources[i].response_key =
+            o->response_key ? pl__strdup(o->response_key) : NULL;
+        c->sources[i].messages_key =
+            o->messages_key ? pl__strdup(o->messages_key) : NULL;
+        int chat_ok = 1;
+        for (int q = 0; q < 3; q++) {
+            c->sources[i].chat[q] = o->chat[q] ? pl__strdup(o->chat[q]) : NULL;
+            if (o->chat[q] && !c->sources[i].chat[q]) chat_ok = 0;
+        }
         c->sources[i].tok.path = o->tok.path ? pl__strdup(o->tok.path) : NULL;
         c->n_sources = i + 1;
         if (!c->sources[i].name || !c->sources[i].path ||
             (o->text_key && !c->sources[i].text_key) ||
+            (o->prompt_key && !c->sources[i].prompt_key) ||
+            (o->response_key && !c->sources[i].response_key) ||
+            (o->messages_key && !c->sources[i].messages_key) || !chat_ok ||
             (o->tok.path && !c->sources[i].tok.path))
             goto fail;
     }
@@ -1887,6 +2022,34 @@ fail:
  * failure *out is a source handle carrying the message (as a failed open). */
 static const char *const pl__tok_type_names[] = {"", "bytes", "hf",
                                                  "sentencepiece", "tiktoken"};
+/* The length-cache key of a raw text source: what decides its lengths (the
+ * tokenizer's type and file bytes, add_eos, eos_id, the record keys).  0
+ * (no cache) when the tokenizer file cannot be read. */
+static uint64_t pl__length_cache_key(const pl__source_cfg *s) {
+    uint64_t h = pl__hash64("pllen1", 6, 0);
+    int32_t ti[2] = {s->tok.type, s->tok.add_eos};
+    h = pl__hash64(ti, sizeof ti, h);
+    h = pl__hash64(&s->eos_id, sizeof s->eos_id, h);
+    const char *keys[7] = {s->text_key ? s->text_key : "text",
+                           s->prompt_key ? s->prompt_key : "",
+                           s->response_key ? s->response_key : "",
+                           s->messages_key ? s->messages_key : "",
+                           s->chat[0] ? s->chat[0] : "", s->chat[1] ? s->chat[1] : "",
+                           s->chat[2] ? s->chat[2] : ""};
+    for (int k = 0; k < 7; k++) h = pl__hash64(keys[k], strlen(keys[k]) + 1, h);
+    if (s->tok.path) {
+        FILE *f = fopen(s->tok.path, "rb");
+        if (!f) return 0;
+        char buf[65536];
+        size_t n;
+        while ((n = fread(buf, 1, sizeof buf, f)) > 0) h = pl__hash64(buf, n, h);
+        int bad = ferror(f);
+        fclose(f);
+        if (bad) return 0;
+    }
+    return h ? h : 1;
+}
+
 static int pl__config_tokenizer(const pl_config *cfg, const pl__tok_cfg *t,
                                 pl_tokenizer *tok, pl_source **out) {
     memset(tok, 0, sizeof *tok);
@@ -1957,6 +2120,10 @@ int pl__config_open_source(const pl_config *cfg, int64_t i, pl_source **out) {
     o.write_index = s->write_index ? s->write_index : cfg->sidecar_index;
     o.image = s->type == PL_SOURCE_WEBDATASET ? &s->image : NULL;
     pl_tokenizer tok;
+    if (s->type == PL_SOURCE_JSONL || s->type == PL_SOURCE_TEXT) {
+        o.length_cache_key = pl__length_cache_key(s);
+        o.length_cache = s->write_index ? s->write_index : cfg->sidecar_index;
+    }
     if ((s->type == PL_SOURCE_JSONL || s->type == PL_SOURCE_TEXT) && cfg->lengths_fn) {
         o.lengths_fn = cfg->lengths_fn;
         o.lengths_ctx = cfg->lengths_ctx;
@@ -1969,6 +2136,10 @@ int pl__config_open_source(const pl_config *cfg, int64_t i, pl_source **out) {
         if (trc) return trc;
         o.tokenizer = &tok;
         o.text_key = s->text_key;
+        o.prompt_key = s->prompt_key;
+        o.messages_key = s->messages_key;
+        for (int q = 0; q < 3; q++) o.chat_template[q] = s->chat[q];
+        o.response_key = s->response_key;
         o.add_eos = s->tok.add_eos;
         o.tokenizer_threads = s->tok.threads;
         o.lookahead = s->lookahead;
@@ -2041,6 +2212,15 @@ uint64_t pl_config_fingerprint(const pl_config *c) {
             const char *tk = sc->text_key ? sc->text_key : "text";
             h = pl__hash64(tp, strlen(tp) + 1, h);
             h = pl__hash64(tk, strlen(tk) + 1, h);
+            if (sc->messages_key) {
+                h = pl__hash64(sc->messages_key, strlen(sc->messages_key) + 1, h);
+                for (int q = 0; q < 3; q++)
+                    if (sc->chat[q]) h = pl__hash64(sc->chat[q], strlen(sc->chat[q]) + 1, h);
+            }
+            if (sc->prompt_key && sc->response_key) {
+                h = pl__hash64(sc->prompt_key, strlen(sc->prompt_key) + 1, h);
+                h = pl__hash64(sc->response_key, strlen(sc->response_key) + 1, h);
+            }
         }
     }
     for (int64_t k = 0; k < c->n_points; k++) {
@@ -2110,6 +2290,10 @@ int pl_config_split(const pl_config *cfg, int split, pl_config **out) {
             free(c->sources[i].name);
             free(c->sources[i].path);
             free(c->sources[i].text_key);
+            free(c->sources[i].prompt_key);
+            free(c->sources[i].response_key);
+            free(c->sources[i].messages_key);
+            for (int q = 0; q < 3; q++) free(c->sources[i].chat[q]);
             free(c->sources[i].tok.path);
         }
         free(c->sources);

@@ -205,6 +205,32 @@ void pl_batch_release(pl_batch *batch) {
             int rc = x->read(x, (*ordinal)++, c, ids + p, end ? NULL : &next,  \
                              DT);                                              \
             if (rc) return rc;                                                 \
+            if (x->has_sft && (x->cfg->sources[c->source].prompt_key ||        \
+                               x->cfg->sources[c->source].messages_key)) { \
+                /* Instruction data: prompt tokens come as -1 - id; a label \
+                   that is a prompt token is masked. */                        \
+                for (int64_t t = 0; t < L; t++) {                              \
+                    T v = ids[p + t];                                          \
+                    mask[p + t] = v < 0 ? 0.0f : 1.0f;                         \
+                    if (v < 0) ids[p + t] = (T)(-1 - v);                       \
+                    pos[p + t] = t;                                            \
+                }                                                              \
+                for (int64_t t = 0; t + 1 < L; t++) {                          \
+                    float m = mask[p + t + 1];                                 \
+                    mask[p + t] = m;                                           \
+                    lab[p + t] = m != 0.0f ? ids[p + t + 1] : (T)-100;         \
+                }                                                              \
+                if (end) {                                                     \
+                    lab[p + L - 1] = (T)-100;                                  \
+                    mask[p + L - 1] = 0.0f;                                    \
+                } else if (next < 0) {                                         \
+                    lab[p + L - 1] = (T)-100;                                  \
+                    mask[p + L - 1] = 0.0f;                                    \
+                } else {                                                       \
+                    lab[p + L - 1] = next;                                     \
+                    mask[p + L - 1] = 1.0f;                                    \
+                }                                                              \
+            } else {                                                           \
             for (int64_t t = 0; t + 1 < L; t++) lab[p + t] = ids[p + t + 1];   \
             for (int64_t t = 0; t < L; t++) {                                  \
                 mask[p + t] = 1.0f;                                            \
@@ -215,6 +241,7 @@ void pl_batch_release(pl_batch *batch) {
                 mask[p + L - 1] = 0.0f;                                        \
             } else {                                                           \
                 lab[p + L - 1] = next;                                         \
+            }                                                                  \
             }                                                                  \
             for (int64_t t = L; t < P; t++) {                                  \
                 ids[p + t] = (T)x->pad_id;                                     \
@@ -348,8 +375,11 @@ int pl__build_ctx_init(pl__build_ctx *x, const pl_config *c,
     x->errcap = errcap;
     x->cfg = c;
     x->has_images = 0;
-    for (int64_t i = 0; i < c->n_sources; i++)
+    x->has_sft = 0;
+    for (int64_t i = 0; i < c->n_sources; i++) {
         x->has_images |= c->sources[i].type == PL_SOURCE_WEBDATASET;
+        x->has_sft |= c->sources[i].prompt_key != NULL || c->sources[i].messages_key != NULL;
+    }
     x->seg = pl__calloc(2 * ((size_t)c->seq_length + 1), sizeof(int64_t));
     return x->seg ? PL_OK : PL_ENOMEM;
 }

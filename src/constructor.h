@@ -62,6 +62,7 @@ struct pl__build_ctx {
                            padded, then unpadded */
     const pl_config *cfg; /* borrowed from the owner */
     int has_images;       /* some source is a webdataset */
+    int has_sft;          /* some source is instruction data (prompt_key) */
     char *err;
     size_t errcap;
 };

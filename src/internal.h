@@ -124,6 +124,10 @@ typedef struct pl__source_cfg {
     int write_index;      /* 0 default, -1: `index: memory` */
     /* jsonl/text */
     char *text_key;       /* malloc'd; NULL = "text" */
+    char *prompt_key;     /* malloc'd; instruction data when set (with */
+    char *response_key;   /* response_key), else NULL */
+    char *messages_key;   /* malloc'd; chat instruction data when set */
+    char *chat[3];        /* malloc'd chat_template: system, user, assistant */
     int64_t lookahead;    /* 0 = default */
     pl__tok_cfg tok;      /* own, or the top level's */
 } pl__source_cfg;
@@ -242,6 +246,8 @@ void pl__tokens_convert(const void *src, pl_dtype src_dtype, void *dst,
                         pl_dtype dst_dtype, int64_t n);
 int pl__source_length(pl_source *src, int64_t index, int64_t *length,
                       char *err, size_t errcap);
+/* As pl_source_read, but an instruction source gives its prompt tokens in
+ * the marked form (-1 - id) that the constructor turns into the mask. */
 int pl__source_read(pl_source *src, int64_t index, int64_t offset,
                     int64_t count, void *out, pl_dtype out_dtype, char *err,
                     size_t errcap);
@@ -283,10 +289,13 @@ uint64_t pl__perm_apply(const pl__perm *p, uint64_t i);
 
 /* Raw text sources (source_text.c): sources whose lengths come from
  * tokenizing.  The planner tells such a source the position `pos` of its
- * epoch's order (perm) that it is about to ask for, so the source's threads
- * can tokenize what follows. */
+ * epoch's order that it is about to ask for, so the source's threads can
+ * tokenize what follows.  Position i of the order is document
+ * lo + perm(i) of the source, or lo + i when perm is NULL (an evaluation
+ * pass in index order); the order has perm->n (else n) positions (a split
+ * of the source: lo and n are its range). */
 int pl__source_is_lazy(const pl_source *src);
-void pl__source_lookahead(pl_source *src, const pl__perm *perm, int64_t epoch,
-                          int64_t pos);
+void pl__source_lookahead(pl_source *src, const pl__perm *perm, int64_t lo,
+                          int64_t n, int64_t epoch, int64_t pos);
 
 #endif

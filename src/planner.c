@@ -236,7 +236,8 @@ static int pl__next_document(pl_planner *p, int64_t i) {
             return PL_ERECORD;
         }
         /* A raw text source tokenizes ahead in this order (no-op else). */
-        pl__source_lookahead(p->sources[i], &p->perm[i], s->epoch,
+        pl__source_lookahead(p->sources[i], p->cfg->eval ? NULL : &p->perm[i],
+                             p->doc_lo[i], p->num_docs[i], s->epoch,
                              s->drawn_in_epoch);
         /* An evaluation pass reads its documents in index order. */
         int64_t idx = p->doc_lo[i] +

@@ -45,6 +45,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <glob.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -280,6 +281,10 @@ void pl__sfile_unmap(pl__sfile *f) {
     free(f->text);
     free(f->line_ck);
     f->line_ck = NULL;
+    if (f->len_map) munmap(f->len_map, f->len_map_len);
+    f->len_map = NULL;
+    f->len_map_len = 0;
+    f->cached_len = NULL;
     f->spans_owned = NULL;
     f->spans = NULL;
     f->text = NULL;
@@ -353,7 +358,13 @@ static int pl__is_file(const char *path) {
 
 /* Our own sidecars and their temporaries are never data files. */
 static int pl__is_sidecar(const char *path) {
-    return pl__ends_with(path, ".plidx") || strstr(path, ".plidx.tmp.");
+    static const char *const ext[] = {".plidx", ".plrec", ".pllen", ".plwds"};
+    char tmp[16];
+    for (size_t i = 0; i < sizeof ext / sizeof ext[0]; i++) {
+        snprintf(tmp, sizeof tmp, "%s.tmp.", ext[i]);
+        if (pl__ends_with(path, ext[i]) || strstr(path, tmp)) return 1;
+    }
+    return 0;
 }
 
 /* Add a match of a Megatron pattern or directory: "x.idx" or "x.bin" -> "x". */
@@ -777,9 +788,19 @@ static const pl__conv_fn pl__conv_table[10][2] = {
     [PL_DTYPE_UINT32] = {pl__conv_u32_i64, pl__conv_u32_i32},
 };
 
+static int pl__source_read_impl(pl_source *src, int64_t index, int64_t offset,
+                                int64_t count, void *out, pl_dtype out_dtype,
+                                int marked, char *err, size_t errcap);
 int pl__source_read(pl_source *src, int64_t index, int64_t offset,
                     int64_t count, void *out, pl_dtype out_dtype, char *err,
                     size_t errcap) {
+    return pl__source_read_impl(src, index, offset, count, out, out_dtype, 1, err,
+                                errcap);
+}
+
+static int pl__source_read_impl(pl_source *src, int64_t index, int64_t offset,
+                                int64_t count, void *out, pl_dtype out_dtype,
+                                int marked, char *err, size_t errcap) {
     if (!src || (!out && count > 0)) {
         pl__fmt(err, errcap, "pl_source_read: NULL argument");
         return PL_EINVAL;
@@ -791,7 +812,7 @@ int pl__source_read(pl_source *src, int64_t index, int64_t offset,
         return PL_EINVAL;
     }
     if (src->text)
-        return pl__text_read(src, index, offset, count, out, out_dtype, err,
+        return pl__text_read(src, index, offset, count, out, out_dtype, marked, err,
                              errcap);
     const pl__sfile *f;
     const uint8_t *tok;
@@ -835,8 +856,8 @@ int pl_source_document_length(pl_source *src, int64_t index,
 int pl_source_read(pl_source *src, int64_t index, int64_t offset,
                    int64_t count, void *out, pl_dtype out_dtype) {
     char err[PL__ERRMSG_CAP];
-    int rc = pl__source_read(src, index, offset, count, out, out_dtype, err,
-                             sizeof err);
+    int rc = pl__source_read_impl(src, index, offset, count, out, out_dtype, 0, err,
+                                  sizeof err);
     if (rc && src) pl__set_err(src, err);
     return rc;
 }
@@ -1056,7 +1077,7 @@ static int pl__read_ranges(pl_source *src, const pl_read *reads, int64_t n,
         int64_t len, off = reads[i].offset, count = reads[i].count;
         if (src->text) {
             rc = pl__text_read(src, reads[i].index, off, count, out,
-                               raw ? PL_DTYPE_INT32 : PL_DTYPE_INT64, err,
+                               raw ? PL_DTYPE_INT32 : PL_DTYPE_INT64, 1, err,
                                sizeof err);
             if (rc) break;
             out = (uint8_t *)out + (size_t)count * es;

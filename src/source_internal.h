@@ -96,6 +96,11 @@ typedef struct pl__sfile {
     size_t text_len;
     int compression;       /* 0 plain, 1 gzip, 2 zstd */
     uint64_t *line_ck;     /* line of every 4096th record (NULL: count from 0) */
+    /* jsonl/text: the mapped <file>.pllen (length cache), or NULL */
+    void *len_map;
+    size_t len_map_len;
+    const int64_t *cached_len; /* [n_docs]: a length, or -1 */
+    uint64_t st_size, st_mtime_ns; /* the data file at open (the sidecar's key) */
 } pl__sfile;
 
 typedef struct pl__text pl__text; /* source_text.c: tokenizer and cache */
@@ -183,10 +188,11 @@ size_t pl__text_sizeof(const pl_source *src);
 int pl__text_length(pl_source *src, const pl__sfile *f, int64_t r,
                     int64_t *length, char *err, size_t errcap);
 /* Tokens [offset, offset + count) of global document index, as int64
- * (out_dtype PL_DTYPE_INT64) or int32. */
+ * (out_dtype PL_DTYPE_INT64) or int32; with marked, an instruction
+ * source's prompt tokens as -1 - id (see polyload.h). */
 int pl__text_read(pl_source *src, int64_t index, int64_t offset,
-                  int64_t count, void *out, pl_dtype out_dtype, char *err,
-                  size_t errcap);
+                  int64_t count, void *out, pl_dtype out_dtype, int marked,
+                  char *err, size_t errcap);
 /* A data file's descriptor as source.c keeps it (*owned: close after). */
 int pl__source_data_fd(const pl_source *src, const pl__sfile *f, int *fd,
                        int *owned, char *err, size_t errcap);

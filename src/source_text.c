@@ -25,8 +25,22 @@
  * waited on or still queued are never dropped.  Every path computes the same
  * tokens for a document, so timing changes only who does the work.
  *
- * Locking: one mutex per source guards the table, the queue and the
- * lookahead cursor; parsing and tokenizing run outside it.
+ * Instruction data (prompt_key/response_key, or messages_key with a chat
+ * template): a record is a list of texts (pl__segv), each marked trained on
+ * or not, all encoded in the batch's one call and joined; the table keeps
+ * the ids of texts not trained on as -1 - id (the marked form), which the
+ * transport reads pass on for the constructor's mask and pl_source_read
+ * turns back into ids.
+ *
+ * Length cache: a matching "<file>.pllen" answers the planner's length
+ * queries without tokenizing; lengths learned by tokenizing are collected
+ * (pl__len_learn, under the lock) and written by a tokenizer thread once
+ * every document is known, and at free.  A cached length is checked against
+ * the tokens when the document is tokenized.
+ *
+ * Locking: one mutex per source guards the table, the queue, the lookahead
+ * cursor and the learned lengths; parsing, tokenizing and writing sidecars
+ * run outside it.
  */
 #include "source_internal.h"
 
@@ -72,6 +86,11 @@ struct pl__text {
     pl_tokenizer tok;
     int have_tok;
     char *text_key;
+    char *prompt_key, *response_key; /* instruction data: both set */
+    char *messages_key;              /* chat instruction data */
+    char *chat_pre[3], *chat_suf[3]; /* system, user, assistant: the template
+                                        around {content} */
+    int masked;                      /* instruction data: ids in marked form */
     int add_eos;
     int64_t eos_id;
     int64_t lookahead, max_record, cache_bytes;
@@ -92,11 +111,22 @@ struct pl__text {
     int64_t la_epoch, la_next, la_last;
     int64_t la_draws; /* documents drawn since open: the window grows with it */
     pl__perm la_perm;
+    int la_ordered;       /* index order (evaluation), la_perm unused */
+    int64_t la_lo, la_n;  /* the order's range of documents (a split) */
     size_t spans_bytes;
+    /* the length cache (<file>.pllen) */
+    uint64_t lc_key;   /* 0: none */
+    int lc_policy;     /* PL_INDEX_* */
+    int64_t *learned;  /* [n_docs] lengths learned by tokenizing, -1 unknown
+                          (PL_INDEX_WRITE only) */
+    int64_t lc_known;  /* documents with a cached or learned length */
+    int64_t lc_new;    /* learned and not in the sidecars yet */
+    int lc_flush;      /* every length known: write the sidecars once */
     /* lengths-only (pl_source_options.lengths_fn) */
     pl_lengths_fn lengths_fn;
     void *lengths_ctx;
     int64_t lengths_source;
+    pl_source *src; /* the owner */
 };
 
 /* ------------------------------------------------------------ UTF-8 */
@@ -175,6 +205,7 @@ int pl__text_init(pl_source *src, const pl_source_options *opts, char *err,
         return PL_ENOMEM;
     }
     src->text = t;
+    t->src = src;
     pthread_mutex_init(&t->mu, NULL);
     pthread_cond_init(&t->work_cv, NULL);
     pthread_cond_init(&t->done_cv, NULL);
@@ -203,6 +234,51 @@ int pl__text_init(pl_source *src, const pl_source_options *opts, char *err,
         return PL_EINVAL;
     }
     t->text_key = pl__strdup(v2 && opts->text_key ? opts->text_key : "text");
+    if (opts->version >= 3 && opts->prompt_key && opts->response_key) {
+        if (opts->type != PL_SOURCE_JSONL) {
+            pl__fmt(err, errcap,
+                    "source %s: prompt_key and response_key apply only to jsonl "
+                    "sources",
+                    name);
+            return PL_EINVAL;
+        }
+        t->prompt_key = pl__strdup(opts->prompt_key);
+        t->response_key = pl__strdup(opts->response_key);
+        if (!t->prompt_key || !t->response_key) {
+            pl__fmt(err, errcap, "out of memory");
+            return PL_ENOMEM;
+        }
+        t->masked = 1;
+    } else if (opts->version >= 3 && opts->messages_key) {
+        if (opts->type != PL_SOURCE_JSONL) {
+            pl__fmt(err, errcap, "source %s: messages_key applies only to jsonl sources",
+                    name);
+            return PL_EINVAL;
+        }
+        t->messages_key = pl__strdup(opts->messages_key);
+        if (!t->messages_key) {
+            pl__fmt(err, errcap, "out of memory");
+            return PL_ENOMEM;
+        }
+        for (int k = 0; k < 3; k++) {
+            const char *tp = opts->chat_template[k];
+            const char *at = tp ? strstr(tp, "{content}") : NULL;
+            if (!at || strstr(at + 9, "{content}")) {
+                pl__fmt(err, errcap,
+                        "source %s: chat_template.%s must hold {content} once",
+                        name, k == 0 ? "system" : k == 1 ? "user" : "assistant");
+                return PL_EINVAL;
+            }
+            t->chat_pre[k] = pl__calloc((size_t)(at - tp) + 1, 1);
+            t->chat_suf[k] = pl__strdup(at + 9);
+            if (!t->chat_pre[k] || !t->chat_suf[k]) {
+                pl__fmt(err, errcap, "out of memory");
+                return PL_ENOMEM;
+            }
+            memcpy(t->chat_pre[k], tp, (size_t)(at - tp));
+        }
+        t->masked = 1;
+    }
     t->add_eos = v2 ? opts->add_eos != 0 : 0;
     t->eos_id = opts->eos_id >= 0 ? opts->eos_id : t->tok.eos_id;
     t->nthreads = v2 && opts->tokenizer_threads > 0 ? opts->tokenizer_threads : 1;
@@ -213,6 +289,10 @@ int pl__text_init(pl_source *src, const pl_source_options *opts, char *err,
     t->cache_bytes = v2 && opts->cache_bytes > 0 ? opts->cache_bytes
                                                  : (int64_t)256 << 20;
     t->write_index = opts->write_index;
+    if (opts->version >= 3 && opts->length_cache_key) {
+        t->lc_key = opts->length_cache_key;
+        t->lc_policy = opts->length_cache == 1 ? PL_INDEX_WRITE : opts->length_cache;
+    }
     t->nbuckets = 1024;
     t->buckets = pl__calloc(t->nbuckets, sizeof *t->buckets);
     if (!t->text_key || !t->buckets) {
@@ -501,6 +581,126 @@ static void pl__rec_write(const pl__sfile *f, const struct stat *st,
     if (!ok || rename(tmp, p) != 0) unlink(tmp);
 }
 
+/* ------------------------------------------------------------ length cache */
+
+static const pl__sfile *pl__tlocate(const pl_source *src, int64_t index,
+                                    int64_t *r);
+
+#define PL__LEN_MAGIC "PLLEN\0\0\0"
+#define PL__LEN_VERSION 1u
+#define PL__LEN_HEADER 56
+
+static void pl__len_header(uint8_t *h, const pl__sfile *f, uint64_t key,
+                           uint32_t body_crc) {
+    memset(h, 0, PL__LEN_HEADER);
+    memcpy(h, PL__LEN_MAGIC, 8);
+    pl__st_u32(h + 8, PL__LEN_VERSION);
+    pl__st_u32(h + 12, body_crc);
+    pl__st_u64(h + 16, f->st_size);
+    pl__st_u64(h + 24, f->st_mtime_ns);
+    pl__st_u64(h + 32, (uint64_t)f->n_docs);
+    pl__st_u64(h + 40, key);
+    pl__st_u32(h + 48, pl__crc32(0, h, 48));
+}
+
+/* Map f's <file>.pllen when it matches the file, its records and the key. */
+static void pl__len_load(pl__text *t, pl__sfile *f) {
+    if (!t->lc_key || t->lc_policy == PL_INDEX_MEMORY) return;
+    char p[4200];
+    pl__fmt(p, sizeof p, "%s.pllen", f->path);
+    void *map = NULL;
+    size_t len = 0;
+    struct stat st;
+    char e[64];
+    if (pl__map_file(p, &map, &len, &st, NULL, e, sizeof e)) return;
+    uint8_t want[PL__LEN_HEADER];
+    const size_t body = (size_t)f->n_docs * 8;
+    if (map && len == PL__LEN_HEADER + body)
+        pl__len_header(want, f, t->lc_key,
+                       pl__crc32(0, (const uint8_t *)map + PL__LEN_HEADER, body));
+    if (len != PL__LEN_HEADER + body || !map ||
+        memcmp(map, want, PL__LEN_HEADER) != 0) {
+        if (map) munmap(map, len);
+        return;
+    }
+    f->len_map = map;
+    f->len_map_len = len;
+    f->cached_len = (const int64_t *)((const uint8_t *)map + PL__LEN_HEADER);
+}
+
+/* Write the sidecars of every file with lengths not in them yet (no lock
+ * held; `known` is a copy of the learned lengths). */
+static void pl__len_write(pl_source *src, const int64_t *known) {
+    for (int64_t i = 0; i < src->n_files; i++) {
+        const pl__sfile *f = &src->files[i];
+        if (!f->n_docs) continue;
+        int news = 0;
+        for (int64_t r = 0; r < f->n_docs && !news; r++)
+            news = known[f->first_doc + r] >= 0 &&
+                   (!f->cached_len || f->cached_len[r] < 0);
+        if (!news) continue;
+        int64_t *v = malloc((size_t)f->n_docs * sizeof *v);
+        if (!v) return;
+        for (int64_t r = 0; r < f->n_docs; r++) {
+            int64_t k = known[f->first_doc + r];
+            v[r] = k >= 0 ? k : f->cached_len ? f->cached_len[r] : -1;
+            if (v[r] < 0) v[r] = -1;
+        }
+        char p[4200], tmp[4300];
+        pl__fmt(p, sizeof p, "%s.pllen", f->path);
+        pl__fmt(tmp, sizeof tmp, "%s.tmp.%ld.%p", p, (long)getpid(), (void *)v);
+        int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+        if (fd >= 0) {
+            uint8_t h[PL__LEN_HEADER];
+            pl__len_header(h, f, src->text->lc_key,
+                           pl__crc32(0, (const uint8_t *)v, (size_t)f->n_docs * 8));
+            int ok = write(fd, h, sizeof h) == (ssize_t)sizeof h;
+            size_t bytes = (size_t)f->n_docs * 8, done = 0;
+            while (ok && done < bytes) {
+                ssize_t k = write(fd, (const uint8_t *)v + done, bytes - done);
+                if (k <= 0) ok = 0;
+                else done += (size_t)k;
+            }
+            if (close(fd) != 0) ok = 0;
+            if (!ok || rename(tmp, p) != 0) unlink(tmp);
+        }
+        free(v);
+    }
+}
+
+/* With the lock held: a copy of what is known, when the sidecars are due
+ * (force: at free), else NULL. */
+static int64_t *pl__len_due(pl_source *src, int force) {
+    pl__text *t = src->text;
+    if (!t->learned || !t->lc_new || (!force && !t->lc_flush)) return NULL;
+    t->lc_flush = 0;
+    t->lc_new = 0;
+    int64_t *copy = malloc((size_t)src->n_docs * sizeof *copy);
+    if (copy) memcpy(copy, t->learned, (size_t)src->n_docs * sizeof *copy);
+    return copy;
+}
+
+/* With the lock held: remember document index's length (PL_INDEX_WRITE);
+ * len -2 for a bad record (settled, never cached). */
+static void pl__len_learn(pl_source *src, int64_t index, int64_t len) {
+    pl__text *t = src->text;
+    if (!t->learned || t->learned[index] != -1) return;
+    int64_t r;
+    const pl__sfile *f = pl__tlocate(src, index, &r);
+    if (f->cached_len && f->cached_len[r] >= 0) return;
+    t->learned[index] = len;
+    if (len >= 0) t->lc_new++;
+    if (++t->lc_known == src->n_docs) t->lc_flush = 1;
+}
+
+/* A cached length of document index, or -1. */
+static int64_t pl__len_cached(const pl_source *src, int64_t index) {
+    if (!src->text->lc_key) return -1;
+    int64_t r;
+    const pl__sfile *f = pl__tlocate(src, index, &r);
+    return f->cached_len ? f->cached_len[r] : -1;
+}
+
 int pl__text_open_file(pl_source *src, pl__sfile *f, int skip_damaged,
                        char *err, size_t errcap) {
     pl__text *t = src->text;
@@ -517,6 +717,9 @@ int pl__text_open_file(pl_source *src, pl__sfile *f, int skip_damaged,
     int rc = pl__map_file(f->path, &map, &len, &st, f->compression ? NULL : &fd,
                           err, errcap);
     if (rc) return rc;
+    f->st_size = (uint64_t)st.st_size;
+    f->st_mtime_ns = (uint64_t)st.st_mtim.tv_sec * 1000000000ull +
+                     (uint64_t)st.st_mtim.tv_nsec;
     pl__spanv v = {0};
     const uint8_t *data = map;
     size_t data_len = len;
@@ -550,6 +753,7 @@ int pl__text_open_file(pl_source *src, pl__sfile *f, int skip_damaged,
             rc = pl__spanv_push(&v, 0, len);
         } else if (t->write_index == 1 && pl__rec_load(f, &st) == 0) {
             if (map) munmap(map, len);
+            pl__len_load(t, f);
             return PL_OK;
         } else {
             size_t done;
@@ -573,6 +777,7 @@ int pl__text_open_file(pl_source *src, pl__sfile *f, int skip_damaged,
     t->spans_bytes += v.n * 16;
     if (!f->compression && src->type == PL_SOURCE_JSONL && t->write_index == 1)
         pl__rec_write(f, &st, v.a, v.n);
+    pl__len_load(t, f);
     return PL_OK;
 }
 
@@ -622,17 +827,119 @@ static int64_t pl__line_of(const pl_source *src, const pl__sfile *f,
     return line;
 }
 
-/* The text of local record r of f: *text malloc'd (or pointing into
- * f->text when *owned is 0), *len bytes, valid UTF-8.  PL_ERECORD etc. with
- * the file, the line and the byte offset. */
+/* Texts of a record, in order, with whether their tokens are trained on
+ * (instruction data) and whether the text is malloc'd. */
+typedef struct pl__segv {
+    char **text;
+    size_t *len;
+    unsigned char *owned, *train;
+    int64_t n, cap;
+} pl__segv;
+
+static int pl__seg_push(pl__segv *v, char *text, size_t len, int owned, int train) {
+    if (v->n == v->cap) {
+        int64_t nc = v->cap ? 2 * v->cap : 16;
+        char **a = pl__realloc_array(v->text, (size_t)nc, sizeof *a);
+        if (a) v->text = a;
+        size_t *l = a ? pl__realloc_array(v->len, (size_t)nc, sizeof *l) : NULL;
+        if (l) v->len = l;
+        unsigned char *o = l ? pl__realloc_array(v->owned, (size_t)nc, 1) : NULL;
+        if (o) v->owned = o;
+        unsigned char *tr = o ? pl__realloc_array(v->train, (size_t)nc, 1) : NULL;
+        if (!tr) {
+            if (owned) free(text);
+            return PL_ENOMEM;
+        }
+        v->train = tr;
+        v->cap = nc;
+    }
+    v->text[v->n] = text;
+    v->len[v->n] = len;
+    v->owned[v->n] = (unsigned char)owned;
+    v->train[v->n] = (unsigned char)train;
+    v->n++;
+    return PL_OK;
+}
+
+static void pl__seg_pop_to(pl__segv *v, int64_t n) {
+    while (v->n > n) {
+        v->n--;
+        if (v->owned[v->n]) free(v->text[v->n]);
+    }
+}
+
+/* A malloc'd copy of a JSON string's bytes as a segment. */
+static int pl__seg_json(pl__segv *v, const json_t *str, int train) {
+    size_t m = json_string_length(str);
+    char *d = malloc(m ? m : 1);
+    if (!d) return PL_ENOMEM;
+    memcpy(d, json_string_value(str), m);
+    return pl__seg_push(v, d, m, 1, train);
+}
+
+/* The segments of a chat `messages` list rendered with the source's
+ * template: per message the role's prefix and suffix around its content,
+ * trained on for assistant messages (content and suffix).  A message that
+ * is not {"role": system|user|assistant, "content": string} is refused in
+ * why. */
+static int pl__seg_messages(const pl__text *t, const json_t *list, pl__segv *v,
+                            char *why, size_t cap) {
+    static const char *const roles[3] = {"system", "user", "assistant"};
+    size_t n = json_array_size(list);
+    int trained = 0;
+    for (size_t i = 0; i < n; i++) {
+        const json_t *m = json_array_get(list, i);
+        const json_t *role = json_is_object(m) ? json_object_get(m, "role") : NULL;
+        const json_t *content = json_is_object(m) ? json_object_get(m, "content") : NULL;
+        int k = -1;
+        for (int j = 0; j < 3 && role && json_is_string(role); j++)
+            if (strcmp(json_string_value(role), roles[j]) == 0) k = j;
+        if (!json_is_object(m)) {
+            pl__fmt(why, cap, "key '%s': message %zu is not an object", t->messages_key, i);
+            return PL_ERECORD;
+        }
+        if (k < 0) {
+            pl__fmt(why, cap,
+                    "key '%s': message %zu: role %s%s%s is not system, user or assistant",
+                    t->messages_key, i, role && json_is_string(role) ? "'" : "",
+                    role && json_is_string(role) ? json_string_value(role) : "missing",
+                    role && json_is_string(role) ? "'" : "");
+            return PL_ERECORD;
+        }
+        if (!content || !json_is_string(content)) {
+            pl__fmt(why, cap, "key '%s': message %zu: 'content' is %s", t->messages_key,
+                    i, content ? "not a string" : "missing");
+            return PL_ERECORD;
+        }
+        const int tr = k == 2;
+        int rc = PL_OK;
+        if (t->chat_pre[k][0])
+            rc = pl__seg_push(v, t->chat_pre[k], strlen(t->chat_pre[k]), 0, 0);
+        if (rc == PL_OK && json_string_length(content)) rc = pl__seg_json(v, content, tr);
+        if (rc == PL_OK && t->chat_suf[k][0])
+            rc = pl__seg_push(v, t->chat_suf[k], strlen(t->chat_suf[k]), 0, tr);
+        if (rc) return rc;
+        trained |= tr && json_string_length(content) > 0;
+    }
+    if (!trained) {
+        pl__fmt(why, cap, "key '%s': no assistant message with content (nothing to "
+                          "train on)",
+                t->messages_key);
+        return PL_ERECORD;
+    }
+    return PL_OK;
+}
+
+/* The texts of local record r of f, appended to v: one (trained) for
+ * documents; prompt (not trained) and response for instruction data; the
+ * rendered messages of a chat record.  Valid UTF-8.  On error nothing is
+ * appended; PL_ERECORD etc. name the file, the line and the byte offset. */
 static int pl__record_text(pl_source *src, const pl__sfile *f, int64_t r,
-                           char **text, size_t *len, int *owned, char *err,
-                           size_t errcap) {
+                           pl__segv *v, char *err, size_t errcap) {
     pl__text *t = src->text;
     uint64_t s = f->spans[2 * r], e = f->spans[2 * r + 1];
-    *text = NULL;
-    *len = 0;
-    *owned = 0;
+    const int parts = t->prompt_key ? 2 : 1;
+    const int64_t n0 = v->n;
     const char *what = src->type == PL_SOURCE_JSONL ? "line" : "file";
     if (e < s || (!f->text && e > (uint64_t)INT64_MAX) ||
         (f->text && e > f->text_len)) {
@@ -653,7 +960,7 @@ static int pl__record_text(pl_source *src, const pl__sfile *f, int64_t r,
     }
     size_t n = (size_t)(e - s);
     char *raw;
-    int raw_owned = 0;
+    int raw_owned = 0, rc = PL_OK;
     if (f->text) {
         raw = f->text + s;
     } else {
@@ -664,7 +971,7 @@ static int pl__record_text(pl_source *src, const pl__sfile *f, int64_t r,
         }
         raw_owned = 1;
         int fd, fowned;
-        int rc = pl__source_data_fd(src, f, &fd, &fowned, err, errcap);
+        rc = pl__source_data_fd(src, f, &fd, &fowned, err, errcap);
         if (rc) {
             free(raw);
             return rc;
@@ -699,14 +1006,12 @@ static int pl__record_text(pl_source *src, const pl__sfile *f, int64_t r,
             if (raw_owned) free(raw);
             return PL_ERECORD;
         }
-        *text = raw;
-        *len = n;
-        *owned = raw_owned;
-        return PL_OK;
+        rc = pl__seg_push(v, raw, n, raw_owned, 1);
+        if (rc) pl__fmt(err, errcap, "%s: out of memory", f->path);
+        return rc;
     }
     json_error_t je;
     json_t *obj = json_loadb(raw, n, JSON_DECODE_ANY | JSON_ALLOW_NUL, &je);
-    int rc = PL_OK;
     char why[300];
     why[0] = '\0';
     if (!obj) {
@@ -718,29 +1023,34 @@ static int pl__record_text(pl_source *src, const pl__sfile *f, int64_t r,
                     je.column, je.text);
     } else if (!json_is_object(obj)) {
         pl__fmt(why, sizeof why, "expected a JSON object");
+    } else if (t->messages_key) {
+        json_t *list = json_object_get(obj, t->messages_key);
+        if (!list)
+            pl__fmt(why, sizeof why, "key '%s' is missing", t->messages_key);
+        else if (!json_is_array(list) || json_array_size(list) == 0)
+            pl__fmt(why, sizeof why, "key '%s' is not a non-empty list", t->messages_key);
+        else
+            rc = pl__seg_messages(t, list, v, why, sizeof why);
+        if (rc == PL_ERECORD) rc = PL_OK; /* reported through why */
     } else {
-        json_t *v = json_object_get(obj, t->text_key);
-        if (!v)
-            pl__fmt(why, sizeof why, "key '%s' is missing", t->text_key);
-        else if (!json_is_string(v))
-            pl__fmt(why, sizeof why, "key '%s' is not a string", t->text_key);
-        else if (json_string_length(v) == 0)
-            pl__fmt(why, sizeof why, "empty document (key '%s' is \"\")",
-                    t->text_key);
-        else {
-            size_t m = json_string_length(v);
-            char *d = malloc(m);
-            if (!d) rc = PL_ENOMEM;
-            else {
-                memcpy(d, json_string_value(v), m);
-                *text = d;
-                *len = m;
-                *owned = 1;
-            }
+        const char *keys[2] = {t->text_key, NULL};
+        if (parts == 2) keys[0] = t->prompt_key, keys[1] = t->response_key;
+        for (int k = 0; k < parts && !why[0] && rc == PL_OK; k++) {
+            json_t *jv = json_object_get(obj, keys[k]);
+            if (!jv)
+                pl__fmt(why, sizeof why, "key '%s' is missing", keys[k]);
+            else if (!json_is_string(jv))
+                pl__fmt(why, sizeof why, "key '%s' is not a string", keys[k]);
+            else if (json_string_length(jv) == 0 && !(parts == 2 && k == 0))
+                pl__fmt(why, sizeof why, "empty %s (key '%s' is \"\")",
+                        parts == 2 ? "response" : "document", keys[k]);
+            else if (json_string_length(jv) > 0 || parts == 1)
+                rc = pl__seg_json(v, jv, parts == 1 || k == 1);
         }
     }
     if (obj) json_decref(obj);
     if (raw_owned) free(raw);
+    if (rc == PL_ENOMEM || why[0]) pl__seg_pop_to(v, n0);
     if (rc == PL_ENOMEM) {
         pl__fmt(err, errcap, "%s: out of memory", f->path);
         return rc;
@@ -832,6 +1142,25 @@ static void pl__evict(pl__text *t) {
 
 static void pl__finish(pl__text *t, pl__tentry *e, int rc, const char *msg,
                        int32_t *ids, int64_t len) {
+    char m[PL__ERRMSG_CAP];
+    if (rc == PL_OK && t->lc_key) {
+        /* A cached length the tokenizer does not give would have planned
+           chunks that are not there (or left tokens out): refuse the
+           document, naming the sidecar. */
+        int64_t r;
+        const pl__sfile *f = pl__tlocate(t->src, e->index, &r);
+        if (f->cached_len && f->cached_len[r] >= 0 && f->cached_len[r] != len) {
+            pl__fmt(m, sizeof m,
+                    "%s.pllen: record %lld: the length cache says %lld tokens, the "
+                    "tokenizer gives %lld (a stale length cache: delete it)",
+                    f->path, (long long)r, (long long)f->cached_len[r], (long long)len);
+            free(ids);
+            ids = NULL;
+            len = 0;
+            rc = PL_EDOCIDX;
+            msg = m;
+        }
+    }
     e->rc = rc;
     e->ids = ids;
     e->len = len;
@@ -840,6 +1169,7 @@ static void pl__finish(pl__text *t, pl__tentry *e, int rc, const char *msg,
     e->cost += add;
     t->bytes += (int64_t)add;
     e->state = PL__T_READY;
+    pl__len_learn(t->src, e->index, rc == PL_OK ? len : -2);
     pthread_cond_broadcast(&t->done_cv);
     pl__evict(t);
 }
@@ -895,7 +1225,10 @@ static void pl__remote_lengths(pl_source *src, const int64_t *idx, int64_t n,
     free(lens);
 }
 
-/* Parse and tokenize documents idx[0..n) into res[0..n) (no lock held). */
+/* Parse and tokenize documents idx[0..n) into res[0..n) (no lock held):
+ * the texts of every document (pl__record_text) go to one encode_batch
+ * call, and a document's ids are its texts' ids joined.  Instruction data
+ * keeps the ids of texts not trained on as -1 - id (the marked form). */
 static void pl__tokenize(pl_source *src, const int64_t *idx, int64_t n,
                          pl__tres *res) {
     pl__text *t = src->text;
@@ -903,52 +1236,66 @@ static void pl__tokenize(pl_source *src, const int64_t *idx, int64_t n,
         pl__remote_lengths(src, idx, n, res);
         return;
     }
-    char **texts = pl__calloc((size_t)n, sizeof *texts);
-    size_t *lens = pl__calloc((size_t)n, sizeof *lens);
-    int *owned = pl__calloc((size_t)n, sizeof *owned);
+    pl__segv v = {0};
+    int64_t *first = pl__calloc((size_t)n + 1, sizeof *first); /* texts of doc i */
     int64_t *slot = pl__calloc((size_t)n, sizeof *slot);
-    int32_t **ids = pl__calloc((size_t)n, sizeof *ids);
-    int64_t *counts = pl__calloc((size_t)n, sizeof *counts);
-    if (!texts || !lens || !owned || !slot || !ids || !counts) {
+    int32_t **ids = NULL;
+    int64_t *counts = NULL;
+    int64_t m = 0; /* documents to encode, their texts packed at the front */
+    int oom = !first || !slot;
+    for (int64_t i = 0; i < n && !oom; i++) {
+        int64_t r;
+        const pl__sfile *f = pl__tlocate(src, idx[i], &r);
+        res[i].ids = NULL;
+        res[i].len = 0;
+        int64_t at = v.n;
+        res[i].rc = pl__record_text(src, f, r, &v, res[i].err, sizeof res[i].err);
+        if (res[i].rc == PL_OK) {
+            first[m] = at;
+            slot[m++] = i;
+        }
+    }
+    if (!oom) {
+        first[m] = v.n;
+        ids = pl__calloc((size_t)(v.n ? v.n : 1), sizeof *ids);
+        counts = pl__calloc((size_t)(v.n ? v.n : 1), sizeof *counts);
+        oom = !ids || !counts;
+    }
+    if (oom) {
         for (int64_t i = 0; i < n; i++) {
             res[i].rc = PL_ENOMEM;
+            res[i].ids = NULL;
+            res[i].len = 0;
             pl__fmt(res[i].err, sizeof res[i].err, "source %s: out of memory",
                     src->name);
         }
         goto out;
     }
-    int64_t m = 0; /* documents to encode, packed at the front */
-    for (int64_t i = 0; i < n; i++) {
-        int64_t r;
-        const pl__sfile *f = pl__tlocate(src, idx[i], &r);
-        res[i].ids = NULL;
-        res[i].len = 0;
-        res[i].rc = pl__record_text(src, f, r, &texts[m], &lens[m], &owned[m],
-                                    res[i].err, sizeof res[i].err);
-        if (res[i].rc == PL_OK) slot[m++] = i;
-    }
-    int rc = m ? t->tok.encode_batch(t->tok.ctx, m, (const char *const *)texts,
-                                     lens, ids, counts, res[slot[0]].err,
-                                     sizeof res[slot[0]].err)
-               : PL_OK;
+    int rc = v.n ? t->tok.encode_batch(t->tok.ctx, v.n, (const char *const *)v.text,
+                                       v.len, ids, counts, res[slot[0]].err,
+                                       sizeof res[slot[0]].err)
+                 : PL_OK;
     if (rc && m > 1) {
         /* Find which document the tokenizer refused: one at a time. */
         for (int64_t j = 0; j < m; j++) {
             pl__tres *q = &res[slot[j]];
-            q->rc = t->tok.encode_batch(t->tok.ctx, 1,
-                                        (const char *const *)&texts[j], &lens[j],
-                                        &ids[j], &counts[j], q->err, sizeof q->err);
-            if (q->rc) ids[j] = NULL, counts[j] = 0;
+            int64_t a = first[j], k = first[j + 1] - a;
+            q->rc = k ? t->tok.encode_batch(t->tok.ctx, k, (const char *const *)&v.text[a],
+                                            &v.len[a], &ids[a], &counts[a], q->err,
+                                            sizeof q->err)
+                      : PL_OK;
+            if (q->rc)
+                for (int64_t x = a; x < a + k; x++) ids[x] = NULL, counts[x] = 0;
         }
     } else if (rc) {
         res[slot[0]].rc = rc;
-        ids[0] = NULL;
-        counts[0] = 0;
+        for (int64_t x = 0; x < v.n; x++) ids[x] = NULL, counts[x] = 0;
     }
     for (int64_t j = 0; j < m; j++) {
         pl__tres *q = &res[slot[j]];
         int64_t r;
         const pl__sfile *f = pl__tlocate(src, idx[slot[j]], &r);
+        const int64_t a = first[j], b = first[j + 1];
         if (q->rc) {
             char tmp[PL__ERRMSG_CAP];
             pl__fmt(tmp, sizeof tmp, "%s: record %lld: tokenizer %s: %s", f->path,
@@ -956,28 +1303,42 @@ static void pl__tokenize(pl_source *src, const int64_t *idx, int64_t n,
             memcpy(q->err, tmp, sizeof tmp);
             continue;
         }
-        int64_t c = counts[j];
-        int32_t *v = ids[j];
-        for (int64_t k = 0; k < c; k++) {
-            if (v[k] < 0 || (t->tok.vocab_size > 0 && v[k] >= t->tok.vocab_size)) {
-                q->rc = PL_ERECORD;
-                pl__fmt(q->err, sizeof q->err,
-                        "%s: record %lld: tokenizer %s gave id %d outside its "
-                        "vocabulary of %lld",
-                        f->path, (long long)r, t->tok.name ? t->tok.name : "",
-                        (int)v[k], (long long)t->tok.vocab_size);
-                break;
-            }
+        int64_t c = 0, trained = 0;
+        for (int64_t x = a; x < b; x++) c += counts[x];
+        int32_t *w = malloc((size_t)(c + 1) * sizeof *w);
+        if (!w) {
+            q->rc = PL_ENOMEM;
+            pl__fmt(q->err, sizeof q->err, "out of memory");
+            continue;
         }
-        if (!q->rc && t->add_eos) {
-            int32_t *nv = realloc(v, (size_t)(c + 1) * sizeof *nv);
-            if (!nv) {
-                q->rc = PL_ENOMEM;
-                pl__fmt(q->err, sizeof q->err, "out of memory");
-            } else {
-                v = nv;
-                v[c++] = (int32_t)t->eos_id;
+        c = 0;
+        int last_train = 1;
+        for (int64_t x = a; x < b; x++) {
+            for (int64_t k = 0; k < counts[x] && !q->rc; k++) {
+                int32_t id = ids[x][k];
+                if (id < 0 || (t->tok.vocab_size > 0 && id >= t->tok.vocab_size)) {
+                    q->rc = PL_ERECORD;
+                    pl__fmt(q->err, sizeof q->err,
+                            "%s: record %lld: tokenizer %s gave id %d outside its "
+                            "vocabulary of %lld",
+                            f->path, (long long)r, t->tok.name ? t->tok.name : "",
+                            (int)id, (long long)t->tok.vocab_size);
+                }
+                w[c++] = v.train[x] || !t->masked ? id : -1 - id;
             }
+            if (counts[x]) last_train = v.train[x];
+            if (v.train[x]) trained += counts[x];
+        }
+        if (!q->rc && t->add_eos) /* the eos is trained where the text before it is */
+            w[c++] = last_train || !t->masked ? (int32_t)t->eos_id : -1 - (int32_t)t->eos_id;
+        if (!q->rc && t->masked && trained == 0) {
+            q->rc = PL_ERECORD;
+            pl__fmt(q->err, sizeof q->err,
+                    "%s: line %lld (byte offset %llu): the tokenizer gives no "
+                    "tokens to train on (the %s is empty once tokenized)",
+                    f->path, (long long)pl__line_of(src, f, f->spans[2 * r]),
+                    (unsigned long long)f->spans[2 * r],
+                    t->prompt_key ? "response" : "assistant content");
         }
         if (!q->rc && c == 0) {
             q->rc = PL_ERECORD;
@@ -989,19 +1350,21 @@ static void pl__tokenize(pl_source *src, const int64_t *idx, int64_t n,
                     (unsigned long long)f->spans[2 * r]);
         }
         if (q->rc) {
-            free(v);
+            free(w);
             continue;
         }
-        q->ids = v;
+        q->ids = w;
         q->len = c;
     }
     atomic_fetch_add(&t->tokenized, (long long)n);
 out:
-    for (int64_t j = 0; texts && owned && j < n; j++)
-        if (owned[j]) free(texts[j]);
-    free(texts);
-    free(lens);
-    free(owned);
+    for (int64_t x = 0; ids && x < v.n; x++) free(ids[x]);
+    pl__seg_pop_to(&v, 0);
+    free(v.text);
+    free(v.len);
+    free(v.owned);
+    free(v.train);
+    free(first);
     free(slot);
     free(ids);
     free(counts);
@@ -1039,6 +1402,13 @@ static void *pl__worker(void *arg) {
         pthread_mutex_lock(&t->mu);
         for (int64_t i = 0; i < n; i++)
             pl__finish(t, batch[i], res[i].rc, res[i].err, res[i].ids, res[i].len);
+        int64_t *due = pl__len_due(src, 0);
+        if (due) {
+            pthread_mutex_unlock(&t->mu);
+            pl__len_write(src, due);
+            free(due);
+            pthread_mutex_lock(&t->mu);
+        }
     }
     pthread_mutex_unlock(&t->mu);
     free(res);
@@ -1047,6 +1417,20 @@ static void *pl__worker(void *arg) {
 
 int pl__text_start(pl_source *src, char *err, size_t errcap) {
     pl__text *t = src->text;
+    if (t->lc_key && t->lc_policy == PL_INDEX_WRITE && src->n_docs > 0) {
+        t->learned = malloc((size_t)src->n_docs * sizeof *t->learned);
+        if (!t->learned) {
+            pl__fmt(err, errcap, "out of memory");
+            return PL_ENOMEM;
+        }
+        for (int64_t i = 0; i < src->n_files; i++) {
+            const pl__sfile *f = &src->files[i];
+            for (int64_t r = 0; r < f->n_docs; r++) {
+                t->learned[f->first_doc + r] = -1;
+                t->lc_known += f->cached_len && f->cached_len[r] >= 0;
+            }
+        }
+    }
     t->threads = pl__calloc((size_t)t->nthreads, sizeof *t->threads);
     if (!t->threads) {
         pl__fmt(err, errcap, "out of memory");
@@ -1072,10 +1456,18 @@ void pl__text_free(pl_source *src) {
     pthread_mutex_unlock(&t->mu);
     for (int i = 0; i < t->started; i++) pthread_join(t->threads[i], NULL);
     free(t->threads);
+    int64_t *due = pl__len_due(src, 1);
+    if (due) pl__len_write(src, due);
+    free(due);
+    free(t->learned);
     while (t->oldest) pl__remove(t, t->oldest);
     free(t->buckets);
     if (t->have_tok && t->tok.destroy) t->tok.destroy(t->tok.ctx);
     free(t->text_key);
+    free(t->prompt_key);
+    free(t->response_key);
+    free(t->messages_key);
+    for (int k = 0; k < 3; k++) free(t->chat_pre[k]), free(t->chat_suf[k]);
     pthread_mutex_destroy(&t->mu);
     pthread_cond_destroy(&t->work_cv);
     pthread_cond_destroy(&t->done_cv);
@@ -1089,6 +1481,7 @@ size_t pl__text_sizeof(const pl_source *src) {
     size_t n = sizeof *t + t->spans_bytes + t->nbuckets * sizeof(void *);
     pthread_mutex_lock(&((pl__text *)t)->mu);
     n += (size_t)t->bytes;
+    if (t->learned) n += (size_t)src->n_docs * sizeof *t->learned;
     pthread_mutex_unlock(&((pl__text *)t)->mu);
     for (int64_t i = 0; i < src->n_files; i++) n += src->files[i].text_len;
     return n;
@@ -1128,6 +1521,10 @@ static pl__tentry *pl__acquire(pl_source *src, int64_t index) {
 int pl__text_length(pl_source *src, const pl__sfile *f, int64_t r,
                     int64_t *length, char *err, size_t errcap) {
     pl__text *t = src->text;
+    if (f->cached_len && f->cached_len[r] >= 0) {
+        *length = f->cached_len[r];
+        return PL_OK;
+    }
     pthread_mutex_lock(&t->mu);
     pl__tentry *e = pl__acquire(src, f->first_doc + r);
     int rc;
@@ -1145,8 +1542,8 @@ int pl__text_length(pl_source *src, const pl__sfile *f, int64_t r,
 }
 
 int pl__text_read(pl_source *src, int64_t index, int64_t offset,
-                  int64_t count, void *out, pl_dtype out_dtype, char *err,
-                  size_t errcap) {
+                  int64_t count, void *out, pl_dtype out_dtype, int marked,
+                  char *err, size_t errcap) {
     pl__text *t = src->text;
     if (index < 0 || index >= src->n_docs) {
         pl__fmt(err, errcap, "source %s: document index %lld out of range [0, %lld)",
@@ -1181,6 +1578,17 @@ int pl__text_read(pl_source *src, int64_t index, int64_t offset,
         rc = PL_ERANGE;
     } else {
         pl__tokens_convert(e->ids + offset, PL_DTYPE_INT32, out, out_dtype, count);
+        /* Instruction data keeps the marked form (untrained tokens as
+           -1 - id); plain reads give the ids. */
+        for (int64_t k = 0; t->masked && !marked && k < count; k++) {
+            if (out_dtype == PL_DTYPE_INT64) {
+                int64_t *o = out;
+                if (o[k] < 0) o[k] = -1 - o[k];
+            } else {
+                int32_t *o = out;
+                if (o[k] < 0) o[k] = -1 - o[k];
+            }
+        }
         /* Read up to its last token: the document has been used. */
         if (offset + count == e->len && count > 0 && !e->waiters && !e->inq)
             pl__remove(t, e);
@@ -1195,13 +1603,19 @@ int pl__source_is_lazy(const pl_source *src) {
     return src && src->text && src->text->started;
 }
 
-void pl__source_lookahead(pl_source *src, const pl__perm *perm, int64_t epoch,
-                          int64_t pos) {
+void pl__source_lookahead(pl_source *src, const pl__perm *perm, int64_t lo,
+                          int64_t n, int64_t epoch, int64_t pos) {
     pl__text *t = src->text;
     if (!t || !t->started) return;
     pthread_mutex_lock(&t->mu);
-    if (!t->la_valid || t->la_epoch != epoch || pos < t->la_last) {
-        t->la_perm = *perm;
+    if (!t->la_valid || t->la_epoch != epoch || pos < t->la_last ||
+        t->la_lo != lo || t->la_ordered != (perm == NULL)) {
+        t->la_ordered = perm == NULL;
+        if (perm) t->la_perm = *perm;
+        t->la_lo = lo;
+        t->la_n = perm ? (int64_t)perm->n : n;
+        if (t->la_lo < 0 || t->la_lo > src->n_docs) t->la_lo = 0, t->la_n = 0;
+        if (t->la_n > src->n_docs - t->la_lo) t->la_n = src->n_docs - t->la_lo;
         t->la_epoch = epoch;
         t->la_next = pos;
         t->la_valid = 1;
@@ -1215,10 +1629,13 @@ void pl__source_lookahead(pl_source *src, const pl__perm *perm, int64_t epoch,
     if (window > t->lookahead) window = t->lookahead;
     if (t->la_next - pos <= window / 2) {
         int64_t end = pos + window;
-        if (end > src->n_docs) end = src->n_docs;
+        if (end > t->la_n) end = t->la_n;
         int queued = 0;
         for (; t->la_next < end; t->la_next++) {
-            int64_t idx = (int64_t)pl__perm_apply(&t->la_perm, (uint64_t)t->la_next);
+            int64_t idx = t->la_lo + (t->la_ordered ? t->la_next
+                                                    : (int64_t)pl__perm_apply(
+                                                          &t->la_perm,
+                                                          (uint64_t)t->la_next));
             if (pl__find(t, idx)) continue;
             pl__tentry *e = pl__insert(t, idx, PL__T_QUEUED);
             if (!e) break;
@@ -1276,6 +1693,7 @@ int pl_source_lengths(pl_source *src, const int64_t *index, int64_t n,
     int rc = PL_OK;
     pthread_mutex_lock(&t->mu);
     for (int64_t i = 0; i < n; i++) {
+        if (pl__len_cached(src, index[i]) >= 0) continue;
         pl__tentry *e = pl__find(t, index[i]);
         if (!e) {
             e = pl__insert(t, index[i], PL__T_RUNNING);
@@ -1305,6 +1723,11 @@ int pl_source_lengths(pl_source *src, const int64_t *index, int64_t n,
     }
     pthread_mutex_lock(&t->mu);
     for (int64_t i = 0; i < n && rc == PL_OK; i++) {
+        int64_t cl = pl__len_cached(src, index[i]);
+        if (cl >= 0) {
+            lengths[i] = cl;
+            continue;
+        }
         pl__tentry *e = pl__find(t, index[i]);
         if (!e) { /* dropped already (the cache is small): once more */
             e = pl__acquire(src, index[i]);

@@ -272,6 +272,16 @@ typedef struct pl_source_options {
                                    tokenizer is then not used */
     void *lengths_ctx;
     int64_t lengths_source;     /* passed to lengths_fn as `source` */
+    /* Version 3: instruction data (jsonl; see "instruction data" below). */
+    const char *prompt_key;     /* both non-NULL: each record is a prompt and */
+    const char *response_key;   /* a response (text_key is then not used) */
+    const char *messages_key;   /* non-NULL (and no prompt_key): a chat list */
+    const char *chat_template[3]; /* system, user, assistant: each holds
+                                     "{content}" once (messages_key) */
+    /* jsonl/text: the length cache (see "length cache" below). */
+    uint64_t length_cache_key;  /* fingerprint of what decides the lengths;
+                                   0: no length cache */
+    int length_cache;           /* a PL_INDEX_* policy for <file>.pllen */
 } pl_source_options;
 
 /*
@@ -295,7 +305,7 @@ enum {
     PL_INDEX_READ = 2,
     PL_INDEX_MEMORY = -1
 };
-#define PL_SOURCE_OPTIONS_VERSION 2
+#define PL_SOURCE_OPTIONS_VERSION 3
 
 /*
  * Open a source.  On success returns PL_OK.  On error returns PL_ENOENT (no
@@ -308,7 +318,10 @@ PL_API int pl_source_open(const pl_source_options *opts, pl_source **out);
 PL_API void pl_source_free(pl_source *src);
 
 /* The last error message of this handle; "" when none. Valid until the next
- * call on the handle. */
+ * call on the handle.  Where several threads use one handle, another thread's
+ * failure may rewrite it while it is read: a thread reads its own message
+ * with pl_last_errmsg() (lengths_fn callbacks, which run on the source's
+ * threads, among them). */
 PL_API const char *pl_source_errmsg(const pl_source *src);
 PL_API const char *pl_source_name(const pl_source *src);
 PL_API pl_source_type pl_source_get_type(const pl_source *src);
@@ -465,6 +478,58 @@ PL_API int pl_image_smart_resize(int64_t h, int64_t w, int64_t factor,
  * at open naming the file and the compressed byte offset; with on_error:
  * skip (sources opened through a config) the complete records before the
  * damage are kept and the partial one is counted by pl_source_num_skipped.
+ *
+ * Instruction data (SFT): a jsonl source with prompt_key and response_key
+ * (config keys of the same names) reads two strings from each record.  They
+ * are tokenized separately (as NeMo's GPTSFTDataset does: no BPE merge
+ * crosses the boundary) and the document is prompt ids, response ids, then
+ * eos_id when add_eos is set.  The batch gives loss only on the response:
+ * labels[t] is -100 and loss_mask[t] 0 where the token at t + 1 (the label)
+ * is a prompt token, so the last prompt position predicts the first response
+ * token, and the response's eos is predicted as well.  The prompt may be ""
+ * (an empty string), the response may not; a missing or non-string key is
+ * PL_ERECORD naming the key, the file, the line and its byte offset.  The
+ * document packs, splits and truncates like any other.
+ * Chat data: with messages_key instead, the record's list of
+ * {"role": "system" | "user" | "assistant", "content": string} messages is
+ * rendered with chat_template (one string per role, "{content}" marking
+ * where the content goes, e.g. ChatML's "<|im_start|>user\n{content}<|im_end|>\n"):
+ * each template piece and each content is tokenized on its own, and the
+ * tokens trained on are an assistant message's content and the template
+ * text after it (its end-of-turn marker), as TRL's assistant_only_loss
+ * does; the eos is trained when the last message is an assistant's.  A
+ * record with no assistant content, a message of another role or without
+ * string content is PL_ERECORD naming the message.
+ * pl_source_read gives the plain ids; pl_source_read_many and
+ * pl_source_read_raw, the forms that travel to a data constructor, give a
+ * token not trained on as -1 - id (negative), which pl_constructor_build
+ * and packages turn back into the id and the mask; no id of a tokenizer is
+ * negative, so the form is unambiguous.
+ *
+ * Length cache: with length_cache_key non-zero, the tokenized lengths of a
+ * plain or compressed jsonl/text file are kept in a sidecar
+ * "<file>.pllen" (a 56-byte header: magic "PLLEN\0\0\0", u32 version 1,
+ * u32 CRC-32 of the lengths, u64 size and mtime (ns) of the data file,
+ * u64 record count, u64 key, u32 CRC-32 of the first 48 bytes; then one
+ * int64 per record, -1 where the length is not known).  A sidecar whose
+ * header does not match the file, its record count, the key or its lengths
+ * is ignored.  A document whose tokens turn out to differ in number from its
+ * cached length is PL_EDOCIDX at its read, naming the sidecar (never a
+ * silently shortened document).
+ * Opening maps a matching one; the planner's length queries
+ * (pl_source_document_length, pl_source_lengths, the lookahead's waits) are
+ * then answered from it without tokenizing, and the lookahead still
+ * tokenizes ahead for the reads.  Lengths learned by tokenizing are written
+ * (a temporary file renamed into place, merged with what the sidecar held)
+ * when every document of the source is known and at pl_source_free, under
+ * length_cache = PL_INDEX_WRITE; PL_INDEX_READ only maps; PL_INDEX_MEMORY
+ * neither.  A read-only directory keeps them in memory.  Bad records are
+ * never cached (their message needs the record).  The key must change with
+ * anything that changes a length: through a config it hashes the tokenizer
+ * type, the bytes of its file, add_eos, eos_id, text_key / prompt_key /
+ * response_key (config key `index` of the source, else `sidecar_index`, is
+ * the policy).  The cache is a shortcut only: lengths are the tokenizer's
+ * either way.
  */
 
 /*

@@ -7,8 +7,12 @@
  * number of tokenizer threads or the lookahead.
  */
 #include "internal.h"
+#include "source_internal.h"
 #include "testutil.h"
 
+#include <pthread.h>
+#include <stdatomic.h>
+#include <fcntl.h>
 #include <sys/stat.h>
 #include <zlib.h>
 #include <zstd.h>
@@ -465,7 +469,10 @@ static int remote_lengths(void *ctx, int64_t source, int64_t n, const int64_t *i
         if (lengths[i] < 0) {
             int64_t len;
             pl_source_document_length(real, index[i], &len);
-            messages[i] = strdup(pl_source_errmsg(real));
+            /* This runs on the remote source's tokenizer threads, several at
+               once: the calling thread's message, not the handle's (which
+               another thread may be writing). */
+            messages[i] = strdup(pl_last_errmsg());
         }
     return rc;
 }
@@ -500,8 +507,8 @@ static void test_lengths_only(void) {
     snprintf(q, sizeof q, "%s/mixed.jsonl", dir); /* written by test_plans */
     snprintf(yaml, sizeof yaml,
              "seed: 3\nseq_length: 64\nglobal_batch_size: 4\nmicro_batch_size: 1\n"
-             "on_error: skip\nsources:\n  - {name: web, type: jsonl, path: '%s', "
-             "lookahead: 16, tokenizer: {type: bytes, threads: 2}}\n", q);
+             "on_error: skip\nsidecar_index: memory\nsources:\n  - {name: web, type: jsonl, "
+             "path: '%s', lookahead: 16, tokenizer: {type: bytes, threads: 2}}\n", q);
     pl_config *cfg;
     CHECK_OK(pl_config_parse_string(yaml, strlen(yaml), "t", &cfg));
     pl_source *real, *local, *remote;
@@ -538,6 +545,638 @@ static void test_lengths_only(void) {
     pl_config_free(cfg);
 }
 
+/* A tokenizer that counts how often each document of the corpus is
+ * tokenized (the text starts "doc N:"), then encodes as the byte tokenizer. */
+static atomic_int tok_count[NDOC];
+
+static int counting_encode(void *ctx, int64_t n, const char *const *texts,
+                           const size_t *lens, int32_t **ids, int64_t *counts,
+                           char *err, size_t errcap) {
+    pl_tokenizer *bytes = ctx;
+    for (int64_t i = 0; i < n; i++) {
+        int d = -1;
+        if (lens[i] > 4 && memcmp(texts[i], "doc ", 4) == 0) d = atoi(texts[i] + 4);
+        if (d >= 0 && d < NDOC) atomic_fetch_add(&tok_count[d], 1);
+    }
+    return bytes->encode_batch(bytes->ctx, n, texts, lens, ids, counts, err, errcap);
+}
+
+static int counting_factory(void *ctx, const char *type, const char *path,
+                            pl_tokenizer *out, char *err, size_t errcap) {
+    (void)type;
+    (void)path;
+    (void)err;
+    (void)errcap;
+    pl_tokenizer_bytes(out);
+    out->ctx = ctx;
+    out->encode_batch = counting_encode;
+    out->name = "counting";
+    return PL_OK;
+}
+
+/* Runs `steps` plans of `cfg` (all when 0) through the planner, reading
+ * every chunk; the counts of tokenizations per document are in tok_count.
+ * Returns the planner's last status (PL_OK, or PL_DONE at a pass's end). */
+static int run_pass(pl_config *cfg, int64_t steps) {
+    static pl_tokenizer bytes;
+    pl_tokenizer_bytes(&bytes);
+    pl_config_set_tokenizer_factory(cfg, counting_factory, &bytes);
+    for (int i = 0; i < NDOC; i++) atomic_store(&tok_count[i], 0);
+    pl_source *src;
+    pl_planner *pl = NULL;
+    int rc = pl_config_open_source(cfg, 0, &src);
+    if (rc == PL_OK) rc = pl_planner_create(cfg, &src, 1, &pl);
+    for (int64_t s = 0; (!steps || s < steps) && rc == PL_OK; s++) {
+        pl_plan *plan;
+        rc = pl_planner_next(pl, &plan);
+        if (rc) break;
+        for (int64_t c = 0; c < plan->n_chunks; c++) {
+            const pl_chunk *ch = &plan->chunks[c];
+            int64_t tok[256];
+            if (pl_source_read(src, ch->index, ch->offset, ch->length, tok,
+                               PL_DTYPE_INT64))
+                rc = PL_EIO;
+        }
+        pl_plan_free(plan);
+    }
+    if (rc != PL_OK && rc != PL_DONE)
+        fprintf(stderr, "pass: rc %d: %s\n", rc, pl_planner_errmsg(pl));
+    pl_planner_free(pl);
+    pl_source_free(src); /* joins the tokenizer threads */
+    return rc;
+}
+
+/* A split source (train [0, 150), valid [150, 300) of the 300 documents):
+ * the lookahead tokenizes the documents of the split in the order the
+ * planner draws them (index order in an evaluation pass), so every document
+ * is tokenized once, and none outside the split. */
+static void test_split_lookahead(void) {
+    char p[512], yaml[1024];
+    snprintf(p, sizeof p, "%s/plain.jsonl", dir);
+    snprintf(yaml, sizeof yaml,
+             "seed: 9\nseq_length: 256\nglobal_batch_size: 4\nmicro_batch_size: 1\n"
+             "split: 50,50,0\nsources:\n  - {name: web, type: jsonl, path: '%s', "
+             "lookahead: 32, tokenizer: {type: hf, path: counting, threads: 2}}\n", p);
+    pl_config *cfg, *valid;
+    CHECK_OK(pl_config_parse_string(yaml, strlen(yaml), "t", &cfg));
+    CHECK_OK(pl_config_split(cfg, PL_SPLIT_VALID, &valid));
+    CHECK_EQ_I64(run_pass(valid, 0), PL_DONE);
+    int bad = 0;
+    for (int i = 0; i < NDOC; i++)
+        if (atomic_load(&tok_count[i]) != (i >= NDOC / 2)) {
+            if (!bad) fprintf(stderr, "valid: document %d tokenized %d times\n", i,
+                              atomic_load(&tok_count[i]));
+            bad = 1;
+        }
+    CHECK(!bad);
+    /* Training: 8 steps draw fewer than the train split's 150 documents;
+       those and the lookahead's are tokenized once, all in the split. */
+    CHECK_OK(run_pass(cfg, 8));
+    int seen = 0;
+    bad = 0;
+    for (int i = 0; i < NDOC; i++) {
+        int c = atomic_load(&tok_count[i]);
+        seen += c;
+        if (c > 1 || (c && i >= NDOC / 2)) bad = 1;
+    }
+    CHECK(!bad);
+    CHECK(seen > 32 && seen < NDOC / 2);
+    pl_config_free(valid);
+    pl_config_free(cfg);
+}
+
+/* Threads asking for lengths (singly and in batches) and reading tokens at
+ * once, while the lookahead runs: every answer is the document's bytes, and
+ * each document is tokenized exactly once (nothing is dropped: the cache is
+ * large and documents are read by one thread each, after every length). */
+typedef struct conc_arg {
+    pl_source *src;
+    int id;
+    int bad;
+    pthread_barrier_t *bar;
+} conc_arg;
+
+static void *conc_thread(void *arg) {
+    conc_arg *a = arg;
+    char t[512];
+    int64_t idx[NDOC], lens[NDOC], tok[600];
+    /* Lengths: thread k walks the documents from its own start, alternately
+       one at a time and in batches of 37 (pl_source_lengths). */
+    for (int i = 0; i < NDOC; i++) idx[i] = (i * 7 + a->id * 61) % NDOC;
+    for (int i = 0; i < NDOC;) {
+        int k = (i / 37) % 2 ? 37 : 1;
+        if (k > NDOC - i) k = NDOC - i;
+        if (k == 1) {
+            if (pl_source_document_length(a->src, idx[i], &lens[i])) a->bad = 1;
+        } else if (pl_source_lengths(a->src, idx + i, k, lens + i)) {
+            a->bad = 1;
+        }
+        i += k;
+    }
+    for (int i = 0; i < NDOC; i++) {
+        doc_text((int)idx[i], t, sizeof t);
+        if (lens[i] != (int64_t)strlen(t) + 1) a->bad = 1;
+    }
+    pthread_barrier_wait(a->bar);
+    /* Reads: thread k reads the documents i with i % 4 == k, in two pieces. */
+    for (int i = a->id; i < NDOC; i += 4) {
+        doc_text(i, t, sizeof t);
+        int64_t n = (int64_t)strlen(t) + 1, h = n / 2;
+        if (pl_source_read(a->src, i, 0, h, tok, PL_DTYPE_INT64) ||
+            pl_source_read(a->src, i, h, n - h, tok + h, PL_DTYPE_INT64))
+            a->bad = 1;
+        for (int64_t j = 0; j + 1 < n; j++)
+            if (tok[j] != (uint8_t)t[j]) a->bad = 1;
+        if (tok[n - 1] != 256) a->bad = 1;
+    }
+    return NULL;
+}
+
+static void test_concurrent(void) {
+    char p[512];
+    snprintf(p, sizeof p, "%s/plain.jsonl", dir);
+    for (int round = 0; round < 3; round++) {
+        pl_source *src;
+        CHECK_OK(open_text(p, PL_SOURCE_JSONL, 0, 3, 0, &src));
+        pl__perm perm;
+        pl__perm_init(&perm, NDOC, 11, "t", 0);
+        /* The lookahead over the first half of the order (a planner's
+           window), racing the threads below. */
+        for (int64_t pos = 0; pos < NDOC / 2; pos += 8)
+            pl__source_lookahead(src, &perm, 0, NDOC, 0, pos);
+        pthread_barrier_t bar;
+        pthread_barrier_init(&bar, NULL, 4);
+        conc_arg a[4];
+        pthread_t th[4];
+        for (int k = 0; k < 4; k++) {
+            a[k] = (conc_arg){src, k, 0, &bar};
+            pthread_create(&th[k], NULL, conc_thread, &a[k]);
+        }
+        int bad = 0;
+        for (int k = 0; k < 4; k++) {
+            pthread_join(th[k], NULL);
+            bad |= a[k].bad;
+        }
+        pthread_barrier_destroy(&bar);
+        CHECK(!bad);
+        CHECK_EQ_I64(pl_source_num_tokenized(src), NDOC);
+        pl_source_free(src);
+    }
+}
+
+/* Instruction data: prompt '?' + lowercase + ':', response uppercase + '!'
+ * (byte tokens, eos 256), so every token tells which part it is from. */
+static int sft_is_response(int64_t id) {
+    return id == 256 || id == '!' || (id >= 'A' && id <= 'Z');
+}
+
+static void test_instruction(void) {
+    char p[512], yaml[1024];
+    snprintf(p, sizeof p, "%s/sft.jsonl", dir);
+    FILE *f = fopen(p, "w");
+    for (int i = 0; i < 40; i++) {
+        char q[200], a[64];
+        int nq = i == 7 ? 150 : 1 + (i * 5) % 17, na = 1 + (i * 3) % 11;
+        int k = 0;
+        if (i != 11) q[k++] = '?';
+        for (int j = 0; j < nq - 1 && i != 11; j++) q[k++] = (char)('a' + (i + j) % 26);
+        if (i != 11) q[k++] = ':';
+        q[k] = '\0'; /* record 11: an empty prompt */
+        for (k = 0; k < na; k++) a[k] = (char)('A' + (i + k) % 26);
+        a[k++] = '!';
+        a[k] = '\0';
+        fprintf(f, "{\"prompt\": \"%s\", \"response\": \"%s\", \"id\": %d}\n", q, a, i);
+    }
+    fclose(f);
+    /* The source alone: lengths are prompt + response + eos; pl_source_read
+       gives plain ids, pl_source_read_many the marked form. */
+    {
+        pl_tokenizer tok;
+        pl_tokenizer_bytes(&tok);
+        pl_source_options o;
+        memset(&o, 0, sizeof o);
+        o.version = PL_SOURCE_OPTIONS_VERSION;
+        o.type = PL_SOURCE_JSONL;
+        o.path = p;
+        o.eos_id = -1;
+        o.tokenizer = &tok;
+        o.add_eos = 1;
+        o.prompt_key = "prompt";
+        o.response_key = "response";
+        pl_source *src;
+        CHECK_OK(pl_source_open(&o, &src));
+        int64_t len = 0, plain[64], marked[64];
+        CHECK_OK(pl_source_document_length(src, 1, &len));
+        /* record 1: prompt 7 bytes ("?bcdef:"), response 5 ("BCDE!"), eos */
+        CHECK_EQ_I64(len, 7 + 5 + 1);
+        CHECK_OK(pl_source_read(src, 1, 0, len, plain, PL_DTYPE_INT64));
+        pl_read rd = {0, 0, 1, 0, len};
+        CHECK_OK(pl_source_read_many(src, &rd, 1, marked));
+        int ok = plain[0] == '?' && plain[6] == ':' && plain[7] == 'B' &&
+                 plain[len - 1] == 256;
+        for (int64_t k = 0; k < len; k++)
+            if (marked[k] != (k < 7 ? -1 - plain[k] : plain[k])) ok = 0;
+        CHECK(ok);
+        pl_source_free(src);
+    }
+    snprintf(yaml, sizeof yaml,
+             "seed: 4\nseq_length: 64\nglobal_batch_size: 2\nmicro_batch_size: 1\n"
+             "topology: {dp: 2}\nsources:\n  - {name: sft, type: jsonl, path: '%s', "
+             "prompt_key: prompt, response_key: response,\n"
+             "     tokenizer: {type: bytes, add_eos: true, threads: 2}}\n", p);
+    pl_config *cfg;
+    CHECK_OK(pl_config_parse_string(yaml, strlen(yaml), "t", &cfg));
+    pl_loader_options lo = {PL_LOADER_OPTIONS_VERSION, NULL, 0, 2, 2};
+    pl_loader *l = NULL;
+    int rc = pl_loader_create(cfg, &lo, &l);
+    if (rc) fprintf(stderr, "loader: %s\n", pl_loader_errmsg(l));
+    CHECK_OK(rc);
+    int bad = 0;
+    int64_t trained = 0, prompts = 0;
+    for (int step = 0; step < 30 && !rc && !bad; step++)
+        for (int64_t r = 0; r < 2 && !bad; r++) {
+            const pl_batch *b = NULL;
+            rc = pl_loader_next(l, r, &b);
+            if (rc) {
+                fprintf(stderr, "next: %s\n", pl_loader_errmsg(l));
+                break;
+            }
+            const int64_t *ids = b->input_ids, *lab = b->labels;
+            for (int64_t k = 0; k + 1 < b->n_cu_seqlens; k++) {
+                if (b->segment_sources[k] < 0) continue; /* padding */
+                int64_t s0 = b->cu_seqlens[k], s1 = b->cu_seqlens[k + 1];
+                for (int64_t t = s0; t < s1; t++) {
+                    int64_t id = ids[t];
+                    float m = b->loss_mask[t];
+                    if (id < 0 || id > 256) bad = 1;
+                    if (!sft_is_response(id)) prompts++;
+                    if (t + 1 < s1) {
+                        int want = sft_is_response(ids[t + 1]);
+                        if (m != (float)want || lab[t] != (want ? ids[t + 1] : -100))
+                            bad = 1;
+                    } else if (id == 256) {
+                        if (m != 0.0f || lab[t] != -100) bad = 1;
+                    } else if ((m != 0.0f) != (lab[t] != -100) ||
+                               (lab[t] != -100 && !sft_is_response(lab[t]))) {
+                        bad = 1; /* a split document: the label is the next chunk's */
+                    }
+                    trained += m != 0.0f;
+                    if (bad) {
+                        fprintf(stderr, "step %d rank %lld pos %lld: id %lld mask %g "
+                                        "label %lld\n",
+                                step, (long long)r, (long long)t, (long long)id, m,
+                                (long long)lab[t]);
+                        break;
+                    }
+                }
+            }
+        }
+    CHECK_OK(rc);
+    CHECK(!bad);
+    CHECK(trained > 100 && prompts > 100);
+    pl_loader_free(l);
+    pl_config_free(cfg);
+
+    /* Config errors and bad records. */
+    const char *badcfg[][2] = {
+        {"sources:\n  - {name: a, type: jsonl, path: x, prompt_key: p, tokenizer: {type: bytes}}\n",
+         "needs both prompt_key and response_key"},
+        {"sources:\n  - {name: a, type: jsonl, path: x, prompt_key: p, response_key: r, "
+         "text_key: t, tokenizer: {type: bytes}}\n",
+         "text_key is not used with prompt_key"},
+        {"sources:\n  - {name: a, type: text, path: x, prompt_key: p, response_key: r, "
+         "tokenizer: {type: bytes}}\n",
+         "prompt_key/response_key applies only to jsonl"},
+    };
+    for (size_t i = 0; i < sizeof badcfg / sizeof badcfg[0]; i++) {
+        CHECK_EQ_I64(pl_config_parse_string(badcfg[i][0], strlen(badcfg[i][0]), "t", &cfg),
+                     PL_ECONFIG);
+        if (!strstr(pl_config_errmsg(cfg), badcfg[i][1]))
+            fprintf(stderr, "config %zu: %s\n", i, pl_config_errmsg(cfg));
+        CHECK(strstr(pl_config_errmsg(cfg), badcfg[i][1]) != NULL);
+        pl_config_free(cfg);
+    }
+    const char *recs[][2] = {
+        {"{\"prompt\": \"q\"}", "key 'response' is missing"},
+        {"{\"prompt\": 3, \"response\": \"a\"}", "key 'prompt' is not a string"},
+        {"{\"prompt\": \"q\", \"response\": \"\"}", "empty response (key 'response'"},
+    };
+    for (size_t i = 0; i < sizeof recs / sizeof recs[0]; i++) {
+        snprintf(p, sizeof p, "%s/sftbad%zu.jsonl", dir, i);
+        f = fopen(p, "w");
+        fprintf(f, "{\"prompt\": \"a\", \"response\": \"b\"}\n%s\n", recs[i][0]);
+        fclose(f);
+        pl_tokenizer tok;
+        pl_tokenizer_bytes(&tok);
+        pl_source_options o;
+        memset(&o, 0, sizeof o);
+        o.version = PL_SOURCE_OPTIONS_VERSION;
+        o.type = PL_SOURCE_JSONL;
+        o.path = p;
+        o.eos_id = -1;
+        o.tokenizer = &tok;
+        o.prompt_key = "prompt";
+        o.response_key = "response";
+        pl_source *src;
+        CHECK_OK(pl_source_open(&o, &src));
+        int64_t len;
+        CHECK_EQ_I64(pl_source_document_length(src, 1, &len), PL_ERECORD);
+        const char *m = pl_source_errmsg(src);
+        int ok = strstr(m, "line 2 (byte offset 33)") && strstr(m, recs[i][1]);
+        if (!ok) fprintf(stderr, "sft record %zu: %s\n", i, m);
+        CHECK(ok);
+        CHECK_OK(pl_source_document_length(src, 0, &len));
+        CHECK_EQ_I64(len, 2);
+        pl_source_free(src);
+    }
+}
+
+/* The length cache: <file>.pllen written after the lengths are known, then
+ * used without tokenizing; ignored when stale, damaged or of another key;
+ * not written under sidecar_index read or memory; plans unchanged. */
+static pl_source *open_cfg(const char *yaml) {
+    pl_config *cfg;
+    pl_source *src = NULL;
+    if (pl_config_parse_string(yaml, strlen(yaml), "t", &cfg)) {
+        fprintf(stderr, "config: %s\n", pl_config_errmsg(cfg));
+    } else if (pl_config_open_source(cfg, 0, &src)) {
+        fprintf(stderr, "open: %s\n", pl_source_errmsg(src));
+        pl_source_free(src);
+        src = NULL;
+    }
+    pl_config_free(cfg);
+    return src;
+}
+
+static void test_length_cache(void) {
+    static char corpus[NDOC * 1200];
+    size_t n = jsonl_corpus(corpus, sizeof corpus);
+    char p[512], side[600], yaml[1024];
+    snprintf(p, sizeof p, "%s/lc.jsonl", dir);
+    snprintf(side, sizeof side, "%s.pllen", p);
+    pl_test_write_file(p, corpus, n);
+    const char *fmt = "seed: 5\nseq_length: 64\nglobal_batch_size: 4\nmicro_batch_size: 1\n"
+                      "%s\nsources:\n  - {name: web, type: jsonl, path: '%s', lookahead: 8,\n"
+                      "     tokenizer: {type: bytes, add_eos: %s}}\n";
+    snprintf(yaml, sizeof yaml, fmt, "", p, "true");
+    int64_t idx[NDOC], lens[NDOC], again[NDOC];
+    for (int i = 0; i < NDOC; i++) idx[i] = i;
+    pl_source *src = open_cfg(yaml);
+    CHECK(src != NULL);
+    if (!src) return;
+    CHECK_OK(pl_source_lengths(src, idx, NDOC, lens));
+    /* Every length known: written by the tokenizer thread or at free. */
+    pl_source_free(src);
+    struct stat st;
+    CHECK(stat(side, &st) == 0 && st.st_size == 56 + NDOC * 8);
+    src = open_cfg(yaml);
+    int same = 1;
+    for (int i = 0; i < NDOC; i++) {
+        int64_t len = -1;
+        if (pl_source_document_length(src, i, &len) || len != lens[i]) same = 0;
+    }
+    CHECK(same);
+    CHECK_EQ_I64(pl_source_num_tokenized(src), 0); /* from the sidecar */
+    CHECK_OK(pl_source_lengths(src, idx, NDOC, again));
+    CHECK(memcmp(lens, again, sizeof lens) == 0);
+    CHECK_EQ_I64(pl_source_num_tokenized(src), 0);
+    check_docs(src, "length cache"); /* the reads tokenize */
+    pl_source_free(src);
+    /* Another key (add_eos false): ignored, and lengths one shorter. */
+    snprintf(yaml, sizeof yaml, fmt, "sidecar_index: read", p, "false");
+    src = open_cfg(yaml);
+    CHECK_OK(pl_source_lengths(src, idx, NDOC, again));
+    same = 1;
+    for (int i = 0; i < NDOC; i++) same &= again[i] == lens[i] - 1;
+    CHECK(same);
+    CHECK_EQ_I64(pl_source_num_tokenized(src), NDOC);
+    pl_source_free(src);
+    CHECK(stat(side, &st) == 0 && st.st_size == 56 + NDOC * 8); /* read: kept */
+    /* A damaged header: ignored (and rewritten). */
+    {
+        FILE *f = fopen(side, "r+b");
+        fseek(f, 20, SEEK_SET);
+        fputc('x', f);
+        fclose(f);
+    }
+    snprintf(yaml, sizeof yaml, fmt, "", p, "true");
+    src = open_cfg(yaml);
+    CHECK_OK(pl_source_lengths(src, idx, NDOC, again));
+    CHECK(memcmp(lens, again, sizeof lens) == 0);
+    CHECK_EQ_I64(pl_source_num_tokenized(src), NDOC);
+    pl_source_free(src);
+    src = open_cfg(yaml);
+    CHECK_OK(pl_source_lengths(src, idx, NDOC, again));
+    CHECK_EQ_I64(pl_source_num_tokenized(src), 0); /* rewritten whole */
+    pl_source_free(src);
+    /* A damaged body (the header's CRC of the lengths): ignored. */
+    {
+        FILE *f = fopen(side, "r+b");
+        fseek(f, 56 + 8 * 5, SEEK_SET);
+        fputc(0x7f, f);
+        fclose(f);
+    }
+    src = open_cfg(yaml);
+    CHECK_OK(pl_source_lengths(src, idx, NDOC, again));
+    CHECK(memcmp(lens, again, sizeof lens) == 0);
+    CHECK_EQ_I64(pl_source_num_tokenized(src), NDOC);
+    pl_source_free(src);
+    /* A sidecar that passes its checks but lies (a length one too short, CRCs
+       recomputed): the planner sees its length, the read refuses the
+       document naming the sidecar instead of leaving a token out. */
+    {
+        FILE *f = fopen(side, "r+b");
+        uint8_t h[56];
+        int64_t v[NDOC];
+        CHECK(fread(h, 1, 56, f) == 56 && fread(v, 8, NDOC, f) == NDOC);
+        v[3] -= 1;
+        pl__st_u32(h + 12, pl__crc32(0, v, sizeof v));
+        pl__st_u32(h + 48, pl__crc32(0, h, 48));
+        fseek(f, 0, SEEK_SET);
+        fwrite(h, 1, 56, f);
+        fwrite(v, 8, NDOC, f);
+        fclose(f);
+        src = open_cfg(yaml);
+        int64_t len = 0, tok[600];
+        CHECK_OK(pl_source_document_length(src, 3, &len));
+        CHECK_EQ_I64(len, lens[3] - 1);
+        CHECK_EQ_I64(pl_source_read(src, 3, 0, len, tok, PL_DTYPE_INT64), PL_EDOCIDX);
+        CHECK(strstr(pl_source_errmsg(src), "lc.jsonl.pllen: record 3: the length cache "
+                                            "says") != NULL);
+        pl_source_free(src);
+        unlink(side);
+    }
+    /* The data file changed (a record appended): the sidecar is stale. */
+    {
+        FILE *f = fopen(p, "ab");
+        fputs("{\"text\": \"one more\"}\n", f);
+        fclose(f);
+        struct timespec ts[2] = {{0, UTIME_OMIT}, {12345, 0}}; /* another mtime */
+        utimensat(AT_FDCWD, p, ts, 0);
+    }
+    src = open_cfg(yaml);
+    CHECK_EQ_I64(pl_source_num_documents(src), NDOC + 1);
+    CHECK_OK(pl_source_lengths(src, idx, NDOC, again));
+    CHECK(memcmp(lens, again, sizeof lens) == 0);
+    CHECK_EQ_I64(pl_source_num_tokenized(src), NDOC);
+    int64_t last = 0;
+    CHECK_OK(pl_source_document_length(src, NDOC, &last));
+    CHECK_EQ_I64(last, 9); /* "one more" + eos */
+    pl_source_free(src);
+    /* sidecar_index: memory writes nothing. */
+    snprintf(p, sizeof p, "%s/lc2.jsonl", dir);
+    pl_test_write_file(p, corpus, n);
+    snprintf(yaml, sizeof yaml, fmt, "sidecar_index: memory", p, "true");
+    src = open_cfg(yaml);
+    CHECK_OK(pl_source_lengths(src, idx, NDOC, lens));
+    pl_source_free(src);
+    snprintf(side, sizeof side, "%s.pllen", p);
+    CHECK(stat(side, &st) != 0);
+    /* Plans with the cache equal plans without it (the first run writes it). */
+    snprintf(p, sizeof p, "%s/lc3.jsonl", dir);
+    pl_test_write_file(p, corpus, n);
+    snprintf(yaml, sizeof yaml, fmt, "", p, "true");
+    char *a = plans_of(yaml, 30, NDOC + 64);
+    snprintf(side, sizeof side, "%s.pllen", p);
+    CHECK(stat(side, &st) == 0);
+    char *b = plans_of(yaml, 30, NDOC + 64);
+    CHECK(a && b && strcmp(a, b) == 0);
+    free(a);
+    free(b);
+}
+
+/* Chat data: messages rendered with ChatML; trained on are the assistant's
+ * content and its "<|im_end|>\n", and the eos after an assistant turn. */
+static void test_chat(void) {
+    char p[512], yaml[1024];
+    snprintf(p, sizeof p, "%s/chat.jsonl", dir);
+    FILE *f = fopen(p, "w");
+    fprintf(f, "{\"messages\": [{\"role\": \"system\", \"content\": \"Be brief.\"}, "
+               "{\"role\": \"user\", \"content\": \"Hi?\"}, "
+               "{\"role\": \"assistant\", \"content\": \"Hello!\"}, "
+               "{\"role\": \"user\", \"content\": \"Bye?\"}, "
+               "{\"role\": \"assistant\", \"content\": \"Bye.\"}]}\n");
+    fprintf(f, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}, "
+               "{\"role\": \"assistant\", \"content\": \"y\"}, "
+               "{\"role\": \"user\", \"content\": \"z\"}]}\n");
+    fprintf(f, "{\"messages\": [{\"role\": \"tool\", \"content\": \"x\"}]}\n");
+    fprintf(f, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}]}\n");
+    fprintf(f, "{\"messages\": [{\"role\": \"assistant\"}]}\n");
+    fprintf(f, "{\"messages\": []}\n");
+    fclose(f);
+    snprintf(yaml, sizeof yaml,
+             "seq_length: 256\nglobal_batch_size: 1\nmicro_batch_size: 1\n"
+             "on_error: skip\nsources:\n  - {name: chat, type: jsonl, path: '%s', "
+             "messages_key: messages, chat_template: chatml,\n"
+             "     tokenizer: {type: bytes, add_eos: true}}\n", p);
+    pl_source *src = open_cfg(yaml);
+    CHECK(src != NULL);
+    if (!src) return;
+    /* Record 0, rendered, with the trained parts in upper case of a mask. */
+    const char *parts[][2] = {
+        {"<|im_start|>system\nBe brief.<|im_end|>\n", NULL},
+        {"<|im_start|>user\nHi?<|im_end|>\n", NULL},
+        {"<|im_start|>assistant\n", "Hello!<|im_end|>\n"},
+        {"<|im_start|>user\nBye?<|im_end|>\n", NULL},
+        {"<|im_start|>assistant\n", "Bye.<|im_end|>\n"},
+    };
+    char text[512];
+    char train[512];
+    size_t k = 0;
+    for (size_t i = 0; i < 5; i++)
+        for (int h = 0; h < 2; h++)
+            for (const char *c = parts[i][h]; c && *c; c++) {
+                train[k] = (char)h;
+                text[k++] = *c;
+            }
+    int64_t len = 0, plain[600], marked[600];
+    CHECK_OK(pl_source_document_length(src, 0, &len));
+    CHECK_EQ_I64(len, (int64_t)k + 1);
+    CHECK_OK(pl_source_read(src, 0, 0, len, plain, PL_DTYPE_INT64));
+    pl_read rd = {0, 0, 0, 0, len};
+    CHECK_OK(pl_source_read_many(src, &rd, 1, marked));
+    int ok = plain[len - 1] == 256 && marked[len - 1] == 256;
+    for (size_t i = 0; i < k && ok; i++)
+        ok = plain[i] == (uint8_t)text[i] &&
+             marked[i] == (train[i] ? plain[i] : -1 - plain[i]);
+    CHECK(ok);
+    /* Record 1 ends with a user turn: its eos is not trained on. */
+    CHECK_OK(pl_source_document_length(src, 1, &len));
+    rd.index = 1;
+    rd.count = len;
+    CHECK_OK(pl_source_read_many(src, &rd, 1, marked));
+    CHECK_EQ_I64(marked[len - 1], -1 - 256);
+    const char *want[] = {"message 0: role 'tool' is not system, user or assistant",
+                          "no assistant message with content",
+                          "message 0: 'content' is missing",
+                          "key 'messages' is not a non-empty list"};
+    for (int i = 0; i < 4; i++) {
+        CHECK_EQ_I64(pl_source_document_length(src, 2 + i, &len), PL_ERECORD);
+        ok = strstr(pl_source_errmsg(src), want[i]) && strstr(pl_source_errmsg(src), "chat.jsonl: line");
+        if (!ok) fprintf(stderr, "chat record %d: %s\n", 2 + i, pl_source_errmsg(src));
+        CHECK(ok);
+    }
+    pl_source_free(src);
+    /* Through a loader: ids are plain, masks follow the marked form. */
+    pl_config *cfg;
+    CHECK_OK(pl_config_parse_string(yaml, strlen(yaml), "t", &cfg));
+    pl_loader_options lo = {PL_LOADER_OPTIONS_VERSION, NULL, 0, 1, 2};
+    pl_loader *l = NULL;
+    CHECK_OK(pl_loader_create(cfg, &lo, &l));
+    int bad = 0, rows = 0;
+    for (int step = 0; step < 4 && l; step++) {
+        const pl_batch *b = NULL;
+        if (pl_loader_next(l, 0, &b)) {
+            bad = 1;
+            break;
+        }
+        const int64_t *ids = b->input_ids, *lab = b->labels;
+        for (int64_t t = 0; t < b->cols; t++) {
+            if (ids[t] < 0) bad = 1;
+            if ((b->loss_mask[t] == 0.0f) != (lab[t] == -100)) bad = 1;
+        }
+        /* The segment of record 0: masks follow its trained parts. */
+        for (int64_t g = 0; g + 1 < b->n_cu_seqlens; g++) {
+            int64_t s0 = b->cu_seqlens[g];
+            if (b->cu_seqlens[g + 1] - s0 != (int64_t)k + 1) continue;
+            int same = 1;
+            for (size_t i = 0; i < k && same; i++) same = ids[s0 + (int64_t)i] == (uint8_t)text[i];
+            if (!same) continue;
+            for (size_t i = 0; i + 1 < k; i++)
+                if (b->loss_mask[s0 + (int64_t)i] != (train[i + 1] ? 1.0f : 0.0f)) bad = 1;
+            if (b->loss_mask[s0 + (int64_t)k - 1] != 1.0f || b->loss_mask[s0 + (int64_t)k] != 0.0f)
+                bad = 1; /* the eos is predicted; the eos position predicts nothing */
+            rows++;
+        }
+    }
+    CHECK(!bad);
+    CHECK(rows > 0);
+    pl_loader_free(l);
+    pl_config_free(cfg);
+    /* Config errors. */
+    const char *badcfg[][2] = {
+        {"sources:\n  - {name: a, type: jsonl, path: x, messages_key: m, tokenizer: {type: bytes}}\n",
+         "messages_key needs chat_template"},
+        {"sources:\n  - {name: a, type: jsonl, path: x, messages_key: m, chat_template: {user: "
+         "'{content}', system: 's', assistant: '{content}'}, tokenizer: {type: bytes}}\n",
+         "chat_template.system must hold {content} once"},
+        {"sources:\n  - {name: a, type: jsonl, path: x, messages_key: m, chat_template: llama, "
+         "tokenizer: {type: bytes}}\n",
+         "unknown value 'llama'"},
+        {"sources:\n  - {name: a, type: jsonl, path: x, messages_key: m, prompt_key: p, "
+         "response_key: r, chat_template: chatml, tokenizer: {type: bytes}}\n",
+         "give one kind"},
+    };
+    for (size_t i = 0; i < sizeof badcfg / sizeof badcfg[0]; i++) {
+        CHECK_EQ_I64(pl_config_parse_string(badcfg[i][0], strlen(badcfg[i][0]), "t", &cfg),
+                     PL_ECONFIG);
+        if (!strstr(pl_config_errmsg(cfg), badcfg[i][1]))
+            fprintf(stderr, "chat config %zu: %s\n", i, pl_config_errmsg(cfg));
+        CHECK(strstr(pl_config_errmsg(cfg), badcfg[i][1]) != NULL);
+        pl_config_free(cfg);
+    }
+}
+
 int main(void) {
     dir = pl_test_tmpdir();
     test_formats();
@@ -545,5 +1184,10 @@ int main(void) {
     test_line_numbers();
     test_plans();
     test_lengths_only();
+    test_split_lookahead();
+    test_concurrent();
+    test_instruction();
+    test_length_cache();
+    test_chat();
     TEST_END();
 }

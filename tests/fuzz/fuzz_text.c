@@ -3,15 +3,18 @@
  * on_error: skip for damaged streams; bit 3: a small max_record_bytes), the
  * rest is the file.  .gz and .zst inputs are used as given (corrupt streams)
  * and, for bit 4, compressed from the rest first (so mutations reach the
- * JSON parser through the decoders).  Opens with the byte tokenizer and
+ * JSON parser through the decoders); bit 5: instruction data (jsonl with
+ * prompt_key "p" and response_key "r"), or with bit 6 as well chat data
+ * (messages_key "m", a ChatML-like template).  Opens with the byte tokenizer and
  * walks every document: length, reads of the whole document and of its
- * last token, pl_source_read_many and pl_source_read_raw. */
+ * last token, pl_source_read_many and pl_source_read_raw (instruction data:
+ * the marked form of the whole document, prompt tokens as -1 - id). */
 #include "fuzz_common.h"
 
 #include <zlib.h>
 #include <zstd.h>
 
-static void walk(pl_source *src) {
+static void walk(pl_source *src, int sft, int o_chat) {
     int64_t n = pl_source_num_documents(src);
     if (n > 512) n = 512;
     int64_t buf[4096];
@@ -28,9 +31,28 @@ static void walk(pl_source *src) {
         if (buf[c - 1] != (c == len ? 256 : buf[c - 1])) abort();
         for (int64_t k = 0; k + 1 < c; k++)
             if (buf[k] < 0 || buf[k] > 255) abort();
+        if (sft && c == len) {
+            /* Marked form: untrained tokens as -1 - id (instruction data: a
+               prompt part, then the response); something is trained. */
+            int64_t m[4096];
+            pl_read w = {0, 0, i, 0, c};
+            if (pl_source_read_many(src, &w, 1, m) != PL_OK) abort();
+            int seen_plain = 0, chat = o_chat;
+            for (int64_t k = 0; k < c; k++) {
+                if (m[k] < 0 ? (!chat && seen_plain) || -1 - m[k] != buf[k]
+                             : m[k] != buf[k])
+                    abort();
+                seen_plain |= m[k] >= 0;
+            }
+            if (!seen_plain) abort();
+        }
+        /* The eos, marked (-1 - 256) where a chat record ends with a turn
+           that is not trained on. */
         pl_read r = {0, 0, i, len - 1, 1};
-        if (pl_source_read_many(src, &r, 1, buf) != PL_OK || buf[0] != 256) abort();
-        if (pl_source_read_raw(src, &r, 1, raw, sizeof raw) != PL_OK || raw[0] != 256)
+        if (pl_source_read_many(src, &r, 1, buf) != PL_OK ||
+            (buf[0] != 256 && !(o_chat && buf[0] == -257)))
+            abort();
+        if (pl_source_read_raw(src, &r, 1, raw, sizeof raw) != PL_OK || raw[0] != buf[0])
             abort();
     }
 }
@@ -80,8 +102,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     o.add_eos = 1;
     o.tokenizer_threads = 1;
     o.max_record_bytes = (mode & 8) ? 64 : 0;
+    const int sft = (mode & 32) && o.type == PL_SOURCE_JSONL;
+    if (sft && (mode & 64)) {
+        o.messages_key = "m";
+        o.chat_template[0] = "<s>{content}</s>";
+        o.chat_template[1] = "<u>{content}</u>";
+        o.chat_template[2] = "<a>{content}</a>";
+    } else if (sft) {
+        o.prompt_key = "p", o.response_key = "r";
+    }
     pl_source *src = NULL;
-    if (pl__source_open(&o, (mode & 4) != 0, &src) == PL_OK) walk(src);
+    if (pl__source_open(&o, (mode & 4) != 0, &src) == PL_OK) walk(src, sft, (mode & 64) != 0);
     pl_source_free(src);
     return 0;
 }

@@ -1202,3 +1202,37 @@ def test_damaged_image_in_the_deployment(cluster, vlm_dir, monkeypatch):
         with pr.Client(cfg, rank=0, namespace=NS, name="vlm_cut") as c:
             got = run(c)
     assert got == want
+
+
+def test_instruction_data_in_the_deployment(cluster, tmp_path_factory):
+    """prompt_key/response_key through the deployment: prompt tokens travel as -1 - id from
+    the source loaders and the trainers' batches (labels, loss_mask) equal the embedded
+    loader's."""
+    import fortunes_corpus as fc
+
+    corpus = fc.build(tmp_path_factory.mktemp("ray_fortunes"))
+    path = str(tmp_path_factory.mktemp("ray_sft") / "sft.jsonl")
+    with open(os.path.join(corpus["dir"], "wit.jsonl"), encoding="utf-8") as f, \
+            open(path, "w", encoding="utf-8") as out:
+        for line in list(f)[:200]:
+            t = json.loads(line)["text"]
+            head, _, tail = t.partition("\n")
+            out.write(json.dumps({"q": head + "\n", "a": tail or t}) + "\n")
+    cfg = fc.config(corpus, train_steps=6, tokenizer={"type": "hf", "path": corpus["tokenizer"]})
+    cfg["sources"] = [{"name": "sft", "type": "jsonl", "path": path, "prompt_key": "q",
+                       "response_key": "a", "weight": 1.0}]
+    with pr.launch(cfg, num_source_loaders={"sft": 1}, num_constructors=1,
+                   namespace=NS, name="sft"):
+        clients = [pr.Client(cfg, rank=r, namespace=NS, name="sft") for r in (0, 1)]
+        got = {0: [], 1: []}
+        masked = 0
+        while True:
+            b = [c.next_batch() for c in clients]
+            if b[0] is None:
+                break
+            for r in (0, 1):
+                got[r].append(batch_hash(b[r]))
+                masked += int((b[r]["loss_mask"].numpy() == 0).sum())
+    for r in (0, 1):
+        assert got[r] == loader_hashes(cfg, r)[0], r
+    assert masked > 6 * 8 * 10  # prompts are masked, not only padding and ends

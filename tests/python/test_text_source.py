@@ -15,6 +15,7 @@ import os
 
 import numpy as np
 import pytest
+import yaml
 
 import polyload
 from polyload import _core
@@ -199,3 +200,92 @@ def test_sentencepiece_ids_equal_the_library(corpus, tmp_path):
     # and a loader runs on it
     cfg["train_steps"] = 3
     assert len(_hashes(cfg, 3)) == 2 * 3 * 2
+
+
+def _sft_file(corpus, path):
+    """Instruction records from the fortunes: the first line is the prompt, the rest the
+    response (one-line fortunes: an empty prompt)."""
+    recs = []
+    for t in _texts(os.path.join(corpus["dir"], "wit.jsonl"))[:300]:
+        head, _, tail = t.partition("\n")
+        recs.append({"q": head + "\n", "a": tail} if tail.strip() else {"q": "", "a": t})
+    with open(path, "w", encoding="utf-8") as f:
+        for r in recs:
+            f.write(json.dumps(r, ensure_ascii=False) + "\n")
+    return recs
+
+
+def test_instruction_data_masks_the_prompt(corpus, tmp_path):
+    """prompt_key/response_key: a document is the prompt's ids, the response's, then eos
+    (each part tokenized by ``tokenizers`` alone); labels and loss_mask leave out every
+    label that is a prompt token; the source reads the plain ids."""
+    from tokenizers import Tokenizer
+
+    path = str(tmp_path / "sft.jsonl")
+    recs = _sft_file(corpus, path)
+    tok = Tokenizer.from_file(corpus["tokenizer"])
+    eos = tok.token_to_id("<|endoftext|>")
+    enc = lambda s: tok.encode(s, add_special_tokens=False).ids if s else []  # noqa: E731
+    want = [(enc(r["q"]), enc(r["a"])) for r in recs]
+    src_cfg = {"name": "sft", "type": "jsonl", "path": path, "prompt_key": "q",
+               "response_key": "a", "weight": 1.0}
+    cfg = _raw_config(corpus, train_steps=12, seq_length=256, topology={"dp": 1})
+    cfg["sources"] = [src_cfg]
+    src = _core.Config.parse_string(yaml.safe_dump(cfg), origin="t").open_source(0)
+    for d in (0, 1, 7, 150):
+        q, a = want[d]
+        assert np.asarray(src.read(d)).tolist() == q + a + [eos], d
+    by_ids = {tuple(q + a + [eos]): len(q) for q, a in want}
+    seen = masked = 0
+    with polyload.Loader(cfg, rank=0) as loader:
+        for b in loader:
+            ids, lab = b["input_ids"].numpy().ravel(), b["labels"].numpy().ravel()
+            mask, cu = b["loss_mask"].numpy().ravel(), b["cu_seqlens"].numpy()
+            for s0, s1 in zip(cu[:-1], cu[1:]):
+                seg = tuple(ids[s0:s1].tolist())
+                if seg not in by_ids:  # padding, or a piece of a split document
+                    continue
+                plen, n = by_ids[seg], s1 - s0
+                want_mask = [1.0 if t + 1 >= plen else 0.0 for t in range(n - 1)] + [0.0]
+                assert mask[s0:s1].tolist() == want_mask
+                want_lab = [ids[s0 + t + 1] if want_mask[t] else -100 for t in range(n)]
+                assert lab[s0:s1].tolist() == want_lab
+                seen += 1
+                masked += max(plen - 1, 0)
+    assert seen > 20 and masked > 100
+
+
+def test_chat_messages_train_on_assistant_turns(corpus, tmp_path):
+    """messages_key with chat_template chatml: the ids are those of ``tokenizers`` for
+    each template piece and content, joined; trained on are the assistant's content and
+    its end-of-turn text (and the eos after it)."""
+    from tokenizers import Tokenizer
+
+    texts = _texts(os.path.join(corpus["dir"], "wit.jsonl"))[:120]
+    path = str(tmp_path / "chat.jsonl")
+    with open(path, "w", encoding="utf-8") as f:
+        for i in range(0, len(texts) - 1, 2):
+            msgs = [{"role": "user", "content": texts[i]},
+                    {"role": "assistant", "content": texts[i + 1]}]
+            f.write(json.dumps({"messages": msgs}, ensure_ascii=False) + "\n")
+    tok = Tokenizer.from_file(corpus["tokenizer"])
+    eos = tok.token_to_id("<|endoftext|>")
+    enc = lambda s: tok.encode(s, add_special_tokens=False).ids  # noqa: E731
+    cfg = _raw_config(corpus, train_steps=4, seq_length=512, topology={"dp": 1})
+    cfg["sources"] = [{"name": "chat", "type": "jsonl", "path": path,
+                       "messages_key": "messages", "chat_template": "chatml", "weight": 1.0}]
+    src = _core.Config.parse_string(yaml.safe_dump(cfg), origin="t").open_source(0)
+    for d in (0, 5, 30):
+        u, a = texts[2 * d], texts[2 * d + 1]
+        pieces = [("<|im_start|>user\n", 0), (u, 0), ("<|im_end|>\n", 0),
+                  ("<|im_start|>assistant\n", 0), (a, 1), ("<|im_end|>\n", 1)]
+        ids, train = [], []
+        for text, t in pieces:
+            e = enc(text)
+            ids += e
+            train += [t] * len(e)
+        ids.append(eos)
+        train.append(1)
+        assert np.asarray(src.read(d)).tolist() == ids, d
+        marked = np.asarray(src.read_many(np.array([[0, d, 0, len(ids)]], dtype=np.int64)))
+        assert marked.tolist() == [x if t else -1 - x for x, t in zip(ids, train)], d

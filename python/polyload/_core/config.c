@@ -582,12 +582,13 @@ static PyObject *source_read(PyPlSource *o, PyObject *args, PyObject *kw) {
     size_t es = pl_dtype_size(dt);
     void *buf = malloc(count ? (size_t)count * es : 1);
     if (!buf) return PyErr_NoMemory();
+    /* pl_source_read: plain ids (an instruction source's prompt tokens too). */
     Py_BEGIN_ALLOW_THREADS
-    rc = pl__source_read(o->src, index, offset, count, buf, dt, err, sizeof err);
+    rc = pl_source_read(o->src, index, offset, count, buf, dt);
     Py_END_ALLOW_THREADS
     if (rc != PL_OK) {
         free(buf);
-        return pypl_raise(rc, err);
+        return pypl_raise(rc, pl_last_errmsg());
     }
     Py_ssize_t shape[1] = {(Py_ssize_t)count};
     return pypl_array_owned(buf, pypl_format_of(dt), (Py_ssize_t)es, 1, shape);
@@ -856,7 +857,7 @@ static PyObject *source_image_info(PyPlSource *o, PyObject *arg) {
     if (i == -1 && PyErr_Occurred()) return NULL;
     pl_image_info in;
     int rc = pl_source_image_info(o->src, (int64_t)i, &in);
-    if (rc != PL_OK) return pypl_raise(rc, pl_source_errmsg(o->src));
+    if (rc != PL_OK) return pypl_raise(rc, pl_last_errmsg());
     return image_info_dict(&in);
 }
 
@@ -865,7 +866,7 @@ static PyObject *source_read_image(PyPlSource *o, PyObject *arg) {
     if (i == -1 && PyErr_Occurred()) return NULL;
     pl_image_info in;
     int rc = pl_source_image_info(o->src, (int64_t)i, &in);
-    if (rc != PL_OK) return pypl_raise(rc, pl_source_errmsg(o->src));
+    if (rc != PL_OK) return pypl_raise(rc, pl_last_errmsg());
     uint8_t *buf = malloc(in.bytes ? in.bytes : 1);
     if (!buf) return PyErr_NoMemory();
     Py_BEGIN_ALLOW_THREADS
@@ -873,7 +874,7 @@ static PyObject *source_read_image(PyPlSource *o, PyObject *arg) {
     Py_END_ALLOW_THREADS
     if (rc != PL_OK) {
         free(buf);
-        return pypl_raise(rc, pl_source_errmsg(o->src));
+        return pypl_raise(rc, pl_last_errmsg());
     }
     Py_ssize_t shape[3];
     if (in.mode == PL_IMAGE_NATIVE) {
@@ -953,7 +954,7 @@ static PyObject *source_lengths(PyPlSource *o, PyObject *arg) {
     Py_END_ALLOW_THREADS
     PyObject *out = NULL;
     if (rc != PL_OK) {
-        pypl_raise(rc, pl_source_errmsg(src));
+        pypl_raise(rc, pl_last_errmsg());
     } else if ((out = PyList_New(n)) != NULL) {
         for (Py_ssize_t i = 0; i < n; i++) {
             PyObject *v = PyLong_FromLongLong((long long)len[i]);
