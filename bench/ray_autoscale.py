@@ -201,12 +201,13 @@ class _Decode:
         ids = np.empty(len(batch["__key__"]), dtype=object)
         for i in range(len(ids)):
             raw = next(batch[k][i] for k in ("jpg", "jpeg", "png", "webp")
-                       if k in batch and batch[k][i] is not None)
+                       if k in batch and isinstance(batch[k][i], (bytes, bytearray)))
             img = Image.open(io.BytesIO(raw)).convert("RGB").resize((224, 224),
                                                                      Image.BICUBIC)
             np.asarray(img)
             cap = batch["txt"][i] if "txt" in batch else b""
-            cap = cap.encode() if isinstance(cap, str) else bytes(cap)
+            cap = cap.encode() if isinstance(cap, str) else \
+                bytes(cap) if isinstance(cap, (bytes, bytearray)) else b""
             ids[i] = np.concatenate([np.full(256, 31999, np.int32),
                                      np.frombuffer(cap, np.uint8).astype(np.int32)])
         return {"ids": ids}
@@ -272,7 +273,17 @@ def run_raydata(cfg, args):
     bufs = {k: [] for k in its}
     have = {k: 0 for k in its}
 
+    failure = []
+
     def mixer():
+        try:
+            produce()
+        except BaseException as e:  # noqa: BLE001 - the ranks stop; main() reports it
+            failure.append(f"{type(e).__name__}: {e}")
+            for q in qs:
+                q.put(None)
+
+    def produce():
         for t in range(n_steps):
             w = pts[0]["weights"] if t < pts[1]["step"] else pts[1]["weights"]
             parts = []
@@ -316,6 +327,8 @@ def run_raydata(cfg, args):
         for t in range(n_steps):
             t0 = time.perf_counter()
             x = qs[r].get()
+            if x is None:
+                return
             waits[t, r] = time.perf_counter() - t0
             del x
             time.sleep(args.compute)
@@ -331,6 +344,8 @@ def run_raydata(cfg, args):
         th.join()
     wall = time.monotonic() - t_start
     stop.set()
+    if failure:
+        raise RuntimeError(f"Ray Data pipeline failed: {failure[0]}")
     reserved = sum(n0 * (t1 - t0) for (t0, n0), (t1, _n1) in zip(pool, pool[1:]))
     step_wait = waits.max(axis=1)
     frac = step_wait / (step_wait + args.compute)

@@ -819,8 +819,8 @@ class SourceLoader:
                            dtype=np.int64).reshape(-1, 4)
         srcs = [None] * len(self._srcs)
         srcs[int(source)] = src
-        if len(reads):
-            _core.read_rows_raw(srcs, reads)
+        if len(reads):  # as read() answers: with images decoded where there are any
+            (_core.read_rows_reply if self._images else _core.read_rows_raw)(srcs, reads)
         return {"cpu_s": time.process_time() - c0, "tokens": float(sum(lens)),
                 "docs": float(len(docs))}
 

@@ -716,21 +716,30 @@ class Autoscaler:
             # busy fraction (two calls may overlap: capped at 1)
             slot_util[j] = min(1.0, (p["busy_s"] - q["busy_s"]) /
                                max(1e-6, p["wall_s"] - q["wall_s"]))
-            # the process's CPU beyond its reads: tokenizing, split by tokens tokenized
+            # A loader's reads and its tokenizing serve all its sources at once: their
+            # CPU is split over the sources by tokens x each source's calibrated cost
+            # (measured alone), so an image source packed with a token source is not
+            # charged to the tokens.  A dedicated loader's figures are exact.
             other = max(0.0, (p["cpu_s"] - q["cpu_s"]) - (p["read_cpu_s"] - q["read_cpu_s"]))
             zero = {"busy_s": 0.0, "read_cpu_s": 0.0, "tokens": 0, "tokenized": 0}
-            d_tok = {int(s): v["tokenized"] - q["sources"].get(s, zero)["tokenized"]
-                     for s, v in p["sources"].items()}
-            all_tok = sum(d_tok.values())
+            d_tkz, d_read, d_rcpu = {}, {}, 0.0
             for s, v in p["sources"].items():
                 u = q["sources"].get(s, zero)
                 s = int(s)
                 per_src_busy[s] += v["busy_s"] - u["busy_s"]
-                read_cpu[s] += v["read_cpu_s"] - u["read_cpu_s"]
-                read_tok[s] += v["tokens"] - u["tokens"]
-                if all_tok > 0 and d_tok[s] > 0:
-                    tok_cpu[s] += other * d_tok[s] / all_tok
-                    tok_tok[s] += d_tok[s]
+                d_tkz[s] = v["tokenized"] - u["tokenized"]
+                d_read[s] = v["tokens"] - u["tokens"]
+                d_rcpu += v["read_cpu_s"] - u["read_cpu_s"]
+                read_tok[s] += d_read[s]
+            w_read = {s: d_read[s] * self._prior(s) for s in d_read}
+            w_tkz = {s: d_tkz[s] * self._prior(s) for s in d_tkz}
+            sr, st = sum(w_read.values()), sum(w_tkz.values())
+            for s in d_read:
+                if sr > 0:
+                    read_cpu[s] += d_rcpu * w_read[s] / sr
+                if st > 0 and d_tkz[s] > 0:
+                    tok_cpu[s] += other * w_tkz[s] / st
+                    tok_tok[s] += d_tkz[s]
         for s in range(n):
             if read_tok[s] > 0 and now - self._changed[s] >= self._opts["steady_s"]:
                 # CPU-seconds per delivered token: reading it, plus tokenizing it once
@@ -801,6 +810,15 @@ class Autoscaler:
 
     def _cfg_ranks(self) -> List[int]:
         return list(range(self._cfg.world_size()))
+
+    def _prior(self, s: int) -> float:
+        """A source's cost measured alone (calibration), to split a shared loader's CPU;
+        the median of the others' when it has none."""
+        c = self._calib.get(s)
+        if c is not None and c > 0:
+            return c
+        known = [v for v in self._calib.values() if v > 0]
+        return float(np.median(known)) if known else 1.0
 
     def _cost(self, s: int) -> Optional[float]:
         x = self._samples[s]
