@@ -155,3 +155,19 @@ def test_constructor_routing_skips_retired_slots():
     routing, names = routing_for_constructors(table)
     assert routing == [([0, 5], [0, 1]), ([0], [1])]
     assert names == [["x"], ["y", "y.shadow.0"], []]
+
+
+def test_feedback_held_when_the_loaders_are_starved_of_cpu():
+    """Trainers wait and the pool is busy, but its loaders get 0.2 CPU each: the nodes
+    are saturated, so no loader is added and the decision held is logged with why."""
+    p = policy(cooldown_s=0.0, max_loaders=64)
+    sized, _ = p.decide(0.0, 10, 0.5, 0.0, views(COSTS, [0, 0, 0]), {}, 100)
+    vs = [_scale.SourceView(c, u, n, r) for c, u, n, r in
+          zip(COSTS, [0.1, 0.7, 0.95], sized, [0.1, 0.2, 0.2])]
+    t, dec = p.decide(1.0, 11, 0.5, 0.3, vs, {}, 100)
+    assert t == sized and not dec
+    assert p.held and "saturated" in p.held[0]["reason"] and p.held[0]["source"] == "img"
+    vs = [_scale.SourceView(c, u, n, r) for c, u, n, r in
+          zip(COSTS, [0.1, 0.7, 0.95], sized, [0.1, 0.2, 0.9])]
+    t, dec = p.decide(2.0, 12, 0.5, 0.3, vs, {}, 100)
+    assert t[2] == sized[2] + 1 and dec[0]["reason"].startswith("feedback")

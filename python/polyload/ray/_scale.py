@@ -21,7 +21,8 @@ The policy (:class:`ScalePolicy`, pure Python, no Ray) follows the issue's formu
   the schedule moves weight to them; they shrink only after ``down_delay_s`` below need.
 * **Feedback** (Cachew's and Ray Data's rules): when trainers waited more than
   ``wait_high`` of the step, add one loader to the most utilized pool, one change per
-  ``cooldown_s``; a bias that decays when the pool is idle below ``util_low`` for
+  ``cooldown_s``, unless its loaders get under ``cpu_starved`` x ``loader_cpus`` CPU
+  (the nodes are saturated: another loader would only compete; held and logged); a bias that decays when the pool is idle below ``util_low`` for
   ``down_delay_s``.  A pool shrinks only while the constructors' queue holds built
   steps (data is ahead of the trainers).  Costs are sampled only at a steady count (``steady_s`` after the
   source's last change) and the median of the last samples is used (outliers discarded).
@@ -59,6 +60,7 @@ DEFAULTS: Dict[str, Any] = {
     "cooldown_s": 2.0,      # seconds between feedback changes (one loader at a time)
     "steady_s": 2.0,        # seconds after a change before costs are sampled again
     "samples": 7,           # cost samples kept per source (the median is used)
+    "cpu_starved": 0.5,     # loaders getting under this x loader_cpus: no feedback
     "placement": None,      # [Ray options, ...] for new loaders, in preference order
     "shadows": None,        # standbys per new loader (None: launch's shadows)
     "start_timeout_s": 120.0,  # a new loader not running by then: the change is dropped
@@ -76,7 +78,8 @@ def autoscale_options(value) -> Dict[str, Any]:
         raise ValueError(f"autoscale: unknown keys {sorted(unknown)} (keys: {sorted(DEFAULTS)})")
     out = {**DEFAULTS, **value}
     for k in ("interval_s", "headroom", "loader_cpus", "down_delay_s", "cooldown_s",
-              "steady_s", "pack_below", "wait_high", "util_low", "start_timeout_s"):
+              "steady_s", "pack_below", "wait_high", "util_low", "start_timeout_s",
+              "cpu_starved"):
         if not (isinstance(out[k], (int, float)) and out[k] >= 0):
             raise ValueError(f"autoscale: {k} must be a number >= 0, got {out[k]!r}")
     if out["loader_cpus"] <= 0 or out["interval_s"] <= 0:
@@ -102,6 +105,7 @@ class SourceView:
     cost_per_token: Optional[float]  # CPU-seconds per delivered token (None: unmeasured)
     util: float                      # busy fraction of its loaders since the last look
     loaders: int                     # dedicated loaders now (0: packed)
+    cpu_rate: Optional[float] = None  # CPU-seconds per second its loaders got (mean)
 
 
 @dataclass
@@ -113,6 +117,7 @@ class ScalePolicy:
     tokens_per_step: float
     options: Dict[str, Any]
     bias: List[int] = field(default_factory=list)
+    held: List[Dict[str, Any]] = field(default_factory=list)  # feedback not applied, why
     below_since: Dict[int, float] = field(default_factory=dict)
     last_feedback: float = -1e18
 
@@ -193,6 +198,19 @@ class ScalePolicy:
                 and now - self.last_feedback >= o["cooldown_s"]):
             cand = [s for s, v in enumerate(sources)
                     if s not in pinned and target[s] < self.max[s] and v.util >= o["util_low"]]
+            # A busy pool whose loaders get little CPU waits for the CPUs, not for more
+            # loaders: the nodes are saturated, and another loader would only compete.
+            starved = [s for s in cand if sources[s].cpu_rate is not None
+                       and sources[s].cpu_rate < o["cpu_starved"] * o["loader_cpus"]]
+            if cand and len(starved) == len(cand):
+                s = max(cand, key=lambda i: sources[i].util)
+                self.last_feedback = now
+                self.held.append({"time": now, "step": step, "source": self.names[s],
+                                  "reason": f"feedback held: trainers waited {wait_frac:.1%}; "
+                                  f"pool util {sources[s].util:.2f} but its loaders got "
+                                  f"{sources[s].cpu_rate:.2f} CPU each (the nodes are "
+                                  f"saturated: another loader would only compete)"})
+                cand = []
             if cand:
                 s = max(cand, key=lambda i: sources[i].util)
                 self.bias[s] += 1
@@ -705,6 +723,7 @@ class Autoscaler:
         read_cpu, read_tok = [0.0] * n, [0.0] * n
         tok_cpu, tok_tok = [0.0] * n, [0.0] * n
         slot_util: Dict[int, float] = {}
+        slot_cpu: Dict[int, float] = {}
         prev_profs = last.get("profs", {})
         for j, p in zip(live, profs):
             if isinstance(p, BaseException):
@@ -713,9 +732,10 @@ class Autoscaler:
             prev_profs[j] = p
             if q is None or q.get("pid") != p.get("pid"):  # new or restarted: no delta
                 continue
-            # busy fraction (two calls may overlap: capped at 1)
+            # busy fraction (two calls may overlap: capped at 1), CPU it got per second
             slot_util[j] = min(1.0, (p["busy_s"] - q["busy_s"]) /
                                max(1e-6, p["wall_s"] - q["wall_s"]))
+            slot_cpu[j] = (p["cpu_s"] - q["cpu_s"]) / max(1e-6, p["wall_s"] - q["wall_s"])
             # A loader's reads and its tokenizing serve all its sources at once: their
             # CPU is split over the sources by tokens x each source's calibrated cost
             # (measured alone), so an image source packed with a token source is not
@@ -804,7 +824,12 @@ class Autoscaler:
                 util.append(min(1.0, per_src_busy[s] / dt / max(1, len(mine))))
             else:
                 util.append(float(np.mean(us)) if us else 0.0)
+        cpu_rate: List[Optional[float]] = []
+        for s in range(len(self._names)):
+            cs = [slot_cpu[j] for j in self._loaders_of(s) if j in slot_cpu]
+            cpu_rate.append(float(np.mean(cs)) if cs else None)
         return {"step": step, "wait_frac": wait_frac, "queue_steps": queue, "util": util,
+                "cpu_rate": cpu_rate,
                 "fetches": fetches, "dt": dt, "next_step": prog["next_step"],
                 "ahead": max(0, int(prog["next_step"]) - int(step))}
 
@@ -846,8 +871,8 @@ class Autoscaler:
         now = time.monotonic()
         self._cpu_used += sum(self._dedicated_count(s) for s in range(len(self._names))) \
             * self._cpus_per_loader() * m["dt"]
-        views = [SourceView(self._cost(s), m["util"][s], self._dedicated_count(s))
-                 for s in range(len(self._names))]
+        views = [SourceView(self._cost(s), m["util"][s], self._dedicated_count(s),
+                            m["cpu_rate"][s]) for s in range(len(self._names))]
         if self._opts.get("enabled", True):
             target, decisions = self._policy.decide(
                 now, m["step"], self._step_time, m["wait_frac"], views, self._pinned,
@@ -860,6 +885,11 @@ class Autoscaler:
                 for s, v in enumerate(views)]
         self._view = {**m, "step_time": self._step_time, "target": target, "need": need,
                       "cost": [v.cost_per_token for v in views]}
+        for h in self._policy.held:  # feedback the policy held back: logged with why
+            self.decisions.append({**h, "time": time.time(), "ahead": m["ahead"],
+                                   "from": None, "to": None,
+                                   "version": self._table.get("version", 0)})
+        self._policy.held.clear()
         changes = {self._names.index(d["source"]): d["to"] for d in decisions}
         if changes:
             await self._resize(changes)
@@ -899,6 +929,7 @@ class Autoscaler:
                 "dedicated": self._dedicated_count(s),
                 "partitions": sum(1 for p in self._table["partitions"] if p[0] == name),
                 "util": (v.get("util") or [0.0] * len(self._names))[s],
+                "cpu_rate": (v.get("cpu_rate") or [None] * len(self._names))[s],
                 "cost_per_token": self._cost(s),
                 "target": (v.get("target") or [None] * len(self._names))[s],
                 "need": (v.get("need") or [None] * len(self._names))[s],

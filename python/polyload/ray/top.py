@@ -4,7 +4,8 @@ source-loader pools (issue "Source loaders that scale with the work").
 Every ``--interval`` seconds it prints, from the deployment's autoscaler
 (:meth:`polyload.ray.Deployment.scaling`): per source its weight now, loaders (actors
 holding a partition of it; ``dedicated`` of them its own), partitions, utilization
-(busy fraction), measured cost (CPU-microseconds per token), the policy's target and a
+(busy fraction), the CPU its loaders got (CPU-seconds per second), measured cost
+(CPU-microseconds per token), the policy's target and a
 manual pin; the trainers' compute step time, data wait and queue depth; and the last
 scaling decisions with their reasons.  ``--once`` prints one view and exits;
 ``--json`` prints the view as one JSON object per line instead.  Exit codes: 0 ok,
@@ -48,11 +49,12 @@ def render(view: Dict[str, Any], decisions: int = 8) -> str:
         f"steps  routing v{view.get('routing_version')}  loader CPU-s "
         f"{_fmt(view.get('cpu_seconds_reserved'), 1, 1)}")
     head = f"{'source':<16}{'weight':>8}{'loaders':>9}{'dedic.':>8}{'parts':>7}" \
-           f"{'util':>7}{'us/token':>10}{'target':>8}{'pinned':>8}"
+           f"{'util':>7}{'cpu':>6}{'us/token':>10}{'target':>8}{'pinned':>8}"
     lines += [head, "-" * len(head)]
     for s in view["sources"]:
         lines.append(f"{s['source'][:15]:<16}{s['weight']:>8.3f}{s['loaders']:>9}"
                      f"{s['dedicated']:>8}{s['partitions']:>7}{_fmt(s['util']):>7}"
+                     f"{_fmt(s.get('cpu_rate')):>6}"
                      f"{_fmt(s['cost_per_token'], 1e6, 3):>10}"
                      f"{'-' if s['target'] is None else s['target']:>8}"
                      f"{'-' if s['pinned'] is None else s['pinned']:>8}")
