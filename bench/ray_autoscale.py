@@ -390,7 +390,8 @@ def main():
     ap.add_argument("--compute", type=float, default=0.25, help="simulated compute s/step")
     ap.add_argument("--seq-length", type=int, default=2048)
     ap.add_argument("--mbs", type=int, default=4, help="micro-batches per rank per step")
-    ap.add_argument("--cpu-budget", type=float, default=4.0)
+    ap.add_argument("--cpu-budget", type=float, default=2.0,
+                    help="CPUs for dedicated loaders: the real cores (Ray's are logical here)")
     ap.add_argument("--no-raydata", action="store_true", help="skip the Ray Data run")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()

@@ -906,6 +906,7 @@ class DataConstructor:
         self._drain = asyncio.Condition()
         self._wait_s = 0.0  # seconds fetches waited for a package not built yet
         self._waits_now: Dict[object, float] = {}  # waits going on: their start
+        self._trainer_wait: Dict[int, float] = {}  # rank -> its trainer's data wait so far
         self._n_fetches = 0
         self._built_step = -1
         rt = await self._planner.routing.remote()
@@ -973,15 +974,20 @@ class DataConstructor:
         """What the autoscaler's feedback reads: ``{"wait_s": seconds fetches waited for
         packages not built yet (waits still going on included), "fetches",
         "queue_steps": steps built ahead of the least-advanced served rank, "version":
-        routing version, "pid"}`` (since this process started).  The waits are those
-        of the Client's fetches, which run ahead of the trainer by its prefetch: an
-        upper bound of the trainer's own data wait."""
+        routing version, "pid", "consumed": the least step a served trainer reported
+        standing at, "trainer_wait_s": the served trainers' own data wait
+        (``Client.data_wait_s`` as their last fetch reported it), "trainer_ranks": how
+        many reported}``.  ``wait_s`` (the Client's fetches, which run ahead of the
+        trainer by its prefetch) is an upper bound of the trainers' wait; the autoscaler
+        uses the trainers' own figure when they report it."""
         await self._ensure_ready()
         low = min(self._cursor.values()) if self._cursor else 0
         now = time.monotonic()
         ongoing = sum(now - t0 for t0 in self._waits_now.values())  # waits not over yet
         return {"wait_s": self._wait_s + ongoing, "fetches": self._n_fetches,
-                "pid": os.getpid(),
+                "pid": os.getpid(), "trainer_wait_s": sum(self._trainer_wait.values()),
+                "consumed": min(self._consumed.values()) if self._consumed else -1,
+                "trainer_ranks": len(self._trainer_wait),
                 "queue_steps": max(0, self._built_step + 1 - low),
                 "version": self._rt_version, "time": time.monotonic()}
 
@@ -1235,12 +1241,14 @@ class DataConstructor:
 
     @ray.method(enable_task_events=False)
     async def fetch(self, gen: int, rank: int, step: int, count: int = 1,
-                    timeout: float = 600.0, consumed: int = -1, have: int = -1) -> List[Any]:
+                    timeout: float = 600.0, consumed: int = -1, have: int = -1,
+                    waited: float = -1.0) -> List[Any]:
         """The packages of ``rank``'s DP rank for steps ``step .. step+count-1`` (uint8
         arrays, without state blobs; for step train_steps its state blob as bytes, and
         nothing after it), in one call: one object per call, owned by the caller.
         ``consumed``: the step the rank's trainer stands at (the planner keeps states
-        from the least of them); ``have``: the first step the trainer has not received
+        from the least of them); ``waited``: seconds the trainer has waited for batches
+        so far (the autoscaler's feedback); ``have``: the first step the trainer has not received
         (after a restart of this actor, the steps before it are skipped for the rank).
         Raises StateError for another generation, LagError when the lag policy dropped
         the rank, or the error of a step."""
@@ -1258,6 +1266,8 @@ class DataConstructor:
                                       f"constructor {self._index}: rank {rank} is not served here")
         if consumed > self._consumed[rank]:
             self._consumed[rank] = int(consumed)
+        if waited >= 0:  # the trainer's own data wait so far (Client.data_wait_s)
+            self._trainer_wait[rank] = float(waited)
         self._last_call[rank] = (int(step), int(count), int(consumed), int(have))
         recent = self._recent.get(rank)
         if recent and have >= 0:

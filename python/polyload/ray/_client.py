@@ -124,9 +124,24 @@ class Client(polyload.Loader):
         self.package_bytes = getattr(self, "package_bytes", 0)
         #: fetches asked again after their constructor was lost
         self.retries = getattr(self, "retries", 0)
+        #: seconds next_batch blocked (this trainer's data wait), reported with fetches
+        self.data_wait_s = getattr(self, "data_wait_s", 0.0)
+        self._waits_counted = getattr(self, "_waits_counted", False)
         self._thread = threading.Thread(target=self._transport, args=(gen, self._stop_event),
                                          name=f"polyload-client-{self.rank}", daemon=True)
         self._thread.start()
+
+    def next_batch(self, rank: Optional[int] = None) -> Optional[Dict[str, Any]]:
+        """As :meth:`polyload.Loader.next_batch`; the time it blocks is this trainer's
+        data wait (``data_wait_s``, seconds since the client started), which the next
+        fetch reports to the constructor for the autoscaler (the first batch's wait,
+        the deployment's start-up, is left out)."""
+        t0 = time.perf_counter()
+        b = super().next_batch(rank)
+        if self._waits_counted:
+            self.data_wait_s += time.perf_counter() - t0
+        self._waits_counted = True
+        return b
 
     def _halt(self) -> None:
         """Stop the transport thread (wakes its waits in C)."""
@@ -160,7 +175,7 @@ class Client(polyload.Loader):
                             self._prefetch, train_steps - next_req + 1)
                         have = inflight[0][0] if inflight else next_req
                         ref = ctor.fetch.remote(gen, rank, next_req, n, self._timeout,
-                                                loader.position()[0], have)
+                                                loader.position()[0], have, self.data_wait_s)
                         inflight.append((next_req, n, ref))
                         next_req += n
                     if not inflight:

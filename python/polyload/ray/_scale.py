@@ -778,15 +778,23 @@ class Autoscaler:
         for g, x in enumerate(loads):
             if isinstance(x, BaseException):
                 continue
-            waits[g] = (x.get("pid"), x["wait_s"])
+            # the trainers' own wait when they report it (Client.data_wait_s), else the
+            # fetches' wait at the constructor (an upper bound)
+            w = x["trainer_wait_s"] if x.get("trainer_ranks") else x["wait_s"]
+            waits[g] = (x.get("pid"), w, bool(x.get("trainer_ranks")))
             q = prev_waits.get(g)
-            if q is not None and q[0] == x.get("pid"):
-                d_wait += max(0.0, x["wait_s"] - q[1])
+            if q is not None and q[0] == x.get("pid") and q[2] == waits[g][2]:
+                d_wait += max(0.0, w - q[1])
         wait = last.get("wait", 0.0) + d_wait  # cumulative over processes
         fetches = sum(x["fetches"] for x in loads if not isinstance(x, BaseException))
         queue = min([x["queue_steps"] for x in loads if not isinstance(x, BaseException)],
                     default=0)
-        step = prog["low"] if prog["low"] >= 0 else prog["start_step"]
+        # the trainers' step: the least one their fetches reported (finer than the
+        # planner's, which hears of it once per plan request)
+        lows = [x["consumed"] for x in loads if not isinstance(x, BaseException)
+                and x.get("consumed", -1) >= 0]
+        step = min(lows) if len(lows) == len(self._ctors) and lows else \
+            (prog["low"] if prog["low"] >= 0 else prog["start_step"])
         wait_frac = 0.0
         if "step" in last and step > last["step"]:
             steps = step - last["step"]
