@@ -72,6 +72,7 @@ def main():
     ap.add_argument("--sources", type=int, default=30)
     ap.add_argument("--compute", type=float, default=0.1)
     ap.add_argument("--micro-batches", type=int, default=260, help="per client")
+    ap.add_argument("--prefetch-steps", type=int, default=2)
     ap.add_argument("--json", default=os.path.join(HERE, "out", "ray_faults.json"))
     a = ap.parse_args()
     import ray
@@ -97,8 +98,10 @@ def main():
                    object_store_memory=256 << 20, namespace="bench", log_to_driver=False)
     address = ctx.address_info["address"]
     try:
+        # A shallow prefetch, so that the deployment is building while the roles are
+        # killed (with the default depth the whole run is built before the first kill).
         dep = pr.launch(cfg_path, num_constructors=2, namespace="bench", name="faults",
-                        max_source_loader_actors=2)
+                        max_source_loader_actors=2, prefetch_steps=a.prefetch_steps)
         start_at = time.time() + 25
         procs = [subprocess.Popen([sys.executable, script, str(r), address,
                                    str(a.micro_batches), str(a.compute), repr(start_at),
