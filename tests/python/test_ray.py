@@ -741,6 +741,35 @@ def test_raw_text_tokenized_in_source_loaders(cluster, tmp_path_factory):
     assert 0 < tokenized <= 2 * 512 + 400
 
 
+def _lockstep(clients, each=None):
+    """Drain clients in lockstep, as trainers run: per rank the batch hashes; ``each(k,
+    batches)`` runs after the k-th micro-batch of every rank (k from 1)."""
+    got = {c.rank: [] for c in clients}
+    k = 0
+    while True:
+        b = [c.next_batch() for c in clients]
+        if b[0] is None:
+            return got
+        for c, x in zip(clients, b):
+            got[c.rank].append(batch_hash(x))
+        k += 1
+        if each is not None:
+            each(k, b)
+
+
+def _names_gone(names, timeout=20):
+    """Wait until no actor holds these names (killed for good); the names still held."""
+    deadline, left = time.time() + timeout, set(names)
+    while left and time.time() < deadline:
+        for n in list(left):
+            try:
+                ray.get_actor(n, namespace=NS)
+            except ValueError:  # a name is released once its actor is dead
+                left.discard(n)
+        time.sleep(0.2)
+    return left
+
+
 # ------------------------------------------------------------------ scaling (issue 12)
 
 
@@ -768,18 +797,13 @@ def test_scaling_at_random_steps_does_not_change_batches(cluster, tmp_path_facto
     with pr.launch(cfg, namespace=NS, name="scale", shadows=1, placement=PLACEMENT,
                    prefetch_steps=2) as dep:
         clients = [pr.Client(cfg, rank=r, namespace=NS, name="scale") for r in (0, 1)]
-        got = {0: [], 1: []}
         at = set(rng.sample(range(2, 40), 8))
-        k, sizes = 0, []
+        sizes = []
         live = lambda v: {n for sl in v["slots"] for n in sl["actors"]}  # noqa: E731
         seen, retired = live(dep.scaling()), set()
-        while True:
-            b = [c.next_batch() for c in clients]
-            if b[0] is None:
-                break
-            for r in (0, 1):
-                got[r].append(batch_hash(b[r]))
-            k += 1
+
+        def each(k, _b):
+            nonlocal seen, retired
             if k == 1 or k in at:  # s0 gets 3 loaders at once and keeps them
                 src, n = ("s0", 3) if k == 1 else (rng.choice(["s1", "s2", "tech"]),
                                                    rng.choice([0, 1, 2, 3]))
@@ -791,6 +815,7 @@ def test_scaling_at_random_steps_does_not_change_batches(cluster, tmp_path_facto
                 retired |= seen - now
                 seen |= now
                 sizes.append((src, n))
+        got = _lockstep(clients, each)
         for r in (0, 1):
             assert got[r] == want[r], f"rank {r}"
         view = dep.scaling()
@@ -806,14 +831,7 @@ def test_scaling_at_random_steps_does_not_change_batches(cluster, tmp_path_facto
                    for p in profs), profs
         # retired loaders (and their standbys) are gone
         assert retired
-        deadline, left = time.time() + 20, set(retired)
-        while left and time.time() < deadline:
-            for n in list(left):
-                try:
-                    ray.get_actor(n, namespace=NS)
-                except ValueError:  # its name is released once it is dead
-                    left.discard(n)
-            time.sleep(0.2)
+        left = _names_gone(retired)
         assert not left, f"retired source loaders still alive: {sorted(left)}"
 
 
@@ -872,14 +890,8 @@ def test_autoscaler_sizes_a_pool_before_the_schedule_needs_it(cluster, tmp_path_
     with pr.launch(cfg, namespace=NS, name="auto", shadows=0, placement=PLACEMENT,
                    prefetch_steps=2, autoscale=auto) as dep:
         clients = [pr.Client(cfg, rank=r, namespace=NS, name="auto") for r in (0, 1)]
-        got = {0: [], 1: []}
-        while True:
-            b = [c.next_batch() for c in clients]
-            if b[0] is None:
-                break
-            for r in (0, 1):
-                got[r].append(batch_hash(b[r]))
-            time.sleep(0.075)  # simulated compute: 2 micro-batches a step
+        # simulated compute: 75 ms a micro-batch, 2 micro-batches a step
+        got = _lockstep(clients, lambda k, b: time.sleep(0.075))
         view = dep.scaling()
     for r in (0, 1):
         assert got[r] == want[r], f"rank {r}"
@@ -919,20 +931,13 @@ def test_killed_autoscaler_and_scaled_loader_keep_the_layout(cluster, corpus2):
         # the constructor node has 8 - 1 CPUs free: two loaders of 3 CPUs, then the next
         assert where.count(cluster.node_ids["ctor_node"]) == 2, where
         assert where.count(cluster.node_ids["loader_node"]) == 1, where
-        got = {0: [], 1: []}
-        k = 0
-        while True:
-            b = [c.next_batch() for c in clients]
-            if b[0] is None:
-                break
-            for r in (0, 1):
-                got[r].append(batch_hash(b[r]))
-            k += 1
+        victim = ray.get_actor(slots[1]["actors"][0], namespace=NS)
+
+        def each(k, _b):
             if k == 4:
-                pids = dep.pids()
-                os.kill(pids["autoscaler"][0], signal.SIGKILL)
-                victim = ray.get_actor(slots[1]["actors"][0], namespace=NS)
+                os.kill(dep.pids()["autoscaler"][0], signal.SIGKILL)
                 os.kill(ray.get(victim.pid.remote()), signal.SIGKILL)
+        got = _lockstep(clients, each)
         for r in (0, 1):
             assert got[r] == want[r], f"rank {r}"
         after = dep.scaling()  # the restarted autoscaler
@@ -957,15 +962,8 @@ def test_restarts_after_a_scale_down(cluster, corpus2):
         dep.scale("s1", 1)
         view = dep.scaling()
         assert next(x for x in view["sources"] if x["source"] == "s1")["dedicated"] == 1
-        got = {0: [], 1: []}
-        k = 0
-        while True:
-            b = [c.next_batch() for c in clients]
-            if b[0] is None:
-                break
-            for r in (0, 1):
-                got[r].append(batch_hash(b[r]))
-            k += 1
+
+        def each(k, _b):
             if k == 3:
                 pids = dep.pids()
                 os.kill(pids["constructor"][0], signal.SIGKILL)
@@ -977,6 +975,7 @@ def test_restarts_after_a_scale_down(cluster, corpus2):
                 live = [sl for sl in view["slots"] if sl["dedicated"] == "s1"]
                 # slot 3 kept, 4 and 5 retired (never reused), 6 new
                 assert sorted(sl["slot"] for sl in live) == [3, 6]
+        got = _lockstep(clients, each)
         for r in (0, 1):
             assert got[r] == want[r], f"rank {r}"
 
@@ -1046,15 +1045,7 @@ def test_attach_to_a_detached_deployment(cluster, corpus2, tmp_path):
     state = dep.state_dict()
     assert _core.state_info(state["blob"])["step"] == 5
     dep.shutdown()
-    deadline = time.time() + 20
-    left = set(names) | {"detached.planner", "detached.autoscaler"}
-    while left and time.time() < deadline:
-        for n in list(left):
-            try:
-                ray.get_actor(n, namespace=NS)
-            except ValueError:
-                left.discard(n)
-        time.sleep(0.2)
+    left = _names_gone(set(names) | {"detached.planner", "detached.autoscaler"})
     assert not left, sorted(left)
 
 
@@ -1072,18 +1063,11 @@ def test_raw_text_lengths_move_to_a_standby(cluster, tmp_path_factory):
     with pr.launch(cfg, num_source_loaders=1, namespace=NS, name="lenfail", shadows=1,
                    prefetch_steps=1, read_timeout=5.0) as dep:
         clients = [pr.Client(cfg, rank=r, namespace=NS, name="lenfail") for r in (0, 1)]
-        got = {0: [], 1: []}
-        k = 0
-        while True:
-            b = [c.next_batch() for c in clients]
-            if b[0] is None:
-                break
-            for r in (0, 1):
-                got[r].append(batch_hash(b[r]))
-            k += 1
+        def each(k, _b):
             if k == 2:
                 for pid in dep.pids()["source_loader"]:
                     os.kill(pid, signal.SIGKILL)
+        got = _lockstep(clients, each)
     for r in (0, 1):
         assert got[r] == want[r], f"rank {r}"
 # ------------------------------------------------------------------ image-text sources
