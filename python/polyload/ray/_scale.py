@@ -63,7 +63,7 @@ DEFAULTS: Dict[str, Any] = {
     "cpu_starved": 0.5,     # loaders getting under this x loader_cpus: no feedback
     "placement": None,      # [Ray options, ...] for new loaders, in preference order
     "shadows": None,        # standbys per new loader (None: launch's shadows)
-    "start_timeout_s": 120.0,  # a new loader not running by then: the change is dropped
+    "start_timeout_s": 120.0,  # deadline of a change's steps (start, drain of old reads)
 }
 
 
@@ -334,6 +334,7 @@ class Autoscaler:
         self._raw: set = set()  # sources seen tokenizing (raw text)
         self._calibrated: set = set()
         self._reserved: Dict[Any, float] = {}  # CPUs of loaders being placed, by node
+        self._avail: Optional[Dict[Any, Dict[str, float]]] = None  # snapshot of a change
         self._free_cpus = float(ray.available_resources().get("CPU", 1.0))
         self._calib: Dict[int, float] = {}  # cost by calibration (until traffic)
         self._view: Dict[str, Any] = {}
@@ -380,12 +381,17 @@ class Autoscaler:
         import ray  # noqa: PLC0415
 
         prefs = self._opts.get("placement") or [self._loader_opts]
-        try:
-            from ray._private.state import available_resources_per_node  # noqa: PLC0415
+        # One snapshot per change, less the loaders placed since (Ray's own figures
+        # would count those twice once it has scheduled them).
+        per_node = self._avail
+        if per_node is None:
+            try:
+                from ray._private.state import available_resources_per_node  # noqa: PLC0415
 
-            per_node = available_resources_per_node()
-        except Exception:  # noqa: BLE001 - a Ray without it: the cluster's totals
-            per_node = {None: ray.available_resources()}
+                per_node = available_resources_per_node()
+            except Exception:  # noqa: BLE001 - a Ray without it: the cluster's totals
+                per_node = {None: ray.available_resources()}
+            self._avail = per_node
         for p in prefs:
             p = dict(p or {})
             if "node_id" in p or "label_selector" in p or "scheduling_strategy" in p:
@@ -464,9 +470,17 @@ class Autoscaler:
         that died meanwhile reads the table at its restart (from the planner)."""
         from ._common import actor_lost, unwrap  # noqa: PLC0415
 
-        res = await asyncio.gather(*[c.set_routing.remote(table) for c in self._ctors],
-                                   return_exceptions=True)
+        deadline = time.monotonic() + float(self._opts["start_timeout_s"])
+        res = await asyncio.gather(*[asyncio.wait_for(c.set_routing.remote(table),
+                                                      self._opts["start_timeout_s"])
+                                     for c in self._ctors], return_exceptions=True)
         for r in res:
+            if isinstance(r, asyncio.TimeoutError):
+                raise RuntimeError(
+                    f"autoscaler: a constructor still had reads of a table older than "
+                    f"v{table['version']} in flight after start_timeout_s="
+                    f"{self._opts['start_timeout_s']:g} s; kept loaders keep both tables' "
+                    f"partitions, and retired loaders stay up, unused")
             if isinstance(r, BaseException):
                 if not actor_lost(unwrap(r)):
                     raise unwrap(r)  # kept loaders keep both tables' partitions
@@ -474,6 +488,12 @@ class Autoscaler:
                             f"that is restarting (it reads the table then): "
                             f"{type(r).__name__}")
         while not await self._planner.drained.remote(table["version"]):
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"autoscaler: the planner still had lengths calls of a table older "
+                    f"than v{table['version']} after start_timeout_s="
+                    f"{self._opts['start_timeout_s']:g} s; kept loaders keep both tables' "
+                    f"partitions, and retired loaders stay up, unused")
             await asyncio.sleep(0.05)
 
     def _error(self, msg: str) -> None:
@@ -590,7 +610,7 @@ class Autoscaler:
                     f"of placement {self._opts.get('placement') or self._loader_opts}?); "
                     f"the pools stay as they were") from None
             finally:
-                self._reserved = {}  # Ray's accounting has them now
+                self._reserved, self._avail = {}, None  # Ray's accounting has them now
             for (j, _), names in zip(new_slots.items(), started):
                 slots[j] = names
             table["source_loaders"] = [x[0] for x in slots]
