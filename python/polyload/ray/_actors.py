@@ -70,6 +70,15 @@ def _error_parts(exc: BaseException) -> Tuple[int, str]:
 # ======================================================================= planner
 
 
+def _owner_of(table, source: int, idx: np.ndarray) -> np.ndarray:
+    """The slot that owns each document index of ``source`` in a routing table."""
+    name = table["sources"][source]
+    parts = sorted((lo, owner) for n, lo, _hi, owner in table["partitions"] if n == name)
+    los = np.asarray([p[0] for p in parts], dtype=np.int64)
+    owners = np.asarray([p[1] for p in parts], dtype=np.int64)
+    return owners[np.searchsorted(los, idx, side="right") - 1]
+
+
 def _kv_get(key: bytes):
     from ray.experimental import internal_kv  # noqa: PLC0415
 
@@ -222,22 +231,14 @@ class Planner:
         planned soon) and whose owner the new table changes: ask their new owners for
         their lengths now, so that those loaders tokenize them before the constructors
         read them (asynchronous; the answers are not needed)."""
-        def owners(table, source):
-            name = table["sources"][source]
-            parts = sorted((lo, owner) for n, lo, _hi, owner in table["partitions"] if n == name)
-            return (np.asarray([p[0] for p in parts], dtype=np.int64),
-                    np.asarray([p[1] for p in parts], dtype=np.int64))
         with self._inflight_lock:
             logs = {source: list(log) for source, log in self._fetch_log.items()}
         for source, log in logs.items():
             if not log:
                 continue
             idx = np.asarray(log, dtype=np.int64)
-            lo_o, own_o = owners(old, source)
-            lo_n, own_n = owners(new, source)
-            a = own_o[np.searchsorted(lo_o, idx, side="right") - 1]
-            b = own_n[np.searchsorted(lo_n, idx, side="right") - 1]
-            moved = a != b
+            b = _owner_of(new, source, idx)
+            moved = _owner_of(old, source, idx) != b
             for slot in np.unique(b[moved]).tolist():
                 docs = idx[moved & (b == slot)].tolist()
                 try:
@@ -293,16 +294,12 @@ class Planner:
                 log[int(i)] = None
             while len(log) > _WARM_DOCS:
                 log.popitem(last=False)
-        name = info["sources"][source]
-        parts = sorted((lo, hi, owner) for n, lo, hi, owner in info["partitions"] if n == name)
-        los = np.asarray([p[0] for p in parts], dtype=np.int64)
         idx = np.asarray(indices, dtype=np.int64)
-        which = np.searchsorted(los, idx, side="right") - 1
+        owner = _owner_of(info, source, idx)
         slots = info.get("slots") or [[n] for n in info["source_loaders"]]
         calls = []
-        for k in np.unique(which):
-            pos = np.flatnonzero(which == k)
-            slot = parts[int(k)][2]
+        for slot in np.unique(owner).tolist():
+            pos = np.flatnonzero(owner == slot)
             calls.append((pos, slot, 0, self._handle(info, slots[slot][0]).lengths.remote(
                 int(source), idx[pos].tolist())))
         lengths = [0] * len(indices)
