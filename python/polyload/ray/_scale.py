@@ -67,6 +67,9 @@ DEFAULTS: Dict[str, Any] = {
 }
 
 
+_LOOK_TIMEOUT_S = 10.0  # seconds a measurement waits for each role's answer
+
+
 def autoscale_options(value) -> Dict[str, Any]:
     """``launch(autoscale=...)``: True / a dict of :data:`DEFAULTS` keys -> options."""
     if value is True:
@@ -730,11 +733,13 @@ class Autoscaler:
         """One look at the loaders, constructors and planner: costs, utilization, wait."""
         slots = self._table["slots"]
         live = sorted({int(p[3]) for p in self._table["partitions"]})
-        profs = await asyncio.gather(*[self._handle(slots[j][0]).profile.remote()
-                                       for j in live], return_exceptions=True)
-        loads = await asyncio.gather(*[c.load.remote() for c in self._ctors],
-                                     return_exceptions=True)
-        prog = await self._planner.progress.remote()
+        look = _LOOK_TIMEOUT_S  # a role that does not answer is left out of this look
+        profs = await asyncio.gather(*[asyncio.wait_for(
+            self._handle(slots[j][0]).profile.remote(), look) for j in live],
+            return_exceptions=True)
+        loads = await asyncio.gather(*[asyncio.wait_for(c.load.remote(), look)
+                                       for c in self._ctors], return_exceptions=True)
+        prog = await asyncio.wait_for(self._planner.progress.remote(), look)
         now = time.monotonic()
         last = self._last
         dt = max(1e-6, now - last.get("time", now - 1e-6))
@@ -835,9 +840,9 @@ class Autoscaler:
         for k in range(0, len(todo), 16):
             batch = todo[k:k + 16]
             self._calibrated.update(batch)
-            res = await asyncio.gather(*[self._handle(slots[self._loaders_of(s)[0]][0])
-                                         .calibrate.remote(s, 32) for s in batch],
-                                       return_exceptions=True)
+            res = await asyncio.gather(*[asyncio.wait_for(
+                self._handle(slots[self._loaders_of(s)[0]][0]).calibrate.remote(s, 32), 60.0)
+                for s in batch], return_exceptions=True)
             for s, c in zip(batch, res):
                 if not isinstance(c, BaseException) and c["tokens"] > 0:
                     self._calib[s] = c["cpu_s"] / c["tokens"]
