@@ -73,6 +73,8 @@ def main():
     ap.add_argument("--compute", type=float, default=0.1)
     ap.add_argument("--micro-batches", type=int, default=260, help="per client")
     ap.add_argument("--prefetch-steps", type=int, default=2)
+    ap.add_argument("--constructor-shadows", type=int, default=1,
+                    help="warm standbys per constructor (0: wait for Ray's restart)")
     ap.add_argument("--json", default=os.path.join(HERE, "out", "ray_faults.json"))
     a = ap.parse_args()
     import ray
@@ -93,7 +95,7 @@ def main():
     with open(script, "w") as f:
         f.write(CLIENT)
     res = {"machine": machine_note(), "ranks": RANKS, "sources": a.sources,
-           "compute_s": a.compute}
+           "compute_s": a.compute, "constructor_shadows": a.constructor_shadows}
     ctx = ray.init(address="local", num_cpus=8, include_dashboard=False,
                    object_store_memory=256 << 20, namespace="bench", log_to_driver=False)
     address = ctx.address_info["address"]
@@ -101,15 +103,20 @@ def main():
         # A shallow prefetch, so that the deployment is building while the roles are
         # killed (with the default depth the whole run is built before the first kill).
         dep = pr.launch(cfg_path, num_constructors=2, namespace="bench", name="faults",
-                        max_source_loader_actors=2, prefetch_steps=a.prefetch_steps)
+                        max_source_loader_actors=2, prefetch_steps=a.prefetch_steps,
+                        constructor_shadows=a.constructor_shadows)
         start_at = time.time() + 25
         procs = [subprocess.Popen([sys.executable, script, str(r), address,
                                    str(a.micro_batches), str(a.compute), repr(start_at),
                                    cfg_path, "faults"], cwd=ROOT, stdout=subprocess.PIPE,
                                   text=True) for r in range(RANKS)]
         kills = []
+        # the constructor of group 0 twice: its primary, then the standby serving
+        # in its place (the primary, restarted by Ray, is then the standby)
+        ctor0 = dep.actors["constructor"][0]
+        ctor0b = (dep.actors["constructor_shadow"][0] if a.constructor_shadows else ctor0)
         plan = [("source_loader", dep.actors["source_loader"][0]),
-                ("constructor", dep.actors["constructor"][0]),
+                ("constructor", ctor0), ("constructor (again)", ctor0b),
                 ("planner", dep.actors["planner"][0])]
         time.sleep(max(0.0, start_at - time.time()) + 6)  # 6 s undisturbed first
         for role, actor in plan:
@@ -171,6 +178,9 @@ def main():
                            max_source_loader_actors=2)
             pids = dd.info["pids"]["shadow"]
             shadow[n] = sum(pss_kib(p)["Pss"] for p in pids) / 1024
+            if n == 30 and dd.info["pids"].get("constructor_shadow"):
+                res["constructor_shadow_pss_mib"] = sum(
+                    pss_kib(p)["Pss"] for p in dd.info["pids"]["constructor_shadow"]) / 1024
             dd.shutdown()
         res["shadow_pss_mib"] = shadow
         res["shadow_mib_per_source"] = (shadow[300] - shadow[30]) / 270

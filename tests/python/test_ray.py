@@ -584,25 +584,32 @@ def _kill(actor):
 
 def test_kills_of_every_role_do_not_change_batches(cluster, corpus2):
     """24 SIGKILLs at seeded random steps of the planner, the constructors and the
-    source loaders (primaries and standbys, two in one step, one right before a
-    state_dict()): every rank's batches and final state equal the embedded loader's;
-    no client sees an exception."""
+    source loaders (primaries and standbys of both, two in one step, one right before a
+    state_dict(), one at the step where the mixture schedule changes): every rank's
+    batches and final state equal the embedded loader's; no client sees an exception."""
     import random
 
     cfg = corpus2.config(train_steps=40, topology={"dp": 2}, global_batch_size=8,
                          micro_batch_size=2, seq_length=64)
+    for src in cfg["sources"]:
+        src.pop("weight")
+    change = 20
+    cfg["schedule"] = {"interpolation": "step", "points": [
+        {"step": 0, "weights": {"s0": 0.5, "s1": 0.2, "s2": 0.3}},
+        {"step": change, "weights": {"s0": 0.1, "s1": 0.1, "s2": 0.8}}]}
     rng = random.Random(int(os.environ.get("POLYLOAD_KILL_SEED", "1234")))
     with pr.launch(cfg, num_source_loaders=2, num_constructors=2, namespace=NS, name="kills",
                    placement=PLACEMENT, prefetch_steps=2, checkpoint_steps=2) as dep:
         roles = dep.actors
         targets = ([("planner", a) for a in roles["planner"]]
                    + [("constructor", a) for a in roles["constructor"]]
+                   + [("constructor_shadow", a) for a in roles["constructor_shadow"]]
                    + [("source_loader", a) for a in roles["source_loader"]]
                    + [("shadow", a) for a in roles["shadow"]])
         clients = [pr.Client(cfg, rank=r, namespace=NS, name="kills", timeout=120)
                    for r in range(2)]
         n_mb = 40 * 2  # micro-batches per rank
-        kill_at = sorted(rng.sample(range(2, n_mb - 2), 22))
+        kill_at = sorted(set(rng.sample(range(2, n_mb - 2), 22)) | {2 * change - 1})
         got = {0: [], 1: []}
         kills = []
         for k in range(n_mb):
@@ -633,6 +640,55 @@ def test_kills_of_every_role_do_not_change_batches(cluster, corpus2):
         assert pm["recovered_from"] >= 0  # the planner came back from its checkpoint
 
 
+_DYING_CLIENT = r"""
+import json, os, signal, sys
+sys.path.insert(0, sys.argv[5])
+import ray, polyload.ray as pr
+from conftest import batch_hash
+ray.init(address=sys.argv[1], namespace=sys.argv[2], log_to_driver=False)
+c = pr.Client(json.loads(sys.argv[3]), rank=0, namespace=sys.argv[2], name="rejoin",
+              timeout=120)
+out = [batch_hash(c.next_batch()) for _ in range(int(sys.argv[4]))]
+print(json.dumps(out), flush=True)
+os.kill(os.getpid(), signal.SIGKILL)  # the trainer dies mid-step, without closing
+"""
+
+
+def test_client_started_again_continues_for_its_rank(cluster, corpus2):
+    """A trainer process SIGKILLed and started again for its rank continues at the
+    first micro-batch of the step it had not finished (it finished a step when it asked
+    for the next step's first micro-batch; the partial step is delivered again, since
+    the dead process's gradient went with it); the other rank's batches are unchanged."""
+    cfg = corpus2.config(train_steps=20, topology={"dp": 2}, global_batch_size=8,
+                         micro_batch_size=2, seq_length=64)
+    nmb = 2
+    want0, want0_state = loader_hashes(cfg, 0)
+    want1, _ = loader_hashes(cfg, 1)
+    with pr.launch(cfg, num_constructors=1, namespace=NS, name="rejoin", prefetch_steps=2):
+        other = pr.Client(cfg, rank=1, namespace=NS, name="rejoin", timeout=120)
+        got1 = client_hashes(other, 4)
+        for used in (7, 6):  # mid-step (3 steps and one micro-batch), then at a boundary
+            done = subprocess.run(
+                [sys.executable, "-c", _DYING_CLIENT, cluster.address, NS, json.dumps(cfg),
+                 str(used), os.path.dirname(os.path.abspath(__file__))],
+                capture_output=True, text=True, timeout=300)
+            assert done.returncode == -signal.SIGKILL, done.stderr[-2000:]
+            head = json.loads(done.stdout.strip().splitlines()[-1])
+            first = 0 if used == 7 else 6  # where this process started
+            assert head == want0[first:first + used]
+            if used == 7:
+                got1 += client_hashes(other, 10)
+        # the second process asked for micro-batches 6..11: it finished steps 3 and 4
+        again = pr.Client(cfg, rank=0, namespace=NS, name="rejoin", timeout=120)
+        assert again.state_dict()["blob"] == loader_hashes(cfg, 0, n=10)[1]["blob"]
+        assert client_hashes(again) == want0[10:]
+        got1 += client_hashes(other)
+        assert got1 == want1
+        assert again.state_dict()["blob"] == want0_state["blob"]
+        again.close()
+        other.close()
+
+
 def test_stalled_source_loader_moves_to_its_standby(cluster, corpus2):
     """A SIGSTOPped source loader (no crash, no answer) counts as failed after
     read_timeout: its reads go to the standby; batches unchanged."""
@@ -655,6 +711,41 @@ def test_stalled_source_loader_moves_to_its_standby(cluster, corpus2):
         assert fo and "read_timeout" in fo[0]["reason"] and fo[0]["to"].endswith(".shadow.0")
         assert took < 30
         c.close()
+
+
+def test_constructor_lost_or_stalled_moves_to_its_standby(cluster, corpus2):
+    """SIGKILL of the serving constructor, twice (the primary, then the standby serving
+    for it: the primary, restarted by Ray, is then the warm standby), and a SIGSTOPped
+    one (no answer within stall_timeout): the clients move to the group's next
+    constructor each time; batches unchanged."""
+    cfg = corpus2.config(train_steps=40, topology={"dp": 2}, global_batch_size=8,
+                         micro_batch_size=2, seq_length=64)
+    with pr.launch(cfg, num_constructors=1, namespace=NS, name="ctorsb", prefetch_steps=1,
+                   timeout=60) as dep:
+        assert len(dep.actors["constructor_shadow"]) == 1
+        primary, standby = dep.actors["constructor"][0], dep.actors["constructor_shadow"][0]
+        clients = [pr.Client(cfg, rank=r, namespace=NS, name="ctorsb", timeout=120,
+                             prefetch=1, stall_timeout=1.0) for r in range(2)]
+        got = {0: [], 1: []}
+        stopped = None
+        for k in range(80):
+            if k == 10:
+                _kill(primary)
+            if k == 30:
+                _pid(primary)  # back (Ray restarted it) and warm
+                _kill(standby)  # serving since step 5
+            if k == 50:
+                _pid(standby)
+                stopped = _pid(primary)  # serving again since step 15
+                os.kill(stopped, signal.SIGSTOP)
+            for c in clients:
+                got[c.rank].append(batch_hash(c.next_batch()))
+        os.kill(stopped, signal.SIGCONT)
+        for c in clients:
+            assert c.next_batch() is None
+            assert got[c.rank] == loader_hashes(cfg, c.rank)[0]
+            assert c.switches == 3, "\n".join(map(str, c.moves))
+            c.close()
 
 
 def test_every_source_loader_gone_is_a_clear_error_within_the_deadline(cluster, corpus2):

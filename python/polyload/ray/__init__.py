@@ -29,14 +29,23 @@ in C at the trainer.  The state blob is the embedded loader's (SPEC section 4)::
     for batch in loader: ...
 """
 
-from ._actors import DataConstructor, Planner, SourceLoader
-from ._client import Client
+import ray as _ray
+
+from ._common import FAILURE_DETECTION_ENV, set_failure_detection_env
+
+if not _ray.is_initialized():
+    # Calls to a crashed actor fail in tens of milliseconds in this process (read when
+    # ray.init starts Ray here; see FAILURE_DETECTION_ENV).
+    set_failure_detection_env()
+
+from ._actors import DataConstructor, Planner, SourceLoader  # noqa: E402
+from ._client import Client  # noqa: E402
 from ._deploy import (AUTOSCALE_DEFAULTS, DEFAULT_NUM_CPUS, DEFAULT_SOURCE_LOADER_ACTORS,
                       PREFETCH_BYTES, Deployment, attach, launch)
-from ._scale import Autoscaler, ScalePolicy
-from .serve import serve
+from ._scale import Autoscaler, ScalePolicy  # noqa: E402
+from .serve import serve  # noqa: E402
 
 __all__ = ["launch", "attach", "Deployment", "Client", "SourceLoader", "Planner",
            "DataConstructor",
            "serve", "Autoscaler", "ScalePolicy", "AUTOSCALE_DEFAULTS", "DEFAULT_NUM_CPUS",
-           "DEFAULT_SOURCE_LOADER_ACTORS", "PREFETCH_BYTES"]
+           "DEFAULT_SOURCE_LOADER_ACTORS", "PREFETCH_BYTES", "FAILURE_DETECTION_ENV"]

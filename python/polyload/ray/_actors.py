@@ -192,6 +192,9 @@ class Planner:
         # step -> packed blob of its start; constructor -> least step of its ranks
         self._states: Dict[int, bytes] = {}
         self._low: Dict[int, int] = {}
+        # constructor -> least step a rank of it has not received (where a standby
+        # that takes over may start: nothing before it is asked again)
+        self._need: Dict[int, int] = {}
 
     def set_routing(self, names, partitions, loader_names, namespace, version: int = 0,
                     slots=None, extra: Optional[Dict[str, Any]] = None) -> None:
@@ -453,23 +456,30 @@ class Planner:
         return self._gen, self._start_blob
 
     def resume_point(self, constructor: int) -> Tuple[int, bytes]:
-        """(generation, state blob) a restarted constructor stands at: the least step
-        its ranks reported (or the generation's start), as near as kept."""
+        """(generation, state blob) a standby or restarted constructor stands at: the
+        least step its ranks have not received as its last plan request reported
+        (``need``), else the least step they reported standing at, else the
+        generation's start, as near as kept."""
         self._ensure()
-        step = self._low.get(int(constructor), max(self._start_step, self._ckpt_step))
-        blob = self._state_at(step)
-        if blob is None:
-            return self._gen, self._start_blob
-        self._low[int(constructor)] = step  # kept until its ranks report more
-        return self._gen, blob
+        c = int(constructor)
+        low = self._low.get(c, max(self._start_step, self._ckpt_step))
+        need = self._need.get(c, -1)
+        for step in ([need] if need > low else []) + [low]:
+            blob = self._state_at(step)
+            if blob is not None:
+                self._low[c] = low  # states kept from there until its ranks report more
+                return self._gen, blob
+        return self._gen, self._start_blob
 
     @ray.method(enable_task_events=False)
-    def plan(self, gen: int, step: int, constructor: int, low: int = -1):
+    def plan(self, gen: int, step: int, constructor: int, low: int = -1, need: int = -1):
         self._ensure()
         if gen != self._gen:
             return None  # stale: the constructor syncs first
         if low >= 0:
             self._low[constructor] = int(low)
+        if need >= 0:
+            self._need[constructor] = int(need)
         self._advance(step)
         if self._failure is not None and step >= self._failure[0]:
             raise self._failure[1]
@@ -489,14 +499,16 @@ class Planner:
         return entry
 
     @ray.method(enable_task_events=False)
-    def plans(self, gen: int, step: int, constructor: int, count: int, low: int = -1):
+    def plans(self, gen: int, step: int, constructor: int, count: int, low: int = -1,
+              need: int = -1):
         """``plan`` for steps ``step .. step+count-1`` (stopping after train_steps, or
         before a step that fails), in one call; None for another generation.  ``low``:
-        the least step a rank of the constructor stands at (states before it go)."""
+        the least step a rank of the constructor stands at (states before it go);
+        ``need``: the least step a rank of it has not received (``resume_point``)."""
         out = []
         for s in range(int(step), int(step) + max(1, int(count))):
             try:
-                entry = self.plan(gen, s, constructor, low)
+                entry = self.plan(gen, s, constructor, low, need)
             except polyload.PolyloadError:
                 if not out:
                     raise
@@ -853,8 +865,14 @@ class DataConstructor:
     def __init__(self, payload, cwd: str, index: int, dp_ranks: Sequence[int],
                  planner: str, loaders: Sequence[Sequence[str]], routing, dtypes: Sequence[int],
                  namespace: str, prefetch_steps: int, max_lag_steps: int,
-                 drivers: int = 1, read_timeout: float = 30.0) -> None:
+                 drivers: int = 1, read_timeout: float = 30.0, standby: bool = False,
+                 group: Sequence[str] = ()) -> None:
         self._payload, self._cwd = payload, cwd
+        # A standby (shadow) builds its C objects at launch and serves nothing until
+        # its first fetch: then it stands where its group's trainers are and rebuilds.
+        self._standby = bool(standby)
+        self._serving = False
+        self._group_names = list(group)  # this group's constructors: primary, standbys
         self._index = int(index)
         self._dp_ranks = [int(d) for d in dp_ranks]
         # per source-loader slot: the primary's name, then its standbys' (shadows)
@@ -863,7 +881,9 @@ class DataConstructor:
         self._read_timeout = float(read_timeout)
         self._ready = False
         self._recovered = False
-        self.failovers: List[Dict[str, Any]] = []
+        #: when a standby or restarted constructor started serving, and from which step
+        self.activated: Optional[Dict[str, Any]] = None
+        self.failovers: Any = collections.deque(maxlen=1000)  # the last moves of reads
         self._routing = routing  # per source: (partition starts, actor index per partition)
         self._dtypes = np.asarray(dtypes, dtype=np.int64)
         self._widths = np.asarray([_WIDTH[int(d)] for d in dtypes], dtype=np.int64)
@@ -880,11 +900,12 @@ class DataConstructor:
         self._setup_lock = asyncio.Lock()
 
     async def setup(self, recovering: bool = False) -> Dict[str, Any]:
-        """Build the C objects and stand at the deployment's position.  Also run by
-        the first call after Ray restarted the actor (its process died): it then
-        stands at the least step its ranks' trainers reported to the planner and
-        rebuilds from there (plans are deterministic), so clients ask again only for
-        what they did not receive."""
+        """Build the C objects and, for a primary at launch, stand at the deployment's
+        position.  A standby (``standby``), or an actor Ray restarted after its process
+        died (``recovering``: run by its first call), only builds them: its first fetch
+        activates it (``_ensure_active``), standing at the least step its group's ranks
+        still need as reported to the planner and rebuilding from there (plans are
+        deterministic), so clients ask again only for what they did not receive."""
         enter_cwd(self._cwd)
         cfg = make_config(self._payload)
         self._cfg = cfg
@@ -920,14 +941,61 @@ class DataConstructor:
         self._reset_lock = asyncio.Lock()
         self._gen = -1
         self._final: Optional[bytes] = None
-        if recovering:
+        self._cursor: Dict[int, int] = {}
+        self._consumed: Dict[int, int] = {}
+        self._have: Dict[int, int] = {}
+        self._peer_warm: List[Any] = []
+        if not (recovering or self._standby):
+            gen, blob = await self._planner.current.remote()
+            await self._reset(gen, blob)
+            self._serving = True
+        else:  # connect to the source loaders now, not at the first read after a failure
+            try:
+                await asyncio.wait_for(asyncio.gather(
+                    *[h.pid.remote() for h in self._handles.values()],
+                    return_exceptions=True), 10.0)
+            except asyncio.TimeoutError:
+                pass
+        self._ready = True
+        return {"pid": os.getpid(), "node_id": _node_id(), "ranks": self._ranks,
+                "serving": self._serving}
+
+    async def warm(self) -> int:
+        """Build the C objects now (a restarted actor becomes a warm standby); its pid."""
+        await self._ensure_ready()
+        return os.getpid()
+
+    async def _ensure_active(self) -> None:
+        """A standby or restarted constructor starts serving: the routing table and
+        the position (``Planner.resume_point``: the least step its ranks still need)
+        come from the planner; then it warms the other constructors of its group, so
+        that the one lost becomes this one's standby once Ray has restarted it."""
+        await self._ensure_ready()
+        if self._serving:
+            return
+        async with self._setup_lock:
+            if self._serving:
+                return
+            rt = await self._planner.routing.remote()
+            if rt is not None and rt.get("version", 0) > self._rt_version:
+                self._apply_routing(rt["version"], *routing_for_constructors(rt))
             gen, blob = await self._planner.resume_point.remote(self._index)
             self._recovered = True
-        else:
-            gen, blob = await self._planner.current.remote()
-        await self._reset(gen, blob)
-        self._ready = True
-        return {"pid": os.getpid(), "node_id": _node_id(), "ranks": self._ranks}
+            await self._reset(gen, blob)
+            self._serving = True
+            me = ray.get_runtime_context().get_actor_name()
+            self.activated = {"step": _core.state_info(blob)["step"], "time": time.time(),
+                              "standby": self._standby}
+        for n in self._group_names:
+            if n != me:
+                self._peer_warm.append(asyncio.ensure_future(self._warm_peer(n)))
+
+    async def _warm_peer(self, name: str) -> None:
+        try:
+            h = ray.get_actor(name, namespace=self._namespace)
+            await asyncio.wait_for(h.warm.remote(), 120.0)
+        except Exception:  # noqa: BLE001 - gone for good, or still restarting: its
+            pass           # first call builds it then
 
     def _apply_routing(self, version: int, routing, slot_names) -> None:
         """Route reads by ``routing`` (per source: partition starts, slot per
@@ -976,7 +1044,8 @@ class DataConstructor:
         (``Client.data_wait_s`` as their last fetch reported it), "trainer_ranks": how
         many reported}``.  ``wait_s`` (the Client's fetches, which run ahead of the
         trainer by its prefetch) is an upper bound of the trainers' wait; the autoscaler
-        uses the trainers' own figure when they report it."""
+        uses the trainers' own figure when they report it.  ``"serving"``: False for a standby
+        not serving yet (its figures are zero)."""
         await self._ensure_ready()
         low = min(self._cursor.values()) if self._cursor else 0
         now = time.monotonic()
@@ -986,7 +1055,8 @@ class DataConstructor:
                 "consumed": min(self._consumed.values()) if self._consumed else -1,
                 "trainer_ranks": len(self._trainer_wait),
                 "queue_steps": max(0, self._built_step + 1 - low),
-                "version": self._rt_version, "time": time.monotonic()}
+                "version": self._rt_version, "time": time.monotonic(),
+                "serving": self._serving}
 
     async def _ensure_ready(self) -> None:
         if not self._ready:
@@ -1009,8 +1079,13 @@ class DataConstructor:
         self._final = None
         self._plans = {}
         self._cursor = {r: _core.state_info(blob)["step"] for r in self._ranks}
-        # the step each rank's trainer stands at (reported by its fetches)
+        # the step each rank's trainer stands at, and the first it has not received
+        # (reported by its fetches)
         self._consumed = dict(self._cursor)
+        self._have = dict(self._cursor)
+        # the step each rank's trainer reached a step boundary at (``at``): where a
+        # client started again for the rank continues (``rejoin``)
+        self._at = dict(self._cursor)
         self._recent: Dict[int, Dict[int, Any]] = {}
         self._last_call: Dict[int, Tuple[int, int, int, int]] = {}
         self._tasks = [asyncio.ensure_future(self._drive(gen)) for _ in range(self._n_drivers)]
@@ -1021,6 +1096,8 @@ class DataConstructor:
         With ``rank``: ``(generation, the step rank stands at here)``.  Peers that sync
         together reset the pipeline once."""
         await self._ensure_ready()
+        if not self._serving:  # a standby follows when it takes over
+            return self._gen if rank is None else (self._gen, -1)
         if gen > self._gen:
             async with self._reset_lock:
                 if gen > self._gen:
@@ -1105,7 +1182,8 @@ class DataConstructor:
             try:
                 res = await self._planner.plans.remote(gen, w.step, self._index,
                                                        self._prefetch_steps,
-                                                       min(self._consumed.values()))
+                                                       min(self._consumed.values()),
+                                                       min(self._have.values()))
             except Exception as e:  # noqa: BLE001 - the ranks that reach the step get it
                 if gen == self._gen:
                     self._pipe.fail_step(w.step, *_error_parts(e))
@@ -1203,11 +1281,15 @@ class DataConstructor:
             raise polyload.PolyloadIOError(
                 _core.EIO, "EIO", f"constructor {self._index}: routing table v"
                 f"{self._rt_version} sends a read to retired slot {slot}")
-        errors = []
-        # without a standby, wait up to read_timeout for Ray to restart the actor
+        import ray.exceptions as rex  # noqa: PLC0415
+
+        errors: Dict[int, str] = {}  # per candidate: its last failure
+        died = [0] * len(cands)  # ActorDiedError in a row: twice means gone for good
+        # While every candidate is lost, wait up to read_timeout for Ray's restarts (a
+        # call to a restarting actor waits for it; one to an actor gone for good fails).
         deadline = time.monotonic() + self._read_timeout
         attempt = 0
-        while attempt < 2 * len(cands) or (len(cands) == 1 and time.monotonic() < deadline):
+        while True:
             attempt += 1
             i = self._active[slot]
             actor = cands[i]
@@ -1220,19 +1302,22 @@ class DataConstructor:
                 why = ("no answer within read_timeout="
                        f"{self._read_timeout:g} s" if isinstance(exc, asyncio.TimeoutError)
                        else f"{type(exc).__name__}")
-                errors.append(f"{self._loader_names[slot][i]}: {why}")
+                errors[i] = f"{self._loader_names[slot][i]}: {why}"
+                died[i] = died[i] + 1 if isinstance(exc, rex.ActorDiedError) else 0
                 if self._active[slot] == i:  # peers may have moved it already
                     self._active[slot] = (i + 1) % len(cands)
                 self.failovers.append({"slot": slot, "from": self._loader_names[slot][i],
                                        "to": self._loader_names[slot][self._active[slot]],
                                        "reason": why, "time": time.time()})
-                if len(cands) == 1:
-                    await asyncio.sleep(0.5)  # no standby: wait for Ray's restart
+                if min(died) >= 2 or (attempt >= len(cands) and time.monotonic() >= deadline):
+                    break
+                if attempt % len(cands) == 0:
+                    await asyncio.sleep(0.05)  # every one is lost: Ray restarts them
         sources = sorted({int(x) for x in rows[:, 0]})
         raise polyload.PolyloadIOError(
             _core.EIO, "EIO",
             f"constructor {self._index}: no source loader could read sources {sources} "
-            f"(slot {slot}; tried {'; '.join(errors)})")
+            f"(slot {slot}; tried {'; '.join(errors[j] for j in sorted(errors))})")
 
     # --------------------------------------------------------------- serving
 
@@ -1249,7 +1334,7 @@ class DataConstructor:
         (after a restart of this actor, the steps before it are skipped for the rank).
         Raises StateError for another generation, LagError when the lag policy dropped
         the rank, or the error of a step."""
-        await self._ensure_ready()
+        await self._ensure_active()
         if gen > self._gen:
             await self.sync(gen)
         if gen != self._gen:
@@ -1263,12 +1348,18 @@ class DataConstructor:
                                       f"constructor {self._index}: rank {rank} is not served here")
         if consumed > self._consumed[rank]:
             self._consumed[rank] = int(consumed)
+        if have > self._have[rank]:
+            self._have[rank] = int(have)
         if waited >= 0:  # the trainer's own data wait so far (Client.data_wait_s)
             self._trainer_wait[rank] = float(waited)
         self._last_call[rank] = (int(step), int(count), int(consumed), int(have))
         recent = self._recent.get(rank)
         if recent and have >= 0:
-            for s in [s for s in recent if s < have]:
+            # kept: what the trainer has not received, and what it received but has not
+            # finished (a client started again for the rank continues there), within
+            # the lag limit
+            lo = max(min(int(have), self._at[rank]), int(have) - self._max_lag)
+            for s in [s for s in recent if s < lo]:
                 del recent[s]
         out: List[Any] = []
         deadline = asyncio.get_running_loop().time() + float(timeout)
@@ -1290,6 +1381,25 @@ class DataConstructor:
             await self._wake(self._demand)
             await self._wake(self._served)
         return out
+
+    @ray.method(num_returns=0, enable_task_events=False)
+    async def at(self, gen: int, rank: int, step: int) -> None:
+        """The trainer of ``rank`` finished every step before ``step`` (one call per step
+        from its Client, no answer)."""
+        if self._serving and gen == self._gen and step > self._at.get(rank, step):
+            self._at[rank] = int(step)
+
+    async def rejoin(self, gen: int, rank: int) -> Tuple[int, int]:
+        """``(generation, step)`` a new Client of ``rank`` starts at: the first step the
+        rank's trainer had not finished (``at``), whose packages are served again; the
+        generation's start for a rank never served."""
+        await self._ensure_active()
+        if gen > self._gen:
+            await self.sync(gen)
+        if rank not in self._cursor:
+            raise polyload.RangeError(_core.ERANGE, "ERANGE",
+                                      f"constructor {self._index}: rank {rank} is not served here")
+        return self._gen, self._at[rank]
 
     async def _wait(self, cond: asyncio.Condition, what: str, deadline: float) -> None:
         """Wait on cond until the fetch's deadline: PolyloadTimeoutError naming the
@@ -1363,11 +1473,16 @@ class DataConstructor:
             raise polyload.PolyloadError(_core.ECLOSED, "ECLOSED",
                                          f"constructor {self._index} is closed")
 
-    async def position(self) -> Tuple[int, int, int]:
+    async def position(self, activate: bool = False) -> Optional[Tuple[int, int, int]]:
         """``(generation, step, micro-batch)``: the position after the micro-batches
         delivered to every served rank (the deployment's view; a Client's own state
-        is exact for its rank)."""
+        is exact for its rank); None for a standby that does not serve, unless
+        ``activate`` (it then takes over, as at a fetch)."""
+        if activate:
+            await self._ensure_active()
         await self._ensure_ready()
+        if not self._serving:
+            return None
         step, mb, _have = self._pipe.position()
         return self._gen, step, mb
 

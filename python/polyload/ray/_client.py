@@ -17,7 +17,7 @@ import collections
 import os
 import threading
 import time
-from typing import Any, Deque, Dict, Mapping, Optional, Tuple
+from typing import Any, Deque, Dict, List, Mapping, Optional, Tuple
 
 import ray
 
@@ -28,6 +28,25 @@ from ._common import actor_lost, get, unwrap
 
 
 _get = get  # ray.get with polyload's exceptions and a deadline
+
+
+def _collect(refs: List[Any], timeout: float) -> List[Any]:
+    """Take the results of the calls among ``refs`` that are done within ``timeout``
+    (errors included: Ray reports a result never taken as unhandled); the others."""
+    if not refs:
+        return []
+    done, rest = ray.wait(refs, num_returns=len(refs), timeout=timeout)
+    for r in done:
+        try:
+            ray.get(r, timeout=0)
+        except Exception:  # noqa: BLE001 - a failed call of a constructor moved from
+            pass
+    return rest
+
+
+class _Stalled(Exception):
+    """A constructor that answers nothing (a stopped or hung process): moved away from
+    as from a lost one."""
 
 
 class Client(polyload.Loader):
@@ -57,6 +76,17 @@ class Client(polyload.Loader):
             error naming the actor (PolyloadTimeoutError).
         address: Ray address for ``ray.init`` when Ray is not initialized in this
             process (default: ``$RAY_ADDRESS`` or ``"auto"``).
+        stall_timeout: a fetch that takes longer than this many seconds asks the
+            constructor for a sign of life; one that gives none within as long again
+            (a stopped or hung process) counts as lost, and the fetches move to the
+            group's next constructor (a standby).  Default: the deployment's
+            ``read_timeout``.
+
+    A client started again for a rank the deployment served before (its trainer's
+    process died) continues at the first micro-batch of the step that rank had not
+    finished (it finished a step when it asked for the next step's first micro-batch);
+    what it had of that step is delivered again, since the dead process's partial
+    gradient went with it.
 
     Raises:
         ConfigError: the config does not match the deployment.
@@ -70,7 +100,8 @@ class Client(polyload.Loader):
     def __init__(self, config, rank: Optional[int] = None, namespace: str = "polyload", *,
                  name: str = "polyload", pin_memory: bool = False, prefetch: Optional[int] = None,
                  threads: int = 1, timeout: float = 600.0,
-                 address: Optional[str] = None) -> None:
+                 address: Optional[str] = None,
+                 stall_timeout: Optional[float] = None) -> None:
         self._thread: Optional[threading.Thread] = None
         self._loader = None
         cfg = polyload._make_config(config)
@@ -104,14 +135,72 @@ class Client(polyload.Loader):
         self._planner = planner
         self._timeout = float(timeout)
         self._prefetch = max(1, int(prefetch))
+        self._stall_timeout = float(stall_timeout if stall_timeout is not None
+                                    else info.get("read_timeout", 30.0))
         dp_rank = self.rank_info["dp_rank"]
         g = next(i for i, grp in enumerate(info["dp_groups"]) if dp_rank in grp)
-        self._ctor_name = info["constructors"][g]
-        self._ctor = ray.get_actor(self._ctor_name, namespace=namespace)
+        # the group's constructor, then its warm standbys (``constructor_shadows``):
+        # fetches go to one; when its process is lost they move to the next at once
+        self._ctor_names = [info["constructors"][g]] + \
+            list((info.get("constructor_shadows") or [[]] * (g + 1))[g])
+        self._ctors = [ray.get_actor(n, namespace=namespace) for n in self._ctor_names]
+        self._ci = 0
+        # Connect to the standbys now (Ray opens a connection at an actor's first call),
+        # so that a move to one costs no connection set-up.
+        try:
+            ray.wait([c.pid.remote() for c in self._ctors[1:]],
+                     num_returns=len(self._ctors) - 1, timeout=min(10.0, self._timeout))
+        except Exception:  # noqa: BLE001 - a standby restarting: connected at its first use
+            pass
         gen, blob = _get(planner.current.remote(), timeout)
+        # A rank served before (its trainer's process died and came back): continue at
+        # the first step it had not finished.
+        step = self._rejoin(gen)
+        if step > _core.state_info(blob)["step"]:
+            blob = _core.state_unpack(_get(planner.state.remote(gen, step), timeout))
         self._start(gen, blob)
 
+    def _await(self, ref):
+        """``ray.get(ref)`` within ``timeout``; when the call takes more than
+        ``stall_timeout``, the constructor is asked for its pid: one that does not answer
+        within ``stall_timeout`` either counts as lost (_Stalled) when the group has a
+        standby to move to."""
+        deadline = time.monotonic() + self._timeout
+        while True:
+            left = deadline - time.monotonic()
+            ready, _ = ray.wait([ref], timeout=max(0.0, min(left, self._stall_timeout)))
+            if ready or left <= self._stall_timeout or len(self._ctors) < 2:
+                return ray.get(ref, timeout=max(0.0, deadline - time.monotonic()))
+            ping = self._ctor.pid.remote()
+            answered, _ = ray.wait([ping], timeout=self._stall_timeout)
+            if not answered:
+                raise _Stalled(f"constructor {self._ctor_name} answered neither a fetch nor "
+                               f"a ping within stall_timeout={self._stall_timeout:g} s")
+
+    def _rejoin(self, gen: int) -> int:
+        """The step this rank continues at (``DataConstructor.rejoin``), from the first
+        constructor of the group that answers."""
+        deadline = time.monotonic() + self._timeout
+        while True:
+            try:
+                g, step = _get(self._ctor.rejoin.remote(gen, self.rank), self._timeout)
+                return step if g == gen else -1
+            except Exception as e:  # noqa: BLE001 - lost: the next one of the group
+                if not actor_lost(unwrap(e)) or time.monotonic() > deadline:
+                    raise
+                self._ci = (self._ci + 1) % len(self._ctors)
+                time.sleep(0.05)
+
     # ------------------------------------------------------------ transport
+
+    @property
+    def _ctor(self):
+        """The constructor this client fetches from now."""
+        return self._ctors[self._ci]
+
+    @property
+    def _ctor_name(self) -> str:
+        return self._ctor_names[self._ci]
 
     def _start(self, gen: int, blob: bytes) -> None:
         """Stand at ``blob`` (generation ``gen``) and start the transport thread."""
@@ -124,9 +213,14 @@ class Client(polyload.Loader):
         self.package_bytes = getattr(self, "package_bytes", 0)
         #: fetches asked again after their constructor was lost
         self.retries = getattr(self, "retries", 0)
+        #: times this client moved to another constructor of its group (a standby)
+        self.switches = getattr(self, "switches", 0)
+        #: each move: {"time", "from", "to", "step" (first step asked again), "reason"}
+        self.moves: List[Dict[str, Any]] = getattr(self, "moves", [])
         #: seconds next_batch blocked (this trainer's data wait), reported with fetches
         self.data_wait_s = getattr(self, "data_wait_s", 0.0)
         self._waits_counted = getattr(self, "_waits_counted", False)
+        self._reported = _core.state_info(blob)["step"]
         self._thread = threading.Thread(target=self._transport, args=(gen, self._stop_event),
                                          name=f"polyload-client-{self.rank}", daemon=True)
         self._thread.start()
@@ -136,6 +230,17 @@ class Client(polyload.Loader):
         data wait (``data_wait_s``, seconds since the client started), which the next
         fetch reports to the constructor for the autoscaler (the first batch's wait,
         the deployment's start-up, is left out)."""
+        if self._loader is not None:
+            step, mb, _ = self._loader.position()
+            if mb == 0 and step > self._reported:
+                # Asking for a step's first micro-batch: the trainer finished the steps
+                # before it (their optimizer step is done).  A client started again for
+                # this rank continues there (DataConstructor.rejoin).
+                self._reported = step
+                try:
+                    self._ctor.at.remote(self._gen, self.rank, step)
+                except Exception:  # noqa: BLE001 - a lost constructor: fetches handle it
+                    pass
         t0 = time.perf_counter()
         b = super().next_batch(rank)
         if self._waits_counted:
@@ -156,8 +261,10 @@ class Client(polyload.Loader):
     def _transport(self, gen: int, stop: threading.Event) -> None:
         """Fetch the packages the C loader asks for: ``prefetch`` steps per call, two
         calls in flight; push each when the loader wants it."""
-        loader, ctor, rank = self._loader, self._ctor, self.rank
+        loader, rank = self._loader, self.rank
         inflight: Deque[Tuple[int, int, Any]] = collections.deque()
+        lost_in_row = 0  # constructors found lost since the last package
+        abandoned: List[Any] = []  # calls to a constructor moved away from
         lost_since: Optional[float] = None
         ready: Dict[int, Any] = {}
         train_steps = self.config.get_int("train_steps")
@@ -174,8 +281,9 @@ class Client(polyload.Loader):
                         n = self._prefetch if train_steps < 0 else min(
                             self._prefetch, train_steps - next_req + 1)
                         have = inflight[0][0] if inflight else next_req
-                        ref = ctor.fetch.remote(gen, rank, next_req, n, self._timeout,
-                                                loader.position()[0], have, self.data_wait_s)
+                        ref = self._ctor.fetch.remote(gen, rank, next_req, n, self._timeout,
+                                                      loader.position()[0], have,
+                                                      self.data_wait_s)
                         inflight.append((next_req, n, ref))
                         next_req += n
                     if not inflight:
@@ -184,28 +292,44 @@ class Client(polyload.Loader):
                                          f"the end of the deployment's steps")
                         return
                     first, n, ref = inflight.popleft()
+                    if abandoned:
+                        abandoned = _collect(abandoned, 0.0)
                     try:
-                        pkgs = ray.get(ref, timeout=self._timeout)
+                        pkgs = self._await(ref)
                         lost_since = None
+                        lost_in_row = 0
                     except Exception as e:  # noqa: BLE001 - sorted out below
-                        if not actor_lost(unwrap(e)):
+                        if not (actor_lost(unwrap(e)) or isinstance(e, _Stalled)):
                             err = e
                         else:
-                            # The constructor's process is gone: Ray restarts it and it
-                            # rebuilds from the least step its ranks stand at; ask again
-                            # for what this rank has not received (fetch's `have`).
+                            # The constructor's process is gone: the next one of the
+                            # group (a warm standby; Ray restarts the lost one) takes
+                            # over from the least step its ranks had not received; ask
+                            # again for what this rank has not (fetch's `have`).
                             now = time.monotonic()
                             lost_since = lost_since or now
                             if now - lost_since < self._timeout and not stop.is_set():
-                                inflight.clear()  # those calls failed too, or will
+                                # those calls failed too, or will (collected later, so
+                                # that Ray reports none of them as unhandled)
+                                abandoned += [r for _, _, r in inflight]
+                                inflight.clear()
                                 next_req = first
                                 self.retries += 1
-                                time.sleep(0.05)
+                                lost_in_row += 1
+                                if len(self._ctors) > 1:
+                                    was = self._ctor_name
+                                    self._ci = (self._ci + 1) % len(self._ctors)
+                                    self.switches += 1
+                                    self.moves.append({"time": time.time(), "from": was,
+                                                       "to": self._ctor_name, "step": first,
+                                                       "reason": type(unwrap(e)).__name__})
+                                if lost_in_row % len(self._ctors) == 0:
+                                    time.sleep(0.05)  # every one is restarting
                                 continue
                             err = polyload.PolyloadError(
                                 _core.EIO, "EIO",
-                                f"polyload.ray.Client rank {rank}: constructor "
-                                f"{self._ctor_name} lost and not back within "
+                                f"polyload.ray.Client rank {rank}: constructors "
+                                f"{', '.join(self._ctor_names)} lost and not back within "
                                 f"{self._timeout:g} s ({type(unwrap(e)).__name__}: {e})")
                     else:
                         err = None
@@ -248,12 +372,9 @@ class Client(polyload.Loader):
                 del pkg
         except polyload.PolyloadError:
             return  # stopped (ECLOSED), or the loader failed: next() reports it
-        finally:
-            for _, _, ref in inflight:  # collect, so Ray reports none as unhandled
-                try:
-                    ray.get(ref, timeout=2.0)
-                except Exception:  # noqa: BLE001
-                    pass
+        finally:  # collect, so Ray reports none as unhandled
+            _collect([r for _, _, r in inflight], 2.0)
+            _collect(abandoned, 0.0)
 
     # ---------------------------------------------------------------------- state
 

@@ -6,7 +6,7 @@ Nothing here imports Ray at module level except :func:`unwrap`, which imports it
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping, Tuple
+from typing import Any, Dict, Mapping, Tuple
 
 import polyload
 
@@ -97,3 +97,32 @@ def routing_for_constructors(table):
         parts.sort()
         routing.append(([lo for lo, _ in parts], [a for _, a in parts]))
     return routing, [[] if j in gone else list(x) for j, x in enumerate(table["slots"])]
+
+
+#: Ray settings of the processes that call the actors (trainers' clients, constructors,
+#: the planner), so that a crashed actor's calls fail in tens of milliseconds rather
+#: than after Ray's default second: ``timeout_ms_task_wait_for_death_info`` (how long a
+#: call whose connection broke waits for the GCS to say why; default 1000 ms) and
+#: ``core_worker_internal_heartbeat_ms`` (how often that wait is checked; default
+#: 1000 ms).  Measured here: a SIGKILLed actor's pending call fails after 35-41 ms with
+#: these, 1.2-1.4 s without.  Set as environment variables, read when Ray starts in a
+#: process: the actors get them through their runtime_env; ``import polyload.ray``
+#: sets them (unless already set) in a process where Ray is not initialized yet.
+FAILURE_DETECTION_ENV = {"RAY_timeout_ms_task_wait_for_death_info": "20",
+                         "RAY_core_worker_internal_heartbeat_ms": "10"}
+
+
+def set_failure_detection_env() -> None:
+    """``FAILURE_DETECTION_ENV`` into ``os.environ`` (keys already set stay)."""
+    for k, v in FAILURE_DETECTION_ENV.items():
+        os.environ.setdefault(k, v)
+
+
+def with_failure_detection(options: Dict[str, Any]) -> Dict[str, Any]:
+    """Actor options with ``FAILURE_DETECTION_ENV`` added to ``runtime_env["env_vars"]``
+    (values the caller set stay)."""
+    o = dict(options)
+    env = dict(o.get("runtime_env") or {})
+    env["env_vars"] = {**FAILURE_DETECTION_ENV, **dict(env.get("env_vars") or {})}
+    o["runtime_env"] = env
+    return o

@@ -13,7 +13,7 @@ import polyload
 from polyload import _core
 
 from ._actors import DataConstructor, Planner, SourceLoader
-from ._common import config_payload, get, make_config
+from ._common import config_payload, get, make_config, with_failure_detection
 from ._scale import DEFAULTS as AUTOSCALE_DEFAULTS
 from ._scale import Autoscaler, ScalePolicy, autoscale_options
 
@@ -119,10 +119,12 @@ class Deployment:
     """
 
     def __init__(self, namespace: str, name: str, planner, loaders, constructors,
-                 info: Dict[str, Any], shadows: Sequence[Any] = (), autoscaler=None) -> None:
+                 info: Dict[str, Any], shadows: Sequence[Any] = (), autoscaler=None,
+                 constructor_shadows: Sequence[Any] = ()) -> None:
         self.namespace, self.name = namespace, name
         self._planner, self._loaders, self._constructors = planner, loaders, constructors
         self._shadows = list(shadows)
+        self._ctor_shadows = list(constructor_shadows)  # by group, then standby index
         self._autoscaler = autoscaler
         self.info = info
         #: seconds any call of this handle waits for the actors (PolyloadTimeoutError)
@@ -130,7 +132,8 @@ class Deployment:
 
     @property
     def actors(self) -> Dict[str, List[Any]]:
-        """Actor handles by role (``"shadow"``: the source loaders' standbys), the
+        """Actor handles by role (``"shadow"``: the source loaders' standbys,
+        ``"constructor_shadow"``: the constructors' standbys, by group), the
         source loaders being those of the routing table in use (the autoscaler adds
         and retires them)."""
         loaders, shadows = list(self._loaders), list(self._shadows)
@@ -143,7 +146,8 @@ class Deployment:
             shadows = [ray.get_actor(n, namespace=self.namespace)
                        for j in live for n in table["slots"][j][1:]]
         out = {"planner": [self._planner], "source_loader": loaders,
-               "constructor": list(self._constructors), "shadow": shadows}
+               "constructor": list(self._constructors), "shadow": shadows,
+               "constructor_shadow": list(self._ctor_shadows)}
         if self._autoscaler is not None:
             out["autoscaler"] = [self._autoscaler]
         return out
@@ -185,9 +189,17 @@ class Deployment:
         "from", "to", "reason", "time"}``."""
         self._check_open()
         out = []
-        for g, c in enumerate(self._constructors):
-            out += [dict(f, constructor=g) for f in _get(c.failover_log.remote(), self.timeout)]
+        for g, grp in enumerate(self._groups()):
+            for c in grp:
+                out += [dict(f, constructor=g)
+                        for f in _get(c.failover_log.remote(), self.timeout)]
         return out
+
+    def _groups(self) -> List[List[Any]]:
+        """Per DP group: its constructor, then its standbys."""
+        k = len(self._ctor_shadows) // max(1, len(self._constructors))
+        return [[c] + self._ctor_shadows[g * k:(g + 1) * k]
+                for g, c in enumerate(self._constructors)]
 
     def _check_open(self) -> None:
         if self._planner is None:
@@ -200,7 +212,14 @@ class Deployment:
         is exact for its own position; this one may lead it by the steps a client
         prefetched)."""
         self._check_open()
-        pos = _get([c.position.remote() for c in self._constructors], self.timeout)
+        pos = []
+        for grp in self._groups():  # the constructor serving each group (a standby
+            # that took over, or both while a lost one comes back: the one ahead)
+            serving = [p for p in _get([c.position.remote() for c in grp], self.timeout)
+                       if p is not None]
+            if not serving:  # a standby activates on its first call
+                serving = [_get(grp[0].position.remote(True), self.timeout)]
+            pos.append(max(serving, key=lambda p: (p[0], p[1], p[2])))
         gen, step, mb = min(pos, key=lambda p: (p[1], p[2]))
         blob = _core.state_unpack(_get(self._planner.state.remote(gen, step), self.timeout))
         dp = _core.state_info(blob)["dp"]
@@ -214,7 +233,7 @@ class Deployment:
         self._check_open()
         gen, _ = _get(self._planner.restart.remote(polyload._state_blob(state), True),
                       self.timeout)
-        _get([c.sync.remote(gen) for c in self._constructors], self.timeout)
+        _get([c.sync.remote(gen) for grp in self._groups() for c in grp], self.timeout)
 
     def pids(self) -> Dict[str, List[int]]:
         """Process ids of the actors, by role."""
@@ -227,19 +246,21 @@ class Deployment:
         if self._planner is None:
             return
         handles = [self._planner] + list(self._loaders) + list(self._constructors) + \
-            list(self._shadows) + ([self._autoscaler] if self._autoscaler is not None else [])
+            list(self._ctor_shadows) + list(self._shadows) + \
+            ([self._autoscaler] if self._autoscaler is not None else [])
         try:  # the autoscaler first (it starts no more loaders), then the constructors
             if self._autoscaler is not None:
                 ray.get(self._autoscaler.close.remote(), timeout=timeout)
-            ray.get([h.close.remote() for h in self._constructors], timeout=timeout)
+            ray.get([h.close.remote() for h in self._constructors + self._ctor_shadows],
+                    timeout=timeout)
         except Exception:  # noqa: BLE001 - killing anyway
             pass
         # every actor named NAME.* in the namespace: also loaders the autoscaler started
         try:
             from ray.util import list_named_actors  # noqa: PLC0415
 
-            mine = re.compile(re.escape(self.name) + r"\.(planner|autoscaler|constructor\.\d+|"
-                              r"source_loader\.\d+(\.shadow\.\d+)?)$")
+            mine = re.compile(re.escape(self.name) + r"\.(planner|autoscaler|"
+                              r"(constructor|source_loader)\.\d+(\.shadow\.\d+)?)$")
             for a in list_named_actors(all_namespaces=True):
                 if a.get("namespace") == self.namespace and mine.match(a.get("name", "")):
                     try:
@@ -255,6 +276,7 @@ class Deployment:
                 pass
         _forget_checkpoint(self.namespace, self.name)
         self._planner, self._loaders, self._constructors, self._shadows = None, [], [], []
+        self._ctor_shadows = []
         self._autoscaler = None
 
     def __enter__(self) -> "Deployment":
@@ -283,6 +305,7 @@ def launch(
     detached: bool = False,
     timeout: Optional[float] = 300.0,
     shadows: int = 1,
+    constructor_shadows: int = 1,
     read_timeout: float = 30.0,
     checkpoint_steps: int = 8,
     autoscale: Union[None, bool, Mapping[str, Any]] = None,
@@ -322,6 +345,14 @@ def launch(
             its node gone) or gives no answer within ``read_timeout`` seconds moves to
             the next standby in the same step; Ray restarts the lost actor in the
             background (``max_restarts``) and it serves again as a standby.
+        constructor_shadows: warm standbys per data constructor
+            (``NAME.constructor.G.shadow.K``: C objects built, on another node than
+            the primary where there is one, no CPU reserved; they build nothing until
+            used).  When a constructor's process is lost, its clients move to the next
+            standby at once; it stands at the least step the group's ranks had not
+            received (reported to the planner with each plan request) and rebuilds from
+            there, while Ray restarts the lost actor, which becomes the standby.  With 0,
+            clients wait for Ray's restart of the constructor (about a second).
         checkpoint_steps: the planner writes its checkpoint (the packed state of a
             step no rank is behind, its generation and registry) to Ray's internal KV
             store every this many steps; a restarted planner (Ray restarts every role
@@ -374,7 +405,7 @@ def launch(
     def opts(role, actor_name, **extra):
         o = {"name": actor_name, **common, **extra}
         o.update(_role_options(placement, role))
-        return o
+        return with_failure_detection(o)
 
     _check_cpus(placement, int(num_constructors), num_source_loaders, max_source_loader_actors,
                 cfg.num_sources)
@@ -383,6 +414,8 @@ def launch(
         scale_opts["enabled"] = False
     if int(shadows) < 0:
         raise ValueError(f"shadows must be >= 0, got {shadows}")
+    if int(constructor_shadows) < 0:
+        raise ValueError(f"constructor_shadows must be >= 0, got {constructor_shadows}")
     created = []
     # Every role restarts when its process dies (a crash, a kill, a lost node); calls
     # to the planner are retried on the new process, which recovers from its checkpoint.
@@ -434,7 +467,8 @@ def launch(
                         NodeAffinitySchedulingStrategy)
                     o["scheduling_strategy"] = NodeAffinitySchedulingStrategy(
                         node_id=others[(j + k) % len(others)], soft=True)
-                a = _SourceLoaderActor.options(**o, **restart).remote(payload, cwd, shards[j])
+                a = _SourceLoaderActor.options(**with_failure_detection(o), **restart).remote(
+                    payload, cwd, shards[j])
                 created.append(a)
                 shadow_actors.append(a)
                 shadow_names[j].append(f"{loader_names[j]}.shadow.{k}")
@@ -454,27 +488,48 @@ def launch(
             routing.append(([lo for lo, _, _ in mine], [o for _, _, o in mine]))
         groups = [list(map(int, g)) for g in np.array_split(np.arange(dp), int(num_constructors))]
         ctor_names = [f"{name}.constructor.{g}" for g in range(len(groups))]
-        ctors = []
-        for g, group in enumerate(groups):
-            a = _DataConstructorActor.options(**opts("constructor", ctor_names[g]),
-                                              **restart).remote(
+        ctor_shadow_names = [[f"{ctor_names[g]}.shadow.{k}" for k in
+                              range(int(constructor_shadows))] for g in range(len(groups))]
+        ctors, ctor_shadows = [], []
+
+        def make_ctor(g, group, actor_name, standby, o):
+            return _DataConstructorActor.options(**o, **restart).remote(
                 payload, cwd, g, group, f"{name}.planner",
                 [[loader_names[j]] + shadow_names[j] for j in range(n_actors)], routing,
                 pinfo["dtypes"], namespace, prefetch_steps,
                 # Delivery runs ahead of consumption by up to two Client calls: the
                 # constructor's lag limit leaves room for them.
-                int(max_lag_steps) + 2 * fetch_steps, 1, float(read_timeout))
+                int(max_lag_steps) + 2 * fetch_steps, 1, float(read_timeout), standby,
+                [ctor_names[g]] + ctor_shadow_names[g])
+
+        for g, group in enumerate(groups):
+            a = make_ctor(g, group, ctor_names[g], False, opts("constructor", ctor_names[g]))
             created.append(a)
             ctors.append(a)
         cinfo = _get([a.setup.remote() for a in ctors], timeout)
+        for g, group in enumerate(groups):
+            others = [n for n in alive if n != cinfo[g]["node_id"]] or alive
+            for k, sname in enumerate(ctor_shadow_names[g]):
+                o = opts("constructor", sname)
+                o["num_cpus"] = 0  # builds only once its primary is gone
+                if not (placement and placement.get("constructor")) and others:
+                    from ray.util.scheduling_strategies import (  # noqa: PLC0415
+                        NodeAffinitySchedulingStrategy)
+                    o["scheduling_strategy"] = NodeAffinitySchedulingStrategy(
+                        node_id=others[(g + k) % len(others)], soft=True)
+                a = make_ctor(g, group, sname, True, o)
+                created.append(a)
+                ctor_shadows.append(a)
+        csinfo = _get([a.setup.remote() for a in ctor_shadows], timeout)
         # The scaling role: owns the routing table from now on (Deployment.scale, and
         # the policy when autoscale is given).
         autoscaler = _AutoscalerActor.options(
-            name=f"{name}.autoscaler", **common, num_cpus=0, **restart,
-            max_task_retries=-1).remote(
+            **with_failure_detection({"name": f"{name}.autoscaler", **common, "num_cpus": 0}),
+            **restart, max_task_retries=-1).remote(
             payload, cwd, name, namespace, table, pinfo["num_documents"], scale_opts,
-            _role_options(placement, "source_loader"), int(shadows), bool(detached),
-            ctor_names)
+            with_failure_detection(_role_options(placement, "source_loader")), int(shadows),
+            bool(detached),
+            [[ctor_names[g]] + ctor_shadow_names[g] for g in range(len(groups))])
         created.append(autoscaler)
         _get(autoscaler.setup.remote(), timeout)
         info = {
@@ -487,6 +542,7 @@ def launch(
             "sources": names,
             "num_constructors": len(ctors),
             "constructors": ctor_names,
+            "constructor_shadows": ctor_shadow_names,
             "dp_groups": groups,
             "source_loaders": loader_names,
             "shadows": shadow_names,
@@ -494,13 +550,15 @@ def launch(
             "prefetch_steps": prefetch_steps,
             "max_lag_steps": int(max_lag_steps),
             "fetch_steps": fetch_steps,
+            "read_timeout": float(read_timeout),
             "nodes": {"planner": [pinfo["node_id"]],
                       "source_loader": [x["node_id"] for x in linfo],
                       "constructor": [x["node_id"] for x in cinfo]},
             "pids": {"planner": [pinfo["pid"]],
                      "source_loader": [x["pid"] for x in linfo],
                      "shadow": [x["pid"] for x in sinfo],
-                     "constructor": [x["pid"] for x in cinfo]},
+                     "constructor": [x["pid"] for x in cinfo],
+                     "constructor_shadow": [x["pid"] for x in csinfo]},
         }
         _get(planner.set_info.remote(info), timeout)
     except BaseException:
@@ -510,7 +568,8 @@ def launch(
             except Exception:  # noqa: BLE001
                 pass
         raise
-    dep = Deployment(namespace, name, planner, loaders, ctors, info, shadow_actors, autoscaler)
+    dep = Deployment(namespace, name, planner, loaders, ctors, info, shadow_actors, autoscaler,
+                     ctor_shadows)
     if timeout is not None:
         dep.timeout = float(timeout)
     return dep
@@ -545,7 +604,10 @@ def attach(name: str = "polyload", namespace: str = "polyload", *,
     loaders = [ray.get_actor(table["slots"][j][0], namespace=namespace) for j in live]
     shadows = [ray.get_actor(n, namespace=namespace) for j in live
                for n in table["slots"][j][1:]]
-    dep = Deployment(namespace, name, planner, loaders, ctors, info, shadows, scaler)
+    ctor_shadows = [ray.get_actor(n, namespace=namespace)
+                    for grp in info.get("constructor_shadows", []) for n in grp]
+    dep = Deployment(namespace, name, planner, loaders, ctors, info, shadows, scaler,
+                     ctor_shadows)
     if timeout is not None:
         dep.timeout = float(timeout)
     return dep

@@ -295,7 +295,8 @@ class Autoscaler:
         self._loader_opts = dict(loader_options)
         self._shadows = int(shadows if options.get("shadows") is None else options["shadows"])
         self._detached = bool(detached)
-        self._ctor_names = list(constructors)
+        # per DP group: its constructor, then its standbys
+        self._ctor_groups = [[c] if isinstance(c, str) else list(c) for c in constructors]
         self._lock = asyncio.Lock()
         self.decisions: collections.deque = collections.deque(maxlen=1000)
         self._pinned: Dict[int, int] = {}
@@ -323,7 +324,8 @@ class Autoscaler:
             self._pinned = {int(k): int(v) for k, v in (saved.get("pinned") or {}).items()}
             restarted = saved.get("version", 0) > 0
         self._handles: Dict[str, Any] = {}
-        self._ctors = [ray.get_actor(n, namespace=self._namespace) for n in self._ctor_names]
+        self._ctors = [ray.get_actor(n, namespace=self._namespace)
+                       for grp in self._ctor_groups for n in grp]
         # which slots are dedicated to which source (slots never renumber)
         self._dedicated: Dict[int, List[int]] = {}
         gone = set(int(j) for j in self._table.get("retired") or [])
@@ -452,8 +454,10 @@ class Autoscaler:
                     NodeAffinitySchedulingStrategy)
                 o["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id=node_id,
                                                                            soft=k > 0)
-            a = actor_cls.options(**o).remote(self._payload, self._cwd, shards,
-                                              f"{self._name}.planner")
+            from ._common import with_failure_detection  # noqa: PLC0415
+
+            a = actor_cls.options(**with_failure_detection(o)).remote(
+                self._payload, self._cwd, shards, f"{self._name}.planner")
             self._handles[n] = a
             made.append(a)
         await asyncio.gather(*[a.setup.remote(True) for a in made])
@@ -737,8 +741,14 @@ class Autoscaler:
         profs = await asyncio.gather(*[asyncio.wait_for(
             self._handle(slots[j][0]).profile.remote(), look) for j in live],
             return_exceptions=True)
-        loads = await asyncio.gather(*[asyncio.wait_for(c.load.remote(), look)
-                                       for c in self._ctors], return_exceptions=True)
+        flat = await asyncio.gather(*[asyncio.wait_for(c.load.remote(), look)
+                                      for c in self._ctors], return_exceptions=True)
+        loads: List[Any] = []  # per group: the constructor serving it (most fetches)
+        for grp in self._ctor_groups:
+            xs, flat = flat[:len(grp)], flat[len(grp):]
+            ok = [x for x in xs if not isinstance(x, BaseException) and x.get("serving", True)]
+            loads.append(max(ok, key=lambda x: x["fetches"]) if ok else
+                         RuntimeError("no constructor of the group answered"))
         prog = await asyncio.wait_for(self._planner.progress.remote(), look)
         now = time.monotonic()
         last = self._last
@@ -818,7 +828,7 @@ class Autoscaler:
         # planner's, which hears of it once per plan request)
         lows = [x["consumed"] for x in loads if not isinstance(x, BaseException)
                 and x.get("consumed", -1) >= 0]
-        step = min(lows) if len(lows) == len(self._ctors) and lows else \
+        step = min(lows) if len(lows) == len(self._ctor_groups) and lows else \
             (prog["low"] if prog["low"] >= 0 else prog["start_step"])
         wait_frac = 0.0
         if "step" in last and step > last["step"]:
