@@ -976,6 +976,7 @@ class DataConstructor:
         async with self._setup_lock:
             if self._serving:
                 return
+            t0 = time.monotonic()
             rt = await self._planner.routing.remote()
             if rt is not None and rt.get("version", 0) > self._rt_version:
                 self._apply_routing(rt["version"], *routing_for_constructors(rt))
@@ -985,7 +986,9 @@ class DataConstructor:
             self._serving = True
             me = ray.get_runtime_context().get_actor_name()
             self.activated = {"step": _core.state_info(blob)["step"], "time": time.time(),
-                              "standby": self._standby}
+                              "standby": self._standby, "took_s": time.monotonic() - t0,
+                              "first_package_s": None}
+            self._activated_t0 = t0
         for n in self._group_names:
             if n != me:
                 self._peer_warm.append(asyncio.ensure_future(self._warm_peer(n)))
@@ -1056,7 +1059,7 @@ class DataConstructor:
                 "trainer_ranks": len(self._trainer_wait),
                 "queue_steps": max(0, self._built_step + 1 - low),
                 "version": self._rt_version, "time": time.monotonic(),
-                "serving": self._serving}
+                "serving": self._serving, "activated": self.activated}
 
     async def _ensure_ready(self) -> None:
         if not self._ready:
@@ -1456,6 +1459,8 @@ class DataConstructor:
         if res is None:
             return self._final
         self._n_fetches += 1
+        if self.activated is not None and self.activated["first_package_s"] is None:
+            self.activated["first_package_s"] = time.monotonic() - self._activated_t0
         data, got_step, _mb, _count = res
         self._cursor[rank] = got_step + 1
         pkg = np.frombuffer(data, dtype=np.uint8)

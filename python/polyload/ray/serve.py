@@ -27,6 +27,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="partitions (source loader actors) per source (default 1)")
     p.add_argument("--num-constructors", type=int, default=1, metavar="M",
                    help="data constructors, one per group of DP ranks (default 1)")
+    p.add_argument("--constructor-shadows", type=int, default=1, metavar="K",
+                   help="warm standbys per constructor (default 1)")
     p.add_argument("--max-source-loader-actors", type=int, default=None, metavar="K",
                    help="host the partitions on at most K actors")
     p.add_argument("--prefetch-steps", type=int, default=None, metavar="S")
@@ -42,6 +44,16 @@ def _parser() -> argparse.ArgumentParser:
 def serve(argv: Optional[List[str]] = None) -> int:
     """Entry point of ``polyload serve`` (also ``python -m polyload serve``)."""
     args = _parser().parse_args(argv)
+    # stdout carries the one JSON line only: Ray's own messages (raylet warnings, which
+    # it prints to the driver's sys.stdout) go to stderr.
+    out, sys.stdout = sys.stdout, sys.stderr
+    try:
+        return _serve(args, out)
+    finally:
+        sys.stdout = out
+
+
+def _serve(args, out) -> int:
     import ray
 
     import polyload
@@ -65,7 +77,8 @@ def serve(argv: Optional[List[str]] = None) -> int:
         dep = launch(args.config, autoscale=autoscale, num_source_loaders=args.num_source_loaders,
                      num_constructors=args.num_constructors, namespace=args.namespace,
                      name=args.name, max_source_loader_actors=args.max_source_loader_actors,
-                     prefetch_steps=args.prefetch_steps)
+                     prefetch_steps=args.prefetch_steps,
+                     constructor_shadows=args.constructor_shadows)
     except (polyload.ConfigError, ValueError, TypeError) as e:
         sys.stderr.write(f"polyload serve: {e}\n")
         return 2
@@ -77,7 +90,7 @@ def serve(argv: Optional[List[str]] = None) -> int:
         signal.signal(sig, lambda *_: stop.set())
     print(json.dumps({"namespace": dep.namespace, "name": dep.name, **{
         k: dep.info[k] for k in ("constructors", "dp_groups", "source_loaders", "nodes")}}),
-        flush=True)
+        file=out, flush=True)
     try:
         while not stop.wait(0.5):
             pass
