@@ -129,15 +129,31 @@ def comm(pid):
         return "?"
 
 
+def cmdline(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return "?"
+
+
 def measure(pids):
     rows = [(p, comm(p), pss_kib(p)) for p in pids]
-    by = {}
+    by, anon, file = {}, {}, {}
     for _, c, k in rows:
         by[c] = by.get(c, 0) + k["Pss"]
+        anon[c] = anon.get(c, 0) + k["Pss_Anon"]
+        file[c] = file.get(c, 0) + k["Pss_File"]
     tot = lambda key: sum(k[key] for _, _, k in rows) / 1024  # noqa: E731
+    order = sorted(by, key=lambda c: -by[c])
     return {"processes": len(rows), "pss_mib": tot("Pss"), "pss_anon_mib": tot("Pss_Anon"),
             "pss_file_mib": tot("Pss_File"), "pss_shmem_mib": tot("Pss_Shmem"),
-            "by_command_mib": {c: round(k / 1024, 1) for c, k in sorted(by.items(), key=lambda x: -x[1])}}
+            "by_command_mib": {c: round(by[c] / 1024, 1) for c in order},
+            "by_command_anon_mib": {c: round(anon[c] / 1024, 2) for c in order},
+            "by_command_file_mib": {c: round(file[c] / 1024, 2) for c in order},
+            "by_command_count": {c: sum(1 for _, c2, _ in rows if c2 == c) for c in order},
+            "per_process": sorted([[c, cmdline(p)[:80], round(k["Pss_Anon"] / 1024, 2),
+                                    round(k["Pss_File"] / 1024, 2)] for p, c, k in rows])}
 
 
 def wait_files(paths, procs, timeout):
@@ -285,10 +301,13 @@ def main():
     ap.add_argument("--loader-actors", type=int, default=2)
     ap.add_argument("--constructors", type=int, default=2)
     ap.add_argument("--skip-baseline", action="store_true")
+    ap.add_argument("--workers", type=int, default=WORKERS,
+                    help="DataLoader workers per baseline rank (Megatron-LM's --num-workers "
+                         "default is 2)")
     ap.add_argument("--json", default=os.path.join(HERE, "out", "ray_memory.json"))
     a = ap.parse_args()
-    global SHADOWS
-    SHADOWS = a.shadows
+    global SHADOWS, WORKERS
+    SHADOWS, WORKERS = a.shadows, a.workers
     if a.child is not None:
         print(json.dumps(run_polyload(a.child, a.loader_actors, a.constructors)), flush=True)
         return
