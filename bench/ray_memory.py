@@ -301,7 +301,7 @@ def main():
     ap.add_argument("--loader-actors", type=int, default=2)
     ap.add_argument("--constructors", type=int, default=2)
     ap.add_argument("--skip-baseline", action="store_true")
-    ap.add_argument("--workers", type=int, default=WORKERS,
+    ap.add_argument("--workers", type=int, default=4,
                     help="DataLoader workers per baseline rank (Megatron-LM's --num-workers "
                          "default is 2)")
     ap.add_argument("--json", default=os.path.join(HERE, "out", "ray_memory.json"))
