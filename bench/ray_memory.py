@@ -121,6 +121,32 @@ def pss_kib(pid):
     return out
 
 
+def pss_own_kib(pid):
+    """PSS in KiB of a process without the pages of programs and shared libraries
+    (executables, .so files, Python's own files): anonymous memory, shared memory (Ray's
+    object store) and the mappings of files under bench/out/ (the sources, Megatron's
+    index caches).  A library's pages are split with every process of the machine that
+    maps it, other sessions' included, so their PSS moves with what else runs; the rest
+    is what the side itself holds."""
+    own = 0
+    try:
+        with open(f"/proc/{pid}/smaps") as f:
+            keep = False
+            for line in f:
+                first = line.split(" ", 1)[0]
+                if "-" in first and not first.endswith(":"):  # a mapping's header line
+                    parts = line.split(None, 5)
+                    path = parts[5].strip() if len(parts) > 5 else ""
+                    keep = (not path.startswith("/") or path.startswith("/dev/shm")
+                            or path.startswith(os.path.join(HERE, "out") + os.sep)
+                            or path.startswith(os.path.join(ROOT, "data") + os.sep))
+                elif first == "Pss:" and keep:
+                    own += int(line.split()[1])
+    except OSError:
+        pass
+    return own
+
+
 def comm(pid):
     try:
         with open(f"/proc/{pid}/comm") as f:
@@ -138,7 +164,7 @@ def cmdline(pid):
 
 
 def measure(pids):
-    rows = [(p, comm(p), pss_kib(p)) for p in pids]
+    rows = [(p, comm(p), dict(pss_kib(p), Pss_Own=pss_own_kib(p))) for p in pids]
     by, anon, file = {}, {}, {}
     for _, c, k in rows:
         by[c] = by.get(c, 0) + k["Pss"]
@@ -148,6 +174,9 @@ def measure(pids):
     order = sorted(by, key=lambda c: -by[c])
     return {"processes": len(rows), "pss_mib": tot("Pss"), "pss_anon_mib": tot("Pss_Anon"),
             "pss_file_mib": tot("Pss_File"), "pss_shmem_mib": tot("Pss_Shmem"),
+            "pss_own_mib": tot("Pss_Own"),
+            "by_command_own_mib": {c: round(sum(k["Pss_Own"] for _, c2, k in rows if c2 == c)
+                                            / 1024, 2) for c in order},
             "by_command_mib": {c: round(by[c] / 1024, 1) for c in order},
             "by_command_anon_mib": {c: round(anon[c] / 1024, 2) for c in order},
             "by_command_file_mib": {c: round(file[c] / 1024, 2) for c in order},
@@ -329,12 +358,14 @@ def main():
         span = max(a.sources) - min(a.sources)
         for side in ("polyload", "baseline"):
             if side in res["runs"][lo]:
-                for kind in ("pss", "pss_anon", "pss_file", "pss_shmem"):
+                for kind in ("pss", "pss_anon", "pss_file", "pss_shmem", "pss_own"):
                     res[f"{side}_per_source_{kind}_mib"] = (
                         res["runs"][hi][side][f"{kind}_mib"] - res["runs"][lo][side][f"{kind}_mib"]) / span
         if "baseline_per_source_pss_mib" in res:
             res["per_source_ratio"] = (res["baseline_per_source_pss_mib"]
                                        / res["polyload_per_source_pss_mib"])
+            res["per_source_own_ratio"] = (res["baseline_per_source_pss_own_mib"]
+                                           / max(1e-9, res["polyload_per_source_pss_own_mib"]))
             res["per_source_anon_ratio"] = (res["baseline_per_source_pss_anon_mib"]
                                             / max(1e-9, res["polyload_per_source_pss_anon_mib"]))
             res["total_ratio"] = {n: res["runs"][n]["baseline"]["pss_mib"] / res["runs"][n]["polyload"]["pss_mib"]

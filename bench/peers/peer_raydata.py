@@ -105,6 +105,76 @@ def loader(seq, weights=C.WEIGHTS, files="4"):
     return Iter(ds)
 
 
+def _pss_files(n):
+    d = C.pss_dir("parquet")
+    names = sorted(os.listdir(d)) if os.path.isdir(d) else []
+    return [os.path.join(d, f) for f in names if f.endswith(".parquet")][:n]
+
+
+def pss_prepare(n):
+    """The PSS column's n sources: all samples written by Ray Data's ``write_parquet``
+    in n blocks (``repartition(n)`` keeps the order), one Parquet file per source."""
+    import ray
+
+    d = C.pss_dir("parquet")
+    if os.path.exists(d + ".done"):
+        return
+    _init()
+    shutil.rmtree(d, ignore_errors=True)
+    s = C.pss_samples(n)
+    ray.data.from_numpy(s.reshape(-1, s.shape[-1])).repartition(n).write_parquet(d)
+    files = _pss_files(n)
+    assert len(files) == n, (len(files), n)
+    # source order = block order (Ray names files by block index)
+    open(d + ".done", "w").close()
+    ray.shutdown()
+
+
+def pss_all(n, world):
+    """The 8 ranks as Ray Train runs them: a local cluster started by this process, the
+    union of n ``read_parquet`` datasets, ``random_shuffle()``, ``streaming_split(world)``,
+    one actor per rank iterating its split with ``iter_torch_batches(batch_size=2,
+    prefetch_batches=4)``.  Returns (actors, checksum) once every rank has taken
+    PSS_TAKE micro-batches; the actors keep their iterators until the process ends."""
+    import ray
+
+    _init()
+    ctx = ray.data.DataContext.get_current()
+    ctx.enable_progress_bars = False
+    parts = [ray.data.read_parquet(f) for f in _pss_files(n)]
+    ds = parts[0].union(*parts[1:]).random_shuffle(seed=C.SEED)
+    splits = ds.streaming_split(world, equal=True)
+
+    @ray.remote(num_cpus=0)
+    class Rank:
+        def __init__(self, split):
+            import torch
+
+            def collate(b):
+                x = torch.from_numpy(b["data"].astype("int64"))
+                return {"input_ids": x[:, :-1], "labels": x[:, 1:]}
+
+            self.it = iter(split.iter_torch_batches(batch_size=C.MICRO_BATCH,
+                                                    prefetch_batches=4, collate_fn=collate))
+
+        def take(self, k):
+            t = 0
+            for _ in range(k):
+                b = next(self.it)
+                t += int(b["input_ids"].sum()) + int(b["labels"].sum())
+            return t
+
+    actors = [Rank.remote(sp) for sp in splits]
+    touched = sum(ray.get([a.take.remote(C.PSS_TAKE) for a in actors]))
+    return actors, touched
+
+
+def pss_close(_its):
+    import ray
+
+    ray.shutdown()
+
+
 def close(it):
     import ray
 
