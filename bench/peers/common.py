@@ -378,10 +378,31 @@ def process_tree(roots):
     return out
 
 
+def pss_own_kib(pid):
+    """PSS (KiB) of a process less the pages of programs and shared libraries: anonymous
+    memory, shared memory and the mappings of files under bench/out/ (the data).  A
+    library's PSS is split with every process of the machine mapping it, other
+    sessions' included, so it moves with what else runs; the rest is the loader's."""
+    own, keep = 0, False
+    out_dir = os.path.join(ROOT, "bench", "out") + os.sep
+    with open(f"/proc/{pid}/smaps") as f:
+        for line in f:
+            first = line.split(" ", 1)[0]
+            if "-" in first and not first.endswith(":"):
+                parts = line.split(None, 5)
+                path = parts[5].strip() if len(parts) > 5 else ""
+                keep = (not path.startswith("/") or path.startswith("/dev/shm")
+                        or path.startswith(out_dir))
+            elif first == "Pss:" and keep:
+                own += int(line.split()[1])
+    return own
+
+
 def pss_sum(pids):
     """{"processes", "pss_mib", "pss_anon_mib", "pss_file_mib", "pss_shmem_mib",
-    "by_command_mib"} summed over ``pids`` (/proc/PID/smaps_rollup)."""
-    tot = {"Pss": 0, "Pss_Anon": 0, "Pss_File": 0, "Pss_Shmem": 0}
+    "pss_own_mib", "by_command_mib"} summed over ``pids`` (/proc/PID/smaps_rollup;
+    ``pss_own``: pss_own_kib)."""
+    tot = {"Pss": 0, "Pss_Anon": 0, "Pss_File": 0, "Pss_Shmem": 0, "Pss_Own": 0}
     by = {}
     n = 0
     for p in pids:
@@ -394,6 +415,7 @@ def pss_sum(pids):
                         row[k] = int(line.split()[1])
             with open(f"/proc/{p}/comm") as f:
                 comm = f.read().strip()
+            row["Pss_Own"] = pss_own_kib(p)
         except OSError:
             continue
         n += 1
@@ -402,6 +424,7 @@ def pss_sum(pids):
         by[comm] = by.get(comm, 0) + row["Pss"]
     return {"processes": n, "pss_mib": tot["Pss"] / 1024, "pss_anon_mib": tot["Pss_Anon"] / 1024,
             "pss_file_mib": tot["Pss_File"] / 1024, "pss_shmem_mib": tot["Pss_Shmem"] / 1024,
+            "pss_own_mib": tot["Pss_Own"] / 1024,
             "by_command_mib": {c: round(v / 1024, 1)
                                for c, v in sorted(by.items(), key=lambda x: -x[1])}}
 

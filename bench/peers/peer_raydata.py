@@ -132,17 +132,23 @@ def pss_prepare(n):
 
 def pss_all(n, world):
     """The 8 ranks as Ray Train runs them: a local cluster started by this process, the
-    union of n ``read_parquet`` datasets, ``random_shuffle()``, ``streaming_split(world)``,
+    one ``read_parquet`` of the n files, ``randomize_block_order()``,
+    ``streaming_split(world)``,
     one actor per rank iterating its split with ``iter_torch_batches(batch_size=2,
-    prefetch_batches=4)``.  Returns (actors, checksum) once every rank has taken
+    prefetch_batches=4, local_shuffle_buffer_size=64)``.  Returns (actors, checksum) once every rank has taken
     PSS_TAKE micro-batches; the actors keep their iterators until the process ends."""
     import ray
 
     _init()
     ctx = ray.data.DataContext.get_current()
     ctx.enable_progress_bars = False
-    parts = [ray.data.read_parquet(f) for f in _pss_files(n)]
-    ds = parts[0].union(*parts[1:]).random_shuffle(seed=C.SEED)
+    print("pss: cluster up", flush=True, file=sys.stderr)
+    # One read_parquet over the n files: Ray Data cannot weight sources anyway, and the
+    # union of 30 per-source read_parquet datasets (the table's way, for 4) delivered no
+    # batch within 200 s here, even in the driver.  Shuffling as Ray Train's docs
+    # advise: block order randomized, a local shuffle buffer (random_shuffle() before
+    # streaming_split delivered nothing within 5 minutes here, 2 CPUs).
+    ds = ray.data.read_parquet(_pss_files(n)).randomize_block_order(seed=C.SEED)
     splits = ds.streaming_split(world, equal=True)
 
     @ray.remote(num_cpus=0)
@@ -155,7 +161,8 @@ def pss_all(n, world):
                 return {"input_ids": x[:, :-1], "labels": x[:, 1:]}
 
             self.it = iter(split.iter_torch_batches(batch_size=C.MICRO_BATCH,
-                                                    prefetch_batches=4, collate_fn=collate))
+                                                    prefetch_batches=4, collate_fn=collate,
+                                                    local_shuffle_buffer_size=64))
 
         def take(self, k):
             t = 0
@@ -165,6 +172,7 @@ def pss_all(n, world):
             return t
 
     actors = [Rank.remote(sp) for sp in splits]
+    print("pss: splits and actors made", flush=True, file=sys.stderr)
     touched = sum(ray.get([a.take.remote(C.PSS_TAKE) for a in actors]))
     return actors, touched
 

@@ -373,10 +373,12 @@ def pss_cells(res, key):
     how = "1 process running all ranks" if lo.get("rank_processes") == 1 else \
         f"{lo.get('rank_processes')} rank processes"
     top = ", ".join(f"{c} {v:,.0f}" for c, v in list(hi.get("by_command_mib", {}).items())[:4])
+    own = (hi["pss_own_mib"] - lo["pss_own_mib"]) / span
     detail = (f"PSS: {how}, {lo['processes']} / {hi['processes']} processes in all at "
               f"{PSS_SOURCES[0]} / {PSS_SOURCES[1]} sources; per added source anon "
               f"{anon:.3f} MiB, file {(hi['pss_file_mib'] - lo['pss_file_mib']) / span:.3f}"
-              f" MiB; largest at {PSS_SOURCES[1]} (MiB by command): {top}")
+              f" MiB, without shared-library pages {own:.3f} MiB; largest at "
+              f"{PSS_SOURCES[1]} (MiB by command): {top}")
     return cell, detail
 
 
