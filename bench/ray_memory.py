@@ -330,6 +330,7 @@ def main():
     ap.add_argument("--loader-actors", type=int, default=2)
     ap.add_argument("--constructors", type=int, default=2)
     ap.add_argument("--skip-baseline", action="store_true")
+    ap.add_argument("--skip-polyload", action="store_true")
     ap.add_argument("--workers", type=int, default=4,
                     help="DataLoader workers per baseline rank (Megatron-LM's --num-workers "
                          "default is 2)")
@@ -346,8 +347,11 @@ def main():
            "loader_actors": a.loader_actors, "constructors": a.constructors, "runs": {}}
     for n in a.sources:
         t0 = time.time()
-        r = {"polyload": run_polyload_fresh(n, a.loader_actors, a.constructors)}
-        print(n, "polyload", json.dumps(r["polyload"])[:400], f"{time.time() - t0:.0f}s", flush=True)
+        r = {}
+        if not a.skip_polyload:
+            r["polyload"] = run_polyload_fresh(n, a.loader_actors, a.constructors)
+            print(n, "polyload", json.dumps(r["polyload"])[:400], f"{time.time() - t0:.0f}s",
+                  flush=True)
         if not a.skip_baseline:
             t0 = time.time()
             r["baseline"] = run_baseline(n)
@@ -361,7 +365,7 @@ def main():
                 for kind in ("pss", "pss_anon", "pss_file", "pss_shmem", "pss_own"):
                     res[f"{side}_per_source_{kind}_mib"] = (
                         res["runs"][hi][side][f"{kind}_mib"] - res["runs"][lo][side][f"{kind}_mib"]) / span
-        if "baseline_per_source_pss_mib" in res:
+        if "baseline_per_source_pss_mib" in res and "polyload_per_source_pss_mib" in res:
             res["per_source_ratio"] = (res["baseline_per_source_pss_mib"]
                                        / res["polyload_per_source_pss_mib"])
             res["per_source_own_ratio"] = (res["baseline_per_source_pss_own_mib"]
