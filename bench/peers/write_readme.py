@@ -25,8 +25,8 @@ def parse(text):
     for line in text.strip().splitlines():
         if line.startswith("|") and not line.startswith("|---"):
             cells = [c.strip() for c in line.strip().strip("|").split(" | ")]
-            if not head:
-                head = cells
+            if not head:  # a header may repeat ("CPU-s per M tokens"): keyed by occurrence
+                head = [f"{h}#{cells[:i].count(h)}" for i, h in enumerate(cells)]
                 continue
             rows[cells[0]] = dict(zip(head, cells))
             order.append(cells[0])
@@ -43,7 +43,8 @@ def label(part):
 def merge(old, new):
     ohead, orows, oorder, odet = parse(old)
     nhead, nrows, norder, ndet = parse(new)
-    lines = ["| " + " | ".join(nhead) + " |", "|" + "---|" * len(nhead)]
+    lines = ["| " + " | ".join(h.rsplit("#", 1)[0] for h in nhead) + " |",
+             "|" + "---|" * len(nhead)]
     for key in norder + [k for k in oorder if k not in nrows]:
         n, o = nrows.get(key, {}), orows.get(key, {})
         cells = [n.get(h) if n.get(h) not in EMPTY + (None,) else o.get(h, n.get(h, "–"))
