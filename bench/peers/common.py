@@ -300,6 +300,7 @@ PSS_SEQ = 2048
 PSS_PER_SOURCE = 16
 PSS_TAKE = 8
 PSS_RANKS = 8
+PSS_MAX_SOURCES = 300  # a writer that writes all sources at once writes this many
 
 
 def pss_dir(name):

@@ -111,31 +111,41 @@ def _pss_files(n):
     return [os.path.join(d, f) for f in names if f.endswith(".parquet")][:n]
 
 
+def _pss_set(n):
+    """A directory holding the first n sources' files (hard links)."""
+    return C.pss_dir("parquet") + f"-{n}"
+
+
 def pss_prepare(n):
-    """The PSS column's n sources: all samples written by Ray Data's ``write_parquet``
-    in n blocks (``repartition(n)`` keeps the order), one Parquet file per source."""
+    """The PSS column's sources: all PSS_MAX_SOURCES sources' samples written by Ray
+    Data's ``write_parquet`` in as many blocks (``repartition`` keeps the order), one
+    Parquet file per source (Ray names them by block index); the first n in a
+    directory of their own (read_parquet of a list of files needs fsspec's HTTP
+    filesystem, which fails to import in this venv: no aiohttp)."""
     import ray
 
     d = C.pss_dir("parquet")
-    if os.path.exists(d + ".done"):
-        return
-    _init()
-    shutil.rmtree(d, ignore_errors=True)
-    s = C.pss_samples(n)
-    ray.data.from_numpy(s.reshape(-1, s.shape[-1])).repartition(n).write_parquet(d)
-    files = _pss_files(n)
-    assert len(files) == n, (len(files), n)
-    # source order = block order (Ray names files by block index)
-    open(d + ".done", "w").close()
-    ray.shutdown()
+    total = max(n, C.PSS_MAX_SOURCES)
+    if len(_pss_files(total)) < total:
+        _init()
+        shutil.rmtree(d, ignore_errors=True)
+        s = C.pss_samples(total)
+        ray.data.from_numpy(s.reshape(-1, s.shape[-1])).repartition(total).write_parquet(d)
+        ray.shutdown()
+        assert len(_pss_files(total)) == total
+        shutil.rmtree(_pss_set(n), ignore_errors=True)
+    if not os.path.isdir(_pss_set(n)):
+        os.makedirs(_pss_set(n) + ".tmp", exist_ok=True)
+        for f in _pss_files(n):
+            os.link(f, os.path.join(_pss_set(n) + ".tmp", os.path.basename(f)))
+        os.rename(_pss_set(n) + ".tmp", _pss_set(n))
 
 
 def pss_all(n, world):
     """The 8 ranks as Ray Train runs them: a local cluster started by this process, the
-    one ``read_parquet`` of the n files, ``randomize_block_order()``,
-    ``streaming_split(world)``,
+    one ``read_parquet`` of the n files, ``random_shuffle()``, ``streaming_split(world)``,
     one actor per rank iterating its split with ``iter_torch_batches(batch_size=2,
-    prefetch_batches=4, local_shuffle_buffer_size=64)``.  Returns (actors, checksum) once every rank has taken
+    prefetch_batches=4)``.  Returns (actors, checksum) once every rank has taken
     PSS_TAKE micro-batches; the actors keep their iterators until the process ends."""
     import ray
 
@@ -143,12 +153,11 @@ def pss_all(n, world):
     ctx = ray.data.DataContext.get_current()
     ctx.enable_progress_bars = False
     print("pss: cluster up", flush=True, file=sys.stderr)
-    # One read_parquet over the n files: Ray Data cannot weight sources anyway, and the
-    # union of 30 per-source read_parquet datasets (the table's way, for 4) delivered no
-    # batch within 200 s here, even in the driver.  Shuffling as Ray Train's docs
-    # advise: block order randomized, a local shuffle buffer (random_shuffle() before
-    # streaming_split delivered nothing within 5 minutes here, 2 CPUs).
-    ds = ray.data.read_parquet(_pss_files(n)).randomize_block_order(seed=C.SEED)
+    # One read_parquet of a directory holding the n files (Ray Data cannot weight
+    # sources anyway; with a list of files, or a union of per-file datasets, reading
+    # needs fsspec's HTTP filesystem, whose import fails in this venv), shuffled per
+    # epoch as in the table (random_shuffle).
+    ds = ray.data.read_parquet(_pss_set(n)).random_shuffle(seed=C.SEED)
     splits = ds.streaming_split(world, equal=True)
 
     @ray.remote(num_cpus=0)
@@ -161,8 +170,7 @@ def pss_all(n, world):
                 return {"input_ids": x[:, :-1], "labels": x[:, 1:]}
 
             self.it = iter(split.iter_torch_batches(batch_size=C.MICRO_BATCH,
-                                                    prefetch_batches=4, collate_fn=collate,
-                                                    local_shuffle_buffer_size=64))
+                                                    prefetch_batches=4, collate_fn=collate))
 
         def take(self, k):
             t = 0
