@@ -44,6 +44,7 @@ PEERS = [
 SEQS = (2048, 8192)
 PSS_SOURCES = (30, 300)
 PSS_ONE_PROCESS = {"raydata"}  # runs its ranks itself (a Ray cluster, an actor per rank)
+PSS_CLEAN_AFTER = {"streaming"}  # pssprep clears what its ranks left in /dev/shm
 
 
 def python_of(venv):
@@ -141,6 +142,8 @@ def pss_run(key, py, script, n, world, timeout=900):
             except OSError:
                 pass
             p.wait()
+        if key in PSS_CLEAN_AFTER:  # the ranks' shared memory, left by their SIGTERM exit
+            run(py, script, ["pssprep", "--sources", str(n)], 300)
 
 
 def log(*a):
