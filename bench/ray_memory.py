@@ -11,7 +11,14 @@ of the side, measured after every rank has taken 8 micro-batches.  Reported at N
 and N = 300, with the memory per added source (PSS(300) - PSS(30)) / 270.  Each
 polyload side runs in a driver process of its own (the measurement counts that driver).
 
+Also reported: the same without the pages of programs and shared libraries (``pss_own``:
+anonymous, shared memory and the mapped files under bench/out/; a library's PSS is
+split with every process of the machine that maps it, so it moves with what else runs),
+and each side by command and by process.  ``--workers`` sets the baseline's DataLoader
+workers per rank (default 4; Megatron-LM's ``--num-workers`` default is 2).
+
     .venv/bin/python bench/ray_memory.py [--sources 30 300] [--json bench/out/ray_memory.json]
+        [--shadows 1] [--workers 4] [--skip-baseline | --skip-polyload]
 """
 
 from __future__ import annotations
