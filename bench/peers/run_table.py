@@ -373,7 +373,7 @@ def pss_cells(res, key):
     per = (hi["pss_mib"] - lo["pss_mib"]) / span
     anon = (hi["pss_anon_mib"] - lo["pss_anon_mib"]) / span
     cell = f"{lo['pss_mib']:,.0f} / {hi['pss_mib']:,.0f} MiB (**{per:.3f}** MiB)"
-    how = "1 process running all ranks" if lo.get("rank_processes") == 1 else \
+    how = "one driver process, a Ray actor per rank" if lo.get("rank_processes") == 1 else \
         f"{lo.get('rank_processes')} rank processes"
     top = ", ".join(f"{c} {v:,.0f}" for c, v in list(hi.get("by_command_mib", {}).items())[:4])
     own = (hi["pss_own_mib"] - lo["pss_own_mib"]) / span
