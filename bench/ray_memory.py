@@ -11,7 +11,14 @@ of the side, measured after every rank has taken 8 micro-batches.  Reported at N
 and N = 300, with the memory per added source (PSS(300) - PSS(30)) / 270.  Each
 polyload side runs in a driver process of its own (the measurement counts that driver).
 
+Also reported: the same without the pages of programs and shared libraries (``pss_own``:
+anonymous, shared memory and the mapped files under bench/out/; a library's PSS is
+split with every process of the machine that maps it, so it moves with what else runs),
+and each side by command and by process.  ``--workers`` sets the baseline's DataLoader
+workers per rank (default 4; Megatron-LM's ``--num-workers`` default is 2).
+
     .venv/bin/python bench/ray_memory.py [--sources 30 300] [--json bench/out/ray_memory.json]
+        [--shadows 1] [--workers 4] [--skip-baseline | --skip-polyload]
 """
 
 from __future__ import annotations
@@ -121,6 +128,32 @@ def pss_kib(pid):
     return out
 
 
+def pss_own_kib(pid):
+    """PSS in KiB of a process without the pages of programs and shared libraries
+    (executables, .so files, Python's own files): anonymous memory, shared memory (Ray's
+    object store) and the mappings of files under bench/out/ (the sources, Megatron's
+    index caches).  A library's pages are split with every process of the machine that
+    maps it, other sessions' included, so their PSS moves with what else runs; the rest
+    is what the side itself holds."""
+    own = 0
+    try:
+        with open(f"/proc/{pid}/smaps") as f:
+            keep = False
+            for line in f:
+                first = line.split(" ", 1)[0]
+                if "-" in first and not first.endswith(":"):  # a mapping's header line
+                    parts = line.split(None, 5)
+                    path = parts[5].strip() if len(parts) > 5 else ""
+                    keep = (not path.startswith("/") or path.startswith("/dev/shm")
+                            or path.startswith(os.path.join(HERE, "out") + os.sep)
+                            or path.startswith(os.path.join(ROOT, "data") + os.sep))
+                elif first == "Pss:" and keep:
+                    own += int(line.split()[1])
+    except OSError:
+        pass
+    return own
+
+
 def comm(pid):
     try:
         with open(f"/proc/{pid}/comm") as f:
@@ -129,15 +162,34 @@ def comm(pid):
         return "?"
 
 
+def cmdline(pid):
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return "?"
+
+
 def measure(pids):
-    rows = [(p, comm(p), pss_kib(p)) for p in pids]
-    by = {}
+    rows = [(p, comm(p), dict(pss_kib(p), Pss_Own=pss_own_kib(p))) for p in pids]
+    by, anon, file = {}, {}, {}
     for _, c, k in rows:
         by[c] = by.get(c, 0) + k["Pss"]
+        anon[c] = anon.get(c, 0) + k["Pss_Anon"]
+        file[c] = file.get(c, 0) + k["Pss_File"]
     tot = lambda key: sum(k[key] for _, _, k in rows) / 1024  # noqa: E731
+    order = sorted(by, key=lambda c: -by[c])
     return {"processes": len(rows), "pss_mib": tot("Pss"), "pss_anon_mib": tot("Pss_Anon"),
             "pss_file_mib": tot("Pss_File"), "pss_shmem_mib": tot("Pss_Shmem"),
-            "by_command_mib": {c: round(k / 1024, 1) for c, k in sorted(by.items(), key=lambda x: -x[1])}}
+            "pss_own_mib": tot("Pss_Own"),
+            "by_command_own_mib": {c: round(sum(k["Pss_Own"] for _, c2, k in rows if c2 == c)
+                                            / 1024, 2) for c in order},
+            "by_command_mib": {c: round(by[c] / 1024, 1) for c in order},
+            "by_command_anon_mib": {c: round(anon[c] / 1024, 2) for c in order},
+            "by_command_file_mib": {c: round(file[c] / 1024, 2) for c in order},
+            "by_command_count": {c: sum(1 for _, c2, _ in rows if c2 == c) for c in order},
+            "per_process": sorted([[c, cmdline(p)[:80], round(k["Pss_Anon"] / 1024, 2),
+                                    round(k["Pss_File"] / 1024, 2)] for p, c, k in rows])}
 
 
 def wait_files(paths, procs, timeout):
@@ -285,10 +337,14 @@ def main():
     ap.add_argument("--loader-actors", type=int, default=2)
     ap.add_argument("--constructors", type=int, default=2)
     ap.add_argument("--skip-baseline", action="store_true")
+    ap.add_argument("--skip-polyload", action="store_true")
+    ap.add_argument("--workers", type=int, default=4,
+                    help="DataLoader workers per baseline rank (Megatron-LM's --num-workers "
+                         "default is 2)")
     ap.add_argument("--json", default=os.path.join(HERE, "out", "ray_memory.json"))
     a = ap.parse_args()
-    global SHADOWS
-    SHADOWS = a.shadows
+    global SHADOWS, WORKERS
+    SHADOWS, WORKERS = a.shadows, a.workers
     if a.child is not None:
         print(json.dumps(run_polyload(a.child, a.loader_actors, a.constructors)), flush=True)
         return
@@ -298,8 +354,11 @@ def main():
            "loader_actors": a.loader_actors, "constructors": a.constructors, "runs": {}}
     for n in a.sources:
         t0 = time.time()
-        r = {"polyload": run_polyload_fresh(n, a.loader_actors, a.constructors)}
-        print(n, "polyload", json.dumps(r["polyload"])[:400], f"{time.time() - t0:.0f}s", flush=True)
+        r = {}
+        if not a.skip_polyload:
+            r["polyload"] = run_polyload_fresh(n, a.loader_actors, a.constructors)
+            print(n, "polyload", json.dumps(r["polyload"])[:400], f"{time.time() - t0:.0f}s",
+                  flush=True)
         if not a.skip_baseline:
             t0 = time.time()
             r["baseline"] = run_baseline(n)
@@ -310,12 +369,14 @@ def main():
         span = max(a.sources) - min(a.sources)
         for side in ("polyload", "baseline"):
             if side in res["runs"][lo]:
-                for kind in ("pss", "pss_anon", "pss_file", "pss_shmem"):
+                for kind in ("pss", "pss_anon", "pss_file", "pss_shmem", "pss_own"):
                     res[f"{side}_per_source_{kind}_mib"] = (
                         res["runs"][hi][side][f"{kind}_mib"] - res["runs"][lo][side][f"{kind}_mib"]) / span
-        if "baseline_per_source_pss_mib" in res:
+        if "baseline_per_source_pss_mib" in res and "polyload_per_source_pss_mib" in res:
             res["per_source_ratio"] = (res["baseline_per_source_pss_mib"]
                                        / res["polyload_per_source_pss_mib"])
+            res["per_source_own_ratio"] = (res["baseline_per_source_pss_own_mib"]
+                                           / max(1e-9, res["polyload_per_source_pss_own_mib"]))
             res["per_source_anon_ratio"] = (res["baseline_per_source_pss_anon_mib"]
                                             / max(1e-9, res["polyload_per_source_pss_anon_mib"]))
             res["total_ratio"] = {n: res["runs"][n]["baseline"]["pss_mib"] / res["runs"][n]["polyload"]["pss_mib"]

@@ -287,6 +287,149 @@ def equal_runs(a, b):
 
 
 
+# ------------------------------------------------------------------------- PSS column
+# "PSS of all processes with 8 ranks, and per added source (30 vs 300 sources)": every
+# loader feeds 8 ranks from N sources (N = 30 and 300) of the same small data: source i
+# holds PSS_PER_SOURCE samples of the demo corpus (samples i*K..(i+1)*K-1 of the four
+# sources' samples at seq_length 2048, concatenated), equal weights.  Each rank takes
+# PSS_TAKE micro-batches; then the runner (run_table.py, part "pss") sums PSS
+# (/proc/PID/smaps_rollup) over every process of the ranks' trees (DataLoader workers,
+# Grain's worker processes, Ray's daemons and workers).
+
+PSS_SEQ = 2048
+PSS_PER_SOURCE = 16
+PSS_TAKE = 8
+PSS_RANKS = 8
+PSS_MAX_SOURCES = 300  # a writer that writes all sources at once writes this many
+
+
+def pss_dir(name):
+    return os.path.join(OUT, "pss", name)
+
+
+def pss_samples(n):
+    """uint16 [n, PSS_PER_SOURCE, PSS_SEQ + 1]: the samples of n sources."""
+    alls = np.concatenate(all_samples(PSS_SEQ))
+    need = n * PSS_PER_SOURCE
+    assert need <= alls.shape[0], (n, alls.shape)
+    return np.ascontiguousarray(alls[:need]).reshape(n, PSS_PER_SOURCE, PSS_SEQ + 1)
+
+
+def pss_docs(n):
+    """[[uint16 document]] per source, for the Megatron-format loaders: each source's
+    token stream (its samples back to back: consecutive corpus text) cut after every
+    EOD (0), so documents are the corpus's (the first and last ones cut)."""
+    out = []
+    for s in pss_samples(n):
+        stream = s.reshape(-1)
+        docs = [d for d in np.split(stream, np.flatnonzero(stream == 0) + 1) if d.size]
+        out.append(docs)
+    return out
+
+
+def pss_rank(peer, n, rank, world, ready):
+    """One rank (or, rank -1, all ranks) of the PSS column: the peer's loader over n
+    sources, PSS_TAKE micro-batches touched, the ready file written, then idle until the
+    runner measures and ends it (SIGTERM: the peer's ``pss_close`` first, e.g. Ray's
+    shutdown)."""
+    import signal
+
+    its = peer.pss_loader(n, rank, world) if rank >= 0 else None
+
+    def stop(*_):
+        try:
+            getattr(peer, "pss_close", lambda _its: None)(its)
+        finally:
+            os._exit(0)
+
+    signal.signal(signal.SIGTERM, stop)
+    if rank < 0:  # the peer runs the ranks itself (Ray Data: one actor per rank)
+        its, touched = peer.pss_all(n, world)
+    else:
+        touched = 0
+        for _ in range(PSS_TAKE):
+            b = next(its)
+            touched += int(b["input_ids"].sum()) + int(b["labels"].sum())
+    with open(ready, "w") as f:
+        json.dump({"pid": os.getpid(), "checksum": touched}, f)
+    while True:
+        time.sleep(1)
+
+
+def children_map():
+    kids = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            kids.setdefault(ppid, []).append(int(d))
+    return kids
+
+
+def process_tree(roots):
+    """The pids of ``roots`` and all their live descendants."""
+    kids, out, todo = children_map(), [], list(roots)
+    while todo:
+        p = todo.pop()
+        out.append(p)
+        todo += kids.get(p, [])
+    return out
+
+
+def pss_own_kib(pid):
+    """PSS (KiB) of a process less the pages of programs and shared libraries: anonymous
+    memory, shared memory and the mappings of files under bench/out/ (the data).  A
+    library's PSS is split with every process of the machine mapping it, other
+    sessions' included, so it moves with what else runs; the rest is the loader's."""
+    own, keep = 0, False
+    out_dir = os.path.join(ROOT, "bench", "out") + os.sep
+    with open(f"/proc/{pid}/smaps") as f:
+        for line in f:
+            first = line.split(" ", 1)[0]
+            if "-" in first and not first.endswith(":"):
+                parts = line.split(None, 5)
+                path = parts[5].strip() if len(parts) > 5 else ""
+                keep = (not path.startswith("/") or path.startswith("/dev/shm")
+                        or path.startswith(out_dir))
+            elif first == "Pss:" and keep:
+                own += int(line.split()[1])
+    return own
+
+
+def pss_sum(pids):
+    """{"processes", "pss_mib", "pss_anon_mib", "pss_file_mib", "pss_shmem_mib",
+    "pss_own_mib", "by_command_mib"} summed over ``pids`` (/proc/PID/smaps_rollup;
+    ``pss_own``: pss_own_kib)."""
+    tot = {"Pss": 0, "Pss_Anon": 0, "Pss_File": 0, "Pss_Shmem": 0, "Pss_Own": 0}
+    by = {}
+    n = 0
+    for p in pids:
+        row = dict.fromkeys(tot, 0)
+        try:
+            with open(f"/proc/{p}/smaps_rollup") as f:
+                for line in f:
+                    k = line.split(":")[0]
+                    if k in row:
+                        row[k] = int(line.split()[1])
+            with open(f"/proc/{p}/comm") as f:
+                comm = f.read().strip()
+            row["Pss_Own"] = pss_own_kib(p)
+        except OSError:
+            continue
+        n += 1
+        for k in tot:
+            tot[k] += row[k]
+        by[comm] = by.get(comm, 0) + row["Pss"]
+    return {"processes": n, "pss_mib": tot["Pss"] / 1024, "pss_anon_mib": tot["Pss_Anon"] / 1024,
+            "pss_file_mib": tot["Pss_File"] / 1024, "pss_shmem_mib": tot["Pss_Shmem"] / 1024,
+            "pss_own_mib": tot["Pss_Own"] / 1024,
+            "by_command_mib": {c: round(v / 1024, 1)
+                               for c, v in sorted(by.items(), key=lambda x: -x[1])}}
+
+
 # ---------------------------------------------------------------------------- driver
 
 def main(peer):
@@ -301,7 +444,7 @@ def main(peer):
     Modes print one JSON line."""
     ap = argparse.ArgumentParser()
     ap.add_argument("mode", choices=["prepare", "throughput", "startup", "mixture", "resume",
-                                     "reweight", "dpresume"])
+                                     "reweight", "dpresume", "pssprep", "pssrank"])
     ap.add_argument("--seq", type=int, default=2048)
     ap.add_argument("--warmup", type=int, default=32)
     ap.add_argument("--seconds", type=float, default=4.0)
@@ -310,7 +453,21 @@ def main(peer):
     ap.add_argument("--n", type=int, default=100, help="micro-batches compared after it")
     ap.add_argument("--files", default="4", help="startup: '1' or '2000'")
     ap.add_argument("--t0", type=float, default=None, help="startup: spawn time (time.time)")
+    ap.add_argument("--sources", type=int, default=300, help="pssprep / pssrank: sources")
+    ap.add_argument("--rank", type=int, default=0, help="pssrank: this process's rank "
+                    "(-1: all ranks in this process, for a peer that runs them itself)")
+    ap.add_argument("--world", type=int, default=PSS_RANKS, help="pssrank: ranks")
+    ap.add_argument("--ready", default=None, help="pssrank: file written once ready")
     a = ap.parse_args()
+    if a.mode == "pssprep":
+        t = time.perf_counter()
+        peer.pss_prepare(a.sources)
+        print(json.dumps({"peer": peer.NAME, "mode": a.mode, "sources": a.sources,
+                          "seconds": time.perf_counter() - t}), flush=True)
+        return
+    if a.mode == "pssrank":
+        pss_rank(peer, a.sources, a.rank, a.world, a.ready)
+        return
     res = {"peer": peer.NAME, "mode": a.mode, "seq": a.seq}
     if a.mode == "prepare":
         t = time.perf_counter()

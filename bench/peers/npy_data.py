@@ -25,6 +25,19 @@ def prepare(seq):
         np.save(os.path.join(d, "files2000", f"f{i:04d}.npy"), part)
 
 
+def pss_files(n):
+    return [[os.path.join(C.pss_dir("npy"), f"s{i:04d}.npy")] for i in range(n)]
+
+
+def pss_prepare(n):
+    """The PSS column's n sources, one .npy each."""
+    if os.path.exists(pss_files(n)[-1][0]):
+        return
+    os.makedirs(C.pss_dir("npy"), exist_ok=True)
+    for (path,), s in zip(pss_files(n), C.pss_samples(n)):
+        np.save(path, s)
+
+
 def source_files(seq, files="4"):
     """[[paths] per source] for the main mixture ('4'), '1' or '2000' files."""
     d = data_dir(seq)

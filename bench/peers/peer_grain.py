@@ -77,6 +77,33 @@ def dataset(seq, weights=C.WEIGHTS, files="4", rank=None, dp=None):
     return ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=2))
 
 
+def _pss_paths(n):
+    return [os.path.join(C.pss_dir("arrayrecord"), f"s{i:04d}.array_record") for i in range(n)]
+
+
+def pss_prepare(n):
+    """The PSS column's n sources, one ArrayRecord file each."""
+    paths = _pss_paths(n)
+    if os.path.exists(paths[-1]):
+        return
+    os.makedirs(C.pss_dir("arrayrecord"), exist_ok=True)
+    for p, s in zip(paths, C.pss_samples(n)):
+        _write(p, s)
+
+
+def pss_loader(n, rank, world):
+    """One rank: the pipeline above over the n sources (weights 1 each), sliced
+    ``[rank::world]``, ``mp_prefetch`` with 2 worker processes."""
+    import grain
+
+    parts = [grain.MapDataset.source(grain.sources.ArrayRecordDataSource([p]))
+             .shuffle(seed=C.SEED + i).repeat() for i, p in enumerate(_pss_paths(n))]
+    ds = grain.MapDataset.mix(parts, weights=[1.0] * n)[rank::world]
+    ds = ds.map(_decode).batch(C.MICRO_BATCH)
+    ds = ds.to_iter_dataset(grain.ReadOptions(num_threads=2, prefetch_buffer_size=32))
+    return Iter(iter(ds.mp_prefetch(grain.MultiprocessingOptions(num_workers=2))))
+
+
 class Iter:
     def __init__(self, it):
         import torch

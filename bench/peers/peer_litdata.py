@@ -83,6 +83,44 @@ def loader(seq, weights=C.WEIGHTS, files="4", state=None):
     return Iter(dl)
 
 
+def _pss_dirs(n):
+    return [os.path.join(C.pss_dir("litdata"), f"s{i:04d}") for i in range(n)]
+
+
+def pss_prepare(n):
+    """The PSS column's n sources, one ``litdata.optimize`` output each."""
+    dirs = _pss_dirs(n)
+    if os.path.exists(os.path.join(dirs[-1], "index.json")):
+        return
+    for i, (d, s) in enumerate(zip(dirs, C.pss_samples(n))):
+        if not os.path.exists(os.path.join(d, "index.json")):
+            _write(d, f"s{i}", s, 1 << 10)
+
+
+def pss_loader(n, rank, world):
+    """One rank process: torch.distributed initialized (gloo, env://, as torchrun
+    leaves it; LitData takes rank and world size from it), CombinedStreamingDataset of
+    the n StreamingDatasets (weights 1 each), StreamingDataLoader(num_workers=2)."""
+    import torch
+    import torch.distributed as dist
+    from litdata import CombinedStreamingDataset, StreamingDataLoader, StreamingDataset
+    from litdata import TokensLoader
+
+    if not dist.is_initialized():
+        dist.init_process_group("gloo", rank=rank, world_size=world)
+    sets = [StreamingDataset(d, item_loader=TokensLoader(block_size=C.PSS_SEQ + 1),
+                             shuffle=True, seed=C.SEED, drop_last=True) for d in _pss_dirs(n)]
+    ds = CombinedStreamingDataset(sets, seed=C.SEED, weights=[1.0 / n] * n,
+                                  iterate_over_all=False)
+
+    def collate(rows):
+        x = torch.stack(rows).long()
+        return {"input_ids": x[:, :-1], "labels": x[:, 1:]}
+
+    return Iter(StreamingDataLoader(ds, batch_size=C.MICRO_BATCH, num_workers=2,
+                                    collate_fn=collate, persistent_workers=True))
+
+
 class Iter:
     """Endless: the next epoch after one ends."""
 

@@ -65,6 +65,45 @@ def build(seq, weights=C.WEIGHTS, files="4", n=N_SAMPLES):
     return train
 
 
+def build_pss(n, samples=4096):
+    """BlendedDataset of the PSS column's n GPTDatasets (weights 1 each), index cache
+    under bench/out/peers/megatron_cache/pss-N (built by pss_prepare, loaded by ranks)."""
+    import torch
+    import peer_polyload
+    from _common import EodTokenizer, init_torch_distributed, megatron_quiet
+    from megatron.core.datasets.blended_megatron_dataset_builder import \
+        BlendedMegatronDatasetBuilder
+    from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
+
+    megatron_quiet()
+    init_torch_distributed()
+    torch.set_num_threads(1)
+    blend = ([peer_polyload._pss_prefix(i) for i in range(n)], [1.0] * n)
+    cfg = GPTDatasetConfig(random_seed=C.SEED, sequence_length=C.PSS_SEQ, blend=blend,
+                           split="100,0,0",
+                           path_to_cache=os.path.join(C.OUT, "megatron_cache", f"pss-{n}"),
+                           tokenizer=EodTokenizer(), reset_position_ids=False,
+                           reset_attention_mask=False, eod_mask_loss=False,
+                           create_attention_mask=False)
+    train, _, _ = BlendedMegatronDatasetBuilder(GPTDataset, [samples, 0, 0], lambda: True,
+                                                cfg).build()
+    return train
+
+
+def pss_prepare(n):
+    import peer_polyload
+
+    peer_polyload.pss_prepare(n)
+    for k in (30, n):  # the index caches, once (as a first launch writes them)
+        build_pss(k)
+
+
+def pss_loader(n, rank, world):
+    """One rank's DataLoader (num_workers=2) over the BlendedDataset, Megatron-LM's
+    sampler logic for DP rank ``rank`` of ``world``."""
+    return Iter(build_pss(n), rank=rank, dp=world)
+
+
 class PretrainingSampler:
     """Megatron-LM's MegatronPretrainingSampler: sequential micro-batches from
     consumed_samples; rank r of dp takes [r*mb, (r+1)*mb) of each dp*mb indices."""

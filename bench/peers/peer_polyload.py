@@ -101,6 +101,43 @@ def prepare(seq):
         w.finalize(os.path.join(FILES_DIR, f"f{i:04d}.idx"))
 
 
+def _pss_prefix(i):
+    return os.path.join(C.pss_dir("megatron"), f"s{i:04d}")
+
+
+def pss_prepare(n):
+    """The PSS column's n sources as Megatron datasets (polyload's NumpyIndexedWriter),
+    shared with megatron-core."""
+    from polyload.prepare import NumpyIndexedWriter
+
+    if os.path.exists(_pss_prefix(n - 1) + ".idx"):
+        return
+    os.makedirs(C.pss_dir("megatron"), exist_ok=True)
+    for i, docs in enumerate(C.pss_docs(n)):
+        w = NumpyIndexedWriter(_pss_prefix(i) + ".bin", np.uint16)
+        for d in docs:
+            w.add_document(d)
+        w.finalize(_pss_prefix(i) + ".idx")
+
+
+def pss_config(n, world):
+    cfg = config(C.PSS_SEQ, dp=world)
+    cfg["sources"] = [{"name": f"s{i:04d}", "type": "megatron", "path": _pss_prefix(i),
+                       "weight": 1.0} for i in range(n)]
+    return cfg
+
+
+def pss_loader(n, rank, world):
+    """One rank's Loader (one per trainer process, the rank given as torch.distributed
+    would give it), the example's settings: threads 2, prefetch 4."""
+    import warnings
+
+    import polyload
+
+    warnings.simplefilter("ignore")  # weights 1 each: "normalized to 1/n"
+    return iter(polyload.Loader(pss_config(n, world), rank=rank))
+
+
 class PieceIndex:
     """Segment (via cu_seqlens) -> id of the chunk it is: polyload splits a document into
     chunks at offsets 0, seq, 2 seq, ... (long_documents: split), each delivered whole."""

@@ -105,6 +105,92 @@ def loader(seq, weights=C.WEIGHTS, files="4"):
     return Iter(ds)
 
 
+def _pss_files(n):
+    d = C.pss_dir("parquet")
+    names = sorted(os.listdir(d)) if os.path.isdir(d) else []
+    return [os.path.join(d, f) for f in names if f.endswith(".parquet")][:n]
+
+
+def _pss_set(n):
+    """A directory holding the first n sources' files (hard links)."""
+    return C.pss_dir("parquet") + f"-{n}"
+
+
+def pss_prepare(n):
+    """The PSS column's sources: all PSS_MAX_SOURCES sources' samples written by Ray
+    Data's ``write_parquet`` in as many blocks (``repartition`` keeps the order), one
+    Parquet file per source (Ray names them by block index); the first n in a
+    directory of their own (read_parquet of a list of files needs fsspec's HTTP
+    filesystem, which fails to import in this venv: no aiohttp)."""
+    import ray
+
+    d = C.pss_dir("parquet")
+    total = max(n, C.PSS_MAX_SOURCES)
+    if len(_pss_files(total)) < total:
+        _init()
+        shutil.rmtree(d, ignore_errors=True)
+        s = C.pss_samples(total)
+        ray.data.from_numpy(s.reshape(-1, s.shape[-1])).repartition(total).write_parquet(d)
+        ray.shutdown()
+        assert len(_pss_files(total)) == total
+        shutil.rmtree(_pss_set(n), ignore_errors=True)
+    if not os.path.isdir(_pss_set(n)):
+        os.makedirs(_pss_set(n) + ".tmp", exist_ok=True)
+        for f in _pss_files(n):
+            os.link(f, os.path.join(_pss_set(n) + ".tmp", os.path.basename(f)))
+        os.rename(_pss_set(n) + ".tmp", _pss_set(n))
+
+
+def pss_all(n, world):
+    """The 8 ranks as Ray Train runs them: a local cluster started by this process, the
+    one ``read_parquet`` of the n files, ``random_shuffle()``, ``streaming_split(world)``,
+    one actor per rank iterating its split with ``iter_torch_batches(batch_size=2,
+    prefetch_batches=4)``.  Returns (actors, checksum) once every rank has taken
+    PSS_TAKE micro-batches; the actors keep their iterators until the process ends."""
+    import ray
+
+    _init()
+    ctx = ray.data.DataContext.get_current()
+    ctx.enable_progress_bars = False
+    print("pss: cluster up", flush=True, file=sys.stderr)
+    # One read_parquet of a directory holding the n files (Ray Data cannot weight
+    # sources anyway; with a list of files, or a union of per-file datasets, reading
+    # needs fsspec's HTTP filesystem, whose import fails in this venv), shuffled per
+    # epoch as in the table (random_shuffle).
+    ds = ray.data.read_parquet(_pss_set(n)).random_shuffle(seed=C.SEED)
+    splits = ds.streaming_split(world, equal=True)
+
+    @ray.remote(num_cpus=0)
+    class Rank:
+        def __init__(self, split):
+            import torch
+
+            def collate(b):
+                x = torch.from_numpy(b["data"].astype("int64"))
+                return {"input_ids": x[:, :-1], "labels": x[:, 1:]}
+
+            self.it = iter(split.iter_torch_batches(batch_size=C.MICRO_BATCH,
+                                                    prefetch_batches=4, collate_fn=collate))
+
+        def take(self, k):
+            t = 0
+            for _ in range(k):
+                b = next(self.it)
+                t += int(b["input_ids"].sum()) + int(b["labels"].sum())
+            return t
+
+    actors = [Rank.remote(sp) for sp in splits]
+    print("pss: splits and actors made", flush=True, file=sys.stderr)
+    touched = sum(ray.get([a.take.remote(C.PSS_TAKE) for a in actors]))
+    return actors, touched
+
+
+def pss_close(_its):
+    import ray
+
+    ray.shutdown()
+
+
 def close(it):
     import ray
 

@@ -91,6 +91,46 @@ def loader(seq, weights=C.WEIGHTS, files="4", state=None):
     return Iter(dl)
 
 
+def _pss_dirs(n):
+    return [os.path.join(C.pss_dir("mds"), f"s{i:04d}") for i in range(n)]
+
+
+def pss_prepare(n):
+    """The PSS column's n sources, one MDS directory each (MDSWriter); also clears
+    Streaming's shared memory left by an earlier run (the runner calls it before each
+    set of ranks)."""
+    from streaming.base.util import clean_stale_shared_memory
+
+    clean_stale_shared_memory()
+    dirs = _pss_dirs(n)
+    if os.path.exists(os.path.join(dirs[-1], "index.json")):
+        return
+    for d, s in zip(dirs, C.pss_samples(n)):
+        _write(d, [s])
+
+
+def pss_loader(n, rank, world):
+    """One rank process (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE in the
+    environment, as Streaming reads them): one Stream per source (equal sizes, so equal
+    weights), StreamingDataset + StreamingDataLoader as above."""
+    from streaming import Stream, StreamingDataLoader, StreamingDataset
+
+    streams = [Stream(local=d) for d in _pss_dirs(n)]
+    ds = StreamingDataset(streams=streams, shuffle=True, shuffle_seed=C.SEED,
+                          batch_size=C.MICRO_BATCH)
+
+    def collate(rows):
+        import numpy as np
+        import torch
+
+        x = torch.from_numpy(np.stack([r["tokens"] for r in rows]).astype(np.int64))
+        return {"input_ids": x[:, :-1], "labels": x[:, 1:]}
+
+    return Iter(StreamingDataLoader(ds, batch_size=C.MICRO_BATCH, num_workers=2,
+                                    prefetch_factor=2, persistent_workers=True,
+                                    collate_fn=collate))
+
+
 class Iter:
     """Endless: the next epoch after one ends (as a trainer's epoch loop does)."""
 

@@ -24,8 +24,8 @@ prepare = D.prepare
 
 
 class Mixed:
-    def __init__(self, seq, files):
-        self.parts = [D.Rows(p) for p in D.source_files(seq, files)]
+    def __init__(self, seq, files, paths=None):
+        self.parts = [D.Rows(p) for p in (paths or D.source_files(seq, files))]
         self.offsets = [0]
         for p in self.parts:
             self.offsets.append(self.offsets[-1] + len(p))
@@ -55,6 +55,27 @@ def make_loader(seq, weights=C.WEIGHTS, files="4"):
         generator=torch.Generator().manual_seed(C.SEED))
     return StatefulDataLoader(ds, batch_size=C.MICRO_BATCH, sampler=sampler, num_workers=2,
                               prefetch_factor=2, persistent_workers=True)
+
+
+pss_prepare = D.pss_prepare
+
+
+def pss_loader(n, rank, world):
+    """One rank's StatefulDataLoader over the n sources (weights 1 each), as above;
+    torch's WeightedRandomSampler cannot be split over ranks, so each rank draws with a
+    seed of its own."""
+    import torch
+    from torchdata.stateful_dataloader import StatefulDataLoader
+
+    ds = Mixed(C.PSS_SEQ, None, D.pss_files(n))
+    per = torch.cat([torch.full((len(p),), 1.0 / len(p), dtype=torch.float64)
+                     for p in ds.parts])
+    sampler = torch.utils.data.WeightedRandomSampler(
+        per, num_samples=200_000, replacement=True,
+        generator=torch.Generator().manual_seed(C.SEED + rank))
+    return Iter(StatefulDataLoader(ds, batch_size=C.MICRO_BATCH, sampler=sampler,
+                                   num_workers=2, prefetch_factor=2,
+                                   persistent_workers=True))
 
 
 class Iter:

@@ -24,14 +24,17 @@ NAME = "torchdata.nodes"
 prepare = D.prepare
 
 
-def make_loader(seq, weights=C.WEIGHTS, files="4", rank=None, dp=None):
+def make_loader(seq, weights=C.WEIGHTS, files="4", rank=None, dp=None, paths=None):
     import torch
     import torchdata.nodes as tn
     from torch.utils.data import default_collate
 
-    parts = [D.Rows(p) for p in D.source_files(seq, files)]
-    names = C.NAMES if files == "4" else ["all"]
-    w = weights if files == "4" else [1.0]
+    parts = [D.Rows(p) for p in (paths or D.source_files(seq, files))]
+    if paths:  # the PSS column's sources, weights 1 each
+        names, w = [f"s{i:04d}" for i in range(len(paths))], [1.0] * len(paths)
+    else:
+        names = C.NAMES if files == "4" else ["all"]
+        w = weights if files == "4" else [1.0]
     nodes = {}
     for i, (name, p) in enumerate(zip(names, parts)):
         if dp is None:
@@ -76,6 +79,15 @@ def resume(seq, st, weights=C.WEIGHTS):
     dl = make_loader(seq, weights)
     dl.load_state_dict(st)
     return Iter(dl)
+
+
+pss_prepare = D.pss_prepare
+
+
+def pss_loader(n, rank, world):
+    """One rank: per-source DistributedSampler shards and MultiNodeWeightedSampler(rank,
+    world_size) over the n sources, as above."""
+    return Iter(make_loader(C.PSS_SEQ, rank=rank, dp=world, paths=D.pss_files(n)))
 
 
 def loader_dp(seq, rank, dp):

@@ -42,6 +42,9 @@ PEERS = [
     ("raydata", "raydata", "peer_raydata.py", "concatenated"),
 ]
 SEQS = (2048, 8192)
+PSS_SOURCES = (30, 300)
+PSS_ONE_PROCESS = {"raydata"}  # runs its ranks itself (a Ray cluster, an actor per rank)
+PSS_CLEAN_AFTER = {"streaming"}  # pssprep clears what its ranks left in /dev/shm
 
 
 def python_of(venv):
@@ -71,6 +74,78 @@ def run(py, script, args, timeout):
     return {"error": f"exit {p.returncode}: " + " | ".join(tail)[-400:]}
 
 
+def pss_run(key, py, script, n, world, timeout=900):
+    """PSS of every process of ``world`` ranks of one loader over n sources: one process
+    per rank (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR/PORT in its
+    environment, as torchrun sets them), or one process running them all
+    (PSS_ONE_PROCESS); measured 2 s after every rank has taken its micro-batches."""
+    import signal
+    import shutil
+
+    sys.path.insert(0, HERE)
+    import common as C
+
+    d = os.path.join(OUT, "pss", "run", f"{key}-{n}")
+    shutil.rmtree(d, ignore_errors=True)
+    os.makedirs(d)
+    prep = run(py, script, ["pssprep", "--sources", str(n)], 1800)  # idempotent; clears shm
+    if "error" in prep:
+        return {"error": "prepare: " + prep["error"]}
+    ranks = [-1] if key in PSS_ONE_PROCESS else list(range(world))
+    port = str(29500 + (os.getpid() + n) % 2000)
+    procs = []
+    t0 = time.time()
+    for r in ranks:
+        env = dict(os.environ, RANK=str(max(r, 0)), WORLD_SIZE=str(world),
+                   LOCAL_RANK=str(max(r, 0)), LOCAL_WORLD_SIZE=str(world),
+                   MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
+        procs.append(subprocess.Popen(
+            [py, os.path.join(HERE, script), "pssrank", "--sources", str(n), "--rank",
+             str(r), "--world", str(world), "--ready", os.path.join(d, f"ready{r}")],
+            cwd=ROOT, env=env, start_new_session=True, stdout=subprocess.DEVNULL,
+            stderr=open(os.path.join(d, f"rank{r}.err"), "w")))
+    pids = []
+    try:
+        while not all(os.path.exists(os.path.join(d, f"ready{r}")) for r in ranks):
+            dead = [p for p in procs if p.poll() is not None]
+            if dead:
+                err = open(os.path.join(d, f"rank{ranks[procs.index(dead[0])]}.err")).read()
+                return {"error": f"rank exited with {dead[0].returncode}: " +
+                        " | ".join(err.strip().splitlines()[-3:])[-400:]}
+            if time.time() - t0 > timeout:
+                return {"error": f"not ready after {timeout} s"}
+            time.sleep(0.5)
+        ready_s = time.time() - t0
+        time.sleep(2)
+        pids = C.process_tree([p.pid for p in procs])
+        out = C.pss_sum(pids)
+        out.update(sources=n, ranks=world, rank_processes=len(procs), ready_s=ready_s)
+        return out
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)  # Ray Data's rank process shuts Ray down
+        deadline = time.time() + 30
+        for p in procs:
+            try:
+                p.wait(max(0.1, deadline - time.time()))
+            except subprocess.TimeoutExpired:
+                pass
+        for q in set(pids) | {p.pid for p in procs}:  # whatever is left of the trees
+            try:
+                os.kill(q, signal.SIGKILL)
+            except OSError:
+                pass
+        for p in procs:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except OSError:
+                pass
+            p.wait()
+        if key in PSS_CLEAN_AFTER:  # the ranks' shared memory, left by their SIGTERM exit
+            run(py, script, ["pssprep", "--sources", str(n)], 300)
+
+
 def log(*a):
     print(*a, flush=True)
     with open(os.path.join(OUT, "run_table.log"), "a") as f:
@@ -84,7 +159,8 @@ def main():
     ap.add_argument("--startup-repeats", type=int, default=3)
     ap.add_argument("--seconds", type=float, default=3.0, help="timed window per run")
     ap.add_argument("--skip", default="", help="comma-separated parts: throughput,startup,"
-                    "mixture,resume,reweight,dpresume")
+                    "mixture,resume,reweight,dpresume,pss")
+    ap.add_argument("--pss-ranks", type=int, default=8, help="ranks of the PSS column")
     ap.add_argument("--results", default="results.json",
                     help="file under bench/out/peers/ (a second run can fill other parts "
                     "into another file; the table merges results*.json)")
@@ -136,6 +212,19 @@ def main():
                         for _ in range(a.startup_repeats)]
                 res[key]["startup"][files] = runs
                 log(key, "startup", files, [x.get("first_batch_s", x.get("error")) for x in runs])
+            save()
+    if "pss" not in skip:
+        for key, venv, script, _ in peers:
+            py, err = python_of(venv)
+            if err:
+                continue
+            res[key]["pss"] = {}
+            for n in PSS_SOURCES:
+                out = pss_run(key, py, script, n, a.pss_ranks)
+                res[key]["pss"][str(n)] = out
+                log(key, "pss", n, {k: out.get(k) for k in ("pss_mib", "processes", "error")})
+                if "error" in out:
+                    break
             save()
     checks = [("mixture", ["mixture", "--steps", "100"]), ("resume", ["resume", "--k", "120"]),
               ("reweight", ["reweight", "--k", "128"]),
@@ -269,21 +358,49 @@ def short(r, part):
     return res
 
 
+def pss_cells(res, key):
+    """(cell, detail) of the PSS column: PSS of all processes at 30 and 300 sources and
+    per added source, (PSS(300) - PSS(30)) / 270."""
+    runs = res.get(key, {}).get("pss", {})
+    if not runs:
+        return "–", ""
+    lo, hi = (runs.get(str(n), {}) for n in PSS_SOURCES)
+    bad = [(n, r) for n, r in zip(PSS_SOURCES, (lo, hi)) if "error" in r or not r]
+    if bad:
+        n, r = bad[0]
+        return f"no at {n} sources: error (below)", f"PSS at {n} sources: {r.get('error', 'not run')}"
+    span = PSS_SOURCES[1] - PSS_SOURCES[0]
+    per = (hi["pss_mib"] - lo["pss_mib"]) / span
+    anon = (hi["pss_anon_mib"] - lo["pss_anon_mib"]) / span
+    cell = f"{lo['pss_mib']:,.0f} / {hi['pss_mib']:,.0f} MiB (**{per:.3f}** MiB)"
+    how = "one driver process, a Ray actor per rank" if lo.get("rank_processes") == 1 else \
+        f"{lo.get('rank_processes')} rank processes"
+    top = ", ".join(f"{c} {v:,.0f}" for c, v in list(hi.get("by_command_mib", {}).items())[:4])
+    own = (hi["pss_own_mib"] - lo["pss_own_mib"]) / span
+    detail = (f"PSS: {how}, {lo['processes']} / {hi['processes']} processes in all at "
+              f"{PSS_SOURCES[0]} / {PSS_SOURCES[1]} sources; per added source anon "
+              f"{anon:.3f} MiB, file {(hi['pss_file_mib'] - lo['pss_file_mib']) / span:.3f}"
+              f" MiB, without shared-library pages {own:.3f} MiB; largest at "
+              f"{PSS_SOURCES[1]} (MiB by command): {top}")
+    return cell, detail
+
+
 def write_table(res):
     head = ("| loader | sequences | non-padding tokens/s, 2048 (polyload ÷ peer) | CPU-s per "
             "M tokens | tokens/s, 8192 (polyload ÷ peer) | CPU-s per M tokens | start to "
             "first batch, 1 file | 2,000 files | mixture error per step, max tokens "
             "(cumulative) | realized mixture (for 0.4/0.3/0.2/0.1) | exact resume, next 100 "
             "micro-batches | resume with another DP size | weight change at resume | "
-            "padding fraction |")
-    rows = [head, "|" + "---|" * 14]
+            "padding fraction | PSS of all processes, 8 ranks, 30 / 300 sources (per added "
+            "source) |")
+    rows = [head, "|" + "---|" * 15]
     details = []
     for key, _, _, how in PEERS:
         r = res.get(key)
         if not r:
             continue
         if r.get("not_installed"):
-            rows.append(f"| {key} | | no: {r['not_installed']} |" + " |" * 11)
+            rows.append(f"| {key} | | no: {r['not_installed']} |" + " |" * 12)
             continue
         t2, c2, d2 = throughput_cell(res, key, 2048)
         t8, c8, d8 = throughput_cell(res, key, 8192)
@@ -295,6 +412,7 @@ def write_table(res):
             mix, real = check_cell(m), "–"
         pads = [x.get("padding_fraction") for x in r.get("throughput", {}).get("2048", [])
                 if "padding_fraction" in x]
+        pss_cell, pss_detail = pss_cells(res, key)
         rw = short(r.get("reweight"), "reweight")
         rwm = r.get("reweight_mid")
         if key == "polyload" and rwm:
@@ -303,9 +421,10 @@ def write_table(res):
             f"| {key}", how, t2, c2, t8, c8, startup_cell(res, key, "1"),
             startup_cell(res, key, "2000"), mix, real, short(r.get("resume"), "resume"),
             short(r.get("dpresume"), "dp"), rw,
-            (f"{med(pads):.2g}" if pads else "–")]) + " |")
+            (f"{med(pads):.2g}" if pads else "–"), pss_cell]) + " |")
         lines = [f"throughput 2048: {d2}; 8192: {d8}" if d2 else "",
-                 "start-up runs: " + startup_detail(res, key)]
+                 ("start-up runs: " + startup_detail(res, key)) if startup_detail(res, key)
+                 else "", pss_detail]
         for part, label in (("resume", "exact resume"), ("dpresume", "other DP size"),
                             ("reweight", "weight change (K=128)"),
                             ("reweight_mid", "weight change (K=120)")):

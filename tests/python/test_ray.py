@@ -938,6 +938,15 @@ def test_scale_errors(cluster, corpus2):
             dep.scale("nope", 2)
         with pytest.raises(ValueError, match="n must be >= 0"):
             dep.scale("s0", -1)
+        # the policy is off (autoscale=None) and nothing read yet: the autoscaler has
+        # measured (a look done) but calibrated no source (a call and a read per source)
+        deadline = time.monotonic() + 60
+        view = dep.scaling()
+        while view["step"] is None and time.monotonic() < deadline:
+            time.sleep(0.2)
+            view = dep.scaling()
+        assert view["step"] is not None
+        assert [x["cost_per_token"] for x in view["sources"]] == [None] * len(cfg["sources"])
     # a loader that cannot be placed: the change is dropped, the pools stay, batches flow
     auto = {"enabled": False, "placement": [{"resources": {"no_such_node": 1}}],
             "start_timeout_s": 3}

@@ -261,6 +261,7 @@ class Planner:
         with self._inflight_lock:
             return not any(n for v, n in self._inflight.items() if v < int(version))
 
+    @ray.method(enable_task_events=False)  # the autoscaler asks every interval_s
     def progress(self) -> Dict[str, Any]:
         """``{"next_step": next step to plan, "low": least step a constructor's ranks
         stand at (-1: not known yet), "time": monotonic seconds}`` (the autoscaler's
@@ -724,6 +725,7 @@ class SourceLoader:
                 else:
                     p[6] += int(tok)
 
+    @ray.method(enable_task_events=False)  # the autoscaler asks every interval_s
     def profile(self) -> Dict[str, Any]:
         """The measured cost profile since the actor started (counters; the autoscaler
         takes differences): ``{"cpu_s": CPU seconds of the process, "read_cpu_s": of
@@ -807,6 +809,7 @@ class SourceLoader:
                     msgs[j] = e.message
         return lens, msgs
 
+    @ray.method(enable_task_events=False)  # once per source: no record per source in the GCS
     def calibrate(self, source: int, count: int = 32, seed: int = 0) -> Dict[str, float]:
         """Measure a source's cost before any traffic (the autoscaler sizes pools of
         sources the schedule has not used yet): tokenize (raw text) and read ``count``
@@ -1038,6 +1041,7 @@ class DataConstructor:
                 await self._drain.wait()
         return self._rt_version
 
+    @ray.method(enable_task_events=False)  # the autoscaler asks every interval_s
     async def load(self) -> Dict[str, Any]:
         """What the autoscaler's feedback reads: ``{"wait_s": seconds fetches waited for
         packages not built yet (waits still going on included), "fetches",

@@ -845,8 +845,12 @@ class Autoscaler:
             wait_frac = 1.0  # no step in the interval and the trainers waited
         # Sources with no traffic yet (weight 0 now): calibrate once on their owner
         # (a first estimate, replaced by the samples of traffic once there are any).
+        # Only with the policy enabled: without it nothing decides from the estimate,
+        # and each calibration costs an actor call, a read of 32 documents and a result
+        # kept, per source (memory that grew with the sources; the view's cost of a
+        # source stays None until traffic).
         todo = [s for s in range(n) if not self._samples[s] and s not in self._calibrated
-                and self._loaders_of(s)]
+                and self._loaders_of(s)] if self._opts.get("enabled", True) else []
         for k in range(0, len(todo), 16):
             batch = todo[k:k + 16]
             self._calibrated.update(batch)
