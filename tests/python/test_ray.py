@@ -689,6 +689,22 @@ def test_client_started_again_continues_for_its_rank(cluster, corpus2):
         other.close()
 
 
+def test_client_at_an_unreachable_address_is_a_clear_error(corpus2):
+    """A Client pointed at an address where no Ray cluster listens raises
+    PolyloadIOError naming it at once (in a fresh process: Ray not initialized)."""
+    code = ("import json, sys, polyload, polyload.ray as pr\n"
+            "try:\n"
+            "    pr.Client(json.loads(sys.argv[1]), address='127.0.0.1:9', timeout=5)\n"
+            "except polyload.PolyloadIOError as e:\n"
+            "    print('ERR', e)\n")
+    t0 = time.time()
+    done = subprocess.run([sys.executable, "-c", code, json.dumps(corpus2.config())],
+                          capture_output=True, text=True, timeout=120)
+    assert "ERR [EIO] polyload.ray.Client: no Ray cluster reachable at 127.0.0.1:9" in \
+        done.stdout, done.stderr[-2000:]
+    assert time.time() - t0 < 60
+
+
 def test_stalled_source_loader_moves_to_its_standby(cluster, corpus2):
     """A SIGSTOPped source loader (no crash, no answer) counts as failed after
     read_timeout: its reads go to the standby; batches unchanged."""

@@ -30,6 +30,24 @@ from ._common import actor_lost, get, unwrap
 _get = get  # ray.get with polyload's exceptions and a deadline
 
 
+def _check_reachable(address: str, timeout: float) -> None:
+    """A ``host:port`` Ray address that accepts no TCP connection within ``timeout`` is
+    PolyloadIOError now (Ray's own client would retry for half a minute and then end
+    the process).  Other forms (``auto``, ``local``, ``ray://``) are left to Ray."""
+    import socket  # noqa: PLC0415
+
+    host, sep, port = address.rpartition(":")
+    if not sep or "://" in address or not port.isdigit():
+        return
+    try:
+        socket.create_connection((host.strip("[]"), int(port)), timeout=timeout).close()
+    except OSError as e:
+        raise polyload.PolyloadIOError(
+            _core.EIO, "EIO",
+            f"polyload.ray.Client: no Ray cluster reachable at {address} within "
+            f"{timeout:g} s ({e})") from None
+
+
 def _collect(refs: List[Any], timeout: float) -> List[Any]:
     """Take the results of the calls among ``refs`` that are done within ``timeout``
     (errors included: Ray reports a result never taken as unhandled); the others."""
@@ -106,8 +124,10 @@ class Client(polyload.Loader):
         self._loader = None
         cfg = polyload._make_config(config)
         if not ray.is_initialized():
-            ray.init(address=address or os.environ.get("RAY_ADDRESS", "auto"),
-                     namespace=namespace, include_dashboard=False, log_to_driver=False)
+            addr = address or os.environ.get("RAY_ADDRESS", "auto")
+            _check_reachable(addr, min(float(timeout), 10.0))
+            ray.init(address=addr, namespace=namespace, include_dashboard=False,
+                     log_to_driver=False)
         planner = ray.get_actor(f"{name}.planner", namespace=namespace)
         info = _get(planner.info.remote(), timeout)
         names = [cfg.source_name(i) for i in range(cfg.num_sources)]
