@@ -591,6 +591,27 @@ PL_API void pl_config_set_tokenizer_factory(pl_config *cfg,
                                             void *ctx);
 
 /*
+ * The same with every setting of the `tokenizer` mapping: type ("hf",
+ * "tiktoken", "sentencepiece"), path, and for tiktoken pat_str (the
+ * pre-tokenizer regex) or encoding (a published encoding's name, whose
+ * pattern and special tokens apply); NULL where not given.  The strings are
+ * borrowed for the call.  Setting one kind of factory clears the other.
+ */
+typedef struct pl_tokenizer_spec {
+    int version; /* PL_TOKENIZER_SPEC_VERSION */
+    const char *type;
+    const char *path;
+    const char *pat_str;
+    const char *encoding;
+} pl_tokenizer_spec;
+#define PL_TOKENIZER_SPEC_VERSION 1
+typedef int (*pl_tokenizer_spec_factory)(void *ctx, const pl_tokenizer_spec *spec,
+                                         pl_tokenizer *out, char *err, size_t errcap);
+PL_API void pl_config_set_tokenizer_factory_spec(pl_config *cfg,
+                                                 pl_tokenizer_spec_factory fn,
+                                                 void *ctx);
+
+/*
  * Lengths of many documents at once: lengths[i] is the length of document
  * index[i], or a negative PL_E* code when that document is bad (its message:
  * pl_source_document_length of it).  A raw text source tokenizes the ones it

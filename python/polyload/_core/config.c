@@ -21,8 +21,9 @@ static PyObject *config_wrap(pl_config *cfg) {
     }
     o->cfg = cfg;
     o->busy = 0;
-    /* Raw text sources tokenize with Hugging Face tokenizers (tokenizer.c). */
-    pl_config_set_tokenizer_factory(cfg, pypl_tokenizer_factory, NULL);
+    /* Raw text sources tokenize with Hugging Face tokenizers or tiktoken
+       (tokenizer.c). */
+    pl_config_set_tokenizer_factory_spec(cfg, pypl_tokenizer_factory, NULL);
     return (PyObject *)o;
 }
 
