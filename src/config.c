@@ -32,6 +32,7 @@
  * llmc and flat accept a file or a glob matching something.
  */
 #include "internal.h"
+#include "source_internal.h" /* pl__is_text_type */
 
 #include <errno.h>
 #include <glob.h>
@@ -228,10 +229,11 @@ static const int interp_values[] = {PL__INTERP_LINEAR, PL__INTERP_STEP};
 static const char *const dtype_names[] = {"int64", "int32"};
 static const int dtype_values[] = {PL_DTYPE_INT64, PL_DTYPE_INT32};
 static const char *const stype_names[] = {"megatron", "llmc", "flat", "jsonl",
-                                          "text", "webdataset"};
+                                          "text", "webdataset", "parquet"};
 static const int stype_values[] = {PL_SOURCE_MEGATRON, PL_SOURCE_LLMC,
                                    PL_SOURCE_FLAT, PL_SOURCE_JSONL,
-                                   PL_SOURCE_TEXT, PL_SOURCE_WEBDATASET};
+                                   PL_SOURCE_TEXT, PL_SOURCE_WEBDATASET,
+                                   PL_SOURCE_PARQUET};
 static const char *const imode_names[] = {"fixed", "native"};
 static const int imode_values[] = {PL_IMAGE_FIXED, PL_IMAGE_NATIVE};
 static const char *const index_names[] = {"file", "memory"};
@@ -1220,13 +1222,15 @@ static int walk_source(walk *w, const char *list, int64_t i, yaml_node_t *map,
                        what, s->name, stype_names[s->type - 1]);
     if (s->type == PL_SOURCE_FLAT && !s->token_dtype)
         s->token_dtype = PL_DTYPE_UINT16;
-    int is_text = s->type == PL_SOURCE_JSONL || s->type == PL_SOURCE_TEXT;
+    int is_text = pl__is_text_type(s->type);
     if (line_text && !is_text)
         return cfg_err(cfg, PL_ECONFIG, line_text,
                        "%s: text_key, tokenizer and lookahead apply only to "
-                       "jsonl and text sources (source '%s' is %s)",
+                       "jsonl, text and parquet sources (source '%s' is %s)",
                        what, s->name, stype_names[s->type - 1]);
-    if (line_key && s->type != PL_SOURCE_JSONL)
+    if (line_key && s->type != PL_SOURCE_JSONL &&
+        !(s->type == PL_SOURCE_PARQUET && line_key == line_tkey && !line_sft &&
+          !line_msg && !line_chat))
         return cfg_err(cfg, PL_ECONFIG, line_key,
                        "%s.%s applies only to jsonl sources (source '%s' "
                        "is %s)",
@@ -1578,7 +1582,7 @@ static int walk_root(walk *w) {
     /* Text sources without a tokenizer of their own take the top level's. */
     for (int64_t i = 0; i < cfg->n_sources; i++) {
         pl__source_cfg *sc = &cfg->sources[i];
-        if (sc->type != PL_SOURCE_JSONL && sc->type != PL_SOURCE_TEXT) continue;
+        if (!pl__is_text_type(sc->type)) continue;
         if (!sc->tok.set && cfg->tok.set) {
             if (pl__tok_cfg_dup(&sc->tok, &cfg->tok))
                 return cfg_err(cfg, PL_ENOMEM, 0, "out of memory");
@@ -2175,17 +2179,17 @@ int pl__config_open_source(const pl_config *cfg, int64_t i, pl_source **out) {
     o.write_index = s->write_index ? s->write_index : cfg->sidecar_index;
     o.image = s->type == PL_SOURCE_WEBDATASET ? &s->image : NULL;
     pl_tokenizer tok;
-    if (s->type == PL_SOURCE_JSONL || s->type == PL_SOURCE_TEXT) {
+    if (pl__is_text_type(s->type)) {
         o.length_cache_key = pl__length_cache_key(s);
         o.length_cache = s->write_index ? s->write_index : cfg->sidecar_index;
     }
-    if ((s->type == PL_SOURCE_JSONL || s->type == PL_SOURCE_TEXT) && cfg->lengths_fn) {
+    if (pl__is_text_type(s->type) && cfg->lengths_fn) {
         o.lengths_fn = cfg->lengths_fn;
         o.lengths_ctx = cfg->lengths_ctx;
         o.lengths_source = i;
         o.tokenizer_threads = s->tok.threads;
         o.lookahead = s->lookahead;
-    } else if (s->type == PL_SOURCE_JSONL || s->type == PL_SOURCE_TEXT) {
+    } else if (pl__is_text_type(s->type)) {
         o.write_index = 0; /* record offsets in memory (1: write .plrec) */
         int trc = pl__config_tokenizer(cfg, &s->tok, &tok, out);
         if (trc) return trc;
@@ -2260,7 +2264,7 @@ uint64_t pl_config_fingerprint(const pl_config *c) {
                              io->limit_pixels, io->caption_token_offset};
             h = pl__hash64(ii, sizeof ii, h);
             h = pl__hash64(io->caption_key, strlen(io->caption_key), h);
-        } else if (sc->type == PL_SOURCE_JSONL || sc->type == PL_SOURCE_TEXT) {
+        } else if (pl__is_text_type(sc->type)) {
             int32_t ti[2] = {sc->tok.type, sc->tok.add_eos};
             h = pl__hash64(ti, sizeof ti, h);
             const char *tp = sc->tok.path ? sc->tok.path : "";

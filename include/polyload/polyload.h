@@ -185,7 +185,8 @@ typedef enum pl_source_type {
     PL_SOURCE_FLAT = 3,
     PL_SOURCE_JSONL = 4, /* raw text, tokenized online: see "raw text" below */
     PL_SOURCE_TEXT = 5,
-    PL_SOURCE_WEBDATASET = 6 /* image-text: see below */
+    PL_SOURCE_WEBDATASET = 6, /* image-text: see below */
+    PL_SOURCE_PARQUET = 7     /* raw text in a Parquet string column: "raw text" */
 } pl_source_type;
 
 typedef struct pl_tokenizer pl_tokenizer; /* defined under "raw text" below */
