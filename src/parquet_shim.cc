@@ -144,8 +144,9 @@ extern "C" int pl__pq_open(const char *path, const char *column, pl__pqfile **ou
                     "%s: column '%s' is %s%s, not a string column (a top-level BYTE_ARRAY "
                     "column of logical type String)",
                     path, column, c->max_repetition_level() > 0 ? "a repeated " : "",
-                    lt ? lt->ToString().c_str()
-                       : parquet::TypeToString(c->physical_type()).c_str());
+                    (parquet::TypeToString(c->physical_type()) +
+                     (lt && !lt->is_none() ? " (" + lt->ToString() + ")" : std::string()))
+                        .c_str());
             delete h;
             return PL_ERECORD;
         }
@@ -195,7 +196,6 @@ extern "C" int pl__pq_read_group(pl__pqfile *h, int64_t g, int64_t rows, char **
     *data = nullptr;
     *offsets = nullptr;
     *valid = nullptr;
-    const int64_t off = chunk_offset(h, static_cast<int>(g));
     uint64_t *o = static_cast<uint64_t *>(std::malloc((rows + 1) * sizeof(uint64_t)));
     uint8_t *v = static_cast<uint8_t *>(std::malloc(rows ? rows : 1));
     size_t cap = 1 << 16, len = 0;
@@ -239,10 +239,7 @@ extern "C" int pl__pq_read_group(pl__pqfile *h, int64_t g, int64_t rows, char **
             }
         }
         if (row != rows) {
-            pl__fmt(err, errcap,
-                    "%s: row group %lld (column chunk at byte offset %lld): %lld values, "
-                    "the footer says %lld rows",
-                    h->path.c_str(), static_cast<long long>(g), static_cast<long long>(off),
+            pl__fmt(err, errcap, "the column chunk holds %lld values, the footer says %lld rows",
                     static_cast<long long>(row), static_cast<long long>(rows));
             std::free(o), std::free(v), std::free(d);
             return PL_ERECORD;
@@ -254,11 +251,13 @@ extern "C" int pl__pq_read_group(pl__pqfile *h, int64_t g, int64_t rows, char **
         return PL_ENOMEM;
     } catch (const std::exception &e) {
         std::free(o), std::free(v), std::free(d);
-        pl__fmt(err, errcap,
-                "%s: row group %lld (column chunk at byte offset %lld), near row %lld of "
-                "the group: cannot decode: %s",
-                h->path.c_str(), static_cast<long long>(g), static_cast<long long>(off),
-                static_cast<long long>(row), e.what());
+        /* The caller names the file, the row and the chunk's offset. */
+        std::string m = e.what();
+        for (char &ch : m)
+            if (ch == '\n') ch = ' ';
+        while (!m.empty() && m.back() == ' ') m.pop_back();
+        pl__fmt(err, errcap, "cannot decode the column chunk (near row %lld of the group): %s",
+                static_cast<long long>(row), m.c_str());
         return PL_ERECORD;
     }
     *data = d;

@@ -22,7 +22,8 @@ int pl__pq_open(const char *path, const char *column, pl__pqfile **out,
                 int64_t *n_groups, int64_t **group_rows, char *err, size_t errcap);
 /* Decode row group g (of `rows` rows): *data holds the values back to back,
  * value k is [offsets[k], offsets[k + 1]) and valid[k] is 0 for a null;
- * all three malloc'd (free(3) them).  PL_ERECORD for damaged pages. */
+ * all three malloc'd (free(3) them).  PL_ERECORD for damaged pages, with a
+ * message that the caller prefixes with the file, row group and offset. */
 int pl__pq_read_group(pl__pqfile *h, int64_t g, int64_t rows, char **data,
                       uint64_t **offsets, uint8_t **valid, char *err, size_t errcap);
 /* Byte offset of row group g's column chunk, or -1. */
