@@ -176,3 +176,28 @@ def test_bad_settings_and_files(corpus, tmp_path):
         opens(_tok(corpus, path=str(bad)), eos_id=0)
     with pytest.raises(polyload.PolyloadError, match="tiktoken refuses the encoding"):
         opens(_tok(corpus, pat_str="(unclosed"), eos_id=0)
+
+
+
+def test_ids_multilingual_gz(corpus, tmp_path):
+    """Japanese, German and French manual pages (real UTF-8, from manpages-ja/de/fr) as
+    .jsonl.gz: the ids equal encode_ordinary_batch's, with add_eos false."""
+    import gzip
+
+    pages = []
+    for lang in ("ja", "de", "fr"):
+        d = f"/usr/share/man/{lang}/man1"
+        for n in sorted(os.listdir(d))[:15]:
+            with gzip.open(os.path.join(d, n), "rb") as f:
+                pages.append(f.read().decode("utf-8", errors="replace"))
+    path = tmp_path / "man.jsonl.gz"
+    with gzip.open(path, "wt", encoding="utf-8") as f:
+        for p in pages:
+            f.write(json.dumps({"body": p}, ensure_ascii=False) + "\n")
+    cfg = fc.config(corpus)
+    cfg["sources"] = [{"name": "man", "type": "jsonl", "path": str(path), "text_key": "body",
+                       "tokenizer": _tok(corpus, add_eos=False)}]
+    src = _source(cfg, 0)
+    assert src.num_documents == len(pages)
+    for d, ids in enumerate(_encoding(corpus).encode_ordinary_batch(pages)):
+        assert np.asarray(src.read(d)).tolist() == ids, d
