@@ -849,11 +849,6 @@ static int pl__pq_record_text(pl_source *src, const pl__sfile *fc, int64_t r,
     char where[200];
     pthread_mutex_lock(&t->pq_mu);
     pl__pqgroup *G = &f->pq_dec[g];
-    pl__fmt(where, sizeof where,
-            "row %lld (row group %lld, row %lld of the group; column chunk at byte offset "
-            "%lld)",
-            (long long)r, (long long)g, (long long)k,
-            (long long)pl__pq_chunk_offset(f->pq, g));
     if (!G->data && !G->rc) {
         char e[PL__ERRMSG_CAP];
         int rc = pl__pq_read_group(f->pq, g, rows, &G->data, &G->off, &G->valid, e, sizeof e);
@@ -871,6 +866,14 @@ static int pl__pq_record_text(pl_source *src, const pl__sfile *fc, int64_t r,
         }
     }
     G->last_use = ++t->pq_clock;
+    const uint64_t s = G->data ? G->off[k] : 0, e = G->data ? G->off[k + 1] : 0;
+    const size_t n = (size_t)(e - s);
+    if (G->rc || !G->valid[k] || (int64_t)n > t->max_record || n == 0) /* error paths */
+        pl__fmt(where, sizeof where,
+                "row %lld (row group %lld, row %lld of the group; column chunk at byte "
+                "offset %lld)",
+                (long long)r, (long long)g, (long long)k,
+                (long long)pl__pq_chunk_offset(f->pq, g));
     if (G->rc) {
         int rc = G->rc;
         pl__fmt(err, errcap, "%s: %s: %s", f->path, where, G->err ? G->err : "cannot decode");
@@ -878,8 +881,6 @@ static int pl__pq_record_text(pl_source *src, const pl__sfile *fc, int64_t r,
         return rc;
     }
     int rc = PL_OK;
-    const uint64_t s = G->off[k], e = G->off[k + 1];
-    const size_t n = (size_t)(e - s);
     size_t bad;
     char *copy = NULL;
     if (!G->valid[k])
@@ -891,8 +892,12 @@ static int pl__pq_record_text(pl_source *src, const pl__sfile *fc, int64_t r,
         pl__fmt(err, errcap, "%s: %s: empty document (column '%s' is \"\")", f->path, where,
                 t->text_key), rc = PL_ERECORD;
     else if ((bad = pl__utf8_check((const uint8_t *)G->data + s, n)) < n)
-        pl__fmt(err, errcap, "%s: %s: invalid UTF-8 at byte %zu of the value", f->path, where,
-                bad), rc = PL_ERECORD;
+        pl__fmt(err, errcap,
+                "%s: row %lld (row group %lld, row %lld of the group; column chunk at byte "
+                "offset %lld): invalid UTF-8 at byte %zu of the value",
+                f->path, (long long)r, (long long)g, (long long)k,
+                (long long)pl__pq_chunk_offset(f->pq, g), bad),
+            rc = PL_ERECORD;
     else if (!(copy = malloc(n)))
         pl__fmt(err, errcap, "%s: out of memory", f->path), rc = PL_ENOMEM;
     else

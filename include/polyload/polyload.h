@@ -443,6 +443,24 @@ PL_API int pl_image_smart_resize(int64_t h, int64_t w, int64_t factor,
  *                    plain, gzip (".gz", zlib) or Zstandard (".zst", libzstd).
  *                    Lines holding only whitespace are not records.
  *   PL_SOURCE_TEXT   one document per file, UTF-8.
+ *   PL_SOURCE_PARQUET  one document per row of the string column text_key
+ *                    (a top-level BYTE_ARRAY column of logical type String)
+ *                    of each Parquet file, read by Apache Arrow's C++ Parquet
+ *                    library where the library was built with it (CMake takes
+ *                    libarrow/libparquet from the pyarrow wheel); else
+ *                    PL_ECONFIG "parquet support not built".  Opening reads
+ *                    the footers only: the row groups' row counts number the
+ *                    records (no sidecar).  A row group is decoded when one of
+ *                    its rows is first parsed and kept for the others (at most
+ *                    1 GiB of decoded text per source, least recently used
+ *                    dropped).  A file that is not Parquet, truncated (no
+ *                    footer: PL_ETRUNC), with a corrupt footer or without the
+ *                    column (or a non-string one) is PL_ERECORD at open naming
+ *                    it; with skip_damaged (on_error: skip) it is left out and
+ *                    counted as one in pl_source_num_skipped.  A row group that
+ *                    cannot be decoded, a null, "" or invalid UTF-8 are
+ *                    PL_ERECORD for that row, naming the file, the row, its row
+ *                    group and the column chunk's byte offset.
  *
  * Document i is record i of the source's files in sorted path order, as for
  * the token formats.  Opening finds the records and tokenizes nothing: a

@@ -1,10 +1,14 @@
 """``polyload prepare``: raw text into a Megatron indexed dataset.
 
-Two commands::
+Three commands::
 
     polyload prepare --input A.jsonl docs/ "more/*.txt" --output-prefix data/web \\
         --tokenizer tokenizer.json [--json-key text] [--no-append-eod] [--workers N] [--skip-bad]
     polyload prepare train-tokenizer --input A.jsonl B.jsonl --output tokenizer.json
+    polyload prepare tiktoken --tokenizer tokenizer.json --output tok.tiktoken
+
+``tiktoken`` converts a byte-level BPE ``tokenizer.json`` into a ``.tiktoken`` file for
+``tokenizer: {type: tiktoken}`` sources (polyload._tiktoken.tokenizer_json_to_tiktoken).
 
 Inputs are files, directories (walked recursively, sorted) or globs, taken in the order
 given and, within one argument, in sorted path order.  A ``.jsonl`` (``.jsonl.gz``,
