@@ -12,6 +12,12 @@ encode, and time to first batch on a 1 GB JSON Lines source.
    .plrec sidecar), from Loader() to the first micro-batch, warm page cache.
 
     RAYON_NUM_THREADS=1 .venv/bin/python bench/text_tokenize.py [--rounds 3]
+
+--parquet adds a Parquet source of the same documents (pyarrow-written, row groups of
+--row-group rows) to every round: the loader over it against the loader over the jsonl
+file, paired.  --tokenizer-type tiktoken tokenizes with tiktoken instead (a .tiktoken file
+converted from the same tokenizer.json, the GPT-2 pattern), the peer being
+``Encoding.encode_ordinary_batch(batch, num_threads=1)`` in batches of 64.
 """
 import argparse
 import json
@@ -45,17 +51,27 @@ def peer(tok, texts):
     c = cpu_s()
     n = 0
     for i in range(0, len(texts), 64):
-        for e in tok.encode_batch_fast(texts[i:i + 64], add_special_tokens=False):
-            n += len(e.ids) + 1  # + eos, as the loader adds
+        if isinstance(tok, Tokenizer):
+            for e in tok.encode_batch_fast(texts[i:i + 64], add_special_tokens=False):
+                n += len(e.ids) + 1  # + eos, as the loader adds
+        else:  # tiktoken.Encoding
+            for ids in tok.encode_ordinary_batch(texts[i:i + 64], num_threads=1):
+                n += len(ids) + 1
     return n, cpu_s() - c
 
 
+TOKENIZER = {"type": "hf"}
+
+
 def config(path, tokenizer, steps):
+    kind = "parquet" if path.endswith(".parquet") else "jsonl"
+    src = {"name": "raw", "type": kind, "path": path, "lookahead": 512,
+           "tokenizer": dict(TOKENIZER, path=tokenizer, threads=1)}
+    if TOKENIZER["type"] == "tiktoken":
+        src["eos_id"] = 0
     return {"seed": 1, "seq_length": 2048, "global_batch_size": 8, "micro_batch_size": 8,
             "train_steps": steps, "pad_id": 1, "threads": 1, "prefetch": 2,
-            "topology": {"dp": 1},
-            "sources": [{"name": "raw", "type": "jsonl", "path": path, "lookahead": 512,
-                         "tokenizer": {"type": "hf", "path": tokenizer, "threads": 1}}]}
+            "topology": {"dp": 1}, "sources": [src]}
 
 
 def loader(path, tokenizer, steps):
@@ -77,6 +93,10 @@ def main():
     ap.add_argument("--epochs", type=float, default=2.9)
     ap.add_argument("--no-first-batch", action="store_true",
                     help="only the tokens per CPU-second figure")
+    ap.add_argument("--parquet", action="store_true",
+                    help="also a Parquet source of the same documents, paired with jsonl")
+    ap.add_argument("--row-group", type=int, default=1024, help="Parquet rows per row group")
+    ap.add_argument("--tokenizer-type", choices=("hf", "tiktoken"), default="hf")
     a = ap.parse_args()
     tokenizer = os.path.join(a.data, "tokenizer.json")
     tmp = tempfile.mkdtemp(prefix="pltext.")
@@ -89,6 +109,18 @@ def main():
             for t in texts:
                 f.write(json.dumps({"text": t}, ensure_ascii=False) + "\n")
         tok = Tokenizer.from_file(tokenizer)
+        if a.tokenizer_type == "tiktoken":
+            from polyload._tiktoken import load_encoding, tokenizer_json_to_tiktoken
+            tokenizer_json_to_tiktoken(tokenizer, os.path.join(tmp, "tok.tiktoken"))
+            tokenizer = os.path.join(tmp, "tok.tiktoken")
+            TOKENIZER.update(type="tiktoken", pat_str="r50k_base")
+            tok = load_encoding(tokenizer, pat_str="r50k_base")[0]
+        pqpath = None
+        if a.parquet:
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+            pqpath = os.path.join(tmp, "mix.parquet")
+            pq.write_table(pa.table({"text": texts}), pqpath, row_group_size=a.row_group)
         total, _ = peer(tok, texts)
         # The loader consumes about 2.9 epochs of the same documents (its lookahead stops
         # at each epoch's end, so what it tokenizes beyond what it consumes is < 1 %).
@@ -97,17 +129,25 @@ def main():
               f"{8 * 2048} tokens", flush=True)
         rows = []
         for r in range(a.rounds):
-            order = ("peer", "loader") if r % 2 == 0 else ("loader", "peer")
+            order = ["peer", "loader"] + (["parquet"] if pqpath else [])
+            if r % 2:
+                order.reverse()
             res = {}
             for who in order:
-                n, sec = peer(tok, texts) if who == "peer" else loader(src, tokenizer, steps)
+                n, sec = (peer(tok, texts) if who == "peer"
+                          else loader(pqpath if who == "parquet" else src, tokenizer, steps))
                 res[who] = n / sec
             rows.append(res)
+            extra = (f", parquet loader {res['parquet']:.4g} tokens per CPU-s, parquet/jsonl "
+                     f"{res['parquet'] / res['loader']:.3f}" if pqpath else "")
             print(f"round {r}: tokenizer {res['peer']:.4g} tokens per CPU-s, loader "
                   f"{res['loader']:.4g} tokens per CPU-s, loader/tokenizer "
-                  f"{res['loader'] / res['peer']:.3f}", flush=True)
+                  f"{res['loader'] / res['peer']:.3f}{extra}", flush=True)
         ratios = sorted(x["loader"] / x["peer"] for x in rows)
         print(f"median loader/tokenizer: {ratios[len(ratios) // 2]:.3f}", flush=True)
+        if pqpath:
+            pr = sorted(x["parquet"] / x["loader"] for x in rows)
+            print(f"median parquet/jsonl: {pr[len(pr) // 2]:.3f}", flush=True)
         if a.no_first_batch:
             return
 
@@ -119,6 +159,16 @@ def main():
             for _ in range(int(a.gb * 2**30 / size) + 1):
                 f.write(blob)
         gb = os.path.getsize(big) / 2**30
+        bigpq = None
+        if pqpath:
+            import pyarrow as pa
+            import pyarrow.parquet as pq
+            bigpq = os.path.join(tmp, "big.parquet")
+            reps = int(a.gb * 2**30 / size) + 1
+            with pq.ParquetWriter(bigpq, pa.schema([("text", pa.string())])) as w:
+                t = pa.table({"text": texts})
+                for _ in range(reps):
+                    w.write_table(t, row_group_size=a.row_group)
         for r in range(a.rounds):
             t = time.perf_counter()
             with polyload.Loader(config(big, tokenizer, 1), rank=0) as ld:
@@ -126,6 +176,14 @@ def main():
                 first = time.perf_counter() - t
             print(f"round {r}: {gb:.2f} GB jsonl, time to first batch {first:.3f} s "
                   f"(sidecar present: {os.path.exists(big + '.plrec')})", flush=True)
+            if bigpq:
+                t = time.perf_counter()
+                with polyload.Loader(config(bigpq, tokenizer, 1), rank=0) as ld:
+                    next(iter(ld))
+                    first = time.perf_counter() - t
+                print(f"round {r}: parquet of the same documents "
+                      f"({os.path.getsize(bigpq) / 2**30:.2f} GB compressed), time to first "
+                      f"batch {first:.3f} s", flush=True)
     finally:
         shutil.rmtree(tmp)
 

@@ -32,6 +32,7 @@
  * llmc and flat accept a file or a glob matching something.
  */
 #include "internal.h"
+#include "source_internal.h" /* pl__is_text_type */
 
 #include <errno.h>
 #include <glob.h>
@@ -228,10 +229,11 @@ static const int interp_values[] = {PL__INTERP_LINEAR, PL__INTERP_STEP};
 static const char *const dtype_names[] = {"int64", "int32"};
 static const int dtype_values[] = {PL_DTYPE_INT64, PL_DTYPE_INT32};
 static const char *const stype_names[] = {"megatron", "llmc", "flat", "jsonl",
-                                          "text", "webdataset"};
+                                          "text", "webdataset", "parquet"};
 static const int stype_values[] = {PL_SOURCE_MEGATRON, PL_SOURCE_LLMC,
                                    PL_SOURCE_FLAT, PL_SOURCE_JSONL,
-                                   PL_SOURCE_TEXT, PL_SOURCE_WEBDATASET};
+                                   PL_SOURCE_TEXT, PL_SOURCE_WEBDATASET,
+                                   PL_SOURCE_PARQUET};
 static const char *const imode_names[] = {"fixed", "native"};
 static const int imode_values[] = {PL_IMAGE_FIXED, PL_IMAGE_NATIVE};
 static const char *const index_names[] = {"file", "memory"};
@@ -656,9 +658,9 @@ void pl_config_free(pl_config *cfg) {
         free(cfg->sources[i].response_key);
         free(cfg->sources[i].messages_key);
         for (int q = 0; q < 3; q++) free(cfg->sources[i].chat[q]);
-        free(cfg->sources[i].tok.path);
+        pl__tok_cfg_free(&cfg->sources[i].tok);
     }
-    free(cfg->tok.path);
+    pl__tok_cfg_free(&cfg->tok);
     free(cfg->sources);
     for (int part = 0; part < 2; part++) {
         for (int64_t i = 0; i < cfg->n_eval_sources[part]; i++) {
@@ -669,7 +671,7 @@ void pl_config_free(pl_config *cfg) {
             free(cfg->eval_sources[part][i].response_key);
             free(cfg->eval_sources[part][i].messages_key);
             for (int q = 0; q < 3; q++) free(cfg->eval_sources[part][i].chat[q]);
-            free(cfg->eval_sources[part][i].tok.path);
+            pl__tok_cfg_free(&cfg->eval_sources[part][i].tok);
         }
         free(cfg->eval_sources[part]);
     }
@@ -964,7 +966,7 @@ static int walk_tokenizer(walk *w, const char *what, yaml_node_t *map,
     const char *base = what[0] ? key : "tokenizer";
     int rc = check_mapping(w, map, base);
     if (rc != PL_OK) return rc;
-    free(t->path);
+    pl__tok_cfg_free(t);
     memset(t, 0, sizeof *t);
     t->set = 1;
     t->add_eos = 1;
@@ -978,10 +980,10 @@ static int walk_tokenizer(walk *w, const char *what, yaml_node_t *map,
         char full[200];
         pl__fmt(full, sizeof full, "%s.%s", base, k);
         if (strcmp(k, "type") && strcmp(k, "path") && strcmp(k, "add_eos") &&
-            strcmp(k, "threads"))
+            strcmp(k, "threads") && strcmp(k, "pat_str") && strcmp(k, "encoding"))
             return cfg_err(cfg, PL_ECONFIG, line_of(node(w, p->key)),
                            "unknown key '%s' (expected type, path, add_eos, "
-                           "threads)",
+                           "threads, and for tiktoken pat_str or encoding)",
                            full);
         if (vn->type != YAML_SCALAR_NODE)
             return cfg_err(cfg, PL_ECONFIG, line_of(vn),
@@ -992,10 +994,14 @@ static int walk_tokenizer(walk *w, const char *what, yaml_node_t *map,
         if (strcmp(k, "type") == 0) {
             rc = get_enum(cfg, full, &v, ENUM_ARGS(toktype), &t->type);
             has_type = 1;
-        } else if (strcmp(k, "path") == 0) {
-            free(t->path);
-            t->path = pl__strdup(v.s);
-            if (!t->path) return cfg_err(cfg, PL_ENOMEM, 0, "out of memory");
+        } else if (strcmp(k, "path") == 0 || strcmp(k, "pat_str") == 0 ||
+                   strcmp(k, "encoding") == 0) {
+            char **dst = strcmp(k, "path") == 0      ? &t->path
+                         : strcmp(k, "pat_str") == 0 ? &t->pat_str
+                                                     : &t->encoding;
+            free(*dst);
+            *dst = pl__strdup(v.s);
+            if (!*dst) return cfg_err(cfg, PL_ENOMEM, 0, "out of memory");
         } else if (strcmp(k, "add_eos") == 0) {
             if (strcmp(v.s, "true") == 0 || strcmp(v.s, "1") == 0)
                 t->add_eos = 1;
@@ -1018,7 +1024,36 @@ static int walk_tokenizer(walk *w, const char *what, yaml_node_t *map,
                        base);
     if (t->type != PL__TOK_BYTES && (!t->path || !t->path[0]))
         return cfg_err(cfg, PL_ECONFIG, t->line, "%s: missing key 'path'", base);
+    if (t->type != PL__TOK_TIKTOKEN && (t->pat_str || t->encoding))
+        return cfg_err(cfg, PL_ECONFIG, t->line,
+                       "%s: %s applies only to type tiktoken", base,
+                       t->pat_str ? "pat_str" : "encoding");
+    if (t->type == PL__TOK_TIKTOKEN && !t->pat_str == !t->encoding)
+        return cfg_err(cfg, PL_ECONFIG, t->line,
+                       "%s: a tiktoken tokenizer needs %s: 'encoding' (a published "
+                       "encoding's name, e.g. r50k_base, cl100k_base or o200k_base: its "
+                       "pattern and special tokens) or 'pat_str' (the pre-tokenizer "
+                       "regex)",
+                       base, t->pat_str ? "one of them, not both" : "one of");
     return PL_OK;
+}
+
+int pl__tok_cfg_dup(pl__tok_cfg *dst, const pl__tok_cfg *src) {
+    *dst = *src;
+    dst->path = src->path ? pl__strdup(src->path) : NULL;
+    dst->pat_str = src->pat_str ? pl__strdup(src->pat_str) : NULL;
+    dst->encoding = src->encoding ? pl__strdup(src->encoding) : NULL;
+    return (src->path && !dst->path) || (src->pat_str && !dst->pat_str) ||
+                   (src->encoding && !dst->encoding)
+               ? PL_ENOMEM
+               : PL_OK;
+}
+
+void pl__tok_cfg_free(pl__tok_cfg *t) {
+    free(t->path);
+    free(t->pat_str);
+    free(t->encoding);
+    t->path = t->pat_str = t->encoding = NULL;
 }
 
 static int walk_source(walk *w, const char *list, int64_t i, yaml_node_t *map,
@@ -1187,13 +1222,15 @@ static int walk_source(walk *w, const char *list, int64_t i, yaml_node_t *map,
                        what, s->name, stype_names[s->type - 1]);
     if (s->type == PL_SOURCE_FLAT && !s->token_dtype)
         s->token_dtype = PL_DTYPE_UINT16;
-    int is_text = s->type == PL_SOURCE_JSONL || s->type == PL_SOURCE_TEXT;
+    int is_text = pl__is_text_type(s->type);
     if (line_text && !is_text)
         return cfg_err(cfg, PL_ECONFIG, line_text,
                        "%s: text_key, tokenizer and lookahead apply only to "
-                       "jsonl and text sources (source '%s' is %s)",
+                       "jsonl, text and parquet sources (source '%s' is %s)",
                        what, s->name, stype_names[s->type - 1]);
-    if (line_key && s->type != PL_SOURCE_JSONL)
+    if (line_key && s->type != PL_SOURCE_JSONL &&
+        !(s->type == PL_SOURCE_PARQUET && line_key == line_tkey && !line_sft &&
+          !line_msg && !line_chat))
         return cfg_err(cfg, PL_ECONFIG, line_key,
                        "%s.%s applies only to jsonl sources (source '%s' "
                        "is %s)",
@@ -1545,11 +1582,9 @@ static int walk_root(walk *w) {
     /* Text sources without a tokenizer of their own take the top level's. */
     for (int64_t i = 0; i < cfg->n_sources; i++) {
         pl__source_cfg *sc = &cfg->sources[i];
-        if (sc->type != PL_SOURCE_JSONL && sc->type != PL_SOURCE_TEXT) continue;
+        if (!pl__is_text_type(sc->type)) continue;
         if (!sc->tok.set && cfg->tok.set) {
-            sc->tok = cfg->tok;
-            sc->tok.path = cfg->tok.path ? pl__strdup(cfg->tok.path) : NULL;
-            if (cfg->tok.path && !sc->tok.path)
+            if (pl__tok_cfg_dup(&sc->tok, &cfg->tok))
                 return cfg_err(cfg, PL_ENOMEM, 0, "out of memory");
         }
         if (!sc->tok.set)
@@ -1952,19 +1987,18 @@ pl_config *pl__config_clone(const pl_config *cfg) {
                 d->chat[q] = o->chat[q] ? pl__strdup(o->chat[q]) : NULL;
                 if (o->chat[q] && !d->chat[q]) dchat_ok = 0;
             }
-            d->tok.path = o->tok.path ? pl__strdup(o->tok.path) : NULL;
+            int dtok_rc = pl__tok_cfg_dup(&d->tok, &o->tok);
             c->n_eval_sources[part] = i + 1;
             if (!d->name || !d->path || (o->text_key && !d->text_key) ||
                 (o->prompt_key && !d->prompt_key) ||
                 (o->response_key && !d->response_key) ||
                 (o->messages_key && !d->messages_key) || !dchat_ok ||
-                (o->tok.path && !d->tok.path))
+                dtok_rc)
                 goto fail;
         }
     }
-    c->tok.path = NULL;
     c->origin = pl__strdup(cfg->origin ? cfg->origin : "<string>");
-    if (cfg->tok.path && !(c->tok.path = pl__strdup(cfg->tok.path))) goto fail;
+    if (pl__tok_cfg_dup(&c->tok, &cfg->tok)) goto fail;
     c->sources = pl__calloc((size_t)cfg->n_sources, sizeof *c->sources);
     c->points = pl__calloc((size_t)cfg->n_points, sizeof *c->points);
     if (!c->origin || !c->sources || !c->points) goto fail;
@@ -1984,14 +2018,14 @@ pl_config *pl__config_clone(const pl_config *cfg) {
             c->sources[i].chat[q] = o->chat[q] ? pl__strdup(o->chat[q]) : NULL;
             if (o->chat[q] && !c->sources[i].chat[q]) chat_ok = 0;
         }
-        c->sources[i].tok.path = o->tok.path ? pl__strdup(o->tok.path) : NULL;
+        int tok_rc = pl__tok_cfg_dup(&c->sources[i].tok, &o->tok);
         c->n_sources = i + 1;
         if (!c->sources[i].name || !c->sources[i].path ||
             (o->text_key && !c->sources[i].text_key) ||
             (o->prompt_key && !c->sources[i].prompt_key) ||
             (o->response_key && !c->sources[i].response_key) ||
             (o->messages_key && !c->sources[i].messages_key) || !chat_ok ||
-            (o->tok.path && !c->sources[i].tok.path))
+            tok_rc)
             goto fail;
     }
     for (int64_t k = 0; k < cfg->n_points; k++) {
@@ -2037,6 +2071,8 @@ static uint64_t pl__length_cache_key(const pl__source_cfg *s) {
                            s->chat[0] ? s->chat[0] : "", s->chat[1] ? s->chat[1] : "",
                            s->chat[2] ? s->chat[2] : ""};
     for (int k = 0; k < 7; k++) h = pl__hash64(keys[k], strlen(keys[k]) + 1, h);
+    if (s->tok.pat_str) h = pl__hash64(s->tok.pat_str, strlen(s->tok.pat_str) + 1, h);
+    if (s->tok.encoding) h = pl__hash64(s->tok.encoding, strlen(s->tok.encoding) + 1, h);
     if (s->tok.path) {
         FILE *f = fopen(s->tok.path, "rb");
         if (!f) return 0;
@@ -2065,7 +2101,21 @@ static int pl__config_tokenizer(const pl_config *cfg, const pl__tok_cfg *t,
         if (rc == PL_OK) return PL_OK;
     } else
 #endif
-    if (!cfg->tok_factory) {
+    if (cfg->tok_factory_spec) {
+        pl_tokenizer_spec sp;
+        memset(&sp, 0, sizeof sp);
+        sp.version = PL_TOKENIZER_SPEC_VERSION;
+        sp.type = pl__tok_type_names[t->type];
+        sp.path = t->path ? t->path : "";
+        sp.pat_str = t->pat_str;
+        sp.encoding = t->encoding;
+        err[0] = '\0';
+        rc = cfg->tok_factory_spec(cfg->tok_factory_ctx, &sp, tok, err, sizeof err);
+        if (rc == PL_OK && (tok->version != PL_TOKENIZER_VERSION || !tok->encode_batch)) {
+            pl__fmt(err, sizeof err, "tokenizer factory gave no encode_batch");
+            rc = PL_EINVAL;
+        }
+    } else if (!cfg->tok_factory) {
         pl__fmt(err, sizeof err,
                 "tokenizer type %s (%s) is not built into the C library (built "
                 "in: bytes, and sentencepiece where built with libsentencepiece); it needs a host that provides it, e.g. the Python "
@@ -2095,6 +2145,15 @@ void pl_config_set_tokenizer_factory(pl_config *cfg, pl_tokenizer_factory fn,
                                      void *ctx) {
     if (!cfg) return;
     cfg->tok_factory = fn;
+    cfg->tok_factory_spec = NULL;
+    cfg->tok_factory_ctx = ctx;
+}
+
+void pl_config_set_tokenizer_factory_spec(pl_config *cfg, pl_tokenizer_spec_factory fn,
+                                          void *ctx) {
+    if (!cfg) return;
+    cfg->tok_factory_spec = fn;
+    cfg->tok_factory = NULL;
     cfg->tok_factory_ctx = ctx;
 }
 
@@ -2120,17 +2179,17 @@ int pl__config_open_source(const pl_config *cfg, int64_t i, pl_source **out) {
     o.write_index = s->write_index ? s->write_index : cfg->sidecar_index;
     o.image = s->type == PL_SOURCE_WEBDATASET ? &s->image : NULL;
     pl_tokenizer tok;
-    if (s->type == PL_SOURCE_JSONL || s->type == PL_SOURCE_TEXT) {
+    if (pl__is_text_type(s->type)) {
         o.length_cache_key = pl__length_cache_key(s);
         o.length_cache = s->write_index ? s->write_index : cfg->sidecar_index;
     }
-    if ((s->type == PL_SOURCE_JSONL || s->type == PL_SOURCE_TEXT) && cfg->lengths_fn) {
+    if (pl__is_text_type(s->type) && cfg->lengths_fn) {
         o.lengths_fn = cfg->lengths_fn;
         o.lengths_ctx = cfg->lengths_ctx;
         o.lengths_source = i;
         o.tokenizer_threads = s->tok.threads;
         o.lookahead = s->lookahead;
-    } else if (s->type == PL_SOURCE_JSONL || s->type == PL_SOURCE_TEXT) {
+    } else if (pl__is_text_type(s->type)) {
         o.write_index = 0; /* record offsets in memory (1: write .plrec) */
         int trc = pl__config_tokenizer(cfg, &s->tok, &tok, out);
         if (trc) return trc;
@@ -2205,13 +2264,17 @@ uint64_t pl_config_fingerprint(const pl_config *c) {
                              io->limit_pixels, io->caption_token_offset};
             h = pl__hash64(ii, sizeof ii, h);
             h = pl__hash64(io->caption_key, strlen(io->caption_key), h);
-        } else if (sc->type == PL_SOURCE_JSONL || sc->type == PL_SOURCE_TEXT) {
+        } else if (pl__is_text_type(sc->type)) {
             int32_t ti[2] = {sc->tok.type, sc->tok.add_eos};
             h = pl__hash64(ti, sizeof ti, h);
             const char *tp = sc->tok.path ? sc->tok.path : "";
             const char *tk = sc->text_key ? sc->text_key : "text";
             h = pl__hash64(tp, strlen(tp) + 1, h);
             h = pl__hash64(tk, strlen(tk) + 1, h);
+            if (sc->tok.pat_str)
+                h = pl__hash64(sc->tok.pat_str, strlen(sc->tok.pat_str) + 1, h);
+            if (sc->tok.encoding)
+                h = pl__hash64(sc->tok.encoding, strlen(sc->tok.encoding) + 1, h);
             if (sc->messages_key) {
                 h = pl__hash64(sc->messages_key, strlen(sc->messages_key) + 1, h);
                 for (int q = 0; q < 3; q++)
@@ -2294,7 +2357,7 @@ int pl_config_split(const pl_config *cfg, int split, pl_config **out) {
             free(c->sources[i].response_key);
             free(c->sources[i].messages_key);
             for (int q = 0; q < 3; q++) free(c->sources[i].chat[q]);
-            free(c->sources[i].tok.path);
+            pl__tok_cfg_free(&c->sources[i].tok);
         }
         free(c->sources);
         c->sources = c->eval_sources[e];

@@ -101,10 +101,15 @@ typedef struct pl__tok_cfg {
     int set;        /* 0: not given */
     int type;       /* PL__TOK_* */
     char *path;     /* malloc'd; NULL for bytes */
+    char *pat_str;  /* tiktoken: the pre-tokenizer regex, or NULL (malloc'd) */
+    char *encoding; /* tiktoken: a published encoding's name, or NULL (malloc'd) */
     int add_eos;    /* default 1 */
     int threads;    /* tokenizer threads of the source; default 1 */
     int line;
 } pl__tok_cfg;
+/* Deep copy (dst's strings are overwritten, not freed) and release. */
+int pl__tok_cfg_dup(pl__tok_cfg *dst, const pl__tok_cfg *src);
+void pl__tok_cfg_free(pl__tok_cfg *t);
 
 /* SentencePiece (tokenizer_spm.cc; only with PL_WITH_SENTENCEPIECE). */
 int pl__spm_create(const char *path, pl_tokenizer *out, char *err, size_t errcap);
@@ -188,6 +193,7 @@ struct pl_config {
     int eval;       /* an evaluation pass: documents in index order, once */
     pl__tok_cfg tok; /* top-level `tokenizer` */
     pl_tokenizer_factory tok_factory;
+    pl_tokenizer_spec_factory tok_factory_spec; /* wins over tok_factory */
     void *tok_factory_ctx;
     pl_lengths_fn lengths_fn; /* raw text sources: lengths from elsewhere */
     void *lengths_ctx;

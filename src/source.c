@@ -277,6 +277,7 @@ void pl__sfile_unmap(pl__sfile *f) {
     f->tokens = NULL;
     f->ends = NULL;
     f->lengths = f->pointers = f->docidx = NULL;
+    pl__pq_file_free(f);
     free(f->spans_owned); /* jsonl/text */
     free(f->text);
     free(f->line_ck);

@@ -101,6 +101,13 @@ typedef struct pl__sfile {
     size_t len_map_len;
     const int64_t *cached_len; /* [n_docs]: a length, or -1 */
     uint64_t st_size, st_mtime_ns; /* the data file at open (the sidecar's key) */
+    /* parquet (source_text.c, parquet_shim.h): the reader, row group g holds
+     * local records [pq_first[g], pq_first[g + 1]), decoded lazily into
+     * pq_dec[g] */
+    struct pl__pqfile *pq;
+    int64_t pq_groups;
+    int64_t *pq_first;
+    struct pl__pqgroup *pq_dec;
 } pl__sfile;
 
 typedef struct pl__text pl__text; /* source_text.c: tokenizer and cache */
@@ -172,7 +179,7 @@ int pl__wds_read(const pl_source *src, const pl__sfile *f, int64_t r, int64_t of
                  int64_t count, void *out, pl_dtype dt, char *err, size_t errcap);
 /* ------------------------------------------------------------ jsonl/text */
 static inline int pl__is_text_type(pl_source_type t) {
-    return t == PL_SOURCE_JSONL || t == PL_SOURCE_TEXT;
+    return t == PL_SOURCE_JSONL || t == PL_SOURCE_TEXT || t == PL_SOURCE_PARQUET;
 }
 /* Set up src->text from the options (before the files open). */
 int pl__text_init(pl_source *src, const pl_source_options *opts, char *err,
@@ -197,6 +204,8 @@ int pl__text_read(pl_source *src, int64_t index, int64_t offset,
 int pl__source_data_fd(const pl_source *src, const pl__sfile *f, int *fd,
                        int *owned, char *err, size_t errcap);
 
+/* Release a parquet file's reader and decoded row groups (source_text.c). */
+void pl__pq_file_free(pl__sfile *f);
 /* Release the mappings of a file (not its path). */
 void pl__sfile_unmap(pl__sfile *f);
 

@@ -38,6 +38,15 @@
  * every document is known, and at free.  A cached length is checked against
  * the tokens when the document is tokenized.
  *
+ * Parquet (type parquet, PL_WITH_PARQUET): the records of a file are the
+ * rows of its string column text_key, numbered in row-group order from the
+ * footer's row counts (opening reads the footer only: no sidecar is
+ * needed).  A row group is decoded (parquet_shim.cc) when the first of its
+ * documents is parsed, under pq_mu, and kept for its other documents; beyond
+ * PL__PQ_CACHE_BYTES of decoded text the least recently used groups leave
+ * memory (and are decoded again if asked).  A group that cannot be decoded
+ * keeps its error: each of its rows is PL_ERECORD with it.
+ *
  * Locking: one mutex per source guards the table, the queue, the lookahead
  * cursor and the learned lengths; parsing, tokenizing and writing sidecars
  * run outside it.
@@ -56,6 +65,10 @@
 #include <zlib.h>
 #include <zstd.h>
 
+#ifdef PL_WITH_PARQUET
+#include "parquet_shim.h"
+#endif
+
 #define PL__REC_MAGIC "PLREC\0\0\0"
 #define PL__REC_VERSION 1u
 #define PL__REC_HEADER 48
@@ -64,6 +77,19 @@
 /* Records between line-number checkpoints (a message counts at most this
  * many lines from the nearest one). */
 #define PL__LINE_CK 4096
+/* Decoded Parquet row groups kept per source (least recently used leave). */
+#define PL__PQ_CACHE_BYTES ((int64_t)1 << 30)
+
+/* A Parquet row group as decoded (NULL data: not in memory). */
+typedef struct pl__pqgroup {
+    char *data;
+    uint64_t *off; /* [rows + 1] */
+    uint8_t *valid; /* [rows]: 0 for a null */
+    int64_t bytes;
+    uint64_t last_use;
+    int rc;    /* the decode's error (kept), or 0 */
+    char *err;
+} pl__pqgroup;
 
 enum { PL__T_QUEUED = 1, PL__T_RUNNING = 2, PL__T_READY = 3 };
 
@@ -127,6 +153,10 @@ struct pl__text {
     void *lengths_ctx;
     int64_t lengths_source;
     pl_source *src; /* the owner */
+    /* parquet: decoded row groups */
+    pthread_mutex_t pq_mu;
+    int64_t pq_bytes;
+    uint64_t pq_clock;
 };
 
 /* ------------------------------------------------------------ UTF-8 */
@@ -209,6 +239,7 @@ int pl__text_init(pl_source *src, const pl_source_options *opts, char *err,
     pthread_mutex_init(&t->mu, NULL);
     pthread_cond_init(&t->work_cv, NULL);
     pthread_cond_init(&t->done_cv, NULL);
+    pthread_mutex_init(&t->pq_mu, NULL);
     atomic_init(&t->tokenized, 0);
     int v2 = opts->version >= 2;
     if (v2 && opts->tokenizer) {
@@ -229,7 +260,8 @@ int pl__text_init(pl_source *src, const pl_source_options *opts, char *err,
         pl__fmt(err, errcap,
                 "source %s: a %s source needs a tokenizer (pl_tokenizer of "
                 "version %d with encode_batch)",
-                name, src->type == PL_SOURCE_JSONL ? "jsonl" : "text",
+                name, opts->type == PL_SOURCE_JSONL ? "jsonl"
+                      : opts->type == PL_SOURCE_PARQUET ? "parquet" : "text",
                 PL_TOKENIZER_VERSION);
         return PL_EINVAL;
     }
@@ -701,11 +733,190 @@ static int64_t pl__len_cached(const pl_source *src, int64_t index) {
     return f->cached_len ? f->cached_len[r] : -1;
 }
 
+/* ------------------------------------------------------------ parquet */
+
+typedef struct pl__segv pl__segv;
+static int pl__seg_push(pl__segv *v, char *text, size_t len, int owned, int train);
+
+void pl__pq_file_free(pl__sfile *f) {
+    for (int64_t g = 0; f->pq_dec && g < f->pq_groups; g++) {
+        free(f->pq_dec[g].data);
+        free(f->pq_dec[g].off);
+        free(f->pq_dec[g].valid);
+        free(f->pq_dec[g].err);
+    }
+    free(f->pq_dec);
+    free(f->pq_first);
+#ifdef PL_WITH_PARQUET
+    if (f->pq) pl__pq_close(f->pq);
+#endif
+    f->pq = NULL;
+    f->pq_dec = NULL;
+    f->pq_first = NULL;
+    f->pq_groups = 0;
+}
+
+/* Open a Parquet file's footer: its rows are the records. */
+static int pl__pq_open_file(pl_source *src, pl__sfile *f, int skip_damaged, char *err,
+                            size_t errcap) {
+#ifndef PL_WITH_PARQUET
+    (void)skip_damaged;
+    pl__fmt(err, errcap,
+            "source %s: %s: parquet support not built (the library was compiled "
+            "without Apache Arrow's Parquet reader: install pyarrow, whose wheel ships "
+            "it, and rebuild)",
+            src->name, f->path);
+    return PL_ECONFIG;
+#else
+    pl__text *t = src->text;
+    struct stat st;
+    if (stat(f->path, &st) == 0) {
+        f->st_size = (uint64_t)st.st_size;
+        f->st_mtime_ns = (uint64_t)st.st_mtim.tv_sec * 1000000000ull +
+                         (uint64_t)st.st_mtim.tv_nsec;
+    }
+    int64_t ng = 0, *rows = NULL;
+    pl__pqfile *h = NULL;
+    int rc = pl__pq_open(f->path, t->text_key, &h, &ng, &rows, err, errcap);
+    if (rc) {
+        if (skip_damaged && (rc == PL_ERECORD || rc == PL_ETRUNC)) {
+            f->n_docs = 0; /* the file is left out, counted as one record */
+            f->skipped = 1;
+            return PL_OK;
+        }
+        return rc;
+    }
+    f->pq = h;
+    f->pq_groups = ng;
+    f->pq_first = malloc((size_t)(ng + 1) * sizeof *f->pq_first);
+    f->pq_dec = pl__calloc((size_t)(ng ? ng : 1), sizeof *f->pq_dec);
+    if (!f->pq_first || !f->pq_dec) {
+        free(rows);
+        pl__fmt(err, errcap, "%s: out of memory", f->path);
+        return PL_ENOMEM;
+    }
+    f->pq_first[0] = 0;
+    for (int64_t g = 0; g < ng; g++) f->pq_first[g + 1] = f->pq_first[g] + rows[g];
+    free(rows);
+    f->n_docs = f->pq_first[ng];
+    pl__len_load(t, f);
+    return PL_OK;
+#endif
+}
+
+#ifdef PL_WITH_PARQUET
+/* With pq_mu held: drop the least recently used decoded groups (not keep)
+ * while over the budget. */
+static void pl__pq_evict(pl_source *src, const pl__pqgroup *keep) {
+    pl__text *t = src->text;
+    while (t->pq_bytes > PL__PQ_CACHE_BYTES) {
+        pl__pqgroup *lru = NULL;
+        for (int64_t i = 0; i < src->n_files; i++)
+            for (int64_t g = 0; g < src->files[i].pq_groups; g++) {
+                pl__pqgroup *G = &src->files[i].pq_dec[g];
+                if (G->data && G != keep && (!lru || G->last_use < lru->last_use)) lru = G;
+            }
+        if (!lru) return;
+        t->pq_bytes -= lru->bytes;
+        free(lru->data);
+        free(lru->off);
+        free(lru->valid);
+        lru->data = NULL;
+        lru->off = NULL;
+        lru->valid = NULL;
+        lru->bytes = 0;
+    }
+}
+#endif
+
+/* The text of local row r of Parquet file f as one (trained) segment. */
+static int pl__pq_record_text(pl_source *src, const pl__sfile *fc, int64_t r,
+                              pl__segv *v, char *err, size_t errcap) {
+#ifndef PL_WITH_PARQUET
+    (void)src, (void)r, (void)v;
+    pl__fmt(err, errcap, "%s: parquet support not built", fc->path);
+    return PL_ECONFIG;
+#else
+    pl__text *t = src->text;
+    pl__sfile *f = (pl__sfile *)fc; /* its decoded groups change, under pq_mu */
+    int64_t lo = 0, hi = f->pq_groups; /* the group g: pq_first[g] <= r */
+    while (hi - lo > 1) {
+        int64_t mid = lo + (hi - lo) / 2;
+        if (f->pq_first[mid] <= r) lo = mid;
+        else hi = mid;
+    }
+    const int64_t g = lo, k = r - f->pq_first[g], rows = f->pq_first[g + 1] - f->pq_first[g];
+    char where[200];
+    pthread_mutex_lock(&t->pq_mu);
+    pl__pqgroup *G = &f->pq_dec[g];
+    if (!G->data && !G->rc) {
+        char e[PL__ERRMSG_CAP];
+        int rc = pl__pq_read_group(f->pq, g, rows, &G->data, &G->off, &G->valid, e, sizeof e);
+        if (rc == PL_ENOMEM) {
+            pthread_mutex_unlock(&t->pq_mu);
+            pl__fmt(err, errcap, "%s", e);
+            return rc;
+        }
+        if (rc) {
+            G->rc = rc;
+            G->err = pl__strdup(e);
+        } else {
+            G->bytes = (int64_t)(G->off[rows] + (uint64_t)rows * 9 + 8);
+            t->pq_bytes += G->bytes;
+        }
+    }
+    G->last_use = ++t->pq_clock;
+    const uint64_t s = G->data ? G->off[k] : 0, e = G->data ? G->off[k + 1] : 0;
+    const size_t n = (size_t)(e - s);
+    if (G->rc || !G->valid[k] || (int64_t)n > t->max_record || n == 0) /* error paths */
+        pl__fmt(where, sizeof where,
+                "row %lld (row group %lld, row %lld of the group; column chunk at byte "
+                "offset %lld)",
+                (long long)r, (long long)g, (long long)k,
+                (long long)pl__pq_chunk_offset(f->pq, g));
+    if (G->rc) {
+        int rc = G->rc;
+        pl__fmt(err, errcap, "%s: %s: %s", f->path, where, G->err ? G->err : "cannot decode");
+        pthread_mutex_unlock(&t->pq_mu);
+        return rc;
+    }
+    int rc = PL_OK;
+    size_t bad;
+    char *copy = NULL;
+    if (!G->valid[k])
+        pl__fmt(err, errcap, "%s: %s: column '%s' is null", f->path, where, t->text_key), rc = PL_ERECORD;
+    else if ((int64_t)n > t->max_record)
+        pl__fmt(err, errcap, "%s: %s: %zu bytes, over the limit of %lld (max_record_bytes)",
+                f->path, where, n, (long long)t->max_record), rc = PL_ERECORD;
+    else if (n == 0)
+        pl__fmt(err, errcap, "%s: %s: empty document (column '%s' is \"\")", f->path, where,
+                t->text_key), rc = PL_ERECORD;
+    else if ((bad = pl__utf8_check((const uint8_t *)G->data + s, n)) < n)
+        pl__fmt(err, errcap,
+                "%s: row %lld (row group %lld, row %lld of the group; column chunk at byte "
+                "offset %lld): invalid UTF-8 at byte %zu of the value",
+                f->path, (long long)r, (long long)g, (long long)k,
+                (long long)pl__pq_chunk_offset(f->pq, g), bad),
+            rc = PL_ERECORD;
+    else if (!(copy = malloc(n)))
+        pl__fmt(err, errcap, "%s: out of memory", f->path), rc = PL_ENOMEM;
+    else
+        memcpy(copy, G->data + s, n);
+    pl__pq_evict(src, G);
+    pthread_mutex_unlock(&t->pq_mu);
+    if (rc) return rc;
+    rc = pl__seg_push(v, copy, n, 1, 1);
+    if (rc) pl__fmt(err, errcap, "%s: out of memory", f->path);
+    return rc;
+#endif
+}
+
 int pl__text_open_file(pl_source *src, pl__sfile *f, int skip_damaged,
                        char *err, size_t errcap) {
     pl__text *t = src->text;
     f->dtype = PL_DTYPE_INT32;
     f->width = 4;
+    if (src->type == PL_SOURCE_PARQUET) return pl__pq_open_file(src, f, skip_damaged, err, errcap);
     f->compression = pl__has_suffix(f->path, ".gz")    ? 1
                      : pl__has_suffix(f->path, ".zst") ? 2
                      : pl__has_suffix(f->path, ".zstd") ? 2
@@ -829,12 +1040,12 @@ static int64_t pl__line_of(const pl_source *src, const pl__sfile *f,
 
 /* Texts of a record, in order, with whether their tokens are trained on
  * (instruction data) and whether the text is malloc'd. */
-typedef struct pl__segv {
+struct pl__segv {
     char **text;
     size_t *len;
     unsigned char *owned, *train;
     int64_t n, cap;
-} pl__segv;
+};
 
 static int pl__seg_push(pl__segv *v, char *text, size_t len, int owned, int train) {
     if (v->n == v->cap) {
@@ -936,6 +1147,7 @@ static int pl__seg_messages(const pl__text *t, const json_t *list, pl__segv *v,
  * appended; PL_ERECORD etc. name the file, the line and the byte offset. */
 static int pl__record_text(pl_source *src, const pl__sfile *f, int64_t r,
                            pl__segv *v, char *err, size_t errcap) {
+    if (src->type == PL_SOURCE_PARQUET) return pl__pq_record_text(src, f, r, v, err, errcap);
     pl__text *t = src->text;
     uint64_t s = f->spans[2 * r], e = f->spans[2 * r + 1];
     const int parts = t->prompt_key ? 2 : 1;
@@ -1340,7 +1552,12 @@ static void pl__tokenize(pl_source *src, const int64_t *idx, int64_t n,
                     (unsigned long long)f->spans[2 * r],
                     t->prompt_key ? "response" : "assistant content");
         }
-        if (!q->rc && c == 0) {
+        if (!q->rc && c == 0 && src->type == PL_SOURCE_PARQUET) {
+            q->rc = PL_ERECORD;
+            pl__fmt(q->err, sizeof q->err,
+                    "%s: row %lld: the tokenizer gives no tokens (empty document)",
+                    f->path, (long long)r);
+        } else if (!q->rc && c == 0) {
             q->rc = PL_ERECORD;
             pl__fmt(q->err, sizeof q->err,
                     "%s: %s %lld (byte offset %llu): the tokenizer gives no "
@@ -1392,7 +1609,7 @@ static void *pl__worker(void *arg) {
             e->state = PL__T_RUNNING;
             int64_t r;
             const pl__sfile *f = pl__tlocate(src, e->index, &r);
-            bytes += f->spans[2 * r + 1] - f->spans[2 * r];
+            bytes += f->spans ? f->spans[2 * r + 1] - f->spans[2 * r] : 4096;
             batch[n] = e;
             idx[n++] = e->index;
         }
@@ -1469,6 +1686,7 @@ void pl__text_free(pl_source *src) {
     free(t->messages_key);
     for (int k = 0; k < 3; k++) free(t->chat_pre[k]), free(t->chat_suf[k]);
     pthread_mutex_destroy(&t->mu);
+    pthread_mutex_destroy(&t->pq_mu);
     pthread_cond_destroy(&t->work_cv);
     pthread_cond_destroy(&t->done_cv);
     free(t);
@@ -1483,6 +1701,9 @@ size_t pl__text_sizeof(const pl_source *src) {
     n += (size_t)t->bytes;
     if (t->learned) n += (size_t)src->n_docs * sizeof *t->learned;
     pthread_mutex_unlock(&((pl__text *)t)->mu);
+    pthread_mutex_lock(&((pl__text *)t)->pq_mu);
+    n += (size_t)t->pq_bytes;
+    pthread_mutex_unlock(&((pl__text *)t)->pq_mu);
     for (int64_t i = 0; i < src->n_files; i++) n += src->files[i].text_len;
     return n;
 }

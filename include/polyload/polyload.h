@@ -185,7 +185,8 @@ typedef enum pl_source_type {
     PL_SOURCE_FLAT = 3,
     PL_SOURCE_JSONL = 4, /* raw text, tokenized online: see "raw text" below */
     PL_SOURCE_TEXT = 5,
-    PL_SOURCE_WEBDATASET = 6 /* image-text: see below */
+    PL_SOURCE_WEBDATASET = 6, /* image-text: see below */
+    PL_SOURCE_PARQUET = 7     /* raw text in a Parquet string column: "raw text" */
 } pl_source_type;
 
 typedef struct pl_tokenizer pl_tokenizer; /* defined under "raw text" below */
@@ -442,6 +443,24 @@ PL_API int pl_image_smart_resize(int64_t h, int64_t w, int64_t factor,
  *                    plain, gzip (".gz", zlib) or Zstandard (".zst", libzstd).
  *                    Lines holding only whitespace are not records.
  *   PL_SOURCE_TEXT   one document per file, UTF-8.
+ *   PL_SOURCE_PARQUET  one document per row of the string column text_key
+ *                    (a top-level BYTE_ARRAY column of logical type String)
+ *                    of each Parquet file, read by Apache Arrow's C++ Parquet
+ *                    library where the library was built with it (CMake takes
+ *                    libarrow/libparquet from the pyarrow wheel); else
+ *                    PL_ECONFIG "parquet support not built".  Opening reads
+ *                    the footers only: the row groups' row counts number the
+ *                    records (no sidecar).  A row group is decoded when one of
+ *                    its rows is first parsed and kept for the others (at most
+ *                    1 GiB of decoded text per source, least recently used
+ *                    dropped).  A file that is not Parquet, truncated (no
+ *                    footer: PL_ETRUNC), with a corrupt footer or without the
+ *                    column (or a non-string one) is PL_ERECORD at open naming
+ *                    it; with skip_damaged (on_error: skip) it is left out and
+ *                    counted as one in pl_source_num_skipped.  A row group that
+ *                    cannot be decoded, a null, "" or invalid UTF-8 are
+ *                    PL_ERECORD for that row, naming the file, the row, its row
+ *                    group and the column chunk's byte offset.
  *
  * Document i is record i of the source's files in sorted path order, as for
  * the token formats.  Opening finds the records and tokenizes nothing: a
@@ -589,6 +608,27 @@ typedef int (*pl_tokenizer_factory)(void *ctx, const char *type,
 PL_API void pl_config_set_tokenizer_factory(pl_config *cfg,
                                             pl_tokenizer_factory fn,
                                             void *ctx);
+
+/*
+ * The same with every setting of the `tokenizer` mapping: type ("hf",
+ * "tiktoken", "sentencepiece"), path, and for tiktoken pat_str (the
+ * pre-tokenizer regex) or encoding (a published encoding's name, whose
+ * pattern and special tokens apply); NULL where not given.  The strings are
+ * borrowed for the call.  Setting one kind of factory clears the other.
+ */
+typedef struct pl_tokenizer_spec {
+    int version; /* PL_TOKENIZER_SPEC_VERSION */
+    const char *type;
+    const char *path;
+    const char *pat_str;
+    const char *encoding;
+} pl_tokenizer_spec;
+#define PL_TOKENIZER_SPEC_VERSION 1
+typedef int (*pl_tokenizer_spec_factory)(void *ctx, const pl_tokenizer_spec *spec,
+                                         pl_tokenizer *out, char *err, size_t errcap);
+PL_API void pl_config_set_tokenizer_factory_spec(pl_config *cfg,
+                                                 pl_tokenizer_spec_factory fn,
+                                                 void *ctx);
 
 /*
  * Lengths of many documents at once: lengths[i] is the length of document

@@ -1,10 +1,14 @@
 """``polyload prepare``: raw text into a Megatron indexed dataset.
 
-Two commands::
+Three commands::
 
     polyload prepare --input A.jsonl docs/ "more/*.txt" --output-prefix data/web \\
         --tokenizer tokenizer.json [--json-key text] [--no-append-eod] [--workers N] [--skip-bad]
     polyload prepare train-tokenizer --input A.jsonl B.jsonl --output tokenizer.json
+    polyload prepare tiktoken --tokenizer tokenizer.json --output tok.tiktoken
+
+``tiktoken`` converts a byte-level BPE ``tokenizer.json`` into a ``.tiktoken`` file for
+``tokenizer: {type: tiktoken}`` sources (polyload._tiktoken.tokenizer_json_to_tiktoken).
 
 Inputs are files, directories (walked recursively, sorted) or globs, taken in the order
 given and, within one argument, in sorted path order.  A ``.jsonl`` (``.jsonl.gz``,
@@ -573,10 +577,36 @@ def _train_parser():
     return p
 
 
+def _tiktoken_parser():
+    p = argparse.ArgumentParser(
+        prog="polyload prepare tiktoken",
+        description="Convert a byte-level BPE tokenizer.json (GPT-2 style) into a .tiktoken "
+                    "file (rank = id; special tokens are left out and listed) for "
+                    "`tokenizer: {type: tiktoken}`.",
+    )
+    p.add_argument("--tokenizer", required=True, help="the tokenizer.json to convert")
+    p.add_argument("--output", required=True, help="the .tiktoken file to write")
+    p.add_argument("--quiet", action="store_true")
+    return p
+
+
 def main(argv=None):
     """Entry point of ``polyload prepare``; returns the exit code."""
     argv = list(sys.argv[1:] if argv is None else argv)
     try:
+        if argv and argv[0] == "tiktoken":
+            from ._tiktoken import TiktokenFileError, tokenizer_json_to_tiktoken
+
+            args = _tiktoken_parser().parse_args(argv[1:])
+            try:
+                info = tokenizer_json_to_tiktoken(args.tokenizer, args.output)
+            except TiktokenFileError as e:
+                raise PrepareError(str(e)) from None
+            if not args.quiet:
+                specials = ", ".join(f"{k}={v}" for k, v in info["special_tokens"].items())
+                print(f"wrote {args.output}: {info['ranks']} ranks; special tokens left out: "
+                      f"{specials or 'none'}")
+            return 0
         if argv and argv[0] == "train-tokenizer":
             args = _train_parser().parse_args(argv[1:])
             _set_workers(args.workers)

@@ -469,10 +469,12 @@ static void test_errors(void) {
                     "[{step: 0, weights: {web: 1}}]\n",
                PL_ECONFIG, "test.yaml:4: schedule.interpolation: unknown value",
                "cubic");
-    EXPECT_ERR("sources:\n  - {name: web, type: parquet, path: $D/web}\n",
+    EXPECT_ERR("sources:\n  - {name: web, type: orc, path: $D/web}\n",
                PL_ECONFIG, "test.yaml:2: sources[0].type: unknown value "
-                           "'parquet'",
+                           "'orc'",
                NULL);
+    EXPECT_ERR("sources:\n  - {name: web, type: parquet, path: $D/web}\n",
+               PL_ECONFIG, "sources[0] (web): a parquet source needs a tokenizer", NULL);
     EXPECT_ERR("sources:\n  - {name: l, type: flat, path: $D/logs.bin, "
                "token_dtype: int8}\n",
                PL_ECONFIG, "sources[0].token_dtype: unknown value 'int8'",

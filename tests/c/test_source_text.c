@@ -420,13 +420,21 @@ static void test_plans(void) {
     const char *bad[][2] = {
         {"sources:\n  - {name: a, type: jsonl, path: x}\n", "needs a tokenizer"},
         {"sources:\n  - {name: a, type: megatron, path: x, text_key: t}\n",
-         "apply only to jsonl and text"},
+         "apply only to jsonl, text and parquet"},
         {"sources:\n  - {name: a, type: jsonl, path: x, tokenizer: {type: hf}}\n",
          "missing key 'path'"},
         {"sources:\n  - {name: a, type: jsonl, path: x, tokenizer: {type: gpt}}\n",
          "unknown value 'gpt'"},
         {"sources:\n  - {name: a, type: text, path: x, text_key: b, tokenizer: {type: bytes}}\n",
          "text_key applies only to jsonl"},
+        {"sources:\n  - {name: a, type: parquet, path: x, prompt_key: p, response_key: r, "
+         "tokenizer: {type: bytes}}\n",
+         "prompt_key/response_key applies only to jsonl"},
+        {"sources:\n  - {name: a, type: jsonl, path: x, tokenizer: {type: hf, path: t, "
+         "pat_str: x}}\n",
+         "pat_str applies only to type tiktoken"},
+        {"sources:\n  - {name: a, type: jsonl, path: x, tokenizer: {type: tiktoken, path: t}}\n",
+         "needs one of: 'encoding'"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         CHECK_EQ_I64(pl_config_parse_string(bad[i][0], strlen(bad[i][0]), "t", &cfg),

@@ -848,6 +848,41 @@ def test_raw_text_tokenized_in_source_loaders(cluster, tmp_path_factory):
     assert 0 < tokenized <= 2 * 512 + 400
 
 
+def test_parquet_and_tiktoken_sources_in_source_loaders(cluster, tmp_path_factory):
+    """A parquet source (Arrow's reader in the source loader actors) and a jsonl source
+    tokenized by tiktoken (a .tiktoken file made from the corpus' tokenizer.json) in the
+    deployment: the batches equal the embedded loader's and those of the same text
+    prepared offline."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    import fortunes_corpus as fc
+    from polyload._tiktoken import tokenizer_json_to_tiktoken
+
+    corpus = fc.build(tmp_path_factory.mktemp("ray_fortunes_pq"))
+    d = tmp_path_factory.mktemp("ray_parquet")
+    with open(os.path.join(corpus["dir"], "tech.jsonl"), encoding="utf-8") as f:
+        texts = [json.loads(line)["text"] for line in f]
+    pq.write_table(pa.table({"text": texts}), str(d / "tech.parquet"), row_group_size=128)
+    tokenizer_json_to_tiktoken(corpus["tokenizer"], str(d / "f.tiktoken"))
+    cfg = fc.config(corpus, train_steps=8, tokenizer={"type": "hf", "path": corpus["tokenizer"]})
+    cfg["sources"] = [
+        {"name": "tech", "type": "parquet", "path": str(d / "tech.parquet"), "weight": 0.6},
+        {"name": "wit", "type": "jsonl", "path": os.path.join(corpus["dir"], "wit.jsonl"),
+         "weight": 0.4, "eos_id": 0,
+         "tokenizer": {"type": "tiktoken", "path": str(d / "f.tiktoken"),
+                       "pat_str": "r50k_base"}}]
+    with pr.launch(cfg, num_source_loaders={"tech": 2, "wit": 1}, num_constructors=1,
+                   namespace=NS, name="rawpq") as dep:
+        clients = [pr.Client(cfg, rank=r, namespace=NS, name="rawpq") for r in (0, 1)]
+        got = _lockstep(clients)
+        counts = ray.get([a.num_tokenized.remote() for a in dep.actors["source_loader"]])
+    prepared = fc.config(corpus, train_steps=8)
+    for r in (0, 1):
+        assert got[r] == loader_hashes(cfg, r)[0] == loader_hashes(prepared, r)[0], r
+    assert sum(sum(c.values()) for c in counts) > 0
+
+
 def _lockstep(clients, each=None):
     """Drain clients in lockstep, as trainers run: per rank the batch hashes; ``each(k,
     batches)`` runs after the k-th micro-batch of every rank (k from 1)."""

@@ -21,8 +21,9 @@ static PyObject *config_wrap(pl_config *cfg) {
     }
     o->cfg = cfg;
     o->busy = 0;
-    /* Raw text sources tokenize with Hugging Face tokenizers (tokenizer.c). */
-    pl_config_set_tokenizer_factory(cfg, pypl_tokenizer_factory, NULL);
+    /* Raw text sources tokenize with Hugging Face tokenizers or tiktoken
+       (tokenizer.c). */
+    pl_config_set_tokenizer_factory_spec(cfg, pypl_tokenizer_factory, NULL);
     return (PyObject *)o;
 }
 
@@ -921,6 +922,7 @@ static PyObject *source_get_type(PyPlSource *o, void *c) {
     case PL_SOURCE_WEBDATASET: return PyUnicode_FromString("webdataset");
     case PL_SOURCE_JSONL: return PyUnicode_FromString("jsonl");
     case PL_SOURCE_TEXT: return PyUnicode_FromString("text");
+    case PL_SOURCE_PARQUET: return PyUnicode_FromString("parquet");
     }
     return PyUnicode_FromString("unknown");
 }
@@ -1056,7 +1058,7 @@ static PyGetSetDef source_getset[] = {
      "int: documents tokenized so far (raw text sources; pl_source_num_tokenized)",
      NULL},
     {"name", (getter)source_get_name, NULL, "str: the name used in messages", NULL},
-    {"type", (getter)source_get_type, NULL, "str: 'megatron', 'llmc', 'flat', 'jsonl' or 'text'", NULL},
+    {"type", (getter)source_get_type, NULL, "str: 'megatron', 'llmc', 'flat', 'jsonl', 'text', 'parquet' or 'webdataset'", NULL},
     {"token_dtype", (getter)source_get_token_dtype, NULL,
      "str: numpy name of the stored token type", NULL},
     {"sizeof", (getter)source_get_sizeof, NULL,

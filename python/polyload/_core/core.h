@@ -50,8 +50,8 @@ static inline pid_t pypl_getpid(void) { return pypl_pid; }
 
 /* The pl_tokenizer_factory of every Config (tokenizer.c): type "hf" through
  * Hugging Face `tokenizers`. */
-int pypl_tokenizer_factory(void *ctx, const char *type, const char *path,
-                           pl_tokenizer *out, char *err, size_t errcap);
+int pypl_tokenizer_factory(void *ctx, const pl_tokenizer_spec *spec, pl_tokenizer *out,
+                           char *err, size_t errcap);
 
 /* Config.set_lengths_provider's pl_lengths_fn (tokenizer.c); ctx: the callable. */
 int pypl_lengths_provider(void *ctx, int64_t source, int64_t n, const int64_t *index,

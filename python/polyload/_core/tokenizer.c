@@ -1,17 +1,23 @@
 /*
- * tokenizer.c -- Hugging Face `tokenizers` as a pl_tokenizer, for raw text
- * sources (config `tokenizer: {type: hf, path: tokenizer.json}`).
+ * tokenizer.c -- Python tokenizers as pl_tokenizers, for raw text sources:
+ * Hugging Face `tokenizers` (config `tokenizer: {type: hf, path:
+ * tokenizer.json}`) and tiktoken (`{type: tiktoken, path: FILE.tiktoken,
+ * encoding: NAME | pat_str: REGEX}`).
  *
  * Every Config this extension parses carries pypl_tokenizer_factory
- * (pl_config_set_tokenizer_factory), so the loaders, planners and sources
+ * (pl_config_set_tokenizer_factory_spec), so the loaders, planners and sources
  * made from it, in this process or in Ray actors, tokenize with
- * `tokenizers.Tokenizer.from_file(path)`.  The C source loader calls
- * encode_batch from its own threads, a batch of documents at a time; the
- * callback takes the GIL (PyGILState_Ensure) only for the call:
- * Tokenizer.encode_batch_fast(texts, add_special_tokens=False) runs in Rust
- * with the GIL released, and the ids are copied out into int32 arrays.
+ * `tokenizers.Tokenizer.from_file(path)` or polyload._tiktoken.load_encoding.
+ * The C source loader calls encode_batch from its own threads, a batch of
+ * documents at a time; the callback takes the GIL (PyGILState_Ensure) only
+ * for the call: Tokenizer.encode_batch_fast(texts, add_special_tokens=False)
+ * runs in Rust with the GIL released; tiktoken's Encoding.encode_ordinary is
+ * called for each text of the batch (its Rust core releases the GIL while it
+ * encodes; encode_ordinary_batch would start a thread pool per call), and the
+ * ids are copied out into int32 arrays.
  * The end-of-document id is the first of polyload.prepare.EOD_CANDIDATES
- * that the vocabulary has (as `polyload prepare --append-eod` picks it).
+ * that the vocabulary (tiktoken: the special tokens) has (as `polyload
+ * prepare --append-eod` picks it).
  */
 #include "core.h"
 
@@ -22,6 +28,7 @@ typedef struct pyhf {
     PyObject *tok;    /* tokenizers.Tokenizer */
     PyObject *encode; /* its encode_batch_fast (or encode_batch) */
     PyObject *kw;     /* {"add_special_tokens": False} */
+    int tiktoken;     /* encode is Encoding.encode_ordinary, one text a call */
     char name[1100];
 } pyhf;
 
@@ -57,11 +64,21 @@ static int pyhf_encode(void *ctx, int64_t n, const char *const *texts,
         if (!s) goto pyerr;
         PyList_SET_ITEM(list, (Py_ssize_t)i, s);
     }
-    PyObject *args = PyTuple_Pack(1, list);
-    if (!args) goto pyerr;
-    res = PyObject_Call(h->encode, args, h->kw);
-    Py_DECREF(args);
-    if (!res) goto pyerr;
+    if (h->tiktoken) {
+        res = PyList_New((Py_ssize_t)n);
+        if (!res) goto pyerr;
+        for (int64_t i = 0; i < n; i++) {
+            PyObject *v = PyObject_CallOneArg(h->encode, PyList_GET_ITEM(list, (Py_ssize_t)i));
+            if (!v) goto pyerr;
+            PyList_SET_ITEM(res, (Py_ssize_t)i, v);
+        }
+    } else {
+        PyObject *args = PyTuple_Pack(1, list);
+        if (!args) goto pyerr;
+        res = PyObject_Call(h->encode, args, h->kw);
+        Py_DECREF(args);
+        if (!res) goto pyerr;
+    }
     if (!PyList_Check(res) || PyList_GET_SIZE(res) != (Py_ssize_t)n) {
         snprintf(err, errcap, "%s: encode_batch returned no list of %lld", h->name,
                  (long long)n);
@@ -69,12 +86,18 @@ static int pyhf_encode(void *ctx, int64_t n, const char *const *texts,
         goto out;
     }
     for (; done < n; done++) {
-        PyObject *v = PyObject_GetAttrString(PyList_GET_ITEM(res, (Py_ssize_t)done), "ids");
-        if (!v) goto pyerr;
+        PyObject *item = PyList_GET_ITEM(res, (Py_ssize_t)done), *v;
+        if (h->tiktoken) {
+            v = item;
+            Py_INCREF(v);
+        } else {
+            v = PyObject_GetAttrString(item, "ids");
+            if (!v) goto pyerr;
+        }
         Py_ssize_t m = PyList_Check(v) ? PyList_GET_SIZE(v) : -1;
         if (m < 0) {
             Py_DECREF(v);
-            snprintf(err, errcap, "%s: Encoding.ids is not a list", h->name);
+            snprintf(err, errcap, "%s: the ids are not a list", h->name);
             rc = PL_EINVAL;
             goto out;
         }
@@ -119,13 +142,48 @@ static void pyhf_destroy(void *ctx) {
     free(h);
 }
 
-int pypl_tokenizer_factory(void *ctx, const char *type, const char *path,
-                           pl_tokenizer *out, char *err, size_t errcap) {
+/* tiktoken: polyload._tiktoken.load_encoding(path, pat_str, encoding) ->
+ * (Encoding, eos_id, n_vocab); GIL held. */
+static int pytiktoken_create(pyhf *h, const pl_tokenizer_spec *spec, int64_t *eos,
+                             int64_t *vocab, char *err, size_t errcap) {
+    PyObject *mod = PyImport_ImportModule("polyload._tiktoken"), *res = NULL;
+    if (!mod) goto pyerr;
+    res = PyObject_CallMethod(mod, "load_encoding", "szz", spec->path, spec->pat_str,
+                              spec->encoding);
+    if (!res) goto pyerr;
+    if (!PyTuple_Check(res) || PyTuple_GET_SIZE(res) != 3) {
+        snprintf(err, errcap, "%s: load_encoding gave no (encoding, eos, n_vocab)", h->name);
+        Py_DECREF(res);
+        Py_DECREF(mod);
+        return PL_ECONFIG;
+    }
+    h->tok = PyTuple_GET_ITEM(res, 0);
+    Py_INCREF(h->tok);
+    *eos = PyLong_AsLongLong(PyTuple_GET_ITEM(res, 1));
+    *vocab = PyLong_AsLongLong(PyTuple_GET_ITEM(res, 2));
+    if (PyErr_Occurred()) goto pyerr;
+    h->encode = PyObject_GetAttrString(h->tok, "encode_ordinary");
+    if (!h->encode) goto pyerr;
+    h->tiktoken = 1;
+    Py_DECREF(res);
+    Py_DECREF(mod);
+    return PL_OK;
+pyerr:
+    pyhf_errmsg(h->name, err, errcap);
+    Py_XDECREF(res);
+    Py_XDECREF(mod);
+    return PL_ECONFIG;
+}
+
+int pypl_tokenizer_factory(void *ctx, const pl_tokenizer_spec *spec, pl_tokenizer *out,
+                           char *err, size_t errcap) {
     (void)ctx;
-    if (strcmp(type, "hf") != 0) {
+    const char *type = spec->type, *path = spec->path;
+    const int tk = strcmp(type, "tiktoken") == 0;
+    if (strcmp(type, "hf") != 0 && !tk) {
         snprintf(err, errcap,
-                 "tokenizer type %s (%s) is not supported here (hf and bytes are, and "
-                 "sentencepiece in a library built with libsentencepiece)",
+                 "tokenizer type %s (%s) is not supported here (hf, tiktoken and bytes "
+                 "are, and sentencepiece in a library built with libsentencepiece)",
                  type, path);
         return PL_ECONFIG;
     }
@@ -134,11 +192,16 @@ int pypl_tokenizer_factory(void *ctx, const char *type, const char *path,
         snprintf(err, errcap, "out of memory");
         return PL_ENOMEM;
     }
-    snprintf(h->name, sizeof h->name, "hf:%s", path);
+    snprintf(h->name, sizeof h->name, "%s:%s", tk ? "tiktoken" : "hf", path);
     PyGILState_STATE g = PyGILState_Ensure();
     int rc = PL_OK;
     int64_t eos = -1, vocab = 0;
-    PyObject *mod = PyImport_ImportModule("tokenizers"), *cls = NULL, *cands = NULL;
+    PyObject *mod = NULL, *cls = NULL, *cands = NULL;
+    if (tk) {
+        rc = pytiktoken_create(h, spec, &eos, &vocab, err, errcap);
+        goto out;
+    }
+    mod = PyImport_ImportModule("tokenizers");
     if (!mod) goto pyerr;
     cls = PyObject_GetAttrString(mod, "Tokenizer");
     if (!cls) goto pyerr;
