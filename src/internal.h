@@ -241,7 +241,8 @@ void pl__pipeline_end_at(pl_pipeline *p, int64_t step);
 /* Let drivers plan up to `steps` steps past the step of a group's next unit
  * (0, the default: only a step some group's window admits).  Plans are made
  * in step order by one planner either way, so no plan or batch changes; the
- * embedded loader sets 1 (its planner runs while other workers build). */
+ * embedded loader with more than one worker sets 1 (one plans while the
+ * others build). */
 void pl__pipeline_plan_ahead(pl_pipeline *p, int64_t steps);
 /* Replace a source's message (config.c names the source's config key). */
 void pl__source_set_err(pl_source *src, const char *msg);
