@@ -16,6 +16,9 @@
  *   uint16 tokens of the mapped .bin) into one buffer per thread, reused,
  *   with no synchronization between them and no hand-off: no planning, no
  *   pool traffic, no queue.  What 2 cores can do at most for this output.
+ *   --limit-buffers N: each thread writes N buffers in turn (default 1, one
+ *   buffer kept hot in the cache; the loader's pool cycles through several,
+ *   so N = the loader's buffers in flight writes cold memory as it does).
  * loader: pl_loader_create with `threads` = each of THREADS, serving every
  *   rank; one consumer takes every rank's micro-batches in step order (as
  *   `polyload run`), after a 1 s warm-up, for SECONDS; tokens/s from
@@ -64,7 +67,7 @@ typedef struct {
     pl_plan **plans;
     int64_t n_plans, dp, nmb, rows, cols;
     pl_source **src;
-    int tid, nthreads;
+    int tid, nthreads, nbufs;
     double seconds;
     pthread_barrier_t *go;
     int64_t tokens, micro_batches;
@@ -80,9 +83,9 @@ static void *limit_worker(void *p) {
     x.sources = a->src;
     pl__build_ctx_init(&x, a->cfg, pl__read_from_sources, err, sizeof err);
     pl__pool *pool = NULL;
-    pl__batchbuf *buf = NULL;
+    pl__batchbuf *bufs[64];
     pl__pool_create(a->rows, a->cols, a->cols, a->dtype, &pool);
-    pl__pool_get(pool, &buf);
+    for (int i = 0; i < a->nbufs; i++) pl__pool_get(pool, &bufs[i]);
     int64_t tokens = 0, mbs = 0;
     pthread_barrier_wait(a->go);
     double t0 = now_s();
@@ -92,6 +95,7 @@ static void *limit_worker(void *p) {
             int64_t kk = k % total;
             const pl_plan *pl = a->plans[kk / (a->dp * a->nmb)];
             int64_t r = kk / a->nmb % a->dp, mb = kk % a->nmb;
+            pl__batchbuf *buf = bufs[mbs % a->nbufs];
             if (pl__construct(&x, pl, r, mb, buf)) {
                 fprintf(stderr, "build: %s\n", err);
                 exit(1);
@@ -102,13 +106,13 @@ static void *limit_worker(void *p) {
     }
     a->tokens = tokens;
     a->micro_batches = mbs;
-    pl__buf_release(buf);
+    for (int i = 0; i < a->nbufs; i++) pl__buf_release(bufs[i]);
     pl__pool_release_owner(pool);
     free(x.seg);
     return NULL;
 }
 
-static int run_limit(const pl_config *cfg, double seconds, int nthreads) {
+static int run_limit(const pl_config *cfg, double seconds, int nthreads, int nbufs) {
     int64_t ns = pl_config_num_sources(cfg), dp = 0, nmb = 0, rows = 0, cols = 0;
     pl_config_get_int(cfg, "topology.dp", &dp);
     pl_config_get_int(cfg, "micro_batches_per_rank", &nmb);
@@ -138,8 +142,8 @@ static int run_limit(const pl_config *cfg, double seconds, int nthreads) {
     limit_arg *a = calloc((size_t)nthreads, sizeof *a);
     pthread_t *th = calloc((size_t)nthreads, sizeof *th);
     for (int t = 0; t < nthreads; t++) {
-        a[t] = (limit_arg){cfg,  dtype, plans, n_plans, dp,      nmb, rows, cols,
-                           src,  t,     nthreads, seconds, &go, 0,   0};
+        a[t] = (limit_arg){cfg, dtype, plans, n_plans, dp, nmb, rows, cols,
+                           src, t,     nthreads, nbufs, seconds, &go, 0, 0};
         pthread_create(&th[t], NULL, limit_worker, &a[t]);
     }
     pthread_barrier_wait(&go);
@@ -151,10 +155,10 @@ static int run_limit(const pl_config *cfg, double seconds, int nthreads) {
         mbs += a[t].micro_batches;
     }
     double dt = now_s() - t0, cpu = cpu_now() - c0;
-    printf("{\"what\": \"limit\", \"threads\": %d, \"rows\": %lld, \"cols\": %lld, "
+    printf("{\"what\": \"limit\", \"threads\": %d, \"buffers\": %d, \"rows\": %lld, \"cols\": %lld, "
            "\"tokens_per_s\": %.4g, \"tokens_per_cpu_s\": %.4g, \"micro_batches\": %lld, "
            "\"seconds\": %.3f, \"cpu_s\": %.3f}\n",
-           nthreads, (long long)rows, (long long)cols, (double)tokens / dt,
+           nthreads, nbufs, (long long)rows, (long long)cols, (double)tokens / dt,
            (double)tokens / cpu, (long long)mbs, dt, cpu);
     for (int64_t i = 0; i < n_plans; i++) pl_plan_free(plans[i]);
     free(plans);
@@ -221,7 +225,7 @@ int main(int argc, char **argv) {
     if (argc < 4) {
         fprintf(stderr,
                 "usage: %s CONFIG SECONDS THREADS... [--unit N] [--no-limit] "
-                "[--limit-threads N]\n", argv[0]);
+                "[--limit-threads N] [--limit-buffers N]\n", argv[0]);
         return 2;
     }
     pl_config *cfg = NULL;
@@ -231,17 +235,22 @@ int main(int argc, char **argv) {
     }
     double seconds = atof(argv[2]);
     int64_t unit = 0;
-    int limit = 1, limit_threads = 2;
+    int limit = 1, limit_threads = 2, limit_buffers = 1;
     int th[16], nt = 0;
     for (int i = 3; i < argc; i++) {
         if (strcmp(argv[i], "--unit") == 0 && i + 1 < argc) unit = atoll(argv[++i]);
         else if (strcmp(argv[i], "--no-limit") == 0) limit = 0;
         else if (strcmp(argv[i], "--limit-threads") == 0 && i + 1 < argc)
             limit_threads = atoi(argv[++i]);
+        else if (strcmp(argv[i], "--limit-buffers") == 0 && i + 1 < argc) {
+            limit_buffers = atoi(argv[++i]);
+            if (limit_buffers < 1) limit_buffers = 1;
+            if (limit_buffers > 64) limit_buffers = 64;
+        }
         else if (nt < 16) th[nt++] = atoi(argv[i]);
     }
     int rc = 0;
-    if (limit) rc |= run_limit(cfg, seconds, limit_threads);
+    if (limit) rc |= run_limit(cfg, seconds, limit_threads, limit_buffers);
     for (int i = 0; i < nt && !rc; i++) rc |= run_loader(cfg, seconds, th[i], unit);
     pl_config_free(cfg);
     return rc;

@@ -15,6 +15,12 @@ Both are steady-state non-padding tokens/s by differencing two lengths (N_SHORT,
 steps): for the CLI two runs, as bench/throughput.py; for Python one run, reading the
 loader's token counter at step N_SHORT and at N_LONG (the prefetched micro-batches counted
 at both points cancel).  Runs alternate C / Python, `--repeats` times; medians reported.
+Also by CPU time, which a loaded machine moves less than wall time: non-padding tokens per
+CPU-second of the whole process over the same window (the CLI: the CPU time of the two
+runs differenced; Python: os.times() at the two marks), and the CPU time per micro-batch
+of the consuming thread (time.thread_time()).  With 2 loader threads on 2 cores the
+consumer's CPU comes out of the builders', so the CPU ratio is the overhead of a loaded
+machine too.
 
 Configs: `throughput` is bench/throughput.py's (examples/pretrain_mix.yaml with constant
 weights: dp 4, seq_length 2048, micro_batch_size 2, threads 2, prefetch 4); `1x8192` the
@@ -65,7 +71,9 @@ def python_loop(cfg, n_short, n_long, layer):
     marks = {}
     for step in range(n_long + 1):
         if step in (n_short, n_long):
-            marks[step] = (time.perf_counter(), raw.stats()["tokens"])
+            pt = os.times()
+            marks[step] = (time.perf_counter(), raw.stats()["tokens"], pt.user + pt.system,
+                           time.thread_time())
             if step == n_long:
                 break
         for _ in range(nmb):
@@ -79,15 +87,18 @@ def python_loop(cfg, n_short, n_long, layer):
                     (b.input_ids, b.labels, b.loss_mask, b.position_ids, b.cu_seqlens)
                 del b
     loader.close()
-    (t0, k0), (t1, k1) = marks[n_short], marks[n_long]
+    (t0, k0, c0, h0), (t1, k1, c1, h1) = marks[n_short], marks[n_long]
+    mbs = (n_long - n_short) * nmb * len(ranks)
     return {"tokens_per_s": (k1 - k0) / (t1 - t0), "seconds": t1 - t0,
-            "micro_batches": (n_long - n_short) * nmb * len(ranks)}
+            "tokens_per_cpu_s": (k1 - k0) / (c1 - c0),
+            "consumer_cpu_us_per_mb": 1e6 * (h1 - h0) / mbs, "micro_batches": mbs}
 
 
 def cli_steady(cfg, n_short, n_long):
-    s, _, _ = run_cli(["run", cfg, "--steps", str(n_short), "--json", "--no-progress"])
-    l, _, _ = run_cli(["run", cfg, "--steps", str(n_long), "--json", "--no-progress"])
+    s, _, cs = run_cli(["run", cfg, "--steps", str(n_short), "--json", "--no-progress"])
+    l, _, cl = run_cli(["run", cfg, "--steps", str(n_long), "--json", "--no-progress"])
     return {"tokens_per_s": (l["tokens"] - s["tokens"]) / (l["seconds"] - s["seconds"]),
+            "tokens_per_cpu_s": (l["tokens"] - s["tokens"]) / (cl - cs),
             "seconds": l["seconds"] - s["seconds"]}
 
 
@@ -130,17 +141,23 @@ def main():
         layers = a.layers.split(",")
         rows = {"c": [], **{k: [] for k in layers}}
         secs = {k: [] for k in rows}
+        cpu = {k: [] for k in rows}  # tokens per CPU-second of the whole process
+        cons = {k: [] for k in layers}  # CPU-us per micro-batch of the consuming thread
         tokens_per_mb = []
         for _ in range(a.repeats):
             cr = cli_steady(cfg, ns, nl)
             rows["c"].append(cr["tokens_per_s"])
             secs["c"].append(cr["seconds"])
+            cpu["c"].append(cr["tokens_per_cpu_s"])
             for layer in layers:
                 r = python_loop(cfg, ns, nl, layer)
                 rows[layer].append(r["tokens_per_s"])
                 secs[layer].append(r["seconds"])
+                cpu[layer].append(r["tokens_per_cpu_s"])
+                cons[layer].append(r["consumer_cpu_us_per_mb"])
                 tokens_per_mb.append(r["tokens_per_s"] * r["seconds"] / r["micro_batches"])
         med = {k: statistics.median(v) for k, v in rows.items()}
+        med_cpu = {k: statistics.median(v) for k, v in cpu.items()}
         tpm = statistics.median(tokens_per_mb)
         c = med["c"]
         res["configs"][name] = {
@@ -149,6 +166,12 @@ def main():
             "paired_overhead": {k: [c_ / v - 1 for c_, v in zip(rows["c"], rows[k])]
                                 for k in layers},
             "overhead_vs_c": {k: c / v - 1 for k, v in med.items() if k != "c"},
+            "tokens_per_cpu_s": cpu, "median_tokens_per_cpu_s": med_cpu,
+            "cpu_overhead_vs_c": {k: med_cpu["c"] / v - 1 for k, v in med_cpu.items()
+                                  if k != "c"},
+            "paired_cpu_overhead": {k: [c_ / v - 1 for c_, v in zip(cpu["c"], cpu[k])]
+                                    for k in layers},
+            "consumer_cpu_us_per_mb": cons,
             "tokens_per_micro_batch": tpm,
             "us_per_micro_batch": {k: 1e6 * tpm / v for k, v in med.items()},
         }
@@ -158,6 +181,12 @@ def main():
             extra = "" if k == "c" else f"   C / this - 1 = {100 * (c / v - 1):+.1f}%"
             print(f"  {k:12s} {v:10.4g} tokens/s  {1e6 * tpm / v:7.2f} us per micro-batch{extra}",
                   flush=True)
+        for k, v in med_cpu.items():
+            extra = "" if k == "c" else (
+                f"   C / this - 1 = {100 * (med_cpu['c'] / v - 1):+.1f}% (rounds "
+                + ", ".join(f"{100 * (x / y - 1):+.0f}%" for x, y in zip(cpu["c"], cpu[k]))
+                + f"); consumer thread {statistics.median(cons[k]):.2f} CPU-us/mb")
+            print(f"  {k:12s} {v:10.4g} tokens per CPU-s{extra}", flush=True)
         if a.profile:
             profile(cfg, nl // 2)
     if a.json:

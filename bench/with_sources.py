@@ -73,12 +73,18 @@ def dict_cost(cfg, n):
 
     with polyload.Loader(cfg, rank=0, threads=1) as ld:
         b = ld._handle().next(0)
+        conv = ld._converter(0)
         out = []
         for flag in (False, True):
-            ld._with_sources = flag
+            # without: the dict next_batch builds (Loader.next_dict does the same
+            # to_dict in C); with: that dict plus the source fields (Loader._to_dict)
+            if flag:
+                f = lambda: ld._to_dict(b, conv)  # noqa: E731
+            else:
+                f = lambda: b.to_dict(conv[0], writable=conv[1], dlpack=conv[2])  # noqa: E731
             t0 = time.perf_counter()
             for _ in range(n):
-                ld._to_dict(b)
+                f()
             out.append((time.perf_counter() - t0) / n * 1e6)
         return out
 

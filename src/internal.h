@@ -244,6 +244,12 @@ void pl__pipeline_reopen(pl_pipeline *p);
 /* End the pipeline at `step` (an evaluation pass ran out of documents
  * there): as if train_steps were `step`, unless that is already earlier. */
 void pl__pipeline_end_at(pl_pipeline *p, int64_t step);
+/* Let drivers plan up to `steps` steps past the step of a group's next unit
+ * (0, the default: only a step some group's window admits).  Plans are made
+ * in step order by one planner either way, so no plan or batch changes; the
+ * embedded loader with more than one worker sets 1 (one plans while the
+ * others build). */
+void pl__pipeline_plan_ahead(pl_pipeline *p, int64_t steps);
 /* Replace a source's message (config.c names the source's config key). */
 void pl__source_set_err(pl_source *src, const char *msg);
 /* Convert n tokens from src_dtype (unaligned source allowed) to int64 or

@@ -299,6 +299,8 @@ int pl_loader_create(const pl_config *cfg, const pl_loader_options *opts,
             return pl__fail(l, rc, "loader: %s", pl_pipeline_errmsg(l->pipe));
         return pl__fail(l, rc, "%s", pl_pipeline_errmsg(l->pipe));
     }
+    /* More than one worker: one plans the next step while the others build. */
+    if (!l->external && l->n_threads > 1) pl__pipeline_plan_ahead(l->pipe, 1);
     if (l->external) {
         pl_rank_info ri;
         l->ext_dp = -1;

@@ -109,6 +109,7 @@ struct pl_pipeline {
     int64_t n_entries, cap_entries, first_step;
     int64_t next_plan_step; /* next step to add */
     int asked;              /* a PL_WORK_PLAN for next_plan_step is out */
+    int64_t plan_ahead;     /* steps planned past the step of a group's next unit */
 
     void *base_blob; /* state of base_step's start */
     size_t base_len;
@@ -658,16 +659,29 @@ static int64_t pl__pick(pl_pipeline *p) {
     return best;
 }
 
-/* Whether a step must be added before some group can go on. */
+/* Whether a step must be added before some group can go on, or (plan_ahead)
+ * is within plan_ahead steps of the step of a group's next unit: then a
+ * driver plans step s+1 while the others build step s, instead of every
+ * driver waiting for the plan once the window admits s+1. */
 static int pl__needs_plan(pl_pipeline *p) {
     if (p->asked) return 0;
     if (p->total_steps >= 0 && p->next_plan_step > p->total_steps) return 0;
     for (int64_t g = 0; g < p->n_groups; g++) {
         pl__pgroup *gr = &p->groups[g];
-        if (gr->next_u / p->ups >= p->next_plan_step && pl__window_admits(p, gr))
+        int64_t ns = gr->next_u / p->ups;
+        if (ns >= p->next_plan_step && pl__window_admits(p, gr)) return 1;
+        if (p->plan_ahead > 0 && ns + p->plan_ahead >= p->next_plan_step &&
+            pl__group_min(p, gr, 0) >= 0)
             return 1;
     }
     return 0;
+}
+
+void pl__pipeline_plan_ahead(pl_pipeline *p, int64_t steps) {
+    pthread_mutex_lock(&p->mu);
+    p->plan_ahead = steps > 0 ? steps : 0;
+    pl__wake(work_cv);
+    pl__unlock(p);
 }
 
 static int pl__all_built(pl_pipeline *p) {
@@ -688,6 +702,15 @@ int pl_pipeline_get_work(pl_pipeline *p, unsigned kinds, int64_t timeout_ms,
     for (;;) {
         if (p->closed || p->failed) {
             rc = PL_ECLOSED;
+            break;
+        }
+        /* Planning ahead goes first: the planner is serial, so the step after
+           the one being built is planned while the other drivers build. */
+        if ((kinds & PL_WORK_PLAN) && p->plan_ahead > 0 && pl__needs_plan(p)) {
+            p->asked = 1;
+            w->kind = PL_WORK_PLAN;
+            w->step = p->next_plan_step;
+            w->generation = p->generation;
             break;
         }
         if (kinds & PL_WORK_BUILD) {

@@ -402,6 +402,77 @@ static void test_loader_never_consumes(corpus *c) {
     pl_config_free(cfg);
 }
 
+/* Planning ahead (pl__pipeline_plan_ahead, the embedded loader with more than
+ * one worker): step s+1 is handed out for planning before step s's units are
+ * built, never more than one step past the units being built, and the
+ * consumed items are those of a pipeline without it. */
+static void test_plan_ahead(corpus *c) {
+    pl_config *cfg = corpus_config(c, "seq_length: 32\nglobal_batch_size: 4\nmicro_batch_size: 1\n"
+                                      "topology: {dp: 1}\ntrain_steps: 40", NULL);
+    for (int ahead = 0; ahead <= 1; ahead++) {
+        pl_source *src[NSRC];
+        for (int s = 0; s < NSRC; s++) CHECK_OK(pl__config_open_source(cfg, s, &src[s]));
+        pl_planner *p = NULL;
+        CHECK_OK(pl_planner_create(cfg, src, NSRC, &p));
+        /* unit 2: two units per step of 4 micro-batches; prefetch 2 */
+        pl_pipeline_options o = {PL_PIPELINE_OPTIONS_VERSION, NULL, 0, 1, 2, 2, 0,
+                                 count_release, NULL};
+        pl_pipeline *pipe = NULL;
+        CHECK_OK(pl_pipeline_create(cfg, &o, &pipe));
+        pl__pipeline_plan_ahead(pipe, ahead);
+        size_t n = 0;
+        CHECK_OK(pl_planner_get_state(p, NULL, 0, &n));
+        void *b0 = malloc(n);
+        CHECK_OK(pl_planner_get_state(p, b0, n, &n));
+        CHECK_OK(pl_pipeline_reset(pipe, b0, n, NULL, 0));
+        char err[512];
+        int64_t planned = 0, k = 0;
+        for (;;) {
+            pl_work w;
+            int rc = pl_pipeline_get_work(pipe, PL_WORK_PLAN | PL_WORK_BUILD, 0, &w);
+            if (rc == PL_DONE || rc == PL_ETIMEDOUT) { /* nothing to do: consume */
+                pl_pipeline_item it;
+                rc = pl_pipeline_next(pipe, 0, 1, 0, &it, err, sizeof err);
+                if (rc == PL_DONE) break;
+                CHECK_OK(rc);
+                CHECK_EQ_I64(*(int64_t *)it.item + it.index, k);
+                k++;
+                continue;
+            }
+            CHECK_OK(rc);
+            if (w.kind == PL_WORK_PLAN) {
+                CHECK_EQ_I64(w.step, planned);
+                void *blob = NULL;
+                size_t bl = 0;
+                CHECK_OK(pl__state_encode(p, 0, &blob, &bl));
+                pl_plan *pl = NULL;
+                if (w.step < 40) CHECK_OK(pl_planner_next(p, &pl));
+                CHECK_OK(pl_pipeline_add_step(pipe, w.step, pl, blob, bl, NULL, NULL));
+                free(blob);
+                planned++;
+            } else {
+                /* With planning ahead, a unit of step s is built only once step
+                   s+1 is planned (or s is the last); without, never ahead. */
+                if (ahead) CHECK(planned >= (w.step + 2 < 41 ? w.step + 2 : 41));
+                else CHECK(planned <= w.step + 2);
+                CHECK(planned <= w.step + 2 + ahead);
+                int64_t *item = malloc(sizeof *item);
+                *item = w.step * 4 + w.micro_batch;
+                g_items++;
+                int64_t tok[2] = {1, 1}, pad[2] = {0, 0};
+                CHECK_OK(pl_pipeline_complete(pipe, &w, PL_OK, NULL, item, tok, pad));
+            }
+        }
+        CHECK_EQ_I64(k, 160);
+        CHECK_EQ_I64(planned, 41); /* steps 0..39 and the end state */
+        pl_pipeline_free(pipe);
+        free(b0);
+        pl_planner_free(p);
+        for (int s = 0; s < NSRC; s++) pl_source_free(src[s]);
+    }
+    pl_config_free(cfg);
+}
+
 int main(void) {
     corpus c;
     corpus_make(&c, 64);
@@ -419,6 +490,7 @@ int main(void) {
     test_state_pack(&c);
     test_lag_policy(&c);
     test_loader_never_consumes(&c);
+    test_plan_ahead(&c);
     corpus_free(&c);
     TEST_END();
 }

@@ -370,6 +370,63 @@ def test_dlpack_export_zero_copy_and_released(corpus):
     assert kept.shape[0] == 2
 
 
+def test_next_dict_equals_next_then_to_dict(corpus):
+    # Loader.next_dict(rank, export) is next(rank) + Batch.to_dict(*export) in one
+    # call: two loaders over one config give the same dicts, in every export mode,
+    # to the end of the run, and then None.
+    cfg = core_config(corpus.config(train_steps=3))
+    a = _core.Loader.create(cfg, ranks=[0, 1], prefetch=1)
+    b = _core.Loader.create(cfg, ranks=[0, 1], prefetch=1)
+    exports = [(None, False, None), ((np.asarray,), False, None),
+               ((np.asarray, torch.from_numpy), True, torch._C._from_dlpack),
+               (None, True, torch.from_dlpack)]
+    n = 0
+    for i in range(100):
+        rank, exp = i % 2, exports[(i // 2) % len(exports)]
+        d = a.next_dict(rank, exp)
+        batch = b.next(rank)
+        if batch is None:
+            assert d is None
+            break
+        ref = batch.to_dict(exp[0], writable=exp[1], dlpack=exp[2])
+        assert set(d) == set(ref) >= {"input_ids", "labels", "loss_mask", "position_ids",
+                                      "cu_seqlens", "max_seqlen"}
+        for k, v in ref.items():
+            if k == "max_seqlen":
+                assert d[k] == v
+                continue
+            assert type(d[k]) is type(v)
+            np.testing.assert_array_equal(np.asarray(d[k]), np.asarray(v))
+        if exp[0] == (np.asarray,):  # read-only NumPy views of the C memory
+            assert not d["input_ids"].flags.writeable
+        if exp[2] is not None:  # zero-copy tensors, their memory their own build's
+            assert d["input_ids"].data_ptr() != ref["input_ids"].data_ptr()
+        n += 1
+    assert n == 3 * 2 * 2  # train_steps x micro-batches per rank x ranks
+    assert a.next_dict(0, exports[0]) is None
+    with pytest.raises(polyload.RangeError):
+        a.next_dict(5, exports[0])
+    with pytest.raises(TypeError, match="3-tuple"):
+        a.next_dict(0, (None, False))
+    with pytest.raises(TypeError, match="3-tuple"):
+        a.next_dict(0)
+    a.close()
+    b.close()
+    with pytest.raises(polyload.PolyloadError):
+        a.next_dict(0, exports[0])
+    # Bad exports fail before a batch is taken: the next dict is the first one.
+    c = _core.Loader.create(cfg, ranks=[0], prefetch=1)
+    with pytest.raises(ValueError, match="writable"):
+        c.next_dict(0, (None, False, torch.from_dlpack))
+    with pytest.raises(TypeError, match="tuple of callables"):
+        c.next_dict(0, ([np.asarray], False, None))
+    first = c.next_dict(0, exports[1])
+    d2 = _core.Loader.create(cfg, ranks=[0], prefetch=1)
+    np.testing.assert_array_equal(first["input_ids"], d2.next(0).to_dict((np.asarray,))["input_ids"])
+    c.close()
+    d2.close()
+
+
 def test_batch_release_keeps_arrays(corpus):
     loader = _core.Loader.create(core_config(corpus.config()), ranks=[0], prefetch=1)
     b = loader.next(0)

@@ -501,50 +501,32 @@ static PyObject *batch_get_array(PyPlBatch *o, void *closure) {
 static PyObject *pypl_field_names[F_CU_SEQLENS + 1];
 static PyObject *pypl_max_seqlen_name;
 
-/* The hot path of polyload.Loader: one call per micro-batch builds its dict. */
-static PyObject *batch_to_dict(PyPlBatch *o, PyObject *const *args, Py_ssize_t nargs,
-                               PyObject *kwnames) {
-    static const char *const names[] = {"input_ids", "labels", "loss_mask",
-                                        "position_ids", "cu_seqlens"};
-    PyObject *convert = Py_None, *dlpack = NULL;
-    int writable = 0;
-    Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
-    if (nargs > 1) {
-        PyErr_SetString(PyExc_TypeError, "to_dict takes at most one positional argument");
-        return NULL;
-    }
-    if (nargs == 1) convert = args[0];
-    for (Py_ssize_t i = 0; i < nkw; i++) {
-        PyObject *k = PyTuple_GET_ITEM(kwnames, i), *v = args[nargs + i];
-        if (PyUnicode_CompareWithASCIIString(k, "convert") == 0) convert = v;
-        else if (PyUnicode_CompareWithASCIIString(k, "writable") == 0) {
-            writable = PyObject_IsTrue(v);
-            if (writable < 0) return NULL;
-        } else if (PyUnicode_CompareWithASCIIString(k, "dlpack") == 0) {
-            dlpack = v == Py_None ? NULL : v;
-        } else {
-            PyErr_Format(PyExc_TypeError, "to_dict: unexpected keyword argument %R", k);
-            return NULL;
-        }
-    }
+/* The dict of b (Batch.to_dict, Loader.next_dict): each present field through
+ * batch_export, plus max_seqlen; a new reference, or NULL with an exception. */
+int pypl_batch_dict_check(PyObject *convert, int writable, PyObject *dlpack) {
     if (dlpack && (!writable || !PyCallable_Check(dlpack))) {
         PyErr_SetString(PyExc_ValueError,
                         "to_dict: dlpack must be a callable, and needs writable=True "
                         "(DLPack cannot mark memory read-only)");
-        return NULL;
+        return -1;
     }
+    if (convert && convert != Py_None && !PyTuple_Check(convert)) {
+        PyErr_SetString(PyExc_TypeError, "to_dict: convert must be a tuple of callables");
+        return -1;
+    }
+    return 0;
+}
+
+PyObject *pypl_batch_dict(pl_batch *b, PyObject *convert, int writable, PyObject *dlpack) {
+    static const char *const names[] = {"input_ids", "labels", "loss_mask",
+                                        "position_ids", "cu_seqlens"};
+    if (pypl_batch_dict_check(convert, writable, dlpack)) return NULL;
     Py_ssize_t nconv = 0;
     PyObject *const *conv = NULL;
-    if (convert != Py_None) {
-        if (!PyTuple_Check(convert)) {
-            PyErr_SetString(PyExc_TypeError, "to_dict: convert must be a tuple of callables");
-            return NULL;
-        }
+    if (convert && convert != Py_None) {
         nconv = PyTuple_GET_SIZE(convert);
         conv = &PyTuple_GET_ITEM(convert, 0);
     }
-    pl_batch *b = batch_get(o);
-    if (!b) return NULL;
     if (!pypl_field_names[0]) {
         for (int f = 0; f <= F_CU_SEQLENS; f++) {
             pypl_field_names[f] = PyUnicode_InternFromString(names[f]);
@@ -596,6 +578,35 @@ static PyObject *batch_to_dict(PyPlBatch *o, PyObject *const *args, Py_ssize_t n
         Py_DECREF(v);
     }
     return d;
+}
+
+/* Batch.to_dict(convert=None, writable=False, dlpack=None). */
+static PyObject *batch_to_dict(PyPlBatch *o, PyObject *const *args, Py_ssize_t nargs,
+                               PyObject *kwnames) {
+    PyObject *convert = Py_None, *dlpack = NULL;
+    int writable = 0;
+    Py_ssize_t nkw = kwnames ? PyTuple_GET_SIZE(kwnames) : 0;
+    if (nargs > 1) {
+        PyErr_SetString(PyExc_TypeError, "to_dict takes at most one positional argument");
+        return NULL;
+    }
+    if (nargs == 1) convert = args[0];
+    for (Py_ssize_t i = 0; i < nkw; i++) {
+        PyObject *k = PyTuple_GET_ITEM(kwnames, i), *v = args[nargs + i];
+        if (PyUnicode_CompareWithASCIIString(k, "convert") == 0) convert = v;
+        else if (PyUnicode_CompareWithASCIIString(k, "writable") == 0) {
+            writable = PyObject_IsTrue(v);
+            if (writable < 0) return NULL;
+        } else if (PyUnicode_CompareWithASCIIString(k, "dlpack") == 0) {
+            dlpack = v == Py_None ? NULL : v;
+        } else {
+            PyErr_Format(PyExc_TypeError, "to_dict: unexpected keyword argument %R", k);
+            return NULL;
+        }
+    }
+    pl_batch *b = batch_get(o);
+    if (!b) return NULL;
+    return pypl_batch_dict(b, convert, writable, dlpack);
 }
 
 static PyObject *batch_release(PyPlBatch *o, PyObject *unused) {

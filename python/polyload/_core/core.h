@@ -88,6 +88,12 @@ PyObject *pypl_array_owned(void *data, const char *format, Py_ssize_t itemsize,
 /* A Batch holding one reference to `batch`, which the caller has retained
  * for it (the reference is released on failure too). */
 PyObject *pypl_batch_new(pl_batch *batch);
+/* The dict of a micro-batch as Batch.to_dict builds it (convert: a tuple of
+ * callables or NULL/None; dlpack: a callable or NULL).  Takes no reference of
+ * b: each exported field retains it.  New reference, or NULL. */
+PyObject *pypl_batch_dict(pl_batch *batch, PyObject *convert, int writable, PyObject *dlpack);
+/* 0 when pypl_batch_dict takes these arguments, else -1 with an exception. */
+int pypl_batch_dict_check(PyObject *convert, int writable, PyObject *dlpack);
 
 /* Struct code and numpy name of a token dtype (INT64/INT32 batches and
  * reads). */

@@ -447,10 +447,13 @@ static PyObject *loader_close(PyPlLoader *o, PyObject *unused) {
     Py_RETURN_NONE;
 }
 
-static PyObject *loader_next(PyPlLoader *o, PyObject *arg) {
+/* The next batch of `rank`, retained for the caller, in *out (NULL at the
+ * end); 0, or -1 with an exception. */
+static int loader_next_owned(PyPlLoader *o, PyObject *arg, pl_batch **out) {
+    *out = NULL;
     long long rank = PyLong_AsLongLong(arg);
-    if (rank == -1 && PyErr_Occurred()) return NULL;
-    if (loader_check(o)) return NULL;
+    if (rank == -1 && PyErr_Occurred()) return -1;
+    if (loader_check(o)) return -1;
     Py_ssize_t k = -1;
     for (Py_ssize_t i = 0; i < o->n_ranks; i++)
         if (o->ranks[i] == rank) {
@@ -460,12 +463,13 @@ static PyObject *loader_next(PyPlLoader *o, PyObject *arg) {
     if (k < 0) {
         char msg[128];
         snprintf(msg, sizeof msg, "loader: rank %lld is not served by this loader", rank);
-        return pypl_raise(PL_ERANGE, msg);
+        pypl_raise(PL_ERANGE, msg);
+        return -1;
     }
     if (o->busy[k]) {
         PyErr_Format(PyExc_RuntimeError,
                      "Loader.next(%lld) is already running in another thread", rank);
-        return NULL;
+        return -1;
     }
     o->busy[k] = 1;
     const pl_batch *b = NULL;
@@ -486,9 +490,43 @@ static PyObject *loader_next(PyPlLoader *o, PyObject *arg) {
     pthread_rwlock_unlock(&o->lock);
     Py_END_ALLOW_THREADS
     o->busy[k] = 0;
-    if (rc == PL_DONE) Py_RETURN_NONE;
-    if (rc != PL_OK) return pypl_raise(rc, err);
-    return pypl_batch_new(owned);
+    if (rc == PL_DONE) return 0;
+    if (rc != PL_OK) {
+        pypl_raise(rc, err);
+        return -1;
+    }
+    *out = owned;
+    return 0;
+}
+
+static PyObject *loader_next(PyPlLoader *o, PyObject *arg) {
+    pl_batch *b = NULL;
+    if (loader_next_owned(o, arg, &b)) return NULL;
+    if (!b) Py_RETURN_NONE;
+    return pypl_batch_new(b);
+}
+
+/* next_dict(rank, export): next() and Batch.to_dict(*export) in one call, with
+ * no Batch object (the hot path of polyload.Loader.next_batch). */
+static PyObject *loader_next_dict(PyPlLoader *o, PyObject *const *args, Py_ssize_t nargs) {
+    PyObject *exp = nargs == 2 ? args[1] : NULL;
+    if (!exp || !PyTuple_Check(exp) || PyTuple_GET_SIZE(exp) != 3) {
+        PyErr_SetString(PyExc_TypeError,
+                        "next_dict(rank, (convert, writable, dlpack)) takes a rank and a "
+                        "3-tuple of Batch.to_dict's arguments");
+        return NULL;
+    }
+    PyObject *convert = PyTuple_GET_ITEM(exp, 0), *dlpack = PyTuple_GET_ITEM(exp, 2);
+    int writable = PyObject_IsTrue(PyTuple_GET_ITEM(exp, 1));
+    if (writable < 0) return NULL;
+    if (dlpack == Py_None) dlpack = NULL;
+    if (pypl_batch_dict_check(convert, writable, dlpack)) return NULL; /* before taking one */
+    pl_batch *b = NULL;
+    if (loader_next_owned(o, args[0], &b)) return NULL;
+    if (!b) Py_RETURN_NONE;
+    PyObject *d = pypl_batch_dict(b, convert, writable, dlpack);
+    pl_batch_release(b); /* the exported fields hold their own references */
+    return d;
 }
 
 /* Take the exclusive lock with the GIL released; 0 on success. */
@@ -747,6 +785,11 @@ static PyMethodDef loader_methods[] = {
      "train_steps.\nBlocks (without the GIL) until it is built.  Raises RangeError for "
      "a rank\nnot served, or the error of the worker that built the batch (after which\n"
      "the loader has failed: later calls raise PolyloadError ECLOSED)."},
+    {"next_dict", (PyCFunction)(void (*)(void))loader_next_dict, METH_FASTCALL,
+     "next_dict(rank, export) -> dict or None\n\nnext(rank) and Batch.to_dict(convert, "
+     "writable=writable, dlpack=dlpack)\nin one call, export being the tuple (convert, "
+     "writable, dlpack); no Batch\nobject is made.  None after train_steps; raises as "
+     "next() and to_dict()."},
     {"get_state", (PyCFunction)loader_get_state, METH_NOARGS,
      "get_state() -> bytes\n\nThe state blob (SPEC section 4) after the batches consumed "
      "so far."},
