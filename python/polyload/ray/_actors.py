@@ -1444,6 +1444,17 @@ class DataConstructor:
                 raise polyload.StateError(_core.ESTATE, "ESTATE",
                                           "polyload.ray: the deployment was restarted meanwhile")
             self._check_alive()
+            if self._cursor[rank] != step:
+                # Another call of the rank took this step while this one waited (two
+                # calls in flight, both rebuilding after a take-over): it is kept.
+                kept = self._recent.get(rank, {}).get(step)
+                if kept is not None:
+                    return kept
+                raise polyload.StateError(
+                    _core.ESTATE, "ESTATE",
+                    f"constructor {self._index}: step {step} of rank {rank} was served to "
+                    f"another call meanwhile and is not kept (the rank stands at step "
+                    f"{self._cursor[rank]})")
             try:
                 res = self._pipe.next(rank, self._nmb, 0)
             except polyload.PolyloadTimeoutError:  # not built yet: woken by the drivers
