@@ -133,6 +133,9 @@ def main():
             if p.returncode != 0:
                 raise RuntimeError(f"client exited with {p.returncode}")
             outs.append(json.loads(out.strip().splitlines()[-1]))
+        res["constructor_activations"] = [
+            ray.get(c.load.remote()).get("activated")
+            for c in dep.actors["constructor"] + dep.actors.get("constructor_shadow", [])]
         pm = ray.get(dep.actors["planner"][0].memory.remote())
         res["planner"] = pm
         res["checkpoint_bytes_per_step"] = pm["checkpoint_bytes"] / max(1, pm["next_step"])

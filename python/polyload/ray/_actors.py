@@ -43,7 +43,8 @@ import ray
 import polyload
 from polyload import _core
 
-from ._common import actor_lost, enter_cwd, make_config, routing_for_constructors, unwrap
+from ._common import (actor_lost, enter_cwd, has_failure_detection_env, make_config,
+                      routing_for_constructors, unwrap)
 
 _KEY_SHIFT = 40  # routing key: source << 40 | document index
 _WARM_DOCS = 1 << 15  # raw documents per source whose owners a scaling event may warm
@@ -181,6 +182,7 @@ class Planner:
                        for s in self._planner.sources],
             "pid": os.getpid(),
             "node_id": _node_id(),
+            "failure_env": has_failure_detection_env(),
         }
 
     def _reset_cache(self, step: int) -> None:
@@ -980,10 +982,10 @@ class DataConstructor:
             if self._serving:
                 return
             t0 = time.monotonic()
-            rt = await self._planner.routing.remote()
+            rt, (gen, blob) = await asyncio.gather(self._planner.routing.remote(),
+                                                   self._planner.resume_point.remote(self._index))
             if rt is not None and rt.get("version", 0) > self._rt_version:
                 self._apply_routing(rt["version"], *routing_for_constructors(rt))
-            gen, blob = await self._planner.resume_point.remote(self._index)
             self._recovered = True
             await self._reset(gen, blob)
             self._serving = True

@@ -402,10 +402,15 @@ def launch(
     for role in ROLES:
         _role_options(placement, role)  # validate early
 
+    # Fast failure detection in every actor (FAILURE_DETECTION_ENV): through a
+    # runtime_env only when the cluster's workers lack it (the planner, started first,
+    # tells).
+    env_needed = [False]
+
     def opts(role, actor_name, **extra):
         o = {"name": actor_name, **common, **extra}
         o.update(_role_options(placement, role))
-        return with_failure_detection(o)
+        return with_failure_detection(o, env_needed[0])
 
     _check_cpus(placement, int(num_constructors), num_source_loaders, max_source_loader_actors,
                 cfg.num_sources)
@@ -430,6 +435,7 @@ def launch(
             int(max_lag_steps) + 4 * int(prefetch_steps), int(checkpoint_steps))
         created.append(planner)
         pinfo = _get(planner.setup.remote(), timeout)
+        env_needed[0] = not pinfo.get("failure_env", False)
         names = pinfo["names"]
         ScalePolicy(names, lambda s, t: 0.0, 1.0, scale_opts)  # bounds: ValueError now
         parts = _partitions(names, pinfo["num_documents"], num_source_loaders)
@@ -467,7 +473,8 @@ def launch(
                         NodeAffinitySchedulingStrategy)
                     o["scheduling_strategy"] = NodeAffinitySchedulingStrategy(
                         node_id=others[(j + k) % len(others)], soft=True)
-                a = _SourceLoaderActor.options(**with_failure_detection(o), **restart).remote(
+                a = _SourceLoaderActor.options(**with_failure_detection(o, env_needed[0]),
+                                               **restart).remote(
                     payload, cwd, shards[j])
                 created.append(a)
                 shadow_actors.append(a)
@@ -524,10 +531,12 @@ def launch(
         # The scaling role: owns the routing table from now on (Deployment.scale, and
         # the policy when autoscale is given).
         autoscaler = _AutoscalerActor.options(
-            **with_failure_detection({"name": f"{name}.autoscaler", **common, "num_cpus": 0}),
+            **with_failure_detection({"name": f"{name}.autoscaler", **common, "num_cpus": 0},
+                                     env_needed[0]),
             **restart, max_task_retries=-1).remote(
             payload, cwd, name, namespace, table, pinfo["num_documents"], scale_opts,
-            with_failure_detection(_role_options(placement, "source_loader")), int(shadows),
+            {**_role_options(placement, "source_loader"), "_failure_env": env_needed[0]},
+            int(shadows),
             bool(detached),
             [[ctor_names[g]] + ctor_shadow_names[g] for g in range(len(groups))])
         created.append(autoscaler)

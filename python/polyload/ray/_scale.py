@@ -293,6 +293,8 @@ class Autoscaler:
         self._ndocs = [int(n) for n in num_documents]
         self._opts = options
         self._loader_opts = dict(loader_options)
+        # whether new loaders need FAILURE_DETECTION_ENV through a runtime_env
+        self._failure_env = bool(self._loader_opts.pop("_failure_env", True))
         self._shadows = int(shadows if options.get("shadows") is None else options["shadows"])
         self._detached = bool(detached)
         # per DP group: its constructor, then its standbys
@@ -456,7 +458,7 @@ class Autoscaler:
                                                                            soft=k > 0)
             from ._common import with_failure_detection  # noqa: PLC0415
 
-            a = actor_cls.options(**with_failure_detection(o)).remote(
+            a = actor_cls.options(**with_failure_detection(o, self._failure_env)).remote(
                 self._payload, self._cwd, shards, f"{self._name}.planner")
             self._handles[n] = a
             made.append(a)
