@@ -190,9 +190,24 @@ class Deployment:
         self._check_open()
         out = []
         for g, grp in enumerate(self._groups()):
-            for c in grp:
-                out += [dict(f, constructor=g)
-                        for f in _get(c.failover_log.remote(), self.timeout)]
+            for log in self._ask(grp, "failover_log"):  # a lost one's log went with it
+                out += [dict(f, constructor=g) for f in log or []]
+        return out
+
+    def _ask(self, actors: Sequence[Any], method: str, *args) -> List[Any]:
+        """``actor.method(*args)`` of every actor at once; None for one whose process is
+        lost (a standby on a lost node, restarting): only standbys are asked this way."""
+        from ._common import actor_lost, unwrap  # noqa: PLC0415
+
+        refs = [getattr(a, method).remote(*args) for a in actors]
+        out = []
+        for r in refs:
+            try:
+                out.append(_get(r, self.timeout))
+            except Exception as e:  # noqa: BLE001 - lost: None; other errors raise
+                if not actor_lost(unwrap(e)):
+                    raise
+                out.append(None)
         return out
 
     def _groups(self) -> List[List[Any]]:
@@ -215,8 +230,7 @@ class Deployment:
         pos = []
         for grp in self._groups():  # the constructor serving each group (a standby
             # that took over, or both while a lost one comes back: the one ahead)
-            serving = [p for p in _get([c.position.remote() for c in grp], self.timeout)
-                       if p is not None]
+            serving = [p for p in self._ask(grp, "position") if p is not None]
             if not serving:  # a standby activates on its first call
                 serving = [_get(grp[0].position.remote(True), self.timeout)]
             pos.append(max(serving, key=lambda p: (p[0], p[1], p[2])))
@@ -233,7 +247,7 @@ class Deployment:
         self._check_open()
         gen, _ = _get(self._planner.restart.remote(polyload._state_blob(state), True),
                       self.timeout)
-        _get([c.sync.remote(gen) for grp in self._groups() for c in grp], self.timeout)
+        self._ask([c for grp in self._groups() for c in grp], "sync", gen)
 
     def pids(self) -> Dict[str, List[int]]:
         """Process ids of the actors, by role."""
