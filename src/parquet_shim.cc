@@ -114,6 +114,7 @@ extern "C" int pl__pq_open(const char *path, const char *column, pl__pqfile **ou
         pl__fmt(err, errcap, "out of memory");
         return PL_ENOMEM;
     }
+    int64_t *rows = nullptr;  // freed on every failure, the throwing ones included
     try {
         h->path = path;
         h->reader = parquet::ParquetFileReader::OpenFile(path, /*memory_map=*/false);
@@ -152,7 +153,7 @@ extern "C" int pl__pq_open(const char *path, const char *column, pl__pqfile **ou
         }
         h->max_def = c->max_definition_level();
         const int ng = h->md->num_row_groups();
-        int64_t *rows = static_cast<int64_t *>(std::malloc((ng ? ng : 1) * sizeof(int64_t)));
+        rows = static_cast<int64_t *>(std::malloc((ng ? ng : 1) * sizeof(int64_t)));
         if (!rows) {
             delete h;
             pl__fmt(err, errcap, "out of memory");
@@ -186,6 +187,7 @@ extern "C" int pl__pq_open(const char *path, const char *column, pl__pqfile **ou
     } catch (...) {
         pl__fmt(err, errcap, "%s: cannot read the Parquet footer", path);
     }
+    std::free(rows);
     delete h;
     return PL_ERECORD;
 }
