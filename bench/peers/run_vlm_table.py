@@ -58,7 +58,8 @@ def fmt(x, d=3):
 
 def table(res):
     rows = ["| loader | data, written by | mixture as the peer expresses it | images/s into "
-            "the loop (polyload ÷ peer) | CPU-s per 1,000 images | start to first batch | "
+            "the loop (polyload ÷ peer) | CPU-s per 1,000 images (peer ÷ polyload) | start to "
+            "first batch | "
             "mixture error per step, max tokens (÷ step tokens; cumulative) | realized "
             "mixture (for 0.7/0.3 of tokens) | exact mid-epoch resume, next 20 "
             "micro-batches |", "|---|---|---|---|---|---|---|---|---|"]
@@ -79,6 +80,13 @@ def table(res):
         cpu = statistics.median(t["cpu_s_per_k_images"] for t in tp) if tp else None
         ratio = "" if name == "polyload" or not r.get("ratios") else \
             f" (**{statistics.median(r['ratios']):.2f}x**)"
+        pt = res["peers"]["polyload"]["throughput"]
+        if name != "polyload" and tp and len(tp) == len(pt):  # every round ran: paired
+            cr = statistics.median(t["cpu_s_per_k_images"] / q["cpu_s_per_k_images"]
+                                   for t, q in zip(tp, pt))
+            cpu_cell = f"{fmt(cpu)} (**{cr:.2f}x** polyload's)"
+        else:
+            cpu_cell = fmt(cpu)
         st = r["startup"]
         start = f"{statistics.median(st):.2f} s" if st else "failed"
         m = r["mixture"].get("mixture")
@@ -97,7 +105,7 @@ def table(res):
             resume = "no: %d of %d equal, first difference at %s" % (
                 rs["equal_micro_batches"], rs["of"], rs["first_difference"])
         rows.append(f"| {name} | {desc[name][0]} | {desc[name][1]} | "
-                    f"{fmt(ips) if ips else 'failed'}{ratio} | {fmt(cpu)} | {start} | "
+                    f"{fmt(ips) if ips else 'failed'}{ratio} | {cpu_cell} | {start} | "
                     f"{mix} | {real} | {resume} |")
     per_round = "; ".join(
         f"{n}: " + ", ".join(fmt(t["images_per_s"]) for t in res["peers"][n]["throughput"])
