@@ -21,4 +21,7 @@ if [ "${PEERS:-1}" != 0 ]; then
     bench/peers/setup_venvs.sh
     .venv/bin/python bench/peers/run_table.py | tee bench/out/peers_table.log | tail -12
     uptime
+    # the image-text table (Megatron-Energon, WebDataset; "Image-text peers")
+    .venv/bin/python bench/peers/run_vlm_table.py --rounds 5 | tee bench/out/vlm_peers_table.log | tail -8
+    uptime
 fi

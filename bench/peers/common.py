@@ -444,7 +444,7 @@ def main(peer):
     Modes print one JSON line."""
     ap = argparse.ArgumentParser()
     ap.add_argument("mode", choices=["prepare", "throughput", "startup", "mixture", "resume",
-                                     "reweight", "dpresume", "pssprep", "pssrank"])
+                                     "reweight", "dpresume", "pssprep", "pssrank", "dprank"])
     ap.add_argument("--seq", type=int, default=2048)
     ap.add_argument("--warmup", type=int, default=32)
     ap.add_argument("--seconds", type=float, default=4.0)
@@ -458,7 +458,13 @@ def main(peer):
                     "(-1: all ranks in this process, for a peer that runs them itself)")
     ap.add_argument("--world", type=int, default=PSS_RANKS, help="pssrank: ranks")
     ap.add_argument("--ready", default=None, help="pssrank: file written once ready")
+    ap.add_argument("--phase", choices=["save", "load"], help="dprank: save or load a state")
+    ap.add_argument("--dir", help="dprank: directory of the states and sample lists")
+    ap.add_argument("--from-world", type=int, default=2, help="dprank: the saved run's dp")
     a = ap.parse_args()
+    if a.mode == "dprank":
+        dp_rank(peer, a.seq, a.phase, a.rank, a.world, a.from_world, a.k, a.n, a.dir)
+        return
     if a.mode == "pssprep":
         t = time.perf_counter()
         peer.pss_prepare(a.sources)
@@ -502,6 +508,8 @@ def main(peer):
     elif a.mode == "dpresume":
         if hasattr(peer, "dp_resume"):
             res.update(peer.dp_resume(a.seq, a.k, a.n))
+        elif hasattr(peer, "loader_env"):
+            res.update(dp_change_multiproc(peer, a.seq, a.k, a.n))
         elif hasattr(peer, "loader_dp"):
             res.update(dp_change_check(peer, a.seq, a.k, a.n))
         elif hasattr(peer, "NO_DP"):
@@ -685,3 +693,120 @@ def dp_change_check(peer, seq, k, n, dp_from=2, dp_to=4):
                               f"r % {dp_from}: of the {len(ref)} samples the uninterrupted run "
                               f"delivers next, {lost} are not delivered after the change; "
                               f"{again} delivered after it had been delivered before it")}
+
+
+# ------------------------------------------------- resume with another DP size, one process a rank
+
+def dp_rank(peer, seq, phase, rank, world, from_world, k, n, d):
+    """One rank process of ``dp_change_multiproc`` (RANK, WORLD_SIZE, LOCAL_RANK,
+    LOCAL_WORLD_SIZE, MASTER_ADDR/PORT in the environment, as torchrun sets them).
+    save: ``k`` micro-batches, the state (pickled to ``d/state<rank>.pkl``), then
+    ``n`` more (what the uninterrupted run delivers next); load: the state of rank
+    ``rank % from_world``, ``n`` micro-batches.  Sample ids to ``d/<phase><rank>.json``."""
+    import pickle
+
+    index = make_index(peer, seq)
+    out = {}
+    if phase == "save":
+        it = iter(peer.loader_env(seq))
+        out["before"] = [s for b in take(it, k) for s, _ in index.ids(b)]
+        with open(os.path.join(d, f"state{rank}.pkl"), "wb") as f:
+            pickle.dump(peer.state(it), f)
+        out["next"] = [s for b in take(it, n) for s, _ in index.ids(b)]
+    else:
+        with open(os.path.join(d, f"state{rank % from_world}.pkl"), "rb") as f:
+            st = pickle.load(f)
+        it = iter(peer.loader_env(seq, state=st))
+        out["next"] = [s for b in take(it, n) for s, _ in index.ids(b)]
+    with open(os.path.join(d, f"{phase}{rank}.json"), "w") as f:
+        json.dump(out, f)
+    sys.stdout.flush()
+    kill_descendants()
+    os._exit(0)
+
+
+def dp_change_multiproc(peer, seq, k, n, dp_from=2, dp_to=4):
+    """Resume with another DP size for a peer that takes its rank from the process
+    environment / torch.distributed (``peer.loader_env(seq, state=None)``): as
+    ``dp_change_check``, but each rank is a process of its own, all ranks of a run at once
+    (as torchrun starts them): ``dp_from`` processes take ``k`` micro-batches each and
+    save their states; then ``dp_to`` processes, rank r loading the state of rank
+    r % dp_from (the state the checkpoint holds for it: the same file for every rank where
+    the peer's state is global) and taking ``n`` each.  Compared with the samples the
+    uninterrupted dp-``dp_from`` ranks deliver next over as many samples."""
+    import shutil
+    import socket
+    import subprocess
+    import tempfile
+    from collections import Counter
+
+    d = tempfile.mkdtemp(prefix="dpresume_", dir=OUT)
+    errs = []
+
+    def launch(phase, world, take_n):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = str(s.getsockname()[1])
+        if hasattr(peer, "before_ranks"):
+            peer.before_ranks()
+        procs = []
+        for r in range(world):
+            env = dict(os.environ, RANK=str(r), WORLD_SIZE=str(world), LOCAL_RANK=str(r),
+                       LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1",
+                       MASTER_PORT=port)
+            procs.append(subprocess.Popen(
+                [sys.executable, os.path.abspath(sys.argv[0]), "dprank", "--seq", str(seq),
+                 "--phase", phase, "--rank", str(r), "--world", str(world), "--from-world",
+                 str(dp_from), "--k", str(k), "--n", str(take_n), "--dir", d],
+                env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
+        for r, p in enumerate(procs):
+            try:
+                _, err = p.communicate(timeout=600)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                _, err = p.communicate()
+            if p.returncode != 0:
+                errs.append(f"{phase} rank {r}/{world}: " +
+                            (err.strip().splitlines() or ["rc %d" % p.returncode])[-1])
+
+    def read(phase, world):
+        out = []
+        for r in range(world):
+            with open(os.path.join(d, f"{phase}{r}.json")) as f:
+                out.append(json.load(f))
+        return out
+
+    try:
+        launch("save", dp_from, n * dp_to // dp_from)
+        if errs:
+            return {"result": "no", "errors": errs,
+                    "what_happened": "no: the dp-%d run failed before its state was saved "
+                    "(%s)" % (dp_from, errs[0][:300])}
+        saved = read("save", dp_from)
+        launch("load", dp_to, n)
+        if errs:
+            first = errs[0].split(": ", 1)[1]
+            return {"result": "no", "refused": True, "errors": errs,
+                    "what_happened": f"no: refused at load: {len(errs)} of the dp-{dp_to} "
+                    f"ranks raise on the dp-{dp_from} states ({first[:300]})"}
+        after = [s for x in read("load", dp_to) for s in x["next"]]
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+    before = [s for x in saved for s in x["before"]]
+    ref = [s for x in saved for s in x["next"]]
+    ca, cr = Counter(after), Counter(ref)
+    lost = sum((cr - ca).values())
+    seen = Counter(before)
+    again = sum(min(v, seen[s]) for s, v in ca.items() if s in seen)
+    again_ref = sum(min(v, seen[s]) for s, v in cr.items() if s in seen)
+    ok = lost == 0 and ca == cr
+    return {"result": "yes" if ok else "no", "not_delivered": lost,
+            "repeated_from_before": again, "uninterrupted_repeated_from_before": again_ref,
+            "samples_after": len(after),
+            "samples_before": len(before), "processes": "one per rank",
+            "what_happened": (f"dp {dp_from} -> {dp_to}, one process a rank, new rank r "
+                              f"from the state of rank r % {dp_from}: of the {len(ref)} "
+                              f"samples the uninterrupted run delivers next, {lost} are not "
+                              f"delivered after the change; {again} delivered after it had "
+                              f"been delivered before it (the uninterrupted run: "
+                              f"{again_ref})")}

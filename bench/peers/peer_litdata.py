@@ -21,7 +21,6 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common as C  # noqa: E402
 
-NO_DP = ("not measured: LitData takes its rank and world size from torch.distributed / the environment, one rank per process; the harness runs in one process")
 NAME = "LitData"
 _ROWS = {}
 
@@ -81,6 +80,18 @@ def loader(seq, weights=C.WEIGHTS, files="4", state=None):
     if state is not None:
         dl.load_state_dict(state)
     return Iter(dl)
+
+
+def loader_env(seq, state=None):
+    """One rank process of the resume-with-another-DP-size column: torch.distributed
+    initialized (gloo, env://, as torchrun leaves it; LitData takes rank and world size
+    from it), then the loader of the table, its ``StreamingDataLoader.state_dict`` loaded
+    with ``load_state_dict``."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        dist.init_process_group("gloo")
+    return loader(seq, state=state)
 
 
 def _pss_dirs(n):

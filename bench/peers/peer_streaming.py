@@ -27,7 +27,6 @@ import types
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import common as C  # noqa: E402
 
-NO_DP = ("not measured: Streaming takes its rank and world size from the process environment (one rank per process, shared-memory barriers between local ranks); the harness runs in one process")
 NAME = "MosaicML Streaming"
 sys.modules.setdefault("streaming.vision", types.ModuleType("streaming.vision"))
 
@@ -63,11 +62,28 @@ def prepare(seq):
     _write(os.path.join(d, "files2000"), [alls], size_limit=per)
 
 
-def loader(seq, weights=C.WEIGHTS, files="4", state=None):
-    from streaming import Stream, StreamingDataLoader, StreamingDataset
+def before_ranks():
+    """Before the rank processes of a run start (common.dp_change_multiproc): clear the
+    shared memory an earlier run left, once, not in each rank."""
     from streaming.base.util import clean_stale_shared_memory
 
     clean_stale_shared_memory()
+
+
+def loader_env(seq, state=None):
+    """One rank process of the resume-with-another-DP-size column: Streaming takes rank
+    and world size from the environment (RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE);
+    the loader of the table, its state from ``StreamingDataLoader.state_dict`` (global:
+    ``num_samples_yielded * world size``) loaded with ``load_state_dict``."""
+    return loader(seq, state=state, clean=False)
+
+
+def loader(seq, weights=C.WEIGHTS, files="4", state=None, clean=True):
+    from streaming import Stream, StreamingDataLoader, StreamingDataset
+    from streaming.base.util import clean_stale_shared_memory
+
+    if clean:
+        clean_stale_shared_memory()
     d = data_dir(seq)
     if files == "4":
         streams = [Stream(local=os.path.join(d, n), proportion=w)

@@ -1,7 +1,8 @@
 #!/bin/sh
 # Make one venv per peer under bench/peers/.venvs/NAME (git-ignored), each with the
 # project's torch pin (torch==2.13.0, the CPU build on local disk) and the peer from PyPI.
-# Usage: bench/peers/setup_venvs.sh [NAME...]   (default: all peers)
+# Usage: bench/peers/setup_venvs.sh [NAME...]   (default: all peers; the image-text peers
+# energon and webdataset are made by bench/peers/run_vlm_table.py or by naming them)
 # A peer whose install fails is recorded in bench/peers/.venvs/NAME.install-error and the
 # table reports it as not installed, with that error.
 set -u
@@ -15,6 +16,8 @@ pkgs() {
         grain)     echo "grain==0.2.18 array_record==0.8.6" ;;
         litdata)   echo "litdata==0.2.76" ;;
         raydata)   echo "ray[data,train]==2.60.0 pyarrow" ;;
+        energon)   echo "megatron-energon==7.4.1 pillow" ;;
+        webdataset) echo "webdataset==1.0.2 pillow" ;;
         *) echo "unknown peer $1" >&2; return 1 ;;
     esac
 }
