@@ -26,7 +26,7 @@ added source = (PSS(hi) - PSS(lo)) / (hi - lo); --repeats paired rounds (each ro
 sides at both counts), the median of the rounds reported.
 
     .venv/bin/python bench/ray_text_memory.py [--sources 4 16] [--repeats 3]
-        [--tokenizer-load main|worker] [--json bench/out/ray_text_memory.json]
+        [--tokenizer-load main|worker] [--take 8] [--shadows 1] [--json bench/out/ray_text_memory.json]
 """
 
 from __future__ import annotations
@@ -86,7 +86,7 @@ def config(n):
     return {"seed": 1234, "seq_length": SEQ, "global_batch_size": GBS, "micro_batch_size": MBS,
             "train_steps": STEPS, "dtype": "int64", "pad_id": 1, "balance": "greedy",
             "topology": {"dp": RANKS}, "threads": 2, "prefetch": 4,
-            "sources": [{"name": f"s{i:03d}", "type": "jsonl", "path": p, "weight": 1.0,
+            "sources": [{"name": f"s{i:03d}", "type": "jsonl", "path": p, "weight": 1.0 / n,
                          "tokenizer": {"type": "hf", "path": t, "add_eos": True}}
                         for i, (p, t) in enumerate(sources(n))]}
 
@@ -216,7 +216,7 @@ def run_polyload(n, loader_actors, constructors, shadows):
 def run_polyload_fresh(n, a):
     out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", str(n),
                           "--loader-actors", str(a.loader_actors),
-                          "--constructors", str(a.constructors), "--shadows", str(a.shadows)],
+                          "--constructors", str(a.constructors), "--shadows", str(a.shadows), "--take", str(a.take)],
                          cwd=ROOT, check=True, stdout=subprocess.PIPE, text=True).stdout
     return json.loads([ln for ln in out.splitlines() if ln.startswith('{"processes"')][-1])
 
@@ -225,7 +225,7 @@ KINDS = ("pss", "pss_anon", "pss_file", "pss_own")
 
 
 def main():
-    global TOKENIZER_LOAD
+    global TOKENIZER_LOAD, TAKE
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--sources", type=int, nargs=2, default=[4, 16])
@@ -237,11 +237,13 @@ def main():
     ap.add_argument("--tokenizer-load", choices=("main", "worker"), default="main",
                     help="baseline: tokenizers loaded in the rank process before the "
                          "workers fork (torchtitan) or in each worker")
+    ap.add_argument("--take", type=int, default=TAKE,
+                    help="micro-batches each rank takes at least before the measurement")
     ap.add_argument("--skip-baseline", action="store_true")
     ap.add_argument("--skip-polyload", action="store_true")
     ap.add_argument("--json", default=os.path.join(HERE, "out", "ray_text_memory.json"))
     a = ap.parse_args()
-    TOKENIZER_LOAD = a.tokenizer_load
+    TOKENIZER_LOAD, TAKE = a.tokenizer_load, a.take
     if a.child is not None:
         print(json.dumps(run_polyload(a.child, a.loader_actors, a.constructors, a.shadows)),
               flush=True)
