@@ -69,6 +69,8 @@ typedef struct pl__sfile {
     /* Index mapping (.idx, or .plidx / anonymous memory). */
     void *idx_map;
     size_t idx_len;
+    int idx_anon; /* 1: idx_map is anonymous memory (an in-memory index), not
+                     a file's pages (pl_source_release_pages leaves it) */
 
     /* megatron */
     int64_t seq_count;

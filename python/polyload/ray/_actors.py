@@ -645,12 +645,17 @@ class SourceLoader:
             except Exception:  # noqa: BLE001 - the GCS is busy: look again later
                 pass
 
-    def setup(self, fresh: bool = False) -> Dict[str, Any]:
+    def setup(self, fresh: bool = False, standby: bool = False) -> Dict[str, Any]:
         """Open the partitions' sources.  Also run by the first read after Ray
         restarted the actor (its process died): a loader holds no progress, only its
         partitions, which it keeps in Ray's internal KV store (the autoscaler changes
         them), so a restarted loader serves what it served before its death.
-        ``fresh``: a new actor (launch, a scale-up): the partitions given win."""
+        ``fresh``: a new actor (launch, a scale-up): the partitions given win.
+        ``standby``: a warm standby (shadow) that serves no read until its primary is
+        lost: once its sources are open (and checked) it gives back their mapped index
+        pages (``Source.release_pages``); the first reads after a take-over fault them
+        in again from the page cache."""
+        self._standby = bool(standby)
         enter_cwd(self._cwd)
         ctx = ray.get_runtime_context()
         self._kv_key = f"polyload:{ctx.namespace}:{ctx.get_actor_name()}.shards".encode()
@@ -680,6 +685,8 @@ class SourceLoader:
         for s, lo, hi in shards:
             if self._srcs[s] is None:
                 self._srcs[s] = self._cfg.open_source(s)
+                if getattr(self, "_standby", False):
+                    self._srcs[s].release_pages()
         # Partitions as disjoint intervals of the key (source << 40 | index), sorted
         # (while the autoscaler moves a partition, old and new ones overlap).
         parts: List[List[int]] = []
@@ -765,6 +772,7 @@ class SourceLoader:
                 f"source loader {ray.get_runtime_context().get_actor_name()}: document "
                 f"{int(reads[j, 1])} of source {int(reads[j, 0])} is outside its partitions "
                 f"{self._shards}")
+        self._standby = False  # serving: a standby took over
         t0, c0 = time.monotonic(), time.thread_time()
         if self._images:
             out = self._read_reply(reads)
