@@ -650,6 +650,8 @@ static pl_config *config_new(const char *origin) {
 
 void pl_config_free(pl_config *cfg) {
     if (!cfg) return;
+    if (cfg->frozen && __atomic_fetch_sub(&cfg->refs, 1, __ATOMIC_ACQ_REL) > 0)
+        return; /* still held */
     for (int64_t i = 0; i < cfg->n_sources; i++) {
         free(cfg->sources[i].name);
         free(cfg->sources[i].path);
@@ -1951,11 +1953,24 @@ double pl_config_source_weight(const pl_config *cfg, int64_t i, int64_t step) {
 
 /* ------------------------------------------------------------ clone, open */
 
+pl_config *pl__config_share(const pl_config *cfg) {
+    if (!cfg) return NULL;
+    if (cfg->frozen) {
+        __atomic_fetch_add(&((pl_config *)cfg)->refs, 1, __ATOMIC_RELAXED);
+        return (pl_config *)cfg;
+    }
+    pl_config *c = pl__config_clone(cfg);
+    if (c) c->frozen = 1;
+    return c;
+}
+
 pl_config *pl__config_clone(const pl_config *cfg) {
     if (!cfg) return NULL;
     pl_config *c = calloc(1, sizeof *c);
     if (!c) return NULL;
     *c = *cfg;
+    c->frozen = 0;
+    c->refs = 0;
     c->origin = NULL;
     c->sources = NULL;
     c->points = NULL;

@@ -668,7 +668,9 @@ class SourceLoader:
         # cost profile (the autoscaler's input): per source, wall seconds in calls,
         # rows, tokens, bytes; the process's CPU seconds are split by wall share
         self._prof_lock = threading.Lock()
-        self._prof: Dict[int, List[float]] = {}
+        # [source, (busy_s, rows, tokens, bytes, calls, read_cpu_s, tokenized)], float64
+        # (counts stay exact below 2**53); a row with calls == 0 is a source not served
+        self._prof = np.zeros((cfg.num_sources, 7), dtype=np.float64)
         self._t_start = time.monotonic()
         self._cpu_start = time.process_time()
         self._busy = 0.0
@@ -721,7 +723,7 @@ class SourceLoader:
                 sel = rows == s
                 tok = float(tokens[sel].sum())
                 share = tok / total if len(srcs) > 1 else 1.0
-                p = self._prof.setdefault(int(s), [0.0, 0, 0, 0, 0, 0.0, 0])
+                p = self._prof[int(s)]
                 p[0] += wall * share
                 p[1] += int(sel.sum())
                 p[3] += int(nbytes * share)
@@ -748,13 +750,15 @@ class SourceLoader:
         with self._prof_lock:
             cpu = time.process_time() - self._cpu_start
             busy, read_cpu = self._busy, self._read_cpu
-            per = {s: list(v) for s, v in self._prof.items()}
+            seen = np.flatnonzero(self._prof[:, 4] > 0)
+            per = self._prof[seen].tolist()
         return {"cpu_s": cpu, "read_cpu_s": read_cpu,
                 "wall_s": time.monotonic() - self._t_start, "busy_s": busy,
                 "shards": self._shards, "pid": os.getpid(),
-                "sources": {s: {"busy_s": v[0], "rows": v[1], "tokens": v[2], "bytes": v[3],
-                                "calls": v[4], "read_cpu_s": v[5], "tokenized": v[6]}
-                            for s, v in per.items()}}
+                "sources": {s: {"busy_s": v[0], "rows": int(v[1]), "tokens": int(v[2]),
+                                "bytes": int(v[3]), "calls": int(v[4]), "read_cpu_s": v[5],
+                                "tokenized": int(v[6])}
+                            for s, v in zip(seen.tolist(), per)}}
 
     @ray.method(enable_task_events=False)
     def read(self, reads: np.ndarray) -> np.ndarray:
