@@ -270,11 +270,11 @@ void pl__sfile_unmap(pl__sfile *f) {
     pl__fwatch_release(&f->data_w);
     pl__fwatch_release(&f->idx_w);
     if (f->data_map) munmap(f->data_map, f->data_len);
-    if (f->idx_map) munmap(f->idx_map, f->idx_len);
+    if (f->idx_map) munmap(f->idx_map, f->idx_map_len ? f->idx_map_len : f->idx_len);
     f->data_map = NULL;
     f->idx_map = NULL;
     f->idx_anon = 0;
-    f->data_len = f->idx_len = 0;
+    f->data_len = f->idx_len = f->idx_map_len = 0;
     f->tokens = NULL;
     f->ends = NULL;
     f->lengths = f->pointers = f->docidx = NULL;
@@ -671,7 +671,8 @@ int pl_source_release_pages(pl_source *src) {
         pl__sfile *f = &src->files[i];
         int rc = release_map(src, f->path, f->data_map, f->data_len);
         if (!rc && !f->idx_anon)
-            rc = release_map(src, f->path, f->idx_map, f->idx_len);
+            rc = release_map(src, f->path, f->idx_map,
+                             f->idx_map_len ? f->idx_map_len : f->idx_len);
         if (!rc) rc = release_map(src, f->path, f->len_map, f->len_map_len);
         if (rc) return rc;
     }
