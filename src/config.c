@@ -1706,8 +1706,9 @@ static int pl__config_parse_string_impl(const char *yaml, size_t len, const char
      * per source of a long source list) is freed by now, but glibc keeps the
      * freed pages resident, and a process that only parses the config (a
      * trainer's client) kept ~600 KB per 270 sources that way: give the free
-     * pages back. */
-    if (len > 16384) malloc_trim(0);
+     * pages back (after every parse, whatever its size, so that a process's
+     * memory does not depend on whether its config crossed a threshold). */
+    malloc_trim(0);
 #endif
     return rc;
 }
