@@ -515,7 +515,7 @@ static int pl__constructor_create_impl(const pl_config *cfg, pl_constructor **ou
     pl_constructor *k = pl__calloc(1, sizeof *k);
     if (!k) return PL_ENOMEM;
     *out = k;
-    k->cfg = pl__config_clone(cfg);
+    k->cfg = pl__config_share(cfg);
     if (!k->cfg) goto oom;
     const pl_config *c = k->cfg;
     int64_t cp = c->topology.cp;

@@ -255,7 +255,7 @@ int pl_loader_create(const pl_config *cfg, const pl_loader_options *opts,
         return pl__fail(l, PL_ENOMEM, "loader: cannot create mutex");
     }
     l->sync_inited = 1;
-    l->cfg = pl__config_clone(cfg);
+    l->cfg = pl__config_share(cfg);
     if (!l->cfg) return pl__fail(l, PL_ENOMEM, "loader: out of memory");
     const pl_config *c = l->cfg;
     l->external = o.external != 0;

@@ -399,7 +399,7 @@ int pl_pipeline_create(const pl_config *cfg, const pl_pipeline_options *o,
     if (o && o->version != PL_PIPELINE_OPTIONS_VERSION)
         return pl__pfail(p, PL_EINVAL, "pipeline: options version %d, expected %d",
                          o->version, PL_PIPELINE_OPTIONS_VERSION);
-    p->cfg = pl__config_clone(cfg);
+    p->cfg = pl__config_share(cfg);
     if (!p->cfg) return pl__pfail(p, PL_ENOMEM, "pipeline: out of memory");
     const pl_config *c = p->cfg;
     p->nmb = c->global_batch_size / (c->topology.dp * c->micro_batch_size);

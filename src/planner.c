@@ -112,7 +112,7 @@ static int pl__planner_create_impl(const pl_config *cfg, pl_source *const *sourc
                 "planner: expected %lld sources", cfg ? (long long)cfg->n_sources : 0LL);
         return p->failed = PL_EINVAL;
     }
-    p->cfg = pl__config_clone(cfg);
+    p->cfg = pl__config_share(cfg);
     p->n_sources = n_sources;
     p->sources = sources;
     p->num_docs = pl__calloc((size_t)n_sources, sizeof *p->num_docs);

@@ -270,10 +270,11 @@ void pl__sfile_unmap(pl__sfile *f) {
     pl__fwatch_release(&f->data_w);
     pl__fwatch_release(&f->idx_w);
     if (f->data_map) munmap(f->data_map, f->data_len);
-    if (f->idx_map) munmap(f->idx_map, f->idx_len);
+    if (f->idx_map) munmap(f->idx_map, f->idx_map_len ? f->idx_map_len : f->idx_len);
     f->data_map = NULL;
     f->idx_map = NULL;
-    f->data_len = f->idx_len = 0;
+    f->idx_anon = 0;
+    f->data_len = f->idx_len = f->idx_map_len = 0;
     f->tokens = NULL;
     f->ends = NULL;
     f->lengths = f->pointers = f->docidx = NULL;
@@ -648,6 +649,34 @@ int64_t pl_source_num_files(const pl_source *src) {
 
 int64_t pl_source_num_skipped(const pl_source *src) {
     return src ? src->skipped : 0;
+}
+
+/* madvise(MADV_DONTNEED) over a file mapping's whole pages: the mapping
+ * stays, its pages leave this process and fault back in from the page cache
+ * (or the file) on the next touch. */
+static int release_map(pl_source *src, const char *path, void *map,
+                       size_t len) {
+    if (!map || !len) return PL_OK;
+    if (madvise(map, len, MADV_DONTNEED) == 0) return PL_OK;
+    char msg[PL__ERRMSG_CAP];
+    pl__fmt(msg, sizeof msg, "%s: madvise(MADV_DONTNEED) failed: %s",
+            path ? path : "?", strerror(errno));
+    pl__set_err(src, msg);
+    return PL_EIO;
+}
+
+int pl_source_release_pages(pl_source *src) {
+    if (!src) return PL_EINVAL;
+    for (int64_t i = 0; i < src->n_files; i++) {
+        pl__sfile *f = &src->files[i];
+        int rc = release_map(src, f->path, f->data_map, f->data_len);
+        if (!rc && !f->idx_anon)
+            rc = release_map(src, f->path, f->idx_map,
+                             f->idx_map_len ? f->idx_map_len : f->idx_len);
+        if (!rc) rc = release_map(src, f->path, f->len_map, f->len_map_len);
+        if (rc) return rc;
+    }
+    return PL_OK;
 }
 
 size_t pl_source_sizeof(const pl_source *src) {

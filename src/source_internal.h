@@ -68,14 +68,19 @@ typedef struct pl__sfile {
 
     /* Index mapping (.idx, or .plidx / anonymous memory). */
     void *idx_map;
-    size_t idx_len;
+    size_t idx_len;     /* the index file's size (what the file watch checks) */
+    size_t idx_map_len; /* bytes of idx_map still mapped; 0: idx_len (megatron
+                           unmaps the document_indices it checked at open) */
+    int idx_anon; /* 1: idx_map is anonymous memory (an in-memory index), not
+                     a file's pages (pl_source_release_pages leaves it) */
 
     /* megatron */
     int64_t seq_count;
     int64_t docidx_count;
     const uint8_t *lengths;  /* int32[seq_count], unaligned */
     const uint8_t *pointers; /* int64[seq_count], unaligned */
-    const uint8_t *docidx;   /* int64[docidx_count], unaligned */
+    const uint8_t *docidx;   /* int64[docidx_count], unaligned; only while
+                                open checks it (unmapped after) */
 
     int64_t skipped;         /* trailing records past the .bin, left out */
 

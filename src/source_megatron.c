@@ -20,6 +20,8 @@
 #include "source_internal.h"
 
 #include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
 
 static const unsigned char pl__mm_magic[9] = {'M', 'M', 'I', 'D', 'I',
                                               'D', 'X', 0,   0};
@@ -137,6 +139,20 @@ int pl__megatron_open(pl__sfile *f, int skip_trailing, char *err,
     }
     rc = pl__megatron_check_docidx(f, err, errcap);
     if (rc) return rc;
+    /* Reads need only the lengths and pointers: unmap the whole pages after
+     * them (document_indices, checked above, and the multimodal modes), so
+     * that the kernel's fault-around, which maps the cached pages near a
+     * fault within the mapping, does not make them resident in every
+     * process that reads (8 of every 20 bytes per record). */
+    {
+        long pg = sysconf(_SC_PAGESIZE);
+        size_t keep = (size_t)pl__off_docidx(f, 0);
+        if (pg > 0) keep = (keep + (size_t)pg - 1) / (size_t)pg * (size_t)pg;
+        if (pg > 0 && keep < f->idx_len &&
+            munmap((uint8_t *)f->idx_map + keep, f->idx_len - keep) == 0)
+            f->idx_map_len = keep;
+        f->docidx = NULL;
+    }
 
     pl__fmt(path, sizeof path, "%s.bin", f->path);
     int fd = -1;

@@ -399,6 +399,7 @@ int pl__tokens_open(pl__sfile *f, pl_source_type type, pl_dtype flat_dtype,
     /* Read-only directory, or in memory by policy. */
     f->idx_map = e.a;
     f->idx_len = e.cap * 8;
+    f->idx_anon = 1;
     f->ends = e.a;
     f->n_docs = (int64_t)e.n;
     f->index_in_memory = 1;

@@ -811,6 +811,7 @@ static int pl__wds_open_file(pl_source *src, pl__sfile *f, char *err, size_t err
     mprotect(mem, len, PROT_READ);
     f->idx_map = mem;
     f->idx_len = len;
+    f->idx_anon = 1;
     f->index_in_memory = 1;
     f->n_docs = (int64_t)b.nrec;
     f->n_tokens = (int64_t)b.ntok;

@@ -336,6 +336,17 @@ PL_API int64_t pl_source_num_files(const pl_source *src);
  * them) and are counted here.  0 for pl_source_open, which refuses such
  * files. */
 PL_API int64_t pl_source_num_skipped(const pl_source *src);
+/* Give back this process's resident pages of the source's read-only file
+ * mappings (Megatron .idx and .bin, llmc/flat shards and .plidx sidecars,
+ * the .plwds index, .plrec and .pllen sidecars) with
+ * madvise(MADV_DONTNEED).  The mappings stay valid: a later read or lengths
+ * call faults the pages it touches back in from the page cache (or the
+ * file), with the same bytes.  Heap memory and in-memory indexes (anonymous
+ * memory) are kept.  Meant for a source opened ahead of need (a standby
+ * replica that serves no read until it takes over) or after a pass over
+ * its index.  Safe to call while other threads read the source.  PL_OK;
+ * PL_EINVAL for NULL; PL_EIO when madvise fails (message names the file). */
+PL_API int pl_source_release_pages(pl_source *src);
 /* Heap bytes held by the handle, excluding mapped file pages. */
 PL_API size_t pl_source_sizeof(const pl_source *src);
 

@@ -167,6 +167,45 @@ static void test_threads_invariance(corpus *c) {
     pl_config_free(cfg);
 }
 
+/* The loader, its pipeline and planner share one frozen copy of the config:
+ * changing or freeing the caller's config does not reach a running loader; a
+ * loader made from another loader's config (the shared copy) gives the same
+ * batches and outlives the first. */
+static void test_shared_config(corpus *c) {
+    pl_config *cfg = corpus_config(c, BASE, NULL);
+    const int64_t steps = 6, dp = 2, nmb = 2;
+    uint64_t ref[6 * 2 * 2], h[6 * 2 * 2], other[6 * 2 * 2];
+    pl_loader *l = make_loader(cfg, 2, 2, NULL, 0);
+    run_hashes(l, 0, steps * nmb, dp, nmb, ref);
+    pl_loader_free(l);
+
+    l = make_loader(cfg, 2, 2, NULL, 0);
+    CHECK_OK(pl_config_set(cfg, "seed", "12")); /* the caller's copy only */
+    int64_t seed = 0;
+    CHECK_OK(pl_config_get_int(pl_loader_config(l), "seed", &seed));
+    CHECK_EQ_I64(seed, 11);
+    pl_loader *l2 = make_loader((pl_config *)pl_loader_config(l), 1, 1, NULL, 0);
+    pl_config_free(cfg); /* the loaders keep theirs */
+    run_hashes(l, 0, steps * nmb, dp, nmb, h);
+    CHECK(memcmp(h, ref, sizeof h) == 0);
+    pl_loader_free(l); /* l2 still holds the shared copy */
+    memset(h, 0, sizeof h);
+    run_hashes(l2, 0, steps * nmb, dp, nmb, h);
+    CHECK(memcmp(h, ref, sizeof h) == 0);
+    CHECK_OK(pl_config_get_int(pl_loader_config(l2), "seed", &seed));
+    CHECK_EQ_I64(seed, 11);
+    pl_loader_free(l2);
+
+    /* the changed seed gives other batches (the check above can fail) */
+    cfg = corpus_config(c, BASE, NULL);
+    CHECK_OK(pl_config_set(cfg, "seed", "12"));
+    l = make_loader(cfg, 2, 2, NULL, 0);
+    run_hashes(l, 0, steps * nmb, dp, nmb, other);
+    CHECK(memcmp(other, ref, sizeof ref) != 0);
+    pl_loader_free(l);
+    pl_config_free(cfg);
+}
+
 static void test_resume(corpus *c) {
     pl_config *cfg = corpus_config(c, BASE, NULL);
     const int64_t steps = 16, dp = 2, nmb = 2, K = steps * nmb;
@@ -733,6 +772,7 @@ int main(void) {
     corpus_make(&c, 64);
     test_reference(&c);
     test_threads_invariance(&c);
+    test_shared_config(&c);
     test_resume(&c);
     test_fingerprint(&c);
     test_elastic(&c);

@@ -268,6 +268,65 @@ static void test_ranges_and_sizeof(void) {
     pl_source_free(NULL);
 }
 
+/* ---------------------------------------------------------- release pages */
+
+/* Resident KiB (smaps "Rss:") of this process's mappings of files whose path
+ * ends with suffix; -1 when no such mapping. */
+static long mapped_rss_kib(const char *suffix) {
+    FILE *f = fopen("/proc/self/smaps", "r");
+    if (!f) return -1;
+    char line[4096];
+    int in = 0;
+    long total = -1;
+    size_t ns = strlen(suffix);
+    while (fgets(line, sizeof line, f)) {
+        char *sp = strchr(line, ' ');
+        if (sp && sp > line && strchr(line, '-') && strchr(line, '-') < sp &&
+            line[sp - line - 1] != ':') { /* a mapping's header */
+            size_t n = strlen(line);
+            while (n && (line[n - 1] == '\n' || line[n - 1] == ' ')) line[--n] = 0;
+            in = n >= ns && strcmp(line + n - ns, suffix) == 0;
+            if (in && total < 0) total = 0;
+        } else if (in && strncmp(line, "Rss:", 4) == 0) {
+            total += strtol(line + 4, NULL, 10);
+        }
+    }
+    fclose(f);
+    return total;
+}
+
+/* pl_source_release_pages: the .idx pages leave the process, the source
+ * reads the same bytes afterwards (faulted back in), and NULL is EINVAL. */
+static void test_release_pages(void) {
+    char prefix[512];
+    snprintf(prefix, sizeof prefix, "%s/release", g_dir);
+    enum { N = 3000 }; /* .idx: 34 + 20 * N bytes, 15 pages of 4 KiB */
+    static int64_t lengths[N];
+    for (int64_t i = 0; i < N; i++) lengths[i] = 1 + (i * 7) % 40;
+    CHECK(plf_write_megatron(prefix, PL_DTYPE_UINT16, N, lengths, 0) == 0);
+    int rc;
+    pl_source *s = open_megatron(prefix, &rc);
+    CHECK_OK(rc);
+    check_positions(s, 0, N, PL_DTYPE_UINT16); /* touches the whole .idx */
+    long before = mapped_rss_kib("/release.idx");
+    /* the lengths and pointers (36,034 bytes: 9 pages) are resident; the
+       document_indices after them (24,000 bytes) were unmapped at open */
+    long page_kib = sysconf(_SC_PAGESIZE) / 1024;
+    CHECK(before >= 32 && before <= (36034 / (page_kib * 1024) + 1) * page_kib);
+    CHECK_OK(pl_source_release_pages(s));
+    CHECK_EQ_I64(mapped_rss_kib("/release.idx"), 0);
+    CHECK_EQ_I64(mapped_rss_kib("/release.bin") > 0 ? 1 : 0, 0);
+    check_positions(s, 0, N, PL_DTYPE_UINT16); /* same bytes, paged back in */
+    CHECK(mapped_rss_kib("/release.idx") > 0);
+    CHECK_OK(pl_source_release_pages(s)); /* twice is fine */
+    CHECK_OK(pl_source_release_pages(s));
+    int64_t len = -1;
+    CHECK_OK(pl_source_document_length(s, N - 1, &len));
+    CHECK_EQ_I64(len, lengths[N - 1]);
+    CHECK_EQ_I64(pl_source_release_pages(NULL), PL_EINVAL);
+    pl_source_free(s);
+}
+
 /* ---------------------------------------------------------- corruption */
 
 static void expect_open_error(const char *prefix, int code, const char *file,
@@ -505,6 +564,7 @@ int main(void) {
     test_stats_large();
     test_empty();
     test_ranges_and_sizeof();
+    test_release_pages();
     test_corrupt();
     test_bounds();
     test_threads();

@@ -382,6 +382,18 @@ static void test_sidecar_policy(void) {
     s = open_src(PL_SOURCE_FLAT, path, 0, -1, PL_INDEX_MEMORY, &rc);
     CHECK_OK(rc);
     CHECK_EQ_I64(pl_source_num_documents(s), docs);
+    {   /* releasing pages keeps an in-memory (anonymous) index intact */
+        int64_t before[8], after[8];
+        for (int i = 0; i < 8; i++)
+            CHECK_OK(pl_source_document_length(s, docs - 1 - i * 37, &before[i]));
+        CHECK_OK(pl_source_release_pages(s));
+        CHECK_EQ_I64(pl_source_num_documents(s), docs);
+        for (int i = 0; i < 8; i++) {
+            CHECK_OK(pl_source_document_length(s, docs - 1 - i * 37, &after[i]));
+            CHECK_EQ_I64(after[i], before[i]);
+            CHECK(after[i] > 0);
+        }
+    }
     pl_source_free(s);
     CHECK(access(ipath, F_OK) != 0);
     s = open_src(PL_SOURCE_FLAT, path, 0, -1, 7, &rc);

@@ -213,6 +213,35 @@ def test_source_read_errors(corpus):
         src.read(0, dtype="float32")
 
 
+def _idx_rss_kib(prefix):
+    """Resident KiB of this process's mappings of ``prefix``.idx (smaps "Rss:")."""
+    total, inside = None, False
+    with open("/proc/self/smaps") as f:
+        for line in f:
+            head = line.split(None, 1)[0]
+            if "-" in head and not head.endswith(":"):
+                inside = line.rstrip().endswith(prefix + ".idx")
+                if inside and total is None:
+                    total = 0
+            elif inside and head == "Rss:":
+                total += int(line.split()[1])
+    return total
+
+
+def test_source_release_pages(corpus):
+    src = _core.Source.open("megatron", corpus.prefixes[0])
+    n = len(src)
+    want = [src.read(i).tolist() for i in range(n)]
+    lengths = src.lengths(list(range(n)))
+    assert _idx_rss_kib(corpus.prefixes[0]) > 0
+    src.release_pages()
+    assert _idx_rss_kib(corpus.prefixes[0]) == 0
+    assert src.lengths(list(range(n))) == lengths
+    assert [src.read(i).tolist() for i in range(n)] == want  # the same bytes, paged in again
+    assert _idx_rss_kib(corpus.prefixes[0]) > 0
+    assert src.release_pages() is None
+
+
 def test_handles_not_picklable(corpus):
     cfg = core_config(corpus.config())
     with polyload.Loader(corpus.config(), rank=0) as loader:

@@ -823,6 +823,18 @@ out:
     return b;
 }
 
+static PyObject *source_release_pages(PyPlSource *o, PyObject *unused) {
+    (void)unused;
+    int rc;
+    char err[PL__ERRMSG_CAP];
+    Py_BEGIN_ALLOW_THREADS
+    rc = pl_source_release_pages(o->src);
+    if (rc != PL_OK) snprintf(err, sizeof err, "%s", pl_last_errmsg());
+    Py_END_ALLOW_THREADS
+    if (rc != PL_OK) return pypl_raise(rc, err);
+    Py_RETURN_NONE;
+}
+
 static PyObject *source_stats(PyPlSource *o, PyObject *unused) {
     (void)unused;
     pl_source_stats st;
@@ -1032,6 +1044,11 @@ static PyMethodDef source_methods[] = {
      "read_many(reads) -> Array\n\nThe token ranges of `reads` (int64 [n, 4]: source "
      "(ignored), index, offset,\ncount; e.g. Plan.reads) back to back as one int64 "
      "Array.  RangeError, FormatError."},
+    {"release_pages", (PyCFunction)source_release_pages, METH_NOARGS,
+     "release_pages() -> None\n\nGive back this process's resident pages of the source's "
+     "read-only file\nmappings (index and data files) with madvise(MADV_DONTNEED); later "
+     "reads fault\nthem back in with the same bytes.  In-memory indexes and heap memory "
+     "stay\n(pl_source_release_pages).  PolyloadIOError when madvise fails."},
     {"stats", (PyCFunction)source_stats, METH_NOARGS,
      "stats() -> dict\n\n{'files', 'documents', 'tokens', 'length_p50', 'length_p90', "
      "'length_p99', 'length_max'}; scans the index."},

@@ -647,12 +647,17 @@ class SourceLoader:
             except Exception:  # noqa: BLE001 - the GCS is busy: look again later
                 pass
 
-    def setup(self, fresh: bool = False) -> Dict[str, Any]:
+    def setup(self, fresh: bool = False, standby: bool = False) -> Dict[str, Any]:
         """Open the partitions' sources.  Also run by the first read after Ray
         restarted the actor (its process died): a loader holds no progress, only its
         partitions, which it keeps in Ray's internal KV store (the autoscaler changes
         them), so a restarted loader serves what it served before its death.
-        ``fresh``: a new actor (launch, a scale-up): the partitions given win."""
+        ``fresh``: a new actor (launch, a scale-up): the partitions given win.
+        ``standby``: a warm standby (shadow) that serves no read until its primary is
+        lost: once its sources are open (and checked) it gives back their mapped index
+        pages (``Source.release_pages``); the first reads after a take-over fault them
+        in again from the page cache."""
+        self._standby = bool(standby)
         enter_cwd(self._cwd)
         ctx = ray.get_runtime_context()
         self._kv_key = f"polyload:{ctx.namespace}:{ctx.get_actor_name()}.shards".encode()
@@ -665,7 +670,9 @@ class SourceLoader:
         # cost profile (the autoscaler's input): per source, wall seconds in calls,
         # rows, tokens, bytes; the process's CPU seconds are split by wall share
         self._prof_lock = threading.Lock()
-        self._prof: Dict[int, List[float]] = {}
+        # [source, (busy_s, rows, tokens, bytes, calls, read_cpu_s, tokenized)], float64
+        # (counts stay exact below 2**53); a row with calls == 0 is a source not served
+        self._prof = np.zeros((cfg.num_sources, 7), dtype=np.float64)
         self._t_start = time.monotonic()
         self._cpu_start = time.process_time()
         self._busy = 0.0
@@ -682,6 +689,8 @@ class SourceLoader:
         for s, lo, hi in shards:
             if self._srcs[s] is None:
                 self._srcs[s] = self._cfg.open_source(s)
+                if getattr(self, "_standby", False):
+                    self._srcs[s].release_pages()
         # Partitions as disjoint intervals of the key (source << 40 | index), sorted
         # (while the autoscaler moves a partition, old and new ones overlap).
         parts: List[List[int]] = []
@@ -716,7 +725,7 @@ class SourceLoader:
                 sel = rows == s
                 tok = float(tokens[sel].sum())
                 share = tok / total if len(srcs) > 1 else 1.0
-                p = self._prof.setdefault(int(s), [0.0, 0, 0, 0, 0, 0.0, 0])
+                p = self._prof[int(s)]
                 p[0] += wall * share
                 p[1] += int(sel.sum())
                 p[3] += int(nbytes * share)
@@ -743,13 +752,15 @@ class SourceLoader:
         with self._prof_lock:
             cpu = time.process_time() - self._cpu_start
             busy, read_cpu = self._busy, self._read_cpu
-            per = {s: list(v) for s, v in self._prof.items()}
+            seen = np.flatnonzero(self._prof[:, 4] > 0)
+            per = self._prof[seen].tolist()
         return {"cpu_s": cpu, "read_cpu_s": read_cpu,
                 "wall_s": time.monotonic() - self._t_start, "busy_s": busy,
                 "shards": self._shards, "pid": os.getpid(),
-                "sources": {s: {"busy_s": v[0], "rows": v[1], "tokens": v[2], "bytes": v[3],
-                                "calls": v[4], "read_cpu_s": v[5], "tokenized": v[6]}
-                            for s, v in per.items()}}
+                "sources": {s: {"busy_s": v[0], "rows": int(v[1]), "tokens": int(v[2]),
+                                "bytes": int(v[3]), "calls": int(v[4]), "read_cpu_s": v[5],
+                                "tokenized": int(v[6])}
+                            for s, v in zip(seen.tolist(), per)}}
 
     @ray.method(enable_task_events=False)
     def read(self, reads: np.ndarray) -> np.ndarray:
@@ -767,6 +778,7 @@ class SourceLoader:
                 f"source loader {ray.get_runtime_context().get_actor_name()}: document "
                 f"{int(reads[j, 1])} of source {int(reads[j, 0])} is outside its partitions "
                 f"{self._shards}")
+        self._standby = False  # serving: a standby took over
         t0, c0 = time.monotonic(), time.thread_time()
         if self._images:
             out = self._read_reply(reads)

@@ -493,7 +493,7 @@ def launch(
                 created.append(a)
                 shadow_actors.append(a)
                 shadow_names[j].append(f"{loader_names[j]}.shadow.{k}")
-        sinfo = _get([a.setup.remote(True) for a in shadow_actors], timeout)
+        sinfo = _get([a.setup.remote(True, standby=True) for a in shadow_actors], timeout)
         # Raw text sources: the planner asks their lengths of these loaders.
         table = {"sources": list(names),
                  "partitions": [[names[s], lo, hi, owner[j]] for j, (s, lo, hi) in

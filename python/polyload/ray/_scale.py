@@ -102,6 +102,35 @@ def _per_source(value, names: Sequence[str], what: str) -> List[int]:
     return [int(value)] * len(names)
 
 
+class _Samples:
+    """The last ``keep`` cost samples of every source, in one float64 array
+    ``[sources, keep]`` (a ring per row) instead of a deque per source: what the
+    autoscaler holds per source stays a few words however many sources there are."""
+
+    def __init__(self, n: int, keep: int) -> None:
+        self._buf = np.zeros((int(n), max(1, int(keep))), dtype=np.float64)
+        self._count = np.zeros(int(n), dtype=np.int64)  # samples added since the clear
+
+    def append(self, s: int, value: float) -> None:
+        k = self._buf.shape[1]
+        self._buf[s, self._count[s] % k] = value
+        self._count[s] += 1
+
+    def clear(self, s: int) -> None:
+        self._count[s] = 0
+
+    def __len__(self) -> int:
+        return len(self._count)
+
+    def has(self, s: int) -> bool:
+        return bool(self._count[s])
+
+    def median(self, s: int) -> Optional[float]:
+        """The median of source ``s``'s samples kept (None when it has none)."""
+        c = int(min(self._count[s], self._buf.shape[1]))
+        return float(np.median(self._buf[s, :c])) if c else None
+
+
 @dataclass
 class SourceView:
     """What the policy knows of one source at a decision."""
@@ -335,7 +364,7 @@ class Autoscaler:
             if d is not None and j not in gone:
                 self._dedicated.setdefault(int(d), []).append(j)
         self._last: Dict[str, Any] = {}
-        self._samples = [collections.deque(maxlen=int(self._opts["samples"])) for _ in names]
+        self._samples = _Samples(len(names), int(self._opts["samples"]))
         self._changed = [time.monotonic()] * len(names)
         self._step_time: Optional[float] = None
         self._raw: set = set()  # sources seen tokenizing (raw text)
@@ -642,7 +671,7 @@ class Autoscaler:
         now = time.monotonic()
         for s in counts:
             self._changed[s] = now
-            self._samples[s].clear()
+            self._samples.clear(s)
         await self._publish_constructors(table)
         # 4. shrink and retire
         await self._finish(old_shards, new_shards, retired, slots)
@@ -766,6 +795,15 @@ class Autoscaler:
             if isinstance(p, BaseException):
                 continue
             q = prev_profs.get(j)
+            # kept until the next look, compact: the sources' counters as one array
+            # (busy_s, tokenized, tokens, read_cpu_s) by source index
+            served = sorted(int(s) for s in p["sources"])
+            src = np.array([[p["sources"][s][k] for k in ("busy_s", "tokenized", "tokens",
+                                                          "read_cpu_s")] for s in served],
+                           dtype=np.float64).reshape(-1, 4)
+            p = {k: p[k] for k in ("pid", "busy_s", "wall_s", "cpu_s", "read_cpu_s")
+                 if k in p}
+            p["index"], p["sources"] = np.asarray(served, dtype=np.int64), src
             prev_profs[j] = p
             if q is None or q.get("pid") != p.get("pid"):  # new or restarted: no delta
                 continue
@@ -778,15 +816,19 @@ class Autoscaler:
             # (measured alone), so an image source packed with a token source is not
             # charged to the tokens.  A dedicated loader's figures are exact.
             other = max(0.0, (p["cpu_s"] - q["cpu_s"]) - (p["read_cpu_s"] - q["read_cpu_s"]))
-            zero = {"busy_s": 0.0, "read_cpu_s": 0.0, "tokens": 0, "tokenized": 0}
             d_tkz, d_read, d_rcpu = {}, {}, 0.0
-            for s, v in p["sources"].items():
-                u = q["sources"].get(s, zero)
-                s = int(s)
-                per_src_busy[s] += v["busy_s"] - u["busy_s"]
-                d_tkz[s] = v["tokenized"] - u["tokenized"]
-                d_read[s] = v["tokens"] - u["tokens"]
-                d_rcpu += v["read_cpu_s"] - u["read_cpu_s"]
+            qi = q["index"]  # the previous look's counters of the same sources (0: none)
+            before = np.zeros((len(served), 4), dtype=np.float64)
+            if len(qi) and len(served):
+                at = np.minimum(np.searchsorted(qi, p["index"]), len(qi) - 1)
+                was = qi[at] == p["index"]
+                before[was] = q["sources"][at[was]]
+            for k, s in enumerate(served):
+                v, u = p["sources"][k], before[k]
+                per_src_busy[s] += float(v[0] - u[0])
+                d_tkz[s] = int(v[1] - u[1])
+                d_read[s] = int(v[2] - u[2])
+                d_rcpu += float(v[3] - u[3])
                 read_tok[s] += d_read[s]
             w_read = {s: d_read[s] * self._prior(s) for s in d_read}
             w_tkz = {s: d_tkz[s] * self._prior(s) for s in d_tkz}
@@ -806,7 +848,7 @@ class Autoscaler:
                     self._raw.add(s)
                 elif s in self._raw:
                     continue  # a raw source read from cache only: no tokenizing sample
-                self._samples[s].append(c)
+                self._samples.append(s, c)
         # the constructors' fetch waits, as differences per constructor process (a
         # restarted constructor starts its counter again)
         prev_waits = last.get("waits", {})
@@ -851,7 +893,7 @@ class Autoscaler:
         # and each calibration costs an actor call, a read of 32 documents and a result
         # kept, per source (memory that grew with the sources; the view's cost of a
         # source stays None until traffic).
-        todo = [s for s in range(n) if not self._samples[s] and s not in self._calibrated
+        todo = [s for s in range(n) if not self._samples.has(s) and s not in self._calibrated
                 and self._loaders_of(s)] if self._opts.get("enabled", True) else []
         for k in range(0, len(todo), 16):
             batch = todo[k:k + 16]
@@ -895,8 +937,8 @@ class Autoscaler:
         return float(np.median(known)) if known else 1.0
 
     def _cost(self, s: int) -> Optional[float]:
-        x = self._samples[s]
-        return float(np.median(list(x))) if x else self._calib.get(s)
+        c = self._samples.median(s)
+        return c if c is not None else self._calib.get(s)
 
     def _budget(self) -> float:
         """``cpu_budget``, default the CPUs free in the cluster when the deployment
