@@ -96,3 +96,28 @@ def config(corpus: dict, **overrides) -> dict:
     }
     cfg.update(overrides)
     return cfg
+
+
+def open_source(cfg: dict, i: int):
+    """Source ``i`` of config dict ``cfg``, opened by the C core (``_core.Source``)."""
+    from polyload import _core  # noqa: PLC0415
+
+    return _core.Config.parse_string(json.dumps(cfg)).open_source(i)
+
+
+def batch_hashes(cfg: dict, steps: int) -> list:
+    """sha256 of every micro-batch's SPEC fields of every DP rank, ``steps`` steps."""
+    import hashlib  # noqa: PLC0415
+
+    import polyload  # noqa: PLC0415
+
+    out = []
+    cfg = dict(cfg, train_steps=steps)
+    for rank in range(cfg["topology"]["dp"]):
+        with polyload.Loader(cfg, rank=rank) as loader:
+            for b in loader:
+                h = hashlib.sha256()
+                for k in ("input_ids", "labels", "loss_mask", "position_ids", "cu_seqlens"):
+                    h.update(b[k].numpy().tobytes())
+                out.append(h.hexdigest())
+    return out

@@ -11,7 +11,6 @@ by pyarrow (the real writer).
   are skipped and counted, the same on every rank.
 """
 
-import hashlib
 import json
 import os
 
@@ -61,21 +60,10 @@ def _config(corpus, kind, **overrides):
     return cfg
 
 
-def _source(cfg, i):
-    return _core.Config.parse_string(json.dumps(cfg)).open_source(i)
+_source = fc.open_source
 
 
-def _hashes(cfg, steps):
-    out = []
-    cfg = dict(cfg, train_steps=steps)
-    for rank in range(cfg["topology"]["dp"]):
-        with polyload.Loader(cfg, rank=rank) as loader:
-            for b in loader:
-                h = hashlib.sha256()
-                for k in ("input_ids", "labels", "loss_mask", "position_ids", "cu_seqlens"):
-                    h.update(b[k].numpy().tobytes())
-                out.append(h.hexdigest())
-    return out
+_hashes = fc.batch_hashes
 
 
 def test_ids_equal_the_jsonl_source(corpus):

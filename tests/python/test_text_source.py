@@ -9,7 +9,6 @@
 """
 
 import gzip
-import hashlib
 import json
 import os
 
@@ -41,17 +40,7 @@ def _raw_config(corpus, **overrides):
     return cfg
 
 
-def _hashes(cfg, steps):
-    out = []
-    cfg = dict(cfg, train_steps=steps)
-    for rank in range(cfg["topology"]["dp"]):
-        with polyload.Loader(cfg, rank=rank) as loader:
-            for b in loader:
-                h = hashlib.sha256()
-                for k in ("input_ids", "labels", "loss_mask", "position_ids", "cu_seqlens"):
-                    h.update(b[k].numpy().tobytes())
-                out.append(h.hexdigest())
-    return out
+_hashes = fc.batch_hashes
 
 
 def _texts(path):
@@ -59,8 +48,7 @@ def _texts(path):
         return [json.loads(line)["text"] for line in f if line.strip()]
 
 
-def _source(cfg, i):
-    return _core.Config.parse_string(json.dumps(cfg)).open_source(i)
+_source = fc.open_source
 
 
 def test_token_ids_equal_tokenizers(corpus):

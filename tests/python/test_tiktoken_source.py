@@ -10,7 +10,6 @@ Nothing is downloaded: the ``.tiktoken`` file is made from the corpus' own byte-
 - bad files and settings are clear errors.
 """
 
-import hashlib
 import json
 import os
 import subprocess
@@ -59,21 +58,10 @@ def _raw_config(corpus, **overrides):
     return cfg
 
 
-def _source(cfg, i):
-    return _core.Config.parse_string(json.dumps(cfg)).open_source(i)
+_source = fc.open_source
 
 
-def _hashes(cfg, steps):
-    out = []
-    cfg = dict(cfg, train_steps=steps)
-    for rank in range(cfg["topology"]["dp"]):
-        with polyload.Loader(cfg, rank=rank) as loader:
-            for b in loader:
-                h = hashlib.sha256()
-                for k in ("input_ids", "labels", "loss_mask", "position_ids", "cu_seqlens"):
-                    h.update(b[k].numpy().tobytes())
-                out.append(h.hexdigest())
-    return out
+_hashes = fc.batch_hashes
 
 
 def _encoding(corpus):
