@@ -448,7 +448,9 @@ def main():
                       f"{r['wait_p99_frac']:.1%} of the step (p50 {r['wait_p50_frac']:.1%}, "
                       f"around the change max {r['wait_max_frac_around_change']:.1%}), "
                       f"loader CPU-s reserved {r['reserved_cpu_s']:.1f} vs ideal integer "
-                      f"{it:.1f} / fractional {fr:.1f}, costs "
+                      f"{it:.1f} / fractional {fr:.1f}, loader CPU-s used "
+                      f"{r.get('loader_cpu_used_s', float('nan')):.2f} "
+                      f"({r.get('loader_cpu_used_s', float('nan')) / fr:.2f}x fractional), costs "
                       f"{ {k: (None if v is None else round(v * 1e6, 3)) for k, v in r['cost'].items()} } "
                       f"us/token" + (f", fixed {r.get('fixed')}" if r["mode"] == "fixed" else
                                      f", reached (steps rel. change) {r.get('reached_rel_change')}"
