@@ -119,6 +119,8 @@ static int pl__planner_create_impl(const pl_config *cfg, pl_source *const *sourc
     p->src = pl__calloc((size_t)n_sources, sizeof *p->src);
     p->perm = pl__calloc((size_t)n_sources, sizeof *p->perm);
     p->weights = pl__calloc((size_t)n_sources, sizeof *p->weights);
+    p->pin_w = pl__calloc((size_t)(n_sources > 0 ? n_sources : 1), sizeof *p->pin_w);
+    p->pin_step = -1;
     p->act = pl__calloc((size_t)n_sources, sizeof *p->act);
     p->act_w = pl__calloc((size_t)n_sources, sizeof *p->act_w);
     p->act_t = pl__calloc((size_t)n_sources, sizeof *p->act_t);
@@ -137,7 +139,7 @@ static int pl__planner_create_impl(const pl_config *cfg, pl_source *const *sourc
     p->cls_hash_cap = 16;
     while (p->cls_hash_cap < 2 * (int64_t)ns) p->cls_hash_cap *= 2;
     p->cls_hash = pl__calloc((size_t)p->cls_hash_cap, sizeof *p->cls_hash);
-    if (!p->cfg || !p->num_docs || !p->src || !p->perm || !p->weights ||
+    if (!p->cfg || !p->num_docs || !p->src || !p->perm || !p->weights || !p->pin_w ||
         !p->act || !p->act_w || !p->act_t || !p->act_d || !p->doc_lo ||
         !p->cls_w || !p->cls_t || !p->cls_d || !p->cls_off || !p->cls_size ||
         !p->cls_hs || !p->cls_of || !p->heap || !p->hpos || !p->cls_hash) {
@@ -188,6 +190,7 @@ void pl_planner_free(pl_planner *p) {
     pl__chunks_free(&p->carry);
     pl__chunks_free(&p->items);
     free(p->weights);
+    free(p->pin_w);
     free(p->act);
     free(p->act_w);
     free(p->act_t);
@@ -829,7 +832,11 @@ again:
 static int pl__planner_next_impl(pl_planner *p, pl_plan **out) {
     *out = NULL;
     if (p->failed) return p->failed;
-    pl__config_weights(p->cfg, p->step, p->weights);
+    const int pinned = p->pin_step == p->step;
+    if (pinned) /* resumed in this step's middle: the weights it began with */
+        memcpy(p->weights, p->pin_w, (size_t)p->n_sources * sizeof *p->weights);
+    else
+        pl__config_weights(p->cfg, p->step, p->weights);
     /* The indexes the draws read through their mappings must not have
        shrunk (once per step; the lookups themselves are not checked). */
     for (int64_t i = 0; i < p->n_sources; i++) {
@@ -851,6 +858,11 @@ static int pl__planner_next_impl(pl_planner *p, pl_plan **out) {
     if (rc) {
         p->failed = rc;
         return rc;
+    }
+    if (pinned) { /* the new weights apply from the next step: targets restart */
+        for (int64_t i = 0; i < p->n_sources; i++)
+            p->src[i].target_tokens = (double)p->src[i].drawn_tokens;
+        p->pin_step = -1;
     }
     p->step++;
     return PL_OK;

@@ -96,6 +96,17 @@ struct pl_planner {
        reads them in index order, once, and ends with PL_DONE. */
     int64_t *doc_lo;         /* [n_sources] */
     int spent;               /* eval: every source is read */
+    /* A step resumed in its middle under other weights (state.c): step
+     * pin_step is planned with pin_w (the weights it was begun with, by
+     * this config's source index; 0 for a source the state does not
+     * name), not the config's, so that its remaining micro-batches are the
+     * ones of its first plan; after it, the targets restart at the drawn
+     * tokens, as at a step-boundary resume with new weights.  A
+     * state of pin_step's start records pin_w and pin_hash (the mixture its
+     * targets belong to).  pin_step is -1 when no step is pinned. */
+    int64_t pin_step;
+    double *pin_w;           /* [n_sources] */
+    uint64_t pin_hash;
 };
 
 /* Padded length of a chunk of `len` tokens in a sequence. */
