@@ -96,6 +96,23 @@ uint64_t pl__mixture_hash(const pl_config *cfg) {
     return h;
 }
 
+uint64_t pl__arrangement_hash(const pl_config *cfg) {
+    uint64_t h = pl__hash64("arrangement", 11, (uint64_t)cfg->balance);
+    h = pl__hash64(&cfg->long_short_threshold, sizeof cfg->long_short_threshold, h);
+    if (cfg->balance != PL__BALANCE_NONE) { /* the cost model only arranges then */
+        const double cost[6] = {cfg->cost.a,     cfg->cost.b,     cfg->cost.c,
+                                (double)cfg->cost.window, cfg->cost.enc_a, cfg->cost.enc_b};
+        h = pl__hash64(cost, sizeof cost, h);
+    }
+    uint64_t caps = 0; /* by name, in any order: a sum */
+    for (int64_t i = 0; i < cfg->n_sources; i++) {
+        const pl__source_cfg *s = &cfg->sources[i];
+        if (s->max_epochs > 0)
+            caps += pl__hash64(s->name, strlen(s->name), (uint64_t)s->max_epochs);
+    }
+    return pl__hash64(&caps, sizeof caps, h);
+}
+
 static void pl__planner_perm(pl_planner *p, int64_t i) {
     pl__perm_init(&p->perm[i], (uint64_t)p->num_docs[i], p->cfg->seed,
                   p->cfg->sources[i].name, (uint64_t)p->src[i].epoch);
@@ -155,6 +172,7 @@ static int pl__planner_create_impl(const pl_config *cfg, pl_source *const *sourc
         return p->failed = PL_ECONFIG;
     }
     p->mixture_hash = pl__mixture_hash(c);
+    p->arrangement_hash = pl__arrangement_hash(c);
     for (int64_t i = 0; i < n_sources; i++) {
         int64_t lo = 0, hi = pl_source_num_documents(sources[i]);
         pl__split_range(pl__source_split(c, i), c->split_part, hi, &lo, &hi);

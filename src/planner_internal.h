@@ -44,6 +44,7 @@ struct pl_planner {
     int64_t *num_docs;       /* [n_sources] */
     int64_t step;            /* next step to plan */
     uint64_t mixture_hash;
+    uint64_t arrangement_hash; /* pl__arrangement_hash of cfg */
     pl__src_state *src;      /* [n_sources] */
     pl__perm *perm;          /* [n_sources], for src[i].epoch */
     double *weights;         /* scratch [n_sources] */
@@ -154,6 +155,10 @@ int pl__has_encoder_cost(const pl_planner *p);
 
 /* Hash of the mixture settings (weights and schedule). */
 uint64_t pl__mixture_hash(const pl_config *cfg);
+/* Hash of the other settings a step's plan depends on that may change at a
+ * step boundary: balance, long_short, the cost model (with balance), and
+ * each source's max_epochs (by name). */
+uint64_t pl__arrangement_hash(const pl_config *cfg);
 
 /* State blob (state.c).  mb_cursor and dp are written as given. */
 int pl__state_encode(const pl_planner *p, int64_t mb_cursor, void **buf,

@@ -18,9 +18,11 @@
  *     source list), i32 flags, i64 index, offset, length,
  *   u32 flags (bit 0: the step was begun under the recorded weights with
  *     another mixture than the one after it, see "Weights at resume"),
+ *   u64 arrangement hash (pl__arrangement_hash: balance, long_short, cost,
+ *     max_epochs; they may change only at a step boundary),
  *   u32 CRC-32 of everything before it.
- * Version 1 is the same without the per-source weight and the flags; it
- * still loads, except where those are needed (below).
+ * Version 1 is the same without the per-source weight, the flags and the
+ * arrangement hash; it still loads, except where those are needed (below).
  * Sources are matched by name, so the order of sources in the config may
  * change and sources may be added; a source may not disappear, change its
  * path or its number of documents.
@@ -39,7 +41,11 @@
  *    old weights and mixture hash again, with the flag set (the Ray planner
  *    keeps the states of step starts with cursor 0).
  * A version-1 blob in the middle of a step with another mixture is refused
- * (it does not record the weights its step was planned with).
+ * (it does not record the weights its step was planned with).  In the
+ * middle of a step, other arrangement settings (balance, long_short, cost,
+ * max_epochs) are refused, as another dp is: the step's plan depends on
+ * them and they are not recorded; so is another order of the state's
+ * sources with another mixture (draw ties go to the lower index).
  */
 #include "planner_internal.h"
 
@@ -139,6 +145,7 @@ int pl__state_encode(const pl_planner *p, int64_t mb_cursor, void **buf,
         pl__put_i64(&w, ch->length);
     }
     pl__put_u32(&w, pinned ? PL__STATE_PINNED : 0u);
+    pl__put_u64(&w, p->arrangement_hash);
     uint64_t total = (uint64_t)w.n + 4;
     if (!w.oom) memcpy(w.p + 8, &total, 8);
     if (!w.oom) pl__put_u32(&w, pl__crc32(0, w.p, w.n));
@@ -427,12 +434,36 @@ int pl__state_decode(pl_planner *p, const void *buf, size_t len, int64_t nmb,
         if ((rc = pl__chunks_push(&carry, &ch))) goto out;
     }
     uint32_t flags = version >= 2 ? pl__get_u32(&r) : 0;
+    uint64_t arr = version >= 2 ? pl__get_u64(&r) : p->arrangement_hash;
     if (r.bad || r.off != r.n || (flags & ~PL__STATE_PINNED)) goto corrupt;
+    if (mb != 0 && arr != p->arrangement_hash) {
+        /* The step's plan (which sequence, micro-batch and rank a chunk lands
+           in, or which chunks it holds) would differ from the one the cursor
+           counts into. */
+        pl__fmt(p->errmsg, sizeof p->errmsg,
+                "state: saved in the middle of step %lld (micro-batch %lld); "
+                "balance, long_short, cost and max_epochs may change only at a "
+                "step boundary",
+                (long long)step, (long long)mb);
+        rc = PL_ESTATE;
+        goto out;
+    }
     /* Another mixture: in the middle of a step (or a step begun so), the
        step is planned as it first was, from the recorded weights (see
        "Weights at resume" above); at a step boundary the targets restart. */
     const int changed = mix != p->mixture_hash;
     const int pin = changed && (mb != 0 || (flags & PL__STATE_PINNED));
+    for (uint32_t j = 1; pin && j < ns; j++)
+        if (map[j] < map[j - 1]) {
+            pl__fmt(p->errmsg, sizeof p->errmsg,
+                    "state: saved in the middle of step %lld (micro-batch %lld); "
+                    "with other weights the order of the state's sources may change "
+                    "only at a step boundary ('%s' now comes before '%s')",
+                    (long long)step, (long long)mb, c->sources[map[j]].name,
+                    c->sources[map[j - 1]].name);
+            rc = PL_ESTATE;
+            goto out;
+        }
     if (pin && version < 2) {
         /* Planning the step with the new weights while the cursor skips
            into it would lose and repeat chunks. */
@@ -542,7 +573,7 @@ int pl_state_inspect(const void *buf, size_t len, pl_state_info *out) {
         if (r.off > r.n) r.bad = 1;
     }
     uint32_t nc = pl__get_u32(&r);
-    if (r.bad || (uint64_t)nc * 32 + (version >= 2 ? 4 : 0) != r.n - r.off)
+    if (r.bad || (uint64_t)nc * 32 + (version >= 2 ? 12 : 0) != r.n - r.off)
         return PL_ESTATE;
     s.carried_chunks = nc;
     *out = s;

@@ -1117,7 +1117,9 @@ PL_API int pl_loader_get_state(pl_loader *loader, void *buf, size_t cap,
  * mid-step state with another mixture (weights, schedule or sources)
  * finishes its step as it was planned, from the weights the state records,
  * and the new mixture applies from the next step; a version-1 blob (which
- * does not record them) is PL_ESTATE there.  On error the
+ * does not record them) is PL_ESTATE there, and so is a mid-step state with
+ * another balance, long_short, cost (with balancing) or max_epochs, or with
+ * its sources in another order and other weights.  On error the
  * loader continues from where it was; on success a failed loader works again.
  */
 PL_API int pl_loader_set_state(pl_loader *loader, const void *buf,

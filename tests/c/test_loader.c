@@ -649,7 +649,7 @@ static void mid_step_case(pl_config *ca, pl_config *cb, int64_t s, int64_t cut,
 }
 
 /* A version-2 blob rewritten as version 1 (no per-source step weights, no
- * flags word), as this library wrote before. */
+ * flags word and arrangement hash), as this library wrote before. */
 static void *to_v1(const unsigned char *b, size_t n, size_t *n1) {
     unsigned char *o = malloc(n);
     size_t at = 96, w = 0;
@@ -669,7 +669,7 @@ static void *to_v1(const unsigned char *b, size_t n, size_t *n1) {
         w += at - from;
         at += 8; /* the step's weight */
     }
-    size_t rest = n - 4 - 4 - at; /* carried chunks, before flags and CRC */
+    size_t rest = n - 4 - 12 - at; /* carried chunks, before flags, hash, CRC */
     memcpy(o + w, b + at, rest);
     w += rest;
     uint32_t v1 = 1;
@@ -782,6 +782,51 @@ static void test_weights_change_mid_step(corpus *c) {
         free(b);
         free(v1);
     }
+    /* In the middle of a step, other arrangement settings are refused (the
+       step's plan depends on them); at a step boundary they load. */
+    {
+        uint64_t hh[128];
+        pl_loader *l = make_loader(ca, 2, 3, NULL, 0);
+        run_hashes(l, 0, 13, 2, 4, hh);
+        size_t nm = 0, ne = 0;
+        void *mid = loader_blob(l, &nm);
+        run_hashes(l, 13, 16, 2, 4, hh);
+        void *edge = loader_blob(l, &ne);
+        pl_loader_free(l);
+        const char *kv[][2] = {{"balance", "karmarkar_karp"}, {"long_short.threshold", "20"}};
+        for (int i = 0; i < 2; i++) {
+            pl_config *cx = pl__config_clone(ca);
+            CHECK_OK(pl_config_set(cx, kv[i][0], kv[i][1]));
+            l = make_loader(cx, 1, 1, NULL, 0);
+            CHECK_EQ_I64(pl_loader_set_state(l, mid, nm), PL_ESTATE);
+            CHECK(strstr(pl_loader_errmsg(l), "balance, long_short") != NULL);
+            CHECK_OK(pl_loader_set_state(l, edge, ne));
+            const pl_batch *x = NULL;
+            CHECK_OK(pl_loader_next(l, 0, &x));
+            CHECK_EQ_I64(x->step, 4);
+            pl_loader_free(l);
+            pl_config_free(cx);
+        }
+        /* the sources in another order with other weights: refused mid-step */
+        pl_config *rev = NULL;
+        {
+            char z[4096];
+            int at = snprintf(z, sizeof z, "%s\nsources:\n", x);
+            for (int s = NSRC - 1; s >= 0; s--)
+                at += snprintf(z + at, sizeof z - (size_t)at,
+                               "  - {name: s%d, type: megatron, path: %s/src%d, weight: %s}\n",
+                               s, c->dir, s, wb[s]);
+            CHECK_OK(pl_config_parse_string(z, strlen(z), "test", &rev));
+        }
+        l = make_loader(rev, 1, 1, NULL, 0);
+        CHECK_EQ_I64(pl_loader_set_state(l, mid, nm), PL_ESTATE);
+        CHECK(strstr(pl_loader_errmsg(l), "order") != NULL);
+        CHECK_OK(pl_loader_set_state(l, edge, ne));
+        pl_loader_free(l);
+        pl_config_free(rev);
+        free(mid);
+        free(edge);
+    }
     /* A forged flags word (an unknown bit) is a malformed blob. */
     {
         size_t n = 0;
@@ -790,7 +835,7 @@ static void test_weights_change_mid_step(corpus *c) {
         run_hashes(l, 0, 5, 2, 4, hh);
         unsigned char *b = loader_blob(l, &n);
         uint32_t f = 2;
-        memcpy(b + n - 8, &f, 4);
+        memcpy(b + n - 16, &f, 4);
         uint32_t crc = pl__crc32(0, b, n - 4);
         memcpy(b + n - 4, &crc, 4);
         CHECK_EQ_I64(pl_loader_set_state(l, b, n), PL_ESTATE);
