@@ -971,7 +971,7 @@ PL_API void pl_batch_release(pl_batch *batch);
  * pl_pipeline_get_state, pl_planner_get_state), so that callers never parse
  * its bytes.  Each checks magic, version, length and CRC-32 first:
  * PL_ESTATE for a corrupt blob, PL_EVERSION for a blob of another format
- * version.  Thread-safe; they allocate nothing.
+ * version (versions 1 and 2 are read; this library writes 2).  Thread-safe; they allocate nothing.
  */
 typedef struct pl_state_info {
     uint32_t version;          /* format version of the blob */
