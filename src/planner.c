@@ -96,6 +96,23 @@ uint64_t pl__mixture_hash(const pl_config *cfg) {
     return h;
 }
 
+uint64_t pl__arrangement_hash(const pl_config *cfg) {
+    uint64_t h = pl__hash64("arrangement", 11, (uint64_t)cfg->balance);
+    h = pl__hash64(&cfg->long_short_threshold, sizeof cfg->long_short_threshold, h);
+    if (cfg->balance != PL__BALANCE_NONE) { /* the cost model only arranges then */
+        const double cost[6] = {cfg->cost.a,     cfg->cost.b,     cfg->cost.c,
+                                (double)cfg->cost.window, cfg->cost.enc_a, cfg->cost.enc_b};
+        h = pl__hash64(cost, sizeof cost, h);
+    }
+    uint64_t caps = 0; /* by name, in any order: a sum */
+    for (int64_t i = 0; i < cfg->n_sources; i++) {
+        const pl__source_cfg *s = &cfg->sources[i];
+        if (s->max_epochs > 0)
+            caps += pl__hash64(s->name, strlen(s->name), (uint64_t)s->max_epochs);
+    }
+    return pl__hash64(&caps, sizeof caps, h);
+}
+
 static void pl__planner_perm(pl_planner *p, int64_t i) {
     pl__perm_init(&p->perm[i], (uint64_t)p->num_docs[i], p->cfg->seed,
                   p->cfg->sources[i].name, (uint64_t)p->src[i].epoch);
@@ -119,6 +136,8 @@ static int pl__planner_create_impl(const pl_config *cfg, pl_source *const *sourc
     p->src = pl__calloc((size_t)n_sources, sizeof *p->src);
     p->perm = pl__calloc((size_t)n_sources, sizeof *p->perm);
     p->weights = pl__calloc((size_t)n_sources, sizeof *p->weights);
+    p->pin_w = pl__calloc((size_t)(n_sources > 0 ? n_sources : 1), sizeof *p->pin_w);
+    p->pin_step = -1;
     p->act = pl__calloc((size_t)n_sources, sizeof *p->act);
     p->act_w = pl__calloc((size_t)n_sources, sizeof *p->act_w);
     p->act_t = pl__calloc((size_t)n_sources, sizeof *p->act_t);
@@ -137,7 +156,7 @@ static int pl__planner_create_impl(const pl_config *cfg, pl_source *const *sourc
     p->cls_hash_cap = 16;
     while (p->cls_hash_cap < 2 * (int64_t)ns) p->cls_hash_cap *= 2;
     p->cls_hash = pl__calloc((size_t)p->cls_hash_cap, sizeof *p->cls_hash);
-    if (!p->cfg || !p->num_docs || !p->src || !p->perm || !p->weights ||
+    if (!p->cfg || !p->num_docs || !p->src || !p->perm || !p->weights || !p->pin_w ||
         !p->act || !p->act_w || !p->act_t || !p->act_d || !p->doc_lo ||
         !p->cls_w || !p->cls_t || !p->cls_d || !p->cls_off || !p->cls_size ||
         !p->cls_hs || !p->cls_of || !p->heap || !p->hpos || !p->cls_hash) {
@@ -153,6 +172,7 @@ static int pl__planner_create_impl(const pl_config *cfg, pl_source *const *sourc
         return p->failed = PL_ECONFIG;
     }
     p->mixture_hash = pl__mixture_hash(c);
+    p->arrangement_hash = pl__arrangement_hash(c);
     for (int64_t i = 0; i < n_sources; i++) {
         int64_t lo = 0, hi = pl_source_num_documents(sources[i]);
         pl__split_range(pl__source_split(c, i), c->split_part, hi, &lo, &hi);
@@ -188,6 +208,7 @@ void pl_planner_free(pl_planner *p) {
     pl__chunks_free(&p->carry);
     pl__chunks_free(&p->items);
     free(p->weights);
+    free(p->pin_w);
     free(p->act);
     free(p->act_w);
     free(p->act_t);
@@ -829,7 +850,11 @@ again:
 static int pl__planner_next_impl(pl_planner *p, pl_plan **out) {
     *out = NULL;
     if (p->failed) return p->failed;
-    pl__config_weights(p->cfg, p->step, p->weights);
+    const int pinned = p->pin_step == p->step;
+    if (pinned) /* resumed in this step's middle: the weights it began with */
+        memcpy(p->weights, p->pin_w, (size_t)p->n_sources * sizeof *p->weights);
+    else
+        pl__config_weights(p->cfg, p->step, p->weights);
     /* The indexes the draws read through their mappings must not have
        shrunk (once per step; the lookups themselves are not checked). */
     for (int64_t i = 0; i < p->n_sources; i++) {
@@ -851,6 +876,11 @@ static int pl__planner_next_impl(pl_planner *p, pl_plan **out) {
     if (rc) {
         p->failed = rc;
         return rc;
+    }
+    if (pinned) { /* the new weights apply from the next step: targets restart */
+        for (int64_t i = 0; i < p->n_sources; i++)
+            p->src[i].target_tokens = (double)p->src[i].drawn_tokens;
+        p->pin_step = -1;
     }
     p->step++;
     return PL_OK;

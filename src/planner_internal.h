@@ -44,6 +44,7 @@ struct pl_planner {
     int64_t *num_docs;       /* [n_sources] */
     int64_t step;            /* next step to plan */
     uint64_t mixture_hash;
+    uint64_t arrangement_hash; /* pl__arrangement_hash of cfg */
     pl__src_state *src;      /* [n_sources] */
     pl__perm *perm;          /* [n_sources], for src[i].epoch */
     double *weights;         /* scratch [n_sources] */
@@ -96,6 +97,17 @@ struct pl_planner {
        reads them in index order, once, and ends with PL_DONE. */
     int64_t *doc_lo;         /* [n_sources] */
     int spent;               /* eval: every source is read */
+    /* A step resumed in its middle under other weights (state.c): step
+     * pin_step is planned with pin_w (the weights it was begun with, by
+     * this config's source index; 0 for a source the state does not
+     * name), not the config's, so that its remaining micro-batches are the
+     * ones of its first plan; after it, the targets restart at the drawn
+     * tokens, as at a step-boundary resume with new weights.  A
+     * state of pin_step's start records pin_w and pin_hash (the mixture its
+     * targets belong to).  pin_step is -1 when no step is pinned. */
+    int64_t pin_step;
+    double *pin_w;           /* [n_sources] */
+    uint64_t pin_hash;
 };
 
 /* Padded length of a chunk of `len` tokens in a sequence. */
@@ -143,6 +155,10 @@ int pl__has_encoder_cost(const pl_planner *p);
 
 /* Hash of the mixture settings (weights and schedule). */
 uint64_t pl__mixture_hash(const pl_config *cfg);
+/* Hash of the other settings a step's plan depends on that may change at a
+ * step boundary: balance, long_short, the cost model (with balance), and
+ * each source's max_epochs (by name). */
+uint64_t pl__arrangement_hash(const pl_config *cfg);
 
 /* State blob (state.c).  mb_cursor and dp are written as given. */
 int pl__state_encode(const pl_planner *p, int64_t mb_cursor, void **buf,

@@ -1,22 +1,51 @@
 /*
  * state.c -- the state blob of SPEC section 4.
  *
- * Layout (little-endian):
+ * Layout (little-endian), version 2:
  *   "PLST", u32 version, u64 total length,
  *   u64 seed, i64 next step, i64 micro-batch cursor, i64 dp,
  *   fingerprint: i64 seq_length, i64 global_batch_size, i64 micro_batch_size,
  *                i32 packing, i32 long_documents, i64 cp,
- *   u64 mixture hash (weights and schedule; a change restarts the targets),
+ *   u64 mixture hash (weights and schedule the targets were accumulated
+ *     under; a change restarts the targets),
  *   u32 sources, then per source: u32 + name, u32 + path, i64 documents in
  *     the source, i64 epoch, drawn_in_epoch, cur_index, cur_offset,
  *     cur_length, drawn_tokens, f64 target_tokens, i64 documents started,
- *     since_yield, skipped,
+ *     since_yield, skipped, f64 weight of the source in the blob's step
+ *     (the weights that step is planned with: with the next two, what its
+ *     plan depends on besides the counters),
  *   u32 carried chunks, then per chunk: i32 source (index in this blob's
  *     source list), i32 flags, i64 index, offset, length,
+ *   u32 flags (bit 0: the step was begun under the recorded weights with
+ *     another mixture than the one after it, see "Weights at resume"),
+ *   u64 arrangement hash (pl__arrangement_hash: balance, long_short, cost,
+ *     max_epochs; they may change only at a step boundary),
  *   u32 CRC-32 of everything before it.
+ * Version 1 is the same without the per-source weight, the flags and the
+ * arrangement hash; it still loads, except where those are needed (below).
  * Sources are matched by name, so the order of sources in the config may
  * change and sources may be added; a source may not disappear, change its
  * path or its number of documents.
+ *
+ * Weights at resume.  A blob is the planner's state at its step's start
+ * plus the consumed micro-batch cursor; resuming plans the step again and
+ * skips the cursor's micro-batches.  With the config's mixture (hash)
+ * unchanged that plan is the first one.  With another mixture:
+ *  - at a step boundary (cursor 0, flag clear) the targets restart at the
+ *    drawn tokens and the step is planned with the new weights;
+ *  - in the middle of a step (cursor > 0), or flag set, the step is planned
+ *    with the recorded weights and the recorded targets -- exactly its first
+ *    plan, so the rest of the step is what it would have been, nothing lost
+ *    or repeated -- and the targets restart after it: the new weights apply
+ *    from the next step.  A state taken before that step ends records the
+ *    old weights and mixture hash again, with the flag set (the Ray planner
+ *    keeps the states of step starts with cursor 0).
+ * A version-1 blob in the middle of a step with another mixture is refused
+ * (it does not record the weights its step was planned with).  In the
+ * middle of a step, other arrangement settings (balance, long_short, cost,
+ * max_epochs) are refused, as another dp is: the step's plan depends on
+ * them and they are not recorded; so is another order of the state's
+ * sources with another mixture (draw ties go to the lower index).
  */
 #include "planner_internal.h"
 
@@ -25,7 +54,8 @@
 
 #include <zlib.h>
 
-#define PL__STATE_VERSION 1u
+#define PL__STATE_VERSION 2u
+#define PL__STATE_PINNED 1u /* flags bit 0 */
 
 typedef struct pl__wbuf {
     unsigned char *p;
@@ -64,6 +94,14 @@ int pl__state_encode(const pl_planner *p, int64_t mb_cursor, void **buf,
                      size_t *len) {
     const pl_config *c = p->cfg;
     pl__wbuf w = {0};
+    /* The weights p->step is planned with (pl__planner_next_impl). */
+    const int pinned = p->pin_step == p->step;
+    double *wts = pl__calloc((size_t)(p->n_sources > 0 ? p->n_sources : 1), sizeof *wts);
+    if (!wts) return PL_ENOMEM;
+    if (pinned)
+        memcpy(wts, p->pin_w, (size_t)p->n_sources * sizeof *wts);
+    else
+        pl__config_weights(c, p->step, wts);
     pl__put(&w, "PLST", 4);
     pl__put_u32(&w, PL__STATE_VERSION);
     pl__put_u64(&w, 0); /* length, patched below */
@@ -77,7 +115,7 @@ int pl__state_encode(const pl_planner *p, int64_t mb_cursor, void **buf,
     pl__put_i32(&w, c->packing);
     pl__put_i32(&w, c->long_documents);
     pl__put_i64(&w, c->topology.cp);
-    pl__put_u64(&w, p->mixture_hash);
+    pl__put_u64(&w, pinned ? p->pin_hash : p->mixture_hash);
     pl__put_u32(&w, (uint32_t)p->n_sources);
     for (int64_t i = 0; i < p->n_sources; i++) {
         const pl__src_state *s = &p->src[i];
@@ -94,7 +132,9 @@ int pl__state_encode(const pl_planner *p, int64_t mb_cursor, void **buf,
         pl__put_i64(&w, s->documents);
         pl__put_i64(&w, s->since_yield);
         pl__put_i64(&w, s->skipped);
+        pl__put_f64(&w, wts[i]);
     }
+    free(wts);
     pl__put_u32(&w, (uint32_t)p->carry.n);
     for (int64_t j = 0; j < p->carry.n; j++) {
         const pl_chunk *ch = &p->carry.v[j];
@@ -104,6 +144,8 @@ int pl__state_encode(const pl_planner *p, int64_t mb_cursor, void **buf,
         pl__put_i64(&w, ch->offset);
         pl__put_i64(&w, ch->length);
     }
+    pl__put_u32(&w, pinned ? PL__STATE_PINNED : 0u);
+    pl__put_u64(&w, p->arrangement_hash);
     uint64_t total = (uint64_t)w.n + 4;
     if (!w.oom) memcpy(w.p + 8, &total, 8);
     if (!w.oom) pl__put_u32(&w, pl__crc32(0, w.p, w.n));
@@ -175,6 +217,7 @@ int pl__state_decode(pl_planner *p, const void *buf, size_t len, int64_t nmb,
     int rc = PL_OK;
     pl__src_state *src = NULL;
     int64_t *map = NULL, *seen = NULL;
+    double *pin_w = NULL;
     pl__names by_name = {0};
     pl__chunks carry = {0};
     char magic[4];
@@ -190,10 +233,10 @@ int pl__state_decode(pl_planner *p, const void *buf, size_t len, int64_t nmb,
         return PL_ESTATE;
     }
     uint32_t version = pl__get_u32(&r);
-    if (version != PL__STATE_VERSION) {
+    if (version != 1 && version != PL__STATE_VERSION) {
         pl__fmt(p->errmsg, sizeof p->errmsg,
                 "state: unsupported version %u at offset 4 (this library "
-                "reads version %u)",
+                "reads versions 1 to %u)",
                 version, PL__STATE_VERSION);
         return PL_ESTATE;
     }
@@ -272,7 +315,8 @@ int pl__state_decode(pl_planner *p, const void *buf, size_t len, int64_t nmb,
     src = pl__calloc((size_t)p->n_sources, sizeof *src);
     map = pl__calloc(ns ? ns : 1, sizeof *map);
     seen = pl__calloc((size_t)p->n_sources, sizeof *seen);
-    if (!src || !map || !seen || pl__names_init(&by_name, p->n_sources)) {
+    pin_w = pl__calloc((size_t)(p->n_sources > 0 ? p->n_sources : 1), sizeof *pin_w);
+    if (!src || !map || !seen || !pin_w || pl__names_init(&by_name, p->n_sources)) {
         rc = PL_ENOMEM;
         goto out;
     }
@@ -323,6 +367,10 @@ int pl__state_decode(pl_planner *p, const void *buf, size_t len, int64_t nmb,
         s->documents = pl__get_i64(&r);
         s->since_yield = pl__get_i64(&r);
         s->skipped = pl__get_i64(&r);
+        if (version >= 2) { /* its weight in the blob's step (0 <= w <= 1) */
+            pin_w[i] = pl__get_f64(&r);
+            if (!(pin_w[i] >= 0 && pin_w[i] <= 1)) goto corrupt;
+        }
         if (s->epoch < 0 || s->epoch > PL__STATE_MAX || s->drawn_in_epoch < 0 ||
             s->drawn_in_epoch > nd || s->cur_index < -1 || s->cur_index >= nd ||
             (s->cur_index >= 0 &&
@@ -385,14 +433,47 @@ int pl__state_decode(pl_planner *p, const void *buf, size_t len, int64_t nmb,
         }
         if ((rc = pl__chunks_push(&carry, &ch))) goto out;
     }
-    if (r.bad || r.off != r.n) goto corrupt;
-    if (mb != 0 && mix != p->mixture_hash) {
-        /* The step would be planned again with the new weights, and the cursor
-           would skip into that other plan: chunks lost and repeated. */
+    uint32_t flags = version >= 2 ? pl__get_u32(&r) : 0;
+    uint64_t arr = version >= 2 ? pl__get_u64(&r) : p->arrangement_hash;
+    if (r.bad || r.off != r.n || (flags & ~PL__STATE_PINNED)) goto corrupt;
+    if (mb != 0 && arr != p->arrangement_hash) {
+        /* The step's plan (which sequence, micro-batch and rank a chunk lands
+           in, or which chunks it holds) would differ from the one the cursor
+           counts into. */
         pl__fmt(p->errmsg, sizeof p->errmsg,
-                "state: saved in the middle of step %lld (micro-batch %lld); the "
-                "weights, schedule or sources may change only at a step boundary",
+                "state: saved in the middle of step %lld (micro-batch %lld); "
+                "balance, long_short, cost and max_epochs may change only at a "
+                "step boundary",
                 (long long)step, (long long)mb);
+        rc = PL_ESTATE;
+        goto out;
+    }
+    /* Another mixture: in the middle of a step (or a step begun so), the
+       step is planned as it first was, from the recorded weights (see
+       "Weights at resume" above); at a step boundary the targets restart. */
+    const int changed = mix != p->mixture_hash;
+    const int pin = changed && (mb != 0 || (flags & PL__STATE_PINNED));
+    for (uint32_t j = 1; pin && j < ns; j++)
+        if (map[j] < map[j - 1]) {
+            pl__fmt(p->errmsg, sizeof p->errmsg,
+                    "state: saved in the middle of step %lld (micro-batch %lld); "
+                    "with other weights the order of the state's sources may change "
+                    "only at a step boundary ('%s' now comes before '%s')",
+                    (long long)step, (long long)mb, c->sources[map[j]].name,
+                    c->sources[map[j - 1]].name);
+            rc = PL_ESTATE;
+            goto out;
+        }
+    if (pin && version < 2) {
+        /* Planning the step with the new weights while the cursor skips
+           into it would lose and repeat chunks. */
+        pl__fmt(p->errmsg, sizeof p->errmsg,
+                "state: a version-1 state saved in the middle of step %lld "
+                "(micro-batch %lld) does not record the weights that step was "
+                "planned with; with other weights, schedule or sources it "
+                "loads only at a step boundary (resume it with its own config "
+                "up to step %lld, then change them)",
+                (long long)step, (long long)mb, (long long)step + 1);
         rc = PL_ESTATE;
         goto out;
     }
@@ -404,7 +485,12 @@ int pl__state_decode(pl_planner *p, const void *buf, size_t len, int64_t nmb,
     p->step = step;
     p->failed = 0;
     *mb_cursor = mb;
-    if (mix != p->mixture_hash) { /* targets restart from the resume step */
+    p->pin_step = -1;
+    if (pin) { /* this step as first planned; targets restart after it */
+        memcpy(p->pin_w, pin_w, (size_t)p->n_sources * sizeof *pin_w);
+        p->pin_hash = mix;
+        p->pin_step = step;
+    } else if (changed) { /* targets restart from the resume step */
         for (int64_t i = 0; i < p->n_sources; i++)
             p->src[i].target_tokens = (double)p->src[i].drawn_tokens;
     }
@@ -421,6 +507,7 @@ out:
     free(src);
     free(map);
     free(seen);
+    free(pin_w);
     pl__names_free(&by_name);
     pl__chunks_free(&carry);
     return rc;
@@ -436,13 +523,15 @@ out:
 
 /* Check the envelope; on success r is positioned after the length field and
  * r->n excludes the CRC. */
-static int pl__state_open(const void *buf, size_t len, pl__rbuf *r) {
+static int pl__state_open(const void *buf, size_t len, pl__rbuf *r,
+                          uint32_t *version) {
     if (!buf || len < 24 + 4) return PL_ESTATE;
     *r = (pl__rbuf){buf, len, 0, 0};
     char magic[4];
     pl__get(r, magic, 4);
     if (memcmp(magic, "PLST", 4) != 0) return PL_ESTATE;
-    if (pl__get_u32(r) != PL__STATE_VERSION) return PL_EVERSION;
+    *version = pl__get_u32(r);
+    if (*version != 1 && *version != PL__STATE_VERSION) return PL_EVERSION;
     if (pl__get_u64(r) != len) return PL_ESTATE;
     uint32_t crc;
     memcpy(&crc, (const unsigned char *)buf + len - 4, 4);
@@ -454,11 +543,12 @@ static int pl__state_open(const void *buf, size_t len, pl__rbuf *r) {
 int pl_state_inspect(const void *buf, size_t len, pl_state_info *out) {
     if (!out) return PL_EINVAL;
     pl__rbuf r;
-    int rc = pl__state_open(buf, len, &r);
+    uint32_t version;
+    int rc = pl__state_open(buf, len, &r, &version);
     if (rc) return rc;
     pl_state_info s;
     memset(&s, 0, sizeof s);
-    s.version = PL__STATE_VERSION;
+    s.version = version;
     s.seed = pl__get_u64(&r);
     s.step = pl__get_i64(&r);
     s.micro_batch = pl__get_i64(&r);
@@ -479,11 +569,12 @@ int pl_state_inspect(const void *buf, size_t len, pl_state_info *out) {
         uint32_t n;
         (void)pl__get_str(&r, &n);
         (void)pl__get_str(&r, &n);
-        r.off += 8 * 11;
+        r.off += 8 * (version >= 2 ? 12 : 11);
         if (r.off > r.n) r.bad = 1;
     }
     uint32_t nc = pl__get_u32(&r);
-    if (r.bad || (uint64_t)nc * 32 != r.n - r.off) return PL_ESTATE;
+    if (r.bad || (uint64_t)nc * 32 + (version >= 2 ? 12 : 0) != r.n - r.off)
+        return PL_ESTATE;
     s.carried_chunks = nc;
     *out = s;
     return PL_OK;
@@ -493,7 +584,8 @@ int pl_state_source(const void *buf, size_t len, int64_t i,
                     pl_state_source_info *out) {
     if (!out) return PL_EINVAL;
     pl__rbuf r;
-    int rc = pl__state_open(buf, len, &r);
+    uint32_t version;
+    int rc = pl__state_open(buf, len, &r, &version);
     if (rc) return rc;
     r.off = 96;
     uint32_t ns = pl__get_u32(&r);
@@ -503,8 +595,8 @@ int pl_state_source(const void *buf, size_t len, int64_t i,
         uint32_t nl, np;
         const char *name = pl__get_str(&r, &nl);
         const char *path = pl__get_str(&r, &np);
-        int64_t v[11];
-        for (int t = 0; t < 11; t++) v[t] = pl__get_i64(&r);
+        int64_t v[12];
+        for (int t = 0; t < (version >= 2 ? 12 : 11); t++) v[t] = pl__get_i64(&r);
         if (r.bad) return PL_ESTATE;
         if (j == (uint32_t)i) {
             pl_state_source_info s;

@@ -971,7 +971,7 @@ PL_API void pl_batch_release(pl_batch *batch);
  * pl_pipeline_get_state, pl_planner_get_state), so that callers never parse
  * its bytes.  Each checks magic, version, length and CRC-32 first:
  * PL_ESTATE for a corrupt blob, PL_EVERSION for a blob of another format
- * version.  Thread-safe; they allocate nothing.
+ * version (versions 1 and 2 are read; this library writes 2).  Thread-safe; they allocate nothing.
  */
 typedef struct pl_state_info {
     uint32_t version;          /* format version of the blob */
@@ -1113,9 +1113,13 @@ PL_API int pl_loader_get_state(pl_loader *loader, void *buf, size_t cap,
  * micro_batch_size, packing, long_documents, seed, topology.cp, a source's
  * path or document count) differs, or a source of the blob is missing; the
  * message names the field.  Weights, schedule, dp, threads and prefetch may
- * differ, and sources may be added (dp, weights, schedule and sources only
- * at a step boundary: a mid-step state with another mixture is PL_ESTATE,
- * since the step would be planned again).  On error the
+ * differ, and sources may be added (dp only at a step boundary).  A
+ * mid-step state with another mixture (weights, schedule or sources)
+ * finishes its step as it was planned, from the weights the state records,
+ * and the new mixture applies from the next step; a version-1 blob (which
+ * does not record them) is PL_ESTATE there, and so is a mid-step state with
+ * another balance, long_short, cost (with balancing) or max_epochs, or with
+ * its sources in another order and other weights.  On error the
  * loader continues from where it was; on success a failed loader works again.
  */
 PL_API int pl_loader_set_state(pl_loader *loader, const void *buf,
@@ -1440,7 +1444,10 @@ PL_API const char *pl_planner_errmsg(const pl_planner *planner);
 PL_API int pl_planner_next(pl_planner *planner, pl_plan **out);
 PL_API void pl_plan_free(pl_plan *plan);
 /* State blob at the current step boundary (micro-batch cursor 0); the
- * cap/len convention of pl_loader_get_state. */
+ * cap/len convention of pl_loader_get_state.  Of a step begun under another
+ * mixture (pl_planner_set_state of a mid-step state with other weights) it
+ * records the weights that step is planned with, so loading it plans the
+ * same step again. */
 PL_API int pl_planner_get_state(pl_planner *planner, void *buf, size_t cap,
                                 size_t *len);
 /* Continue from a state blob (pl_loader_get_state's or

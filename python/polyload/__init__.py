@@ -476,8 +476,11 @@ class Loader:
             StateError: corrupt blob, or a fingerprint field (seq_length,
                 global_batch_size, micro_batch_size, packing, long_documents, seed,
                 topology.cp, a source's path or document count) differs, a source
-                of the state is missing, or a mid-step state meets another dp; the
-                message names the field.
+                of the state is missing, a mid-step state meets another dp,
+                balance, long_short, cost or max_epochs, or a version-1 mid-step
+                state meets other weights; the message names the field.  A mid-step state with other weights, schedule or
+                sources finishes its step as planned; the new mixture applies from
+                the next step.
             TypeError: ``state`` is not a mapping with a bytes-like ``blob``.
             ValueError: an unknown ``version``, or no ``blob``.
         """

@@ -9,6 +9,10 @@
  *  - resume from any consumed position (mid-step too, with prefetched but
  *    unconsumed batches, and from a resumed run) equals the uninterrupted run;
  *  - changing weights at resume repeats and skips no document in its epoch;
+ *  - changing weights, the schedule or the sources at a mid-step resume
+ *    finishes the step as first planned and applies them from the next step
+ *    (every batch equals a run changed at that step boundary); version-1
+ *    blobs still load, and refuse only that case;
  *  - a changed fingerprint field and a corrupt blob are PL_ESTATE;
  *  - dp may change at a step boundary and keeps step membership;
  *  - a retained batch keeps its contents across many later steps;
@@ -490,6 +494,363 @@ static void test_weights_change(corpus *c) {
     pl_config_free(cb);
 }
 
+/* A config of the corpus's sources 0 .. n-1 (n < NSRC: a source added later). */
+static pl_config *config_n(const corpus *c, const char *extra, int n, const char *w[NSRC]) {
+    char y[4096];
+    int at = snprintf(y, sizeof y, "%s\nsources:\n", extra);
+    for (int s = 0; s < n; s++)
+        at += snprintf(y + at, sizeof y - (size_t)at,
+                       "  - {name: s%d, type: megatron, path: %s/src%d, weight: %s}\n", s,
+                       c->dir, s, w[s]);
+    pl_config *cfg = NULL;
+    CHECK_OK(pl_config_parse_string(y, strlen(y), "test", &cfg));
+    return cfg;
+}
+
+static void *loader_blob(pl_loader *l, size_t *n) {
+    CHECK_OK(pl_loader_get_state(l, NULL, 0, n));
+    void *blob = malloc(*n);
+    CHECK_OK(pl_loader_get_state(l, blob, *n, n));
+    return blob;
+}
+
+static uint64_t plan_hash(const pl_plan *p) {
+    uint64_t h = pl__hash64(p->chunks, (size_t)p->n_chunks * sizeof *p->chunks, 5);
+    h = pl__hash64(p->seq_offsets, (size_t)(p->n_sequences + 1) * 8, h);
+    return pl__hash64(p->rank_sequences, (size_t)p->n_sequences * 8, h);
+}
+
+/* The plan of the blob's step by a planner of cfg loaded from the blob, and
+ * (out, if not NULL) that planner's state before planning it (cursor 0). */
+static uint64_t planner_step_hash(pl_config *cfg, const void *blob, size_t n, void **out,
+                                  size_t *nout) {
+    int64_t ns = pl_config_num_sources(cfg);
+    pl_source *src[NSRC];
+    for (int64_t s = 0; s < ns; s++) CHECK_OK(pl__config_open_source(cfg, s, &src[s]));
+    pl_planner *p = NULL;
+    CHECK_OK(pl_planner_create(cfg, src, ns, &p));
+    CHECK_OK(pl_planner_set_state(p, blob, n));
+    if (out) {
+        CHECK_OK(pl_planner_get_state(p, NULL, 0, nout));
+        *out = malloc(*nout);
+        CHECK_OK(pl_planner_get_state(p, *out, *nout, nout));
+    }
+    pl_plan *pl = NULL;
+    CHECK_OK(pl_planner_next(p, &pl));
+    uint64_t h = plan_hash(pl);
+    pl_plan_free(pl);
+    pl_planner_free(p);
+    for (int64_t s = 0; s < ns; s++) pl_source_free(src[s]);
+    return h;
+}
+
+/*
+ * Config a until micro-batch `cut` of step s (0 < cut < nmb), state, resume
+ * with config b.  The batches must be those of a run with a through step s
+ * and b from step s+1 (a step-boundary resume), and differ from a run with a
+ * throughout after step s; a second cut inside step s (a state taken while
+ * the step is still planned with a's weights) gives the same; the final
+ * states are the same bytes.
+ */
+static void mid_step_case(pl_config *ca, pl_config *cb, int64_t s, int64_t cut,
+                          const char *what) {
+    const int64_t dp = 2, T = 12;
+    int64_t nmb = 0;
+    CHECK_OK(pl_config_get_int(ca, "micro_batches_per_rank", &nmb));
+    CHECK(cut > 0 && cut + 1 < nmb);
+    const int64_t K = T * nmb, at = s * nmb + cut;
+    size_t hn = (size_t)(K * dp);
+    uint64_t *ref = calloc(hn, 8), *only_a = calloc(hn, 8), *h = calloc(hn, 8);
+    /* a throughout */
+    pl_loader *l = make_loader(ca, 2, 3, NULL, 0);
+    run_hashes(l, 0, K, dp, nmb, only_a);
+    pl_loader_free(l);
+    /* reference: a through step s, b from the boundary of step s+1 */
+    l = make_loader(ca, 2, 3, NULL, 0);
+    run_hashes(l, 0, (s + 1) * nmb, dp, nmb, ref);
+    size_t ne = 0;
+    void *edge = loader_blob(l, &ne);
+    pl_loader_free(l);
+    l = make_loader(cb, 2, 3, NULL, 0);
+    CHECK_OK(pl_loader_set_state(l, edge, ne));
+    run_hashes(l, (s + 1) * nmb, K, dp, nmb, ref);
+    size_t nr = 0;
+    void *ref_end = loader_blob(l, &nr);
+    pl_loader_free(l);
+    /* the same data (a's weights) up to the boundary, other data after it:
+       the comparison below can fail */
+    CHECK(memcmp(ref, only_a, (size_t)((s + 1) * nmb * dp) * 8) == 0);
+    int64_t differ = 0;
+    for (size_t i = (size_t)((s + 1) * nmb * dp); i < hn; i++) differ += ref[i] != only_a[i];
+    CHECK(differ > 0);
+    /* mid-step: a until `at`, b from there, with a second cut inside step s */
+    l = make_loader(ca, 2, 3, NULL, 0);
+    run_hashes(l, 0, at, dp, nmb, h);
+    size_t nm = 0;
+    void *mid = loader_blob(l, &nm);
+    pl_loader_free(l);
+    l = make_loader(cb, 1, 2, NULL, 0);
+    int rc = pl_loader_set_state(l, mid, nm);
+    if (rc) fprintf(stderr, "%s: %s\n", what, pl_loader_errmsg(l));
+    CHECK_OK(rc);
+    run_hashes(l, at, at + 1, dp, nmb, h);
+    size_t nm2 = 0;
+    void *mid2 = loader_blob(l, &nm2);
+    pl_loader_free(l);
+    l = make_loader(cb, 2, 4, NULL, 0);
+    CHECK_OK(pl_loader_set_state(l, mid2, nm2));
+    run_hashes(l, at + 1, K, dp, nmb, h);
+    size_t nf = 0;
+    void *end = loader_blob(l, &nf);
+    pl_loader_free(l);
+    int64_t bad = 0;
+    for (size_t i = 0; i < hn; i++) bad += h[i] != ref[i];
+    if (bad) fprintf(stderr, "%s: %lld of %zu batches differ\n", what, (long long)bad, hn);
+    CHECK_EQ_I64(bad, 0);
+    CHECK(nf == nr && memcmp(end, ref_end, nr) == 0);
+    /* The planner alone (the Ray deployment's planner keeps the states of
+       step starts, cursor 0): loaded from the mid-step state with b, it
+       plans step s as a did, and so does a planner loaded from its state,
+       which says the step was begun under a's weights. */
+    {
+        void *z = NULL;
+        size_t nz = 0;
+        uint64_t want = planner_step_hash(ca, mid, nm, NULL, NULL);
+        CHECK(planner_step_hash(cb, mid, nm, &z, &nz) == want);
+        pl_state_info zi;
+        CHECK_OK(pl_state_inspect(z, nz, &zi));
+        CHECK_EQ_I64(zi.step, s);
+        CHECK_EQ_I64(zi.micro_batch, 0);
+        CHECK(planner_step_hash(cb, z, nz, NULL, NULL) == want);
+        /* the same at the boundary: step s with b's weights, another plan */
+        void *e0 = NULL;
+        size_t ne0 = 0;
+        (void)planner_step_hash(ca, mid, nm, &e0, &ne0);
+        CHECK(planner_step_hash(cb, e0, ne0, NULL, NULL) != want);
+        free(z);
+        free(e0);
+    }
+    /* A mid-step state into another dp stays refused, weights changed or not. */
+    pl_config *c4 = pl__config_clone(cb);
+    CHECK_OK(pl_config_set(c4, "topology.dp", "4")); /* 2 micro-batches a rank */
+    l = make_loader(c4, 1, 1, NULL, 0);
+    CHECK_EQ_I64(pl_loader_set_state(l, mid, nm), PL_ESTATE);
+    CHECK(strstr(pl_loader_errmsg(l), "dp") != NULL);
+    pl_loader_free(l);
+    pl_config_free(c4);
+    free(ref);
+    free(only_a);
+    free(h);
+    free(edge);
+    free(ref_end);
+    free(mid);
+    free(mid2);
+    free(end);
+}
+
+/* A version-2 blob rewritten as version 1 (no per-source step weights, no
+ * flags word and arrangement hash), as this library wrote before. */
+static void *to_v1(const unsigned char *b, size_t n, size_t *n1) {
+    unsigned char *o = malloc(n);
+    size_t at = 96, w = 0;
+    uint32_t ns;
+    memcpy(&ns, b + at, 4);
+    memcpy(o, b, at + 4);
+    w = at + 4;
+    at += 4;
+    for (uint32_t j = 0; j < ns; j++) {
+        uint32_t k;
+        size_t from = at;
+        memcpy(&k, b + at, 4);
+        at += 4 + k;
+        memcpy(&k, b + at, 4);
+        at += 4 + k + 11 * 8;
+        memcpy(o + w, b + from, at - from);
+        w += at - from;
+        at += 8; /* the step's weight */
+    }
+    size_t rest = n - 4 - 12 - at; /* carried chunks, before flags, hash, CRC */
+    memcpy(o + w, b + at, rest);
+    w += rest;
+    uint32_t v1 = 1;
+    memcpy(o + 4, &v1, 4);
+    uint64_t total = w + 4;
+    memcpy(o + 8, &total, 8);
+    uint32_t crc = pl__crc32(0, o, w);
+    memcpy(o + w, &crc, 4);
+    *n1 = w + 4;
+    return o;
+}
+
+static void test_weights_change_mid_step(corpus *c) {
+    const char *x = "seq_length: 64\nglobal_batch_size: 16\nmicro_batch_size: 2\n"
+                    "topology: {dp: 2}\nseed: 11\n"; /* 4 micro-batches per rank */
+    const char *wa[NSRC] = {"0.6", "0.3", "0.1"}, *wb[NSRC] = {"0.1", "0.2", "0.7"};
+    pl_config *ca = corpus_config(c, x, wa), *cb = corpus_config(c, x, wb);
+    mid_step_case(ca, cb, 3, 1, "weights");
+    mid_step_case(ca, cb, 5, 2, "weights, later cut");
+    /* A schedule changed at resume (linear, then step interpolation). */
+    char ya[1024], yb[1024];
+    snprintf(ya, sizeof ya, "%sschedule:\n  points:\n"
+             "    - {step: 0, weights: {s0: 0.8, s1: 0.2}}\n"
+             "    - {step: 10, weights: {s1: 0.5, s2: 0.5}}\n", x);
+    snprintf(yb, sizeof yb, "%sschedule:\n  interpolation: step\n  points:\n"
+             "    - {step: 0, weights: {s0: 0.8, s1: 0.2}}\n"
+             "    - {step: 5, weights: {s2: 1}}\n", x);
+    pl_config *sa = corpus_config(c, ya, NULL), *sb = corpus_config(c, yb, NULL);
+    mid_step_case(sa, sb, 4, 2, "schedule");
+    /* Weights into a schedule whose points change at the interrupted step
+       and the one after it. */
+    snprintf(yb, sizeof yb, "%sschedule:\n  interpolation: step\n  points:\n"
+             "    - {step: 0, weights: {s0: 1}}\n"
+             "    - {step: 4, weights: {s1: 1}}\n"
+             "    - {step: 5, weights: {s2: 1}}\n", x);
+    pl_config *sc = corpus_config(c, yb, NULL);
+    mid_step_case(ca, sc, 4, 1, "weights into a schedule");
+    /* A source added at resume (it gets no share of the interrupted step). */
+    const char *w2[NSRC] = {"0.7", "0.3", "0"};
+    pl_config *c2 = config_n(c, x, 2, w2);
+    mid_step_case(c2, cb, 3, 2, "source added");
+    /* A source removed: refused, naming it (mid-step and at a boundary). */
+    {
+        size_t n = 0;
+        pl_loader *l = make_loader(cb, 1, 1, NULL, 0);
+        uint64_t hh[64];
+        run_hashes(l, 0, 5, 2, 4, hh);
+        void *blob = loader_blob(l, &n);
+        pl_loader_free(l);
+        pl_loader *l2 = make_loader(c2, 1, 1, NULL, 0);
+        CHECK_EQ_I64(pl_loader_set_state(l2, blob, n), PL_ESTATE);
+        CHECK(strstr(pl_loader_errmsg(l2), "'s2'") != NULL);
+        pl_loader_free(l2);
+        free(blob);
+    }
+    /* Version-1 blobs: the same batches where they suffice; a mid-step one
+       with other weights is refused, saying why. */
+    {
+        const int64_t nmb = 4, dp = 2, K = 10 * nmb;
+        uint64_t ref[10 * 2 * 4], h[10 * 2 * 4];
+        pl_loader *l = make_loader(ca, 2, 3, NULL, 0);
+        run_hashes(l, 0, K, dp, nmb, ref);
+        pl_loader_free(l);
+        l = make_loader(ca, 2, 3, NULL, 0);
+        run_hashes(l, 0, 13, dp, nmb, h); /* step 3, micro-batch 1 */
+        size_t n = 0, n1 = 0;
+        unsigned char *b = loader_blob(l, &n);
+        pl_loader_free(l);
+        unsigned char *v1 = to_v1(b, n, &n1);
+        pl_state_info si;
+        CHECK_OK(pl_state_inspect(v1, n1, &si));
+        CHECK_EQ_I64(si.version, 1);
+        CHECK_EQ_I64(si.step, 3);
+        CHECK_EQ_I64(si.micro_batch, 1);
+        pl_state_source_info ss, s2;
+        CHECK_OK(pl_state_source(v1, n1, 2, &ss));
+        CHECK_OK(pl_state_source(b, n, 2, &s2));
+        CHECK_EQ_I64(ss.drawn_tokens, s2.drawn_tokens);
+        CHECK_EQ_I64(ss.skipped, s2.skipped);
+        CHECK(ss.name_len == 2 && memcmp(ss.name, "s2", 2) == 0);
+        l = make_loader(ca, 1, 2, NULL, 0);
+        CHECK_OK(pl_loader_set_state(l, v1, n1));
+        run_hashes(l, 13, K, dp, nmb, h);
+        pl_loader_free(l);
+        CHECK(memcmp(h, ref, sizeof h) == 0);
+        l = make_loader(cb, 1, 2, NULL, 0);
+        CHECK_EQ_I64(pl_loader_set_state(l, v1, n1), PL_ESTATE);
+        CHECK(strstr(pl_loader_errmsg(l), "version-1") != NULL);
+        pl_loader_free(l);
+        free(b);
+        free(v1);
+        /* at a step boundary, a version-1 blob takes other weights */
+        l = make_loader(ca, 2, 3, NULL, 0);
+        run_hashes(l, 0, 16, dp, nmb, h);
+        b = loader_blob(l, &n);
+        pl_loader_free(l);
+        v1 = to_v1(b, n, &n1);
+        l = make_loader(cb, 1, 2, NULL, 0);
+        CHECK_OK(pl_loader_set_state(l, v1, n1));
+        pl_loader *l2 = make_loader(cb, 1, 2, NULL, 0);
+        CHECK_OK(pl_loader_set_state(l2, b, n));
+        for (int k = 0; k < 8; k++) {
+            const pl_batch *p1 = NULL, *p2 = NULL;
+            CHECK_OK(pl_loader_next(l, k % 2, &p1));
+            CHECK_OK(pl_loader_next(l2, k % 2, &p2));
+            CHECK(batch_hash(p1) == batch_hash(p2));
+        }
+        pl_loader_free(l);
+        pl_loader_free(l2);
+        free(b);
+        free(v1);
+    }
+    /* In the middle of a step, other arrangement settings are refused (the
+       step's plan depends on them); at a step boundary they load. */
+    {
+        uint64_t hh[128];
+        pl_loader *l = make_loader(ca, 2, 3, NULL, 0);
+        run_hashes(l, 0, 13, 2, 4, hh);
+        size_t nm = 0, ne = 0;
+        void *mid = loader_blob(l, &nm);
+        run_hashes(l, 13, 16, 2, 4, hh);
+        void *edge = loader_blob(l, &ne);
+        pl_loader_free(l);
+        const char *kv[][2] = {{"balance", "karmarkar_karp"}, {"long_short.threshold", "20"}};
+        for (int i = 0; i < 2; i++) {
+            pl_config *cx = pl__config_clone(ca);
+            CHECK_OK(pl_config_set(cx, kv[i][0], kv[i][1]));
+            l = make_loader(cx, 1, 1, NULL, 0);
+            CHECK_EQ_I64(pl_loader_set_state(l, mid, nm), PL_ESTATE);
+            CHECK(strstr(pl_loader_errmsg(l), "balance, long_short") != NULL);
+            CHECK_OK(pl_loader_set_state(l, edge, ne));
+            const pl_batch *x = NULL;
+            CHECK_OK(pl_loader_next(l, 0, &x));
+            CHECK_EQ_I64(x->step, 4);
+            pl_loader_free(l);
+            pl_config_free(cx);
+        }
+        /* the sources in another order with other weights: refused mid-step */
+        pl_config *rev = NULL;
+        {
+            char z[4096];
+            int at = snprintf(z, sizeof z, "%s\nsources:\n", x);
+            for (int s = NSRC - 1; s >= 0; s--)
+                at += snprintf(z + at, sizeof z - (size_t)at,
+                               "  - {name: s%d, type: megatron, path: %s/src%d, weight: %s}\n",
+                               s, c->dir, s, wb[s]);
+            CHECK_OK(pl_config_parse_string(z, strlen(z), "test", &rev));
+        }
+        l = make_loader(rev, 1, 1, NULL, 0);
+        CHECK_EQ_I64(pl_loader_set_state(l, mid, nm), PL_ESTATE);
+        CHECK(strstr(pl_loader_errmsg(l), "order") != NULL);
+        CHECK_OK(pl_loader_set_state(l, edge, ne));
+        pl_loader_free(l);
+        pl_config_free(rev);
+        free(mid);
+        free(edge);
+    }
+    /* A forged flags word (an unknown bit) is a malformed blob. */
+    {
+        size_t n = 0;
+        pl_loader *l = make_loader(ca, 1, 1, NULL, 0);
+        uint64_t hh[64];
+        run_hashes(l, 0, 5, 2, 4, hh);
+        unsigned char *b = loader_blob(l, &n);
+        uint32_t f = 2;
+        memcpy(b + n - 16, &f, 4);
+        uint32_t crc = pl__crc32(0, b, n - 4);
+        memcpy(b + n - 4, &crc, 4);
+        CHECK_EQ_I64(pl_loader_set_state(l, b, n), PL_ESTATE);
+        CHECK(strstr(pl_loader_errmsg(l), "malformed") != NULL);
+        pl_loader_free(l);
+        free(b);
+    }
+    pl_config_free(ca);
+    pl_config_free(cb);
+    pl_config_free(sa);
+    pl_config_free(sb);
+    pl_config_free(sc);
+    pl_config_free(c2);
+}
+
 static void test_retain_and_done(corpus *c) {
     pl_config *cfg = corpus_config(c, BASE, NULL);
     CHECK_OK(pl_config_set(cfg, "train_steps", "30"));
@@ -777,6 +1138,7 @@ int main(void) {
     test_fingerprint(&c);
     test_elastic(&c);
     test_weights_change(&c);
+    test_weights_change_mid_step(&c);
     test_retain_and_done(&c);
     test_dtype_and_topology(&c);
     test_bad_document();

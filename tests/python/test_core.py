@@ -142,34 +142,6 @@ def test_changed_fingerprint_at_load_state_dict(corpus):
             b.load_state_dict({"version": 99, "blob": state["blob"]})
 
 
-def test_weights_change_only_at_a_step_boundary(corpus):
-    """A mid-step state with other weights is refused (the step would be planned
-    again and the cursor would skip into the new plan); at a step boundary it loads."""
-    cfg = corpus.config()
-    nmb = polyload._make_config(cfg).get_int("micro_batches_per_rank")
-    assert nmb > 1
-    with polyload.Loader(cfg, rank=0, ranks=[0, 1]) as a:
-        for _ in range(nmb + 1):
-            a.next_batch(0)
-            a.next_batch(1)
-        mid = a.state_dict()
-        for _ in range(nmb - 1):
-            a.next_batch(0)
-            a.next_batch(1)
-        edge = a.state_dict()
-    assert _core.state_info(mid["blob"])["micro_batch"] == 1
-    assert _core.state_info(edge["blob"])["micro_batch"] == 0
-    other = dict(cfg)
-    other["sources"] = [dict(s, weight=w) for s, w in zip(cfg["sources"], (0.7, 0.2, 0.1))]
-    with polyload.Loader(other, rank=0) as b:
-        with pytest.raises(polyload.StateError, match="step boundary"):
-            b.load_state_dict(mid)
-        b.load_state_dict(edge)
-        assert b.next_batch() is not None
-    with polyload.Loader(cfg, rank=0) as c:  # same weights: mid-step is exact
-        c.load_state_dict(mid)
-
-
 def test_state_pack_round_trip_and_corrupt_copies(corpus):
     with polyload.Loader(corpus.config(), rank=0) as a:
         for _ in range(3):

@@ -11,7 +11,7 @@ import yaml
 import polyload
 from polyload import _core
 
-from conftest import batch_hash  # noqa: E402
+from conftest import SOURCE_BASE, batch_hash  # noqa: E402
 
 torch = pytest.importorskip("torch")
 
@@ -106,6 +106,78 @@ def test_exact_resume(corpus, rank):
             b.load_state_dict(state)
             tail = run_hashes(b)
         assert head + tail == ref, f"cut {cut}"
+
+
+def _delivered(loader, dp, n):
+    """n micro-batches of every DP rank: their non-padding tokens (each token value is
+    its position in the corpus: conftest.Corpus) and per-batch hashes."""
+    toks, hashes = [], []
+    for _ in range(n):
+        for r in range(dp):
+            b = loader.next_batch(r)
+            ids = b["input_ids"].numpy()
+            toks.append(ids[ids != 0])
+            hashes.append(batch_hash(b))
+    return (np.concatenate(toks) if toks else np.zeros(0, np.int64)), hashes
+
+
+def test_weights_change_mid_step_finishes_the_step(corpus):
+    """A state taken in the middle of step 5 and loaded with other weights: step 5 ends
+    as it was planned, the new weights apply from step 6.  Every batch (and so the
+    delivered documents, before + after) equals a run that changes the weights at the
+    step-6 boundary: nothing lost, nothing repeated; after step 5 the drawn tokens follow
+    the new weights within one chunk (SPEC section 1)."""
+    steps, s, cut = 14, 5, 2
+    a = corpus.config(train_steps=steps, global_batch_size=16)  # 4 micro-batches a rank
+    new_w = (0.1, 0.2, 0.7)
+    b = dict(a, sources=[dict(x, weight=w) for x, w in zip(a["sources"], new_w)])
+    nmb, dp = 4, 2
+    with polyload.Loader(a, rank=0, ranks=[0, 1]) as la:  # a throughout
+        only_a, only_a_h = _delivered(la, dp, steps * nmb)
+    with polyload.Loader(a, rank=0, ranks=[0, 1]) as la:  # reference: b from step 6
+        ref1, ref1_h = _delivered(la, dp, (s + 1) * nmb)
+        edge = la.state_dict()
+    with polyload.Loader(b, rank=0, ranks=[0, 1]) as lb:
+        lb.load_state_dict(edge)
+        ref2, ref2_h = _delivered(lb, dp, (steps - s - 1) * nmb)
+        assert lb.next_batch(0) is None
+        ref_end = lb.state_dict()
+    with polyload.Loader(a, rank=0, ranks=[0, 1]) as la:  # mid-step cut
+        head, head_h = _delivered(la, dp, s * nmb + cut)
+        mid = la.state_dict()
+    info = _core.state_info(mid["blob"])
+    assert (info["step"], info["micro_batch"], info["version"]) == (s, cut, 2)
+    with polyload.Loader(b, rank=0, ranks=[0, 1], threads=1, prefetch=1) as lb:
+        lb.load_state_dict(mid)
+        tail, tail_h = _delivered(lb, dp, (steps - s) * nmb - cut)
+        assert lb.next_batch(0) is None
+        end = lb.state_dict()
+    assert head_h + tail_h == ref1_h + ref2_h
+    assert end["blob"] == ref_end["blob"]
+    got = collections.Counter(np.concatenate([head, tail]).tolist())
+    want = collections.Counter(np.concatenate([ref1, ref2]).tolist())
+    assert got == want
+    # the check can fail: the new weights do change what comes after step 5
+    assert only_a_h[:(s + 1) * nmb * dp] == ref1_h
+    assert only_a_h[(s + 1) * nmb * dp:] != ref2_h
+    # drawn tokens from the step-6 boundary to the end follow the new weights
+    s0 = _core.state_info(edge["blob"])["sources"]
+    s1 = _core.state_info(end["blob"])["sources"]
+    drawn = [y["drawn_tokens"] - x["drawn_tokens"] for x, y in zip(s0, s1)]
+    total = sum(drawn)
+    assert total > 0
+    for d, w in zip(drawn, new_w):
+        assert abs(d - w * total) <= corpus.seq_length, (drawn, new_w)
+    # the per-document view: same documents, each as often (token positions -> docs)
+    def docs(toks):
+        src = toks // SOURCE_BASE - 1
+        pos = toks % SOURCE_BASE
+        return collections.Counter(
+            (int(k), int(np.searchsorted(corpus.starts[k], p, side="right") - 1))
+            for k, p in zip(src, pos))
+    assert docs(np.concatenate([head, tail])) == docs(np.concatenate([ref1, ref2]))
+    with polyload.Loader(a, rank=0) as same:  # the same weights: as before, exact
+        same.load_state_dict(mid)
 
 
 def step_multisets(loader, dp, nmb, steps):

@@ -280,6 +280,30 @@ def test_state_round_trip_and_restart(cluster, corpus2):
                 clients[0].load_state_dict(other.state_dict())
 
 
+def test_mid_step_state_with_new_weights_equals_embedded(cluster, corpus2):
+    """A state taken in the middle of step 2, loaded into a deployment with other
+    weights: step 2 ends as first planned (the planner actor keeps the step's start with
+    the weights it began with), then the new weights; the batches equal the embedded
+    loader's, rank by rank."""
+    cfg = corpus2.config(train_steps=7)
+    other = dict(cfg, sources=[dict(x, weight=w)
+                               for x, w in zip(cfg["sources"], (0.1, 0.2, 0.7))])
+    _, state = loader_hashes(cfg, 1, n=5)  # step 2, micro-batch 1
+    assert _core.state_info(state["blob"])["micro_batch"] == 1
+    want = {r: loader_hashes(other, r, state=state)[0] for r in (0, 1)}
+    same = loader_hashes(cfg, 1, state=state)[0]
+    assert want[1][:1] == same[:1] and want[1][1:] != same[1:]  # new weights from step 3
+    with pr.launch(other, num_source_loaders=2, num_constructors=2, namespace=NS,
+                   name="reweight"):
+        clients = [pr.Client(other, rank=r, namespace=NS, name="reweight") for r in (0, 1)]
+        for cl in clients:
+            cl.load_state_dict(state)
+        got = {r: client_hashes(clients[r]) for r in (1, 0)}
+        assert got == want
+        end = clients[0].state_dict()
+    assert end == loader_hashes(other, 0, state=state)[1]  # the same bytes
+
+
 def test_actor_errors_are_polyload_exceptions(cluster, tmp_path):
     """A corrupt record hit by a source loader reaches the trainer as the Loader's
     FormatError, with the same message (file, record, offset)."""
