@@ -24,7 +24,7 @@ import ray
 import polyload
 from polyload import _core
 
-from ._common import actor_lost, get, unwrap
+from ._common import StoodDown, actor_lost, get, unwrap
 
 
 _get = get  # ray.get with polyload's exceptions and a deadline
@@ -65,6 +65,13 @@ def _collect(refs: List[Any], timeout: float) -> List[Any]:
 class _Stalled(Exception):
     """A constructor that answers nothing (a stopped or hung process): moved away from
     as from a lost one."""
+
+
+def _moves_on(e: BaseException) -> bool:
+    """Whether a failed call to a constructor moves the client to the group's next
+    one: its process is lost, it stalled, or it stood down (another one serves)."""
+    exc = unwrap(e)
+    return actor_lost(exc) or isinstance(exc, (_Stalled, StoodDown))
 
 
 class Client(polyload.Loader):
@@ -198,18 +205,26 @@ class Client(polyload.Loader):
                                f"a ping within stall_timeout={self._stall_timeout:g} s")
 
     def _rejoin(self, gen: int) -> int:
-        """The step this rank continues at (``DataConstructor.rejoin``), from the first
-        constructor of the group that answers."""
+        """The step this rank continues at (``DataConstructor.rejoin``), from the
+        constructor of the group that serves it (a standby that took over, when the
+        primary was lost); when none serves, the first that answers takes over."""
         deadline = time.monotonic() + self._timeout
+        tried = 0
         while True:
             try:
-                g, step = _get(self._ctor.rejoin.remote(gen, self.rank), self._timeout)
-                return step if g == gen else -1
+                # one round asks only a serving one; then the first that answers serves
+                got = _get(self._ctor.rejoin.remote(gen, self.rank, tried >= len(self._ctors)),
+                           self._timeout)
             except Exception as e:  # noqa: BLE001 - lost: the next one of the group
-                if not actor_lost(unwrap(e)) or time.monotonic() > deadline:
+                if not _moves_on(e) or time.monotonic() > deadline:
                     raise
-                self._ci = (self._ci + 1) % len(self._ctors)
+                got = None
                 time.sleep(0.05)
+            if got is not None:
+                g, step = got
+                return step if g == gen else -1
+            tried += 1
+            self._ci = (self._ci + 1) % len(self._ctors)
 
     # ------------------------------------------------------------ transport
 
@@ -303,7 +318,7 @@ class Client(polyload.Loader):
                         have = inflight[0][0] if inflight else next_req
                         ref = self._ctor.fetch.remote(gen, rank, next_req, n, self._timeout,
                                                       loader.position()[0], have,
-                                                      self.data_wait_s)
+                                                      self.data_wait_s, self.switches)
                         inflight.append((next_req, n, ref))
                         next_req += n
                     if not inflight:
@@ -319,7 +334,7 @@ class Client(polyload.Loader):
                         lost_since = None
                         lost_in_row = 0
                     except Exception as e:  # noqa: BLE001 - sorted out below
-                        if not (actor_lost(unwrap(e)) or isinstance(e, _Stalled)):
+                        if not _moves_on(e):
                             err = e
                         else:
                             # The constructor's process is gone: the next one of the

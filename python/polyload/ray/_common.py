@@ -54,6 +54,13 @@ def unwrap(exc: BaseException) -> BaseException:
     return exc
 
 
+class StoodDown(Exception):
+    """Raised by a data constructor that no longer serves its group (another one of
+    the group took over: ``DataConstructor.stand_down``) for the fetches it was
+    answering; the Client moves to the group's next constructor as from a lost one.
+    Never reaches the trainer."""
+
+
 def actor_lost(exc: BaseException) -> bool:
     """Whether ``exc`` says that an actor's process is gone or unreachable (killed,
     crashed, its node lost, restarting), rather than an error the actor raised."""
