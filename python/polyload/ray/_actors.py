@@ -897,6 +897,11 @@ class DataConstructor:
         # move than that is one the client abandoned (it moved away meanwhile)
         self._seen_switches: Dict[int, int] = {}
         self._stood_switches: Dict[int, int] = {}
+        # (time, actor name) of this one's last take-over: of two that take over at
+        # once, the later stays (stand_down compares), so they never stand each
+        # other down; and the name of the one serving since this one stood down
+        self._epoch: Tuple[float, str] = (0.0, "")
+        self._serving_peer: Optional[str] = None
         self._group_names = list(group)  # this group's constructors: primary, standbys
         self._index = int(index)
         self._dp_ranks = [int(d) for d in dp_ranks]
@@ -1011,6 +1016,8 @@ class DataConstructor:
             self._serving = True
             self._term += 1
             me = ray.get_runtime_context().get_actor_name()
+            self._epoch = (time.time(), me)
+            self._serving_peer = None
             self.activated = {"step": _core.state_info(blob)["step"], "time": time.time(),
                               "standby": self._standby, "took_s": time.monotonic() - t0,
                               "first_package_s": None}
@@ -1026,19 +1033,23 @@ class DataConstructor:
         not at the step it stopped at)."""
         try:
             h = ray.get_actor(name, namespace=self._namespace)
-            await asyncio.wait_for(h.stand_down.remote(), 120.0)
+            await asyncio.wait_for(h.stand_down.remote(self._epoch), 120.0)
         except Exception:  # noqa: BLE001 - gone for good, or still restarting: its
             pass           # first call builds it then
 
-    async def stand_down(self) -> int:
-        """Another constructor of the group took over: stop serving (drivers stopped,
-        fetches in flight raise StoodDown, so their clients move on); the next fetch
-        activates this one again at the resume point (``_ensure_active``).  A warm
-        standby after this call; its pid."""
+    async def stand_down(self, epoch: Optional[Sequence[Any]] = None) -> int:
+        """Another constructor of the group took over (``epoch``: its ``(time, actor
+        name)`` then): stop serving (drivers stopped, fetches in flight raise
+        StoodDown naming it, so their clients move there); the next fetch activates
+        this one again at the resume point (``_ensure_active``).  One that took over
+        later than ``epoch`` stays (two taking over at once: the later one serves).
+        A warm standby after this call; its pid."""
         await self._ensure_ready()
         async with self._setup_lock:
-            if self._serving:
+            ep = (float(epoch[0]), str(epoch[1])) if epoch is not None else None
+            if self._serving and (ep is None or ep > self._epoch):
                 self._serving = False
+                self._serving_peer = ep[1] if ep is not None else None
                 self._term += 1
                 self._stood_switches = dict(self._seen_switches)
                 for t in self._tasks:
@@ -1391,7 +1402,8 @@ class DataConstructor:
         the rank, or the error of a step."""
         await self._ensure_ready()
         if not self._serving and 0 <= int(switches) <= self._stood_switches.get(int(rank), -1):
-            raise StoodDown(f"constructor {self._index}: a call the client abandoned")
+            raise StoodDown(f"constructor {self._index}: a call the client abandoned",
+                            self._serving_peer)
         if switches > self._seen_switches.get(int(rank), -1):
             self._seen_switches[int(rank)] = int(switches)
         await self._ensure_active()
@@ -1557,7 +1569,8 @@ class DataConstructor:
         if term is not None and (term != self._term or not self._serving):
             raise StoodDown(f"constructor {self._index} "
                             f"({ray.get_runtime_context().get_actor_name()}) stood down: "
-                            f"another constructor of its group serves")
+                            f"{self._serving_peer or 'another constructor of its group'} "
+                            f"serves", self._serving_peer)
 
     async def position(self, activate: bool = False) -> Optional[Tuple[int, int, int]]:
         """``(generation, step, micro-batch)``: the position after the micro-batches

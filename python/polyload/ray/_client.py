@@ -204,6 +204,15 @@ class Client(polyload.Loader):
                 raise _Stalled(f"constructor {self._ctor_name} answered neither a fetch nor "
                                f"a ping within stall_timeout={self._stall_timeout:g} s")
 
+    def _next_ctor(self, e: BaseException) -> int:
+        """The constructor to move to after call error ``e``: the one that took over
+        when a stood-down one names it, else the group's next."""
+        serving = getattr(unwrap(e), "serving", None)
+        if isinstance(unwrap(e), StoodDown) and serving in self._ctor_names \
+                and serving != self._ctor_name:
+            return self._ctor_names.index(serving)
+        return (self._ci + 1) % len(self._ctors)
+
     def _rejoin(self, gen: int) -> int:
         """The step this rank continues at (``DataConstructor.rejoin``), from the
         constructor of the group that serves it (a standby that took over, when the
@@ -353,7 +362,7 @@ class Client(polyload.Loader):
                                 lost_in_row += 1
                                 if len(self._ctors) > 1:
                                     was = self._ctor_name
-                                    self._ci = (self._ci + 1) % len(self._ctors)
+                                    self._ci = self._next_ctor(e)
                                     self.switches += 1
                                     self.moves.append({"time": time.time(), "from": was,
                                                        "to": self._ctor_name, "step": first,

@@ -57,8 +57,16 @@ def unwrap(exc: BaseException) -> BaseException:
 class StoodDown(Exception):
     """Raised by a data constructor that no longer serves its group (another one of
     the group took over: ``DataConstructor.stand_down``) for the fetches it was
-    answering; the Client moves to the group's next constructor as from a lost one.
-    Never reaches the trainer."""
+    answering; the Client moves to ``serving`` (the actor name of the one that took
+    over, when known), else to the group's next constructor.  Never reaches the
+    trainer."""
+
+    def __init__(self, message: str, serving: "str | None" = None) -> None:
+        super().__init__(message, serving)
+        self.serving = serving
+
+    def __str__(self) -> str:
+        return str(self.args[0])
 
 
 def actor_lost(exc: BaseException) -> bool:
