@@ -16,8 +16,12 @@
  * are checked against the file's size.  A row group is decoded only when
  * asked (pl__pq_read_group), with the low-level ByteArray column reader,
  * into malloc'd buffers the C side owns.  A handle is not safe for
- * concurrent calls (the caller serializes them).
+ * concurrent calls (the caller serializes them).  A row group is decoded
+ * only from the file that was opened, as it was: one whose size or mtime
+ * changed since (fstat of the descriptor opened) is PL_ETRUNC (shorter) or
+ * PL_EIO, and Arrow's I/O failures are PL_EIO, not a damaged row.
  */
+#include <arrow/io/file.h>
 #include <parquet/api/reader.h>
 #include <parquet/exception.h>
 
@@ -39,11 +43,14 @@ extern "C" {
 }
 
 struct pl__pqfile {
+    std::shared_ptr<arrow::io::ReadableFile> file; /* the file opened (fstat) */
     std::unique_ptr<parquet::ParquetFileReader> reader;
     std::shared_ptr<parquet::FileMetaData> md;
     std::string path;
     int column = -1;
     int16_t max_def = 0;
+    int64_t size = 0;      /* at open */
+    int64_t mtime_ns = 0;  /* at open */
 };
 
 namespace {
@@ -117,7 +124,16 @@ extern "C" int pl__pq_open(const char *path, const char *column, pl__pqfile **ou
     int64_t *rows = nullptr;  // freed on every failure, the throwing ones included
     try {
         h->path = path;
-        h->reader = parquet::ParquetFileReader::OpenFile(path, /*memory_map=*/false);
+        h->file = arrow::io::ReadableFile::Open(path).ValueOrDie();
+        {
+            struct stat fst;
+            if (fstat(h->file->file_descriptor(), &fst) == 0) {
+                h->size = static_cast<int64_t>(fst.st_size);
+                h->mtime_ns = static_cast<int64_t>(fst.st_mtim.tv_sec) * 1000000000 +
+                              fst.st_mtim.tv_nsec;
+            }
+        }
+        h->reader = parquet::ParquetFileReader::Open(h->file);
         h->md = h->reader->metadata();
         const parquet::SchemaDescriptor *schema = h->md->schema();
         std::string names;
@@ -162,6 +178,8 @@ extern "C" int pl__pq_open(const char *path, const char *column, pl__pqfile **ou
         for (int g = 0; g < ng; g++) {
             auto rg = h->md->RowGroup(g);
             rows[g] = rg->num_rows();
+            if (rows[g] == 0) continue; /* never read (pyarrow writes one for an empty table,
+                                           with data_page_offset 0) */
             auto cc = rg->ColumnChunk(h->column);
             int64_t off = chunk_offset(h, g);
             int64_t len = cc->total_compressed_size();
@@ -209,6 +227,24 @@ extern "C" int pl__pq_read_group(pl__pqfile *h, int64_t g, int64_t rows, char **
         return PL_ENOMEM;
     }
     int64_t row = 0;
+    /* The footer was read at open: a file changed since then (cut short, or rewritten
+       in place; one replaced by a rename is still the file opened) is not decoded as
+       if it were damaged data. */
+    struct stat st;
+    if (h->file && fstat(h->file->file_descriptor(), &st) == 0) {
+        const int64_t now = static_cast<int64_t>(st.st_size);
+        const int64_t mt =
+            static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
+        if (now != h->size || mt != h->mtime_ns) {
+            std::free(o), std::free(v), std::free(d);
+            pl__fmt(err, errcap,
+                    "the file changed since it was opened (%lld bytes then, %lld now%s): "
+                    "its row groups are no longer the ones its footer described",
+                    static_cast<long long>(h->size), static_cast<long long>(now),
+                    now == h->size ? ", modified in place" : "");
+            return now < h->size ? PL_ETRUNC : PL_EIO;
+        }
+    }
     try {
         auto rg = h->reader->RowGroup(static_cast<int>(g));
         auto col = rg->Column(h->column);
@@ -251,6 +287,15 @@ extern "C" int pl__pq_read_group(pl__pqfile *h, int64_t g, int64_t rows, char **
         pl__fmt(err, errcap, "%s: row group %lld: out of memory", h->path.c_str(),
                 static_cast<long long>(g));
         return PL_ENOMEM;
+    } catch (const parquet::ParquetStatusException &e) {
+        /* Arrow's I/O failed (not the bytes' decoding): an I/O error, not a bad row. */
+        std::free(o), std::free(v), std::free(d);
+        std::string m = e.what();
+        for (char &ch : m)
+            if (ch == '\n') ch = ' ';
+        pl__fmt(err, errcap, "cannot read the column chunk (near row %lld of the group): %s",
+                static_cast<long long>(row), m.c_str());
+        return e.status().IsIOError() ? PL_EIO : PL_ERECORD;
     } catch (const std::exception &e) {
         std::free(o), std::free(v), std::free(d);
         /* The caller names the file, the row and the chunk's offset. */

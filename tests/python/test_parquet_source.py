@@ -215,3 +215,57 @@ def test_bad_rows_skipped_and_counted_same_on_every_rank(corpus, tmp_path):
     cfg["on_error"] = "fail"
     with pytest.raises(polyload.PolyloadError, match="b.parquet: no column 'text'"):
         polyload.Loader(cfg, rank=0)
+
+
+def test_empty_file_opens_with_no_rows(corpus, tmp_path):
+    """pyarrow writes an empty table as one row group of 0 rows whose column chunk has
+    data_page_offset 0: a valid file of no documents, not a corrupt footer (it was
+    refused, and with it a directory holding one such shard)."""
+    pq.write_table(pa.table({"text": pa.array([], pa.string())}), str(tmp_path / "e.parquet"))
+    assert pq.ParquetFile(str(tmp_path / "e.parquet")).metadata.num_row_groups == 1
+    assert _open_one(corpus, tmp_path / "e.parquet").num_documents == 0
+    (tmp_path / "d").mkdir()
+    texts = corpus["texts"]["wit"][:50]
+    pq.write_table(pa.table({"text": texts}), str(tmp_path / "d" / "a.parquet"))
+    os.replace(tmp_path / "e.parquet", tmp_path / "d" / "b.parquet")
+    src = _open_one(corpus, tmp_path / "d")
+    assert src.num_documents == 50
+    assert np.asarray(src.read(49)).size > 0
+
+
+def test_file_changed_while_open_is_not_a_damaged_row(corpus, tmp_path):
+    """A file cut short or rewritten in place after it was opened (its footer is the
+    old one) is PL_ETRUNC / PL_EIO saying so, naming file, row and offset, rather than
+    'cannot decode the column chunk' (ERECORD: a damaged row); one replaced by a rename
+    is still read from the file that was opened."""
+    texts = corpus["texts"]["tech"][:300]
+    cut, inplace, renamed = (str(tmp_path / f"{n}.parquet") for n in ("cut", "inplace", "ren"))
+    for p in (cut, inplace, renamed):
+        pq.write_table(pa.table({"text": texts}), p, row_group_size=100, compression="none",
+                       use_dictionary=False)
+    want = [np.asarray(_open_one(corpus, renamed).read(d)).tolist() for d in (150, 250)]
+    s_cut, s_in, s_ren = (_open_one(corpus, p) for p in (cut, inplace, renamed))
+    assert np.asarray(s_cut.read(10)).size > 0  # row group 0 decoded before the change
+    size = os.path.getsize(cut)
+    with open(cut, "r+b") as f:
+        f.truncate(size // 3)
+    off = pq.ParquetFile(inplace).metadata.row_group(2).column(0).data_page_offset
+    with open(inplace, "r+b") as f:  # same size, other bytes in a data page
+        f.seek(off + 100)
+        f.write(b"x" * 50)
+    st = os.stat(inplace)
+    os.utime(inplace, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+    pq.write_table(pa.table({"text": corpus["texts"]["tech"][300:600]}), renamed + ".tmp",
+                   row_group_size=100)
+    os.replace(renamed + ".tmp", renamed)
+    with pytest.raises(polyload.PolyloadError,
+                       match=rf"cut.parquet: row 250 \(row group 2, row 50 of the group; "
+                             rf"column chunk at byte offset \d+\): the file changed since it "
+                             rf"was opened \({size} bytes then, {size // 3} now\)") as e:
+        s_cut.read(250)
+    assert e.value.code == _core.ETRUNC
+    assert np.asarray(s_cut.read(10)).size > 0  # what was decoded before stays
+    with pytest.raises(polyload.PolyloadIOError,
+                       match=rf"inplace.parquet: row 250 \(row group 2, .*modified in place"):
+        s_in.read(250)
+    assert [np.asarray(s_ren.read(d)).tolist() for d in (150, 250)] == want

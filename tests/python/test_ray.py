@@ -788,6 +788,102 @@ def test_constructor_lost_or_stalled_moves_to_its_standby(cluster, corpus2):
             c.close()
 
 
+def test_stalled_constructor_that_resumes_stands_down(cluster, corpus2):
+    """A constructor that stalls (SIGSTOP: alive, no answer) loses its group to the
+    standby; when it resumes it no longer serves (it stood down), so when the standby is
+    lost later the clients that move back to it find it standing where they are, not at
+    the step it stopped at (it kept serving from there: every fetch waited for steps
+    that would never come, ETIMEDOUT).  A new Client's start asks the serving one and
+    moves nobody.  Batches unchanged."""
+    cfg = corpus2.config(train_steps=30, topology={"dp": 2}, global_batch_size=8,
+                         micro_batch_size=2, seq_length=64)
+    with pr.launch(cfg, num_constructors=1, namespace=NS, name="standsdown", prefetch_steps=1,
+                   timeout=60) as dep:
+        primary, standby = dep.actors["constructor"][0], dep.actors["constructor_shadow"][0]
+        clients = [pr.Client(cfg, rank=r, namespace=NS, name="standsdown", timeout=20,
+                             prefetch=1, stall_timeout=1.0) for r in range(2)]
+        got = {0: [], 1: []}
+        stopped = _pid(primary)
+        for k in range(60):
+            if k == 10:
+                os.kill(stopped, signal.SIGSTOP)
+            if k == 24:
+                assert [c.switches for c in clients] == [1, 1], [(m["from"][-8:], m["step"], m["reason"]) for c in clients for m in c.moves]
+                os.kill(stopped, signal.SIGCONT)
+                deadline = time.time() + 20  # it answers its queued calls, stand_down too
+                while ray.get(primary.position.remote(), timeout=20) is not None:
+                    assert time.time() < deadline, "the resumed constructor still serves"
+                    time.sleep(0.1)
+                gen = ray.get(dep.actors["planner"][0].current.remote())[0]
+                assert ray.get(primary.rejoin.remote(gen, 0, False)) is None
+                assert ray.get(standby.rejoin.remote(gen, 0, False))[0] == gen
+            if k == 30:
+                _kill(standby)
+            for c in clients:
+                got[c.rank].append(batch_hash(c.next_batch()))
+        for c in clients:
+            assert c.next_batch() is None
+            assert got[c.rank] == loader_hashes(cfg, c.rank)[0]
+            assert [m["reason"] for m in c.moves][0] == "_Stalled"
+            assert c.switches >= 2, c.moves
+            c.close()
+
+
+def _serving(actors):
+    return [ray.get(a.position.remote(), timeout=30) is not None for a in actors]
+
+
+def _settle(actors, want=None, timeout=20):
+    deadline = time.time() + timeout
+    while True:
+        got = _serving(actors)
+        if (want is None and sum(got) == 1) or got == want or time.time() > deadline:
+            return got
+        time.sleep(0.1)
+
+
+def test_two_constructors_taking_over_at_once_leave_one_serving(cluster, corpus2):
+    """Take-overs are ordered by when they happened: of two constructors of a group
+    that take over at once, the later one serves and the other stands down (each
+    standing the other down left none serving, so that every client bounced between
+    them); a stand-down from an earlier take-over that arrives late (a call queued
+    while the constructor was stopped) is ignored.  Clients then go where the one
+    that stood down points them; batches unchanged."""
+    cfg = corpus2.config(train_steps=12, topology={"dp": 2}, global_batch_size=8,
+                         micro_batch_size=2, seq_length=64)
+    with pr.launch(cfg, num_constructors=1, namespace=NS, name="bothtake", prefetch_steps=1,
+                   timeout=60) as dep:
+        grp = [dep.actors["constructor"][0], dep.actors["constructor_shadow"][0]]
+        before = time.time()
+        ray.get(grp[1].position.remote(True), timeout=30)  # the standby takes over
+        assert _settle(grp, [False, True]) == [False, True]
+        ray.get(grp[0].position.remote(True), timeout=30)  # and the primary again
+        assert _settle(grp, [True, False]) == [True, False]
+        ray.get(grp[0].stand_down.remote((before, "late")), timeout=30)  # older: ignored
+        got = _serving(grp)
+        assert got == [True, False]
+        for _ in range(3):
+            ray.get(grp[got.index(True)].stand_down.remote(), timeout=30)  # none serves
+            assert _serving(grp) == [False, False]
+            ray.get([a.position.remote(True) for a in grp], timeout=30)  # both at once
+            got = _settle(grp)
+            assert sum(got) == 1, got
+        clients = [pr.Client(cfg, rank=r, namespace=NS, name="bothtake", timeout=30,
+                             prefetch=1) for r in range(2)]
+        assert all(c._ci == got.index(True) for c in clients)
+        got_b = {0: [], 1: []}
+        for k in range(24):
+            if k == 6:  # the one not serving takes over: the clients follow it
+                ray.get(grp[got.index(False)].position.remote(True), timeout=30)
+            for c in clients:
+                got_b[c.rank].append(batch_hash(c.next_batch()))
+        for c in clients:
+            assert c.next_batch() is None
+            assert got_b[c.rank] == loader_hashes(cfg, c.rank)[0]
+            assert [m["reason"] for m in c.moves] == ["StoodDown"], c.moves
+            c.close()
+
+
 def test_every_source_loader_gone_is_a_clear_error_within_the_deadline(cluster, corpus2):
     """Primaries and standbys killed for good: the rank that reaches an unread step gets
     PolyloadIOError naming the constructor and the actors tried, within seconds."""

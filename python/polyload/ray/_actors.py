@@ -43,8 +43,8 @@ import ray
 import polyload
 from polyload import _core
 
-from ._common import (actor_lost, enter_cwd, has_failure_detection_env, make_config,
-                      routing_for_constructors, unwrap)
+from ._common import (StoodDown, actor_lost, enter_cwd, has_failure_detection_env,
+                      make_config, routing_for_constructors, unwrap)
 
 _KEY_SHIFT = 40  # routing key: source << 40 | document index
 _WARM_DOCS = 1 << 15  # raw documents per source whose owners a scaling event may warm
@@ -889,6 +889,19 @@ class DataConstructor:
         # its first fetch: then it stands where its group's trainers are and rebuilds.
         self._standby = bool(standby)
         self._serving = False
+        # bumped at each take-over and stand-down: a fetch started in an earlier term
+        # raises StoodDown rather than answer from a pipeline it no longer owns
+        self._term = 0
+        # per rank: the most moves its Client had made (fetch's ``switches``) at a call
+        # here, and that figure when this one last stood down: a call not from a later
+        # move than that is one the client abandoned (it moved away meanwhile)
+        self._seen_switches: Dict[int, int] = {}
+        self._stood_switches: Dict[int, int] = {}
+        # (time, actor name) of this one's last take-over: of two that take over at
+        # once, the later stays (stand_down compares), so they never stand each
+        # other down; and the name of the one serving since this one stood down
+        self._epoch: Tuple[float, str] = (0.0, "")
+        self._serving_peer: Optional[str] = None
         self._group_names = list(group)  # this group's constructors: primary, standbys
         self._index = int(index)
         self._dp_ranks = [int(d) for d in dp_ranks]
@@ -1001,7 +1014,10 @@ class DataConstructor:
             self._recovered = True
             await self._reset(gen, blob)
             self._serving = True
+            self._term += 1
             me = ray.get_runtime_context().get_actor_name()
+            self._epoch = (time.time(), me)
+            self._serving_peer = None
             self.activated = {"step": _core.state_info(blob)["step"], "time": time.time(),
                               "standby": self._standby, "took_s": time.monotonic() - t0,
                               "first_package_s": None}
@@ -1011,11 +1027,36 @@ class DataConstructor:
                 self._peer_warm.append(asyncio.ensure_future(self._warm_peer(n)))
 
     async def _warm_peer(self, name: str) -> None:
+        """Make a peer of the group this one's standby: built (a restarted actor), and
+        no longer serving (a peer that was stalled, not lost, still believed it served:
+        clients that come back to it later must find it standing at the resume point,
+        not at the step it stopped at)."""
         try:
             h = ray.get_actor(name, namespace=self._namespace)
-            await asyncio.wait_for(h.warm.remote(), 120.0)
+            await asyncio.wait_for(h.stand_down.remote(self._epoch), 120.0)
         except Exception:  # noqa: BLE001 - gone for good, or still restarting: its
             pass           # first call builds it then
+
+    async def stand_down(self, epoch: Optional[Sequence[Any]] = None) -> int:
+        """Another constructor of the group took over (``epoch``: its ``(time, actor
+        name)`` then): stop serving (drivers stopped, fetches in flight raise
+        StoodDown naming it, so their clients move there); the next fetch activates
+        this one again at the resume point (``_ensure_active``).  One that took over
+        later than ``epoch`` stays (two taking over at once: the later one serves).
+        A warm standby after this call; its pid."""
+        await self._ensure_ready()
+        async with self._setup_lock:
+            ep = (float(epoch[0]), str(epoch[1])) if epoch is not None else None
+            if self._serving and (ep is None or ep > self._epoch):
+                self._serving = False
+                self._serving_peer = ep[1] if ep is not None else None
+                self._term += 1
+                self._stood_switches = dict(self._seen_switches)
+                for t in self._tasks:
+                    t.cancel()
+                self._tasks = []
+                await self._notify()
+        return os.getpid()
 
     def _apply_routing(self, version: int, routing, slot_names) -> None:
         """Route reads by ``routing`` (per source: partition starts, slot per
@@ -1345,7 +1386,7 @@ class DataConstructor:
     @ray.method(enable_task_events=False)
     async def fetch(self, gen: int, rank: int, step: int, count: int = 1,
                     timeout: float = 600.0, consumed: int = -1, have: int = -1,
-                    waited: float = -1.0) -> List[Any]:
+                    waited: float = -1.0, switches: int = -1) -> List[Any]:
         """The packages of ``rank``'s DP rank for steps ``step .. step+count-1`` (uint8
         arrays, without state blobs; for step train_steps its state blob as bytes, and
         nothing after it), in one call: one object per call, owned by the caller.
@@ -1353,11 +1394,23 @@ class DataConstructor:
         from the least of them); ``waited``: seconds the trainer has waited for batches
         so far (the autoscaler's feedback); ``have``: the first step the trainer has not received
         (after a restart of this actor, the steps before it are skipped for the rank).
+        ``switches``: how many times the client moved between the group's constructors
+        so far; a call to a constructor that stood down activates it again only when it
+        comes from a later move than the rank's calls seen here (an older one was
+        abandoned by the client, and is answered StoodDown).
         Raises StateError for another generation, LagError when the lag policy dropped
         the rank, or the error of a step."""
+        await self._ensure_ready()
+        if not self._serving and 0 <= int(switches) <= self._stood_switches.get(int(rank), -1):
+            raise StoodDown(f"constructor {self._index}: a call the client abandoned",
+                            self._serving_peer)
+        if switches > self._seen_switches.get(int(rank), -1):
+            self._seen_switches[int(rank)] = int(switches)
         await self._ensure_active()
         if gen > self._gen:
             await self.sync(gen)
+        term = self._term
+        self._check_alive(term)
         if gen != self._gen:
             raise polyload.StateError(
                 _core.ESTATE, "ESTATE",
@@ -1389,13 +1442,13 @@ class DataConstructor:
             # already has into the void (deterministic: the same packages).
             while self._recovered and 0 <= self._cursor[rank] < min(int(have), int(step)) \
                     and gen == self._gen:
-                await self._fetch_one(gen, rank, self._cursor[rank], deadline)
+                await self._fetch_one(gen, rank, self._cursor[rank], deadline, term)
             for s in range(int(step), int(step) + max(1, int(count))):
                 again = self._recent.get(rank, {}).get(s) if s < self._cursor[rank] else None
                 if again is not None:  # asked again after a call lost in our restart
                     out.append(again)
                 else:
-                    out.append(await self._fetch_one(gen, rank, s, deadline))
+                    out.append(await self._fetch_one(gen, rank, s, deadline, term))
                 if 0 <= self._train_steps <= s:
                     break
         finally:  # the window moved by len(out) steps: the drivers build them together
@@ -1410,10 +1463,16 @@ class DataConstructor:
         if self._serving and gen == self._gen and step > self._at.get(rank, step):
             self._at[rank] = int(step)
 
-    async def rejoin(self, gen: int, rank: int) -> Tuple[int, int]:
+    async def rejoin(self, gen: int, rank: int,
+                     activate: bool = True) -> Optional[Tuple[int, int]]:
         """``(generation, step)`` a new Client of ``rank`` starts at: the first step the
         rank's trainer had not finished (``at``), whose packages are served again; the
-        generation's start for a rank never served."""
+        generation's start for a rank never served.  None from a standby that does not
+        serve, unless ``activate`` (it then takes over, as at a fetch): a new client
+        asks the serving one of its group, so that its start moves nobody."""
+        await self._ensure_ready()
+        if not (activate or self._serving):
+            return None
         await self._ensure_active()
         if gen > self._gen:
             await self.sync(gen)
@@ -1435,15 +1494,16 @@ class DataConstructor:
                 f"constructor {self._index} ({ray.get_runtime_context().get_actor_name()}): "
                 f"no {what} before the fetch's deadline") from None
 
-    async def _fetch_one(self, gen: int, rank: int, step: int, deadline: float):
+    async def _fetch_one(self, gen: int, rank: int, step: int, deadline: float,
+                         term: Optional[int] = None):
         if 0 <= self._train_steps <= step:
             while self._final is None and gen == self._gen:
-                self._check_alive()
+                self._check_alive(term)
                 await self._wake(self._demand)
                 await self._wait(self._built, f"final state for step {step}", deadline)
             return self._final
         while self._cursor[rank] < step and gen == self._gen:  # in order per rank
-            self._check_alive()
+            self._check_alive(term)
             await self._wait(self._served, f"turn of rank {rank} for step {step}", deadline)
         if self._cursor[rank] != step:
             raise polyload.StateError(
@@ -1457,7 +1517,7 @@ class DataConstructor:
             if gen != self._gen:
                 raise polyload.StateError(_core.ESTATE, "ESTATE",
                                           "polyload.ray: the deployment was restarted meanwhile")
-            self._check_alive()
+            self._check_alive(term)
             if self._cursor[rank] != step:
                 # Another call of the rank took this step while this one waited (two
                 # calls in flight, both rebuilding after a take-over): it is kept.
@@ -1502,10 +1562,15 @@ class DataConstructor:
         """The reads this constructor moved to a standby source loader."""
         return list(self.failovers)
 
-    def _check_alive(self) -> None:
+    def _check_alive(self, term: Optional[int] = None) -> None:
         if self._closed:
             raise polyload.PolyloadError(_core.ECLOSED, "ECLOSED",
                                          f"constructor {self._index} is closed")
+        if term is not None and (term != self._term or not self._serving):
+            raise StoodDown(f"constructor {self._index} "
+                            f"({ray.get_runtime_context().get_actor_name()}) stood down: "
+                            f"{self._serving_peer or 'another constructor of its group'} "
+                            f"serves", self._serving_peer)
 
     async def position(self, activate: bool = False) -> Optional[Tuple[int, int, int]]:
         """``(generation, step, micro-batch)``: the position after the micro-batches

@@ -24,7 +24,7 @@ import ray
 import polyload
 from polyload import _core
 
-from ._common import actor_lost, get, unwrap
+from ._common import StoodDown, actor_lost, get, unwrap
 
 
 _get = get  # ray.get with polyload's exceptions and a deadline
@@ -65,6 +65,13 @@ def _collect(refs: List[Any], timeout: float) -> List[Any]:
 class _Stalled(Exception):
     """A constructor that answers nothing (a stopped or hung process): moved away from
     as from a lost one."""
+
+
+def _moves_on(e: BaseException) -> bool:
+    """Whether a failed call to a constructor moves the client to the group's next
+    one: its process is lost, it stalled, or it stood down (another one serves)."""
+    exc = unwrap(e)
+    return actor_lost(exc) or isinstance(exc, (_Stalled, StoodDown))
 
 
 class Client(polyload.Loader):
@@ -197,19 +204,36 @@ class Client(polyload.Loader):
                 raise _Stalled(f"constructor {self._ctor_name} answered neither a fetch nor "
                                f"a ping within stall_timeout={self._stall_timeout:g} s")
 
+    def _next_ctor(self, e: BaseException) -> int:
+        """The constructor to move to after call error ``e``: the one that took over
+        when a stood-down one names it, else the group's next."""
+        serving = getattr(unwrap(e), "serving", None)
+        if isinstance(unwrap(e), StoodDown) and serving in self._ctor_names \
+                and serving != self._ctor_name:
+            return self._ctor_names.index(serving)
+        return (self._ci + 1) % len(self._ctors)
+
     def _rejoin(self, gen: int) -> int:
-        """The step this rank continues at (``DataConstructor.rejoin``), from the first
-        constructor of the group that answers."""
+        """The step this rank continues at (``DataConstructor.rejoin``), from the
+        constructor of the group that serves it (a standby that took over, when the
+        primary was lost); when none serves, the first that answers takes over."""
         deadline = time.monotonic() + self._timeout
+        tried = 0
         while True:
             try:
-                g, step = _get(self._ctor.rejoin.remote(gen, self.rank), self._timeout)
-                return step if g == gen else -1
+                # one round asks only a serving one; then the first that answers serves
+                got = _get(self._ctor.rejoin.remote(gen, self.rank, tried >= len(self._ctors)),
+                           self._timeout)
             except Exception as e:  # noqa: BLE001 - lost: the next one of the group
-                if not actor_lost(unwrap(e)) or time.monotonic() > deadline:
+                if not _moves_on(e) or time.monotonic() > deadline:
                     raise
-                self._ci = (self._ci + 1) % len(self._ctors)
+                got = None
                 time.sleep(0.05)
+            if got is not None:
+                g, step = got
+                return step if g == gen else -1
+            tried += 1
+            self._ci = (self._ci + 1) % len(self._ctors)
 
     # ------------------------------------------------------------ transport
 
@@ -303,7 +327,7 @@ class Client(polyload.Loader):
                         have = inflight[0][0] if inflight else next_req
                         ref = self._ctor.fetch.remote(gen, rank, next_req, n, self._timeout,
                                                       loader.position()[0], have,
-                                                      self.data_wait_s)
+                                                      self.data_wait_s, self.switches)
                         inflight.append((next_req, n, ref))
                         next_req += n
                     if not inflight:
@@ -319,7 +343,7 @@ class Client(polyload.Loader):
                         lost_since = None
                         lost_in_row = 0
                     except Exception as e:  # noqa: BLE001 - sorted out below
-                        if not (actor_lost(unwrap(e)) or isinstance(e, _Stalled)):
+                        if not _moves_on(e):
                             err = e
                         else:
                             # The constructor's process is gone: the next one of the
@@ -338,7 +362,7 @@ class Client(polyload.Loader):
                                 lost_in_row += 1
                                 if len(self._ctors) > 1:
                                     was = self._ctor_name
-                                    self._ci = (self._ci + 1) % len(self._ctors)
+                                    self._ci = self._next_ctor(e)
                                     self.switches += 1
                                     self.moves.append({"time": time.time(), "from": was,
                                                        "to": self._ctor_name, "step": first,

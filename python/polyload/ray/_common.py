@@ -54,6 +54,21 @@ def unwrap(exc: BaseException) -> BaseException:
     return exc
 
 
+class StoodDown(Exception):
+    """Raised by a data constructor that no longer serves its group (another one of
+    the group took over: ``DataConstructor.stand_down``) for the fetches it was
+    answering; the Client moves to ``serving`` (the actor name of the one that took
+    over, when known), else to the group's next constructor.  Never reaches the
+    trainer."""
+
+    def __init__(self, message: str, serving: "str | None" = None) -> None:
+        super().__init__(message, serving)
+        self.serving = serving
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
 def actor_lost(exc: BaseException) -> bool:
     """Whether ``exc`` says that an actor's process is gone or unreachable (killed,
     crashed, its node lost, restarting), rather than an error the actor raised."""
