@@ -1585,6 +1585,7 @@ out:
     free(slot);
     free(ids);
     free(counts);
+    pl__heap_trim_soon(); /* what the tokenizer freed goes back (at most 10/s) */
 }
 
 static void *pl__worker(void *arg) {
@@ -1816,6 +1817,20 @@ int pl__text_read(pl_source *src, int64_t index, int64_t offset,
     }
     pthread_mutex_unlock(&t->mu);
     return rc;
+}
+
+int pl_source_release_tokenizer(pl_source *src) {
+    if (!src) return PL_EINVAL;
+    pl__text *t = src->text;
+    if (!t || !t->have_tok) return PL_OK;
+    return pl__tokref_release(&t->tok) < 0 ? PL_EINVAL : PL_OK;
+}
+
+int pl_source_tokenizer_state(const pl_source *src, int64_t *loads, int64_t *shared_by) {
+    if (loads) *loads = 0;
+    if (shared_by) *shared_by = 0;
+    if (!src || !src->text || !src->text->have_tok) return -1;
+    return pl__tokref_state(&src->text->tok, loads, shared_by);
 }
 
 /* ------------------------------------------------------------ lookahead */

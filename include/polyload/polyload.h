@@ -347,6 +347,27 @@ PL_API int64_t pl_source_num_skipped(const pl_source *src);
  * its index.  Safe to call while other threads read the source.  PL_OK;
  * PL_EINVAL for NULL; PL_EIO when madvise fails (message names the file). */
 PL_API int pl_source_release_pages(pl_source *src);
+/* Unload the tokenizer of a raw text source opened through a config (a
+ * standby replica holds none until it takes over): its reference to the
+ * process's loaded tokenizer is dropped (the tokenizer is destroyed when no
+ * other source of the process holds the same file) and free heap pages go
+ * back to the system (malloc_trim).  The next tokenization loads it again
+ * from the same file, in the thread that tokenizes (a Hugging Face
+ * tokenizer.json of 2 MB: tens of ms), and checks first that the file is
+ * the one loaded at open (size, mtime, inode): a changed file is
+ * PL_ECONFIG for the documents being tokenized, never other tokens.  Waits
+ * for tokenizations in flight.  PL_OK (also for sources without a
+ * tokenizer, and when already released); PL_EINVAL for NULL or a tokenizer
+ * given to pl_source_open directly (it cannot be built again). */
+PL_API int pl_source_release_tokenizer(pl_source *src);
+/* The tokenizer of a raw text source opened through a config: 1 loaded, 0
+ * released, -1 none (not a raw text source, or a tokenizer given to
+ * pl_source_open).  *loads (may be NULL): loads asked so far (1 at open,
+ * plus one per load after a release); *shared_by (may be NULL): sources of
+ * the process using the same loaded tokenizer (same tokenizer settings and
+ * file), 0 when released.  Thread-safe. */
+PL_API int pl_source_tokenizer_state(const pl_source *src, int64_t *loads,
+                                     int64_t *shared_by);
 /* Heap bytes held by the handle, excluding mapped file pages. */
 PL_API size_t pl_source_sizeof(const pl_source *src);
 
@@ -611,6 +632,11 @@ PL_API void pl_tokenizer_bytes(pl_tokenizer *out);
  * host (the Python package, or a C program linking a tokenizer library)
  * registers a factory on the config (copied into loaders made from it).
  * It fills *out and returns 0, or a negative PL_E* code with a message.
+ * Sources opened through configs share loaded tokenizers: the factory is
+ * called once per distinct (type, path, pat_str, encoding, factory, ctx,
+ * file identity) in a process while a source holds it, and the tokenizer
+ * it made is called from the threads of every source naming that file (it
+ * is thread-safe already); the last source to let go destroys it.
  */
 typedef struct pl_config pl_config; /* see "config" below */
 typedef int (*pl_tokenizer_factory)(void *ctx, const char *type,
