@@ -129,6 +129,9 @@ int pl__tokref_create(int type, const char *path, const char *pat_str,
                       char *err, size_t errcap);
 int pl__tokref_release(pl_tokenizer *tok);
 int pl__tokref_state(const pl_tokenizer *tok, int64_t *builds, int64_t *shared_by);
+/* Run fn(arg) on the tokenize pool (pl_set_tokenize_threads) and wait, or
+ * here when there is none (or on a pool thread). */
+void pl__tokpool_run(void (*fn)(void *), void *arg);
 /* Tokenizers built by the wrappers so far in this process. */
 int64_t pl__tokenizers_loaded(void);
 /* Give free heap pages back to the system (glibc malloc_trim(0)): now, or

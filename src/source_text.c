@@ -1441,13 +1441,9 @@ static void pl__remote_lengths(pl_source *src, const int64_t *idx, int64_t n,
  * the texts of every document (pl__record_text) go to one encode_batch
  * call, and a document's ids are its texts' ids joined.  Instruction data
  * keeps the ids of texts not trained on as -1 - id (the marked form). */
-static void pl__tokenize(pl_source *src, const int64_t *idx, int64_t n,
-                         pl__tres *res) {
+static void pl__tokenize_here(pl_source *src, const int64_t *idx, int64_t n,
+                              pl__tres *res) {
     pl__text *t = src->text;
-    if (t->lengths_fn) {
-        pl__remote_lengths(src, idx, n, res);
-        return;
-    }
     pl__segv v = {0};
     int64_t *first = pl__calloc((size_t)n + 1, sizeof *first); /* texts of doc i */
     int64_t *slot = pl__calloc((size_t)n, sizeof *slot);
@@ -1586,6 +1582,31 @@ out:
     free(ids);
     free(counts);
     pl__heap_trim_soon(); /* what the tokenizer freed goes back (at most 10/s) */
+}
+
+typedef struct {
+    pl_source *src;
+    const int64_t *idx;
+    int64_t n;
+    pl__tres *res;
+} pl__tokjob_args;
+
+static void pl__tokenize_job(void *arg) {
+    pl__tokjob_args *a = arg;
+    pl__tokenize_here(a->src, a->idx, a->n, a->res);
+}
+
+/* pl__tokenize_here on the process's tokenize pool where it has one
+ * (pl_set_tokenize_threads), else on this thread; lengths-only sources ask
+ * their lengths function. */
+static void pl__tokenize(pl_source *src, const int64_t *idx, int64_t n,
+                         pl__tres *res) {
+    if (src->text->lengths_fn) {
+        pl__remote_lengths(src, idx, n, res);
+        return;
+    }
+    pl__tokjob_args a = {src, idx, n, res};
+    pl__tokpool_run(pl__tokenize_job, &a);
 }
 
 static void *pl__worker(void *arg) {

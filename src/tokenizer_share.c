@@ -28,6 +28,13 @@
  * the first's and destroys its own.  A wrapper has a mutex and a count of
  * calls in flight; release waits for them.
  *
+ * Pool (pl_set_tokenize_threads).  Where a process sets one, the raw text
+ * sources' tokenizing (parse, encode_batch, the kept ids) and the loading of
+ * tokenizers run on its few shared threads, the callers waiting: measured
+ * (bench/README.md, issue 10), tokenizing on two threads at once leaves ~5
+ * MiB more heap per source than on one, as the kept tokens and cache entries
+ * of the tokenizer land among more blocks freed at other times.
+ *
  * Heap.  Tokenizer libraries allocate and free many small blocks while they
  * load and encode, from every thread that calls them; glibc keeps freed
  * pages in its arenas.  pl__heap_trim_soon gives free pages back
@@ -108,6 +115,89 @@ void pl__heap_trim_soon(void) {
 #endif
 }
 
+/* ------------------------------------------------------------ the pool */
+
+typedef struct pl__tokjob {
+    void (*fn)(void *);
+    void *arg;
+    int done;
+    struct pl__tokjob *next;
+} pl__tokjob;
+
+static pthread_mutex_t p_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t p_work = PTHREAD_COND_INITIALIZER;
+static pthread_cond_t p_done = PTHREAD_COND_INITIALIZER;
+static pl__tokjob *p_head, *p_tail;
+static int p_want, p_running;
+static _Thread_local int p_in_pool;
+
+static void *pool_main(void *unused) {
+    (void)unused;
+    p_in_pool = 1;
+    pthread_mutex_lock(&p_mu);
+    for (;;) {
+        while (!p_head && p_running <= p_want) pthread_cond_wait(&p_work, &p_mu);
+        if (!p_head) break; /* fewer threads wanted */
+        pl__tokjob *j = p_head;
+        p_head = j->next;
+        if (!p_head) p_tail = NULL;
+        pthread_mutex_unlock(&p_mu);
+        j->fn(j->arg);
+        pthread_mutex_lock(&p_mu);
+        j->done = 1;
+        pthread_cond_broadcast(&p_done);
+    }
+    p_running--;
+    pthread_mutex_unlock(&p_mu);
+    return NULL;
+}
+
+int pl_set_tokenize_threads(int threads) {
+    if (threads < 0 || threads > 256) return PL_EINVAL;
+    pthread_mutex_lock(&p_mu);
+    p_want = threads;
+    int rc = PL_OK;
+    while (p_running < p_want) {
+        pthread_t th;
+        pthread_attr_t a;
+        pthread_attr_init(&a);
+        pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
+        int e = pthread_create(&th, &a, pool_main, NULL);
+        pthread_attr_destroy(&a);
+        if (e) {
+            rc = PL_ENOMEM;
+            break;
+        }
+        p_running++;
+    }
+    pthread_cond_broadcast(&p_work); /* extra threads leave once idle */
+    pthread_mutex_unlock(&p_mu);
+    return rc;
+}
+
+int pl_tokenize_threads(void) {
+    pthread_mutex_lock(&p_mu);
+    int n = p_want;
+    pthread_mutex_unlock(&p_mu);
+    return n;
+}
+
+void pl__tokpool_run(void (*fn)(void *), void *arg) {
+    pthread_mutex_lock(&p_mu);
+    if (p_in_pool || p_want == 0 || p_running == 0) {
+        pthread_mutex_unlock(&p_mu);
+        fn(arg);
+        return;
+    }
+    pl__tokjob j = {fn, arg, 0, NULL};
+    if (p_tail) p_tail->next = &j;
+    else p_head = &j;
+    p_tail = &j;
+    pthread_cond_signal(&p_work);
+    while (!j.done) pthread_cond_wait(&p_done, &p_mu);
+    pthread_mutex_unlock(&p_mu);
+}
+
 int64_t pl__tokenizers_loaded(void) { return (int64_t)atomic_load(&g_loads); }
 
 static int str_eq(const char *a, const char *b) {
@@ -155,7 +245,7 @@ static void key_stat(pl__tokkey *k) {
 }
 
 /* Build the tokenizer of k with its factory (no lock held). */
-static int build(const pl__tokkey *k, pl_tokenizer *tok, char *err, size_t errcap) {
+static int build_here(const pl__tokkey *k, pl_tokenizer *tok, char *err, size_t errcap) {
     memset(tok, 0, sizeof *tok);
     int rc;
     err[0] = '\0';
@@ -195,6 +285,27 @@ static int build(const pl__tokkey *k, pl_tokenizer *tok, char *err, size_t errca
     }
     if (rc == PL_OK) atomic_fetch_add(&g_loads, 1);
     return rc;
+}
+
+typedef struct {
+    const pl__tokkey *k;
+    pl_tokenizer *tok;
+    char *err;
+    size_t errcap;
+    int rc;
+} build_job;
+
+static void build_run(void *arg) {
+    build_job *b = arg;
+    b->rc = build_here(b->k, b->tok, b->err, b->errcap);
+}
+
+/* Built on the tokenize pool's thread where there is one: the tokenizer's
+ * memory comes from the heap of the thread that will use it. */
+static int build(const pl__tokkey *k, pl_tokenizer *tok, char *err, size_t errcap) {
+    build_job b = {k, tok, err, errcap, 0};
+    pl__tokpool_run(build_run, &b);
+    return b.rc;
 }
 
 static void drop(pl__tokshared *e) {

@@ -360,6 +360,20 @@ PL_API int pl_source_release_pages(pl_source *src);
  * tokenizer, and when already released); PL_EINVAL for NULL or a tokenizer
  * given to pl_source_open directly (it cannot be built again). */
 PL_API int pl_source_release_tokenizer(pl_source *src);
+/* Tokenize the raw text of every source of this process on `threads`
+ * shared threads (1..256), or (0, the default) on the threads that need the
+ * tokens: the sources' tokenizer_threads and the callers of
+ * pl_source_lengths / pl_source_read.  With a pool, those threads hand their
+ * batches (parse, encode_batch, building the kept ids) and the loading of
+ * tokenizers to it and wait; tokens are the same either way.  Meant for a
+ * process that hosts many sources for others (a Ray source loader actor sets
+ * it to its CPUs): fewer threads tokenizing at once keep the heap smaller
+ * (bench/README.md, issue 10).  Threads beyond a smaller count leave once
+ * idle.  PL_OK; PL_EINVAL for a count outside 0..256; PL_ENOMEM when a
+ * thread cannot start.  Thread-safe. */
+PL_API int pl_set_tokenize_threads(int threads);
+/* The count last set (0: no pool). */
+PL_API int pl_tokenize_threads(void);
 /* The tokenizer of a raw text source opened through a config: 1 loaded, 0
  * released, -1 none (not a raw text source, or a tokenizer given to
  * pl_source_open).  *loads (may be NULL): loads asked so far (1 at open,

@@ -665,6 +665,11 @@ class SourceLoader:
         # actors: Hugging Face tokenizers' own thread pool (rayon) would add threads
         # whose heaps keep ~7 MiB more per source (bench/README.md, issue 10).
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+        # ... and every source's tokenizing (and tokenizer loading) runs on a pool of
+        # as many threads as the actor has CPUs (at least one): two threads
+        # tokenizing at once leave ~5 MiB more heap per source than one.
+        cpus = ray.get_runtime_context().get_assigned_resources().get("CPU", 0.0)
+        _core.set_tokenize_threads(max(1, int(round(cpus))))
         enter_cwd(self._cwd)
         ctx = ray.get_runtime_context()
         self._kv_key = f"polyload:{ctx.namespace}:{ctx.get_actor_name()}.shards".encode()
@@ -860,6 +865,14 @@ class SourceLoader:
             (_core.read_rows_reply if self._images else _core.read_rows_raw)(srcs, reads)
         return {"cpu_s": time.process_time() - c0, "tokens": float(sum(lens)),
                 "docs": float(len(docs))}
+
+    def tokenizers(self) -> Dict[int, Optional[Dict[str, Any]]]:
+        """Per source held: its tokenizer (``Source.tokenizer_state``: ``{"loaded",
+        "loads", "shared_by"}``, None for a source without one).  A standby holds none
+        loaded until it takes over; sources of one tokenizer file share one."""
+        self._ensure_ready()
+        return {s: src.tokenizer_state() for s, src in enumerate(self._srcs)
+                if src is not None}
 
     def num_tokenized(self) -> Dict[int, int]:
         """Documents tokenized so far, per source held (raw text sources)."""
