@@ -205,6 +205,13 @@ def run_polyload(n, loader_actors, constructors, shadows):
         time.sleep(2)
         res = rm.measure(rm.tree(os.getpid()))
         res["actors"] = {k: len(v) for k, v in dep.actors.items()}
+        # reads moved to a standby (a loader that did not answer within read_timeout on
+        # a loaded machine): that standby then loads its tokenizers and tokenizes too
+        res["failovers"] = sum(len(ray.get(c.failover_log.remote()))
+                               for c in dep.actors["constructor"])
+        res["standby_tokenizers_loaded"] = sum(
+            bool(t and t["loaded"]) for a in dep.actors["shadow"]
+            for t in ray.get(a.tokenizers.remote()).values())
         return res
     finally:
         for p in procs:
@@ -264,9 +271,11 @@ def main():
                 t0 = time.time()
                 r = (run_polyload_fresh(n, a) if side == "polyload" else run_baseline(n))
                 rnd.setdefault(side, {})[str(n)] = r
+                extra = (f", failovers {r['failovers']}, standby tokenizers loaded "
+                         f"{r['standby_tokenizers_loaded']}" if "failovers" in r else "")
                 print(f"round {k} {side} {n}: {r['processes']} processes, "
                       f"PSS {r['pss_mib']:.0f} MiB (anon {r['pss_anon_mib']:.0f}, own "
-                      f"{r['pss_own_mib']:.0f}) {time.time() - t0:.0f}s", flush=True)
+                      f"{r['pss_own_mib']:.0f}) {time.time() - t0:.0f}s{extra}", flush=True)
             for kind in KINDS:
                 rnd[side][f"per_source_{kind}_mib"] = (
                     rnd[side][str(hi)][f"{kind}_mib"] - rnd[side][str(lo)][f"{kind}_mib"]) / (hi - lo)
