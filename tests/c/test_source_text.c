@@ -1314,6 +1314,17 @@ static void test_shared_tokenizer(void) {
     CHECK_EQ_I64(pl_source_release_tokenizer(direct), PL_EINVAL);
     CHECK_EQ_I64(pl_source_tokenizer_state(direct, NULL, NULL), -1);
     pl_source_free(direct);
+    /* A tokenize pool: the same lengths, tokenized on its threads. */
+    CHECK_EQ_I64(pl_set_tokenize_threads(-1), PL_EINVAL);
+    CHECK_OK(pl_set_tokenize_threads(2));
+    CHECK_EQ_I64(pl_tokenize_threads(), 2);
+    int64_t rest[NDOC], fresh[NDOC];
+    CHECK_OK(pl_source_lengths(s[1], idx + NDOC / 2, NDOC - NDOC / 2, rest));
+    CHECK_OK(pl_set_tokenize_threads(1)); /* one leaves once idle */
+    CHECK_OK(pl_source_lengths(s[0], idx + NDOC / 2, NDOC - NDOC / 2, fresh));
+    CHECK(memcmp(rest, fresh, (size_t)(NDOC - NDOC / 2) * sizeof *rest) == 0);
+    CHECK_OK(pl_set_tokenize_threads(0));
+    CHECK_EQ_I64(pl_tokenize_threads(), 0);
     for (int i = 0; i < 3; i++) pl_source_free(s[i]);
     CHECK_EQ_I64(atomic_load(&c.destroyed), 3);
 }
