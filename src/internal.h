@@ -129,9 +129,11 @@ int pl__tokref_create(int type, const char *path, const char *pat_str,
                       char *err, size_t errcap);
 int pl__tokref_release(pl_tokenizer *tok);
 int pl__tokref_state(const pl_tokenizer *tok, int64_t *builds, int64_t *shared_by);
-/* Run fn(arg) on the tokenize pool (pl_set_tokenize_threads) and wait, or
- * here when there is none (or on a pool thread). */
-void pl__tokpool_run(void (*fn)(void *), void *arg);
+/* Run fn(arg) on thread key % n of the tokenize pool (pl_set_tokenize_threads)
+ * and wait, or here when there is no pool (or on a pool thread).
+ * pl__tokref_key: the key of a tokenizer (its file's), as build uses. */
+void pl__tokpool_run(uint64_t key, void (*fn)(void *), void *arg);
+uint64_t pl__tokref_key(const pl_tokenizer *tok);
 /* Tokenizers built by the wrappers so far in this process. */
 int64_t pl__tokenizers_loaded(void);
 /* Give free heap pages back to the system (glibc malloc_trim(0)): now, or

@@ -1597,8 +1597,8 @@ static void pl__tokenize_job(void *arg) {
 }
 
 /* pl__tokenize_here on the process's tokenize pool where it has one
- * (pl_set_tokenize_threads), else on this thread; lengths-only sources ask
- * their lengths function. */
+ * (pl_set_tokenize_threads: on the thread of the source's tokenizer file),
+ * else on this thread; lengths-only sources ask their lengths function. */
 static void pl__tokenize(pl_source *src, const int64_t *idx, int64_t n,
                          pl__tres *res) {
     if (src->text->lengths_fn) {
@@ -1606,7 +1606,7 @@ static void pl__tokenize(pl_source *src, const int64_t *idx, int64_t n,
         return;
     }
     pl__tokjob_args a = {src, idx, n, res};
-    pl__tokpool_run(pl__tokenize_job, &a);
+    pl__tokpool_run(pl__tokref_key(&src->text->tok), pl__tokenize_job, &a);
 }
 
 static void *pl__worker(void *arg) {

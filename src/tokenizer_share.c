@@ -29,11 +29,13 @@
  * calls in flight; release waits for them.
  *
  * Pool (pl_set_tokenize_threads).  Where a process sets one, the raw text
- * sources' tokenizing (parse, encode_batch, the kept ids) and the loading of
- * tokenizers run on its few shared threads, the callers waiting: measured
- * (bench/README.md, issue 10), tokenizing on two threads at once leaves ~5
- * MiB more heap per source than on one, as the kept tokens and cache entries
- * of the tokenizer land among more blocks freed at other times.
+ * sources' tokenizing (parse, encode_batch, building the kept ids) and the
+ * loading of tokenizers run on its threads, the callers waiting, and always
+ * on the same thread for the same tokenizer file (the hash of its path picks
+ * it).  Measured (bench/README.md, issue 10): a tokenizer used from two
+ * threads leaves ~5 MiB more heap per source than from one, serialized or
+ * not, whatever the number of malloc arenas (state the tokenizer library
+ * keeps per thread that uses it, not broken down further).
  *
  * Heap.  Tokenizer libraries allocate and free many small blocks while they
  * load and encode, from every thread that calls them; glibc keeps freed
@@ -85,6 +87,9 @@ typedef struct pl__tokref {
     char *name;
 } pl__tokref;
 
+static int ref_encode(void *ctx, int64_t n, const char *const *texts, const size_t *lens,
+                      int32_t **ids, int64_t *counts, char *err, size_t errcap);
+
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static pl__tokshared *g_head;
 static atomic_llong g_last_trim;
@@ -124,53 +129,60 @@ typedef struct pl__tokjob {
     struct pl__tokjob *next;
 } pl__tokjob;
 
+typedef struct pl__tokthread {
+    pl__tokjob *head, *tail;
+    pthread_cond_t work;
+    int running;
+} pl__tokthread;
+
+#define PL__POOL_MAX 256
 static pthread_mutex_t p_mu = PTHREAD_MUTEX_INITIALIZER;
-static pthread_cond_t p_work = PTHREAD_COND_INITIALIZER;
 static pthread_cond_t p_done = PTHREAD_COND_INITIALIZER;
-static pl__tokjob *p_head, *p_tail;
-static int p_want, p_running;
+static pl__tokthread p_th[PL__POOL_MAX];
+static int p_want, p_started;
 static _Thread_local int p_in_pool;
 
-static void *pool_main(void *unused) {
-    (void)unused;
+static void *pool_main(void *arg) {
+    pl__tokthread *me = arg;
     p_in_pool = 1;
     pthread_mutex_lock(&p_mu);
     for (;;) {
-        while (!p_head && p_running <= p_want) pthread_cond_wait(&p_work, &p_mu);
-        if (!p_head) break; /* fewer threads wanted */
-        pl__tokjob *j = p_head;
-        p_head = j->next;
-        if (!p_head) p_tail = NULL;
+        while (!me->head) pthread_cond_wait(&me->work, &p_mu);
+        pl__tokjob *j = me->head;
+        me->head = j->next;
+        if (!me->head) me->tail = NULL;
         pthread_mutex_unlock(&p_mu);
         j->fn(j->arg);
         pthread_mutex_lock(&p_mu);
         j->done = 1;
         pthread_cond_broadcast(&p_done);
     }
-    p_running--;
-    pthread_mutex_unlock(&p_mu);
-    return NULL;
+    return NULL; /* not reached: the threads live as long as the process */
 }
 
 int pl_set_tokenize_threads(int threads) {
-    if (threads < 0 || threads > 256) return PL_EINVAL;
+    if (threads < 0 || threads > PL__POOL_MAX) return PL_EINVAL;
     pthread_mutex_lock(&p_mu);
-    p_want = threads;
     int rc = PL_OK;
-    while (p_running < p_want) {
+    while (p_started < threads) {
+        pl__tokthread *t = &p_th[p_started];
+        pthread_cond_init(&t->work, NULL);
         pthread_t th;
         pthread_attr_t a;
         pthread_attr_init(&a);
         pthread_attr_setdetachstate(&a, PTHREAD_CREATE_DETACHED);
-        int e = pthread_create(&th, &a, pool_main, NULL);
+        int e = pthread_create(&th, &a, pool_main, t);
         pthread_attr_destroy(&a);
         if (e) {
+            pthread_cond_destroy(&t->work);
             rc = PL_ENOMEM;
             break;
         }
-        p_running++;
+        t->running = 1;
+        p_started++;
     }
-    pthread_cond_broadcast(&p_work); /* extra threads leave once idle */
+    /* fewer wanted: the threads beyond stay idle (jobs go to the first ones) */
+    p_want = rc == PL_OK ? threads : p_started;
     pthread_mutex_unlock(&p_mu);
     return rc;
 }
@@ -182,20 +194,28 @@ int pl_tokenize_threads(void) {
     return n;
 }
 
-void pl__tokpool_run(void (*fn)(void *), void *arg) {
+void pl__tokpool_run(uint64_t key, void (*fn)(void *), void *arg) {
     pthread_mutex_lock(&p_mu);
-    if (p_in_pool || p_want == 0 || p_running == 0) {
+    if (p_in_pool || p_want == 0) {
         pthread_mutex_unlock(&p_mu);
         fn(arg);
         return;
     }
+    pl__tokthread *t = &p_th[key % (uint64_t)p_want];
     pl__tokjob j = {fn, arg, 0, NULL};
-    if (p_tail) p_tail->next = &j;
-    else p_head = &j;
-    p_tail = &j;
-    pthread_cond_signal(&p_work);
+    if (t->tail) t->tail->next = &j;
+    else t->head = &j;
+    t->tail = &j;
+    pthread_cond_signal(&t->work);
     while (!j.done) pthread_cond_wait(&p_done, &p_mu);
     pthread_mutex_unlock(&p_mu);
+}
+
+uint64_t pl__tokref_key(const pl_tokenizer *tok) {
+    if (!tok || tok->encode_batch != ref_encode) return (uint64_t)(uintptr_t)tok / 64;
+    const pl__tokref *r = tok->ctx;
+    const char *p = r->key.path ? r->key.path : "";
+    return pl__hash64(p, strlen(p), (uint64_t)r->key.type);
 }
 
 int64_t pl__tokenizers_loaded(void) { return (int64_t)atomic_load(&g_loads); }
@@ -300,11 +320,12 @@ static void build_run(void *arg) {
     b->rc = build_here(b->k, b->tok, b->err, b->errcap);
 }
 
-/* Built on the tokenize pool's thread where there is one: the tokenizer's
- * memory comes from the heap of the thread that will use it. */
+/* Built on the tokenize pool's thread of the file where the process has a
+ * pool (pl_set_tokenize_threads): the thread that will tokenize with it. */
 static int build(const pl__tokkey *k, pl_tokenizer *tok, char *err, size_t errcap) {
     build_job b = {k, tok, err, errcap, 0};
-    pl__tokpool_run(build_run, &b);
+    const char *p = k->path ? k->path : "";
+    pl__tokpool_run(pl__hash64(p, strlen(p), (uint64_t)k->type), build_run, &b);
     return b.rc;
 }
 

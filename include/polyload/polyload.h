@@ -361,18 +361,20 @@ PL_API int pl_source_release_pages(pl_source *src);
  * given to pl_source_open directly (it cannot be built again). */
 PL_API int pl_source_release_tokenizer(pl_source *src);
 /* Tokenize the raw text of every source of this process on `threads`
- * shared threads (1..256), or (0, the default) on the threads that need the
+ * (1..256) shared threads, or (0, the default) on the threads that need the
  * tokens: the sources' tokenizer_threads and the callers of
- * pl_source_lengths / pl_source_read.  With a pool, those threads hand their
- * batches (parse, encode_batch, building the kept ids) and the loading of
- * tokenizers to it and wait; tokens are the same either way.  Meant for a
- * process that hosts many sources for others (a Ray source loader actor sets
- * it to its CPUs): fewer threads tokenizing at once keep the heap smaller
- * (bench/README.md, issue 10).  Threads beyond a smaller count leave once
- * idle.  PL_OK; PL_EINVAL for a count outside 0..256; PL_ENOMEM when a
- * thread cannot start.  Thread-safe. */
+ * pl_source_lengths / pl_source_read.  With a pool those threads hand each
+ * batch (parse, encode_batch, building the kept ids), and the loading of
+ * tokenizers, to the pool thread of the source's tokenizer file (always the
+ * same one: the hash of the path picks it) and wait.  Tokens are the same
+ * either way.  Meant for a process that hosts many sources for others (a
+ * Ray source loader actor sets it to its CPUs, at least 2): a tokenizer used
+ * from one thread keeps a smaller heap than from several (bench/README.md,
+ * issue 10).  The threads live as long as the process; a smaller count
+ * leaves the others idle.  PL_OK; PL_EINVAL for a count outside 0..256;
+ * PL_ENOMEM when a thread cannot start.  Thread-safe. */
 PL_API int pl_set_tokenize_threads(int threads);
-/* The count last set (0: no pool). */
+/* The count last set (0: no limit). */
 PL_API int pl_tokenize_threads(void);
 /* The tokenizer of a raw text source opened through a config: 1 loaded, 0
  * released, -1 none (not a raw text source, or a tokenizer given to

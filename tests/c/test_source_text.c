@@ -1320,7 +1320,7 @@ static void test_shared_tokenizer(void) {
     CHECK_EQ_I64(pl_tokenize_threads(), 2);
     int64_t rest[NDOC], fresh[NDOC];
     CHECK_OK(pl_source_lengths(s[1], idx + NDOC / 2, NDOC - NDOC / 2, rest));
-    CHECK_OK(pl_set_tokenize_threads(1)); /* one leaves once idle */
+    CHECK_OK(pl_set_tokenize_threads(1));
     CHECK_OK(pl_source_lengths(s[0], idx + NDOC / 2, NDOC - NDOC / 2, fresh));
     CHECK(memcmp(rest, fresh, (size_t)(NDOC - NDOC / 2) * sizeof *rest) == 0);
     CHECK_OK(pl_set_tokenize_threads(0));

@@ -112,7 +112,8 @@ def test_threads_do_not_change_batches(corpus):
 
 
 def test_tokenize_pool_and_shared_tokenizer_do_not_change_batches(corpus, tmp_path):
-    """A process-wide tokenize pool (what the Ray source loaders use) gives the same
+    """A process-wide tokenize pool (what the Ray source loaders use), with two tokenizer
+    threads per source handing it their batches, gives the same
     micro-batches; sources naming one tokenizer file share one loaded tokenizer, a copy
     of the file is loaded apart; a released tokenizer loads again with the same ids."""
     want = _hashes(_raw_config(corpus), 10)
@@ -120,11 +121,14 @@ def test_tokenize_pool_and_shared_tokenizer_do_not_change_batches(corpus, tmp_pa
     _core.set_tokenize_threads(1)
     try:
         assert _core.tokenize_threads() == 1
-        for s in ("tech", "wit"):  # no length cache: the pool tokenizes every length
+        for s in ("tech", "wit"):  # no length cache: every length is tokenized
             side = os.path.join(corpus["dir"], s + ".jsonl.pllen")
             if os.path.exists(side):
                 os.remove(side)
-        assert _hashes(_raw_config(corpus), 10) == want
+        cfg = _raw_config(corpus)
+        for s in cfg["sources"]:
+            s["tokenizer"] = {"type": "hf", "path": corpus["tokenizer"], "threads": 2}
+        assert _hashes(cfg, 10) == want
     finally:
         _core.set_tokenize_threads(0)
     with pytest.raises(polyload.PolyloadError):

@@ -334,8 +334,9 @@ static PyMethodDef module_methods[] = {
      "(pl_state_retarget)."},
     {"set_tokenize_threads", mod_set_tokenize_threads, METH_O,
      "set_tokenize_threads(n) -> None\n\nTokenize the raw text sources of this process "
-     "on n shared threads (0: on the\nthreads that need the tokens, the default); what a "
-     "Ray source loader actor\nsets to its CPUs (pl_set_tokenize_threads)."},
+     "on n shared threads, each\ntokenizer file on one of them (0: on the threads that "
+     "need the tokens, the\ndefault); what a Ray source loader actor sets "
+     "(pl_set_tokenize_threads)."},
     {"tokenize_threads", mod_tokenize_threads, METH_NOARGS,
      "tokenize_threads() -> int\n\nThe count last set (pl_tokenize_threads)."},
     {"read_rows_raw", pypl_read_rows_raw, METH_VARARGS,
