@@ -26,7 +26,8 @@ added source = (PSS(hi) - PSS(lo)) / (hi - lo); --repeats paired rounds (each ro
 sides at both counts), the median of the rounds reported.
 
     .venv/bin/python bench/ray_text_memory.py [--sources 4 16] [--repeats 3]
-        [--tokenizer-load main|worker] [--take 8] [--shadows 1] [--json bench/out/ray_text_memory.json]
+        [--tokenizer-load main|worker] [--take 8] [--shadows 1] [--read-timeout 30]
+        [--json bench/out/ray_text_memory.json]
 """
 
 from __future__ import annotations
@@ -175,7 +176,7 @@ def run_baseline(n):
 # ------------------------------------------------------------------------ polyload
 
 
-def run_polyload(n, loader_actors, constructors, shadows):
+def run_polyload(n, loader_actors, constructors, shadows, read_timeout=30.0):
     import ray
     import yaml
 
@@ -198,13 +199,20 @@ def run_polyload(n, loader_actors, constructors, shadows):
     try:
         dep = pr.launch(cfg_path, num_source_loaders=1, num_constructors=constructors,
                         namespace="bench", max_source_loader_actors=loader_actors,
-                        shadows=shadows)
+                        shadows=shadows, read_timeout=read_timeout)
         procs = [subprocess.Popen([sys.executable, script, str(r), address], cwd=ROOT)
                  for r in range(RANKS)]
         rm.wait_files([ready + str(r) for r in range(RANKS)], procs, 900)
         time.sleep(2)
         res = rm.measure(rm.tree(os.getpid()))
         res["actors"] = {k: len(v) for k, v in dep.actors.items()}
+        # reads moved to a standby (a loader that did not answer within read_timeout on
+        # a loaded machine): that standby then loads its tokenizers and tokenizes too
+        res["failovers"] = sum(len(ray.get(c.failover_log.remote()))
+                               for c in dep.actors["constructor"])
+        res["standby_tokenizers_loaded"] = sum(
+            bool(t and t["loaded"]) for a in dep.actors["shadow"]
+            for t in ray.get(a.tokenizers.remote()).values())
         return res
     finally:
         for p in procs:
@@ -216,7 +224,8 @@ def run_polyload(n, loader_actors, constructors, shadows):
 def run_polyload_fresh(n, a):
     out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", str(n),
                           "--loader-actors", str(a.loader_actors),
-                          "--constructors", str(a.constructors), "--shadows", str(a.shadows), "--take", str(a.take)],
+                          "--constructors", str(a.constructors), "--shadows", str(a.shadows), "--take", str(a.take),
+                          "--read-timeout", str(a.read_timeout)],
                          cwd=ROOT, check=True, stdout=subprocess.PIPE, text=True).stdout
     return json.loads([ln for ln in out.splitlines() if ln.startswith('{"processes"')][-1])
 
@@ -237,6 +246,10 @@ def main():
     ap.add_argument("--tokenizer-load", choices=("main", "worker"), default="main",
                     help="baseline: tokenizers loaded in the rank process before the "
                          "workers fork (torchtitan) or in each worker")
+    ap.add_argument("--read-timeout", type=float, default=30.0,
+                    help="launch's read_timeout: a read unanswered this long moves to the "
+                         "standby (which then loads its tokenizers); raise it on a loaded "
+                         "machine so that the load does not move reads")
     ap.add_argument("--take", type=int, default=TAKE,
                     help="micro-batches each rank takes at least before the measurement")
     ap.add_argument("--skip-baseline", action="store_true")
@@ -245,7 +258,8 @@ def main():
     a = ap.parse_args()
     TOKENIZER_LOAD, TAKE = a.tokenizer_load, a.take
     if a.child is not None:
-        print(json.dumps(run_polyload(a.child, a.loader_actors, a.constructors, a.shadows)),
+        print(json.dumps(run_polyload(a.child, a.loader_actors, a.constructors, a.shadows,
+                                      a.read_timeout)),
               flush=True)
         return
     lo, hi = sorted(a.sources)
@@ -255,7 +269,7 @@ def main():
            "tokenizer_load": TOKENIZER_LOAD, "sources": [lo, hi], "seq_length": SEQ,
            "micro_batch_size": MBS, "global_batch_size": GBS, "take": TAKE,
            "loader_actors": a.loader_actors, "constructors": a.constructors,
-           "shadows": a.shadows, "rounds": []}
+           "shadows": a.shadows, "read_timeout": a.read_timeout, "rounds": []}
     sides = [s for s in ("polyload", "baseline") if not getattr(a, "skip_" + s)]
     for k in range(a.repeats):
         rnd = {}
@@ -264,9 +278,11 @@ def main():
                 t0 = time.time()
                 r = (run_polyload_fresh(n, a) if side == "polyload" else run_baseline(n))
                 rnd.setdefault(side, {})[str(n)] = r
+                extra = (f", failovers {r['failovers']}, standby tokenizers loaded "
+                         f"{r['standby_tokenizers_loaded']}" if "failovers" in r else "")
                 print(f"round {k} {side} {n}: {r['processes']} processes, "
                       f"PSS {r['pss_mib']:.0f} MiB (anon {r['pss_anon_mib']:.0f}, own "
-                      f"{r['pss_own_mib']:.0f}) {time.time() - t0:.0f}s", flush=True)
+                      f"{r['pss_own_mib']:.0f}) {time.time() - t0:.0f}s{extra}", flush=True)
             for kind in KINDS:
                 rnd[side][f"per_source_{kind}_mib"] = (
                     rnd[side][str(hi)][f"{kind}_mib"] - rnd[side][str(lo)][f"{kind}_mib"]) / (hi - lo)

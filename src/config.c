@@ -2079,10 +2079,6 @@ fail:
     return NULL;
 }
 
-/* The tokenizer of a `tokenizer:` setting: built in, or the factory's.  On
- * failure *out is a source handle carrying the message (as a failed open). */
-static const char *const pl__tok_type_names[] = {"", "bytes", "hf",
-                                                 "sentencepiece", "tiktoken"};
 /* The length-cache key of a raw text source: what decides its lengths (the
  * tokenizer's type and file bytes, add_eos, eos_id, the record keys).  0
  * (no cache) when the tokenizer file cannot be read. */
@@ -2113,6 +2109,9 @@ static uint64_t pl__length_cache_key(const pl__source_cfg *s) {
     return h ? h : 1;
 }
 
+/* The tokenizer of a `tokenizer:` setting: built in, or the factory's, as a
+ * shared releasable wrapper (tokenizer_share.c).  On failure *out is a source
+ * handle carrying the message (as a failed open). */
 static int pl__config_tokenizer(const pl_config *cfg, const pl__tok_cfg *t,
                                 pl_tokenizer *tok, pl_source **out) {
     memset(tok, 0, sizeof *tok);
@@ -2122,42 +2121,14 @@ static int pl__config_tokenizer(const pl_config *cfg, const pl__tok_cfg *t,
     }
     char err[PL__ERRMSG_CAP];
     int rc;
+    pl_tokenizer_factory fn = cfg->tok_factory_spec ? NULL : cfg->tok_factory;
+    pl_tokenizer_spec_factory spec_fn = cfg->tok_factory_spec;
 #ifdef PL_WITH_SENTENCEPIECE
-    if (t->type == PL__TOK_SENTENCEPIECE) {
-        rc = pl__spm_create(t->path ? t->path : "", tok, err, sizeof err);
-        if (rc == PL_OK) return PL_OK;
-    } else
+    if (t->type == PL__TOK_SENTENCEPIECE) fn = NULL, spec_fn = NULL; /* built in */
 #endif
-    if (cfg->tok_factory_spec) {
-        pl_tokenizer_spec sp;
-        memset(&sp, 0, sizeof sp);
-        sp.version = PL_TOKENIZER_SPEC_VERSION;
-        sp.type = pl__tok_type_names[t->type];
-        sp.path = t->path ? t->path : "";
-        sp.pat_str = t->pat_str;
-        sp.encoding = t->encoding;
-        err[0] = '\0';
-        rc = cfg->tok_factory_spec(cfg->tok_factory_ctx, &sp, tok, err, sizeof err);
-        if (rc == PL_OK && (tok->version != PL_TOKENIZER_VERSION || !tok->encode_batch)) {
-            pl__fmt(err, sizeof err, "tokenizer factory gave no encode_batch");
-            rc = PL_EINVAL;
-        }
-    } else if (!cfg->tok_factory) {
-        pl__fmt(err, sizeof err,
-                "tokenizer type %s (%s) is not built into the C library (built "
-                "in: bytes, and sentencepiece where built with libsentencepiece); it needs a host that provides it, e.g. the Python "
-                "package (polyload.Loader)",
-                pl__tok_type_names[t->type], t->path ? t->path : "");
-        rc = PL_ECONFIG;
-    } else {
-        err[0] = '\0';
-        rc = cfg->tok_factory(cfg->tok_factory_ctx, pl__tok_type_names[t->type],
-                              t->path ? t->path : "", tok, err, sizeof err);
-        if (rc == PL_OK && (tok->version != PL_TOKENIZER_VERSION || !tok->encode_batch)) {
-            pl__fmt(err, sizeof err, "tokenizer factory gave no encode_batch");
-            rc = PL_EINVAL;
-        }
-    }
+    err[0] = '\0';
+    rc = pl__tokref_create(t->type, t->path ? t->path : "", t->pat_str, t->encoding, fn,
+                           spec_fn, cfg->tok_factory_ctx, tok, err, sizeof err);
     if (rc == PL_OK) return PL_OK;
     /* A handle for the message, as pl_source_open leaves one. */
     pl_source_options o;

@@ -1441,13 +1441,9 @@ static void pl__remote_lengths(pl_source *src, const int64_t *idx, int64_t n,
  * the texts of every document (pl__record_text) go to one encode_batch
  * call, and a document's ids are its texts' ids joined.  Instruction data
  * keeps the ids of texts not trained on as -1 - id (the marked form). */
-static void pl__tokenize(pl_source *src, const int64_t *idx, int64_t n,
-                         pl__tres *res) {
+static void pl__tokenize_here(pl_source *src, const int64_t *idx, int64_t n,
+                              pl__tres *res) {
     pl__text *t = src->text;
-    if (t->lengths_fn) {
-        pl__remote_lengths(src, idx, n, res);
-        return;
-    }
     pl__segv v = {0};
     int64_t *first = pl__calloc((size_t)n + 1, sizeof *first); /* texts of doc i */
     int64_t *slot = pl__calloc((size_t)n, sizeof *slot);
@@ -1585,6 +1581,32 @@ out:
     free(slot);
     free(ids);
     free(counts);
+    pl__heap_trim_soon(); /* what the tokenizer freed goes back (at most 10/s) */
+}
+
+typedef struct {
+    pl_source *src;
+    const int64_t *idx;
+    int64_t n;
+    pl__tres *res;
+} pl__tokjob_args;
+
+static void pl__tokenize_job(void *arg) {
+    pl__tokjob_args *a = arg;
+    pl__tokenize_here(a->src, a->idx, a->n, a->res);
+}
+
+/* pl__tokenize_here on the process's tokenize pool where it has one
+ * (pl_set_tokenize_threads: on the thread of the source's tokenizer file),
+ * else on this thread; lengths-only sources ask their lengths function. */
+static void pl__tokenize(pl_source *src, const int64_t *idx, int64_t n,
+                         pl__tres *res) {
+    if (src->text->lengths_fn) {
+        pl__remote_lengths(src, idx, n, res);
+        return;
+    }
+    pl__tokjob_args a = {src, idx, n, res};
+    pl__tokpool_run(pl__tokref_key(&src->text->tok), pl__tokenize_job, &a);
 }
 
 static void *pl__worker(void *arg) {
@@ -1816,6 +1838,20 @@ int pl__text_read(pl_source *src, int64_t index, int64_t offset,
     }
     pthread_mutex_unlock(&t->mu);
     return rc;
+}
+
+int pl_source_release_tokenizer(pl_source *src) {
+    if (!src) return PL_EINVAL;
+    pl__text *t = src->text;
+    if (!t || !t->have_tok) return PL_OK;
+    return pl__tokref_release(&t->tok) < 0 ? PL_EINVAL : PL_OK;
+}
+
+int pl_source_tokenizer_state(const pl_source *src, int64_t *loads, int64_t *shared_by) {
+    if (loads) *loads = 0;
+    if (shared_by) *shared_by = 0;
+    if (!src || !src->text || !src->text->have_tok) return -1;
+    return pl__tokref_state(&src->text->tok, loads, shared_by);
 }
 
 /* ------------------------------------------------------------ lookahead */

@@ -347,6 +347,43 @@ PL_API int64_t pl_source_num_skipped(const pl_source *src);
  * its index.  Safe to call while other threads read the source.  PL_OK;
  * PL_EINVAL for NULL; PL_EIO when madvise fails (message names the file). */
 PL_API int pl_source_release_pages(pl_source *src);
+/* Unload the tokenizer of a raw text source opened through a config (a
+ * standby replica holds none until it takes over): its reference to the
+ * process's loaded tokenizer is dropped (the tokenizer is destroyed when no
+ * other source of the process holds the same file) and free heap pages go
+ * back to the system (malloc_trim).  The next tokenization loads it again
+ * from the same file, in the thread that tokenizes (a Hugging Face
+ * tokenizer.json of 2 MB: tens of ms), and checks first that the file is
+ * the one loaded at open (size, mtime, inode): a changed file is
+ * PL_ECONFIG for the documents being tokenized, never other tokens.  Waits
+ * for tokenizations in flight.  PL_OK (also for sources without a
+ * tokenizer, and when already released); PL_EINVAL for NULL or a tokenizer
+ * given to pl_source_open directly (it cannot be built again). */
+PL_API int pl_source_release_tokenizer(pl_source *src);
+/* Tokenize the raw text of every source of this process on `threads`
+ * (1..256) shared threads, or (0, the default) on the threads that need the
+ * tokens: the sources' tokenizer_threads and the callers of
+ * pl_source_lengths / pl_source_read.  With a pool those threads hand each
+ * batch (parse, encode_batch, building the kept ids), and the loading of
+ * tokenizers, to the pool thread of the source's tokenizer file (always the
+ * same one: the hash of the path picks it) and wait.  Tokens are the same
+ * either way.  Meant for a process that hosts many sources for others (a
+ * Ray source loader actor sets it to its CPUs, at least 2): a tokenizer used
+ * from one thread keeps a smaller heap than from several (bench/README.md,
+ * issue 10).  The threads live as long as the process; a smaller count
+ * leaves the others idle.  PL_OK; PL_EINVAL for a count outside 0..256;
+ * PL_ENOMEM when a thread cannot start.  Thread-safe. */
+PL_API int pl_set_tokenize_threads(int threads);
+/* The count last set (0: no limit). */
+PL_API int pl_tokenize_threads(void);
+/* The tokenizer of a raw text source opened through a config: 1 loaded, 0
+ * released, -1 none (not a raw text source, or a tokenizer given to
+ * pl_source_open).  *loads (may be NULL): loads asked so far (1 at open,
+ * plus one per load after a release); *shared_by (may be NULL): sources of
+ * the process using the same loaded tokenizer (same tokenizer settings and
+ * file), 0 when released.  Thread-safe. */
+PL_API int pl_source_tokenizer_state(const pl_source *src, int64_t *loads,
+                                     int64_t *shared_by);
 /* Heap bytes held by the handle, excluding mapped file pages. */
 PL_API size_t pl_source_sizeof(const pl_source *src);
 
@@ -611,6 +648,11 @@ PL_API void pl_tokenizer_bytes(pl_tokenizer *out);
  * host (the Python package, or a C program linking a tokenizer library)
  * registers a factory on the config (copied into loaders made from it).
  * It fills *out and returns 0, or a negative PL_E* code with a message.
+ * Sources opened through configs share loaded tokenizers: the factory is
+ * called once per distinct (type, path, pat_str, encoding, factory, ctx,
+ * file identity) in a process while a source holds it, and the tokenizer
+ * it made is called from the threads of every source naming that file (it
+ * is thread-safe already); the last source to let go destroys it.
  */
 typedef struct pl_config pl_config; /* see "config" below */
 typedef int (*pl_tokenizer_factory)(void *ctx, const char *type,

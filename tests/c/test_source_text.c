@@ -1185,6 +1185,150 @@ static void test_chat(void) {
     }
 }
 
+
+/* A factory that counts the tokenizers it makes and destroys (byte tokens). */
+typedef struct {
+    atomic_int made, destroyed;
+    pl_tokenizer bytes;
+} share_counts;
+
+static int share_encode(void *ctx, int64_t n, const char *const *texts,
+                        const size_t *lens, int32_t **ids, int64_t *counts, char *err,
+                        size_t errcap) {
+    share_counts *c = ctx;
+    return c->bytes.encode_batch(c->bytes.ctx, n, texts, lens, ids, counts, err, errcap);
+}
+
+static void share_destroy(void *ctx) {
+    share_counts *c = ctx;
+    atomic_fetch_add(&c->destroyed, 1);
+}
+
+static int share_factory(void *ctx, const char *type, const char *path, pl_tokenizer *out,
+                         char *err, size_t errcap) {
+    (void)type;
+    if (access(path, R_OK) != 0) {
+        snprintf(err, errcap, "cannot read %s", path);
+        return PL_ECONFIG;
+    }
+    share_counts *c = ctx;
+    pl_tokenizer_bytes(out);
+    out->ctx = c;
+    out->encode_batch = share_encode;
+    out->destroy = share_destroy;
+    out->name = "counted";
+    atomic_fetch_add(&c->made, 1);
+    return PL_OK;
+}
+
+/* Sources naming the same tokenizer file share one loaded tokenizer (the
+ * factory runs once per file); release drops a source's reference (the last
+ * one destroys it), the next tokenization loads it again with the same
+ * tokens, and a file changed meanwhile is refused, never used. */
+static void test_shared_tokenizer(void) {
+    static char corpus[NDOC * 1200];
+    size_t n = jsonl_corpus(corpus, sizeof corpus);
+    char p[512], ta[512], tb[512], yaml[2048];
+    snprintf(p, sizeof p, "%s/share.jsonl", dir);
+    snprintf(ta, sizeof ta, "%s/tok_a.json", dir);
+    snprintf(tb, sizeof tb, "%s/tok_b.json", dir);
+    pl_test_write_file(p, corpus, n);
+    pl_test_write_file(ta, "a", 1);
+    pl_test_write_file(tb, "b", 1);
+    snprintf(yaml, sizeof yaml,
+             "seed: 5\nseq_length: 64\nglobal_batch_size: 4\nmicro_batch_size: 1\n"
+             "sidecar_index: memory\nsources:\n"
+             "  - {name: a1, type: jsonl, path: '%s', tokenizer: {type: hf, path: '%s'}}\n"
+             "  - {name: a2, type: jsonl, path: '%s', tokenizer: {type: hf, path: '%s'}}\n"
+             "  - {name: b, type: jsonl, path: '%s', tokenizer: {type: hf, path: '%s'}}\n",
+             p, ta, p, ta, p, tb);
+    static share_counts c;
+    atomic_store(&c.made, 0);
+    atomic_store(&c.destroyed, 0);
+    pl_tokenizer_bytes(&c.bytes);
+    pl_config *cfg;
+    CHECK_OK(pl_config_parse_string(yaml, strlen(yaml), "t", &cfg));
+    pl_config_set_tokenizer_factory(cfg, share_factory, &c);
+    pl_source *s[3] = {NULL, NULL, NULL};
+    for (int i = 0; i < 3; i++) CHECK_OK(pl_config_open_source(cfg, i, &s[i]));
+    pl_config_free(cfg); /* the sources keep how to load their tokenizers */
+    if (!s[0] || !s[1] || !s[2]) return;
+    CHECK_EQ_I64(atomic_load(&c.made), 2); /* tok_a once, tok_b once */
+    int64_t loads = -1, shared = -1;
+    CHECK_EQ_I64(pl_source_tokenizer_state(s[0], &loads, &shared), 1);
+    CHECK_EQ_I64(loads, 1);
+    CHECK_EQ_I64(shared, 2);
+    CHECK_EQ_I64(pl_source_tokenizer_state(s[2], NULL, &shared), 1);
+    CHECK_EQ_I64(shared, 1);
+    int64_t idx[NDOC], ref[NDOC], got[NDOC];
+    for (int i = 0; i < NDOC; i++) idx[i] = i;
+    CHECK_OK(pl_source_lengths(s[0], idx, NDOC / 2, ref));
+    /* One releases: the other holds tok_a still. */
+    CHECK_OK(pl_source_release_tokenizer(s[0]));
+    CHECK_OK(pl_source_release_tokenizer(s[0])); /* again: nothing to drop */
+    CHECK_EQ_I64(pl_source_tokenizer_state(s[0], NULL, &shared), 0);
+    CHECK_EQ_I64(shared, 0);
+    CHECK_EQ_I64(pl_source_tokenizer_state(s[1], NULL, &shared), 1);
+    CHECK_EQ_I64(shared, 1);
+    CHECK_EQ_I64(atomic_load(&c.destroyed), 0);
+    CHECK_OK(pl_source_release_tokenizer(s[1]));
+    CHECK_EQ_I64(atomic_load(&c.destroyed), 1); /* the last holder let go */
+    /* The next tokenization loads it again, with the same tokens. */
+    CHECK_OK(pl_source_lengths(s[1], idx, NDOC / 2, got));
+    CHECK(memcmp(ref, got, sizeof ref / 2) == 0);
+    CHECK_EQ_I64(atomic_load(&c.made), 3);
+    CHECK_EQ_I64(pl_source_tokenizer_state(s[1], &loads, &shared), 1);
+    CHECK_EQ_I64(loads, 2);
+    CHECK_EQ_I64(shared, 1);
+    /* s[0] takes the one s[1] loaded (no new load) to tokenize a document
+       it has not seen, and reads its tokens. */
+    int64_t tok[1];
+    CHECK_OK(pl_source_read(s[0], NDOC - 1, 0, 1, tok, PL_DTYPE_INT64));
+    char first[512];
+    doc_text(NDOC - 1, first, sizeof first);
+    CHECK_EQ_I64(tok[0], (unsigned char)first[0]); /* byte tokens of its text */
+    CHECK_EQ_I64(atomic_load(&c.made), 3);
+    CHECK_EQ_I64(pl_source_tokenizer_state(s[0], NULL, &shared), 1);
+    CHECK_EQ_I64(shared, 2);
+    /* tok_b changes while released: its documents fail, naming the file. */
+    CHECK_OK(pl_source_release_tokenizer(s[2]));
+    pl_test_write_file(tb, "bb", 2);
+    int64_t bad[2];
+    CHECK_OK(pl_source_lengths(s[2], idx, 2, bad));
+    CHECK(bad[0] < 0 && bad[1] < 0);
+    int64_t len = 0;
+    CHECK(pl_source_document_length(s[2], 0, &len) != PL_OK);
+    CHECK(strstr(pl_source_errmsg(s[2]), "tok_b.json changed") != NULL);
+    CHECK_EQ_I64(atomic_load(&c.made), 3); /* never loaded from the new file */
+    /* A source opened directly with a tokenizer cannot release it. */
+    pl_source_options o;
+    memset(&o, 0, sizeof o);
+    o.version = PL_SOURCE_OPTIONS_VERSION;
+    o.type = PL_SOURCE_JSONL;
+    o.path = p;
+    pl_tokenizer bt;
+    pl_tokenizer_bytes(&bt);
+    o.tokenizer = &bt;
+    pl_source *direct = NULL;
+    CHECK_OK(pl_source_open(&o, &direct));
+    CHECK_EQ_I64(pl_source_release_tokenizer(direct), PL_EINVAL);
+    CHECK_EQ_I64(pl_source_tokenizer_state(direct, NULL, NULL), -1);
+    pl_source_free(direct);
+    /* A tokenize pool: the same lengths, tokenized on its threads. */
+    CHECK_EQ_I64(pl_set_tokenize_threads(-1), PL_EINVAL);
+    CHECK_OK(pl_set_tokenize_threads(2));
+    CHECK_EQ_I64(pl_tokenize_threads(), 2);
+    int64_t rest[NDOC], fresh[NDOC];
+    CHECK_OK(pl_source_lengths(s[1], idx + NDOC / 2, NDOC - NDOC / 2, rest));
+    CHECK_OK(pl_set_tokenize_threads(1));
+    CHECK_OK(pl_source_lengths(s[0], idx + NDOC / 2, NDOC - NDOC / 2, fresh));
+    CHECK(memcmp(rest, fresh, (size_t)(NDOC - NDOC / 2) * sizeof *rest) == 0);
+    CHECK_OK(pl_set_tokenize_threads(0));
+    CHECK_EQ_I64(pl_tokenize_threads(), 0);
+    for (int i = 0; i < 3; i++) pl_source_free(s[i]);
+    CHECK_EQ_I64(atomic_load(&c.destroyed), 3);
+}
+
 int main(void) {
     dir = pl_test_tmpdir();
     test_formats();
@@ -1197,5 +1341,6 @@ int main(void) {
     test_instruction();
     test_length_cache();
     test_chat();
+    test_shared_tokenizer();
     TEST_END();
 }

@@ -959,9 +959,18 @@ def test_raw_text_tokenized_in_source_loaders(cluster, tmp_path_factory):
             for r in (0, 1):
                 got[r].append(batch_hash(b[r]))
         counts = ray.get([a.num_tokenized.remote() for a in dep.actors["source_loader"]])
+        toks = ray.get([a.tokenizers.remote() for a in dep.actors["source_loader"]])
+        standby = ray.get([a.tokenizers.remote() for a in dep.actors["shadow"]])
     prepared = fc.config(corpus, train_steps=8)
     for r in (0, 1):
         assert got[r] == loader_hashes(cfg, r)[0] == loader_hashes(prepared, r)[0], r
+    # One top-level tokenizer: each actor loaded it once for every source it holds; the
+    # standbys hold none loaded (they never took over).
+    for held in toks:
+        assert held and all(t["loaded"] and t["loads"] == 1 and t["shared_by"] == len(held)
+                            for t in held.values()), held
+    assert standby and all(t == {"loaded": False, "loads": 1, "shared_by": 0}
+                           for held in standby for t in held.values()), standby
     tokenized = sum(sum(c.values()) for c in counts)
     # 8 steps x 8 sequences x 128 tokens of short fortunes: a few hundred documents, each
     # tokenized once by the loader that owns it (plus the planner's lookahead window).
@@ -1334,13 +1343,20 @@ def test_raw_text_lengths_move_to_a_standby(cluster, tmp_path_factory):
     with pr.launch(cfg, num_source_loaders=1, namespace=NS, name="lenfail", shadows=1,
                    prefetch_steps=1, read_timeout=5.0) as dep:
         clients = [pr.Client(cfg, rank=r, namespace=NS, name="lenfail") for r in (0, 1)]
+        before = ray.get([a.tokenizers.remote() for a in dep.actors["shadow"]])
+
         def each(k, _b):
             if k == 2:
                 for pid in dep.pids()["source_loader"]:
                     os.kill(pid, signal.SIGKILL)
         got = _lockstep(clients, each)
+        after = ray.get([a.tokenizers.remote() for a in dep.actors["shadow"]])
     for r in (0, 1):
         assert got[r] == want[r], f"rank {r}"
+    # The standby opened its sources (loading the tokenizer once to check them), then
+    # unloaded it; taking over, it loaded it again to tokenize.
+    assert all(not t["loaded"] and t["loads"] == 1 for h in before for t in h.values()), before
+    assert any(t["loaded"] and t["loads"] == 2 for h in after for t in h.values()), after
 # ------------------------------------------------------------------ image-text sources
 
 

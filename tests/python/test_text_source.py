@@ -111,6 +111,48 @@ def test_threads_do_not_change_batches(corpus):
     assert _hashes(cfg, 10) == _hashes(_raw_config(corpus), 10)
 
 
+def test_tokenize_pool_and_shared_tokenizer_do_not_change_batches(corpus, tmp_path):
+    """A process-wide tokenize pool (what the Ray source loaders use), with two tokenizer
+    threads per source handing it their batches, gives the same
+    micro-batches; sources naming one tokenizer file share one loaded tokenizer, a copy
+    of the file is loaded apart; a released tokenizer loads again with the same ids."""
+    want = _hashes(_raw_config(corpus), 10)
+    assert _core.tokenize_threads() == 0
+    _core.set_tokenize_threads(1)
+    try:
+        assert _core.tokenize_threads() == 1
+        for s in ("tech", "wit"):  # no length cache: every length is tokenized
+            side = os.path.join(corpus["dir"], s + ".jsonl.pllen")
+            if os.path.exists(side):
+                os.remove(side)
+        cfg = _raw_config(corpus)
+        for s in cfg["sources"]:
+            s["tokenizer"] = {"type": "hf", "path": corpus["tokenizer"], "threads": 2}
+        assert _hashes(cfg, 10) == want
+    finally:
+        _core.set_tokenize_threads(0)
+    with pytest.raises(polyload.PolyloadError):
+        _core.set_tokenize_threads(257)
+    cfg = _raw_config(corpus, sidecar_index="memory")
+    copy = tmp_path / "copy.json"
+    copy.write_bytes(open(corpus["tokenizer"], "rb").read())
+    cfg["sources"].append(dict(cfg["sources"][1], name="wit2",
+                               tokenizer={"type": "hf", "path": str(copy)}))
+    c = _core.Config.parse_string(json.dumps(cfg))
+    tech, wit, wit2 = (c.open_source(i) for i in range(3))
+    assert tech.tokenizer_state() == {"loaded": True, "loads": 1, "shared_by": 2}
+    assert wit2.tokenizer_state() == {"loaded": True, "loads": 1, "shared_by": 1}
+    ref = wit2.lengths(list(range(20)))
+    wit2.release_tokenizer()
+    assert wit2.tokenizer_state() == {"loaded": False, "loads": 1, "shared_by": 0}
+    lens = wit.lengths(list(range(30)))  # the shared one: the same lengths
+    assert lens[:20] == ref
+    # a document wit2 has not tokenized: it loads its tokenizer again, same tokens
+    assert wit2.read_many(np.asarray([[2, 25, 0, lens[25]]], np.int64)).tolist() == \
+        wit.read_many(np.asarray([[1, 25, 0, lens[25]]], np.int64)).tolist()
+    assert wit2.tokenizer_state() == {"loaded": True, "loads": 2, "shared_by": 1}
+
+
 def test_resume(corpus):
     cfg = dict(_raw_config(corpus), train_steps=12)
     with polyload.Loader(cfg, rank=0) as a:

@@ -835,6 +835,27 @@ static PyObject *source_release_pages(PyPlSource *o, PyObject *unused) {
     Py_RETURN_NONE;
 }
 
+static PyObject *source_release_tokenizer(PyPlSource *o, PyObject *unused) {
+    (void)unused;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = pl_source_release_tokenizer(o->src);
+    Py_END_ALLOW_THREADS
+    if (rc != PL_OK)
+        return pypl_raise(rc, "release_tokenizer: this source's tokenizer was not made "
+                              "through a config and cannot be loaded again");
+    Py_RETURN_NONE;
+}
+
+static PyObject *source_tokenizer_state(PyPlSource *o, PyObject *unused) {
+    (void)unused;
+    int64_t loads = 0, shared = 0;
+    int st = pl_source_tokenizer_state(o->src, &loads, &shared);
+    if (st < 0) Py_RETURN_NONE;
+    return Py_BuildValue("{s:O,s:L,s:L}", "loaded", st ? Py_True : Py_False, "loads",
+                         (long long)loads, "shared_by", (long long)shared);
+}
+
 static PyObject *source_stats(PyPlSource *o, PyObject *unused) {
     (void)unused;
     pl_source_stats st;
@@ -1049,6 +1070,17 @@ static PyMethodDef source_methods[] = {
      "read-only file\nmappings (index and data files) with madvise(MADV_DONTNEED); later "
      "reads fault\nthem back in with the same bytes.  In-memory indexes and heap memory "
      "stay\n(pl_source_release_pages).  PolyloadIOError when madvise fails."},
+    {"release_tokenizer", (PyCFunction)source_release_tokenizer, METH_NOARGS,
+     "release_tokenizer() -> None\n\nUnload a raw text source's tokenizer until it is "
+     "needed again (a standby\nreplica): the next tokenization loads it from the same "
+     "file (checked unchanged);\nfree heap pages go back to the system "
+     "(pl_source_release_tokenizer).\nNo-op for sources without a tokenizer.  "
+     "InvalidArgumentError for a tokenizer\nnot made through a config."},
+    {"tokenizer_state", (PyCFunction)source_tokenizer_state, METH_NOARGS,
+     "tokenizer_state() -> dict | None\n\n{'loaded': bool, 'loads': loads so far (1 at "
+     "open, +1 per load after a\nrelease), 'shared_by': sources of this process using "
+     "the same loaded\ntokenizer (0 when released)}; None without a config-made "
+     "tokenizer\n(pl_source_tokenizer_state)."},
     {"stats", (PyCFunction)source_stats, METH_NOARGS,
      "stats() -> dict\n\n{'files', 'documents', 'tokens', 'length_p50', 'length_p90', "
      "'length_p99', 'length_max'}; scans the index."},

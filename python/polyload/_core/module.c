@@ -291,6 +291,26 @@ static PyObject *m_image_probe(PyObject *self, PyObject *arg) {
     return Py_BuildValue("(LL)", (long long)w, (long long)h);
 }
 
+static PyObject *mod_set_tokenize_threads(PyObject *self, PyObject *arg) {
+    (void)self;
+    long n = PyLong_AsLong(arg);
+    if (n == -1 && PyErr_Occurred()) return NULL;
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = pl_set_tokenize_threads(n < -1 || n > 100000 ? -1 : (int)n);
+    Py_END_ALLOW_THREADS
+    if (rc != PL_OK)
+        return pypl_raise(rc, rc == PL_EINVAL ? "set_tokenize_threads: 0..256 threads"
+                                              : "set_tokenize_threads: cannot start a thread");
+    Py_RETURN_NONE;
+}
+
+static PyObject *mod_tokenize_threads(PyObject *self, PyObject *unused) {
+    (void)self;
+    (void)unused;
+    return PyLong_FromLong(pl_tokenize_threads());
+}
+
 static PyMethodDef module_methods[] = {
     {"smart_resize", m_smart_resize, METH_VARARGS,
      "smart_resize(height, width, factor, min_pixels, max_pixels) -> (h, w)\n\n"
@@ -312,6 +332,13 @@ static PyMethodDef module_methods[] = {
     {"state_retarget", pypl_state_retarget, METH_VARARGS,
      "state_retarget(blob, micro_batch, dp) -> bytes\n\nThe blob with another cursor "
      "(pl_state_retarget)."},
+    {"set_tokenize_threads", mod_set_tokenize_threads, METH_O,
+     "set_tokenize_threads(n) -> None\n\nTokenize the raw text sources of this process "
+     "on n shared threads, each\ntokenizer file on one of them (0: on the threads that "
+     "need the tokens, the\ndefault); what a Ray source loader actor sets "
+     "(pl_set_tokenize_threads)."},
+    {"tokenize_threads", mod_tokenize_threads, METH_NOARGS,
+     "tokenize_threads() -> int\n\nThe count last set (pl_tokenize_threads)."},
     {"read_rows_raw", pypl_read_rows_raw, METH_VARARGS,
      "read_rows_raw(sources, reads) -> (bytes, offsets)\n\nRows of several sources "
      "(sources[reads[i, 0]] a Source, others None) at their\nstored widths, back to back "

@@ -655,9 +655,21 @@ class SourceLoader:
         ``fresh``: a new actor (launch, a scale-up): the partitions given win.
         ``standby``: a warm standby (shadow) that serves no read until its primary is
         lost: once its sources are open (and checked) it gives back their mapped index
-        pages (``Source.release_pages``); the first reads after a take-over fault them
-        in again from the page cache."""
+        pages (``Source.release_pages``) and unloads their tokenizers
+        (``Source.release_tokenizer``); the first reads after a take-over fault the
+        pages in again from the page cache, and its first tokenization of a source
+        loads that source's tokenizer again (tens of ms for a 2 MB tokenizer.json)."""
         self._standby = bool(standby)
+        # Tokenizers run on this actor's threads (a lengths or read call tokenizes on
+        # the calling thread; max_concurrency 2) and the deployment scales with
+        # actors: Hugging Face tokenizers' own thread pool (rayon) would add threads
+        # whose heaps keep ~7 MiB more per source (bench/README.md, issue 10).
+        os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+        # ... and on a pool of threads, each tokenizer file always on the same one (as
+        # many as the actor's CPUs, at least 2: the two calls it serves at once): a
+        # tokenizer used from several threads keeps ~5 MiB more heap per source.
+        cpus = ray.get_runtime_context().get_assigned_resources().get("CPU", 0.0)
+        _core.set_tokenize_threads(max(2, int(round(cpus))))
         enter_cwd(self._cwd)
         ctx = ray.get_runtime_context()
         self._kv_key = f"polyload:{ctx.namespace}:{ctx.get_actor_name()}.shards".encode()
@@ -690,7 +702,11 @@ class SourceLoader:
             if self._srcs[s] is None:
                 self._srcs[s] = self._cfg.open_source(s)
                 if getattr(self, "_standby", False):
+                    # opened and checked (the tokenizer loaded once); until a
+                    # take-over the standby holds neither pages nor tokenizer: the
+                    # first tokenization loads it again (pl_source_release_tokenizer)
                     self._srcs[s].release_pages()
+                    self._srcs[s].release_tokenizer()
         # Partitions as disjoint intervals of the key (source << 40 | index), sorted
         # (while the autoscaler moves a partition, old and new ones overlap).
         parts: List[List[int]] = []
@@ -849,6 +865,14 @@ class SourceLoader:
             (_core.read_rows_reply if self._images else _core.read_rows_raw)(srcs, reads)
         return {"cpu_s": time.process_time() - c0, "tokens": float(sum(lens)),
                 "docs": float(len(docs))}
+
+    def tokenizers(self) -> Dict[int, Optional[Dict[str, Any]]]:
+        """Per source held: its tokenizer (``Source.tokenizer_state``: ``{"loaded",
+        "loads", "shared_by"}``, None for a source without one).  A standby holds none
+        loaded until it takes over; sources of one tokenizer file share one."""
+        self._ensure_ready()
+        return {s: src.tokenizer_state() for s, src in enumerate(self._srcs)
+                if src is not None}
 
     def num_tokenized(self) -> Dict[int, int]:
         """Documents tokenized so far, per source held (raw text sources)."""

@@ -358,7 +358,9 @@ def launch(
             when their primary is gone).  A read whose actor is lost (killed, crashed,
             its node gone) or gives no answer within ``read_timeout`` seconds moves to
             the next standby in the same step; Ray restarts the lost actor in the
-            background (``max_restarts``) and it serves again as a standby.
+            background (``max_restarts``) and it serves again as a standby.  A
+            standby holds no loaded tokenizer and no index pages until it takes over
+            (it loads a raw text source's tokenizer at its first tokenization of it).
         constructor_shadows: warm standbys per data constructor
             (``NAME.constructor.G.shadow.K``: C objects built, on another node than
             the primary where there is one, no CPU reserved; they build nothing until

@@ -491,7 +491,9 @@ class Autoscaler:
                 self._payload, self._cwd, shards, f"{self._name}.planner")
             self._handles[n] = a
             made.append(a)
-        await asyncio.gather(*[a.setup.remote(True) for a in made])
+        # the standbys hold no tokenizer nor index pages until they take over
+        await asyncio.gather(*[a.setup.remote(True, standby=k > 0)
+                               for k, a in enumerate(made)])
         return names
 
     async def _publish_planner(self, table) -> None:
