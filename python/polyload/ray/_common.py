@@ -5,6 +5,7 @@ Nothing here imports Ray at module level except :func:`unwrap`, which imports it
 
 from __future__ import annotations
 
+import hashlib
 import os
 from typing import Any, Dict, Mapping, Tuple
 
@@ -24,6 +25,16 @@ def config_payload(config) -> Tuple[str, Any, str]:
         "polyload.ray needs the config as a YAML path or a dict (a polyload._core.Config "
         f"cannot travel to other processes), not {type(config).__name__}"
     )
+
+
+def sources_digest(names) -> str:
+    """SHA-256 (hex) of a deployment's source names in order: what a Client compares
+    with its config's instead of the list of names."""
+    h = hashlib.sha256()
+    for n in names:
+        h.update(n.encode("utf-8", "surrogateescape"))
+        h.update(b"\0")
+    return h.hexdigest()
 
 
 def make_config(payload):
