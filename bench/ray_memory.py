@@ -18,7 +18,7 @@ and each side by command and by process.  ``--workers`` sets the baseline's Data
 workers per rank (default 4; Megatron-LM's ``--num-workers`` default is 2).
 
     .venv/bin/python bench/ray_memory.py [--sources 30 300] [--json bench/out/ray_memory.json]
-        [--shadows 1] [--workers 4] [--skip-baseline | --skip-polyload]
+        [--shadows 1] [--workers 4] [--settle 3] [--skip-baseline | --skip-polyload]
 """
 
 from __future__ import annotations
@@ -271,13 +271,27 @@ rank = int(sys.argv[1])
 c = pr.Client(%(cfg)r, rank=rank, namespace="bench")
 for _ in range(%(take)d):
     b = next(c)
-open(%(ready)r + str(rank), "w").close()
+# Steady state: the client's prefetch keeps filling after the first micro-batches (each
+# step's package expands into 4 micro-batches, ~0.5 MiB, as the C loader's window
+# admits it).  Measured once no package has arrived for %(settle)g s, so that both
+# sides are measured with full prefetch, not at a moment of the fill.
+t0 = since = time.time()
+last = -1
+while %(settle)g > 0 and time.time() - t0 < 120:
+    if c.packages != last:
+        last, since = c.packages, time.time()
+    elif time.time() - since >= %(settle)g:
+        break
+    time.sleep(0.25)
+with open(%(ready)r + str(rank), "w") as f:
+    f.write(str(c.packages))
 while True:
     time.sleep(1)
 """
 
 
 SHADOWS = 1  # standby source loaders per actor (launch's default); --shadows
+SETTLE = 3.0  # seconds without a new package before a client counts as steady; --settle
 
 
 def run_polyload(n, loader_actors, constructors):
@@ -295,7 +309,8 @@ def run_polyload(n, loader_actors, constructors):
     ready = os.path.join(d, "ready")
     script = os.path.join(d, "client.py")
     with open(script, "w") as f:
-        f.write(CLIENT_SCRIPT % {"cfg": cfg_path, "take": TAKE, "ready": ready})
+        f.write(CLIENT_SCRIPT % {"cfg": cfg_path, "take": TAKE, "ready": ready,
+                                 "settle": SETTLE})
     ctx = ray.init(address="local", num_cpus=8, include_dashboard=False, object_store_memory=256 << 20,
                    namespace="bench", log_to_driver=False)
     address = ctx.address_info["address"]
@@ -310,6 +325,8 @@ def run_polyload(n, loader_actors, constructors):
         time.sleep(2)
         res = measure(tree(os.getpid()))
         res["actors"] = {k: len(v) for k, v in dep.actors.items()}
+        # packages each client had received when it was measured (prefetch state)
+        res["client_packages"] = [int(open(ready + str(r)).read() or -1) for r in range(RANKS)]
         return res
     finally:
         for p in procs:
@@ -323,7 +340,8 @@ def run_polyload_fresh(n, loader_actors, constructors):
     process count); its JSON result on the last line of its output."""
     out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", str(n),
                           "--loader-actors", str(loader_actors),
-                          "--constructors", str(constructors), "--shadows", str(SHADOWS)],
+                          "--constructors", str(constructors), "--shadows", str(SHADOWS),
+                          "--settle", str(SETTLE)],
                          cwd=ROOT, check=True, stdout=subprocess.PIPE, text=True).stdout
     return json.loads([ln for ln in out.splitlines() if ln.startswith('{"processes"')][-1])
 
@@ -333,6 +351,10 @@ def main():
     ap.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--shadows", type=int, default=1,
                     help="standby source loaders per actor (launch's shadows)")
+    ap.add_argument("--settle", type=float, default=3.0,
+                    help="a trainer client is measured once it received no package for "
+                         "this many seconds after its micro-batches (its prefetch full); "
+                         "0: right after them, as before 2026-12-01 21:00")
     ap.add_argument("--sources", type=int, nargs="+", default=[30, 300])
     ap.add_argument("--loader-actors", type=int, default=2)
     ap.add_argument("--constructors", type=int, default=2)
@@ -343,15 +365,16 @@ def main():
                          "default is 2)")
     ap.add_argument("--json", default=os.path.join(HERE, "out", "ray_memory.json"))
     a = ap.parse_args()
-    global SHADOWS, WORKERS
-    SHADOWS, WORKERS = a.shadows, a.workers
+    global SHADOWS, WORKERS, SETTLE
+    SHADOWS, WORKERS, SETTLE = a.shadows, a.workers, a.settle
     if a.child is not None:
         print(json.dumps(run_polyload(a.child, a.loader_actors, a.constructors)), flush=True)
         return
     make_files(max(a.sources))
     res = {"machine": machine_note(), "ranks": RANKS, "workers": WORKERS, "docs_per_source": DOCS,
            "seq_length": SEQ, "micro_batch_size": MBS, "global_batch_size": GBS,
-           "loader_actors": a.loader_actors, "constructors": a.constructors, "runs": {}}
+           "loader_actors": a.loader_actors, "constructors": a.constructors,
+           "settle_s": SETTLE, "runs": {}}
     for n in a.sources:
         t0 = time.time()
         r = {}

@@ -346,8 +346,7 @@ class Loader:
         )
         self._served, self._threads, self._prefetch = served, threads, prefetch
         self._with_sources = bool(with_sources)
-        #: Source names by config index (what ``segment_sources`` values index).
-        self.source_names: tuple = tuple(cfg.source_name(i) for i in range(cfg.num_sources))
+        self._source_names: Optional[tuple] = None  # made at the first source_names
         if logger.isEnabledFor(logging.INFO):
             ri = self.rank_info
             logger.info(
@@ -356,7 +355,7 @@ class Loader:
                 "train_steps %s",
                 self.rank, ri["dp_rank"], ri["pp_rank"], ri["cp_rank"], ri["tp_rank"],
                 self.world_size, " (external)" if _external else "", served,
-                len(self.source_names), ", ".join(self.source_names),
+                cfg.num_sources, ", ".join(self.source_names),
                 cfg.get_int("seq_length"), cfg.get_int("global_batch_size"),
                 cfg.get_int("micro_batch_size"),
                 cfg.get_int("train_steps") if cfg.get_int("train_steps") >= 0 else "endless")
@@ -380,6 +379,17 @@ class Loader:
         self._group_size = {r: groups[(i["dp_rank"], i["cp_rank"])] for r, i in infos.items()}
 
     # ------------------------------------------------------------------ iteration
+
+    @property
+    def source_names(self) -> tuple:
+        """Source names by config index (what ``segment_sources`` values index); made
+        from the config at the first use, so a loader that never needs them (a
+        trainer's ``polyload.ray.Client`` of a deployment with many sources) keeps
+        none."""
+        if self._source_names is None:
+            cfg = self.config
+            self._source_names = tuple(cfg.source_name(i) for i in range(cfg.num_sources))
+        return self._source_names
 
     def __iter__(self) -> Iterator[Dict[str, Any]]:
         return self

@@ -127,6 +127,45 @@ def test_bad_config_unknown_key(corpus):
     assert "no_such_key" in ei.value.message
 
 
+def _first_batches(cfg, n=6):
+    loader = _core.Loader.create(cfg, ranks=[0])
+    try:
+        return [np.asarray(loader.next(0).input_ids).tobytes() for _ in range(n)]
+    finally:
+        loader.close()
+
+
+def test_config_shared_with_its_objects_copy_on_write(corpus):
+    """A loader, planner or pipeline made from a Config shares its C config (no copy);
+    a set() on the Config afterwards changes the Config only (it copies first), never
+    the objects already made from it, whose batches stay those of the config they
+    were made from."""
+    ref = _first_batches(core_config(corpus.config()))
+    heavy = _first_batches(core_config(corpus.config(
+        sources=[dict(s, weight=w) for s, w in zip(corpus.config()["sources"], (0.05, 0.05, 0.9))])))
+    assert heavy != ref
+    cfg = core_config(corpus.config())
+    fp = cfg.fingerprint()
+    loader = _core.Loader.create(cfg, ranks=[0])
+    planner = _core.Planner.create(cfg)
+    chunks = lambda p: np.asarray(p.next()["chunks"]).tobytes()  # noqa: E731
+    first = [chunks(planner) for _ in range(2)]
+    pipe = _core.Pipeline.create(cfg, ranks=[0])
+    cfg.set("sources.s0.weight", 0.05)  # while all three hold it
+    cfg.set("sources.s1.weight", 0.05)
+    cfg.set("sources.s2.weight", 0.9)
+    assert cfg.fingerprint() != fp
+    assert [np.asarray(loader.next(0).input_ids).tobytes() for _ in range(6)] == ref
+    assert _first_batches(cfg) == heavy  # a new object sees the Config as changed
+    again = _core.Planner.create(core_config(corpus.config()))
+    assert [chunks(again) for _ in range(5)] == first + [chunks(planner) for _ in range(3)]
+    loader.close()
+    del loader, planner, pipe
+    gc.collect()
+    cfg.set("threads", 3)  # held by nobody now: changed in place
+    assert cfg.get_int("threads") == 3 and _first_batches(cfg) == heavy
+
+
 def test_changed_fingerprint_at_load_state_dict(corpus):
     with polyload.Loader(corpus.config(), rank=0) as a:
         next(a)

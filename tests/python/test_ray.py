@@ -334,7 +334,16 @@ def test_actor_errors_are_polyload_exceptions(cluster, tmp_path):
         for key, value in (("seed", 2), ("seq_length", 32), ("packing", "concat_chunk")):
             with pytest.raises(polyload.ConfigError, match="fingerprint"):
                 pr.Client(dict(cfg, **{key: value}), rank=0, namespace=NS, name="err")
-        pr.Client(dict(cfg, threads=1, prefetch=2), rank=0, namespace=NS, name="err").close()
+        # ... or when a source is named otherwise (the names travel as a digest; the
+        # message still names both lists)
+        renamed = dict(cfg, sources=[dict(cfg["sources"][0], name="other")])
+        with pytest.raises(polyload.ConfigError, match=r"\['other'\] vs \['bad'\]"):
+            pr.Client(renamed, rank=0, namespace=NS, name="err")
+        ok = pr.Client(dict(cfg, threads=1, prefetch=2), rank=0, namespace=NS, name="err")
+        # a client keeps the layout without per-source lists
+        assert "partitions" not in ok.info and "sources" not in ok.info
+        assert ok.info["num_sources"] == 1 and ok.info["constructors"] == dep.info["constructors"]
+        ok.close()
         assert dep.info["num_constructors"] == 1
     with pytest.raises(polyload.PolyloadError, match="shut down"):  # after shutdown
         dep.state_dict()

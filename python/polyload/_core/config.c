@@ -3,7 +3,9 @@
  *
  * A Config is immutable except through set(); while another thread reads it
  * with the GIL released (a Loader or Planner being created from it), set()
- * raises instead of changing it under the reader.
+ * raises instead of changing it under the reader.  The C objects created from
+ * a Config share its pl_config (pypl_config_shared); set() and the other
+ * setters copy it first while it is shared (config_writable).
  */
 #include "core.h"
 
@@ -65,6 +67,35 @@ static PyObject *config_parse_string(PyTypeObject *cls, PyObject *args, PyObject
     return config_result(rc, cfg);
 }
 
+pl_config *pypl_config_shared(PyPlConfig *o) {
+    if (!o->cfg->frozen) {
+        o->cfg->refs = 0; /* this Config is its only holder so far */
+        o->cfg->frozen = 1;
+    }
+    return o->cfg;
+}
+
+/* Before a setter changes o->cfg: a pl_config still held by a C object
+ * (frozen, refs > 0) is replaced by a private deep copy; one no object holds
+ * any more is simply made writable again (holders only ever leave: new ones
+ * come through pypl_config_shared, under the GIL).  -1 with MemoryError. */
+static int config_writable(PyPlConfig *o) {
+    pl_config *c = o->cfg;
+    if (!c->frozen) return 0;
+    if (__atomic_load_n(&c->refs, __ATOMIC_ACQUIRE) == 0) {
+        c->frozen = 0;
+        return 0;
+    }
+    pl_config *copy = pl__config_clone(c);
+    if (!copy) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    pl_config_free(c); /* this Config's hold */
+    o->cfg = copy;
+    return 0;
+}
+
 static void config_dealloc(PyPlConfig *o) {
     pl_config_free(o->cfg);
     PyObject_Free(o);
@@ -79,6 +110,7 @@ static PyObject *config_set(PyPlConfig *o, PyObject *args) {
                         "Config.set: the config is being read by another thread");
         return NULL;
     }
+    if (config_writable(o)) return NULL;
     PyObject *s;
     if (PyBool_Check(value)) s = PyUnicode_FromString(value == Py_True ? "true" : "false");
     else if (value == Py_None) s = PyUnicode_FromString("null");
@@ -187,6 +219,7 @@ static PyObject *config_set_world_size(PyPlConfig *o, PyObject *arg) {
                         "Config.set_world_size: the config is being read by another thread");
         return NULL;
     }
+    if (config_writable(o)) return NULL;
     int rc = pl_config_set_world_size(o->cfg, (int64_t)world);
     if (rc != PL_OK) return pypl_raise(rc, pl_config_errmsg(o->cfg));
     Py_RETURN_NONE;
@@ -264,6 +297,7 @@ static PyObject *config_set_lengths_provider(PyPlConfig *o, PyObject *fn) {
                         "thread");
         return NULL;
     }
+    if (config_writable(o)) return NULL;
     /* Sources and planners made from this config (copies included) call fn for
        as long as they live: the reference is kept for the process's life. */
     Py_INCREF(fn);

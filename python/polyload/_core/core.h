@@ -107,6 +107,13 @@ typedef struct {
     int busy; /* > 0 while a call reads cfg with the GIL released */
 } PyPlConfig;
 
+/* The pl_config of a Config for creating a C object that keeps it (loader,
+ * planner, pipeline, constructor): the Config's own, marked frozen, so that
+ * the object shares it (pl__config_share adds a holder) instead of keeping a
+ * deep copy of ~450 bytes per source.  A later set() on the Config gives the
+ * Config a private copy first (copy on write), so the object never sees it. */
+pl_config *pypl_config_shared(PyPlConfig *o);
+
 typedef struct {
     PyObject_HEAD
     pl_source *src;

@@ -74,9 +74,10 @@ static PyObject *planner_create(PyTypeObject *cls, PyObject *args, PyObject *kw)
         arr[i] = ((PyPlSource *)PyTuple_GET_ITEM(sources, i))->src;
     pl_planner *p = NULL;
     int rc;
+    pl_config *shared = pypl_config_shared(cfg);
     cfg->busy++;
     Py_BEGIN_ALLOW_THREADS
-    rc = pl_planner_create(cfg->cfg, arr, (int64_t)ns, &p);
+    rc = pl_planner_create(shared, arr, (int64_t)ns, &p);
     Py_END_ALLOW_THREADS
     cfg->busy--;
     if (rc != PL_OK) {
@@ -393,9 +394,10 @@ static PyObject *loader_create(PyTypeObject *cls, PyObject *args, PyObject *kw) 
     opts.max_lag_steps = max_lag;
     pl_loader *l = NULL;
     int rc;
+    pl_config *shared = pypl_config_shared(cfg);
     cfg->busy++;
     Py_BEGIN_ALLOW_THREADS
-    rc = pl_loader_create(cfg->cfg, &opts, &l);
+    rc = pl_loader_create(shared, &opts, &l);
     Py_END_ALLOW_THREADS
     cfg->busy--;
     if (rc != PL_OK) {

@@ -220,9 +220,10 @@ static PyObject *pipe_create(PyTypeObject *cls, PyObject *args, PyObject *kw) {
     PyPlConfig *cfg = (PyPlConfig *)cfg_obj;
     pl_pipeline *p = NULL;
     int rc;
+    pl_config *shared = pypl_config_shared(cfg);
     cfg->busy++;
     Py_BEGIN_ALLOW_THREADS
-    rc = pl_pipeline_create(cfg->cfg, &po, &p);
+    rc = pl_pipeline_create(shared, &po, &p);
     Py_END_ALLOW_THREADS
     cfg->busy--;
     PyMem_Free(ranks);

@@ -175,7 +175,8 @@ static PyObject *ctor_create(PyTypeObject *cls, PyObject *arg) {
     }
     PyPlConfig *cfg = (PyPlConfig *)arg;
     pl_constructor *c = NULL;
-    int rc = pl_constructor_create(cfg->cfg, &c);
+    pl_config *shared = pypl_config_shared(cfg);
+    int rc = pl_constructor_create(shared, &c);
     if (rc != PL_OK) {
         pypl_raise(rc, c ? pl_constructor_errmsg(c) : NULL);
         pl_constructor_free(c);

@@ -44,7 +44,7 @@ import polyload
 from polyload import _core
 
 from ._common import (StoodDown, actor_lost, enter_cwd, has_failure_detection_env,
-                      make_config, routing_for_constructors, unwrap)
+                      make_config, routing_for_constructors, sources_digest, unwrap)
 
 _KEY_SHIFT = 40  # routing key: source << 40 | document index
 _WARM_DOCS = 1 << 15  # raw documents per source whose owners a scaling event may warm
@@ -449,9 +449,24 @@ class Planner:
         self._info = dict(info)
         self._persist()
 
-    def info(self) -> Dict[str, Any]:
+    def info(self, client: bool = False) -> Dict[str, Any]:
+        """The deployment's layout (``launch``'s info dict).  ``client``: only what a
+        ``Client`` needs to check its config and find its constructors, with the source
+        names as a digest (``sources_sha256``) instead of per-source lists: every
+        trainer process keeps it, so it does not grow with the sources."""
         self._ensure()
-        return self._info
+        if not client:
+            return self._info
+        if getattr(self, "_client_info", (None,))[0] is not self._info:
+            keep = ("name", "namespace", "world_size", "fingerprint", "dp",
+                    "micro_batches_per_rank", "num_constructors", "constructors",
+                    "constructor_shadows", "dp_groups", "prefetch_steps", "max_lag_steps",
+                    "fetch_steps", "read_timeout")
+            brief = {k: self._info[k] for k in keep if k in self._info}
+            brief["num_sources"] = len(self._info.get("sources", ()))
+            brief["sources_sha256"] = sources_digest(self._info.get("sources", ()))
+            self._client_info = (self._info, brief)
+        return self._client_info[1]
 
     def current(self) -> Tuple[int, bytes]:
         """(generation, the state blob it started from)."""

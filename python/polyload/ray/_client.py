@@ -24,7 +24,7 @@ import ray
 import polyload
 from polyload import _core
 
-from ._common import StoodDown, actor_lost, get, unwrap
+from ._common import StoodDown, actor_lost, get, sources_digest, unwrap
 
 
 _get = get  # ray.get with polyload's exceptions and a deadline
@@ -136,13 +136,17 @@ class Client(polyload.Loader):
             ray.init(address=addr, namespace=namespace, include_dashboard=False,
                      log_to_driver=False)
         planner = ray.get_actor(f"{name}.planner", namespace=namespace)
-        info = _get(planner.info.remote(), timeout)
+        # The layout without per-source lists (source names as a digest): kept for the
+        # client's life, in every trainer process.
+        info = _get(planner.info.remote(True), timeout)
         names = [cfg.source_name(i) for i in range(cfg.num_sources)]
         nmb = cfg.get_int("micro_batches_per_rank")
         world = cfg.world_size()
         if (info.get("fingerprint") != cfg.fingerprint() or info.get("world_size") != world
-                or info.get("sources") != names or info.get("micro_batches_per_rank") != nmb
+                or info.get("sources_sha256") != sources_digest(names)
+                or info.get("micro_batches_per_rank") != nmb
                 or info.get("dp") != cfg.get_int("topology.dp")):
+            info = _get(planner.info.remote(), timeout)  # the names, for the message
             raise polyload.ConfigError(
                 _core.ECONFIG, "ECONFIG",
                 f"polyload.ray.Client: the config does not match deployment {namespace}/{name} "

@@ -5,6 +5,7 @@ Nothing here imports Ray at module level except :func:`unwrap`, which imports it
 
 from __future__ import annotations
 
+import hashlib
 import os
 from typing import Any, Dict, Mapping, Tuple
 
@@ -26,9 +27,48 @@ def config_payload(config) -> Tuple[str, Any, str]:
     )
 
 
+def sources_digest(names) -> str:
+    """SHA-256 (hex) of a deployment's source names in order: what a Client compares
+    with its config's instead of the list of names."""
+    h = hashlib.sha256()
+    for n in names:
+        h.update(n.encode("utf-8", "surrogateescape"))
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+def stored_payload(payload: Tuple[str, Any, str], key: bytes) -> Tuple[str, Any, str]:
+    """Keep ``payload`` (:func:`config_payload`'s tuple) in Ray's internal KV store
+    under ``key`` and return the stand-in the actors get instead, ``("kv", key,
+    origin)``, which :func:`make_config` resolves.  An actor's creation arguments are
+    kept inline in its task spec by the GCS (for restarts) and by every process that
+    holds a handle to the actor (``ray.get_actor``), so the config text of many sources
+    would be copied into each of them; this way the GCS keeps one copy.  Needs Ray
+    initialized."""
+    import pickle  # noqa: PLC0415
+
+    from ray.experimental import internal_kv  # noqa: PLC0415
+
+    internal_kv._internal_kv_put(key, pickle.dumps(tuple(payload)), overwrite=True)
+    return ("kv", key, payload[2])
+
+
 def make_config(payload):
-    """A ``polyload._core.Config`` from :func:`config_payload`'s tuple."""
+    """A ``polyload._core.Config`` from :func:`config_payload`'s tuple, or from
+    :func:`stored_payload`'s stand-in (read from Ray's internal KV store)."""
     kind, value, origin = payload
+    if kind == "kv":
+        import pickle  # noqa: PLC0415
+
+        from ray.experimental import internal_kv  # noqa: PLC0415
+
+        data = internal_kv._internal_kv_get(value)
+        if not data:
+            raise polyload.ConfigError(
+                polyload._core.ECONFIG, "ECONFIG",
+                f"polyload.ray: the deployment's config ({origin}) is no longer in Ray's "
+                f"internal KV store (key {value!r}): the deployment was shut down")
+        kind, value, origin = pickle.loads(data)
     if kind == "dict":
         return polyload._make_config(value)
     return polyload._core.Config.parse_string(value, origin=origin)

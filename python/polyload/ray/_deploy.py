@@ -13,7 +13,7 @@ import polyload
 from polyload import _core
 
 from ._actors import DataConstructor, Planner, SourceLoader
-from ._common import config_payload, get, make_config, with_failure_detection
+from ._common import config_payload, get, make_config, stored_payload, with_failure_detection
 from ._scale import DEFAULTS as AUTOSCALE_DEFAULTS
 from ._scale import Autoscaler, ScalePolicy, autoscale_options
 
@@ -442,6 +442,9 @@ def launch(
     # to the planner are retried on the new process, which recovers from its checkpoint.
     restart = {"max_restarts": -1}
     _forget_checkpoint(namespace, name)  # a checkpoint of an earlier deployment
+    # The actors get the config as a key of Ray's internal KV store, not inline: Ray
+    # keeps creation arguments in the GCS and in every handle to an actor.
+    payload = stored_payload(payload, _config_key(namespace, name))
     try:
         planner = _PlannerActor.options(**opts("planner", f"{name}.planner"), **restart,
                                         max_task_retries=-1).remote(
@@ -638,11 +641,17 @@ def attach(name: str = "polyload", namespace: str = "polyload", *,
     return dep
 
 
+def _config_key(namespace: str, name: str) -> bytes:
+    """Where a deployment's config payload lives in Ray's internal KV store."""
+    return f"polyload:{namespace}:{name}.config".encode()
+
+
 def _forget_checkpoint(namespace: str, name: str) -> None:
     """Delete what a deployment keeps in Ray's internal KV store: the planner's
-    checkpoint and the source loaders' partitions."""
+    checkpoint, the source loaders' partitions and the config."""
     from ray.experimental import internal_kv  # noqa: PLC0415
 
     internal_kv._internal_kv_del(f"polyload:{namespace}:{name}.planner".encode())
+    internal_kv._internal_kv_del(_config_key(namespace, name))
     internal_kv._internal_kv_del(f"polyload:{namespace}:{name}.source_loader.".encode(),
                                  del_by_prefix=True)
