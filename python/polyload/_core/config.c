@@ -770,13 +770,11 @@ PyObject *pypl_read_rows_raw(PyObject *self, PyObject *args) {
     if (!b) goto out;
     char *buf = PyBytes_AS_STRING(b);
     int rc = PL_OK;
-    int64_t bad = -1;
     Py_BEGIN_ALLOW_THREADS
     for (int64_t i = 0; i < n && rc == PL_OK; i++) {
         pl_source *src = h[reads[i].source];
         size_t es = pl_dtype_size(pl_source_token_dtype(src));
         rc = pl_source_read_raw(src, &reads[i], 1, buf + offs[i], (size_t)reads[i].count * es);
-        if (rc) bad = i;
     }
     Py_END_ALLOW_THREADS
     if (rc != PL_OK) {

@@ -239,7 +239,7 @@ static PyObject *pipe_create(PyTypeObject *cls, PyObject *args, PyObject *kw) {
     }
     o->p = p;
     o->pid = pypl_getpid();
-    long long nmb = 0;
+    int64_t nmb = 0;
     pl_config_get_int(cfg->cfg, "micro_batches_per_rank", &nmb);
     o->nmb = nmb;
     if (pthread_rwlock_init(&o->lock, NULL) != 0) {
