@@ -191,7 +191,8 @@ def run_polyload(n, loader_actors, constructors, shadows, read_timeout=30.0):
     ready = os.path.join(d, "ready")
     script = os.path.join(d, "client.py")
     with open(script, "w") as f:
-        f.write(rm.CLIENT_SCRIPT % {"cfg": cfg_path, "take": TAKE, "ready": ready})
+        f.write(rm.CLIENT_SCRIPT % {"cfg": cfg_path, "take": TAKE, "ready": ready,
+                                     "settle": 0})
     ctx = ray.init(address="local", num_cpus=8, include_dashboard=False,
                    object_store_memory=256 << 20, namespace="bench", log_to_driver=False)
     address = ctx.address_info["address"]
