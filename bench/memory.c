@@ -24,7 +24,9 @@
  *      batch pools cancel).
  * Also the open file descriptors and mappings each case leaves behind.
  */
+#ifndef _GNU_SOURCE
 #define _GNU_SOURCE
+#endif
 #include <dirent.h>
 #include <malloc.h>
 #include <stdio.h>

@@ -5,9 +5,7 @@
 set -eu
 cd "$(dirname "$0")/.."
 cmake -S . -B build-bench -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
-cmake --build build-bench >/dev/null
-gcc -O2 -std=c11 -Wall -Wextra -Iinclude bench/memory.c build-bench/libpolyload.a \
-    -lyaml -lxxhash -ljansson -lzstd -lz -lpthread -lm -o build-bench/bench_memory
+cmake --build build-bench --target all bench_memory >/dev/null
 mkdir -p bench/out
 uptime
 .venv/bin/python bench/throughput.py --json bench/out/throughput.json | tee bench/out/throughput.log | tail -6
