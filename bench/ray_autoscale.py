@@ -7,9 +7,11 @@ Lines tokenized online with data/tokenizer.json, Hugging Face tokenizers, one th
 loader) and ``img`` (image-text WebDataset data/vlm: real photos decoded and resized to
 224 x 224 in the source loaders, 256 visual tokens each, captions as bytes).  A
 step schedule moves weight from the cheap source to the costly ones at ``--change``.
-8 trainer ranks (``polyload.ray.Client`` in threads of this process) with simulated
-compute (``--compute`` seconds per step) and a barrier per step, as data-parallel
-training has; a step's data wait is the longest wait of its ranks.
+8 trainer ranks (``polyload.ray.Client``, one process each, as data-parallel training
+runs; ``--rank-threads``: threads of this process, as before 2026-12-02, whose waits
+include the eight threads' turns on the interpreter lock) with simulated compute
+(``--compute`` seconds per step) and a barrier per step; a step's data wait is the
+longest wait of its ranks.
 
 Modes, in paired rounds (autoscale then fixed, ``--rounds`` times):
 
@@ -70,7 +72,7 @@ def config(args):
     }
 
 
-def run_once(mode, cfg, args, fixed=None):
+def run_once(mode, cfg, args, fixed=None, ranks=None):
     import numpy as np
     import ray
 
@@ -94,7 +96,8 @@ def run_once(mode, cfg, args, fixed=None):
         if fixed:
             for src, n in fixed.items():
                 dep.scale(src, n)
-        clients = [pr.Client(cfg, rank=r, namespace=NS, name=name) for r in range(8)]
+        clients = ([] if ranks is not None else
+                   [pr.Client(cfg, rank=r, namespace=NS, name=name) for r in range(8)])
         n_steps = cfg["train_steps"]
         waits = np.zeros((n_steps, 8))
         barrier = threading.Barrier(8)
@@ -128,13 +131,29 @@ def run_once(mode, cfg, args, fixed=None):
                     step_at[0] = t + 1
 
         mon = threading.Thread(target=monitor, daemon=True)
-        t_start = time.monotonic()
-        mon.start()
-        threads = [threading.Thread(target=rank, args=(r,)) for r in range(8)]
-        for th in threads:
-            th.start()
-        for th in threads:
-            th.join()
+        if ranks is not None:
+            # one process per rank (as data-parallel training runs): the ranks connect,
+            # then all start together; the clock starts when they do
+            for conn in ranks.conns:
+                conn.send(("run", name, cfg, args.compute))
+            ranks.start.wait()
+            t_start = time.monotonic()
+            mon.start()
+            while any(not conn.poll(0.05) for conn in ranks.conns):
+                step_at[0] = ranks.step.value
+            for conn in ranks.conns:
+                r, w_r = conn.recv()
+                if isinstance(w_r, str):
+                    raise RuntimeError(f"rank {r}: {w_r}")
+                waits[:, r] = w_r
+        else:
+            t_start = time.monotonic()
+            mon.start()
+            threads = [threading.Thread(target=rank, args=(r,)) for r in range(8)]
+            for th in threads:
+                th.start()
+            for th in threads:
+                th.join()
         wall = time.monotonic() - t_start
         stop.set()
         mon.join()
@@ -165,6 +184,79 @@ def run_once(mode, cfg, args, fixed=None):
             "step_wait_s": step_wait.tolist(), "sizes": sizes, "cost": cost,
             "reserved_cpu_s": reserved, "loader_cpu_used_s": cpu_used,
             "decisions": view["decisions"], "final": view["sources"]}
+
+
+class RankProcs:
+    """Eight trainer ranks, one process each (spawned once, reused by every run): a
+    rank's waits are its own, as in data-parallel training, not those of eight threads
+    taking turns on one interpreter lock.  ``conns``: a pipe per rank; ``start``: the
+    start barrier (the ranks and this process); ``step``: rank 0's finished steps."""
+
+    def __init__(self, address, mbs_per_rank):
+        import multiprocessing as mp
+
+        ctx = mp.get_context("spawn")
+        self.start = ctx.Barrier(9)
+        self.step_barrier = ctx.Barrier(8)
+        self.step = ctx.Value("i", 0)
+        self.conns, self.procs = [], []
+        for r in range(8):
+            a, b = ctx.Pipe()
+            p = ctx.Process(target=_rank_main, daemon=True,
+                            args=(r, address, mbs_per_rank, b, self.start,
+                                  self.step_barrier, self.step))
+            p.start()
+            self.conns.append(a)
+            self.procs.append(p)
+
+    def close(self):
+        for conn in self.conns:
+            conn.send(("exit",))
+        for p in self.procs:
+            p.join(30)
+
+
+def _rank_main(r, address, mbs_per_rank, conn, start, step_barrier, step):
+    """A rank process: for each ("run", name, cfg, compute) it connects a Client to
+    that deployment, waits at the start barrier, then for every step takes its
+    micro-batches (the wait is timed), sleeps ``compute`` and meets the other ranks."""
+    import numpy as np
+    import ray
+
+    ray.init(address=address, namespace=NS, log_to_driver=False)
+    import polyload.ray as pr
+
+    while True:
+        msg = conn.recv()
+        if msg[0] == "exit":
+            return
+        _, name, cfg, compute = msg
+        n_steps = cfg["train_steps"]
+        waits = np.zeros(n_steps)
+        try:
+            c = pr.Client(cfg, rank=r, namespace=NS, name=name)
+        except Exception as e:  # noqa: BLE001 - reported to the parent
+            start.abort()
+            conn.send((r, f"{type(e).__name__}: {e}"))
+            continue
+        start.wait()
+        try:
+            for t in range(n_steps):
+                t0 = time.perf_counter()
+                for _ in range(mbs_per_rank):
+                    b = c.next_batch()
+                waits[t] = time.perf_counter() - t0
+                del b
+                time.sleep(compute)
+                step_barrier.wait()
+                if r == 0:
+                    step.value = t + 1
+            c.close()
+        except Exception as e:  # noqa: BLE001 - reported to the parent
+            step_barrier.abort()
+            conn.send((r, f"{type(e).__name__}: {e}"))
+            continue
+        conn.send((r, waits.tolist()))
 
 
 class _Tokenize:
@@ -393,6 +485,9 @@ def main():
     ap.add_argument("--cpu-budget", type=float, default=2.0,
                     help="CPUs for dedicated loaders: the real cores (Ray's are logical here)")
     ap.add_argument("--no-raydata", action="store_true", help="skip the Ray Data run")
+    ap.add_argument("--rank-threads", action="store_true",
+                    help="run the 8 ranks as threads of this process (before: one process "
+                         "per rank, as training runs)")
     ap.add_argument("--json", default=None)
     args = ap.parse_args()
 
@@ -412,9 +507,10 @@ def main():
     c.wait_for_nodes()
     ray.init(address=c.address, namespace=NS, log_to_driver=False)
     results = []
+    ranks = None if args.rank_threads else RankProcs(c.address, cfg["global_batch_size"] // 8)
     try:
         for rnd in range(args.rounds):
-            a = run_once("autoscale", cfg, args)
+            a = run_once("autoscale", cfg, args, ranks=ranks)
             T = cfg["global_batch_size"] * cfg["seq_length"]
             w0 = cfg["schedule"]["points"][0]["weights"]
             fixed = {}
@@ -423,7 +519,7 @@ def main():
                     continue
                 need = w0[s] * T * cst / args.compute * 1.1
                 fixed[s] = 0 if need < 0.5 else math.ceil(need)
-            f = run_once("fixed", cfg, args, fixed=fixed)
+            f = run_once("fixed", cfg, args, fixed=fixed, ranks=ranks)
             f["fixed"] = fixed
             runs = [a, f]
             if not args.no_raydata:
@@ -458,6 +554,8 @@ def main():
                                      f", Ray Data pool sizes {sorted({n for _, n in r['pool']})}"),
                       flush=True)
     finally:
+        if ranks is not None:
+            ranks.close()
         ray.shutdown()
         c.shutdown()
     out = {"machine": machine_note(), "args": vars(args), "results": results}

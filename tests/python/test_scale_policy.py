@@ -171,3 +171,31 @@ def test_feedback_held_when_the_loaders_are_starved_of_cpu():
           zip(COSTS, [0.1, 0.7, 0.95], sized, [0.1, 0.2, 0.9])]
     t, dec = p.decide(2.0, 12, 0.5, 0.3, vs, {}, 100)
     assert t[2] == sized[2] + 1 and dec[0]["reason"].startswith("feedback")
+
+
+def test_cost_after_a_change_waits_for_min_samples():
+    """A pool change clears a source's cost samples; the cost from before the change
+    stays in use until min_samples samples of the new count are in (one outlier right
+    after a new loader starts must not size the next decision), then only the new
+    samples count; a source never measured uses its first sample at once."""
+    s = _scale._Samples(2, keep=7, min_new=3)
+    assert s.median(0) is None and not s.has(0)
+    s.append(1, 5.0)
+    assert s.median(1) == 5.0  # nothing held: the first sample is the cost
+    for v in (1.0, 1.2, 0.9):
+        s.append(0, v)
+    assert s.median(0) == 1.0
+    s.clear(0)
+    assert s.has(0) and s.median(0) == 1.0  # held
+    s.append(0, 9.0)  # the new loader's start-up
+    assert s.median(0) == 1.0
+    s.append(0, 2.0)
+    assert s.median(0) == 1.0
+    s.append(0, 2.2)
+    assert s.median(0) == 2.2  # median of 9.0, 2.0, 2.2: the new count's
+    s.clear(0)
+    assert s.median(0) == 2.2
+    with pytest.raises(ValueError, match="min_samples"):
+        _scale.autoscale_options({"min_samples": 0})
+    with pytest.raises(ValueError, match="min_samples"):
+        _scale.autoscale_options({"min_samples": 8})

@@ -24,8 +24,10 @@ The policy (:class:`ScalePolicy`, pure Python, no Ray) follows the issue's formu
   ``cooldown_s``, unless its loaders get under ``cpu_starved`` x ``loader_cpus`` CPU
   (the nodes are saturated: another loader would only compete; held and logged); a bias that decays when the pool is idle below ``util_low`` for
   ``down_delay_s``.  A pool shrinks only while the constructors' queue holds built
-  steps (data is ahead of the trainers).  Costs are sampled only at a steady count (``steady_s`` after the
-  source's last change) and the median of the last samples is used (outliers discarded).
+  steps (data is ahead of the trainers).  Costs are sampled only at a steady count
+  (``steady_s`` after the source's last change) and the median of the last samples is
+  used (outliers discarded); after a change the cost measured before it stays in use
+  until ``min_samples`` samples of the new count are in.
 * **Bounds**: per-source ``min_loaders`` / ``max_loaders`` and a global ``cpu_budget``.
   A source whose need is under ``pack_below`` loaders stays packed on the shared actors
   the deployment started with (hundreds of small sources on a few actors).
@@ -60,6 +62,7 @@ DEFAULTS: Dict[str, Any] = {
     "cooldown_s": 2.0,      # seconds between feedback changes (one loader at a time)
     "steady_s": 2.0,        # seconds after a change before costs are sampled again
     "samples": 7,           # cost samples kept per source (the median is used)
+    "min_samples": 3,       # samples of a new count before its cost replaces the last
     "cpu_starved": 0.5,     # loaders getting under this x loader_cpus: no feedback
     "placement": None,      # [Ray options, ...] for new loaders, in preference order
     "shadows": None,        # standbys per new loader (None: launch's shadows)
@@ -89,6 +92,9 @@ def autoscale_options(value) -> Dict[str, Any]:
         raise ValueError("autoscale: loader_cpus and interval_s must be > 0")
     if int(out["horizon_steps"]) < 0:
         raise ValueError("autoscale: horizon_steps must be >= 0")
+    if not (isinstance(out["min_samples"], int) and 1 <= out["min_samples"] <= int(out["samples"])):
+        raise ValueError(f"autoscale: min_samples must be an integer in 1..samples "
+                         f"({out['samples']}), got {out['min_samples']!r}")
     return out
 
 
@@ -105,11 +111,19 @@ def _per_source(value, names: Sequence[str], what: str) -> List[int]:
 class _Samples:
     """The last ``keep`` cost samples of every source, in one float64 array
     ``[sources, keep]`` (a ring per row) instead of a deque per source: what the
-    autoscaler holds per source stays a few words however many sources there are."""
+    autoscaler holds per source stays a few words however many sources there are.
 
-    def __init__(self, n: int, keep: int) -> None:
+    A change of a source's pool clears its samples, but the cost measured before it is
+    held until ``min_new`` samples of the new count are in: a new loader's first looks
+    (its start-up, cold caches, a take-over of partitions) are outliers that a single
+    sample would hand to the next decision (Cachew and Ray Data measure only at a
+    steady count and discard outliers)."""
+
+    def __init__(self, n: int, keep: int, min_new: int = 1) -> None:
         self._buf = np.zeros((int(n), max(1, int(keep))), dtype=np.float64)
         self._count = np.zeros(int(n), dtype=np.int64)  # samples added since the clear
+        self._held = np.full(int(n), np.nan)  # the median before the last clear
+        self._min_new = max(1, min(int(min_new), self._buf.shape[1]))
 
     def append(self, s: int, value: float) -> None:
         k = self._buf.shape[1]
@@ -117,18 +131,28 @@ class _Samples:
         self._count[s] += 1
 
     def clear(self, s: int) -> None:
+        m = self._median_new(s)
+        if m is not None:
+            self._held[s] = m
         self._count[s] = 0
 
     def __len__(self) -> int:
         return len(self._count)
 
     def has(self, s: int) -> bool:
-        return bool(self._count[s])
+        return bool(self._count[s]) or not np.isnan(self._held[s])
 
-    def median(self, s: int) -> Optional[float]:
-        """The median of source ``s``'s samples kept (None when it has none)."""
+    def _median_new(self, s: int) -> Optional[float]:
         c = int(min(self._count[s], self._buf.shape[1]))
         return float(np.median(self._buf[s, :c])) if c else None
+
+    def median(self, s: int) -> Optional[float]:
+        """Source ``s``'s cost: the median of its samples since the last clear once
+        there are ``min_new`` of them, before that the median held from before the
+        clear (or the new samples' median when none was held); None when it has none."""
+        if self._count[s] < self._min_new and not np.isnan(self._held[s]):
+            return float(self._held[s])
+        return self._median_new(s)
 
 
 @dataclass
@@ -364,7 +388,8 @@ class Autoscaler:
             if d is not None and j not in gone:
                 self._dedicated.setdefault(int(d), []).append(j)
         self._last: Dict[str, Any] = {}
-        self._samples = _Samples(len(names), int(self._opts["samples"]))
+        self._samples = _Samples(len(names), int(self._opts["samples"]),
+                                 int(self._opts["min_samples"]))
         self._changed = [time.monotonic()] * len(names)
         self._step_time: Optional[float] = None
         self._raw: set = set()  # sources seen tokenizing (raw text)
