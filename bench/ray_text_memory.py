@@ -78,8 +78,12 @@ def make_files():
         shutil.copyfile(TOKENIZER, os.path.join(FILES, f"tok{i:03d}.json"))
 
 
+SHARED_TOKENIZER = False  # --shared-tokenizer: every source names data/tokenizer.json
+
+
 def sources(n):
-    return [(os.path.join(FILES, f"s{i:03d}.jsonl"), os.path.join(FILES, f"tok{i:03d}.json"))
+    return [(os.path.join(FILES, f"s{i:03d}.jsonl"),
+             TOKENIZER if SHARED_TOKENIZER else os.path.join(FILES, f"tok{i:03d}.json"))
             for i in range(n)]
 
 
@@ -104,16 +108,23 @@ SOURCES, SEQ, LOAD, READY = %(sources)r, %(seq)d, %(load)r, %(ready)r
 rank = int(sys.argv[1])
 
 
+def load(paths):
+    # one Tokenizer per file: sources that name the same file share it
+    cache = {}
+    return [cache[t] if t in cache else cache.setdefault(t, Tokenizer.from_file(t))
+            for t in paths]
+
+
 class TextMix(torch.utils.data.IterableDataset):
     # jsonl sources, each with its own tokenizer; one document of each source in turn,
     # packed into SEQ + 1 tokens (input_ids, labels), eos after every document.
     def __init__(self):
-        self.toks = [Tokenizer.from_file(t) for _, t in SOURCES] if LOAD == "main" else None
+        self.toks = load([t for _, t in SOURCES]) if LOAD == "main" else None
 
     def __iter__(self):
         w = torch.utils.data.get_worker_info()
         wid = w.id if w else 0
-        toks = self.toks or [Tokenizer.from_file(t) for _, t in SOURCES]
+        toks = self.toks or load([t for _, t in SOURCES])
         eos = toks[0].token_to_id("<|endoftext|>")
         files = [open(p, encoding="utf-8") for p, _ in SOURCES]
         for f in files:  # rank/worker-specific starting offset: different documents
@@ -226,7 +237,8 @@ def run_polyload_fresh(n, a):
     out = subprocess.run([sys.executable, os.path.abspath(__file__), "--child", str(n),
                           "--loader-actors", str(a.loader_actors),
                           "--constructors", str(a.constructors), "--shadows", str(a.shadows), "--take", str(a.take),
-                          "--read-timeout", str(a.read_timeout)],
+                          "--read-timeout", str(a.read_timeout)]
+                         + (["--shared-tokenizer"] if a.shared_tokenizer else []),
                          cwd=ROOT, check=True, stdout=subprocess.PIPE, text=True).stdout
     return json.loads([ln for ln in out.splitlines() if ln.startswith('{"processes"')][-1])
 
@@ -235,7 +247,7 @@ KINDS = ("pss", "pss_anon", "pss_file", "pss_own")
 
 
 def main():
-    global TOKENIZER_LOAD, TAKE
+    global TOKENIZER_LOAD, TAKE, SHARED_TOKENIZER
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--child", type=int, default=None, help=argparse.SUPPRESS)
     ap.add_argument("--sources", type=int, nargs=2, default=[4, 16])
@@ -251,13 +263,16 @@ def main():
                     help="launch's read_timeout: a read unanswered this long moves to the "
                          "standby (which then loads its tokenizers); raise it on a loaded "
                          "machine so that the load does not move reads")
+    ap.add_argument("--shared-tokenizer", action="store_true",
+                    help="every source names the same tokenizer file (one tokenizer for the "
+                         "run, as most runs have), on both sides; default: a copy per source")
     ap.add_argument("--take", type=int, default=TAKE,
                     help="micro-batches each rank takes at least before the measurement")
     ap.add_argument("--skip-baseline", action="store_true")
     ap.add_argument("--skip-polyload", action="store_true")
     ap.add_argument("--json", default=os.path.join(HERE, "out", "ray_text_memory.json"))
     a = ap.parse_args()
-    TOKENIZER_LOAD, TAKE = a.tokenizer_load, a.take
+    TOKENIZER_LOAD, TAKE, SHARED_TOKENIZER = a.tokenizer_load, a.take, a.shared_tokenizer
     if a.child is not None:
         print(json.dumps(run_polyload(a.child, a.loader_actors, a.constructors, a.shadows,
                                       a.read_timeout)),
@@ -267,7 +282,8 @@ def main():
     assert hi <= MAX_SOURCES
     make_files()
     res = {"machine": machine_note(), "ranks": RANKS, "workers": WORKERS,
-           "tokenizer_load": TOKENIZER_LOAD, "sources": [lo, hi], "seq_length": SEQ,
+           "tokenizer_load": TOKENIZER_LOAD, "shared_tokenizer": SHARED_TOKENIZER,
+           "sources": [lo, hi], "seq_length": SEQ,
            "micro_batch_size": MBS, "global_batch_size": GBS, "take": TAKE,
            "loader_actors": a.loader_actors, "constructors": a.constructors,
            "shadows": a.shadows, "read_timeout": a.read_timeout, "rounds": []}
