@@ -63,24 +63,45 @@ def peer(tok, texts):
 TOKENIZER = {"type": "hf"}
 
 
-def config(path, tokenizer, steps):
+def config(path, tokenizer, steps, threads=1):
     kind = "parquet" if path.endswith(".parquet") else "jsonl"
     src = {"name": "raw", "type": kind, "path": path, "lookahead": 512,
-           "tokenizer": dict(TOKENIZER, path=tokenizer, threads=1)}
+           "tokenizer": dict(TOKENIZER, path=tokenizer, threads=threads)}
     if TOKENIZER["type"] == "tiktoken":
         src["eos_id"] = 0
     return {"seed": 1, "seq_length": 2048, "global_batch_size": 8, "micro_batch_size": 8,
-            "train_steps": steps, "pad_id": 1, "threads": 1, "prefetch": 2,
+            "train_steps": steps, "pad_id": 1, "threads": threads, "prefetch": 2,
             "topology": {"dp": 1}, "sources": [src]}
 
 
-def loader(path, tokenizer, steps):
-    c = cpu_s()
-    with polyload.Loader(config(path, tokenizer, steps), rank=0) as ld:
+def loader(path, tokenizer, steps, threads=1, wall=False):
+    c, t = cpu_s(), time.perf_counter()
+    with polyload.Loader(config(path, tokenizer, steps, threads), rank=0) as ld:
         for _ in ld:
             pass
         tokens = ld.stats()["tokens"]
-    return tokens, cpu_s() - c
+    return tokens, (time.perf_counter() - t) if wall else (cpu_s() - c)
+
+
+def thread_scaling(src, tokenizer, steps, counts, rounds):
+    """Wall tokens/s of the online source with `tokenizer.threads` = `threads` = T for
+    each T in counts (the lookahead's tokenizing threads and the loader's workers),
+    paired rounds in alternating order; speed-up against the first count."""
+    rows = []
+    for r in range(rounds):
+        order = list(counts) if r % 2 == 0 else list(reversed(counts))
+        res = {}
+        for t in order:
+            n, sec = loader(src, tokenizer, steps, threads=t, wall=True)
+            res[t] = n / sec
+        rows.append(res)
+        print(f"round {r}: wall tokens/s " + ", ".join(
+            f"{t} thread{'s' if t > 1 else ''} {res[t]:.4g}" for t in counts) +
+            ", speed-up " + ", ".join(f"{res[t] / res[counts[0]]:.2f}x" for t in counts[1:]),
+            flush=True)
+    for t in counts[1:]:
+        sp = sorted(x[t] / x[counts[0]] for x in rows)
+        print(f"median speed-up {t} vs {counts[0]} threads: {sp[len(sp) // 2]:.2f}x", flush=True)
 
 
 def main():
@@ -97,6 +118,8 @@ def main():
                     help="also a Parquet source of the same documents, paired with jsonl")
     ap.add_argument("--row-group", type=int, default=1024, help="Parquet rows per row group")
     ap.add_argument("--tokenizer-type", choices=("hf", "tiktoken"), default="hf")
+    ap.add_argument("--threads-scaling", default=None, metavar="T1,T2,...",
+                    help="only: wall tokens/s with T tokenizer and worker threads, paired")
     a = ap.parse_args()
     tokenizer = os.path.join(a.data, "tokenizer.json")
     tmp = tempfile.mkdtemp(prefix="pltext.")
@@ -127,6 +150,11 @@ def main():
         steps = max(1, int(total * a.epochs) // (8 * 2048))
         print(f"{len(texts)} documents, {total} tokens; loader runs {steps} steps of "
               f"{8 * 2048} tokens", flush=True)
+        if a.threads_scaling:
+            counts = [int(x) for x in a.threads_scaling.split(",")]
+            # one epoch: every document is tokenized once (no length cache sidecar)
+            thread_scaling(src, tokenizer, max(1, total // (8 * 2048)), counts, a.rounds)
+            return
         rows = []
         for r in range(a.rounds):
             order = ["peer", "loader"] + (["parquet"] if pqpath else [])
