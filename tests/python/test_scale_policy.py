@@ -195,6 +195,9 @@ def test_cost_after_a_change_waits_for_min_samples():
     assert s.median(0) == 2.2  # median of 9.0, 2.0, 2.2: the new count's
     s.clear(0)
     assert s.median(0) == 2.2
+    s.append(0, 50.0)  # one outlier, then another change: 2.2 stays held
+    s.clear(0)
+    assert s.median(0) == 2.2
     with pytest.raises(ValueError, match="min_samples"):
         _scale.autoscale_options({"min_samples": 0})
     with pytest.raises(ValueError, match="min_samples"):

@@ -131,9 +131,12 @@ class _Samples:
         self._count[s] += 1
 
     def clear(self, s: int) -> None:
-        m = self._median_new(s)
-        if m is not None:
-            self._held[s] = m
+        # a second change before min_new samples came in keeps the cost held: the few
+        # samples since the last change are the outliers this is for
+        if self._count[s] >= self._min_new or np.isnan(self._held[s]):
+            m = self._median_new(s)
+            if m is not None:
+                self._held[s] = m
         self._count[s] = 0
 
     def __len__(self) -> int:
