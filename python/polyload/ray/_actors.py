@@ -953,7 +953,11 @@ class DataConstructor:
         #: when a standby or restarted constructor started serving, and from which step
         self.activated: Optional[Dict[str, Any]] = None
         self.failovers: Any = collections.deque(maxlen=1000)  # the last moves of reads
-        self._routing = routing  # per source: (partition starts, actor index per partition)
+        # per source: (partition starts, actor index per partition); None: the
+        # planner's table (launch passes none: creation arguments are kept by Ray in
+        # the GCS and in every process holding a handle to this actor, the trainers'
+        # clients included, and these lists grow with the sources)
+        self._routing = routing
         self._dtypes = np.asarray(dtypes, dtype=np.int64)
         self._widths = np.asarray([_WIDTH[int(d)] for d in dtypes], dtype=np.int64)
         self._namespace = namespace
@@ -997,10 +1001,12 @@ class DataConstructor:
         self._n_fetches = 0
         self._built_step = -1
         rt = await self._planner.routing.remote()
-        if rt is not None and rt.get("version", 0) > 0:  # scaled since launch
+        if rt is not None and (rt.get("version", 0) > 0 or self._routing is None):
+            # scaled since launch, or the launch's table (set before any constructor)
             self._apply_routing(rt["version"], *routing_for_constructors(rt))
         else:
             self._apply_routing(0, self._routing, self._loader_names)
+        self._routing = None  # as compact arrays from here on (_pstart, _powner)
         # Three wake-ups, so that nobody wakes for what it does not wait for:
         # units built or steps added (consumers), room or demand (drivers), a
         # rank's cursor moved (its next fetch, which serves steps in order).
@@ -1101,7 +1107,6 @@ class DataConstructor:
         """Route reads by ``routing`` (per source: partition starts, slot per
         partition); ``slot_names[slot]``: the slot's actor, then its standbys.  Slots
         are only ever appended, so a read in flight keeps a valid slot index."""
-        self._routing = routing
         self._loader_names = [[n] if isinstance(n, str) else list(n) for n in slot_names]
         # handles of slots that serve (a retired slot has no names: no lookups)
         old_active = getattr(self, "_active", [])
