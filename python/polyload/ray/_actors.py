@@ -160,7 +160,9 @@ class Planner:
             self._reset_cache(0)
             self._persist()
         else:
-            self._gen, self._start_blob, self._info = saved["gen"], saved["start"], saved["info"]
+            self._gen, self._info = saved["gen"], saved["info"]
+            self._start_blob = (_core.state_unpack(saved["start_packed"])
+                                if "start_packed" in saved else saved["start"])
             if saved.get("routing"):
                 self._routing = saved["routing"]
             self._start_hash = hashlib.sha256(self._start_blob).digest()
@@ -424,7 +426,8 @@ class Planner:
     def _persist(self, ckpt: Optional[bytes] = None) -> None:
         if ckpt is None:
             ckpt = self._ckpt_blob  # the last checkpoint stays
-        rec = {"gen": self._gen, "start": self._start_blob, "info": self._info,
+        # the start blob packed (~20x smaller at many sources: the GCS keeps the record)
+        rec = {"gen": self._gen, "start_packed": self._packed_start(), "info": self._info,
                "ckpt": ckpt, "low": dict(self._low) if ckpt is not None else {},
                "routing": getattr(self, "_routing", None)}
         data = pickle.dumps(rec, protocol=5)
@@ -468,10 +471,22 @@ class Planner:
             self._client_info = (self._info, brief)
         return self._client_info[1]
 
-    def current(self) -> Tuple[int, bytes]:
-        """(generation, the state blob it started from)."""
+    def current(self, packed: bool = False) -> Tuple[int, bytes]:
+        """(generation, the state blob it started from); ``packed``: the blob packed
+        (``pl_state_pack``; ``_core.state_unpack`` gives it back), ~20x smaller at many
+        sources (a blob holds every source's name, path and counters): what the
+        callers take, since Ray keeps memory in the receiving process in proportion to
+        a reply's size."""
         self._ensure()
-        return self._gen, self._start_blob
+        if not packed:
+            return self._gen, self._start_blob
+        return self._gen, self._packed_start()
+
+    def _packed_start(self) -> bytes:
+        """The generation's start blob, packed (made once per generation)."""
+        if getattr(self, "_start_packed", (None, None))[0] is not self._start_blob:
+            self._start_packed = (self._start_blob, _core.state_pack(self._start_blob))
+        return self._start_packed[1]
 
     def resume_point(self, constructor: int) -> Tuple[int, bytes]:
         """(generation, state blob) a standby or restarted constructor stands at: the
@@ -1021,7 +1036,8 @@ class DataConstructor:
         self._have: Dict[int, int] = {}
         self._peer_warm: List[Any] = []
         if not (recovering or self._standby):
-            gen, blob = await self._planner.current.remote()
+            gen, z = await self._planner.current.remote(True)
+            blob = _core.state_unpack(z)
             await self._reset(gen, blob)
             self._serving = True
         else:  # connect to the source loaders now, not at the first read after a failure
@@ -1207,7 +1223,8 @@ class DataConstructor:
         if gen > self._gen:
             async with self._reset_lock:
                 if gen > self._gen:
-                    g, blob = await self._planner.current.remote()
+                    g, z = await self._planner.current.remote(True)
+                    blob = _core.state_unpack(z)
                     if g > self._gen:
                         await self._reset(g, blob)
         if rank is None:

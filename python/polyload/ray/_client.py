@@ -194,7 +194,8 @@ class Client(polyload.Loader):
                      num_returns=len(self._ctors) - 1, timeout=min(10.0, self._timeout))
         except Exception:  # noqa: BLE001 - a standby restarting: connected at its first use
             pass
-        gen, blob = _get(planner.current.remote(), timeout)
+        gen, z = _get(planner.current.remote(True), timeout)  # packed: ~2 KB, not ~40
+        blob = _core.state_unpack(z)
         # A rank served before (its trainer's process died and came back): continue at
         # the first step it had not finished.
         step = self._rejoin(gen)
