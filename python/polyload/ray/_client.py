@@ -117,7 +117,10 @@ class Client(polyload.Loader):
     process died) continues at the first micro-batch of the step that rank had not
     finished (it finished a step when it asked for the next step's first micro-batch);
     what it had of that step is delivered again, since the dead process's partial
-    gradient went with it.
+    gradient went with it.  (That report goes to the constructor without waiting for
+    an answer; from a process killed within microseconds of asking, Ray may not have
+    sent it, and the successor then starts one step earlier: a step again, never one
+    skipped.)
 
     Raises:
         ConfigError: the config does not match the deployment.
