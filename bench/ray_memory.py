@@ -7,7 +7,9 @@ workers) feeding 8 trainer clients (polyload.ray.Client), plus the driver that o
 deployment.  Both sides count their 8 trainer processes (each imports torch).
 
 Memory is proportional set size (PSS, /proc/PID/smaps_rollup), summed over every process
-of the side, measured after every rank has taken 8 micro-batches.  Reported at N = 30
+of the side, measured after every rank has taken 8 micro-batches (a polyload client
+once its prefetch is full and still: ``Client.prefetched()``, the same state in every
+run, recorded as ``client_prefetch``).  Reported at N = 30
 and N = 300, with the memory per added source (PSS(300) - PSS(30)) / 270.  Each
 polyload side runs in a driver process of its own (the measurement counts that driver).
 
