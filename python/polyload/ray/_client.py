@@ -98,10 +98,12 @@ class Client(polyload.Loader):
             deployment's ``fetch_steps`` (half its ``prefetch_steps``).  These arrive as
             packages (tokens at their stored width, ~2.5 bytes a token).
         prefetch_batches: micro-batches the rank's C loader expands ahead of the one
-            being consumed (the embedded Loader's ``prefetch``: each is a micro-batch of
-            the SPEC section 3 fields, ~40 bytes a token slot, so this bounds the
-            client's memory; the packages beyond it stay compact).  Default: the
-            config's ``prefetch``.
+            being consumed (the embedded Loader's ``prefetch``): each is a micro-batch
+            of the SPEC section 3 fields, ~40 bytes a token slot, so this bounds the
+            client's memory (the packages beyond it stay compact).  Default: the
+            micro-batches of ``prefetch`` steps (one fetch), deep enough that the
+            trainer does not wait on the transport thread; e.g. the config's
+            ``prefetch`` to hold a few micro-batches only.
         threads: worker threads that expand packages into micro-batches (default 1).
         timeout: seconds any single wait on the deployment may take before it is an
             error naming the actor (PolyloadTimeoutError).
@@ -171,9 +173,10 @@ class Client(polyload.Loader):
             raise ValueError(f"prefetch_batches must be >= 1, got {prefetch_batches}")
         # The embedded Loader's set-up (rank, topology checks, torch), over an external
         # C loader holding only this rank; it expands `prefetch_batches` micro-batches
-        # ahead (the config's prefetch), the fetched packages stay compact until then.
+        # ahead (default: the steps of one fetch), the packages beyond stay compact.
         super().__init__(cfg, rank=rank, pin_memory=pin_memory, threads=threads,
-                         prefetch=int(prefetch_batches) if prefetch_batches else None,
+                         prefetch=int(prefetch_batches) if prefetch_batches
+                         else nmb * max(1, int(prefetch)),
                          _external=True)
         self.info = info
         self._nmb = nmb
