@@ -124,29 +124,22 @@ static void feed(pl_loader *ext, pl_source **src, pl_plan **plans, void **blobs,
 }
 
 /* A transport thread as the Ray client runs one: blocked in
- * pl_loader_want_step(-1), it pushes each step asked for. */
+ * pl_loader_want_step(-1), it pushes each step asked for (packages made
+ * beforehand: the CHECK counters are not for threads; failures go to bad). */
 typedef struct feeder {
     pl_loader *ext;
-    pl_source **src;
-    pl_plan **plans;
-    void **blobs;
-    const size_t *blen;
-    int64_t steps, dp;
+    void **pkgs;
+    const size_t *lens;
     atomic_llong pushed;
+    atomic_int bad;
 } feeder;
 
 static void *feeder_main(void *arg) {
     feeder *f = arg;
     int64_t want = -1;
     while (pl_loader_want_step(f->ext, -1, &want) == PL_OK) {
-        if (want == f->steps) {
-            CHECK_OK(pl_loader_push_package(f->ext, f->blobs[want], f->blen[want]));
-        } else {
-            size_t n = 0;
-            void *pkg = make_package(f->src, f->plans[want], f->dp, NULL, 0, &n);
-            CHECK_OK(pl_loader_push_package(f->ext, pkg, n));
-            free(pkg);
-        }
+        if (pl_loader_push_package(f->ext, f->pkgs[want], f->lens[want]) != PL_OK)
+            atomic_store(&f->bad, 1);
         atomic_fetch_add(&f->pushed, 1);
     }
     return NULL;
@@ -255,7 +248,13 @@ static void test_packages_equal_embedded(corpus *c, const char *extra) {
         pl_loader *ext = NULL;
         CHECK_OK(pl_loader_create(cfg, &eo, &ext));
         CHECK_OK(pl_loader_set_state(ext, blobs[0], blen[0]));
-        feeder f = {ext, src, plans, blobs, blen, steps, ri.dp_rank, 0};
+        void **pkgs = calloc((size_t)steps + 1, sizeof *pkgs);
+        size_t *lens = calloc((size_t)steps + 1, sizeof *lens);
+        for (int64_t s = 0; s < steps; s++)
+            pkgs[s] = make_package(src, plans[s], ri.dp_rank, NULL, 0, &lens[s]);
+        pkgs[steps] = blobs[steps]; /* the step train_steps: its state */
+        lens[steps] = blen[steps];
+        feeder f = {ext, pkgs, lens, 0, 0};
         pthread_t th;
         CHECK(pthread_create(&th, NULL, feeder_main, &f) == 0);
         for (int64_t k = 0; k < nmb; k++) { /* step 0, then the consumer stands */
@@ -268,6 +267,10 @@ static void test_packages_equal_embedded(corpus *c, const char *extra) {
         CHECK_EQ_I64(atomic_load(&f.pushed), want);
         pl_loader_stop(ext); /* wakes the thread: PL_ECLOSED */
         CHECK(pthread_join(th, NULL) == 0);
+        CHECK(atomic_load(&f.bad) == 0);
+        for (int64_t s = 0; s < steps; s++) free(pkgs[s]);
+        free(pkgs);
+        free(lens);
         pl_loader_free(ext);
     }
     for (int64_t s = 0; s <= steps; s++) {
