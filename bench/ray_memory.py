@@ -7,7 +7,9 @@ workers) feeding 8 trainer clients (polyload.ray.Client), plus the driver that o
 deployment.  Both sides count their 8 trainer processes (each imports torch).
 
 Memory is proportional set size (PSS, /proc/PID/smaps_rollup), summed over every process
-of the side, measured after every rank has taken 8 micro-batches.  Reported at N = 30
+of the side, measured after every rank has taken 8 micro-batches (a polyload client
+once its prefetch is full and still: ``Client.prefetched()``, the same state in every
+run, recorded as ``client_prefetch``).  Reported at N = 30
 and N = 300, with the memory per added source (PSS(300) - PSS(30)) / 270.  Each
 polyload side runs in a driver process of its own (the measurement counts that driver).
 
@@ -271,20 +273,23 @@ rank = int(sys.argv[1])
 c = pr.Client(%(cfg)r, rank=rank, namespace="bench")
 for _ in range(%(take)d):
     b = next(c)
-# Steady state: the client's prefetch keeps filling after the first micro-batches (each
-# step's package expands into 4 micro-batches, ~0.5 MiB, as the C loader's window
-# admits it).  Measured once no package has arrived for %(settle)g s, so that both
-# sides are measured with full prefetch, not at a moment of the fill.
+# Steady state: the client's prefetch keeps filling after the first micro-batches (the
+# C loader expands the packages of its window, prefetch_batches micro-batches; the
+# packages of the fetches in flight arrive).  Measured once the prefetch is full (every
+# fetch in flight has arrived) and nothing moved for %(settle)g s, so that every client
+# of both sides is measured with the same prefetch state, not at a moment of the fill.
 t0 = since = time.time()
-last = -1
+last = None
 while %(settle)g > 0 and time.time() - t0 < 120:
-    if c.packages != last:
-        last, since = c.packages, time.time()
+    now = c.prefetched()
+    if now != last or now["calls_done"] < now["calls"]:
+        last, since = now, time.time()
     elif time.time() - since >= %(settle)g:
         break
     time.sleep(0.25)
+import json
 with open(%(ready)r + str(rank), "w") as f:
-    f.write(str(c.packages))
+    f.write(json.dumps(dict(c.prefetched(), position=c._loader.position()[0])))
 while True:
     time.sleep(1)
 """
@@ -325,8 +330,11 @@ def run_polyload(n, loader_actors, constructors):
         time.sleep(2)
         res = measure(tree(os.getpid()))
         res["actors"] = {k: len(v) for k, v in dep.actors.items()}
-        # packages each client had received when it was measured (prefetch state)
-        res["client_packages"] = [int(open(ready + str(r)).read() or -1) for r in range(RANKS)]
+        # each client's prefetch state when it was measured (Client.prefetched(): steps
+        # pushed to its C loader, packages held, fetches in flight and arrived; the
+        # step its trainer stands at)
+        res["client_prefetch"] = [json.loads(open(ready + str(r)).read()) for r in range(RANKS)]
+        res["client_packages"] = [p["pushed"] for p in res["client_prefetch"]]
         return res
     finally:
         for p in procs:
@@ -352,9 +360,10 @@ def main():
     ap.add_argument("--shadows", type=int, default=1,
                     help="standby source loaders per actor (launch's shadows)")
     ap.add_argument("--settle", type=float, default=3.0,
-                    help="a trainer client is measured once it received no package for "
-                         "this many seconds after its micro-batches (its prefetch full); "
-                         "0: right after them, as before 2026-12-01 21:00")
+                    help="a trainer client is measured once its prefetch is full (every "
+                         "fetch in flight arrived) and Client.prefetched() did not change "
+                         "for this many seconds after its micro-batches; 0: right after "
+                         "them, as before 2026-12-01 21:00")
     ap.add_argument("--sources", type=int, nargs="+", default=[30, 300])
     ap.add_argument("--loader-actors", type=int, default=2)
     ap.add_argument("--constructors", type=int, default=2)

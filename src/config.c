@@ -568,9 +568,10 @@ static int validate(pl_config *cfg, const vlines *ln) {
                            "sources[%" PRId64 "] '%s': webdataset sources need "
                            "topology.cp 1 (images are not sliced for context parallelism)",
                            i, sc->name);
-        if (first_img && (first_img->image.mode != sc->image.mode ||
-                          first_img->image.size != sc->image.size ||
-                          first_img->image.patch_size != sc->image.patch_size))
+        const pl_image_options *io = &pl__sx(sc)->image;
+        if (first_img && (pl__sx(first_img)->image.mode != io->mode ||
+                          pl__sx(first_img)->image.size != io->size ||
+                          pl__sx(first_img)->image.patch_size != io->patch_size))
             return cfg_err(cfg, PL_ECONFIG, ln->sources,
                            "sources[%" PRId64 "] '%s': image mode, size and patch_size "
                            "must match those of '%s' (one pixel_values layout per batch)",
@@ -578,7 +579,6 @@ static int validate(pl_config *cfg, const vlines *ln) {
         if (!first_img) first_img = sc;
         /* The most visual tokens an image can take must fit a sequence, or its
          * placeholder run would be cut (construct_images.c refuses that). */
-        const pl_image_options *io = &sc->image;
         const int64_t p = io->patch_size ? io->patch_size : 14;
         const int64_t m = io->merge_size ? io->merge_size
                                          : (io->mode == PL_IMAGE_NATIVE ? 2 : 1);
@@ -651,6 +651,48 @@ static pl_config *config_new(const char *origin) {
     return cfg;
 }
 
+/* A plain source (no out-of-line option) costs this much per process. */
+_Static_assert(sizeof(pl__source_cfg) <= 13 * sizeof(int64_t), "pl__source_cfg grew");
+
+const pl__source_ext pl__source_ext_none;
+
+void pl__source_ext_free(pl__source_ext *x) {
+    if (!x) return;
+    free(x->text_key);
+    free(x->prompt_key);
+    free(x->response_key);
+    free(x->messages_key);
+    for (int q = 0; q < 3; q++) free(x->chat[q]);
+    pl__tok_cfg_free(&x->tok);
+    free(x);
+}
+
+int pl__source_ext_dup(const pl__source_ext *o, pl__source_ext **out) {
+    *out = NULL;
+    if (!o) return PL_OK;
+    pl__source_ext *d = malloc(sizeof *d);
+    if (!d) return PL_ENOMEM;
+    *d = *o;
+    d->text_key = o->text_key ? pl__strdup(o->text_key) : NULL;
+    d->prompt_key = o->prompt_key ? pl__strdup(o->prompt_key) : NULL;
+    d->response_key = o->response_key ? pl__strdup(o->response_key) : NULL;
+    d->messages_key = o->messages_key ? pl__strdup(o->messages_key) : NULL;
+    int ok = 1;
+    for (int q = 0; q < 3; q++) {
+        d->chat[q] = o->chat[q] ? pl__strdup(o->chat[q]) : NULL;
+        if (o->chat[q] && !d->chat[q]) ok = 0;
+    }
+    memset(&d->tok, 0, sizeof d->tok);
+    int tok_rc = pl__tok_cfg_dup(&d->tok, &o->tok);
+    if (!ok || tok_rc || (o->text_key && !d->text_key) || (o->prompt_key && !d->prompt_key) ||
+        (o->response_key && !d->response_key) || (o->messages_key && !d->messages_key)) {
+        pl__source_ext_free(d);
+        return PL_ENOMEM;
+    }
+    *out = d;
+    return PL_OK;
+}
+
 void pl_config_free(pl_config *cfg) {
     if (!cfg) return;
     if (cfg->frozen && __atomic_fetch_sub(&cfg->refs, 1, __ATOMIC_ACQ_REL) > 0)
@@ -658,12 +700,7 @@ void pl_config_free(pl_config *cfg) {
     for (int64_t i = 0; i < cfg->n_sources; i++) {
         free(cfg->sources[i].name);
         free(cfg->sources[i].path);
-        free(cfg->sources[i].text_key);
-        free(cfg->sources[i].prompt_key);
-        free(cfg->sources[i].response_key);
-        free(cfg->sources[i].messages_key);
-        for (int q = 0; q < 3; q++) free(cfg->sources[i].chat[q]);
-        pl__tok_cfg_free(&cfg->sources[i].tok);
+        pl__source_ext_free(cfg->sources[i].x);
     }
     pl__tok_cfg_free(&cfg->tok);
     free(cfg->sources);
@@ -671,12 +708,7 @@ void pl_config_free(pl_config *cfg) {
         for (int64_t i = 0; i < cfg->n_eval_sources[part]; i++) {
             free(cfg->eval_sources[part][i].name);
             free(cfg->eval_sources[part][i].path);
-            free(cfg->eval_sources[part][i].text_key);
-            free(cfg->eval_sources[part][i].prompt_key);
-            free(cfg->eval_sources[part][i].response_key);
-            free(cfg->eval_sources[part][i].messages_key);
-            for (int q = 0; q < 3; q++) free(cfg->eval_sources[part][i].chat[q]);
-            pl__tok_cfg_free(&cfg->eval_sources[part][i].tok);
+            pl__source_ext_free(cfg->eval_sources[part][i].x);
         }
         free(cfg->eval_sources[part]);
     }
@@ -1074,6 +1106,11 @@ static int walk_source(walk *w, const char *list, int64_t i, yaml_node_t *map,
     s->eos_id = -1;
     s->weight = 1.0;
     s->token_dtype = (pl_dtype)0;
+    /* The options kept out of line: parsed into x, dropped at the end when the
+     * source sets none (on an error the config's free releases them). */
+    pl__source_ext *x = s->x ? s->x : pl__calloc(1, sizeof *x);
+    if (!x) return cfg_err(cfg, PL_ENOMEM, 0, "out of memory");
+    s->x = x;
     int line_tdtype = 0, line_eos = 0, line_path = 0, has_type = 0, line_image = 0;
     int line_text = 0, line_key = 0; /* keys of jsonl/text sources */
     int line_tkey = 0, line_sft = 0, line_msg = 0, line_chat = 0;
@@ -1097,17 +1134,17 @@ static int walk_source(walk *w, const char *list, int64_t i, yaml_node_t *map,
                            "messages_key, chat_template, tokenizer, lookahead)",
                            key);
         if (strcmp(k, "image") == 0) {
-            rc = walk_image(w, key, vn, &s->image);
+            rc = walk_image(w, key, vn, &x->image);
             if (rc != PL_OK) return rc;
             line_image = line_of(vn);
             continue;
         } else if (strcmp(k, "tokenizer") == 0) {
-            rc = walk_tokenizer(w, what, vn, &s->tok);
+            rc = walk_tokenizer(w, what, vn, &x->tok);
             if (rc != PL_OK) return rc;
             line_text = line_of(node(w, p->key));
             continue;
         } else if (strcmp(k, "chat_template") == 0) {
-            rc = walk_chat(w, key, vn, s->chat);
+            rc = walk_chat(w, key, vn, x->chat);
             if (rc != PL_OK) return rc;
             line_text = line_key = line_chat = line_of(node(w, p->key));
             continue;
@@ -1156,11 +1193,11 @@ static int walk_source(walk *w, const char *list, int64_t i, yaml_node_t *map,
             if (rc != PL_OK) return rc;
             s->has_split = 1;
         } else if (strcmp(k, "caption") == 0) {
-            if (strlen(v.s) >= sizeof s->image.caption_key ||
+            if (strlen(v.s) >= sizeof x->image.caption_key ||
                 (strcmp(v.s, "txt") && (strncmp(v.s, "json:", 5) || !v.s[5])))
                 return cfg_err(cfg, PL_ECONFIG, v.line,
                                "%s: expected txt or json:FIELD, got '%s'", key, v.s);
-            pl__fmt(s->image.caption_key, sizeof s->image.caption_key, "%s", v.s);
+            pl__fmt(x->image.caption_key, sizeof x->image.caption_key, "%s", v.s);
             line_image = line_image ? line_image : v.line;
         } else if (strcmp(k, "index") == 0) {
             rc = get_enum(cfg, key, &v, ENUM_ARGS(index), &s->write_index);
@@ -1168,23 +1205,23 @@ static int walk_source(walk *w, const char *list, int64_t i, yaml_node_t *map,
         } else if (strcmp(k, "text_key") == 0) {
             if (!v.s[0])
                 return cfg_err(cfg, PL_ECONFIG, v.line, "%s is empty", key);
-            free(s->text_key);
-            s->text_key = pl__strdup(v.s);
-            if (!s->text_key) return cfg_err(cfg, PL_ENOMEM, 0, "out of memory");
+            free(x->text_key);
+            x->text_key = pl__strdup(v.s);
+            if (!x->text_key) return cfg_err(cfg, PL_ENOMEM, 0, "out of memory");
             line_text = v.line;
             line_key = v.line;
             line_tkey = v.line;
         } else if (strcmp(k, "messages_key") == 0) {
             if (!v.s[0])
                 return cfg_err(cfg, PL_ECONFIG, v.line, "%s is empty", key);
-            free(s->messages_key);
-            s->messages_key = pl__strdup(v.s);
-            if (!s->messages_key) return cfg_err(cfg, PL_ENOMEM, 0, "out of memory");
+            free(x->messages_key);
+            x->messages_key = pl__strdup(v.s);
+            if (!x->messages_key) return cfg_err(cfg, PL_ENOMEM, 0, "out of memory");
             line_text = line_key = line_msg = v.line;
         } else if (strcmp(k, "prompt_key") == 0 || strcmp(k, "response_key") == 0) {
             if (!v.s[0])
                 return cfg_err(cfg, PL_ECONFIG, v.line, "%s is empty", key);
-            char **dst = k[0] == 'p' ? &s->prompt_key : &s->response_key;
+            char **dst = k[0] == 'p' ? &x->prompt_key : &x->response_key;
             free(*dst);
             *dst = pl__strdup(v.s);
             if (!*dst) return cfg_err(cfg, PL_ENOMEM, 0, "out of memory");
@@ -1192,7 +1229,7 @@ static int walk_source(walk *w, const char *list, int64_t i, yaml_node_t *map,
             line_key = v.line;
             line_sft = v.line;
         } else if (strcmp(k, "lookahead") == 0) {
-            rc = get_int(cfg, key, &v, 1, (int64_t)1 << 24, &s->lookahead);
+            rc = get_int(cfg, key, &v, 1, (int64_t)1 << 24, &x->lookahead);
             if (rc != PL_OK) return rc;
             line_text = v.line;
         } else {
@@ -1249,15 +1286,15 @@ static int walk_source(walk *w, const char *list, int64_t i, yaml_node_t *map,
                        "%s (%s): messages_key is used instead of text_key, prompt_key "
                        "and response_key (give one kind)",
                        what, s->name);
-    if (line_msg && !s->chat[0])
+    if (line_msg && !x->chat[0])
         return cfg_err(cfg, PL_ECONFIG, line_msg,
                        "%s (%s): messages_key needs chat_template (chatml, or "
                        "{system, user, assistant} strings with {content})",
                        what, s->name);
-    if (line_chat && !s->messages_key)
+    if (line_chat && !x->messages_key)
         return cfg_err(cfg, PL_ECONFIG, line_chat,
                        "%s (%s): chat_template needs messages_key", what, s->name);
-    if (line_sft && (!s->prompt_key || !s->response_key))
+    if (line_sft && (!x->prompt_key || !x->response_key))
         return cfg_err(cfg, PL_ECONFIG, line_sft,
                        "%s (%s): instruction data needs both prompt_key and "
                        "response_key",
@@ -1282,6 +1319,10 @@ static int walk_source(walk *w, const char *list, int64_t i, yaml_node_t *map,
                        "(source '%s' is %s)",
                        what, s->name, stype_names[s->type - 1]);
     s->path_line = line_path; /* paths are checked when the source opens */
+    if (memcmp(x, &pl__source_ext_none, sizeof *x) == 0) {
+        free(x); /* every option at its default: nothing out of line */
+        s->x = NULL;
+    }
     return PL_OK;
 }
 
@@ -1588,11 +1629,13 @@ static int walk_root(walk *w) {
     for (int64_t i = 0; i < cfg->n_sources; i++) {
         pl__source_cfg *sc = &cfg->sources[i];
         if (!pl__is_text_type(sc->type)) continue;
-        if (!sc->tok.set && cfg->tok.set) {
-            if (pl__tok_cfg_dup(&sc->tok, &cfg->tok))
+        if (!pl__sx(sc)->tok.set && cfg->tok.set) {
+            if (!sc->x && !(sc->x = pl__calloc(1, sizeof *sc->x)))
+                return cfg_err(cfg, PL_ENOMEM, 0, "out of memory");
+            if (pl__tok_cfg_dup(&sc->x->tok, &cfg->tok))
                 return cfg_err(cfg, PL_ENOMEM, 0, "out of memory");
         }
-        if (!sc->tok.set)
+        if (!pl__sx(sc)->tok.set)
             return cfg_err(cfg, PL_ECONFIG, w->ln.sources,
                            "sources[%" PRId64 "] (%s): a %s source needs a "
                            "tokenizer (its own 'tokenizer' or a top-level one)",
@@ -2005,23 +2048,9 @@ pl_config *pl__config_clone(const pl_config *cfg) {
             d->name = pl__strdup(d->name);
             d->path = pl__strdup(d->path);
             const pl__source_cfg *o = &cfg->eval_sources[part][i];
-            d->text_key = o->text_key ? pl__strdup(o->text_key) : NULL;
-            d->prompt_key = o->prompt_key ? pl__strdup(o->prompt_key) : NULL;
-            d->response_key = o->response_key ? pl__strdup(o->response_key) : NULL;
-            d->messages_key = o->messages_key ? pl__strdup(o->messages_key) : NULL;
-            int dchat_ok = 1;
-            for (int q = 0; q < 3; q++) {
-                d->chat[q] = o->chat[q] ? pl__strdup(o->chat[q]) : NULL;
-                if (o->chat[q] && !d->chat[q]) dchat_ok = 0;
-            }
-            int dtok_rc = pl__tok_cfg_dup(&d->tok, &o->tok);
+            int dx_rc = pl__source_ext_dup(o->x, &d->x);
             c->n_eval_sources[part] = i + 1;
-            if (!d->name || !d->path || (o->text_key && !d->text_key) ||
-                (o->prompt_key && !d->prompt_key) ||
-                (o->response_key && !d->response_key) ||
-                (o->messages_key && !d->messages_key) || !dchat_ok ||
-                dtok_rc)
-                goto fail;
+            if (!d->name || !d->path || dx_rc) goto fail;
         }
     }
     c->origin = pl__strdup(cfg->origin ? cfg->origin : "<string>");
@@ -2034,26 +2063,9 @@ pl_config *pl__config_clone(const pl_config *cfg) {
         const pl__source_cfg *o = &cfg->sources[i];
         c->sources[i].name = pl__strdup(o->name);
         c->sources[i].path = pl__strdup(o->path);
-        c->sources[i].text_key = o->text_key ? pl__strdup(o->text_key) : NULL;
-        c->sources[i].prompt_key = o->prompt_key ? pl__strdup(o->prompt_key) : NULL;
-        c->sources[i].response_key =
-            o->response_key ? pl__strdup(o->response_key) : NULL;
-        c->sources[i].messages_key =
-            o->messages_key ? pl__strdup(o->messages_key) : NULL;
-        int chat_ok = 1;
-        for (int q = 0; q < 3; q++) {
-            c->sources[i].chat[q] = o->chat[q] ? pl__strdup(o->chat[q]) : NULL;
-            if (o->chat[q] && !c->sources[i].chat[q]) chat_ok = 0;
-        }
-        int tok_rc = pl__tok_cfg_dup(&c->sources[i].tok, &o->tok);
+        int x_rc = pl__source_ext_dup(o->x, &c->sources[i].x);
         c->n_sources = i + 1;
-        if (!c->sources[i].name || !c->sources[i].path ||
-            (o->text_key && !c->sources[i].text_key) ||
-            (o->prompt_key && !c->sources[i].prompt_key) ||
-            (o->response_key && !c->sources[i].response_key) ||
-            (o->messages_key && !c->sources[i].messages_key) || !chat_ok ||
-            tok_rc)
-            goto fail;
+        if (!c->sources[i].name || !c->sources[i].path || x_rc) goto fail;
     }
     for (int64_t k = 0; k < cfg->n_points; k++) {
         c->points[k].step = cfg->points[k].step;
@@ -2082,11 +2094,12 @@ fail:
 /* The length-cache key of a raw text source: what decides its lengths (the
  * tokenizer's type and file bytes, add_eos, eos_id, the record keys).  0
  * (no cache) when the tokenizer file cannot be read. */
-static uint64_t pl__length_cache_key(const pl__source_cfg *s) {
+static uint64_t pl__length_cache_key(const pl__source_cfg *sc) {
+    const pl__source_ext *s = pl__sx(sc);
     uint64_t h = pl__hash64("pllen1", 6, 0);
     int32_t ti[2] = {s->tok.type, s->tok.add_eos};
     h = pl__hash64(ti, sizeof ti, h);
-    h = pl__hash64(&s->eos_id, sizeof s->eos_id, h);
+    h = pl__hash64(&sc->eos_id, sizeof sc->eos_id, h);
     const char *keys[7] = {s->text_key ? s->text_key : "text",
                            s->prompt_key ? s->prompt_key : "",
                            s->response_key ? s->response_key : "",
@@ -2166,6 +2179,7 @@ int pl__config_open_source(const pl_config *cfg, int64_t i, pl_source **out) {
     if (!cfg || !out) return PL_EINVAL;
     if (i < 0 || i >= cfg->n_sources) return PL_ERANGE;
     const pl__source_cfg *s = &cfg->sources[i];
+    const pl__source_ext *sx = pl__sx(s);
     pl_source_options o;
     memset(&o, 0, sizeof o);
     o.version = PL_SOURCE_OPTIONS_VERSION;
@@ -2175,7 +2189,7 @@ int pl__config_open_source(const pl_config *cfg, int64_t i, pl_source **out) {
     o.token_dtype = s->token_dtype;
     o.eos_id = s->eos_id;
     o.write_index = s->write_index ? s->write_index : cfg->sidecar_index;
-    o.image = s->type == PL_SOURCE_WEBDATASET ? &s->image : NULL;
+    o.image = s->type == PL_SOURCE_WEBDATASET ? &sx->image : NULL;
     pl_tokenizer tok;
     if (pl__is_text_type(s->type)) {
         o.length_cache_key = pl__length_cache_key(s);
@@ -2185,21 +2199,21 @@ int pl__config_open_source(const pl_config *cfg, int64_t i, pl_source **out) {
         o.lengths_fn = cfg->lengths_fn;
         o.lengths_ctx = cfg->lengths_ctx;
         o.lengths_source = i;
-        o.tokenizer_threads = s->tok.threads;
-        o.lookahead = s->lookahead;
+        o.tokenizer_threads = sx->tok.threads;
+        o.lookahead = sx->lookahead;
     } else if (pl__is_text_type(s->type)) {
         o.write_index = 0; /* record offsets in memory (1: write .plrec) */
-        int trc = pl__config_tokenizer(cfg, &s->tok, &tok, out);
+        int trc = pl__config_tokenizer(cfg, &sx->tok, &tok, out);
         if (trc) return trc;
         o.tokenizer = &tok;
-        o.text_key = s->text_key;
-        o.prompt_key = s->prompt_key;
-        o.messages_key = s->messages_key;
-        for (int q = 0; q < 3; q++) o.chat_template[q] = s->chat[q];
-        o.response_key = s->response_key;
-        o.add_eos = s->tok.add_eos;
-        o.tokenizer_threads = s->tok.threads;
-        o.lookahead = s->lookahead;
+        o.text_key = sx->text_key;
+        o.prompt_key = sx->prompt_key;
+        o.messages_key = sx->messages_key;
+        for (int q = 0; q < 3; q++) o.chat_template[q] = sx->chat[q];
+        o.response_key = sx->response_key;
+        o.add_eos = sx->tok.add_eos;
+        o.tokenizer_threads = sx->tok.threads;
+        o.lookahead = sx->lookahead;
     }
     int rc = pl__source_open(&o, cfg->on_error == PL__ONERR_SKIP, out);
     if (rc == PL_ENOENT && *out && !path_exists(s->type, s->path)) {
@@ -2249,6 +2263,7 @@ uint64_t pl_config_fingerprint(const pl_config *c) {
     h = pl__hash64(c->topology.order, strlen(c->topology.order), h);
     for (int64_t i = 0; i < c->n_sources; i++) {
         const pl__source_cfg *sc = &c->sources[i];
+        const pl__source_ext *sx = pl__sx(sc);
         int64_t si[4] = {sc->type, sc->token_dtype, sc->eos_id,
                          sc->max_epochs};
         h = pl__hash64(sc->name, strlen(sc->name) + 1, h);
@@ -2256,31 +2271,31 @@ uint64_t pl_config_fingerprint(const pl_config *c) {
         h = pl__hash64(si, sizeof si, h);
         h = pl__hash64(&sc->weight, sizeof sc->weight, h);
         if (sc->type == PL_SOURCE_WEBDATASET) {
-            const pl_image_options *io = &sc->image;
+            const pl_image_options *io = &sx->image;
             int64_t ii[9] = {io->mode, io->size, io->patch_size, io->merge_size,
                              io->min_pixels, io->max_pixels, io->token_id,
                              io->limit_pixels, io->caption_token_offset};
             h = pl__hash64(ii, sizeof ii, h);
             h = pl__hash64(io->caption_key, strlen(io->caption_key), h);
         } else if (pl__is_text_type(sc->type)) {
-            int32_t ti[2] = {sc->tok.type, sc->tok.add_eos};
+            int32_t ti[2] = {sx->tok.type, sx->tok.add_eos};
             h = pl__hash64(ti, sizeof ti, h);
-            const char *tp = sc->tok.path ? sc->tok.path : "";
-            const char *tk = sc->text_key ? sc->text_key : "text";
+            const char *tp = sx->tok.path ? sx->tok.path : "";
+            const char *tk = sx->text_key ? sx->text_key : "text";
             h = pl__hash64(tp, strlen(tp) + 1, h);
             h = pl__hash64(tk, strlen(tk) + 1, h);
-            if (sc->tok.pat_str)
-                h = pl__hash64(sc->tok.pat_str, strlen(sc->tok.pat_str) + 1, h);
-            if (sc->tok.encoding)
-                h = pl__hash64(sc->tok.encoding, strlen(sc->tok.encoding) + 1, h);
-            if (sc->messages_key) {
-                h = pl__hash64(sc->messages_key, strlen(sc->messages_key) + 1, h);
+            if (sx->tok.pat_str)
+                h = pl__hash64(sx->tok.pat_str, strlen(sx->tok.pat_str) + 1, h);
+            if (sx->tok.encoding)
+                h = pl__hash64(sx->tok.encoding, strlen(sx->tok.encoding) + 1, h);
+            if (sx->messages_key) {
+                h = pl__hash64(sx->messages_key, strlen(sx->messages_key) + 1, h);
                 for (int q = 0; q < 3; q++)
-                    if (sc->chat[q]) h = pl__hash64(sc->chat[q], strlen(sc->chat[q]) + 1, h);
+                    if (sx->chat[q]) h = pl__hash64(sx->chat[q], strlen(sx->chat[q]) + 1, h);
             }
-            if (sc->prompt_key && sc->response_key) {
-                h = pl__hash64(sc->prompt_key, strlen(sc->prompt_key) + 1, h);
-                h = pl__hash64(sc->response_key, strlen(sc->response_key) + 1, h);
+            if (sx->prompt_key && sx->response_key) {
+                h = pl__hash64(sx->prompt_key, strlen(sx->prompt_key) + 1, h);
+                h = pl__hash64(sx->response_key, strlen(sx->response_key) + 1, h);
             }
         }
     }
@@ -2350,12 +2365,7 @@ int pl_config_split(const pl_config *cfg, int split, pl_config **out) {
         for (int64_t i = 0; i < c->n_sources; i++) {
             free(c->sources[i].name);
             free(c->sources[i].path);
-            free(c->sources[i].text_key);
-            free(c->sources[i].prompt_key);
-            free(c->sources[i].response_key);
-            free(c->sources[i].messages_key);
-            for (int q = 0; q < 3; q++) free(c->sources[i].chat[q]);
-            pl__tok_cfg_free(&c->sources[i].tok);
+            pl__source_ext_free(c->sources[i].x);
         }
         free(c->sources);
         c->sources = c->eval_sources[e];

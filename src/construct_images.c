@@ -75,7 +75,7 @@ static int pl__package_image(pl__build_ctx *x, int64_t ordinal, const pl_chunk *
                 im->data ? (const char *)im->data : "");
         return im->status;
     }
-    pl_image_options o = sc->image;
+    pl_image_options o = pl__sx(sc)->image;
     int rc = pl__wds_defaults(&o, x->err, x->errcap, sc->name);
     if (rc) return rc;
     const int64_t f = o.patch_size * o.merge_size;

@@ -205,8 +205,8 @@ void pl_batch_release(pl_batch *batch) {
             int rc = x->read(x, (*ordinal)++, c, ids + p, end ? NULL : &next,  \
                              DT);                                              \
             if (rc) return rc;                                                 \
-            if (x->has_sft && (x->cfg->sources[c->source].prompt_key ||        \
-                               x->cfg->sources[c->source].messages_key)) { \
+            if (x->has_sft && (pl__sx(&x->cfg->sources[c->source])->prompt_key ||        \
+                               pl__sx(&x->cfg->sources[c->source])->messages_key)) { \
                 /* Instruction data: prompt tokens come as -1 - id; a label \
                    that is a prompt token is masked. */                        \
                 for (int64_t t = 0; t < L; t++) {                              \
@@ -378,7 +378,7 @@ int pl__build_ctx_init(pl__build_ctx *x, const pl_config *c,
     x->has_sft = 0;
     for (int64_t i = 0; i < c->n_sources; i++) {
         x->has_images |= c->sources[i].type == PL_SOURCE_WEBDATASET;
-        x->has_sft |= c->sources[i].prompt_key != NULL || c->sources[i].messages_key != NULL;
+        x->has_sft |= pl__sx(&c->sources[i])->prompt_key != NULL || pl__sx(&c->sources[i])->messages_key != NULL;
     }
     x->seg = pl__calloc(2 * ((size_t)c->seq_length + 1), sizeof(int64_t));
     return x->seg ? PL_OK : PL_ENOMEM;

@@ -141,19 +141,14 @@ int64_t pl__tokenizers_loaded(void);
 void pl__heap_trim(void);
 void pl__heap_trim_soon(void);
 
-typedef struct pl__source_cfg {
-    char *name;
-    pl_source_type type;
-    char *path;           /* as written in the config */
-    pl_dtype token_dtype; /* flat: UINT16 default */
-    int64_t eos_id;       /* -1: type default */
-    double weight;        /* raw weight (not normalized) */
-    int64_t max_epochs;   /* 0: no cap; else drawn from no more than N epochs */
-    int path_line;        /* line of `path` in the config (0: unknown) */
-    double split[3];      /* train, valid, test fractions (normalized) */
-    int has_split;        /* split set on this source */
+/* Options few sources set (webdataset images, raw-text record keys, chat
+ * templates, tokenizers), kept out of line: a plain source's config is then
+ * ~100 bytes instead of ~350, and every process of a deployment (trainers'
+ * clients, planner, loaders, constructors: ~20 at 8 ranks) holds every
+ * source's.  pl__sx reads them (all-zero defaults when the source sets
+ * none). */
+typedef struct pl__source_ext {
     pl_image_options image; /* webdataset: image, caption (config keys) */
-    int write_index;      /* 0 default, -1: `index: memory` */
     /* jsonl/text */
     char *text_key;       /* malloc'd; NULL = "text" */
     char *prompt_key;     /* malloc'd; instruction data when set (with */
@@ -162,7 +157,30 @@ typedef struct pl__source_cfg {
     char *chat[3];        /* malloc'd chat_template: system, user, assistant */
     int64_t lookahead;    /* 0 = default */
     pl__tok_cfg tok;      /* own, or the top level's */
+} pl__source_ext;
+
+typedef struct pl__source_cfg { /* 104 bytes */
+    char *name;
+    char *path;           /* as written in the config */
+    int64_t eos_id;       /* -1: type default */
+    double weight;        /* raw weight (not normalized) */
+    int64_t max_epochs;   /* 0: no cap; else drawn from no more than N epochs */
+    double split[3];      /* train, valid, test fractions (normalized) */
+    pl__source_ext *x;    /* malloc'd, or NULL: every option at its default */
+    pl_source_type type;
+    pl_dtype token_dtype; /* flat: UINT16 default */
+    int path_line;        /* line of `path` in the config (0: unknown) */
+    int has_split;        /* split set on this source */
+    int write_index;      /* 0 default, -1: `index: memory` */
 } pl__source_cfg;
+
+extern const pl__source_ext pl__source_ext_none; /* all zero */
+static inline const pl__source_ext *pl__sx(const pl__source_cfg *s) {
+    return s->x ? s->x : &pl__source_ext_none;
+}
+/* Deep copy (*out NULL for NULL) and release. */
+int pl__source_ext_dup(const pl__source_ext *src, pl__source_ext **out);
+void pl__source_ext_free(pl__source_ext *x);
 
 typedef struct pl__sched_point {
     int64_t step;

@@ -743,6 +743,12 @@ int pl_pipeline_get_work(pl_pipeline *p, unsigned kinds, int64_t timeout_ms,
                 w->blob = e->blob;
                 w->blob_len = e->blob_len;
                 w->generation = p->generation;
+                /* Taking the last planned unit can be what makes the next step
+                   wanted: wake a thread that only plans (an external loader's
+                   pl_loader_want_step), which nothing else would wake while
+                   the consumers stand still (a lost wake-up: a trainer's
+                   client stopped 1-3 steps short of its prefetch window). */
+                if (pl__needs_plan(p)) pl__wake(work_cv);
                 break;
             }
         }

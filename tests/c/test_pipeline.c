@@ -7,12 +7,17 @@
  *  - the lag policy: a served rank that never consumes is dropped after
  *    max_lag_steps, gets PL_ELAG alone, and memory stays bounded over 1,000
  *    steps; a late starter within the limit is served from its position;
- *  - corrupt packages and state blobs are refused; state accessors.
+ *  - corrupt packages and state blobs are refused; state accessors;
+ *  - a transport thread blocked in pl_loader_want_step gets the whole
+ *    prefetch window while the consumer stands still (no lost wake-up).
  */
 #include "corpus.h"
 #include "planner_internal.h"
 
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
+#include <time.h>
 
 static uint64_t bhash(const pl_batch *b) {
     size_t n = (size_t)(b->rows * b->cols), es = pl_dtype_size(b->dtype);
@@ -118,6 +123,33 @@ static void feed(pl_loader *ext, pl_source **src, pl_plan **plans, void **blobs,
     }
 }
 
+/* A transport thread as the Ray client runs one: blocked in
+ * pl_loader_want_step(-1), it pushes each step asked for (packages made
+ * beforehand: the CHECK counters are not for threads; failures go to bad). */
+typedef struct feeder {
+    pl_loader *ext;
+    void **pkgs;
+    const size_t *lens;
+    atomic_llong pushed;
+    atomic_int bad;
+} feeder;
+
+static void *feeder_main(void *arg) {
+    feeder *f = arg;
+    int64_t want = -1;
+    while (pl_loader_want_step(f->ext, -1, &want) == PL_OK) {
+        if (pl_loader_push_package(f->ext, f->pkgs[want], f->lens[want]) != PL_OK)
+            atomic_store(&f->bad, 1);
+        atomic_fetch_add(&f->pushed, 1);
+    }
+    return NULL;
+}
+
+static void sleep_ms(long ms) {
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000L};
+    nanosleep(&ts, NULL);
+}
+
 /* External loaders, one per DP rank's ranks, fed packages: same as embedded. */
 static void test_packages_equal_embedded(corpus *c, const char *extra) {
     pl_config *cfg = corpus_config(c, extra, NULL);
@@ -201,6 +233,44 @@ static void test_packages_equal_embedded(corpus *c, const char *extra) {
         pkg[n / 2] ^= 0x40;
         CHECK_OK(pl_loader_push_package(ext, pkg, n));
         free(pkg);
+        pl_loader_free(ext);
+    }
+    /* A consumer that stands still (a trainer between steps) gets its whole
+     * window: the worker taking the last planned unit wakes the transport
+     * thread blocked in want_step (it slept until the consumer moved, 1-3
+     * steps short), and nothing past the window is asked for. */
+    {
+        int64_t r0 = 0;
+        pl_rank_info ri;
+        CHECK_OK(pl_config_rank_info(cfg, r0, &ri));
+        /* a unit is a step; window: ceil(2 nmb / nmb) + 1 = 3 units */
+        pl_loader_options eo = {PL_LOADER_OPTIONS_VERSION, &r0, 1, 1, (int)(2 * nmb), 1, nmb, 0};
+        pl_loader *ext = NULL;
+        CHECK_OK(pl_loader_create(cfg, &eo, &ext));
+        CHECK_OK(pl_loader_set_state(ext, blobs[0], blen[0]));
+        void **pkgs = calloc((size_t)steps + 1, sizeof *pkgs);
+        size_t *lens = calloc((size_t)steps + 1, sizeof *lens);
+        for (int64_t s = 0; s < steps; s++)
+            pkgs[s] = make_package(src, plans[s], ri.dp_rank, NULL, 0, &lens[s]);
+        pkgs[steps] = blobs[steps]; /* the step train_steps: its state */
+        lens[steps] = blen[steps];
+        feeder f = {ext, pkgs, lens, 0, 0};
+        pthread_t th;
+        CHECK(pthread_create(&th, NULL, feeder_main, &f) == 0);
+        for (int64_t k = 0; k < nmb; k++) { /* step 0, then the consumer stands */
+            const pl_batch *b = NULL;
+            CHECK_OK(pl_loader_next(ext, r0, &b));
+        }
+        const long long want = 1 + 3; /* step 0 consumed, units 1..3 */
+        for (int t = 0; t < 1000 && atomic_load(&f.pushed) < want; t++) sleep_ms(5);
+        sleep_ms(100);
+        CHECK_EQ_I64(atomic_load(&f.pushed), want);
+        pl_loader_stop(ext); /* wakes the thread: PL_ECLOSED */
+        CHECK(pthread_join(th, NULL) == 0);
+        CHECK(atomic_load(&f.bad) == 0);
+        for (int64_t s = 0; s < steps; s++) free(pkgs[s]);
+        free(pkgs);
+        free(lens);
         pl_loader_free(ext);
     }
     for (int64_t s = 0; s <= steps; s++) {

@@ -160,7 +160,9 @@ class Planner:
             self._reset_cache(0)
             self._persist()
         else:
-            self._gen, self._start_blob, self._info = saved["gen"], saved["start"], saved["info"]
+            self._gen, self._info = saved["gen"], saved["info"]
+            self._start_blob = (_core.state_unpack(saved["start_packed"])
+                                if "start_packed" in saved else saved["start"])
             if saved.get("routing"):
                 self._routing = saved["routing"]
             self._start_hash = hashlib.sha256(self._start_blob).digest()
@@ -424,7 +426,8 @@ class Planner:
     def _persist(self, ckpt: Optional[bytes] = None) -> None:
         if ckpt is None:
             ckpt = self._ckpt_blob  # the last checkpoint stays
-        rec = {"gen": self._gen, "start": self._start_blob, "info": self._info,
+        # the start blob packed (~20x smaller at many sources: the GCS keeps the record)
+        rec = {"gen": self._gen, "start_packed": self._packed_start(), "info": self._info,
                "ckpt": ckpt, "low": dict(self._low) if ckpt is not None else {},
                "routing": getattr(self, "_routing", None)}
         data = pickle.dumps(rec, protocol=5)
@@ -468,10 +471,22 @@ class Planner:
             self._client_info = (self._info, brief)
         return self._client_info[1]
 
-    def current(self) -> Tuple[int, bytes]:
-        """(generation, the state blob it started from)."""
+    def current(self, packed: bool = False) -> Tuple[int, bytes]:
+        """(generation, the state blob it started from); ``packed``: the blob packed
+        (``pl_state_pack``; ``_core.state_unpack`` gives it back), ~20x smaller at many
+        sources (a blob holds every source's name, path and counters): what the
+        callers take, since Ray keeps memory in the receiving process in proportion to
+        a reply's size."""
         self._ensure()
-        return self._gen, self._start_blob
+        if not packed:
+            return self._gen, self._start_blob
+        return self._gen, self._packed_start()
+
+    def _packed_start(self) -> bytes:
+        """The generation's start blob, packed (made once per generation)."""
+        if getattr(self, "_start_packed", (None, None))[0] is not self._start_blob:
+            self._start_packed = (self._start_blob, _core.state_pack(self._start_blob))
+        return self._start_packed[1]
 
     def resume_point(self, constructor: int) -> Tuple[int, bytes]:
         """(generation, state blob) a standby or restarted constructor stands at: the
@@ -953,7 +968,11 @@ class DataConstructor:
         #: when a standby or restarted constructor started serving, and from which step
         self.activated: Optional[Dict[str, Any]] = None
         self.failovers: Any = collections.deque(maxlen=1000)  # the last moves of reads
-        self._routing = routing  # per source: (partition starts, actor index per partition)
+        # per source: (partition starts, actor index per partition); None: the
+        # planner's table (launch passes none: creation arguments are kept by Ray in
+        # the GCS and in every process holding a handle to this actor, the trainers'
+        # clients included, and these lists grow with the sources)
+        self._routing = routing
         self._dtypes = np.asarray(dtypes, dtype=np.int64)
         self._widths = np.asarray([_WIDTH[int(d)] for d in dtypes], dtype=np.int64)
         self._namespace = namespace
@@ -997,10 +1016,12 @@ class DataConstructor:
         self._n_fetches = 0
         self._built_step = -1
         rt = await self._planner.routing.remote()
-        if rt is not None and rt.get("version", 0) > 0:  # scaled since launch
+        if rt is not None and (rt.get("version", 0) > 0 or self._routing is None):
+            # scaled since launch, or the launch's table (set before any constructor)
             self._apply_routing(rt["version"], *routing_for_constructors(rt))
         else:
             self._apply_routing(0, self._routing, self._loader_names)
+        self._routing = None  # as compact arrays from here on (_pstart, _powner)
         # Three wake-ups, so that nobody wakes for what it does not wait for:
         # units built or steps added (consumers), room or demand (drivers), a
         # rank's cursor moved (its next fetch, which serves steps in order).
@@ -1015,7 +1036,8 @@ class DataConstructor:
         self._have: Dict[int, int] = {}
         self._peer_warm: List[Any] = []
         if not (recovering or self._standby):
-            gen, blob = await self._planner.current.remote()
+            gen, z = await self._planner.current.remote(True)
+            blob = _core.state_unpack(z)
             await self._reset(gen, blob)
             self._serving = True
         else:  # connect to the source loaders now, not at the first read after a failure
@@ -1101,7 +1123,6 @@ class DataConstructor:
         """Route reads by ``routing`` (per source: partition starts, slot per
         partition); ``slot_names[slot]``: the slot's actor, then its standbys.  Slots
         are only ever appended, so a read in flight keeps a valid slot index."""
-        self._routing = routing
         self._loader_names = [[n] if isinstance(n, str) else list(n) for n in slot_names]
         # handles of slots that serve (a retired slot has no names: no lookups)
         old_active = getattr(self, "_active", [])
@@ -1202,7 +1223,8 @@ class DataConstructor:
         if gen > self._gen:
             async with self._reset_lock:
                 if gen > self._gen:
-                    g, blob = await self._planner.current.remote()
+                    g, z = await self._planner.current.remote(True)
+                    blob = _core.state_unpack(z)
                     if g > self._gen:
                         await self._reset(g, blob)
         if rank is None:

@@ -96,7 +96,15 @@ class Client(polyload.Loader):
         prefetch: steps fetched per call to the constructor (two calls are in flight,
             so up to ``2 * prefetch`` steps arrive ahead of the one being consumed; the
             constructor itself builds ``prefetch_steps`` ahead).  Default: the
-            deployment's ``fetch_steps`` (half its ``prefetch_steps``).
+            deployment's ``fetch_steps`` (half its ``prefetch_steps``).  These arrive as
+            packages (tokens at their stored width, ~2.5 bytes a token).
+        prefetch_batches: micro-batches the rank's C loader expands ahead of the one
+            being consumed (the embedded Loader's ``prefetch``): each is a micro-batch
+            of the SPEC section 3 fields, ~40 bytes a token slot, so this bounds the
+            client's memory (the packages beyond it stay compact).  Default: the
+            micro-batches of ``prefetch`` steps (one fetch), deep enough that the
+            trainer does not wait on the transport thread; e.g. the config's
+            ``prefetch`` to hold a few micro-batches only.
         threads: worker threads that expand packages into micro-batches (default 1).
         timeout: seconds any single wait on the deployment may take before it is an
             error naming the actor (PolyloadTimeoutError).
@@ -112,7 +120,10 @@ class Client(polyload.Loader):
     process died) continues at the first micro-batch of the step that rank had not
     finished (it finished a step when it asked for the next step's first micro-batch);
     what it had of that step is delivered again, since the dead process's partial
-    gradient went with it.
+    gradient went with it.  (That report goes to the constructor without waiting for
+    an answer; from a process killed within microseconds of asking, Ray may not have
+    sent it, and the successor then starts one step earlier: a step again, never one
+    skipped.)
 
     Raises:
         ConfigError: the config does not match the deployment.
@@ -127,7 +138,8 @@ class Client(polyload.Loader):
                  name: str = "polyload", pin_memory: bool = False, prefetch: Optional[int] = None,
                  threads: int = 1, timeout: float = 600.0,
                  address: Optional[str] = None,
-                 stall_timeout: Optional[float] = None) -> None:
+                 stall_timeout: Optional[float] = None,
+                 prefetch_batches: Optional[int] = None) -> None:
         self._thread: Optional[threading.Thread] = None
         self._loader = None
         cfg = polyload._make_config(config)
@@ -158,10 +170,15 @@ class Client(polyload.Loader):
                 f"only threads and prefetch may differ)")
         if prefetch is None:
             prefetch = int(info.get("fetch_steps", 4))
+        if prefetch_batches is not None and int(prefetch_batches) < 1:
+            raise ValueError(f"prefetch_batches must be >= 1, got {prefetch_batches}")
         # The embedded Loader's set-up (rank, topology checks, torch), over an external
-        # C loader holding only this rank.
+        # C loader holding only this rank; it expands `prefetch_batches` micro-batches
+        # ahead (default: the steps of one fetch), the packages beyond stay compact.
         super().__init__(cfg, rank=rank, pin_memory=pin_memory, threads=threads,
-                         prefetch=nmb * max(1, int(prefetch)), _external=True)
+                         prefetch=int(prefetch_batches) if prefetch_batches
+                         else nmb * max(1, int(prefetch)),
+                         _external=True)
         self.info = info
         self._nmb = nmb
         self._planner = planner
@@ -184,7 +201,8 @@ class Client(polyload.Loader):
                      num_returns=len(self._ctors) - 1, timeout=min(10.0, self._timeout))
         except Exception:  # noqa: BLE001 - a standby restarting: connected at its first use
             pass
-        gen, blob = _get(planner.current.remote(), timeout)
+        gen, z = _get(planner.current.remote(True), timeout)  # packed: ~2 KB, not ~40
+        blob = _core.state_unpack(z)
         # A rank served before (its trainer's process died and came back): continue at
         # the first step it had not finished.
         step = self._rejoin(gen)
@@ -270,6 +288,8 @@ class Client(polyload.Loader):
         self.data_wait_s = getattr(self, "data_wait_s", 0.0)
         self._waits_counted = getattr(self, "_waits_counted", False)
         self._reported = _core.state_info(blob)["step"]
+        self._held: Dict[int, Any] = {}  # packages received, not pushed yet
+        self._inflight: Deque[Tuple[int, int, Any]] = collections.deque()
         self._thread = threading.Thread(target=self._transport, args=(gen, self._stop_event),
                                          name=f"polyload-client-{self.rank}", daemon=True)
         self._thread.start()
@@ -332,11 +352,10 @@ class Client(polyload.Loader):
         """Fetch the packages the C loader asks for: ``prefetch`` steps per call, two
         calls in flight; push each when the loader wants it."""
         loader, rank = self._loader, self.rank
-        inflight: Deque[Tuple[int, int, Any]] = collections.deque()
+        inflight, ready = self._inflight, self._held  # (prefetched() reads them)
         lost_in_row = 0  # constructors found lost since the last package
         abandoned: List[Any] = []  # calls to a constructor moved away from
         lost_since: Optional[float] = None
-        ready: Dict[int, Any] = {}
         train_steps = self.config.get_int("train_steps")
         next_req: Optional[int] = None
         try:
@@ -445,6 +464,19 @@ class Client(polyload.Loader):
         finally:  # collect, so Ray reports none as unhandled
             _collect([r for _, _, r in inflight], 2.0)
             _collect(abandoned, 0.0)
+
+    def prefetched(self) -> Dict[str, int]:
+        """What this client holds ahead of its trainer, now: ``pushed`` (steps handed to
+        the C loader since the client started, ``packages``; the loader expands them
+        up to ``prefetch_batches`` ahead), ``held`` (packages received, waiting for the
+        loader's window), ``calls`` (fetches in flight) and ``calls_done`` (of those,
+        the ones whose packages have arrived in this node's object store).  A snapshot
+        for monitoring (and for measuring memory at a steady state); thread-safe."""
+        refs = [r for _, _, r in list(self._inflight)]
+        done = len(ray.wait(refs, num_returns=len(refs), timeout=0,
+                            fetch_local=False)[0]) if refs else 0
+        return {"pushed": int(self.packages), "held": len(self._held), "calls": len(refs),
+                "calls_done": done}
 
     # ---------------------------------------------------------------------- state
 

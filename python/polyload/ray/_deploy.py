@@ -508,10 +508,6 @@ def launch(
                  "dedicated": [None] * n_actors}
         _get(planner.set_routing.remote(names, table["partitions"], loader_names, namespace,
                                         0, table["slots"]), timeout)
-        routing = []
-        for s in range(len(names)):
-            mine = [(lo, hi, owner[j]) for j, (src, lo, hi) in enumerate(parts) if src == s]
-            routing.append(([lo for lo, _, _ in mine], [o for _, _, o in mine]))
         groups = [list(map(int, g)) for g in np.array_split(np.arange(dp), int(num_constructors))]
         ctor_names = [f"{name}.constructor.{g}" for g in range(len(groups))]
         ctor_shadow_names = [[f"{ctor_names[g]}.shadow.{k}" for k in
@@ -520,8 +516,9 @@ def launch(
 
         def make_ctor(g, group, actor_name, standby, o):
             return _DataConstructorActor.options(**o, **restart).remote(
-                payload, cwd, g, group, f"{name}.planner",
-                [[loader_names[j]] + shadow_names[j] for j in range(n_actors)], routing,
+                # the routing table comes from the planner (set above), not as
+                # arguments, which Ray keeps in every handle (every trainer's client)
+                payload, cwd, g, group, f"{name}.planner", [], None,
                 pinfo["dtypes"], namespace, prefetch_steps,
                 # Delivery runs ahead of consumption by up to two Client calls: the
                 # constructor's lag limit leaves room for them.
