@@ -136,11 +136,13 @@ def run_once(mode, cfg, args, fixed=None, ranks=None):
             # then all start together; the clock starts when they do
             for conn in ranks.conns:
                 conn.send(("run", name, cfg, args.compute))
-            ranks.start.wait()
+            ranks.start.wait(timeout=300)  # every rank connected, or BrokenBarrierError
             t_start = time.monotonic()
             mon.start()
             while any(not conn.poll(0.05) for conn in ranks.conns):
                 step_at[0] = ranks.step.value
+                if not all(p.is_alive() for p in ranks.procs):
+                    raise RuntimeError("a rank process died (its stderr above)")
             for conn in ranks.conns:
                 r, w_r = conn.recv()
                 if isinstance(w_r, str):
@@ -239,7 +241,7 @@ def _rank_main(r, address, mbs_per_rank, conn, start, step_barrier, step):
             start.abort()
             conn.send((r, f"{type(e).__name__}: {e}"))
             continue
-        start.wait()
+        start.wait(timeout=300)
         try:
             for t in range(n_steps):
                 t0 = time.perf_counter()
@@ -248,7 +250,7 @@ def _rank_main(r, address, mbs_per_rank, conn, start, step_barrier, step):
                 waits[t] = time.perf_counter() - t0
                 del b
                 time.sleep(compute)
-                step_barrier.wait()
+                step_barrier.wait(timeout=300)
                 if r == 0:
                     step.value = t + 1
             c.close()
