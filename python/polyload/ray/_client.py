@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import collections
 import os
-import queue
 import threading
 import time
 from typing import Any, Deque, Dict, List, Mapping, Optional, Tuple
@@ -29,6 +28,9 @@ from ._common import StoodDown, actor_lost, get, sources_digest, unwrap
 
 
 _get = get  # ray.get with polyload's exceptions and a deadline
+
+#: seconds between two reports of a trainer's finished steps (``DataConstructor.at``)
+AT_INTERVAL_S = 0.05
 
 
 def _check_reachable(address: str, timeout: float) -> None:
@@ -296,22 +298,44 @@ class Client(polyload.Loader):
         # Steps the trainer finished go to the constructor (DataConstructor.at) from a
         # thread of their own: submitting an actor call on the trainer's thread took
         # 0.3-7 ms of its step (bench/ray_autoscale.py), inside its data wait.
-        self._at_queue: "queue.SimpleQueue[Optional[int]]" = queue.SimpleQueue()
-        self._at_thread = threading.Thread(target=self._report_at, args=(gen, self._at_queue),
+        self._at_latest = self._reported
+        self._at_wake = threading.Event()
+        self._at_stop = threading.Event()
+        self._at_thread = threading.Thread(target=self._report_at,
+                                           args=(gen, self._at_wake, self._at_stop),
                                            name=f"polyload-client-at-{self.rank}", daemon=True)
         self._at_thread.start()
 
-    def _report_at(self, gen: int, q: "queue.SimpleQueue[Optional[int]]") -> None:
-        """Send each finished step of ``q`` to the serving constructor (no answer is
-        awaited; a lost constructor learns the steps from the next fetches)."""
+    def _report_at(self, gen: int, wake: threading.Event, stop: threading.Event) -> None:
+        """Send the trainer's latest finished step (``_at_latest``, set by next_batch,
+        which then sets ``wake``) to the serving constructor, at most one call per
+        ``AT_INTERVAL_S``; no answer is awaited (a lost constructor learns the steps
+        from the next fetches).  A call per step cost the trainer's process and the
+        constructor ~1 ms of CPU each, and a wake-up of this thread per step cost the
+        trainer's thread the GIL: at 100+ steps/s per rank (bench/ray_pipeline.py)
+        they took two thirds of the deployment's tokens/s.  A trainer whose steps take
+        longer than the interval has each one reported at once; a faster one late by
+        under the interval, so that a client started again after its process died is
+        served at most the steps of that interval again (never one less).  ``stop``
+        flushes what is pending and ends the thread."""
+        sent = self._at_latest
+        last = -float("inf")
         while True:
-            step = q.get()
-            if step is None:
+            wake.wait()
+            wake.clear()
+            left = last + AT_INTERVAL_S - time.monotonic()
+            if left > 0 and not stop.is_set():
+                stop.wait(left)  # steps finished meanwhile go in the one call after it
+            step = self._at_latest
+            if step > sent:
+                try:
+                    self._ctor.at.remote(gen, self.rank, step)
+                except Exception:  # noqa: BLE001 - a lost constructor: fetches handle it
+                    pass
+                sent = step
+                last = time.monotonic()
+            if stop.is_set():
                 return
-            try:
-                self._ctor.at.remote(gen, self.rank, step)
-            except Exception:  # noqa: BLE001 - a lost constructor: fetches handle it
-                pass
 
     def next_batch(self, rank: Optional[int] = None) -> Optional[Dict[str, Any]]:
         """As :meth:`polyload.Loader.next_batch`; the time it blocks is this trainer's
@@ -324,8 +348,9 @@ class Client(polyload.Loader):
                 # Asking for a step's first micro-batch: the trainer finished the steps
                 # before it (their optimizer step is done).  A client started again for
                 # this rank continues there (DataConstructor.rejoin).
-                self._reported = step
-                self._at_queue.put(step)
+                self._reported = self._at_latest = step
+                if not self._at_wake.is_set():
+                    self._at_wake.set()
         t0 = time.perf_counter()
         b = super().next_batch(rank)
         if self._waits_counted:
@@ -340,7 +365,8 @@ class Client(polyload.Loader):
             return
         at_thread = getattr(self, "_at_thread", None)
         if at_thread is not None:
-            self._at_queue.put(None)
+            self._at_stop.set()
+            self._at_wake.set()
             at_thread.join(timeout=self._timeout)
             self._at_thread = None
         self._stop_event.set()
