@@ -8,7 +8,9 @@ repeats: each round runs the embedded loader (one ``polyload.Loader`` serving th
 ranks in this process) and then the deployment (8 trainer processes, each a
 ``polyload.ray.Client``; 2 constructors, 2 source-loader actors; Ray started with 8
 logical CPUs on this 2-core machine, so every role is scheduled).  Tokens are
-non-padding tokens; times exclude start-up and a warm-up of 8 micro-batches per rank.
+non-padding tokens; times exclude start-up and a warm-up of 8 micro-batches per rank;
+both sides take ``--micro-batches`` per rank (before 2026-12-02 the embedded side took a
+quarter of them: a window of ~50 ms, whose figure moved 2x between rounds).
 
     .venv/bin/python bench/ray_pipeline.py [--rounds 3] [--json bench/out/ray_pipeline.json]
 """
@@ -141,7 +143,8 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--sources", type=int, default=30)
     ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--micro-batches", type=int, default=2000, help="per client, no compute")
+    ap.add_argument("--micro-batches", type=int, default=8000,
+                    help="per rank, no compute (both sides; ~4 s of the deployment)")
     ap.add_argument("--compute-micro-batches", type=int, default=100)
     ap.add_argument("--compute", type=float, default=0.1)
     ap.add_argument("--prefetch-steps", type=int, default=None,
@@ -171,7 +174,7 @@ def main():
     res = {"machine": machine_note(), "ranks": RANKS, "sources": a.sources, "rounds": []}
     try:
         for k in range(a.rounds):
-            e = embedded(cfg_path, a.micro_batches // 4)
+            e = embedded(cfg_path, a.micro_batches)  # the same micro-batches per rank
             f = deployment(addr, cfg_path, script, f"fetch{k}", a.micro_batches, 0.0)
             rnd = {"embedded": e, "fetch": f, "ratio": f["tokens_per_s"] / e["tokens_per_s"]}
             print(json.dumps({"round": k, "embedded_tokens_per_s": e["tokens_per_s"],
