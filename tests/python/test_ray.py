@@ -772,6 +772,32 @@ def test_client_started_again_continues_for_its_rank(cluster, corpus2):
         other.close()
 
 
+def test_finished_steps_are_reported_coalesced_and_flushed_at_close(cluster, corpus2):
+    """A client reports its trainer's finished steps (DataConstructor.at) at most once
+    per AT_INTERVAL_S, however fast the steps go (a call per step took two thirds of
+    the deployment's tokens/s), and close() sends the last one: a client started
+    again for the rank continues exactly after the steps consumed."""
+    from polyload.ray import _client
+
+    cfg = corpus2.config(train_steps=400, topology={"dp": 1}, global_batch_size=2,
+                         micro_batch_size=2, seq_length=32)
+    want, _ = loader_hashes(cfg, 0)
+    with pr.launch(cfg, num_constructors=1, namespace=NS, name="atrate") as dep:
+        ctor = dep.actors["constructor"][0]
+        c = pr.Client(cfg, rank=0, namespace=NS, name="atrate", timeout=120)
+        before = ray.get(ctor.memory.remote())["at_calls"]
+        t0 = time.monotonic()
+        got = client_hashes(c, 301)  # asked for step 300's micro-batch: 0..299 done
+        c.close()
+        elapsed = time.monotonic() - t0
+        calls = ray.get(ctor.memory.remote())["at_calls"] - before
+        assert 1 <= calls <= 2 + elapsed / _client.AT_INTERVAL_S, (calls, elapsed)
+        again = pr.Client(cfg, rank=0, namespace=NS, name="atrate", timeout=120)
+        assert got == want[:301]
+        assert client_hashes(again) == want[300:]
+        again.close()
+
+
 def test_client_at_an_unreachable_address_is_a_clear_error(corpus2):
     """A Client pointed at an address where no Ray cluster listens raises
     PolyloadIOError naming it at once (in a fresh process: Ray not initialized)."""

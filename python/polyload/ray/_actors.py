@@ -1014,6 +1014,7 @@ class DataConstructor:
         self._waits_now: Dict[object, float] = {}  # waits going on: their start
         self._trainer_wait: Dict[int, float] = {}  # rank -> its trainer's data wait so far
         self._n_fetches = 0
+        self._n_at = 0  # DataConstructor.at calls received
         self._built_step = -1
         rt = await self._planner.routing.remote()
         if rt is not None and (rt.get("version", 0) > 0 or self._routing is None):
@@ -1303,9 +1304,12 @@ class DataConstructor:
         entry = self._plans.pop(w.step, None)
         if entry is None:
             try:
+                # states are kept from the least step a rank stands at or may be
+                # started again at (``at``: one step before its consumed position
+                # when it stands at a step boundary, and reported late)
+                keep = min(min(self._consumed.values()), min(self._at.values()))
                 res = await self._planner.plans.remote(gen, w.step, self._index,
-                                                       self._prefetch_steps,
-                                                       min(self._consumed.values()),
+                                                       self._prefetch_steps, keep,
                                                        min(self._have.values()))
             except Exception as e:  # noqa: BLE001 - the ranks that reach the step get it
                 if gen == self._gen:
@@ -1519,8 +1523,9 @@ class DataConstructor:
 
     @ray.method(num_returns=0, enable_task_events=False)
     async def at(self, gen: int, rank: int, step: int) -> None:
-        """The trainer of ``rank`` finished every step before ``step`` (one call per step
-        from its Client, no answer)."""
+        """The trainer of ``rank`` finished every step before ``step`` (from its Client,
+        no answer; the latest step at most once per ``_client.AT_INTERVAL_S``)."""
+        self._n_at += 1
         if self._serving and gen == self._gen and step > self._at.get(rank, step):
             self._at[rank] = int(step)
 
@@ -1653,7 +1658,8 @@ class DataConstructor:
         with open("/proc/self/statm") as f:
             rss = int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
         return {"pipeline_bytes": int(self._pipe.sizeof()), "rss_bytes": rss,
-                "build_batches": self._n_batches, "units_built": self._n_units}
+                "build_batches": self._n_batches, "units_built": self._n_units,
+                "at_calls": self._n_at}
 
     def pid(self) -> int:
         return os.getpid()

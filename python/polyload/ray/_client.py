@@ -123,9 +123,9 @@ class Client(polyload.Loader):
     finished (it finished a step when it asked for the next step's first micro-batch);
     what it had of that step is delivered again, since the dead process's partial
     gradient went with it.  (That report goes to the constructor without waiting for
-    an answer; from a process killed within microseconds of asking, Ray may not have
-    sent it, and the successor then starts one step earlier: a step again, never one
-    skipped.)
+    an answer, the latest one at most once per ``AT_INTERVAL_S`` (50 ms): from a
+    process killed within that time of asking, or before Ray sent the report, the
+    successor starts one or a few steps earlier: steps again, never one skipped.)
 
     Raises:
         ConfigError: the config does not match the deployment.
