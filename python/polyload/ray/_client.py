@@ -298,7 +298,6 @@ class Client(polyload.Loader):
         # Steps the trainer finished go to the constructor (DataConstructor.at) from a
         # thread of their own: submitting an actor call on the trainer's thread took
         # 0.3-7 ms of its step (bench/ray_autoscale.py), inside its data wait.
-        self._at_latest = self._reported
         self._at_wake = threading.Event()
         self._at_stop = threading.Event()
         self._at_thread = threading.Thread(target=self._report_at,
@@ -307,7 +306,7 @@ class Client(polyload.Loader):
         self._at_thread.start()
 
     def _report_at(self, gen: int, wake: threading.Event, stop: threading.Event) -> None:
-        """Send the trainer's latest finished step (``_at_latest``, set by next_batch,
+        """Send the trainer's latest finished step (``_reported``, set by next_batch,
         which then sets ``wake``) to the serving constructor, at most one call per
         ``AT_INTERVAL_S``; no answer is awaited (a lost constructor learns the steps
         from the next fetches).  A call per step cost the trainer's process and the
@@ -318,7 +317,7 @@ class Client(polyload.Loader):
         under the interval, so that a client started again after its process died is
         served at most the steps of that interval again (never one less).  ``stop``
         flushes what is pending and ends the thread."""
-        sent = self._at_latest
+        sent = self._reported
         last = -float("inf")
         while True:
             wake.wait()
@@ -326,7 +325,7 @@ class Client(polyload.Loader):
             left = last + AT_INTERVAL_S - time.monotonic()
             if left > 0 and not stop.is_set():
                 stop.wait(left)  # steps finished meanwhile go in the one call after it
-            step = self._at_latest
+            step = self._reported
             if step > sent:
                 try:
                     self._ctor.at.remote(gen, self.rank, step)
@@ -348,7 +347,7 @@ class Client(polyload.Loader):
                 # Asking for a step's first micro-batch: the trainer finished the steps
                 # before it (their optimizer step is done).  A client started again for
                 # this rank continues there (DataConstructor.rejoin).
-                self._reported = self._at_latest = step
+                self._reported = step
                 if not self._at_wake.is_set():
                     self._at_wake.set()
         t0 = time.perf_counter()
