@@ -307,6 +307,11 @@ void pl__pipeline_end_at(pl_pipeline *p, int64_t step);
  * embedded loader with more than one worker sets 1 (one plans while the
  * others build). */
 void pl__pipeline_plan_ahead(pl_pipeline *p, int64_t steps);
+/* Hold a consumer's wake-up for up to `units` cheap units (<= 1: off; see
+ * "Held wake-ups" in pipeline.c).  Only for drivers that call
+ * pl_pipeline_get_work again after each pl_pipeline_complete, as the
+ * loader's worker threads do: a held wake-up goes out there. */
+void pl__pipeline_defer_wakes(pl_pipeline *p, int64_t units);
 /* Replace a source's message (config.c names the source's config key). */
 void pl__source_set_err(pl_source *src, const char *msg);
 /* Convert n tokens from src_dtype (unaligned source allowed) to int64 or

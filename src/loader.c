@@ -25,6 +25,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* A consumer's wake-up is held for up to this many cheap units (pipeline.c,
+ * "Held wake-ups"): on the 2-core machine of bench/README.md, 2 x 2048 and
+ * 8 x 8192 with 2 threads, 8 beat 4 and matched 16. */
+#define PL__LOADER_DEFER_UNITS 8
+
 /* A unit's item: its micro-batches. */
 typedef struct pl__unit_item {
     int64_t n;
@@ -301,6 +306,8 @@ int pl_loader_create(const pl_config *cfg, const pl_loader_options *opts,
     }
     /* More than one worker: one plans the next step while the others build. */
     if (!l->external && l->n_threads > 1) pl__pipeline_plan_ahead(l->pipe, 1);
+    /* Its workers come back to pl_pipeline_get_work after every unit. */
+    pl__pipeline_defer_wakes(l->pipe, PL__LOADER_DEFER_UNITS);
     if (l->external) {
         pl_rank_info ri;
         l->ext_dp = -1;

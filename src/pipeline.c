@@ -28,6 +28,19 @@
  *
  * One mutex guards everything; drivers wait on work_cv, consumers and
  * get_state on ready_cv.  Item release callbacks run with the mutex held.
+ *
+ * Held wake-ups (pl__pipeline_defer_wakes).  A consumer faster than the
+ * drivers waits for nearly every unit, and each wake-up costs the waker a
+ * futex call and the sleeper a context switch (tens of microseconds on a
+ * virtual machine, where waking an idle CPU is an interrupt through the
+ * hypervisor: more than building a small unit).  With deferral on, a driver
+ * that finishes a unit a consumer waits for holds the wake-up while units
+ * are cheap: it goes out after defer_units units, after PL__DEFER_MAX_US
+ * since it was first held, at once for a unit that took PL__DEFER_UNIT_US
+ * or more to build, and whenever a driver is about to wait, plan or leave
+ * get_work without a unit.  So a waiting consumer finds several units ready
+ * and a held wake-up never outlives the drivers' work.  Errors and state or
+ * statistics waiters are woken at once.
  */
 #include "planner_internal.h"
 
@@ -46,6 +59,7 @@ typedef struct pl__uslot {
     int64_t pins;      /* ranks holding its item between two next calls */
     void *item;
     char *msg;
+    double t_given;    /* when a driver took it (us, CLOCK_MONOTONIC) */
     int64_t *tokens;   /* [unit] statistics per micro-batch */
     int64_t *padding;
 } pl__uslot;
@@ -110,6 +124,9 @@ struct pl_pipeline {
     int64_t next_plan_step; /* next step to add */
     int asked;              /* a PL_WORK_PLAN for next_plan_step is out */
     int64_t plan_ahead;     /* steps planned past the step of a group's next unit */
+    int64_t defer_units;    /* held consumer wake-ups go out after this many units */
+    int64_t held;           /* units finished since a wake-up was held; 0: none */
+    double held_since;      /* when it was first held (us) */
 
     void *base_blob; /* state of base_step's start */
     size_t base_len;
@@ -125,7 +142,18 @@ struct pl_pipeline {
     double st_mom_sum, st_molb_sum;
 };
 
+/* A unit that took this long to build wakes its consumer at once, and a
+ * wake-up is held no longer than PL__DEFER_MAX_US (header comment). */
+#define PL__DEFER_UNIT_US 200.0
+#define PL__DEFER_MAX_US 500.0
+
 /* ------------------------------------------------------------- helpers */
+
+static double pl__now_us(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec * 1e6 + (double)t.tv_nsec / 1e3;
+}
 
 static void pl__msg(char *err, size_t cap, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
@@ -677,6 +705,21 @@ static int pl__needs_plan(pl_pipeline *p) {
     return 0;
 }
 
+/* A held consumer wake-up goes out. mu held. */
+static void pl__release_held(pl_pipeline *p) {
+    if (p->held) {
+        p->held = 0;
+        pl__wake(ready_cv);
+    }
+}
+
+void pl__pipeline_defer_wakes(pl_pipeline *p, int64_t units) {
+    pthread_mutex_lock(&p->mu);
+    p->defer_units = units > 1 ? units : 0;
+    pl__release_held(p);
+    pl__unlock(p);
+}
+
 void pl__pipeline_plan_ahead(pl_pipeline *p, int64_t steps) {
     pthread_mutex_lock(&p->mu);
     p->plan_ahead = steps > 0 ? steps : 0;
@@ -707,6 +750,7 @@ int pl_pipeline_get_work(pl_pipeline *p, unsigned kinds, int64_t timeout_ms,
         /* Planning ahead goes first: the planner is serial, so the step after
            the one being built is planned while the other drivers build. */
         if ((kinds & PL_WORK_PLAN) && p->plan_ahead > 0 && pl__needs_plan(p)) {
+            pl__release_held(p);
             p->asked = 1;
             w->kind = PL_WORK_PLAN;
             w->step = p->next_plan_step;
@@ -730,6 +774,7 @@ int pl_pipeline_get_work(pl_pipeline *p, unsigned kinds, int64_t timeout_ms,
                     continue;
                 }
                 s->state = PL__U_BUILDING;
+                if (p->defer_units) s->t_given = pl__now_us();
                 w->kind = PL_WORK_BUILD;
                 w->step = u / p->ups;
                 w->unit = u;
@@ -753,6 +798,7 @@ int pl_pipeline_get_work(pl_pipeline *p, unsigned kinds, int64_t timeout_ms,
             }
         }
         if ((kinds & PL_WORK_PLAN) && pl__needs_plan(p)) {
+            pl__release_held(p);
             p->asked = 1;
             w->kind = PL_WORK_PLAN;
             w->step = p->next_plan_step;
@@ -770,8 +816,10 @@ int pl_pipeline_get_work(pl_pipeline *p, unsigned kinds, int64_t timeout_ms,
             rc = PL_ETIMEDOUT;
             break;
         }
+        pl__release_held(p); /* this driver has nothing to build: nothing to wait for */
         pl__wait(work_cv, &p->mu, use ? &ts : NULL);
     }
+    if (rc != PL_OK) pl__release_held(p);
     pl__unlock(p);
     return rc;
 }
@@ -892,10 +940,22 @@ int pl_pipeline_complete(pl_pipeline *p, const pl_work *w, int status,
         s->msg = pl__strdup(message ? message : pl_strerror(status));
     }
     /* A ready unit wakes only a consumer waiting for it (or a state or
-       statistics call); an error wakes every waiter. */
-    if (status != PL_OK || p->ready_other_n > 0 ||
-        pl__group_waits(p, &p->groups[w->group], w->unit))
+       statistics call); an error wakes every waiter.  With deferral, a cheap
+       unit's wake-up may be held (header comment). */
+    if (status != PL_OK || p->ready_other_n > 0) {
+        p->held = 0;
         pl__wake(ready_cv);
+    } else if (p->held || pl__group_waits(p, &p->groups[w->group], w->unit)) {
+        double now = p->defer_units ? pl__now_us() : 0;
+        if (p->defer_units && now - s->t_given < PL__DEFER_UNIT_US &&
+            (!p->held || now - p->held_since < PL__DEFER_MAX_US) &&
+            p->held + 1 < p->defer_units) {
+            if (!p->held++) p->held_since = now;
+        } else {
+            p->held = 0;
+            pl__wake(ready_cv);
+        }
+    }
     pl__unlock(p);
     return PL_OK;
 }

@@ -543,6 +543,98 @@ static void test_plan_ahead(corpus *c) {
     pl_config_free(cfg);
 }
 
+/* Held wake-ups (pl__pipeline_defer_wakes): a driver thread that holds every
+ * consumer wake-up it may (units far below the limit) must still let the
+ * consumer through, in order, each time it runs out of work: the consumer's
+ * waits are bounded (10 s) so a wake-up never sent fails here, not hangs. */
+typedef struct held_ctx {
+    pl_pipeline *pipe;
+    pl_planner *planner;
+} held_ctx;
+
+static void *held_driver(void *arg) {
+    held_ctx *h = arg;
+    pl_work w;
+    while (pl_pipeline_get_work(h->pipe, PL_WORK_PLAN | PL_WORK_BUILD, -1, &w) == PL_OK) {
+        if (w.kind == PL_WORK_PLAN) {
+            void *blob = NULL;
+            size_t bl = 0;
+            CHECK_OK(pl__state_encode(h->planner, 0, &blob, &bl));
+            pl_plan *pl = NULL;
+            if (w.step < 40) CHECK_OK(pl_planner_next(h->planner, &pl));
+            CHECK_OK(pl_pipeline_add_step(h->pipe, w.step, pl, blob, bl, NULL, NULL));
+            free(blob);
+        } else {
+            /* ~20 us of work (under the limit of a cheap unit): the consumer
+               catches up and waits for nearly every unit */
+            struct timespec t0, t1;
+            clock_gettime(CLOCK_MONOTONIC, &t0);
+            do clock_gettime(CLOCK_MONOTONIC, &t1);
+            while ((t1.tv_sec - t0.tv_sec) * 1000000000L + (t1.tv_nsec - t0.tv_nsec) < 20000);
+            int64_t *item = malloc(sizeof *item);
+            *item = w.step * 16 + w.micro_batch;
+            __atomic_add_fetch(&g_items, 1, __ATOMIC_RELAXED);
+            int64_t tok[2] = {1, 1}, pad[2] = {0, 0};
+            CHECK_OK(pl_pipeline_complete(h->pipe, &w, PL_OK, NULL, item, tok, pad));
+        }
+    }
+    return NULL;
+}
+
+static void held_release(void *item, void *ctx) {
+    (void)ctx;
+    free(item);
+    __atomic_sub_fetch(&g_items, 1, __ATOMIC_RELAXED);
+}
+
+static void test_held_wakeups(corpus *c) {
+    pl_config *cfg = corpus_config(c, "seq_length: 32\nglobal_batch_size: 16\nmicro_batch_size: 1\n"
+                                      "topology: {dp: 1}\ntrain_steps: 40", NULL);
+    for (int64_t defer = 0; defer <= 1000; defer += 1000) {
+        for (int64_t prefetch = 1; prefetch <= 8; prefetch *= 8) {
+            pl_source *src[NSRC];
+            for (int s = 0; s < NSRC; s++) CHECK_OK(pl__config_open_source(cfg, s, &src[s]));
+            pl_planner *p = NULL;
+            CHECK_OK(pl_planner_create(cfg, src, NSRC, &p));
+            /* unit 2: eight units per step of 16 micro-batches, so that the
+               driver runs out of work between two plans */
+            pl_pipeline_options o = {PL_PIPELINE_OPTIONS_VERSION, NULL, 0, prefetch, 2, 2, 0,
+                                     held_release, NULL};
+            pl_pipeline *pipe = NULL;
+            CHECK_OK(pl_pipeline_create(cfg, &o, &pipe));
+            pl__pipeline_defer_wakes(pipe, defer);
+            size_t n = 0;
+            CHECK_OK(pl_planner_get_state(p, NULL, 0, &n));
+            void *b0 = malloc(n);
+            CHECK_OK(pl_planner_get_state(p, b0, n, &n));
+            CHECK_OK(pl_pipeline_reset(pipe, b0, n, NULL, 0));
+            held_ctx h = {pipe, p};
+            pthread_t t;
+            CHECK(pthread_create(&t, NULL, held_driver, &h) == 0);
+            char err[512];
+            int64_t k = 0;
+            for (;;) {
+                pl_pipeline_item it;
+                int rc = pl_pipeline_next(pipe, 0, 1, 10000, &it, err, sizeof err);
+                if (rc == PL_DONE) break;
+                CHECK_OK(rc);
+                if (rc) break;
+                CHECK_EQ_I64(*(int64_t *)it.item + it.index, k);
+                k++;
+            }
+            CHECK_EQ_I64(k, 640);
+            pl_pipeline_close(pipe);
+            pthread_join(t, NULL);
+            pl_pipeline_free(pipe);
+            CHECK_EQ_I64(__atomic_load_n(&g_items, __ATOMIC_RELAXED), 0);
+            free(b0);
+            pl_planner_free(p);
+            for (int s = 0; s < NSRC; s++) pl_source_free(src[s]);
+        }
+    }
+    pl_config_free(cfg);
+}
+
 int main(void) {
     corpus c;
     corpus_make(&c, 64);
@@ -561,6 +653,7 @@ int main(void) {
     test_lag_policy(&c);
     test_loader_never_consumes(&c);
     test_plan_ahead(&c);
+    test_held_wakeups(&c);
     corpus_free(&c);
     TEST_END();
 }
