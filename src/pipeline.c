@@ -35,12 +35,16 @@
  * virtual machine, where waking an idle CPU is an interrupt through the
  * hypervisor: more than building a small unit).  With deferral on, a driver
  * that finishes a unit a consumer waits for holds the wake-up while units
- * are cheap: it goes out after defer_units units, after PL__DEFER_MAX_US
- * since it was first held, at once for a unit that took PL__DEFER_UNIT_US
- * or more to build, and whenever a driver is about to wait, plan or leave
- * get_work without a unit.  So a waiting consumer finds several units ready
- * and a held wake-up never outlives the drivers' work.  Errors and state or
- * statistics waiters are woken at once.
+ * are cheap: it goes out once defer_units units are finished since it was
+ * held (the held one included), when a unit finishes or is handed out
+ * PL__DEFER_MAX_US or more after it was first held, at once for a unit that
+ * took PL__DEFER_UNIT_US or more to build, and whenever a driver is about
+ * to wait, plan or leave get_work without a unit.  So a waiting consumer
+ * finds several units ready and a held wake-up never outlives the drivers'
+ * work; the longest hold is PL__DEFER_MAX_US plus the build of one unit
+ * handed out just before that (a unit that turns out slow is only seen as
+ * such when it finishes).  Errors and state or statistics waiters are
+ * woken at once.
  */
 #include "planner_internal.h"
 
@@ -633,6 +637,7 @@ void pl_pipeline_close(pl_pipeline *p) {
     if (!p) return;
     pthread_mutex_lock(&p->mu);
     p->closed = 1;
+    p->held = 0; /* everybody is woken */
     pl__wake(work_cv);
     pl__wake(ready_cv);
     pl__unlock(p);
@@ -774,7 +779,12 @@ int pl_pipeline_get_work(pl_pipeline *p, unsigned kinds, int64_t timeout_ms,
                     continue;
                 }
                 s->state = PL__U_BUILDING;
-                if (p->defer_units) s->t_given = pl__now_us();
+                if (p->defer_units) {
+                    s->t_given = pl__now_us();
+                    /* a wake-up held too long goes out before another unit */
+                    if (p->held && s->t_given - p->held_since >= PL__DEFER_MAX_US)
+                        pl__release_held(p);
+                }
                 w->kind = PL_WORK_BUILD;
                 w->step = u / p->ups;
                 w->unit = u;
