@@ -10,34 +10,23 @@
  * lowest index.  Drawing whole chunks (not documents) keeps |drawn - target|
  * within about one chunk at every step boundary.
  *
- * The draw.  Each draw raises every target by its own rounded product
- * w_k * L, in double precision, and those values are the state (SPEC
- * section 4) and break near-ties, so the plans are a function of that exact
- * sequence of floating-point operations: a closed form w_k * T would round
- * differently and change plans.  What stays exact and cheap: sources of
- * equal weight and equal target (bit for bit) at a step's start get the same
- * rounded increments at every draw, so their targets stay equal through the
- * step.  The draw groups them into classes (a hash on the two doubles); a
- * class keeps one target, and among its members the largest deficit is the
- * fewest drawn tokens (then the lowest index): a binary heap per class.  A
- * draw then costs O(log members) plus one vectorized pass over the classes
- * (adding the previous draw's increments, t = t + w * L as before, and
- * finding the largest class deficit; ties across classes go to the lowest
- * top index).  The usual mixtures (equal weights, a few weight levels over
- * many sources) have a handful of classes; where every source is a class
- * of its own (every source its own weight, or a resume that restarts each
- * target at its drawn tokens) the draw is the linear one below, O(sources):
- * one pass that adds the previous draw's increments and keeps each lane's
- * largest deficit and its first index (AVX-512F, four independent 8-lane
- * sets), or, without AVX-512, that pass and a second for the first index
- * (AVX or SSE2).  The exact operations per source
- * are those of the two-scan loop this replaced, so plans and states are bit
- * for bit the same (tests/c/test_planner_draw.c: golden hashes, the two-scan
- * draw side by side, and whole runs against the linear draw kept below).
- * The linear draw (act_* arrays, zero-weight sources left out and applied
- * once at the end) also serves where classes would not be exact: weights or
- * targets that are not finite, or targets or drawn tokens at or above 2^49
- * (where t - d could round two drawn counts to one deficit).
+ * The draw.  Targets and weights are exact fixed point: a weight is the
+ * nearest multiple of 2^-48 to the normalized weight (at least 2^-48 for a
+ * positive one), a target a multiple of 2^-48 token in a 128-bit integer, so
+ * every target after g more tokens is target + w * g without rounding, and
+ * the state records it exactly (SPEC section 4).  Sources of equal weight
+ * and equal target at a step's start stay equal through the step: the draw
+ * groups them into classes (a hash on the two), and among a class's members
+ * the largest deficit is the fewest drawn tokens (then the lowest index): a
+ * 4-ary heap per class.  The classes' deficits are lines in g, the tokens
+ * drawn in the step, and a kinetic tournament over the classes (below)
+ * keeps the largest: a draw costs O(log members + log classes) plus the
+ * certificates that come due, whatever the weights.  A plain pass over the
+ * sources (draw_linear, tests) is the reference it must match
+ * (tests/c/test_planner_draw.c).  Before 2026-12-02 the targets were doubles
+ * that each draw raised by its own rounded w * L; a state blob of version 2
+ * or 1 loads with its targets converted (exactly, to 2^-48 token), and
+ * continues by the exact rule.
  *
  * Chunking.  A source keeps the document it is in the middle of; a document
  * longer than max_chunk yields several chunks in a row (long_documents:
@@ -53,13 +42,6 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
-#if defined(__SSE2__)
-#include <emmintrin.h>
-#endif
-#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
-#include <immintrin.h>
-#define PL__DRAW_AVX 1
-#endif
 
 int pl__chunks_push(pl__chunks *c, const pl_chunk *ch) {
     if (c->n == c->cap) {
@@ -140,13 +122,16 @@ static int pl__planner_create_impl(const pl_config *cfg, pl_source *const *sourc
     p->pin_step = -1;
     p->act = pl__calloc((size_t)n_sources, sizeof *p->act);
     p->act_w = pl__calloc((size_t)n_sources, sizeof *p->act_w);
-    p->act_t = pl__calloc((size_t)n_sources, sizeof *p->act_t);
-    p->act_d = pl__calloc((size_t)n_sources, sizeof *p->act_d);
     p->doc_lo = pl__calloc((size_t)n_sources, sizeof *p->doc_lo);
     size_t ns = (size_t)(n_sources > 0 ? n_sources : 1);
     p->cls_w = pl__calloc(ns, sizeof *p->cls_w);
     p->cls_t = pl__calloc(ns, sizeof *p->cls_t);
-    p->cls_d = pl__calloc(ns, sizeof *p->cls_d);
+    size_t tm = 1;
+    while (tm < ns) tm *= 2;
+    p->tn_win = pl__calloc(2 * tm, sizeof *p->tn_win);
+    p->tn_min = pl__calloc(2 * tm, sizeof *p->tn_min);
+    p->tn_b = pl__calloc(ns, sizeof *p->tn_b);
+    p->tn_key = pl__calloc(ns, sizeof *p->tn_key);
     p->cls_off = pl__calloc(ns, sizeof *p->cls_off);
     p->cls_size = pl__calloc(ns, sizeof *p->cls_size);
     p->cls_hs = pl__calloc(ns, sizeof *p->cls_hs);
@@ -157,8 +142,8 @@ static int pl__planner_create_impl(const pl_config *cfg, pl_source *const *sourc
     while (p->cls_hash_cap < 2 * (int64_t)ns) p->cls_hash_cap *= 2;
     p->cls_hash = pl__calloc((size_t)p->cls_hash_cap, sizeof *p->cls_hash);
     if (!p->cfg || !p->num_docs || !p->src || !p->perm || !p->weights || !p->pin_w ||
-        !p->act || !p->act_w || !p->act_t || !p->act_d || !p->doc_lo ||
-        !p->cls_w || !p->cls_t || !p->cls_d || !p->cls_off || !p->cls_size ||
+        !p->act || !p->act_w || !p->doc_lo || !p->tn_win || !p->tn_min ||
+        !p->tn_b || !p->tn_key || !p->cls_w || !p->cls_t || !p->cls_off || !p->cls_size ||
         !p->cls_hs || !p->cls_of || !p->heap || !p->hpos || !p->cls_hash) {
         pl__fmt(p->errmsg, sizeof p->errmsg, "planner: out of memory");
         return p->failed = PL_ENOMEM;
@@ -211,11 +196,12 @@ void pl_planner_free(pl_planner *p) {
     free(p->pin_w);
     free(p->act);
     free(p->act_w);
-    free(p->act_t);
-    free(p->act_d);
     free(p->cls_w);
     free(p->cls_t);
-    free(p->cls_d);
+    free(p->tn_win);
+    free(p->tn_min);
+    free(p->tn_b);
+    free(p->tn_key);
     free(p->cls_off);
     free(p->cls_size);
     free(p->cls_hs);
@@ -296,6 +282,17 @@ static int pl__next_document(pl_planner *p, int64_t i) {
 }
 
 
+/* ------------------------------------------------------------ weights */
+
+/* A normalized weight (0 <= w <= 1) in units of 2^-48: the nearest, and at
+ * least 1 for a positive weight, so that it is still drawn. */
+static int64_t pl__weight_fixed(double w) {
+    if (!(w > 0)) return 0; /* NaN too */
+    if (!(w < 1)) return PL__WONE;
+    int64_t x = (int64_t)llround(w * (double)PL__WONE); /* w * 2^48 is exact */
+    return x > 0 ? x : 1;
+}
+
 /* ------------------------------------------------------------ classes */
 
 static int pl__exhausted(const pl_planner *p, int64_t i);
@@ -348,8 +345,103 @@ static void pl__hfix(pl_planner *p, int64_t c, int64_t q) {
     pl__hdown(p, c, off + r);
 }
 
-static void pl__cls_top(pl_planner *p, int64_t c) {
-    p->cls_d[c] = p->cls_hs[c] > 0 ? (double)p->heap[p->cls_off[c]].d : INFINITY;
+/* ------------------------------------------------------------ tournament */
+/*
+ * A kinetic tournament (Basch, Guibas and Hershberger, "Data structures for
+ * mobile data", SODA 1997; the kinetic heap of the same authors): the
+ * deficit of class c after g tokens of the step is the line
+ * tn_b[c] + cls_w[c] * g, exact in 128 bits.  Each internal node keeps the
+ * winner of its two children at the current g (larger deficit, ties to the
+ * lower member index) and the g at which the loser, if its line is steeper,
+ * could overtake: a certificate.  A draw lowers one line (the drawn class's
+ * member took tokens) and raises g; the nodes on that class's path are
+ * recomputed, and so is every node whose certificate has come due.  The
+ * certificate is a lower bound computed in doubles (safe: a node recomputed
+ * early keeps its winner and gets a later certificate); winners are always
+ * decided by exact comparisons, so the result is the exact argmax.
+ */
+#define PL__NEVER INT64_MAX
+
+/* Recompute internal node v at g from its children's winners. */
+static inline void pl__tn_pull(pl_planner *p, int64_t v, int64_t g) {
+    const int32_t a = p->tn_win[2 * v], b = p->tn_win[2 * v + 1];
+    int64_t due = PL__NEVER;
+    int32_t w = a;
+    if (a < 0) {
+        w = b;
+    } else if (b >= 0) {
+        pl__i128 da = p->tn_b[a] + (pl__i128)p->cls_w[a] * g;
+        pl__i128 db = p->tn_b[b] + (pl__i128)p->cls_w[b] * g;
+        int32_t l;
+        pl__i128 gap;
+        if (da > db || (da == db && p->tn_key[a] < p->tn_key[b])) {
+            w = a, l = b, gap = da - db;
+        } else {
+            w = b, l = a, gap = db - da;
+        }
+        int64_t dw = p->cls_w[l] - p->cls_w[w];
+        if (dw > 0) {
+            /* The loser gains dw per token: it cannot win before
+               gap / dw more tokens (relative error of the doubles below
+               2^-51, margin 2^-40 and one token). */
+            double t = (double)gap / (double)dw * (1 - 0x1p-40) - 1;
+            due = t >= 0x1p61 ? PL__NEVER : g + (t >= 1 ? (int64_t)t : 1);
+        }
+    }
+    p->tn_win[v] = w;
+    int64_t m = p->tn_min[2 * v] < p->tn_min[2 * v + 1] ? p->tn_min[2 * v]
+                                                       : p->tn_min[2 * v + 1];
+    p->tn_min[v] = due < m ? due : m;
+}
+
+/* Bring the subtree of v up to date at g (its certificates come due). */
+static void pl__tn_fix(pl_planner *p, int64_t v, int64_t g) {
+    if (v >= p->tn_m) return;
+    if (p->tn_min[2 * v] <= g) pl__tn_fix(p, 2 * v, g);
+    if (p->tn_min[2 * v + 1] <= g) pl__tn_fix(p, 2 * v + 1, g);
+    pl__tn_pull(p, v, g);
+}
+
+/* Class c's line changed (its top member, its drawn tokens, or it emptied):
+ * set its leaf and recompute its path at g, fixing what came due beside it. */
+static void pl__tn_update(pl_planner *p, int64_t c, int64_t g) {
+    if (p->cls_hs[c] > 0) {
+        pl__hent top = p->heap[p->cls_off[c]];
+        p->tn_b[c] = p->cls_t[c] - ((pl__i128)top.d << PL__TBITS);
+        p->tn_key[c] = top.i;
+        p->tn_win[p->tn_m + c] = (int32_t)c;
+    } else {
+        p->tn_win[p->tn_m + c] = -1;
+    }
+    for (int64_t v = (p->tn_m + c) >> 1; v >= 1; v >>= 1) {
+        if (p->tn_min[2 * v] <= g) pl__tn_fix(p, 2 * v, g);
+        if (p->tn_min[2 * v + 1] <= g) pl__tn_fix(p, 2 * v + 1, g);
+        pl__tn_pull(p, v, g);
+    }
+}
+
+static void pl__tn_build(pl_planner *p) {
+    int64_t m = 1;
+    while (m < p->n_cls) m *= 2;
+    p->tn_m = m;
+    for (int64_t c = 0; c < m; c++) {
+        p->tn_min[m + c] = PL__NEVER;
+        p->tn_win[m + c] = -1;
+        if (c < p->n_cls && p->cls_hs[c] > 0) {
+            pl__hent top = p->heap[p->cls_off[c]];
+            p->tn_b[c] = p->cls_t[c] - ((pl__i128)top.d << PL__TBITS);
+            p->tn_key[c] = top.i;
+            p->tn_win[m + c] = (int32_t)c;
+        }
+    }
+    for (int64_t v = m - 1; v >= 1; v--) pl__tn_pull(p, v, 0);
+}
+
+/* The class with the largest deficit at p->g, -1 when every heap is empty. */
+static int64_t pl__tn_argmax(pl_planner *p) {
+    if (p->tn_m == 1) return p->tn_win[1];
+    if (p->tn_min[1] <= p->g) pl__tn_fix(p, 1, p->g);
+    return p->tn_win[1];
 }
 
 /* Take source i out of its class's heap (it stays a member: its target
@@ -365,30 +457,26 @@ static void pl__cls_remove(pl_planner *p, int64_t i) {
         pl__hset(p, q, y);
         pl__hfix(p, c, q);
     }
-    pl__cls_top(p, c);
 }
 
-static uint64_t pl__cls_key(double w, double t) {
-    uint64_t a, b;
-    memcpy(&a, &w, 8);
-    memcpy(&b, &t, 8);
+static uint64_t pl__cls_key(int64_t w, pl__i128 t) {
+    uint64_t a = (uint64_t)w, b = (uint64_t)t, c = (uint64_t)(t >> 64);
     uint64_t h = a * 0x9E3779B97F4A7C15ULL ^ (b + 0x632BE59BD9B4E019ULL + (a << 6) + (a >> 2));
+    h ^= c * 0xC2B2AE3D27D4EB4FULL;
     h ^= h >> 29;
     h *= 0xBF58476D1CE4E5B9ULL;
     return h ^ (h >> 32);
 }
 
 /* Group the act[] sources into classes of equal (weight, target), in the
- * order of their lowest member; -1 where the class path does not apply. */
-static int pl__cls_build(pl_planner *p) {
-    const double lim = 0x1p49;
-    for (int64_t k = 0; k < p->n_act; k++)
-        if (!(fabs(p->act_t[k]) < lim) || !(p->act_d[k] < lim)) return -1;
+ * order of their lowest member, with their heaps and the tournament. */
+static void pl__cls_build(pl_planner *p) {
     const int64_t cap = p->cls_hash_cap, mask = cap - 1;
     for (int64_t h = 0; h < cap; h++) p->cls_hash[h] = -1;
     int64_t g = 0;
     for (int64_t k = 0; k < p->n_act; k++) {
-        double w = p->act_w[k], t = p->act_t[k];
+        int64_t w = p->act_w[k];
+        pl__i128 t = p->src[p->act[k]].target;
         int64_t h = (int64_t)(pl__cls_key(w, t) & (uint64_t)mask), c;
         for (;;) {
             c = p->cls_hash[h];
@@ -399,14 +487,13 @@ static int pl__cls_build(pl_planner *p) {
                 p->cls_size[c] = 0;
                 break;
             }
-            if (!memcmp(&p->cls_w[c], &w, 8) && !memcmp(&p->cls_t[c], &t, 8)) break;
+            if (p->cls_w[c] == w && p->cls_t[c] == t) break;
             h = (h + 1) & mask;
         }
         p->cls_of[p->act[k]] = c;
         p->cls_size[c]++;
     }
     p->n_cls = g;
-    p->cls_multi = g < p->n_act;
     int64_t at = 0;
     for (int64_t c = 0; c < g; c++) {
         p->cls_off[c] = at;
@@ -431,32 +518,25 @@ static int pl__cls_build(pl_planner *p) {
                          (pl__hent){p->src[i].drawn_tokens, i});
         }
     }
-    for (int64_t c = 0; c < g; c++) {
+    for (int64_t c = 0; c < g; c++)
         if (p->cls_hs[c] > 1)
             for (int64_t r = (p->cls_hs[c] - 2) / PL__HARITY; r >= 0; r--)
                 pl__hdown(p, c, p->cls_off[c] + r);
-        pl__cls_top(p, c);
-    }
-    return 0;
+    pl__tn_build(p);
 }
 
 void pl__planner_draw_begin(pl_planner *p) {
     int64_t k = 0;
-    int exotic = 0;
     for (int64_t i = 0; i < p->n_sources; i++) {
-        double w = p->weights[i];
-        if (w <= 0) continue; /* as the two-scan loop skipped them */
+        int64_t w = pl__weight_fixed(p->weights[i]);
+        if (w == 0) continue; /* never drawn; its target stays */
         p->act[k] = i;
         p->act_w[k] = w;
-        p->act_t[k] = p->src[i].target_tokens;
-        p->act_d[k] = (double)p->src[i].drawn_tokens;
-        exotic |= !isfinite(w) || !isfinite(p->act_t[k]);
         k++;
     }
     p->n_act = k;
-    p->pending = 0;
+    p->g = 0;
     p->drew = 0;
-    p->exotic = exotic;
     p->has_caps = 0;
     for (int64_t i = 0; i < p->n_sources; i++)
         if (p->cfg->sources[i].max_epochs > 0) p->has_caps = 1;
@@ -470,232 +550,28 @@ void pl__planner_draw_begin(pl_planner *p) {
                 break;
             }
     p->open_src = p->open_act >= 0 ? p->act[p->open_act] : -1;
-    /* Classes where some are shared; one source per class is the linear
-       draw itself (with less bookkeeping). */
-    p->use_cls = !exotic && !p->draw_linear && pl__cls_build(p) == 0 && p->cls_multi;
-}
-
-/* Add the pending draw's increments to every target (t = t + w * L). */
-static void pl__draw_flush_all(pl_planner *p, double take) {
-    for (int64_t k = 0; k < p->n_act; k++) {
-        double inc = p->act_w[k] * take;
-        p->act_t[k] = p->act_t[k] + inc;
-    }
+    /* One source: the plain draw is the rule at no cost. */
+    p->use_cls = !p->draw_linear && p->n_act > 1;
+    if (p->use_cls) pl__cls_build(p);
 }
 
 void pl__planner_draw_end(pl_planner *p) {
-    if (p->use_cls) {
-        double take = (double)p->pending;
-        for (int64_t c = 0; c < p->n_cls && p->pending > 0; c++) {
-            double inc = p->cls_w[c] * take;
-            p->cls_t[c] = p->cls_t[c] + inc;
-        }
-        /* Every member holds its class's target (written back below). */
-        for (int64_t k = 0; k < p->n_act; k++)
-            p->act_t[k] = p->cls_t[p->cls_of[p->act[k]]];
-        p->pending = 0;
-    } else if (p->pending > 0)
-        pl__draw_flush_all(p, (double)p->pending);
-    if (p->drew) {
-        /* The sources left out (weight 0) got t + 0 * L at every draw:
-           once is the same (it only turns -0 into +0). */
-        int64_t k = 0;
-        for (int64_t i = 0; i < p->n_sources; i++) {
-            if (k < p->n_act && p->act[k] == i) {
-                k++;
-                continue;
-            }
-            p->src[i].target_tokens += p->weights[i] * 1.0;
-        }
-    }
-    for (int64_t k = 0; k < p->n_act; k++)
-        p->src[p->act[k]].target_tokens = p->act_t[k];
-    p->pending = 0;
+    /* Every target rose by its weight times the step's drawn tokens. */
+    for (int64_t k = 0; k < p->n_act && p->g > 0; k++)
+        p->src[p->act[k]].target += (pl__i128)p->act_w[k] * p->g;
+    p->g = 0;
 }
 
-/*
- * Add take's increments to the targets (take 0: none) and return the first
- * k of the largest t[k] - d[k] (strict >, so ties go to the lowest index).
- * Finite values only: the max is exact, the second pass finds its first
- * occurrence by the same subtraction.
- */
-static int64_t pl__draw_argmax(double *t, const double *w, const double *d,
-                               int64_t n, double take) {
-    double m;
-    int64_t k = 0;
-#if defined(__SSE2__)
-    __m128d vm = _mm_set1_pd(-INFINITY), vl = _mm_set1_pd(take);
-    if (take > 0) {
-        for (; k + 2 <= n; k += 2) {
-            __m128d vt = _mm_loadu_pd(t + k);
-            vt = _mm_add_pd(vt, _mm_mul_pd(_mm_loadu_pd(w + k), vl));
-            _mm_storeu_pd(t + k, vt);
-            vm = _mm_max_pd(_mm_sub_pd(vt, _mm_loadu_pd(d + k)), vm);
-        }
-    } else {
-        for (; k + 2 <= n; k += 2)
-            vm = _mm_max_pd(_mm_sub_pd(_mm_loadu_pd(t + k), _mm_loadu_pd(d + k)), vm);
-    }
-    double lanes[2];
-    _mm_storeu_pd(lanes, vm);
-    m = lanes[0] > lanes[1] ? lanes[0] : lanes[1];
-#else
-    m = -INFINITY;
-#endif
-    for (; k < n; k++) {
-        if (take > 0) {
-            double inc = w[k] * take;
-            t[k] = t[k] + inc;
-        }
-        double x = t[k] - d[k];
-        if (x > m) m = x;
-    }
-    for (k = 0; k < n; k++)
-        if (t[k] - d[k] == m) return k;
-    return 0; /* not reached with finite values */
-}
-
-#if PL__DRAW_AVX
-/* pl__draw_argmax with 4 lanes (AVX, no FMA: the same roundings), picked at
- * run time where the CPU has it. */
-__attribute__((target("avx"))) static int64_t
-pl__draw_argmax_avx(double *t, const double *w, const double *d, int64_t n,
-                    double take) {
-    int64_t k = 0;
-    __m256d vm = _mm256_set1_pd(-INFINITY), vl = _mm256_set1_pd(take);
-    if (take > 0) {
-        for (; k + 4 <= n; k += 4) {
-            __m256d vt = _mm256_loadu_pd(t + k);
-            vt = _mm256_add_pd(vt, _mm256_mul_pd(_mm256_loadu_pd(w + k), vl));
-            _mm256_storeu_pd(t + k, vt);
-            vm = _mm256_max_pd(_mm256_sub_pd(vt, _mm256_loadu_pd(d + k)), vm);
-        }
-    } else {
-        for (; k + 4 <= n; k += 4)
-            vm = _mm256_max_pd(
-                _mm256_sub_pd(_mm256_loadu_pd(t + k), _mm256_loadu_pd(d + k)), vm);
-    }
-    double lanes[4], m = -INFINITY;
-    _mm256_storeu_pd(lanes, vm);
-    for (int j = 0; j < 4; j++)
-        if (lanes[j] > m) m = lanes[j];
-    for (; k < n; k++) {
-        if (take > 0) {
-            double inc = w[k] * take;
-            t[k] = t[k] + inc;
-        }
-        double x = t[k] - d[k];
-        if (x > m) m = x;
-    }
-    __m256d vmax = _mm256_set1_pd(m);
-    for (k = 0; k + 4 <= n; k += 4) {
-        __m256d x = _mm256_sub_pd(_mm256_loadu_pd(t + k), _mm256_loadu_pd(d + k));
-        int mask = _mm256_movemask_pd(_mm256_cmp_pd(x, vmax, _CMP_EQ_OQ));
-        if (mask) return k + __builtin_ctz((unsigned)mask);
-    }
-    for (; k < n; k++)
-        if (t[k] - d[k] == m) return k;
-    return 0;
-}
-
-/* pl__draw_argmax in one pass of 8 lanes (AVX-512F, no FMA: the same
- * roundings): each lane keeps its largest deficit and the index of its first
- * occurrence (strict >), then the lanes' maxima meet, ties to the lowest
- * index; the same k as the two passes. */
-__attribute__((target("avx512f"))) static int64_t
-pl__draw_argmax_avx512(double *t, const double *w, const double *d, int64_t n,
-                       double take) {
-    enum { L = 4 }; /* independent lane sets of 8, so the keep chains overlap */
-    int64_t k = 0;
-    const __m512d vl = _mm512_set1_pd(take);
-    __m512d vm[L];
-    __m512i vi[L], vk[L];
-    for (int j = 0; j < L; j++) {
-        vm[j] = _mm512_set1_pd(-INFINITY);
-        vi[j] = _mm512_set1_epi64(0);
-        vk[j] = _mm512_add_epi64(_mm512_set_epi64(7, 6, 5, 4, 3, 2, 1, 0),
-                                 _mm512_set1_epi64(8 * j));
-    }
-    const __m512i vstep = _mm512_set1_epi64(8 * L);
-    const int add = take > 0;
-    for (; k + 8 * L <= n; k += 8 * L) {
-        for (int j = 0; j < L; j++) {
-            __m512d tv = _mm512_loadu_pd(t + k + 8 * j);
-            if (add) {
-                tv = _mm512_add_pd(tv, _mm512_mul_pd(_mm512_loadu_pd(w + k + 8 * j), vl));
-                _mm512_storeu_pd(t + k + 8 * j, tv);
-            }
-            __m512d x = _mm512_sub_pd(tv, _mm512_loadu_pd(d + k + 8 * j));
-            __mmask8 g = _mm512_cmp_pd_mask(x, vm[j], _CMP_GT_OQ);
-            vm[j] = _mm512_mask_mov_pd(vm[j], g, x);
-            vi[j] = _mm512_mask_mov_epi64(vi[j], g, vk[j]);
-            vk[j] = _mm512_add_epi64(vk[j], vstep);
-        }
-    }
-    double lanes[8 * L], m = -INFINITY;
-    int64_t idx[8 * L], best = -1;
-    for (int j = 0; j < L; j++) {
-        _mm512_storeu_pd(lanes + 8 * j, vm[j]);
-        _mm512_storeu_si512((void *)(idx + 8 * j), vi[j]);
-    }
-    for (int j = 0; j < 8 * L && k > 0; j++)
-        if (lanes[j] > m || (lanes[j] == m && best >= 0 && idx[j] < best)) {
-            m = lanes[j];
-            best = idx[j];
-        }
-    for (; k < n; k++) { /* the tail comes after every lane's index */
-        if (add) {
-            double inc = w[k] * take;
-            t[k] = t[k] + inc;
-        }
-        double x = t[k] - d[k];
-        if (best < 0 || x > m) {
-            m = x;
-            best = k;
-        }
-    }
-    return best < 0 ? 0 : best;
-}
-
-static int pl__draw_isa_cap = 2; /* tests lower it (pl__planner_draw_isa) */
-
-static int pl__have_avx(void) {
-    static int have = -1; /* benign race: every thread computes the same */
-    if (have < 0) {
-        __builtin_cpu_init();
-        have = __builtin_cpu_supports("avx512f") ? 2 : __builtin_cpu_supports("avx") ? 1 : 0;
-    }
-    return have < pl__draw_isa_cap ? have : pl__draw_isa_cap;
-}
-
-/* The vectorized argmax this CPU runs best (n >= 8). */
-static int64_t pl__draw_argmax_wide(double *t, const double *w, const double *d,
-                                    int64_t n, double take) {
-    return pl__have_avx() == 2 ? pl__draw_argmax_avx512(t, w, d, n, take)
-                               : pl__draw_argmax_avx(t, w, d, n, take);
-}
-#endif
-
-int pl__planner_draw_isa(int cap) {
-#if PL__DRAW_AVX
-    int old = pl__draw_isa_cap;
-    pl__draw_isa_cap = cap;
-    return old;
-#else
-    (void)cap;
-    return 0;
-#endif
-}
-
-/* The two-scan rule itself, for weights or targets that are not finite. */
-static int64_t pl__draw_argmax_exotic(double *t, const double *w,
-                                      const double *d, int64_t n,
-                                      double take) {
+/* The reference: the first k of the largest deficit over the sources not
+ * exhausted, O(sources); -1 when every one is. */
+static int64_t pl__draw_linear(pl_planner *p) {
     int64_t best = -1;
-    double best_deficit = 0;
-    for (int64_t k = 0; k < n; k++) {
-        if (take > 0) t[k] += w[k] * take;
-        double x = t[k] - d[k];
+    pl__i128 best_deficit = 0;
+    for (int64_t k = 0; k < p->n_act; k++) {
+        const pl__src_state *s = &p->src[p->act[k]];
+        if (p->has_caps && pl__exhausted(p, p->act[k])) continue;
+        pl__i128 x = s->target + (pl__i128)p->act_w[k] * p->g -
+                     ((pl__i128)s->drawn_tokens << PL__TBITS);
         if (best < 0 || x > best_deficit) {
             best = k;
             best_deficit = x;
@@ -712,48 +588,6 @@ static int pl__exhausted(const pl_planner *p, int64_t i) {
     return cap > 0 && s->cur_index < 0 && s->epoch >= cap;
 }
 
-/* The two-scan rule over the sources not exhausted (configs with
- * max_epochs); -1 when every one is. */
-static int64_t pl__draw_argmax_capped(pl_planner *p, double take) {
-    int64_t best = -1;
-    double best_deficit = 0;
-    for (int64_t k = 0; k < p->n_act; k++) {
-        if (take > 0) p->act_t[k] += p->act_w[k] * take;
-        if (pl__exhausted(p, p->act[k])) continue;
-        double x = p->act_t[k] - p->act_d[k];
-        if (best < 0 || x > best_deficit) {
-            best = k;
-            best_deficit = x;
-        }
-    }
-    return best;
-}
-
-/* The argmax over classes: the largest class deficit t - d (d the drawn
- * tokens of the class's top member), ties to the lowest source index (the
- * top member's); -1 when every heap is empty (max_epochs). */
-static int64_t pl__cls_argmax(pl_planner *p, double take) {
-    int64_t k, n = p->n_cls;
-    double *t = p->cls_t, *w = p->cls_w, *d = p->cls_d;
-#if PL__DRAW_AVX
-    if (n >= 8 && pl__have_avx())
-        k = pl__draw_argmax_wide(t, w, d, n, take);
-    else
-#endif
-        k = pl__draw_argmax(t, w, d, n, take);
-    double m = t[k] - d[k];
-    if (m == -INFINITY) return -1; /* empty classes only */
-    if (p->cls_multi) {
-        int64_t top = p->heap[p->cls_off[k]].i;
-        for (int64_t j = k + 1; j < n; j++)
-            if (t[j] - d[j] == m && p->heap[p->cls_off[j]].i < top) {
-                k = j;
-                top = p->heap[p->cls_off[j]].i;
-            }
-    }
-    return k;
-}
-
 int pl__planner_draw(pl_planner *p, pl_chunk *out) {
     if (p->cfg->eval && (p->n_act == 0 || p->spent)) {
         p->spent = 1;
@@ -764,23 +598,9 @@ int pl__planner_draw(pl_planner *p, pl_chunk *out) {
                 "every source weight is zero at step %lld", (long long)p->step);
         return PL_ECONFIG;
     }
-    double take_prev = (double)p->pending;
     int64_t k, best;
 again:
-    if (p->use_cls) {
-        k = pl__cls_argmax(p, take_prev);
-    } else if (p->has_caps) {
-        k = pl__draw_argmax_capped(p, take_prev);
-    } else if (p->exotic)
-        k = pl__draw_argmax_exotic(p->act_t, p->act_w, p->act_d, p->n_act, take_prev);
-#if PL__DRAW_AVX
-    else if (p->n_act >= 8 && pl__have_avx())
-        k = pl__draw_argmax_wide(p->act_t, p->act_w, p->act_d, p->n_act, take_prev);
-#endif
-    else
-        k = pl__draw_argmax(p->act_t, p->act_w, p->act_d, p->n_act, take_prev);
-    p->pending = 0;
-    take_prev = 0;
+    k = p->use_cls ? pl__tn_argmax(p) : pl__draw_linear(p);
     if (k < 0 && p->cfg->eval) {
         p->spent = 1;
         return PL_DONE;
@@ -804,7 +624,10 @@ again:
     }
     int rc = pl__next_document(p, best);
     if (rc == PL_DONE) { /* spent its max_epochs: now exhausted */
-        if (p->use_cls) pl__cls_remove(p, best);
+        if (p->use_cls) {
+            pl__cls_remove(p, best);
+            pl__tn_update(p, p->cls_of[best], p->g);
+        }
         goto again;
     }
     if (rc) return rc;
@@ -829,20 +652,17 @@ again:
         open = 1;
     }
     s->drawn_tokens += take;
+    p->g += take; /* every target rises by w * take */
     if (p->use_cls) {
         int64_t c = p->cls_of[best];
         p->open_src = open ? best : -1;
         p->heap[p->hpos[best]].d = s->drawn_tokens;
         pl__hdown(p, c, p->hpos[best]); /* more drawn: down its heap */
-        if (p->has_caps && pl__exhausted(p, best))
-            pl__cls_remove(p, best);
-        else
-            pl__cls_top(p, c);
+        if (p->has_caps && pl__exhausted(p, best)) pl__cls_remove(p, best);
+        pl__tn_update(p, c, p->g);
     } else {
         p->open_act = open ? k : -1;
-        p->act_d[k] = (double)s->drawn_tokens;
     }
-    p->pending = take; /* every target rises by w * take: next draw or end */
     p->drew = 1;
     return PL_OK;
 }
@@ -879,7 +699,7 @@ static int pl__planner_next_impl(pl_planner *p, pl_plan **out) {
     }
     if (pinned) { /* the new weights apply from the next step: targets restart */
         for (int64_t i = 0; i < p->n_sources; i++)
-            p->src[i].target_tokens = (double)p->src[i].drawn_tokens;
+            p->src[i].target = (pl__i128)p->src[i].drawn_tokens << PL__TBITS;
         p->pin_step = -1;
     }
     p->step++;

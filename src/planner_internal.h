@@ -8,6 +8,14 @@
 
 #include "internal.h"
 
+/* Mixture targets are exact: integers in units of 2^-PL__TBITS token, and
+ * weights the same fixed point (planner.c, "The draw").  GCC and Clang's
+ * 128-bit integer; every target and product of the draw fits (tokens below
+ * 2^63 times weights of at most 2^48). */
+__extension__ typedef __int128 pl__i128;
+#define PL__TBITS 48
+#define PL__WONE ((int64_t)1 << PL__TBITS) /* the weight 1 */
+
 /* Consumption state of one source (SPEC section 4). */
 typedef struct pl__src_state {
     int64_t epoch;
@@ -16,11 +24,17 @@ typedef struct pl__src_state {
     int64_t cur_offset;     /* its tokens already drawn */
     int64_t cur_length;
     int64_t drawn_tokens;
-    double target_tokens;
     int64_t documents;      /* documents started, all epochs */
     int64_t since_yield;    /* documents taken without a usable one */
     int64_t skipped;        /* bad documents skipped (on_error: skip) */
+    int64_t reserved_;      /* 0: no padding before target (memcmp) */
+    pl__i128 target;        /* target tokens, in units of 2^-PL__TBITS */
 } pl__src_state;
+
+/* A source's target in tokens (for checks and statistics). */
+static inline double pl__target_tokens(const pl__src_state *s) {
+    return (double)s->target * 0x1p-48;
+}
 
 /* A growable array of chunks. */
 typedef struct pl__chunks {
@@ -54,30 +68,26 @@ struct pl_planner {
     int64_t align;           /* 2*cp when cp > 1, else 1 */
     int failed;              /* sticky status of an earlier failure */
     /* The draw's view of the step (planner.c): the sources of positive
-     * weight, in index order, with their weights, targets and drawn tokens
-     * (as doubles) side by side, and the tokens of the last draw, which are
-     * added to every target at the start of the next draw (or at the end of
-     * the step).  p->src[].target_tokens is current only between steps. */
+     * weight, in index order, with their fixed-point weights, and the tokens
+     * drawn so far in the step (g): a source's target is its step-start
+     * target plus w * g, applied to p->src[].target at the step's end. */
     int64_t *act;            /* [n_sources] */
-    double *act_w, *act_t, *act_d;
+    int64_t *act_w;          /* [n_sources]: weights in units of 2^-48 */
     int64_t n_act;
-    int64_t pending;
+    int64_t g;               /* tokens drawn in this step */
     int drew;                /* a chunk was drawn in this step */
-    int exotic;              /* a weight or target that is not finite */
     int has_caps;            /* some source has max_epochs */
     /* Classes (planner.c): the sources of positive weight grouped by equal
-     * weight and target (bit for bit) at the step's start.  The members of
-     * a class keep equal targets through the step (each draw adds them the
-     * same rounded w * L), so one target per class is updated per draw, and
-     * the member with the largest deficit is the one with the fewest drawn
-     * tokens (then the lowest index): a binary heap per class.  use_cls is 0
-     * where that does not hold exactly (targets or drawn tokens at or above
-     * 2^49, weights or targets not finite): then the act_* arrays serve. */
-    int use_cls;
-    int draw_linear;         /* tests: always the act_* arrays (the reference) */
-    int cls_multi;           /* some class has two or more members */
+     * weight and target at the step's start.  Members of a class keep equal
+     * targets through the step, so the one with the largest deficit is the
+     * one with the fewest drawn tokens (then the lowest index): a 4-ary heap
+     * per class.  The classes' deficits are lines in g (slope: the weight),
+     * and a kinetic tournament over them finds the largest (tn_*). */
+    int use_cls;             /* 0: the linear reference draw (tests) */
+    int draw_linear;         /* tests: always the linear draw (the reference) */
     int64_t n_cls;
-    double *cls_w, *cls_t, *cls_d; /* [n_cls]: weight, target, drawn of top */
+    int64_t *cls_w;          /* [n_cls]: weight (units of 2^-48) */
+    pl__i128 *cls_t;         /* [n_cls]: target at the step's start */
     int64_t *cls_off, *cls_size, *cls_hs; /* members in heap[off, off+size),
                                              the first hs of them in the heap */
     int64_t *cls_of;         /* [n_sources]: class of a source */
@@ -87,6 +97,18 @@ struct pl_planner {
     int64_t cls_hash_cap;
     int64_t open_src;        /* concat_chunk, class path: source of the
                                 partly drawn document, -1 if none */
+    /* The tournament: a complete binary tree of tn_m leaves (tn_m a power of
+     * two >= n_cls), node v's children 2v and 2v + 1, leaf of class c at
+     * tn_m + c.  tn_win[v]: the class with the largest deficit below v at
+     * the current g (-1: none); tn_min[v]: the smallest g at which some
+     * comparison below v may change (a lower bound; INT64_MAX: never).
+     * tn_b[c] = cls_t[c] - drawn tokens of c's top member (its deficit at
+     * g = 0), tn_key[c] that member's index (ties). */
+    int64_t tn_m;
+    int32_t *tn_win;         /* [2 * tn_m] */
+    int64_t *tn_min;         /* [2 * tn_m] */
+    pl__i128 *tn_b;          /* [n_sources] */
+    int64_t *tn_key;         /* [n_sources] */
     /* packing scratch (pack.c) */
     void *pack;
     /* concat_chunk: the act[] slot of the source whose document is partly
@@ -122,11 +144,6 @@ int pl__planner_draw(pl_planner *p, pl_chunk *out);
  * after them (pl_planner_next calls both around the packing). */
 void pl__planner_draw_begin(pl_planner *p);
 void pl__planner_draw_end(pl_planner *p);
-
-/* Tests: cap the vector code of the draw (2 AVX-512F, 1 AVX, 0 SSE2) to
- * check every path on one machine; returns the previous cap.  Not thread
- * safe; the default is 2 (the best the CPU has). */
-int pl__planner_draw_isa(int cap);
 
 /* Packing: turn carry + drawn chunks into a plan (pack.c). */
 int pl__pack_step(pl_planner *p, pl_plan **out);

@@ -1,7 +1,7 @@
 /*
  * state.c -- the state blob of SPEC section 4.
  *
- * Layout (little-endian), version 2:
+ * Layout (little-endian), version 3:
  *   "PLST", u32 version, u64 total length,
  *   u64 seed, i64 next step, i64 micro-batch cursor, i64 dp,
  *   fingerprint: i64 seq_length, i64 global_batch_size, i64 micro_batch_size,
@@ -10,7 +10,9 @@
  *     under; a change restarts the targets),
  *   u32 sources, then per source: u32 + name, u32 + path, i64 documents in
  *     the source, i64 epoch, drawn_in_epoch, cur_index, cur_offset,
- *     cur_length, drawn_tokens, f64 target_tokens, i64 documents started,
+ *     cur_length, drawn_tokens, target tokens as i64 whole tokens and
+ *     u64 fraction in units of 2^-64 (the exact fixed-point target of
+ *     planner.c, a multiple of 2^-48), i64 documents started,
  *     since_yield, skipped, f64 weight of the source in the blob's step
  *     (the weights that step is planned with: with the next two, what its
  *     plan depends on besides the counters),
@@ -21,7 +23,10 @@
  *   u64 arrangement hash (pl__arrangement_hash: balance, long_short, cost,
  *     max_epochs; they may change only at a step boundary),
  *   u32 CRC-32 of everything before it.
- * Version 1 is the same without the per-source weight, the flags and the
+ * Version 2 is the same with the target as one f64 (the targets of the
+ * floating-point draw before 2026-12-02); it loads with each target
+ * converted to the nearest multiple of 2^-48 token at or below it.
+ * Version 1 is version 2 without the per-source weight, the flags and the
  * arrangement hash; it still loads, except where those are needed (below).
  * Sources are matched by name, so the order of sources in the config may
  * change and sources may be added; a source may not disappear, change its
@@ -54,7 +59,7 @@
 
 #include <zlib.h>
 
-#define PL__STATE_VERSION 2u
+#define PL__STATE_VERSION 3u
 #define PL__STATE_PINNED 1u /* flags bit 0 */
 
 typedef struct pl__wbuf {
@@ -128,7 +133,8 @@ int pl__state_encode(const pl_planner *p, int64_t mb_cursor, void **buf,
         pl__put_i64(&w, s->cur_offset);
         pl__put_i64(&w, s->cur_length);
         pl__put_i64(&w, s->drawn_tokens);
-        pl__put_f64(&w, s->target_tokens);
+        pl__put_i64(&w, (int64_t)(s->target >> PL__TBITS));
+        pl__put_u64(&w, (uint64_t)(s->target & (PL__WONE - 1)) << (64 - PL__TBITS));
         pl__put_i64(&w, s->documents);
         pl__put_i64(&w, s->since_yield);
         pl__put_i64(&w, s->skipped);
@@ -233,7 +239,7 @@ int pl__state_decode(pl_planner *p, const void *buf, size_t len, int64_t nmb,
         return PL_ESTATE;
     }
     uint32_t version = pl__get_u32(&r);
-    if (version != 1 && version != PL__STATE_VERSION) {
+    if (version < 1 || version > PL__STATE_VERSION) {
         pl__fmt(p->errmsg, sizeof p->errmsg,
                 "state: unsupported version %u at offset 4 (this library "
                 "reads versions 1 to %u)",
@@ -363,7 +369,20 @@ int pl__state_decode(pl_planner *p, const void *buf, size_t len, int64_t nmb,
         s->cur_offset = pl__get_i64(&r);
         s->cur_length = pl__get_i64(&r);
         s->drawn_tokens = pl__get_i64(&r);
-        s->target_tokens = pl__get_f64(&r);
+        int bad_target = 0;
+        if (version >= 3) {
+            int64_t whole = pl__get_i64(&r);
+            uint64_t frac = pl__get_u64(&r);
+            bad_target = whole < 0 || whole > PL__STATE_MAX ||
+                         (frac & ((UINT64_C(1) << (64 - PL__TBITS)) - 1)) != 0;
+            if (!bad_target)
+                s->target = ((pl__i128)whole << PL__TBITS) |
+                            (pl__i128)(frac >> (64 - PL__TBITS));
+        } else { /* a double target: at or below it, exactly */
+            double t = pl__get_f64(&r);
+            bad_target = !(t >= 0 && t <= (double)PL__STATE_MAX);
+            if (!bad_target) s->target = (pl__i128)(t * (double)PL__WONE);
+        }
         s->documents = pl__get_i64(&r);
         s->since_yield = pl__get_i64(&r);
         s->skipped = pl__get_i64(&r);
@@ -378,7 +397,7 @@ int pl__state_decode(pl_planner *p, const void *buf, size_t len, int64_t nmb,
               s->cur_offset >= s->cur_length)) ||
             (s->cur_index < 0 && (s->cur_offset != 0 || s->cur_length != 0)) ||
             s->drawn_tokens < 0 || s->drawn_tokens > PL__STATE_MAX ||
-            !(s->target_tokens >= 0 && s->target_tokens <= (double)PL__STATE_MAX) ||
+            bad_target ||
             s->documents < 0 || s->documents > PL__STATE_MAX ||
             s->since_yield < 0 || s->since_yield > nd + 1 || s->skipped < 0 ||
             s->skipped > PL__STATE_MAX)
@@ -492,7 +511,7 @@ int pl__state_decode(pl_planner *p, const void *buf, size_t len, int64_t nmb,
         p->pin_step = step;
     } else if (changed) { /* targets restart from the resume step */
         for (int64_t i = 0; i < p->n_sources; i++)
-            p->src[i].target_tokens = (double)p->src[i].drawn_tokens;
+            p->src[i].target = (pl__i128)p->src[i].drawn_tokens << PL__TBITS;
     }
     for (int64_t i = 0; i < p->n_sources; i++) {
         pl__perm_init(&p->perm[i], (uint64_t)p->num_docs[i], c->seed,
@@ -521,6 +540,11 @@ out:
  * version, length and CRC, then walk the source records.
  */
 
+/* The 8-byte fields of a source record after its name and path. */
+static int pl__state_fields(uint32_t version) {
+    return version >= 3 ? 13 : version == 2 ? 12 : 11;
+}
+
 /* Check the envelope; on success r is positioned after the length field and
  * r->n excludes the CRC. */
 static int pl__state_open(const void *buf, size_t len, pl__rbuf *r,
@@ -531,7 +555,7 @@ static int pl__state_open(const void *buf, size_t len, pl__rbuf *r,
     pl__get(r, magic, 4);
     if (memcmp(magic, "PLST", 4) != 0) return PL_ESTATE;
     *version = pl__get_u32(r);
-    if (*version != 1 && *version != PL__STATE_VERSION) return PL_EVERSION;
+    if (*version < 1 || *version > PL__STATE_VERSION) return PL_EVERSION;
     if (pl__get_u64(r) != len) return PL_ESTATE;
     uint32_t crc;
     memcpy(&crc, (const unsigned char *)buf + len - 4, 4);
@@ -569,7 +593,7 @@ int pl_state_inspect(const void *buf, size_t len, pl_state_info *out) {
         uint32_t n;
         (void)pl__get_str(&r, &n);
         (void)pl__get_str(&r, &n);
-        r.off += 8 * (version >= 2 ? 12 : 11);
+        r.off += 8 * (size_t)pl__state_fields(version);
         if (r.off > r.n) r.bad = 1;
     }
     uint32_t nc = pl__get_u32(&r);
@@ -595,8 +619,9 @@ int pl_state_source(const void *buf, size_t len, int64_t i,
         uint32_t nl, np;
         const char *name = pl__get_str(&r, &nl);
         const char *path = pl__get_str(&r, &np);
-        int64_t v[12];
-        for (int t = 0; t < (version >= 2 ? 12 : 11); t++) v[t] = pl__get_i64(&r);
+        int64_t v[13];
+        const int nf = pl__state_fields(version), x = version >= 3;
+        for (int t = 0; t < nf; t++) v[t] = pl__get_i64(&r);
         if (r.bad) return PL_ESTATE;
         if (j == (uint32_t)i) {
             pl_state_source_info s;
@@ -612,9 +637,12 @@ int pl_state_source(const void *buf, size_t len, int64_t i,
             s.current_offset = v[4];
             s.current_length = v[5];
             s.drawn_tokens = v[6];
-            memcpy(&s.target_tokens, &v[7], 8);
-            s.documents = v[8];
-            s.skipped = v[10];
+            if (x) /* whole tokens and a fraction in units of 2^-64 */
+                s.target_tokens = (double)v[7] + (double)(uint64_t)v[8] * 0x1p-64;
+            else
+                memcpy(&s.target_tokens, &v[7], 8);
+            s.documents = v[8 + x];
+            s.skipped = v[10 + x];
             *out = s;
         }
     }

@@ -1016,7 +1016,7 @@ PL_API void pl_batch_release(pl_batch *batch);
  * version (versions 1 and 2 are read; this library writes 2).  Thread-safe; they allocate nothing.
  */
 typedef struct pl_state_info {
-    uint32_t version;          /* format version of the blob */
+    uint32_t version;          /* format version of the blob (1 to 3) */
     uint64_t seed;
     int64_t step;              /* the step the position is in */
     int64_t micro_batch;       /* micro-batch cursor within that step */
@@ -1043,7 +1043,9 @@ typedef struct pl_state_source_info {
     int64_t current_offset;    /* its tokens already drawn */
     int64_t current_length;
     int64_t drawn_tokens;      /* tokens drawn, all epochs */
-    double target_tokens;      /* the mixture's target for drawn_tokens */
+    double target_tokens;      /* the mixture's target for drawn_tokens (the blob
+                                  holds it exactly: 2^-48 token units; this is
+                                  that value as a double) */
     int64_t documents;         /* documents started, all epochs */
     int64_t skipped;           /* bad documents skipped (on_error: skip) */
 } pl_state_source_info;

@@ -52,7 +52,7 @@ static void st_parse(const unsigned char *b, st_layout *o) {
         memcpy(&n, b + at, 4);
         at += 4 + n;
         if (j < 64) o->src_fields[j] = at;
-        at += 12 * 8; /* version 2: 11 counters and the step's weight */
+        at += 13 * 8; /* version 3: 12 counters (the target in two) and the step's weight */
     }
     o->carry = at;
 }

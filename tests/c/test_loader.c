@@ -456,7 +456,7 @@ static void test_weights_change(corpus *c) {
     CHECK_EQ_I64(pb->step, 10);
     /* Targets restarted: deficits are zero at the resume step. */
     for (int s = 0; s < NSRC; s++)
-        CHECK(pb->src[s].target_tokens == (double)pb->src[s].drawn_tokens);
+        CHECK(pb->src[s].target == (pl__i128)pb->src[s].drawn_tokens << PL__TBITS);
     /* The chunks A carried into step 10 are placed by B's plans. */
     int over = 0;
     for (int step = 10; step < 400 && pb->src[2].epoch == 0; step++) {
@@ -650,6 +650,8 @@ static void mid_step_case(pl_config *ca, pl_config *cb, int64_t s, int64_t cut,
 
 /* A version-2 blob rewritten as version 1 (no per-source step weights, no
  * flags word and arrangement hash), as this library wrote before. */
+/* A version-1 blob of the same state (the layout of src/state.c): the
+ * target as one double, no per-source weight, no flags, no arrangement hash. */
 static void *to_v1(const unsigned char *b, size_t n, size_t *n1) {
     unsigned char *o = malloc(n);
     size_t at = 96, w = 0;
@@ -664,10 +666,20 @@ static void *to_v1(const unsigned char *b, size_t n, size_t *n1) {
         memcpy(&k, b + at, 4);
         at += 4 + k;
         memcpy(&k, b + at, 4);
-        at += 4 + k + 11 * 8;
+        at += 4 + k + 7 * 8; /* names, documents, 6 counters */
         memcpy(o + w, b + from, at - from);
         w += at - from;
-        at += 8; /* the step's weight */
+        int64_t whole;
+        uint64_t frac;
+        memcpy(&whole, b + at, 8);
+        memcpy(&frac, b + at + 8, 8);
+        double t = (double)whole + (double)frac * 0x1p-64;
+        memcpy(o + w, &t, 8);
+        w += 8;
+        at += 16;
+        memcpy(o + w, b + at, 3 * 8); /* documents, since_yield, skipped */
+        w += 3 * 8;
+        at += 3 * 8 + 8; /* and the step's weight */
     }
     size_t rest = n - 4 - 12 - at; /* carried chunks, before flags, hash, CRC */
     memcpy(o + w, b + at, rest);
