@@ -128,10 +128,8 @@ static int pl__planner_create_impl(const pl_config *cfg, pl_source *const *sourc
     p->cls_t = pl__calloc(ns, sizeof *p->cls_t);
     size_t tm = 1;
     while (tm < ns) tm *= 2;
-    p->tn_win = pl__calloc(2 * tm, sizeof *p->tn_win);
-    p->tn_min = pl__calloc(2 * tm, sizeof *p->tn_min);
-    p->tn_b = pl__calloc(ns, sizeof *p->tn_b);
-    p->tn_key = pl__calloc(ns, sizeof *p->tn_key);
+    p->tn_node = pl__calloc(2 * tm, sizeof *p->tn_node);
+    p->tn_line = pl__calloc(ns, sizeof *p->tn_line);
     p->cls_off = pl__calloc(ns, sizeof *p->cls_off);
     p->cls_size = pl__calloc(ns, sizeof *p->cls_size);
     p->cls_hs = pl__calloc(ns, sizeof *p->cls_hs);
@@ -142,8 +140,7 @@ static int pl__planner_create_impl(const pl_config *cfg, pl_source *const *sourc
     while (p->cls_hash_cap < 2 * (int64_t)ns) p->cls_hash_cap *= 2;
     p->cls_hash = pl__calloc((size_t)p->cls_hash_cap, sizeof *p->cls_hash);
     if (!p->cfg || !p->num_docs || !p->src || !p->perm || !p->weights || !p->pin_w ||
-        !p->act || !p->act_w || !p->doc_lo || !p->tn_win || !p->tn_min ||
-        !p->tn_b || !p->tn_key || !p->cls_w || !p->cls_t || !p->cls_off || !p->cls_size ||
+        !p->act || !p->act_w || !p->doc_lo || !p->tn_node || !p->tn_line || !p->cls_w || !p->cls_t || !p->cls_off || !p->cls_size ||
         !p->cls_hs || !p->cls_of || !p->heap || !p->hpos || !p->cls_hash) {
         pl__fmt(p->errmsg, sizeof p->errmsg, "planner: out of memory");
         return p->failed = PL_ENOMEM;
@@ -198,10 +195,8 @@ void pl_planner_free(pl_planner *p) {
     free(p->act_w);
     free(p->cls_w);
     free(p->cls_t);
-    free(p->tn_win);
-    free(p->tn_min);
-    free(p->tn_b);
-    free(p->tn_key);
+    free(p->tn_node);
+    free(p->tn_line);
     free(p->cls_off);
     free(p->cls_size);
     free(p->cls_hs);
@@ -350,7 +345,7 @@ static void pl__hfix(pl_planner *p, int64_t c, int64_t q) {
  * A kinetic tournament (Basch, Guibas and Hershberger, "Data structures for
  * mobile data", SODA 1997; the kinetic heap of the same authors): the
  * deficit of class c after g tokens of the step is the line
- * tn_b[c] + cls_w[c] * g, exact in 128 bits.  Each internal node keeps the
+ * tn_line[c].b + tn_line[c].w * g, exact in 128 bits.  Each internal node keeps the
  * winner of its two children at the current g (larger deficit, ties to the
  * lower member index) and the g at which the loser, if its line is steeper,
  * could overtake: a certificate.  A draw lowers one line (the drawn class's
@@ -362,61 +357,129 @@ static void pl__hfix(pl_planner *p, int64_t c, int64_t q) {
  */
 #define PL__NEVER INT64_MAX
 
-/* Recompute internal node v at g from its children's winners. */
+/* A lower bound of x >= 0 as a double: x itself when it fits 62 bits (one
+ * instruction), else x with its low bits dropped. */
+static inline double pl__gap_double(pl__i128 x) {
+    double scale = 1;
+    while (x >= ((pl__i128)1 << 62)) {
+        x >>= 24;
+        scale *= 0x1p24;
+    }
+    return (double)(int64_t)x * scale;
+}
+
+/* Recompute internal node v at g from its children's winners.  Written to
+ * compile to conditional moves: which child wins is a coin toss to the
+ * branch predictor. */
 static inline void pl__tn_pull(pl_planner *p, int64_t v, int64_t g) {
-    const int32_t a = p->tn_win[2 * v], b = p->tn_win[2 * v + 1];
+    pl__tnode *n = p->tn_node, *kid = n + 2 * v;
+    const int32_t a = kid[0].win, b = kid[1].win;
     int64_t due = PL__NEVER;
-    int32_t w = a;
-    if (a < 0) {
-        w = b;
-    } else if (b >= 0) {
-        pl__i128 da = p->tn_b[a] + (pl__i128)p->cls_w[a] * g;
-        pl__i128 db = p->tn_b[b] + (pl__i128)p->cls_w[b] * g;
-        int32_t l;
-        pl__i128 gap;
-        if (da > db || (da == db && p->tn_key[a] < p->tn_key[b])) {
-            w = a, l = b, gap = da - db;
-        } else {
-            w = b, l = a, gap = db - da;
-        }
-        int64_t dw = p->cls_w[l] - p->cls_w[w];
+    int32_t w = a < 0 ? b : a;
+    if (a >= 0 && b >= 0) {
+        const pl__tline *la = &p->tn_line[a], *lb = &p->tn_line[b];
+        const int64_t wa = la->w, wb = lb->w;
+        pl__i128 diff = (la->b + (pl__i128)wa * g) - (lb->b + (pl__i128)wb * g);
+        const int a_wins = diff > 0 || (diff == 0 && la->key < lb->key);
+        w = a_wins ? a : b;
+        pl__i128 gap = a_wins ? diff : -diff;
+        int64_t dw = a_wins ? wb - wa : wa - wb;
         if (dw > 0) {
             /* The loser gains dw per token: it cannot win before
-               gap / dw more tokens (relative error of the doubles below
-               2^-51, margin 2^-40 and one token). */
-            double t = (double)gap / (double)dw * (1 - 0x1p-40) - 1;
+               gap / dw more tokens (the doubles below 2^-51 off, less
+               a margin of 2^-40 and one token). */
+            double t = pl__gap_double(gap) / (double)dw * (1 - 0x1p-40) - 1;
             due = t >= 0x1p61 ? PL__NEVER : g + (t >= 1 ? (int64_t)t : 1);
         }
     }
-    p->tn_win[v] = w;
-    int64_t m = p->tn_min[2 * v] < p->tn_min[2 * v + 1] ? p->tn_min[2 * v]
-                                                       : p->tn_min[2 * v + 1];
-    p->tn_min[v] = due < m ? due : m;
+    n[v].win = w;
+    int64_t m = kid[0].min < kid[1].min ? kid[0].min : kid[1].min;
+    n[v].min = due < m ? due : m;
 }
 
 /* Bring the subtree of v up to date at g (its certificates come due). */
 static void pl__tn_fix(pl_planner *p, int64_t v, int64_t g) {
     if (v >= p->tn_m) return;
-    if (p->tn_min[2 * v] <= g) pl__tn_fix(p, 2 * v, g);
-    if (p->tn_min[2 * v + 1] <= g) pl__tn_fix(p, 2 * v + 1, g);
+    if (p->tn_node[2 * v].min <= g) pl__tn_fix(p, 2 * v, g);
+    if (p->tn_node[2 * v + 1].min <= g) pl__tn_fix(p, 2 * v + 1, g);
     pl__tn_pull(p, v, g);
 }
 
-/* Class c's line changed (its top member, its drawn tokens, or it emptied):
- * set its leaf and recompute its path at g, fixing what came due beside it. */
-static void pl__tn_update(pl_planner *p, int64_t c, int64_t g) {
-    if (p->cls_hs[c] > 0) {
+/* Class c's leaf from its heap: its line, or empty. */
+static inline void pl__tn_leaf(pl_planner *p, int64_t c) {
+    pl__tnode *leaf = &p->tn_node[p->tn_m + c];
+    leaf->min = PL__NEVER;
+    if (c < p->n_cls && p->cls_hs[c] > 0) {
         pl__hent top = p->heap[p->cls_off[c]];
-        p->tn_b[c] = p->cls_t[c] - ((pl__i128)top.d << PL__TBITS);
-        p->tn_key[c] = top.i;
-        p->tn_win[p->tn_m + c] = (int32_t)c;
+        pl__tline *l = &p->tn_line[c];
+        l->b = p->cls_t[c] - ((pl__i128)top.d << PL__TBITS);
+        l->w = p->cls_w[c];
+        l->key = top.i;
+        leaf->win = (int32_t)c;
     } else {
-        p->tn_win[p->tn_m + c] = -1;
+        leaf->win = -1;
     }
-    for (int64_t v = (p->tn_m + c) >> 1; v >= 1; v >>= 1) {
-        if (p->tn_min[2 * v] <= g) pl__tn_fix(p, 2 * v, g);
-        if (p->tn_min[2 * v + 1] <= g) pl__tn_fix(p, 2 * v + 1, g);
-        pl__tn_pull(p, v, g);
+}
+
+/* Class c's line changed (its top member, its drawn tokens, or it emptied):
+ * set its leaf and recompute its path at g, fixing what came due beside it.
+ * The path's winner (champion) stays in registers from level to level and
+ * the siblings' lines do not depend on it, so the levels' comparisons and
+ * certificate divisions overlap instead of forming one chain through
+ * memory. */
+static void pl__tn_update(pl_planner *p, int64_t c, int64_t g) {
+    pl__tn_leaf(p, c);
+    pl__tnode *n = p->tn_node;
+    int64_t v = p->tn_m + c;
+    int32_t cw = n[v].win;
+    pl__i128 cd = 0;
+    int64_t cwt = 0, ckey = 0, cmin = PL__NEVER;
+    if (cw >= 0) {
+        const pl__tline *l = &p->tn_line[cw];
+        cd = l->b + (pl__i128)l->w * g;
+        cwt = l->w;
+        ckey = l->key;
+    }
+    for (; v > 1; v >>= 1) {
+        const int64_t sib = v ^ 1;
+        if (n[sib].min <= g) pl__tn_fix(p, sib, g);
+        const int32_t sw = n[sib].win;
+        int64_t due = PL__NEVER;
+        if (sw >= 0) {
+            const pl__tline *ls = &p->tn_line[sw];
+            const int64_t sw_w = ls->w, skey = ls->key;
+            const pl__i128 sd = ls->b + (pl__i128)sw_w * g;
+            if (cw < 0) {
+                cw = sw, cd = sd, cwt = sw_w, ckey = skey;
+            } else {
+                /* Branch-free: keep the champion (mask of ones) or take
+                   the sibling's line. */
+                const pl__i128 diff = cd - sd;
+                const int64_t dh = (int64_t)(diff >> 64);
+                const uint64_t dl = (uint64_t)diff;
+                const int64_t keep = (int64_t)((dh > 0) | ((dh == 0) & (dl != 0)) |
+                                               ((dh == 0) & (dl == 0) & (ckey < skey)));
+                const int64_t mask = -keep;
+                const pl__i128 m128 = (pl__i128)mask; /* sign-extended */
+                const pl__i128 gap = (diff ^ ~m128) + (1 - keep); /* |diff| */
+                const int64_t dw = ((sw_w - cwt) & mask) | ((cwt - sw_w) & ~mask);
+                const int64_t dws = dw > 0 ? dw : 1;
+                double t = pl__gap_double(gap) / (double)dws * (1 - 0x1p-40) - 1;
+                t = t < 1 ? 1 : t;
+                t = t < 0x1p61 ? t : 0x1p61;
+                const int64_t when = t >= 0x1p61 ? PL__NEVER : g + (int64_t)t;
+                due = dw > 0 ? when : PL__NEVER;
+                cw = (int32_t)((cw & (int32_t)mask) | (sw & ~(int32_t)mask));
+                cd = (cd & m128) | (sd & ~m128);
+                cwt = (cwt & mask) | (sw_w & ~mask);
+                ckey = (ckey & mask) | (skey & ~mask);
+            }
+        }
+        const int64_t sm = n[sib].min;
+        cmin = sm < cmin ? sm : cmin;
+        cmin = due < cmin ? due : cmin;
+        n[v >> 1].win = cw;
+        n[v >> 1].min = cmin;
     }
 }
 
@@ -424,24 +487,14 @@ static void pl__tn_build(pl_planner *p) {
     int64_t m = 1;
     while (m < p->n_cls) m *= 2;
     p->tn_m = m;
-    for (int64_t c = 0; c < m; c++) {
-        p->tn_min[m + c] = PL__NEVER;
-        p->tn_win[m + c] = -1;
-        if (c < p->n_cls && p->cls_hs[c] > 0) {
-            pl__hent top = p->heap[p->cls_off[c]];
-            p->tn_b[c] = p->cls_t[c] - ((pl__i128)top.d << PL__TBITS);
-            p->tn_key[c] = top.i;
-            p->tn_win[m + c] = (int32_t)c;
-        }
-    }
+    for (int64_t c = 0; c < m; c++) pl__tn_leaf(p, c);
     for (int64_t v = m - 1; v >= 1; v--) pl__tn_pull(p, v, 0);
 }
 
 /* The class with the largest deficit at p->g, -1 when every heap is empty. */
 static int64_t pl__tn_argmax(pl_planner *p) {
-    if (p->tn_m == 1) return p->tn_win[1];
-    if (p->tn_min[1] <= p->g) pl__tn_fix(p, 1, p->g);
-    return p->tn_win[1];
+    if (p->tn_m > 1 && p->tn_node[1].min <= p->g) pl__tn_fix(p, 1, p->g);
+    return p->tn_node[1].win;
 }
 
 /* Take source i out of its class's heap (it stays a member: its target

@@ -50,6 +50,17 @@ typedef struct pl__hent {
     int64_t d, i;
 } pl__hent;
 
+/* The kinetic tournament of the draw (planner.c): a node, and the line of
+ * a class (its deficit after g tokens of the step is b + w * g). */
+typedef struct pl__tnode {
+    int64_t min;
+    int32_t win, unused_;
+} pl__tnode;
+typedef struct pl__tline {
+    pl__i128 b;
+    int64_t w, key;
+} pl__tline;
+
 struct pl_planner {
     char errmsg[PL__ERRMSG_CAP];
     pl_config *cfg;          /* owned clone */
@@ -99,16 +110,15 @@ struct pl_planner {
                                 partly drawn document, -1 if none */
     /* The tournament: a complete binary tree of tn_m leaves (tn_m a power of
      * two >= n_cls), node v's children 2v and 2v + 1, leaf of class c at
-     * tn_m + c.  tn_win[v]: the class with the largest deficit below v at
-     * the current g (-1: none); tn_min[v]: the smallest g at which some
+     * tn_m + c.  tn_node[v].win: the class with the largest deficit below v
+     * at the current g (-1: none); .min: the smallest g at which some
      * comparison below v may change (a lower bound; INT64_MAX: never).
-     * tn_b[c] = cls_t[c] - drawn tokens of c's top member (its deficit at
-     * g = 0), tn_key[c] that member's index (ties). */
+     * tn_line[c]: class c's deficit at g = 0 (cls_t minus the drawn tokens
+     * of its top member), its weight (the slope) and that member's index
+     * (ties). */
     int64_t tn_m;
-    int32_t *tn_win;         /* [2 * tn_m] */
-    int64_t *tn_min;         /* [2 * tn_m] */
-    pl__i128 *tn_b;          /* [n_sources] */
-    int64_t *tn_key;         /* [n_sources] */
+    pl__tnode *tn_node;      /* [2 * tn_m] */
+    pl__tline *tn_line;      /* [n_sources] */
     /* packing scratch (pack.c) */
     void *pack;
     /* concat_chunk: the act[] slot of the source whose document is partly
