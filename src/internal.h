@@ -361,6 +361,12 @@ void pl__perm_init(pl__perm *p, uint64_t n, uint64_t seed, const char *name,
                    uint64_t epoch);
 uint64_t pl__perm_apply(const pl__perm *p, uint64_t i);
 
+/* Ask the CPU to bring document `index`'s index entry (Megatron's length
+ * and pointer, a .plidx end offset) into cache: the planner does so for a
+ * source's next document when it starts one, so that the lookup a draw
+ * waits for is a cache hit.  A hint only: no read, no error, any index. */
+void pl__source_prefetch(const pl_source *src, int64_t index);
+
 /* Raw text sources (source_text.c): sources whose lengths come from
  * tokenizing.  The planner tells such a source the position `pos` of its
  * epoch's order that it is about to ask for, so the source's threads can

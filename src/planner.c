@@ -130,6 +130,9 @@ static int pl__planner_create_impl(const pl_config *cfg, pl_source *const *sourc
     while (tm < ns) tm *= 2;
     p->tn_node = pl__calloc(2 * tm, sizeof *p->tn_node);
     p->tn_line = pl__calloc(ns, sizeof *p->tn_line);
+    p->ahead = pl__calloc(ns, sizeof *p->ahead);
+    p->ahead_at = pl__calloc(ns, sizeof *p->ahead_at);
+    p->ahead_ep = pl__calloc(ns, sizeof *p->ahead_ep);
     p->cls_off = pl__calloc(ns, sizeof *p->cls_off);
     p->cls_size = pl__calloc(ns, sizeof *p->cls_size);
     p->cls_hs = pl__calloc(ns, sizeof *p->cls_hs);
@@ -140,7 +143,8 @@ static int pl__planner_create_impl(const pl_config *cfg, pl_source *const *sourc
     while (p->cls_hash_cap < 2 * (int64_t)ns) p->cls_hash_cap *= 2;
     p->cls_hash = pl__calloc((size_t)p->cls_hash_cap, sizeof *p->cls_hash);
     if (!p->cfg || !p->num_docs || !p->src || !p->perm || !p->weights || !p->pin_w ||
-        !p->act || !p->act_w || !p->doc_lo || !p->tn_node || !p->tn_line || !p->cls_w || !p->cls_t || !p->cls_off || !p->cls_size ||
+        !p->act || !p->act_w || !p->doc_lo || !p->tn_node || !p->tn_line ||
+        !p->ahead || !p->ahead_at || !p->ahead_ep || !p->cls_w || !p->cls_t || !p->cls_off || !p->cls_size ||
         !p->cls_hs || !p->cls_of || !p->heap || !p->hpos || !p->cls_hash) {
         pl__fmt(p->errmsg, sizeof p->errmsg, "planner: out of memory");
         return p->failed = PL_ENOMEM;
@@ -161,6 +165,7 @@ static int pl__planner_create_impl(const pl_config *cfg, pl_source *const *sourc
         p->doc_lo[i] = lo;
         p->num_docs[i] = hi - lo;
         p->src[i].cur_index = -1;
+        p->ahead_at[i] = -1;
         /* Records left out at open count as skipped (on_error: skip). */
         p->src[i].skipped = pl_source_num_skipped(sources[i]);
         pl__planner_perm(p, i);
@@ -197,6 +202,9 @@ void pl_planner_free(pl_planner *p) {
     free(p->cls_t);
     free(p->tn_node);
     free(p->tn_line);
+    free(p->ahead);
+    free(p->ahead_at);
+    free(p->ahead_ep);
     free(p->cls_off);
     free(p->cls_size);
     free(p->cls_hs);
@@ -214,6 +222,13 @@ void pl_planner_free(pl_planner *p) {
 
 const char *pl_planner_errmsg(const pl_planner *p) {
     return p ? p->errmsg : "out of memory";
+}
+
+/* The document at position pos of source i's order in its current epoch
+ * (an evaluation pass reads its documents in index order). */
+static inline int64_t pl__planner_doc_at(const pl_planner *p, int64_t i, int64_t pos) {
+    return p->doc_lo[i] + (p->cfg->eval ? pos
+                                        : (int64_t)pl__perm_apply(&p->perm[i], (uint64_t)pos));
 }
 
 /* Move source i to its next usable document.  PL_OK, PL_DONE when the
@@ -241,13 +256,20 @@ static int pl__next_document(pl_planner *p, int64_t i) {
         pl__source_lookahead(p->sources[i], p->cfg->eval ? NULL : &p->perm[i],
                              p->doc_lo[i], p->num_docs[i], s->epoch,
                              s->drawn_in_epoch);
-        /* An evaluation pass reads its documents in index order. */
-        int64_t idx = p->doc_lo[i] +
-                      (p->cfg->eval ? s->drawn_in_epoch
-                                    : (int64_t)pl__perm_apply(&p->perm[i],
-                                                              (uint64_t)s->drawn_in_epoch));
+        int64_t idx = p->ahead_at[i] == s->drawn_in_epoch && p->ahead_ep[i] == s->epoch
+                          ? p->ahead[i]
+                          : pl__planner_doc_at(p, i, s->drawn_in_epoch);
         s->drawn_in_epoch++;
         s->since_yield++;
+        /* The next document of this epoch: its index entry is in cache by
+           the time this source is drawn again. */
+        p->ahead_at[i] = -1;
+        if (s->drawn_in_epoch < p->num_docs[i]) {
+            p->ahead[i] = pl__planner_doc_at(p, i, s->drawn_in_epoch);
+            p->ahead_at[i] = s->drawn_in_epoch;
+            p->ahead_ep[i] = s->epoch;
+            pl__source_prefetch(p->sources[i], p->ahead[i]);
+        }
         if (sc->max_epochs > 0 && s->drawn_in_epoch >= p->num_docs[i] &&
             s->epoch + 1 >= sc->max_epochs) {
             s->epoch++;

@@ -119,6 +119,11 @@ struct pl_planner {
     int64_t tn_m;
     pl__tnode *tn_node;      /* [2 * tn_m] */
     pl__tline *tn_line;      /* [n_sources] */
+    /* Look-ahead (planner.c, pl__next_document): source i's document at
+     * position ahead_at[i] of epoch ahead_ep[i]'s order is ahead[i]
+     * (ahead_at -1: none), computed and prefetched when the document before
+     * it was taken.  A cache of pl__perm_apply, not state. */
+    int64_t *ahead, *ahead_at, *ahead_ep; /* [n_sources] */
     /* packing scratch (pack.c) */
     void *pack;
     /* concat_chunk: the act[] slot of the source whose document is partly

@@ -750,6 +750,18 @@ static int pl__doc(const pl_source *src, int64_t index,
     return pl__doc_ex(src, index, 1, file, tokens, length, err, errcap);
 }
 
+void pl__source_prefetch(const pl_source *src, int64_t index) {
+    if (!src || index < 0 || index >= src->n_docs) return;
+    const pl__sfile *f = pl__locate(src, index);
+    int64_t r = index - f->first_doc;
+    if (src->type == PL_SOURCE_MEGATRON) {
+        if (f->lengths) __builtin_prefetch(f->lengths + 4 * r);
+        if (f->pointers) __builtin_prefetch(f->pointers + 8 * r);
+    } else if (!src->text && src->type != PL_SOURCE_WEBDATASET && f->ends) {
+        __builtin_prefetch(f->ends + (r > 0 ? r - 1 : 0));
+    }
+}
+
 int pl__source_length_unchecked(pl_source *src, int64_t index,
                                 int64_t *length, char *err, size_t errcap) {
     const pl__sfile *f;
