@@ -379,15 +379,11 @@ static void pl__hfix(pl_planner *p, int64_t c, int64_t q) {
  */
 #define PL__NEVER INT64_MAX
 
-/* A lower bound of x >= 0 as a double: x itself when it fits 62 bits (one
- * instruction), else x with its low bits dropped. */
+/* x >= 0 (below 2^103) as a double, within a relative 2^-52: two exact
+ * conversions, no branch. */
 static inline double pl__gap_double(pl__i128 x) {
-    double scale = 1;
-    while (x >= ((pl__i128)1 << 62)) {
-        x >>= 24;
-        scale *= 0x1p24;
-    }
-    return (double)(int64_t)x * scale;
+    return (double)(int64_t)(x >> 40) * 0x1p40 +
+           (double)(int64_t)(x & (((pl__i128)1 << 40) - 1));
 }
 
 /* Recompute internal node v at g from its children's winners.  Written to
@@ -408,8 +404,8 @@ static inline void pl__tn_pull(pl_planner *p, int64_t v, int64_t g) {
         int64_t dw = a_wins ? wb - wa : wa - wb;
         if (dw > 0) {
             /* The loser gains dw per token: it cannot win before
-               gap / dw more tokens (the doubles below 2^-51 off, less
-               a margin of 2^-40 and one token). */
+               gap / dw more tokens (a lower bound: the doubles are within
+               a relative 2^-51, less a margin of 2^-40 and one token). */
             double t = pl__gap_double(gap) / (double)dw * (1 - 0x1p-40) - 1;
             due = t >= 0x1p61 ? PL__NEVER : g + (t >= 1 ? (int64_t)t : 1);
         }
@@ -487,9 +483,10 @@ static void pl__tn_update(pl_planner *p, int64_t c, int64_t g) {
                 const int64_t dw = ((sw_w - cwt) & mask) | ((cwt - sw_w) & ~mask);
                 const int64_t dws = dw > 0 ? dw : 1;
                 double t = pl__gap_double(gap) / (double)dws * (1 - 0x1p-40) - 1;
-                t = t < 1 ? 1 : t;
-                t = t < 0x1p61 ? t : 0x1p61;
-                const int64_t when = t >= 0x1p61 ? PL__NEVER : g + (int64_t)t;
+                t = t < 0x1p61 ? t : 0x1p61; /* minsd; integers from here */
+                int64_t ti = (int64_t)t;
+                ti = ti < 1 ? 1 : ti;
+                const int64_t when = ti >= ((int64_t)1 << 61) ? PL__NEVER : g + ti;
                 due = dw > 0 ? when : PL__NEVER;
                 cw = (int32_t)((cw & (int32_t)mask) | (sw & ~(int32_t)mask));
                 cd = (cd & m128) | (sd & ~m128);
