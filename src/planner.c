@@ -608,7 +608,6 @@ void pl__planner_draw_begin(pl_planner *p) {
     }
     p->n_act = k;
     p->g = 0;
-    p->drew = 0;
     p->has_caps = 0;
     for (int64_t i = 0; i < p->n_sources; i++)
         if (p->cfg->sources[i].max_epochs > 0) p->has_caps = 1;
@@ -735,7 +734,7 @@ again:
     } else {
         p->open_act = open ? k : -1;
     }
-    p->drew = 1;
+
     return PL_OK;
 }
 

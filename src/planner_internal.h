@@ -86,7 +86,6 @@ struct pl_planner {
     int64_t *act_w;          /* [n_sources]: weights in units of 2^-48 */
     int64_t n_act;
     int64_t g;               /* tokens drawn in this step */
-    int drew;                /* a chunk was drawn in this step */
     int has_caps;            /* some source has max_epochs */
     /* Classes (planner.c): the sources of positive weight grouped by equal
      * weight and target at the step's start.  Members of a class keep equal

@@ -25,7 +25,9 @@
  *   u32 CRC-32 of everything before it.
  * Version 2 is the same with the target as one f64 (the targets of the
  * floating-point draw before 2026-12-02); it loads with each target
- * converted to the nearest multiple of 2^-48 token at or below it.
+ * converted to the nearest multiple of 2^-48 token at or below it, at a
+ * step boundary only: a step begun under the old rule may hold other chunks
+ * when planned again by the exact one (see the refusal below).
  * Version 1 is version 2 without the per-source weight, the flags and the
  * arrangement hash; it still loads, except where those are needed (below).
  * Sources are matched by name, so the order of sources in the config may
@@ -493,6 +495,21 @@ int pl__state_decode(pl_planner *p, const void *buf, size_t len, int64_t nmb,
                 "loads only at a step boundary (resume it with its own config "
                 "up to step %lld, then change them)",
                 (long long)step, (long long)mb, (long long)step + 1);
+        rc = PL_ESTATE;
+        goto out;
+    }
+    if (version < 3 && (mb != 0 || (flags & PL__STATE_PINNED))) {
+        /* Its step was planned with the floating-point targets of before
+           version 3; planned again by the exact rule it may hold other
+           chunks (near-ties break otherwise), and the cursor would skip
+           into a different step: chunks lost and repeated. */
+        pl__fmt(p->errmsg, sizeof p->errmsg,
+                "state: a version-%u state saved in the middle of step %lld "
+                "(micro-batch %lld) was planned with the floating-point mixture "
+                "targets of state versions 1 and 2; this library plans by exact "
+                "targets (version 3) and loads older states only at a step "
+                "boundary (finish step %lld with the library that wrote it)",
+                version, (long long)step, (long long)mb, (long long)step);
         rc = PL_ESTATE;
         goto out;
     }

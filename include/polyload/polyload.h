@@ -1013,7 +1013,7 @@ PL_API void pl_batch_release(pl_batch *batch);
  * pl_pipeline_get_state, pl_planner_get_state), so that callers never parse
  * its bytes.  Each checks magic, version, length and CRC-32 first:
  * PL_ESTATE for a corrupt blob, PL_EVERSION for a blob of another format
- * version (versions 1 and 2 are read; this library writes 2).  Thread-safe; they allocate nothing.
+ * version (versions 1 to 3 are read; this library writes 3).  Thread-safe; they allocate nothing.
  */
 typedef struct pl_state_info {
     uint32_t version;          /* format version of the blob (1 to 3) */
@@ -1043,9 +1043,10 @@ typedef struct pl_state_source_info {
     int64_t current_offset;    /* its tokens already drawn */
     int64_t current_length;
     int64_t drawn_tokens;      /* tokens drawn, all epochs */
-    double target_tokens;      /* the mixture's target for drawn_tokens (the blob
-                                  holds it exactly: 2^-48 token units; this is
-                                  that value as a double) */
+    double target_tokens;      /* the mixture's target for drawn_tokens (a
+                                  version-3 blob holds it exactly, a multiple
+                                  of 2^-48 token; this is within one unit in
+                                  the last place of it) */
     int64_t documents;         /* documents started, all epochs */
     int64_t skipped;           /* bad documents skipped (on_error: skip) */
 } pl_state_source_info;
