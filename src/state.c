@@ -376,6 +376,7 @@ int pl__state_decode(pl_planner *p, const void *buf, size_t len, int64_t nmb,
             int64_t whole = pl__get_i64(&r);
             uint64_t frac = pl__get_u64(&r);
             bad_target = whole < 0 || whole > PL__STATE_MAX ||
+                         (whole == PL__STATE_MAX && frac != 0) || /* as v2 */
                          (frac & ((UINT64_C(1) << (64 - PL__TBITS)) - 1)) != 0;
             if (!bad_target)
                 s->target = ((pl__i128)whole << PL__TBITS) |
