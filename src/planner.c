@@ -131,8 +131,6 @@ static int pl__planner_create_impl(const pl_config *cfg, pl_source *const *sourc
     p->tn_node = pl__calloc(2 * tm, sizeof *p->tn_node);
     p->tn_line = pl__calloc(ns, sizeof *p->tn_line);
     p->ahead = pl__calloc(ns, sizeof *p->ahead);
-    p->ahead_at = pl__calloc(ns, sizeof *p->ahead_at);
-    p->ahead_ep = pl__calloc(ns, sizeof *p->ahead_ep);
     p->cls_off = pl__calloc(ns, sizeof *p->cls_off);
     p->cls_size = pl__calloc(ns, sizeof *p->cls_size);
     p->cls_hs = pl__calloc(ns, sizeof *p->cls_hs);
@@ -144,7 +142,7 @@ static int pl__planner_create_impl(const pl_config *cfg, pl_source *const *sourc
     p->cls_hash = pl__calloc((size_t)p->cls_hash_cap, sizeof *p->cls_hash);
     if (!p->cfg || !p->num_docs || !p->src || !p->perm || !p->weights || !p->pin_w ||
         !p->act || !p->act_w || !p->doc_lo || !p->tn_node || !p->tn_line ||
-        !p->ahead || !p->ahead_at || !p->ahead_ep || !p->cls_w || !p->cls_t || !p->cls_off || !p->cls_size ||
+        !p->ahead || !p->cls_w || !p->cls_t || !p->cls_off || !p->cls_size ||
         !p->cls_hs || !p->cls_of || !p->heap || !p->hpos || !p->cls_hash) {
         pl__fmt(p->errmsg, sizeof p->errmsg, "planner: out of memory");
         return p->failed = PL_ENOMEM;
@@ -165,7 +163,7 @@ static int pl__planner_create_impl(const pl_config *cfg, pl_source *const *sourc
         p->doc_lo[i] = lo;
         p->num_docs[i] = hi - lo;
         p->src[i].cur_index = -1;
-        p->ahead_at[i] = -1;
+        p->ahead[i].at = -1;
         /* Records left out at open count as skipped (on_error: skip). */
         p->src[i].skipped = pl_source_num_skipped(sources[i]);
         pl__planner_perm(p, i);
@@ -203,8 +201,6 @@ void pl_planner_free(pl_planner *p) {
     free(p->tn_node);
     free(p->tn_line);
     free(p->ahead);
-    free(p->ahead_at);
-    free(p->ahead_ep);
     free(p->cls_off);
     free(p->cls_size);
     free(p->cls_hs);
@@ -256,19 +252,20 @@ static int pl__next_document(pl_planner *p, int64_t i) {
         pl__source_lookahead(p->sources[i], p->cfg->eval ? NULL : &p->perm[i],
                              p->doc_lo[i], p->num_docs[i], s->epoch,
                              s->drawn_in_epoch);
-        int64_t idx = p->ahead_at[i] == s->drawn_in_epoch && p->ahead_ep[i] == s->epoch
-                          ? p->ahead[i]
+        pl__ahead *ah = &p->ahead[i];
+        int64_t idx = ah->at == s->drawn_in_epoch && ah->epoch == s->epoch
+                          ? ah->doc
                           : pl__planner_doc_at(p, i, s->drawn_in_epoch);
         s->drawn_in_epoch++;
         s->since_yield++;
         /* The next document of this epoch: its index entry is in cache by
            the time this source is drawn again. */
-        p->ahead_at[i] = -1;
+        ah->at = -1;
         if (s->drawn_in_epoch < p->num_docs[i]) {
-            p->ahead[i] = pl__planner_doc_at(p, i, s->drawn_in_epoch);
-            p->ahead_at[i] = s->drawn_in_epoch;
-            p->ahead_ep[i] = s->epoch;
-            pl__source_prefetch(p->sources[i], p->ahead[i]);
+            ah->doc = pl__planner_doc_at(p, i, s->drawn_in_epoch);
+            ah->at = s->drawn_in_epoch;
+            ah->epoch = s->epoch;
+            pl__source_prefetch(p->sources[i], ah->doc);
         }
         if (sc->max_epochs > 0 && s->drawn_in_epoch >= p->num_docs[i] &&
             s->epoch + 1 >= sc->max_epochs) {
@@ -386,6 +383,21 @@ static inline double pl__gap_double(pl__i128 x) {
            (double)(int64_t)(x & (((pl__i128)1 << 40) - 1));
 }
 
+/* The certificate of a node at g whose winner leads its loser by gap >= 0
+ * and whose loser gains dw per token: the loser cannot win before gap / dw
+ * more tokens (a lower bound: the doubles are within a relative 2^-51, less
+ * a margin of 2^-40 and one token; at least one token on).  PL__NEVER when
+ * dw <= 0.  Free of branches: it is computed on every level of a path. */
+static inline int64_t pl__tn_due(pl__i128 gap, int64_t dw, int64_t g) {
+    const int64_t dws = dw > 0 ? dw : 1;
+    double t = pl__gap_double(gap) / (double)dws * (1 - 0x1p-40) - 1;
+    t = t < 0x1p61 ? t : 0x1p61; /* minsd; integers from here */
+    int64_t ti = (int64_t)t;
+    ti = ti < 1 ? 1 : ti;
+    const int64_t when = ti >= ((int64_t)1 << 61) ? PL__NEVER : g + ti;
+    return dw > 0 ? when : PL__NEVER;
+}
+
 /* Recompute internal node v at g from its children's winners.  Written to
  * compile to conditional moves: which child wins is a coin toss to the
  * branch predictor. */
@@ -401,14 +413,7 @@ static inline void pl__tn_pull(pl_planner *p, int64_t v, int64_t g) {
         const int a_wins = diff > 0 || (diff == 0 && la->key < lb->key);
         w = a_wins ? a : b;
         pl__i128 gap = a_wins ? diff : -diff;
-        int64_t dw = a_wins ? wb - wa : wa - wb;
-        if (dw > 0) {
-            /* The loser gains dw per token: it cannot win before
-               gap / dw more tokens (a lower bound: the doubles are within
-               a relative 2^-51, less a margin of 2^-40 and one token). */
-            double t = pl__gap_double(gap) / (double)dw * (1 - 0x1p-40) - 1;
-            due = t >= 0x1p61 ? PL__NEVER : g + (t >= 1 ? (int64_t)t : 1);
-        }
+        due = pl__tn_due(gap, a_wins ? wb - wa : wa - wb, g);
     }
     n[v].win = w;
     int64_t m = kid[0].min < kid[1].min ? kid[0].min : kid[1].min;
@@ -480,14 +485,7 @@ static void pl__tn_update(pl_planner *p, int64_t c, int64_t g) {
                 const int64_t mask = -keep;
                 const pl__i128 m128 = (pl__i128)mask; /* sign-extended */
                 const pl__i128 gap = (diff ^ ~m128) + (1 - keep); /* |diff| */
-                const int64_t dw = ((sw_w - cwt) & mask) | ((cwt - sw_w) & ~mask);
-                const int64_t dws = dw > 0 ? dw : 1;
-                double t = pl__gap_double(gap) / (double)dws * (1 - 0x1p-40) - 1;
-                t = t < 0x1p61 ? t : 0x1p61; /* minsd; integers from here */
-                int64_t ti = (int64_t)t;
-                ti = ti < 1 ? 1 : ti;
-                const int64_t when = ti >= ((int64_t)1 << 61) ? PL__NEVER : g + ti;
-                due = dw > 0 ? when : PL__NEVER;
+                due = pl__tn_due(gap, ((sw_w - cwt) & mask) | ((cwt - sw_w) & ~mask), g);
                 cw = (int32_t)((cw & (int32_t)mask) | (sw & ~(int32_t)mask));
                 cd = (cd & m128) | (sd & ~m128);
                 cwt = (cwt & mask) | (sw_w & ~mask);

@@ -61,6 +61,11 @@ typedef struct pl__tline {
     int64_t w, key;
 } pl__tline;
 
+/* One source's next document, known ahead (planner.c). */
+typedef struct pl__ahead {
+    int64_t doc, at, epoch;
+} pl__ahead;
+
 struct pl_planner {
     char errmsg[PL__ERRMSG_CAP];
     pl_config *cfg;          /* owned clone */
@@ -119,10 +124,10 @@ struct pl_planner {
     pl__tnode *tn_node;      /* [2 * tn_m] */
     pl__tline *tn_line;      /* [n_sources] */
     /* Look-ahead (planner.c, pl__next_document): source i's document at
-     * position ahead_at[i] of epoch ahead_ep[i]'s order is ahead[i]
-     * (ahead_at -1: none), computed and prefetched when the document before
-     * it was taken.  A cache of pl__perm_apply, not state. */
-    int64_t *ahead, *ahead_at, *ahead_ep; /* [n_sources] */
+     * position ahead[i].at of epoch ahead[i].epoch's order is ahead[i].doc
+     * (at -1: none), computed and prefetched when the document before it
+     * was taken.  A cache of pl__perm_apply, not state. */
+    pl__ahead *ahead;        /* [n_sources] */
     /* packing scratch (pack.c) */
     void *pack;
     /* concat_chunk: the act[] slot of the source whose document is partly

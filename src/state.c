@@ -532,7 +532,7 @@ int pl__state_decode(pl_planner *p, const void *buf, size_t len, int64_t nmb,
             p->src[i].target = (pl__i128)p->src[i].drawn_tokens << PL__TBITS;
     }
     for (int64_t i = 0; i < p->n_sources; i++) {
-        p->ahead_at[i] = -1; /* the look-ahead cache of planner.c */
+        p->ahead[i].at = -1; /* the look-ahead cache of planner.c */
         pl__perm_init(&p->perm[i], (uint64_t)p->num_docs[i], c->seed,
                       c->sources[i].name, (uint64_t)p->src[i].epoch);
     }
