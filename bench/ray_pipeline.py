@@ -37,8 +37,9 @@ import json, sys, time
 import ray, polyload.ray as pr
 rank, addr, n, compute, start_at, cfg, name = (int(sys.argv[1]), sys.argv[2], int(sys.argv[3]),
     float(sys.argv[4]), float(sys.argv[5]), sys.argv[6], sys.argv[7])
+pb = int(sys.argv[8]) if len(sys.argv) > 8 and int(sys.argv[8]) > 0 else None
 ray.init(address=addr, namespace="bench", log_to_driver=False)
-c = pr.Client(cfg, rank=rank, namespace="bench", name=name)
+c = pr.Client(cfg, rank=rank, namespace="bench", name=name, prefetch_batches=pb)
 for _ in range(8):
     next(c)
 tok0, pk0, bytes0 = c.stats()["tokens"], c.packages, c.package_bytes
@@ -66,6 +67,7 @@ def pct(xs, q):
 
 
 PREFETCH_STEPS = None
+CLIENT_PREFETCH = 0
 
 
 def cpu_seconds(pid):
@@ -97,7 +99,7 @@ def deployment(address, cfg_path, script, name, n, compute):
     try:
         start_at = time.time() + 30  # every client connected and warm before the clock
         procs = [subprocess.Popen([sys.executable, script, str(r), address, str(n), str(compute),
-                                   repr(start_at), cfg_path, name], cwd=ROOT,
+                                   repr(start_at), cfg_path, name, str(CLIENT_PREFETCH)], cwd=ROOT,
                                   stdout=subprocess.PIPE, text=True) for r in range(RANKS)]
         roles = {pid: role for role, pids in dep.pids().items() for pid in pids}
         roles.update({p.pid: "client" for p in procs})
@@ -149,11 +151,14 @@ def main():
     ap.add_argument("--compute", type=float, default=0.1)
     ap.add_argument("--prefetch-steps", type=int, default=None,
                     help="launch(prefetch_steps=...); default: launch's")
+    ap.add_argument("--client-prefetch-batches", type=int, default=0,
+                    help="Client(prefetch_batches=...); 0: the Client's default")
     ap.add_argument("--skip-wait", action="store_true")
     ap.add_argument("--json", default=os.path.join(HERE, "out", "ray_pipeline.json"))
     a = ap.parse_args()
-    global PREFETCH_STEPS
+    global PREFETCH_STEPS, CLIENT_PREFETCH
     PREFETCH_STEPS = a.prefetch_steps
+    CLIENT_PREFETCH = a.client_prefetch_batches
     import ray
     import yaml
 

@@ -516,6 +516,30 @@ int pl_loader_want_step(pl_loader *l, int64_t timeout_ms, int64_t *step) {
     return rc;
 }
 
+int pl_loader_want_steps(pl_loader *l, int64_t timeout_ms, int64_t ahead,
+                         int64_t low, int64_t *first, int64_t *count) {
+    if (!l->external)
+        return pl__fail(l, PL_EINVAL, "loader: pl_loader_want_steps needs an external loader");
+    if (ahead < 1 || low < 0 || low > ahead)
+        return pl__fail(l, PL_EINVAL,
+                        "loader: pl_loader_want_steps needs 1 <= ahead and 0 <= low <= "
+                        "ahead (ahead %lld, low %lld)",
+                        (long long)ahead, (long long)low);
+    pthread_mutex_lock(&l->run_mu);
+    int rc = pl__start_workers(l);
+    pthread_mutex_unlock(&l->run_mu);
+    if (rc) return rc;
+    pl__pipeline_plan_window(l->pipe, ahead, low);
+    pl_work w;
+    rc = pl_pipeline_get_work(l->pipe, PL_WORK_PLAN, timeout_ms, &w);
+    if (rc != PL_OK) return rc;
+    int64_t n = pl__pipeline_grant(l->pipe, w.step, ahead);
+    if (n < 1) return PL_ECLOSED; /* reset or stopped meanwhile */
+    *first = w.step;
+    *count = n;
+    return PL_OK;
+}
+
 static void pl__package_free_cb(void *k) { pl__package_free(k); }
 
 int pl_loader_push_package(pl_loader *l, const void *package, size_t len) {

@@ -126,8 +126,11 @@ struct pl_pipeline {
     pl__pentry **entries; /* steps [first_step, first_step + n_entries) */
     int64_t n_entries, cap_entries, first_step;
     int64_t next_plan_step; /* next step to add */
-    int asked;              /* a PL_WORK_PLAN for next_plan_step is out */
+    int64_t asked;          /* steps granted from next_plan_step (a PL_WORK_PLAN
+                               for it is out; pl__pipeline_grant: more than one) */
     int64_t plan_ahead;     /* steps planned past the step of a group's next unit */
+    int64_t plan_low;       /* ... asked for again once no more than this many are
+                               (<= plan_ahead; pl__pipeline_plan_window) */
     int64_t defer_units;    /* held consumer wake-ups go out after this many units */
     int64_t held;           /* units finished since a wake-up was held; 0: none */
     double held_since;      /* when it was first held (us) */
@@ -693,9 +696,11 @@ static int64_t pl__pick(pl_pipeline *p) {
 }
 
 /* Whether a step must be added before some group can go on, or (plan_ahead)
- * is within plan_ahead steps of the step of a group's next unit: then a
+ * is within plan_low steps of the step of a group's next unit: then a
  * driver plans step s+1 while the others build step s, instead of every
- * driver waiting for the plan once the window admits s+1. */
+ * driver waiting for the plan once the window admits s+1; and a transport
+ * that pushes steps in bursts (plan_low < plan_ahead, pl__pipeline_grant)
+ * is woken once per burst, not per step. */
 static int pl__needs_plan(pl_pipeline *p) {
     if (p->asked) return 0;
     if (p->total_steps >= 0 && p->next_plan_step > p->total_steps) return 0;
@@ -703,7 +708,7 @@ static int pl__needs_plan(pl_pipeline *p) {
         pl__pgroup *gr = &p->groups[g];
         int64_t ns = gr->next_u / p->ups;
         if (ns >= p->next_plan_step && pl__window_admits(p, gr)) return 1;
-        if (p->plan_ahead > 0 && ns + p->plan_ahead >= p->next_plan_step &&
+        if (p->plan_ahead > 0 && ns + p->plan_low >= p->next_plan_step &&
             pl__group_min(p, gr, 0) >= 0)
             return 1;
     }
@@ -726,10 +731,42 @@ void pl__pipeline_defer_wakes(pl_pipeline *p, int64_t units) {
 }
 
 void pl__pipeline_plan_ahead(pl_pipeline *p, int64_t steps) {
+    pl__pipeline_plan_window(p, steps, steps);
+}
+
+void pl__pipeline_plan_window(pl_pipeline *p, int64_t ahead, int64_t low) {
     pthread_mutex_lock(&p->mu);
-    p->plan_ahead = steps > 0 ? steps : 0;
-    pl__wake(work_cv);
+    ahead = ahead > 0 ? ahead : 0;
+    low = low < 0 ? 0 : low > ahead ? ahead : low;
+    if (p->plan_ahead != ahead || p->plan_low != low) {
+        p->plan_ahead = ahead;
+        p->plan_low = low;
+        pl__wake(work_cv);
+    }
     pl__unlock(p);
+}
+
+int64_t pl__pipeline_grant(pl_pipeline *p, int64_t step, int64_t ahead) {
+    pthread_mutex_lock(&p->mu);
+    int64_t n = 0;
+    if (p->asked == 1 && step == p->next_plan_step && !p->closed && !p->failed) {
+        /* the least step a group builds next */
+        int64_t ns = -1;
+        for (int64_t g = 0; g < p->n_groups; g++) {
+            pl__pgroup *gr = &p->groups[g];
+            if (pl__units_done(p, gr)) continue;
+            int64_t s = gr->next_u / p->ups;
+            if (ns < 0 || s < ns) ns = s;
+        }
+        n = ns < 0 ? 1 : ns + (ahead > 0 ? ahead : 0) - step + 1;
+        if (n < 1) n = 1;
+        if (p->total_steps >= 0 && n > p->total_steps - step + 1)
+            n = p->total_steps - step + 1;
+        if (n < 1) n = 1;
+        p->asked = n;
+    }
+    pl__unlock(p);
+    return n;
 }
 
 static int pl__all_built(pl_pipeline *p) {
@@ -890,7 +927,7 @@ static int pl__add(pl_pipeline *p, int64_t step, pl_plan *plan, const void *blob
     if (p->n_entries == 0) p->first_step = step;
     p->entries[p->n_entries++] = e;
     p->next_plan_step++;
-    p->asked = 0;
+    p->asked--;
     pl__wake(work_cv);
     /* Consumers wait for units, not steps: a new step concerns the state and
        statistics calls that wait for its blob, and a failed one everybody. */

@@ -1239,6 +1239,22 @@ PL_API const pl_config *pl_loader_config(const pl_loader *loader);
  */
 PL_API int pl_loader_want_step(pl_loader *loader, int64_t timeout_ms,
                                int64_t *step);
+/*
+ * pl_loader_want_steps is pl_loader_want_step for a transport that moves
+ * several steps per wake-up (the Ray Client): it blocks as pl_loader_want_step
+ * does, then returns in *first and *count the steps to push now, in order,
+ * with pl_loader_push_package (or pl_loader_fail_step), without asking again:
+ * from the next step up to `ahead` steps past the step the loader builds next
+ * (at least one, none past train_steps).  The next call returns once no more
+ * than `low` steps stand pushed ahead of it, so the transport wakes once per
+ * ahead - low steps instead of once per step.  Pushed steps are held
+ * compact (packages) until built; batches do not depend on ahead or low.
+ * 1 <= ahead and 0 <= low <= ahead, else PL_EINVAL.  Not to be mixed with
+ * pl_loader_want_step on one loader.  Thread-safe against pl_loader_next.
+ */
+PL_API int pl_loader_want_steps(pl_loader *loader, int64_t timeout_ms,
+                                int64_t ahead, int64_t low, int64_t *first,
+                                int64_t *count);
 PL_API int pl_loader_push_package(pl_loader *loader, const void *package,
                                   size_t len);
 PL_API int pl_loader_fail_step(pl_loader *loader, int64_t step, int status,

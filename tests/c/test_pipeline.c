@@ -9,7 +9,9 @@
  *    steps; a late starter within the limit is served from its position;
  *  - corrupt packages and state blobs are refused; state accessors;
  *  - a transport thread blocked in pl_loader_want_step gets the whole
- *    prefetch window while the consumer stands still (no lost wake-up).
+ *    prefetch window while the consumer stands still (no lost wake-up);
+ *  - pl_loader_want_steps grants bursts of steps with hysteresis, same
+ *    batches.
  */
 #include "corpus.h"
 #include "planner_internal.h"
@@ -637,6 +639,194 @@ static void test_held_wakeups(corpus *c) {
     pl_config_free(cfg);
 }
 
+/* A transport that moves steps in bursts (pl_loader_want_steps, as the Ray
+ * Client runs it): granted steps come in order from the next one, up to
+ * `ahead` past the step built next, and the next grant only once no more
+ * than `low` stand ahead of it; batches, states and statistics are the
+ * embedded loader's; bad arguments are refused. */
+typedef struct burst_feeder {
+    pl_loader *ext;
+    void **pkgs;
+    const size_t *lens;
+    int64_t ahead, low;
+    atomic_llong pushed, grants;
+    atomic_int bad;
+} burst_feeder;
+
+static void *burst_feeder_main(void *arg) {
+    burst_feeder *f = arg;
+    int64_t first = -1, count = -1;
+    while (pl_loader_want_steps(f->ext, -1, f->ahead, f->low, &first, &count) == PL_OK) {
+        if (first != atomic_load(&f->pushed) || count < 1) atomic_store(&f->bad, 1);
+        atomic_fetch_add(&f->grants, 1);
+        for (int64_t s = first; s < first + count; s++) {
+            if (pl_loader_push_package(f->ext, f->pkgs[s], f->lens[s]) != PL_OK)
+                atomic_store(&f->bad, 1);
+            atomic_fetch_add(&f->pushed, 1);
+        }
+    }
+    return NULL;
+}
+
+static void test_want_steps_bursts(corpus *c) {
+    const int64_t steps = 30;
+    pl_config *cfg = corpus_config(c, "seq_length: 64\nglobal_batch_size: 8\nmicro_batch_size: 2\n"
+                                      "topology: {dp: 2}\ntrain_steps: 30\nseed: 3", NULL);
+    int64_t nmb = cfg->global_batch_size / (cfg->topology.dp * cfg->micro_batch_size);
+    pl_source *src[NSRC];
+    for (int s = 0; s < NSRC; s++) CHECK_OK(pl__config_open_source(cfg, s, &src[s]));
+    pl_planner *p = NULL;
+    CHECK_OK(pl_planner_create(cfg, src, NSRC, &p));
+    pl_plan **plans = calloc((size_t)steps + 1, sizeof *plans);
+    void **blobs = calloc((size_t)steps + 1, sizeof *blobs);
+    size_t *blen = calloc((size_t)steps + 1, sizeof *blen);
+    for (int64_t s = 0; s <= steps; s++) {
+        CHECK_OK(pl_planner_get_state(p, NULL, 0, &blen[s]));
+        blobs[s] = malloc(blen[s]);
+        CHECK_OK(pl_planner_get_state(p, blobs[s], blen[s], &blen[s]));
+        if (s < steps) CHECK_OK(pl_planner_next(p, &plans[s]));
+    }
+    int64_t r1 = 1; /* DP rank 1 */
+    void **pkgs = calloc((size_t)steps + 1, sizeof *pkgs);
+    size_t *lens = calloc((size_t)steps + 1, sizeof *lens);
+    for (int64_t s = 0; s < steps; s++)
+        pkgs[s] = make_package(src, plans[s], 1, NULL, 0, &lens[s]);
+    pkgs[steps] = blobs[steps]; /* the step train_steps: its state */
+    lens[steps] = blen[steps];
+
+    /* Bad arguments; an embedded loader has no transport. */
+    {
+        pl_loader_options eo = {PL_LOADER_OPTIONS_VERSION, &r1, 1, 1, 2, 0, 0, 0};
+        pl_loader *emb = NULL, *ext = NULL;
+        CHECK_OK(pl_loader_create(cfg, &eo, &emb));
+        int64_t first = -1, count = -1;
+        CHECK_EQ_I64(pl_loader_want_steps(emb, 0, 4, 2, &first, &count), PL_EINVAL);
+        eo.external = 1;
+        CHECK_OK(pl_loader_create(cfg, &eo, &ext));
+        CHECK_OK(pl_loader_set_state(ext, blobs[0], blen[0]));
+        CHECK_EQ_I64(pl_loader_want_steps(ext, 0, 0, 0, &first, &count), PL_EINVAL);
+        CHECK_EQ_I64(pl_loader_want_steps(ext, 0, 2, 3, &first, &count), PL_EINVAL);
+        CHECK_EQ_I64(pl_loader_want_steps(ext, 0, 2, -1, &first, &count), PL_EINVAL);
+        CHECK(strstr(pl_loader_errmsg(ext), "ahead") != NULL);
+        CHECK_EQ_I64(first, -1);
+        pl_loader_free(emb);
+        pl_loader_free(ext);
+    }
+
+    /* Same batches, states and statistics as the embedded loader, pushing
+     * whatever is granted whenever the consumer moves. */
+    {
+        pl_loader_options eo = {PL_LOADER_OPTIONS_VERSION, &r1, 1, 2, 3, 0, 0, 0};
+        pl_loader *emb = NULL, *ext = NULL;
+        CHECK_OK(pl_loader_create(cfg, &eo, &emb));
+        eo.external = 1;
+        CHECK_OK(pl_loader_create(cfg, &eo, &ext));
+        CHECK_OK(pl_loader_set_state(ext, blobs[0], blen[0]));
+        int64_t pushed = 0, grants = 0, consumed = 0;
+        for (int64_t k = 0; k <= steps * nmb; k++) {
+            int64_t first = -1, count = -1;
+            while (pl_loader_want_steps(ext, 0, 5, 2, &first, &count) == PL_OK) {
+                CHECK_EQ_I64(first, pushed);
+                CHECK(count >= 1 && first + count - 1 <= steps);
+                /* never more than `ahead` past the step built next, which is
+                   within the window (prefetch 3 micro-batches) of the consumer */
+                CHECK(first + count - 1 <= consumed + 4 + 5);
+                grants++;
+                for (int64_t s = first; s < first + count; s++)
+                    CHECK_OK(pl_loader_push_package(ext, pkgs[s], lens[s]));
+                pushed += count;
+            }
+            const pl_batch *a = NULL, *b = NULL;
+            int ra = pl_loader_next(emb, r1, &a);
+            int rb = pl_loader_next(ext, r1, &b);
+            CHECK_EQ_I64(ra, rb);
+            if (ra == PL_DONE) break;
+            CHECK(a && b && bhash(a) == bhash(b));
+            consumed = a->step;
+            if (k % 5 == 0) {
+                attach_if_missing(ext, blobs, blen);
+                size_t na = 0, nb = 0;
+                void *sa = state_of(emb, &na), *sb = state_of(ext, &nb);
+                CHECK(na == nb && memcmp(sa, sb, na) == 0);
+                free(sa);
+                free(sb);
+            }
+        }
+        CHECK_EQ_I64(pushed, steps + 1);
+        CHECK(grants < steps / 2); /* bursts, not a grant per step */
+        pl_loader_stats sa = {.size = sizeof sa}, sb = {.size = sizeof sb};
+        attach_if_missing(ext, blobs, blen);
+        CHECK_OK(pl_loader_get_stats(emb, &sa, NULL, 0));
+        CHECK_OK(pl_loader_get_stats(ext, &sb, NULL, 0));
+        CHECK_EQ_I64(sa.steps, steps);
+        CHECK_EQ_I64(sb.steps, steps);
+        CHECK_EQ_I64(sa.tokens, sb.tokens);
+        CHECK_EQ_I64(sa.padding_tokens, sb.padding_tokens);
+        pl_loader_free(emb);
+        pl_loader_free(ext);
+    }
+
+    /* A transport thread blocked in want_steps(-1, 6, 3): the grants follow
+     * the hysteresis exactly.  A unit is a step, the window 3 units: with c
+     * steps consumed the step built next is c + 3 once the worker is done;
+     * a grant comes when no more than `low` steps stand pushed past it, and
+     * reaches `ahead` past it. */
+    {
+        const int64_t ahead = 6, low = 3;
+        pl_loader_options eo = {PL_LOADER_OPTIONS_VERSION, &r1, 1, 1, (int)(2 * nmb), 1, nmb, 0};
+        pl_loader *ext = NULL;
+        CHECK_OK(pl_loader_create(cfg, &eo, &ext));
+        CHECK_OK(pl_loader_set_state(ext, blobs[0], blen[0]));
+        burst_feeder f = {ext, pkgs, lens, ahead, low, 0, 0, 0};
+        pthread_t th;
+        CHECK(pthread_create(&th, NULL, burst_feeder_main, &f) == 0);
+        int64_t expect_pushed = 0, expect_grants = 0;
+        for (int64_t cons = 0; cons <= 20; cons++) {
+            /* the model: grants while the built-next step is c + 3 (at c = 0
+               the first grant is made while the worker stands at step 0) */
+            int64_t ns = cons == 0 ? 0 : cons + 3;
+            if (cons == 0) {
+                expect_pushed = ns + ahead + 1;
+                expect_grants = 1;
+                if (expect_pushed - 3 <= low) { /* the worker built units 0..2 */
+                    expect_pushed = 3 + ahead + 1;
+                    expect_grants++;
+                }
+            } else if (expect_pushed - ns <= low) {
+                expect_pushed = ns + ahead + 1;
+                expect_grants++;
+            }
+            if (expect_pushed > steps + 1) expect_pushed = steps + 1;
+            for (int t = 0; t < 1000 && atomic_load(&f.pushed) < expect_pushed; t++) sleep_ms(5);
+            sleep_ms(50);
+            CHECK_EQ_I64(atomic_load(&f.pushed), expect_pushed);
+            CHECK_EQ_I64(atomic_load(&f.grants), expect_grants);
+            for (int64_t k = 0; k < nmb; k++) { /* consume step `cons` */
+                const pl_batch *b = NULL;
+                CHECK_OK(pl_loader_next(ext, r1, &b));
+                CHECK_EQ_I64(b->step, cons);
+            }
+        }
+        pl_loader_stop(ext); /* wakes the thread: PL_ECLOSED */
+        CHECK(pthread_join(th, NULL) == 0);
+        CHECK(atomic_load(&f.bad) == 0);
+        pl_loader_free(ext);
+    }
+    for (int64_t s = 0; s < steps; s++) free(pkgs[s]);
+    free(pkgs);
+    free(lens);
+    for (int64_t s = 0; s <= steps; s++) {
+        pl_plan_free(plans[s]);
+        free(blobs[s]);
+    }
+    free(plans);
+    free(blobs);
+    free(blen);
+    pl_planner_free(p);
+    for (int s = 0; s < NSRC; s++) pl_source_free(src[s]);
+    pl_config_free(cfg);
+}
+
 int main(void) {
     corpus c;
     corpus_make(&c, 64);
@@ -656,6 +846,9 @@ int main(void) {
     test_loader_never_consumes(&c);
     test_plan_ahead(&c);
     test_held_wakeups(&c);
+    g_on_demand = 1; /* its packages carry no state */
+    test_want_steps_bursts(&c);
+    g_on_demand = 0;
     corpus_free(&c);
     TEST_END();
 }

@@ -520,10 +520,12 @@ def _prefetch_settles(c, want, timeout=30.0):
 def test_client_prefetch_fills_its_window_and_keeps_the_batches(cluster, corpus2):
     """A trainer that stands still (between steps, at a checkpoint) gets its client's
     whole prefetch window expanded: the C loader's window is prefetch_batches
-    micro-batches ahead (by default the steps of one fetch) plus the one consumed, and
-    no more (the packages beyond it stay compact, ``held``).  Before, the transport's
-    want_step missed the wake-up of the worker taking the last planned unit and
-    stood 1-3 steps short until the trainer moved.  Batches are the embedded
+    micro-batches ahead (by default the steps of one fetch) plus the one consumed; the
+    packages beyond it stay compact (``held`` in Python, or pushed into the C loader:
+    its transport is granted steps in bursts, up to one fetch's steps past the step
+    built next, ``want_steps``), and no more than that is pushed.  Before, the
+    transport's want_step missed the wake-up of the worker taking the last planned
+    unit and stood 1-3 steps short until the trainer moved.  Batches are the embedded
     loader's whatever the window."""
     cfg = corpus2.config(train_steps=10)  # nmb 2, seq 64: a unit is a step
     with pr.launch(cfg, namespace=NS, name="window", prefetch_steps=8):  # 4 steps a fetch
@@ -538,7 +540,9 @@ def test_client_prefetch_fills_its_window_and_keeps_the_batches(cluster, corpus2
         # window in steps: ceil(prefetch_batches / 2) + 1 units from the consumed one's
         for c, want in ((c0, 1 + 2 + 1), (c1, 1 + 4 + 1)):
             p = _prefetch_settles(c, want)
-            assert p["pushed"] == want, (c.rank, p)
+            # the window is built (so pushed); compact packages past it, at most one
+            # fetch's steps (4) past the step built next, none past train_steps (10)
+            assert want <= p["pushed"] <= min(10 + 1, want + 4), (c.rank, p)
             assert p["calls_done"] == p["calls"], (c.rank, p)
             # more fetched than the window, kept as packages (received or arrived)
             assert p["held"] > 0 or p["calls_done"] > 0, (c.rank, p)
@@ -565,7 +569,7 @@ def test_ray_code_parses_no_c_format():
 def test_late_starter_and_lag_limit(cluster, corpus2):
     """A rank whose Client starts 20 steps after its DP peer is served from its position;
     beyond max_lag_steps it alone gets LagError and its peer keeps going."""
-    cfg = corpus2.config(train_steps=40, topology={"dp": 1, "tp": 2}, global_batch_size=4,
+    cfg = corpus2.config(train_steps=60, topology={"dp": 1, "tp": 2}, global_batch_size=4,
                          micro_batch_size=2)
     want1 = loader_hashes(cfg, 1)[0]
     with pr.launch(cfg, namespace=NS, name="late", max_lag_steps=25, prefetch_steps=4):
@@ -574,13 +578,15 @@ def test_late_starter_and_lag_limit(cluster, corpus2):
         with pr.Client(cfg, rank=1, namespace=NS, name="late") as c1:
             assert client_hashes(c1, 10) == want1[:10]
             assert head == loader_hashes(cfg, 0, n=40)[0]
-            rest = client_hashes(c0)  # rank 1 stops at step 5: c0 runs 35 steps ahead
-            assert len(head) + len(rest) == 80
+            # rank 1 stands at step 5 (its client fetched a few steps past its window:
+            # a burst of 2 and two calls of 2 in flight); c0 runs 55 steps ahead
+            rest = client_hashes(c0)
+            assert len(head) + len(rest) == 120
             more = []
             with pytest.raises(polyload.LagError, match="max_lag_steps=29"):  # 25 + 2 calls
                 while True:  # what c1 had prefetched, then the error
                     more.append(batch_hash(c1.next_batch()))
-            assert more == want1[10:10 + len(more)] and len(more) <= 2 * 8
+            assert more == want1[10:10 + len(more)] and len(more) <= 2 * 12
         c0.close()
 
 

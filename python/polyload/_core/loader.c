@@ -665,6 +665,26 @@ static PyObject *loader_want_step(PyPlLoader *o, PyObject *args) {
     return pypl_raise(rc, err[0] ? err : "loader: stopped");
 }
 
+/* want_steps(timeout_ms, ahead, low) -> (first, count), None (timeout) or 'done'. */
+static PyObject *loader_want_steps(PyPlLoader *o, PyObject *args) {
+    long long timeout = -1, ahead = 1, low = 0;
+    if (!PyArg_ParseTuple(args, "LLL:want_steps", &timeout, &ahead, &low)) return NULL;
+    if (loader_rdlock(o)) return NULL;
+    int64_t first = 0, count = 0;
+    char err[PL__ERRMSG_CAP];
+    err[0] = '\0';
+    int rc;
+    Py_BEGIN_ALLOW_THREADS
+    rc = pl_loader_want_steps(o->l, timeout, ahead, low, &first, &count);
+    if (rc < 0 && rc != PL_ETIMEDOUT) snprintf(err, sizeof err, "%s", pl_last_errmsg());
+    Py_END_ALLOW_THREADS
+    pthread_rwlock_unlock(&o->lock);
+    if (rc == PL_OK) return Py_BuildValue("LL", (long long)first, (long long)count);
+    if (rc == PL_DONE) return PyUnicode_FromString("done");
+    if (rc == PL_ETIMEDOUT) Py_RETURN_NONE;
+    return pypl_raise(rc, err[0] ? err : "loader: stopped");
+}
+
 static PyObject *loader_push_package(PyPlLoader *o, PyObject *arg) {
     Py_buffer v;
     if (PyObject_GetBuffer(arg, &v, PyBUF_SIMPLE) < 0) return NULL;
@@ -807,6 +827,13 @@ static PyMethodDef loader_methods[] = {
      "want_step(timeout_ms=-1) -> int, None or 'done'\n\nExternal loaders: the step to "
      "fetch next (pl_loader_want_step); None\nwhen the timeout passed; 'done' after "
      "train_steps.  PolyloadError ECLOSED after\nstop() or a failure."},
+    {"want_steps", (PyCFunction)loader_want_steps, METH_VARARGS,
+     "want_steps(timeout_ms, ahead, low) -> (first, count), None or 'done'\n\n"
+     "External loaders: the steps to push now, in order, without asking again\n"
+     "(pl_loader_want_steps): up to `ahead` past the step built next; the next\n"
+     "call returns once no more than `low` are.  None when the timeout passed;\n"
+     "'done' after train_steps.  PolyloadError ECLOSED after stop() or a failure,\n"
+     "EINVAL unless 1 <= ahead and 0 <= low <= ahead."},
     {"push_package", (PyCFunction)loader_push_package, METH_O,
      "push_package(package)\n\nHand over the package of the step want_step gave "
      "(PLPK bytes; for step\ntrain_steps its state blob).  PolyloadError EINVAL when "

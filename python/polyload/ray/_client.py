@@ -4,9 +4,10 @@
 A Client *is* an embedded loader in external mode (``pl_loader`` with
 ``external = 1``): the same worker threads build the micro-batches, the same C code keeps
 the consumed position, the state blob and the statistics.  Only where the steps come
-from differs: a transport thread asks the C loader which step it needs next
-(``want_step``), fetches that step's package for this rank's DP rank from the rank's
-data constructor (a Ray task whose result this process owns) and pushes it
+from differs: a transport thread asks the C loader which steps it takes next
+(``want_steps``: a burst of them, up to the client's prefetch past the step being
+built), fetches those steps' packages for this rank's DP rank from the rank's data
+constructor (Ray tasks whose results this process owns) and pushes them
 (``push_package``).  So batches, ``state_dict()`` and ``stats()`` equal the embedded
 loader's by construction.
 """
@@ -375,8 +376,14 @@ class Client(polyload.Loader):
 
     def _transport(self, gen: int, stop: threading.Event) -> None:
         """Fetch the packages the C loader asks for: ``prefetch`` steps per call, two
-        calls in flight; push each when the loader wants it."""
+        calls in flight; push them in bursts.  The loader grants up to ``prefetch``
+        steps past the one it builds next and asks again once half of them are built
+        (``want_steps``), so this thread wakes (and takes the GIL from the trainer) once
+        per ``prefetch / 2`` steps instead of once per step."""
         loader, rank = self._loader, self.rank
+        ahead = self._prefetch
+        low = ahead // 2
+        granted: Deque[int] = collections.deque()  # steps to push, in order
         inflight, ready = self._inflight, self._held  # (prefetched() reads them)
         lost_in_row = 0  # constructors found lost since the last package
         abandoned: List[Any] = []  # calls to a constructor moved away from
@@ -385,9 +392,12 @@ class Client(polyload.Loader):
         next_req: Optional[int] = None
         try:
             while not stop.is_set():
-                want = loader.want_step(-1)
-                if want == "done" or want is None:
-                    return
+                if not granted:
+                    got = loader.want_steps(-1, ahead, low)
+                    if got == "done" or got is None:
+                        return
+                    granted.extend(range(got[0], got[0] + got[1]))
+                want = granted.popleft()
                 if next_req is None:
                     next_req = want
                 while want not in ready:
