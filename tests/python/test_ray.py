@@ -779,10 +779,10 @@ def test_client_started_again_continues_for_its_rank(cluster, corpus2):
 
 
 def test_finished_steps_are_reported_coalesced_and_flushed_at_close(cluster, corpus2):
-    """A client reports its trainer's finished steps (DataConstructor.at) at most once
-    per AT_INTERVAL_S, however fast the steps go (a call per step took two thirds of
-    the deployment's tokens/s), and close() sends the last one: a client started
-    again for the rank continues exactly after the steps consumed."""
+    """A client reports its trainer's finished steps (DataConstructor.at, or with a
+    fetch) at most once per AT_INTERVAL_S, however fast the steps go (a call per step
+    took two thirds of the deployment's tokens/s), and close() sends the last one: a
+    client started again for the rank continues exactly after the steps consumed."""
     from polyload.ray import _client
 
     cfg = corpus2.config(train_steps=400, topology={"dp": 1}, global_batch_size=2,
@@ -797,7 +797,8 @@ def test_finished_steps_are_reported_coalesced_and_flushed_at_close(cluster, cor
         c.close()
         elapsed = time.monotonic() - t0
         calls = ray.get(ctor.memory.remote())["at_calls"] - before
-        assert 1 <= calls <= 2 + elapsed / _client.AT_INTERVAL_S, (calls, elapsed)
+        # fetches carry the finished steps too: separate calls may be none at all
+        assert 0 <= calls <= 2 + elapsed / _client.AT_INTERVAL_S, (calls, elapsed)
         again = pr.Client(cfg, rank=0, namespace=NS, name="atrate", timeout=120)
         assert got == want[:301]
         assert client_hashes(again) == want[300:]

@@ -1451,7 +1451,7 @@ class DataConstructor:
     @ray.method(enable_task_events=False)
     async def fetch(self, gen: int, rank: int, step: int, count: int = 1,
                     timeout: float = 600.0, consumed: int = -1, have: int = -1,
-                    waited: float = -1.0, switches: int = -1) -> List[Any]:
+                    waited: float = -1.0, switches: int = -1, at: int = -1) -> List[Any]:
         """The packages of ``rank``'s DP rank for steps ``step .. step+count-1`` (uint8
         arrays, without state blobs; for step train_steps its state blob as bytes, and
         nothing after it), in one call: one object per call, owned by the caller.
@@ -1459,6 +1459,8 @@ class DataConstructor:
         from the least of them); ``waited``: seconds the trainer has waited for batches
         so far (the autoscaler's feedback); ``have``: the first step the trainer has not received
         (after a restart of this actor, the steps before it are skipped for the rank).
+        ``at``: the trainer finished every step before it (as :meth:`at`, carried by
+        the fetch so that a trainer that fetches often needs no separate report).
         ``switches``: how many times the client moved between the group's constructors
         so far; a call to a constructor that stood down activates it again only when it
         comes from a later move than the rank's calls seen here (an older one was
@@ -1489,6 +1491,8 @@ class DataConstructor:
             self._consumed[rank] = int(consumed)
         if have > self._have[rank]:
             self._have[rank] = int(have)
+        if at > self._at.get(rank, at):
+            self._at[rank] = int(at)
         if waited >= 0:  # the trainer's own data wait so far (Client.data_wait_s)
             self._trainer_wait[rank] = float(waited)
         self._last_call[rank] = (int(step), int(count), int(consumed), int(have))
