@@ -534,7 +534,9 @@ int pl_loader_want_steps(pl_loader *l, int64_t timeout_ms, int64_t ahead,
     rc = pl_pipeline_get_work(l->pipe, PL_WORK_PLAN, timeout_ms, &w);
     if (rc != PL_OK) return rc;
     int64_t n = pl__pipeline_grant(l->pipe, w.step, ahead);
-    if (n < 1) return PL_ECLOSED; /* reset or stopped meanwhile */
+    if (n < 1) /* reset meanwhile (pl_loader_set_state from another thread) */
+        return pl__fail(l, PL_ECLOSED,
+                        "loader: pl_loader_want_steps: the loader was reset meanwhile");
     *first = w.step;
     *count = n;
     return PL_OK;

@@ -734,9 +734,12 @@ void pl__pipeline_plan_ahead(pl_pipeline *p, int64_t steps) {
     pl__pipeline_plan_window(p, steps, steps);
 }
 
+/* Steps planned ahead are bounded far below int64 overflow of `ns + ahead`. */
+#define PL__AHEAD_MAX ((int64_t)1 << 40)
+
 void pl__pipeline_plan_window(pl_pipeline *p, int64_t ahead, int64_t low) {
     pthread_mutex_lock(&p->mu);
-    ahead = ahead > 0 ? ahead : 0;
+    ahead = ahead > 0 ? (ahead < PL__AHEAD_MAX ? ahead : PL__AHEAD_MAX) : 0;
     low = low < 0 ? 0 : low > ahead ? ahead : low;
     if (p->plan_ahead != ahead || p->plan_low != low) {
         p->plan_ahead = ahead;
@@ -749,12 +752,17 @@ void pl__pipeline_plan_window(pl_pipeline *p, int64_t ahead, int64_t low) {
 int64_t pl__pipeline_grant(pl_pipeline *p, int64_t step, int64_t ahead) {
     pthread_mutex_lock(&p->mu);
     int64_t n = 0;
-    if (p->asked == 1 && step == p->next_plan_step && !p->closed && !p->failed) {
-        /* the least step a group builds next */
+    if (ahead > PL__AHEAD_MAX) ahead = PL__AHEAD_MAX;
+    /* Granted even when closed meanwhile: the step was handed out, and the
+       transport pushes it (pl__add takes it) or is stopped; refusing would
+       leave `asked` set and a reopened pipeline waiting for a push. */
+    if (p->asked == 1 && step == p->next_plan_step) {
+        /* the least step a group builds next, over the groups pl__needs_plan
+           looks at (not done, some rank not dropped) */
         int64_t ns = -1;
         for (int64_t g = 0; g < p->n_groups; g++) {
             pl__pgroup *gr = &p->groups[g];
-            if (pl__units_done(p, gr)) continue;
+            if (pl__units_done(p, gr) || pl__group_min(p, gr, 0) < 0) continue;
             int64_t s = gr->next_u / p->ups;
             if (ns < 0 || s < ns) ns = s;
         }

@@ -1245,12 +1245,18 @@ PL_API int pl_loader_want_step(pl_loader *loader, int64_t timeout_ms,
  * does, then returns in *first and *count the steps to push now, in order,
  * with pl_loader_push_package (or pl_loader_fail_step), without asking again:
  * from the next step up to `ahead` steps past the step the loader builds next
- * (at least one, none past train_steps).  The next call returns once no more
- * than `low` steps stand pushed ahead of it, so the transport wakes once per
- * ahead - low steps instead of once per step.  Pushed steps are held
- * compact (packages) until built; batches do not depend on ahead or low.
- * 1 <= ahead and 0 <= low <= ahead, else PL_EINVAL.  Not to be mixed with
- * pl_loader_want_step on one loader.  Thread-safe against pl_loader_next.
+ * (at least one, none past train_steps; "the step built next" is the least
+ * such step over the loader's groups).  Every granted step must be pushed
+ * (or failed, pl_loader_fail_step) before the next call, which otherwise
+ * waits (until pl_loader_stop or pl_loader_set_state).  The next call
+ * returns once the steps pushed past the step built next fall to `low` or
+ * fewer, so the transport wakes once per burst instead of once per step.
+ * Pushed steps are held compact (packages) until built; batches do not
+ * depend on ahead or low.  1 <= ahead and 0 <= low <= ahead, else
+ * PL_EINVAL (ahead above 2^40 counts as 2^40).  PL_ECLOSED after
+ * pl_loader_stop or a failure, or when the loader was reset meanwhile.  Not
+ * to be mixed with pl_loader_want_step on one loader.  Thread-safe against
+ * pl_loader_next.
  */
 PL_API int pl_loader_want_steps(pl_loader *loader, int64_t timeout_ms,
                                 int64_t ahead, int64_t low, int64_t *first,

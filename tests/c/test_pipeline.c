@@ -709,6 +709,21 @@ static void test_want_steps_bursts(corpus *c) {
         CHECK_EQ_I64(pl_loader_want_steps(ext, 0, 2, -1, &first, &count), PL_EINVAL);
         CHECK(strstr(pl_loader_errmsg(ext), "ahead") != NULL);
         CHECK_EQ_I64(first, -1);
+        /* Stopped in the middle of a burst (one of its steps pushed), then
+           standing at a state again: grants start over from that state. */
+        CHECK_OK(pl_loader_want_steps(ext, 1000, 4, 2, &first, &count));
+        CHECK(first == 0 && count >= 2);
+        CHECK_OK(pl_loader_push_package(ext, pkgs[0], lens[0]));
+        pl_loader_stop(ext);
+        CHECK_EQ_I64(pl_loader_want_steps(ext, 0, 4, 2, &first, &count), PL_ECLOSED);
+        CHECK_OK(pl_loader_set_state(ext, blobs[2], blen[2]));
+        CHECK_OK(pl_loader_want_steps(ext, 1000, 4, 2, &first, &count));
+        CHECK(first == 2 && count >= 1);
+        for (int64_t s = first; s < first + count; s++)
+            CHECK_OK(pl_loader_push_package(ext, pkgs[s], lens[s]));
+        const pl_batch *b = NULL;
+        CHECK_OK(pl_loader_next(ext, r1, &b));
+        CHECK_EQ_I64(b->step, 2);
         pl_loader_free(emb);
         pl_loader_free(ext);
     }

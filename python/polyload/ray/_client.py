@@ -328,6 +328,7 @@ class Client(polyload.Loader):
         trainer that fetches more often than the interval needs no call of its own
         (each costs ~1.5 ms of CPU over the processes involved on a 2-core machine)."""
         last = -float("inf")
+        own = self._reported  # the latest step this thread sent itself
         while True:
             wake.wait()
             wake.clear()
@@ -337,11 +338,16 @@ class Client(polyload.Loader):
                     break
                 stop.wait(left)
             step = self._reported
-            if step > self._at_sent:  # not carried by a fetch meanwhile
+            # A fetch "carries" a step once submitted; the constructor may still refuse
+            # it (a stood-down standby, a call abandoned in a take-over) and the retry
+            # that would carry it again does not happen after close(): the flush at
+            # close sends whatever this thread has not sent itself.
+            if step > (own if stop.is_set() else self._at_sent):
                 try:
                     self._ctor.at.remote(gen, self.rank, step)
                 except Exception:  # noqa: BLE001 - a lost constructor: fetches handle it
                     pass
+                own = step
                 self._at_sent = max(self._at_sent, step)
                 last = time.monotonic()
             if stop.is_set():
