@@ -1341,10 +1341,14 @@ class DataConstructor:
             actors, starts = np.unique(owner[order], return_index=True)
             ends = np.append(starts[1:], n)
             ver = self._rt_version
+            # the slots' actors of this table: a newer one applied before the reads
+            # start (set_routing runs between gather and them) may retire a slot
+            # these reads were routed to; its actors stay until they drain
+            loaders, names = self._loaders, self._loader_names
             self._reads_inflight[ver] = self._reads_inflight.get(ver, 0) + 1
             try:
                 outs = list(await asyncio.gather(*[
-                    self._read(int(a), reads[order[st:en]])
+                    self._read(int(a), reads[order[st:en]], loaders[int(a)], names[int(a)])
                     for a, st, en in zip(actors, starts, ends)]))
             finally:
                 self._reads_inflight[ver] -= 1
@@ -1397,13 +1401,14 @@ class DataConstructor:
                 self._pipe.fail(u, *_error_parts(e))
             at += k
 
-    async def _read(self, slot: int, rows: np.ndarray):
+    async def _read(self, slot: int, rows: np.ndarray, cands=None, names=None):
         """One read of source-loader slot ``slot``, moved to its next standby when the
         serving actor is lost (killed, crashed, its node gone) or gives no answer within
         ``read_timeout`` (stalled).  A read holds no progress, so any replica gives the
         same bytes; Ray restarts a lost actor in the background and it becomes a standby
         again.  PolyloadIOError naming the slot's actors when every one failed."""
-        cands = self._loaders[slot]
+        if cands is None:  # the current table's
+            cands, names = self._loaders[slot], self._loader_names[slot]
         if not cands:
             raise polyload.PolyloadIOError(
                 _core.EIO, "EIO", f"constructor {self._index}: routing table v"
@@ -1418,7 +1423,7 @@ class DataConstructor:
         attempt = 0
         while True:
             attempt += 1
-            i = self._active[slot]
+            i = self._active[slot] % len(cands)
             actor = cands[i]
             try:
                 return await asyncio.wait_for(actor.read.remote(rows), self._read_timeout)
@@ -1429,12 +1434,12 @@ class DataConstructor:
                 why = ("no answer within read_timeout="
                        f"{self._read_timeout:g} s" if isinstance(exc, asyncio.TimeoutError)
                        else f"{type(exc).__name__}")
-                errors[i] = f"{self._loader_names[slot][i]}: {why}"
+                errors[i] = f"{names[i]}: {why}"
                 died[i] = died[i] + 1 if isinstance(exc, rex.ActorDiedError) else 0
                 if self._active[slot] == i:  # peers may have moved it already
                     self._active[slot] = (i + 1) % len(cands)
-                self.failovers.append({"slot": slot, "from": self._loader_names[slot][i],
-                                       "to": self._loader_names[slot][self._active[slot]],
+                self.failovers.append({"slot": slot, "from": names[i],
+                                       "to": names[self._active[slot] % len(names)],
                                        "reason": why, "time": time.time()})
                 if min(died) >= 2 or (attempt >= len(cands) and time.monotonic() >= deadline):
                     break
