@@ -152,6 +152,31 @@ static void sleep_ms(long ms) {
     nanosleep(&ts, NULL);
 }
 
+/* The planner's first `steps` plans and the state blobs of steps 0..steps
+ * (each step's start; the last is the state after train_steps). */
+static void plan_steps(pl_planner *p, int64_t steps, pl_plan ***plans, void ***blobs,
+                       size_t **blen) {
+    *plans = calloc((size_t)steps + 1, sizeof **plans);
+    *blobs = calloc((size_t)steps + 1, sizeof **blobs);
+    *blen = calloc((size_t)steps + 1, sizeof **blen);
+    for (int64_t s = 0; s <= steps; s++) {
+        CHECK_OK(pl_planner_get_state(p, NULL, 0, &(*blen)[s]));
+        (*blobs)[s] = malloc((*blen)[s]);
+        CHECK_OK(pl_planner_get_state(p, (*blobs)[s], (*blen)[s], &(*blen)[s]));
+        if (s < steps) CHECK_OK(pl_planner_next(p, &(*plans)[s]));
+    }
+}
+
+static void free_steps(int64_t steps, pl_plan **plans, void **blobs, size_t *blen) {
+    for (int64_t s = 0; s <= steps; s++) {
+        pl_plan_free(plans[s]);
+        free(blobs[s]);
+    }
+    free(plans);
+    free(blobs);
+    free(blen);
+}
+
 /* External loaders, one per DP rank's ranks, fed packages: same as embedded. */
 static void test_packages_equal_embedded(corpus *c, const char *extra) {
     pl_config *cfg = corpus_config(c, extra, NULL);
@@ -162,16 +187,10 @@ static void test_packages_equal_embedded(corpus *c, const char *extra) {
     for (int s = 0; s < NSRC; s++) CHECK_OK(pl__config_open_source(cfg, s, &src[s]));
     pl_planner *p = NULL;
     CHECK_OK(pl_planner_create(cfg, src, NSRC, &p));
-    /* The planner's steps: plans and state blobs. */
-    pl_plan **plans = calloc((size_t)steps + 1, sizeof *plans);
-    void **blobs = calloc((size_t)steps + 1, sizeof *blobs);
-    size_t *blen = calloc((size_t)steps + 1, sizeof *blen);
-    for (int64_t s = 0; s <= steps; s++) {
-        CHECK_OK(pl_planner_get_state(p, NULL, 0, &blen[s]));
-        blobs[s] = malloc(blen[s]);
-        CHECK_OK(pl_planner_get_state(p, blobs[s], blen[s], &blen[s]));
-        if (s < steps) CHECK_OK(pl_planner_next(p, &plans[s]));
-    }
+    pl_plan **plans = NULL;
+    void **blobs = NULL;
+    size_t *blen = NULL;
+    plan_steps(p, steps, &plans, &blobs, &blen); /* plans and state blobs */
     for (int64_t r = 0; r < world; r++) {
         pl_rank_info ri;
         CHECK_OK(pl_config_rank_info(cfg, r, &ri));
@@ -275,13 +294,7 @@ static void test_packages_equal_embedded(corpus *c, const char *extra) {
         free(lens);
         pl_loader_free(ext);
     }
-    for (int64_t s = 0; s <= steps; s++) {
-        pl_plan_free(plans[s]);
-        free(blobs[s]);
-    }
-    free(plans);
-    free(blobs);
-    free(blen);
+    free_steps(steps, plans, blobs, blen);
     pl_planner_free(p);
     for (int s = 0; s < NSRC; s++) pl_source_free(src[s]);
     pl_config_free(cfg);
@@ -677,15 +690,10 @@ static void test_want_steps_bursts(corpus *c) {
     for (int s = 0; s < NSRC; s++) CHECK_OK(pl__config_open_source(cfg, s, &src[s]));
     pl_planner *p = NULL;
     CHECK_OK(pl_planner_create(cfg, src, NSRC, &p));
-    pl_plan **plans = calloc((size_t)steps + 1, sizeof *plans);
-    void **blobs = calloc((size_t)steps + 1, sizeof *blobs);
-    size_t *blen = calloc((size_t)steps + 1, sizeof *blen);
-    for (int64_t s = 0; s <= steps; s++) {
-        CHECK_OK(pl_planner_get_state(p, NULL, 0, &blen[s]));
-        blobs[s] = malloc(blen[s]);
-        CHECK_OK(pl_planner_get_state(p, blobs[s], blen[s], &blen[s]));
-        if (s < steps) CHECK_OK(pl_planner_next(p, &plans[s]));
-    }
+    pl_plan **plans = NULL;
+    void **blobs = NULL;
+    size_t *blen = NULL;
+    plan_steps(p, steps, &plans, &blobs, &blen);
     int64_t r1 = 1; /* DP rank 1 */
     void **pkgs = calloc((size_t)steps + 1, sizeof *pkgs);
     size_t *lens = calloc((size_t)steps + 1, sizeof *lens);
@@ -830,13 +838,7 @@ static void test_want_steps_bursts(corpus *c) {
     for (int64_t s = 0; s < steps; s++) free(pkgs[s]);
     free(pkgs);
     free(lens);
-    for (int64_t s = 0; s <= steps; s++) {
-        pl_plan_free(plans[s]);
-        free(blobs[s]);
-    }
-    free(plans);
-    free(blobs);
-    free(blen);
+    free_steps(steps, plans, blobs, blen);
     pl_planner_free(p);
     for (int s = 0; s < NSRC; s++) pl_source_free(src[s]);
     pl_config_free(cfg);
