@@ -447,7 +447,9 @@ def test_never_consuming_rank_keeps_memory_bounded(cluster, corpus2):
     bounded in the deployment and in the embedded loader; rank 1 alone gets LagError."""
     cfg = corpus2.config(train_steps=1000, topology={"dp": 1, "tp": 2}, global_batch_size=2,
                          micro_batch_size=1, seq_length=32, max_lag_steps=8)
-    with pr.launch(cfg, namespace=NS, name="bounded") as dep:
+    # prefetch_steps as the default was before 2026-12-03 (64): the planner then keeps
+    # 8 + 4 * 64 states, fewer than the run's 1,000 steps, so their bound is checked
+    with pr.launch(cfg, namespace=NS, name="bounded", prefetch_steps=64) as dep:
         ctor = dep.actors["constructor"][0]
         c0 = pr.Client(cfg, rank=0, namespace=NS, name="bounded")
         mem = []
@@ -1596,6 +1598,10 @@ def test_instruction_data_in_the_deployment(cluster, tmp_path_factory):
             for r in (0, 1):
                 got[r].append(batch_hash(b[r]))
                 masked += int((b[r]["loss_mask"].numpy() == 0).sum())
+        # closed here: a client left open reports from its thread after the session's
+        # ray.shutdown(), which connects the process again and breaks the teardown
+        for c in clients:
+            c.close()
     for r in (0, 1):
         assert got[r] == loader_hashes(cfg, r)[0], r
     assert masked > 6 * 8 * 10  # prompts are masked, not only padding and ends

@@ -80,6 +80,21 @@ def _owner_of(table, source: int, idx: np.ndarray) -> np.ndarray:
     return owners[np.searchsorted(los, idx, side="right") - 1]
 
 
+def _pack_fetch(out: List[Any]) -> Tuple[np.ndarray, np.ndarray, Optional[bytes]]:
+    """A fetch's answer as one buffer: ``(packages, ends, final)``, package k being
+    ``packages[ends[k-1]:ends[k]]``, ``final`` the state blob of step train_steps when the
+    fetch reached it (else None).  One Ray object with one buffer: a list of packages
+    cost Ray ~30 % more CPU per call at 128 packages of 33 KB (bench/README.md, "Stop
+    26"); the copy here is ~0.1 ms per MB."""
+    final = None
+    if out and not isinstance(out[-1], np.ndarray):
+        final, out = bytes(out[-1]), out[:-1]
+    ends = np.cumsum([len(a) for a in out], dtype=np.int64)
+    if len(out) == 1:
+        return out[0], ends, final
+    return (np.concatenate(out) if out else np.zeros(0, dtype=np.uint8)), ends, final
+
+
 def _kv_get(key: bytes):
     from ray.experimental import internal_kv  # noqa: PLC0415
 
@@ -1456,10 +1471,12 @@ class DataConstructor:
     @ray.method(enable_task_events=False)
     async def fetch(self, gen: int, rank: int, step: int, count: int = 1,
                     timeout: float = 600.0, consumed: int = -1, have: int = -1,
-                    waited: float = -1.0, switches: int = -1, at: int = -1) -> List[Any]:
-        """The packages of ``rank``'s DP rank for steps ``step .. step+count-1`` (uint8
-        arrays, without state blobs; for step train_steps its state blob as bytes, and
-        nothing after it), in one call: one object per call, owned by the caller.
+                    waited: float = -1.0, switches: int = -1,
+                    at: int = -1) -> Tuple[np.ndarray, np.ndarray, Optional[bytes]]:
+        """The packages of ``rank``'s DP rank for steps ``step .. step+count-1`` (without
+        state blobs; for step train_steps its state blob as bytes, and nothing after it),
+        in one call: one object per call, owned by the caller, ``(packages, ends,
+        final)`` (:func:`_pack_fetch`: the packages back to back in one uint8 array).
         ``consumed``: the step the rank's trainer stands at (the planner keeps states
         from the least of them); ``waited``: seconds the trainer has waited for batches
         so far (the autoscaler's feedback); ``have``: the first step the trainer has not received
@@ -1528,7 +1545,7 @@ class DataConstructor:
         finally:  # the window moved by len(out) steps: the drivers build them together
             await self._wake(self._demand)
             await self._wake(self._served)
-        return out
+        return _pack_fetch(out)
 
     @ray.method(num_returns=0, enable_task_events=False)
     async def at(self, gen: int, rank: int, step: int) -> None:

@@ -34,6 +34,15 @@ _get = get  # ray.get with polyload's exceptions and a deadline
 #: (``DataConstructor.at``, or a fetch that carries them); at most one report per interval
 AT_INTERVAL_S = 0.25
 
+#: The most steps whose micro-batches a Client's C loader expands ahead by default
+#: (``prefetch_batches``): a fetch may carry more steps (``fetch_steps``, up to 256), and
+#: those beyond stay compact packages (~2.5 bytes a token against ~40 expanded).
+EXPAND_STEPS = 32
+
+#: Steps the first fetch of a Client asks for (later ones ask for ``prefetch``): a call
+#: returns once all of its steps are built, so the first batch waits for these only.
+FIRST_FETCH_STEPS = 4
+
 
 def _check_reachable(address: str, timeout: float) -> None:
     """A ``host:port`` Ray address that accepts no TCP connection within ``timeout`` is
@@ -106,9 +115,10 @@ class Client(polyload.Loader):
             being consumed (the embedded Loader's ``prefetch``): each is a micro-batch
             of the SPEC section 3 fields, ~40 bytes a token slot, so this bounds the
             client's memory (the packages beyond it stay compact).  Default: the
-            micro-batches of ``prefetch`` steps (one fetch), deep enough that the
-            trainer does not wait on the transport thread; e.g. the config's
-            ``prefetch`` to hold a few micro-batches only.
+            micro-batches of ``prefetch`` steps (one fetch), at most ``EXPAND_STEPS``
+            (32) steps' worth, deep enough that the trainer does not wait on the
+            transport thread; e.g. the config's ``prefetch`` to hold a few micro-batches
+            only.
         threads: worker threads that expand packages into micro-batches (default 1).
         timeout: seconds any single wait on the deployment may take before it is an
             error naming the actor (PolyloadTimeoutError).
@@ -182,7 +192,7 @@ class Client(polyload.Loader):
         # ahead (default: the steps of one fetch), the packages beyond stay compact.
         super().__init__(cfg, rank=rank, pin_memory=pin_memory, threads=threads,
                          prefetch=int(prefetch_batches) if prefetch_batches
-                         else nmb * max(1, int(prefetch)),
+                         else nmb * min(EXPAND_STEPS, max(1, int(prefetch))),
                          _external=True)
         self.info = info
         self._nmb = nmb
@@ -406,6 +416,7 @@ class Client(polyload.Loader):
         lost_since: Optional[float] = None
         train_steps = self.config.get_int("train_steps")
         next_req: Optional[int] = None
+        calls = 0
         try:
             while not stop.is_set():
                 if not granted:
@@ -420,6 +431,9 @@ class Client(polyload.Loader):
                     while len(inflight) < 2 and (train_steps < 0 or next_req <= train_steps):
                         n = self._prefetch if train_steps < 0 else min(
                             self._prefetch, train_steps - next_req + 1)
+                        if not calls:  # the first call small: the first batch comes soon
+                            n = min(n, FIRST_FETCH_STEPS)
+                        calls += 1
                         have = inflight[0][0] if inflight else next_req
                         at = self._reported
                         ref = self._ctor.fetch.remote(gen, rank, next_req, n, self._timeout,
@@ -497,8 +511,13 @@ class Client(polyload.Loader):
                         return
                     if stop.is_set():
                         return
-                    for k, pkg in enumerate(pkgs):
-                        ready[first + k] = pkg
+                    buf, ends, final = pkgs  # DataConstructor.fetch: one buffer
+                    start = 0
+                    for k, end in enumerate(ends.tolist()):
+                        ready[first + k] = buf[start:end]
+                        start = end
+                    if final is not None:
+                        ready[first + len(ends)] = final
                 pkg = ready.pop(want)
                 if stop.is_set():
                     return

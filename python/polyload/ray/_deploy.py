@@ -34,6 +34,13 @@ DEFAULT_SOURCE_LOADER_ACTORS = 4
 #: Package bytes a constructor prefetches per DP rank by default (sets prefetch_steps).
 PREFETCH_BYTES = 64 << 20
 
+#: The most steps ``prefetch_steps`` gets by default (Clients fetch half of it per call).
+#: A Client call costs several ms of CPU over Ray's processes, most of it whatever the
+#: call carries: on a 2-core machine, deployment CPU per token fell ~30 % from calls of
+#: 32 steps (the earlier cap of 64) to 128, and again ~25 % to 256 (bench/README.md,
+#: "Stop 26").  Bounded in bytes by PREFETCH_BYTES first.
+MAX_PREFETCH_STEPS = 512
+
 _PlannerActor = ray.remote(Planner)
 _SourceLoaderActor = ray.remote(SourceLoader)
 _DataConstructorActor = ray.remote(DataConstructor)
@@ -345,7 +352,8 @@ def launch(
             CPUs default to ``DEFAULT_NUM_CPUS`` per role.
         prefetch_steps: steps a constructor builds ahead of its slowest rank (bounded
             queue; back-pressure beyond).  Default: about ``PREFETCH_BYTES`` (64 MiB) of
-            packages per DP rank, 4 to 64 steps (at least the config's ``prefetch``).
+            packages per DP rank, 4 to ``MAX_PREFETCH_STEPS`` (512) steps (at least the
+            config's ``prefetch``).
             Clients fetch half of it per call.
         max_source_loader_actors: host the partitions on at most this many actors
             (round-robin).
@@ -398,9 +406,11 @@ def launch(
         raise ValueError(f"num_constructors must be in [1, dp={dp}], got {num_constructors}")
     if prefetch_steps is None:
         # Deep enough that few Ray calls carry many steps, bounded in bytes: about
-        # PREFETCH_BYTES of packages per DP rank (2-byte tokens), 4 to 64 steps.
+        # PREFETCH_BYTES of packages per DP rank (2-byte tokens), 4 to
+        # MAX_PREFETCH_STEPS steps.
         rank_step_bytes = 2.5 * cfg.get_int("global_batch_size") * cfg.get_int("seq_length") / dp
-        prefetch_steps = int(min(64, max(4, PREFETCH_BYTES // max(1.0, rank_step_bytes))))
+        prefetch_steps = int(min(MAX_PREFETCH_STEPS,
+                                 max(4, PREFETCH_BYTES // max(1.0, rank_step_bytes))))
         prefetch_steps = max(prefetch_steps, -(-cfg.get_int("prefetch") // nmb))
     fetch_steps = max(1, int(prefetch_steps) // 2)  # steps per Client call
     if max_lag_steps is None:
