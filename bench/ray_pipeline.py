@@ -198,7 +198,7 @@ def main():
     finally:
         ray.shutdown()
     ratios = [r["ratio"] for r in res["rounds"]]
-    res["ratio_median"] = statistics.median(ratios)
+    res["ratio_median"] = statistics.median(ratios) if ratios else None  # --rounds 0: wait only
     os.makedirs(os.path.dirname(a.json), exist_ok=True)
     with open(a.json, "w") as f:
         json.dump(res, f, indent=1)
