@@ -80,6 +80,12 @@ def _owner_of(table, source: int, idx: np.ndarray) -> np.ndarray:
     return owners[np.searchsorted(los, idx, side="right") - 1]
 
 
+#: The most plans a constructor asks the planner for in one call: a plan covers the
+#: whole global batch, so calls of ``prefetch_steps`` (up to 512) could be tens of MB and
+#: hold the planner (one call at a time) from ``state`` calls.
+PLANS_PER_CALL = 64
+
+
 def _pack_fetch(out: List[Any]) -> Tuple[np.ndarray, np.ndarray, Optional[bytes]]:
     """A fetch's answer as one buffer: ``(packages, ends, final)``, package k being
     ``packages[ends[k-1]:ends[k]]``, ``final`` the state blob of step train_steps when the
@@ -1315,7 +1321,7 @@ class DataConstructor:
         return True
 
     async def _plan(self, gen: int, w) -> None:
-        """Add step w.step, from plans fetched ``prefetch_steps`` at a time."""
+        """Add step w.step, from plans fetched up to ``PLANS_PER_CALL`` at a time."""
         entry = self._plans.pop(w.step, None)
         if entry is None:
             try:
@@ -1324,7 +1330,8 @@ class DataConstructor:
                 # when it stands at a step boundary, and reported late)
                 keep = min(min(self._consumed.values()), min(self._at.values()))
                 res = await self._planner.plans.remote(gen, w.step, self._index,
-                                                       self._prefetch_steps, keep,
+                                                       min(self._prefetch_steps,
+                                                           PLANS_PER_CALL), keep,
                                                        min(self._have.values()))
             except Exception as e:  # noqa: BLE001 - the ranks that reach the step get it
                 if gen == self._gen:
@@ -1539,7 +1546,14 @@ class DataConstructor:
                 if again is not None:  # asked again after a call lost in our restart
                     out.append(again)
                 else:
-                    out.append(await self._fetch_one(gen, rank, s, deadline, term))
+                    # each step gets the whole timeout: a call may carry hundreds
+                    deadline = asyncio.get_running_loop().time() + float(timeout)
+                    pkg = await self._fetch_one(gen, rank, s, deadline, term)
+                    if pkg is None:  # restarted from another state while it waited
+                        raise polyload.StateError(
+                            _core.ESTATE, "ESTATE",
+                            "polyload.ray: the deployment was restarted meanwhile")
+                    out.append(pkg)
                 if 0 <= self._train_steps <= s:
                     break
         finally:  # the window moved by len(out) steps: the drivers build them together

@@ -39,9 +39,13 @@ AT_INTERVAL_S = 0.25
 #: those beyond stay compact packages (~2.5 bytes a token against ~40 expanded).
 EXPAND_STEPS = 32
 
-#: Steps the first fetch of a Client asks for (later ones ask for ``prefetch``): a call
-#: returns once all of its steps are built, so the first batch waits for these only.
+#: Steps the first fetch of a Client asks for, and again the first after a move to
+#: another constructor: a call returns once all of its steps are built, so the first
+#: batch waits for these only.  Later calls double in size up to ``prefetch`` steps and
+#: to about ``CALL_S`` seconds of the rank's recent consumption, so that a slow trainer
+#: or deployment makes small calls (each step of a call may take ``timeout``).
 FIRST_FETCH_STEPS = 4
+CALL_S = 1.0
 
 
 def _check_reachable(address: str, timeout: float) -> None:
@@ -199,6 +203,7 @@ class Client(polyload.Loader):
         self._planner = planner
         self._timeout = float(timeout)
         self._prefetch = max(1, int(prefetch))
+        self._call_cap = self._prefetch  # steps a call may carry at the recent rate
         self._stall_timeout = float(stall_timeout if stall_timeout is not None
                                     else info.get("read_timeout", 30.0))
         dp_rank = self.rank_info["dp_rank"]
@@ -416,7 +421,8 @@ class Client(polyload.Loader):
         lost_since: Optional[float] = None
         train_steps = self.config.get_int("train_steps")
         next_req: Optional[int] = None
-        calls = 0
+        size = FIRST_FETCH_STEPS  # steps the next call may ask for (doubles per call)
+        t_rate, n_rate = time.monotonic(), 0  # steps pushed since t_rate: the rate
         try:
             while not stop.is_set():
                 if not granted:
@@ -431,9 +437,13 @@ class Client(polyload.Loader):
                     while len(inflight) < 2 and (train_steps < 0 or next_req <= train_steps):
                         n = self._prefetch if train_steps < 0 else min(
                             self._prefetch, train_steps - next_req + 1)
-                        if not calls:  # the first call small: the first batch comes soon
-                            n = min(n, FIRST_FETCH_STEPS)
-                        calls += 1
+                        now = time.monotonic()
+                        if now - t_rate >= 2 * CALL_S and n_rate:  # the recent rate
+                            rate = n_rate / (now - t_rate)
+                            t_rate, n_rate = now, 0
+                            self._call_cap = max(FIRST_FETCH_STEPS, int(rate * CALL_S))
+                        n = min(n, size, self._call_cap)
+                        size = min(2 * size, max(1, self._prefetch))
                         have = inflight[0][0] if inflight else next_req
                         at = self._reported
                         ref = self._ctor.fetch.remote(gen, rank, next_req, n, self._timeout,
@@ -472,6 +482,7 @@ class Client(polyload.Loader):
                                 abandoned += [r for _, _, r in inflight]
                                 inflight.clear()
                                 next_req = first
+                                size = FIRST_FETCH_STEPS  # the new one starts small
                                 self.retries += 1
                                 lost_in_row += 1
                                 if len(self._ctors) > 1:
@@ -531,6 +542,7 @@ class Client(polyload.Loader):
                                      f"from {self._ctor_name}: {exc.message}")
                     return
                 self.packages += 1
+                n_rate += 1
                 self.package_bytes += len(pkg)
                 del pkg
         except polyload.PolyloadError:
