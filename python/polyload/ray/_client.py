@@ -110,9 +110,12 @@ class Client(polyload.Loader):
             initialized, else ``$RANK``, else 0.
         namespace, name: where :func:`launch` registered the actors.
         pin_memory: as the Loader's.
-        prefetch: steps fetched per call to the constructor (two calls are in flight,
-            so up to ``2 * prefetch`` steps arrive ahead of the one being consumed; the
-            constructor itself builds ``prefetch_steps`` ahead).  Default: the
+        prefetch: the most steps fetched per call to the constructor (two calls are in
+            flight, so up to ``2 * prefetch`` steps arrive ahead of the one being
+            consumed; the constructor itself builds ``prefetch_steps`` ahead).  Calls
+            start at ``FIRST_FETCH_STEPS`` (4), double per call, and carry about
+            ``CALL_S`` (1 s) of the rank's recent consumption at most, so a first batch
+            or a slow rank never waits for hundreds of steps.  Default: the
             deployment's ``fetch_steps`` (half its ``prefetch_steps``).  These arrive as
             packages (tokens at their stored width, ~2.5 bytes a token).
         prefetch_batches: micro-batches the rank's C loader expands ahead of the one
