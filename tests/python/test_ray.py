@@ -600,6 +600,55 @@ def test_late_starter_and_lag_limit(cluster, corpus2):
         c0.close()
 
 
+def _hashes_until_error(batches):
+    """The hashes of the micro-batches before the first error, and the error."""
+    out = []
+    try:
+        for b in batches:
+            out.append(batch_hash(b))
+    except polyload.PolyloadError as e:
+        return out, e
+    return out, None
+
+
+@pytest.mark.parametrize("bad_step", [2, 9])
+def test_error_at_a_later_step_of_a_fetch_comes_at_that_step(cluster, tmp_path, bad_step):
+    """A step that fails in the middle of a fetch of several steps: the steps before it
+    reach the trainer, and the error comes at the step that failed, as in the embedded
+    loader (before: at the first step of the fetch, and the batches before it were
+    lost).  The Client's first calls ask for 4 and 8 steps: step 2 fails inside the
+    first call, step 9 inside the second."""
+    prefix = str(tmp_path / "bad")
+    lengths = [8] * 64
+    write_megatron(prefix, lengths)
+    cfg = {"seed": 3, "seq_length": 16, "global_batch_size": 2, "micro_batch_size": 1,
+           "train_steps": 30, "topology": {"dp": 2}, "long_documents": "split",
+           "sources": [{"name": "bad", "type": "megatron", "path": prefix, "weight": 1.0}]}
+    # the record that makes rank 0 fail first at bad_step: each one corrupted in turn
+    # (its pointer far past the .bin's end) until the embedded loader fails there
+    idx_off = 9 + 8 + 1 + 8 + 8 + 4 * len(lengths)
+    with open(prefix + ".idx", "rb") as f:
+        orig = f.read()
+    chosen = None
+    for rec in range(len(lengths)):
+        with open(prefix + ".idx", "wb") as f:
+            f.write(orig[:idx_off + 8 * rec] + np.int64(1 << 40).tobytes()
+                    + orig[idx_off + 8 * rec + 8:])
+        with polyload.Loader(cfg, rank=0) as loader:
+            got, err = _hashes_until_error(loader)
+        if err is not None and len(got) == bad_step:  # one micro-batch per step
+            chosen = rec
+            break
+    assert chosen is not None, "no record fails first at that step"
+    want, want_err = got, err
+    assert isinstance(want_err, polyload.FormatError)
+    with pr.launch(cfg, num_source_loaders=1, namespace=NS, name="laterr"):
+        with pr.Client(cfg, rank=0, namespace=NS, name="laterr") as c:
+            got, err = _hashes_until_error(c)
+    assert type(err) is type(want_err) and err.message == want_err.message
+    assert got == want  # the steps before the bad one, then the error
+
+
 def test_resume_twice_from_one_checkpoint(cluster, corpus2):
     cfg = corpus2.config(train_steps=6)
     ref, _ = loader_hashes(cfg, 0)

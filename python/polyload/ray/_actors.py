@@ -86,10 +86,12 @@ def _owner_of(table, source: int, idx: np.ndarray) -> np.ndarray:
 PLANS_PER_CALL = 64
 
 
-def _pack_fetch(out: List[Any]) -> Tuple[np.ndarray, np.ndarray, Optional[bytes]]:
-    """A fetch's answer as one buffer: ``(packages, ends, final)``, package k being
+def _pack_fetch(out: List[Any], error: Optional[Tuple[int, str]] = None
+                ) -> Tuple[np.ndarray, np.ndarray, Optional[bytes], Optional[Tuple[int, str]]]:
+    """A fetch's answer as one buffer: ``(packages, ends, final, error)``, package k being
     ``packages[ends[k-1]:ends[k]]``, ``final`` the state blob of step train_steps when the
-    fetch reached it (else None).  One Ray object with one buffer: a list of packages
+    fetch reached it (else None), ``error`` ``(code, message)`` of the step after the
+    last package when that step failed (else None).  One Ray object with one buffer: a list of packages
     cost Ray ~30 % more CPU per call at 128 packages of 33 KB (bench/README.md, "Stop
     26"); the copy here is ~0.1 ms per MB."""
     final = None
@@ -97,8 +99,8 @@ def _pack_fetch(out: List[Any]) -> Tuple[np.ndarray, np.ndarray, Optional[bytes]
         final, out = bytes(out[-1]), out[:-1]
     ends = np.cumsum([len(a) for a in out], dtype=np.int64)
     if len(out) == 1:
-        return out[0], ends, final
-    return (np.concatenate(out) if out else np.zeros(0, dtype=np.uint8)), ends, final
+        return out[0], ends, final, error
+    return (np.concatenate(out) if out else np.zeros(0, dtype=np.uint8)), ends, final, error
 
 
 def _kv_get(key: bytes):
@@ -1479,11 +1481,15 @@ class DataConstructor:
     async def fetch(self, gen: int, rank: int, step: int, count: int = 1,
                     timeout: float = 600.0, consumed: int = -1, have: int = -1,
                     waited: float = -1.0, switches: int = -1,
-                    at: int = -1) -> Tuple[np.ndarray, np.ndarray, Optional[bytes]]:
+                    at: int = -1) -> Tuple[np.ndarray, np.ndarray, Optional[bytes],
+                                           Optional[Tuple[int, str]]]:
         """The packages of ``rank``'s DP rank for steps ``step .. step+count-1`` (without
         state blobs; for step train_steps its state blob as bytes, and nothing after it),
         in one call: one object per call, owned by the caller, ``(packages, ends,
-        final)`` (:func:`_pack_fetch`: the packages back to back in one uint8 array).
+        final, error)`` (:func:`_pack_fetch`: the packages back to back in one uint8
+        array).  When a step after the first fails, the answer ends before it and
+        ``error`` is ``(code, message)`` of that step (the trainer gets the steps before
+        it first, as from the embedded loader); otherwise None.
         ``consumed``: the step the rank's trainer stands at (the planner keeps states
         from the least of them); ``waited``: seconds the trainer has waited for batches
         so far (the autoscaler's feedback); ``have``: the first step the trainer has not received
@@ -1495,7 +1501,7 @@ class DataConstructor:
         comes from a later move than the rank's calls seen here (an older one was
         abandoned by the client, and is answered StoodDown).
         Raises StateError for another generation, LagError when the lag policy dropped
-        the rank, or the error of a step."""
+        the rank, or the error of the call's first step."""
         await self._ensure_ready()
         if not self._serving and 0 <= int(switches) <= self._stood_switches.get(int(rank), -1):
             raise StoodDown(f"constructor {self._index}: a call the client abandoned",
@@ -1534,6 +1540,7 @@ class DataConstructor:
             for s in [s for s in recent if s < lo]:
                 del recent[s]
         out: List[Any] = []
+        err: Optional[Tuple[int, str]] = None
         deadline = asyncio.get_running_loop().time() + float(timeout)
         try:
             # Rebuilt from an earlier step than the trainer has: serve the rank what it
@@ -1548,7 +1555,17 @@ class DataConstructor:
                 else:
                     # each step gets the whole timeout: a call may carry hundreds
                     deadline = asyncio.get_running_loop().time() + float(timeout)
-                    pkg = await self._fetch_one(gen, rank, s, deadline, term)
+                    try:
+                        pkg = await self._fetch_one(gen, rank, s, deadline, term)
+                    except polyload.PolyloadError as e:
+                        if not out or isinstance(e, (polyload.StateError,
+                                                     polyload.LagError)):
+                            raise
+                        # A step after the first failed: the steps before it go to the
+                        # trainer, and the error comes at this step, as in the
+                        # embedded loader (not at the call's first step).
+                        err = (int(e.code), str(e.message))
+                        break
                     if pkg is None:  # restarted from another state while it waited
                         raise polyload.StateError(
                             _core.ESTATE, "ESTATE",
@@ -1559,7 +1576,7 @@ class DataConstructor:
         finally:  # the window moved by len(out) steps: the drivers build them together
             await self._wake(self._demand)
             await self._wake(self._served)
-        return _pack_fetch(out)
+        return _pack_fetch(out, err)
 
     @ray.method(num_returns=0, enable_task_events=False)
     async def at(self, gen: int, rank: int, step: int) -> None:

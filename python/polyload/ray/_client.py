@@ -80,6 +80,16 @@ def _collect(refs: List[Any], timeout: float) -> List[Any]:
     return rest
 
 
+class _StepError:
+    """A step that failed after the steps of a fetch before it (``DataConstructor.fetch``'s
+    ``error``): reported to the trainer at that step."""
+
+    __slots__ = ("code", "message")
+
+    def __init__(self, code: int, message: str) -> None:
+        self.code, self.message = int(code), str(message)
+
+
 class _Stalled(Exception):
     """A constructor that answers nothing (a stopped or hung process): moved away from
     as from a lost one."""
@@ -525,15 +535,20 @@ class Client(polyload.Loader):
                         return
                     if stop.is_set():
                         return
-                    buf, ends, final = pkgs  # DataConstructor.fetch: one buffer
+                    buf, ends, final, step_error = pkgs  # DataConstructor.fetch
                     start = 0
                     for k, end in enumerate(ends.tolist()):
                         ready[first + k] = buf[start:end]
                         start = end
                     if final is not None:
                         ready[first + len(ends)] = final
+                    elif step_error is not None:  # that step failed: its error, there
+                        ready[first + len(ends)] = _StepError(*step_error)
                 pkg = ready.pop(want)
                 if stop.is_set():
+                    return
+                if isinstance(pkg, _StepError):
+                    loader.fail_step(want, pkg.code, pkg.message)
                     return
                 try:
                     loader.push_package(pkg)
