@@ -326,6 +326,8 @@ def test_actor_errors_are_polyload_exceptions(cluster, tmp_path):
            "sources": [{"name": "bad", "type": "megatron", "path": prefix, "weight": 1.0}]}
     with polyload.Loader(cfg, rank=0) as loader, pytest.raises(polyload.FormatError) as want:
         list(loader)
+    with polyload.Loader(cfg, rank=0) as loader:
+        want_hashes, _ = _hashes_until_error(loader)
     with pr.launch(cfg, num_source_loaders=2, namespace=NS, name="err") as dep:
         c = pr.Client(cfg, rank=0, namespace=NS, name="err")
         with pytest.raises(polyload.FormatError) as got:
@@ -351,8 +353,24 @@ def test_actor_errors_are_polyload_exceptions(cluster, tmp_path):
         # a client keeps the layout without per-source lists
         assert "partitions" not in ok.info and "sources" not in ok.info
         assert ok.info["num_sources"] == 1 and ok.info["constructors"] == dep.info["constructors"]
+        # it continues near where rank 0's trainer stopped (the steps before the bad
+        # record were delivered; the last 250 ms of them may come again): the same
+        # batches up to the same error, which comes at a batch, not at its start
+        again, again_err = _hashes_until_error(ok)
+        assert again_err is not None and again_err.message == want.value.message
+        assert again == want_hashes[len(want_hashes) - len(again):]
         ok.close()
         assert dep.info["num_constructors"] == 1
+        # a deployment launched by a polyload whose actor calls differ (an older one,
+        # left running detached) is refused at connect, naming both versions
+        planner = ray.get_actor("err.planner", namespace=NS)
+        full = ray.get(planner.info.remote())
+        assert full["protocol"] == pr._common.PROTOCOL
+        older = {k: v for k, v in full.items() if k not in ("protocol", "polyload_version")}
+        ray.get(planner.set_info.remote(older))
+        with pytest.raises(polyload.ConfigError, match=r"protocol 1\).*polyload .*protocol 2"):
+            pr.Client(cfg, rank=0, namespace=NS, name="err")
+        ray.get(planner.set_info.remote(full))
     with pytest.raises(polyload.PolyloadError, match="shut down"):  # after shutdown
         dep.state_dict()
     with pytest.raises(polyload.ConfigError):  # a missing source: before any actor starts

@@ -388,6 +388,10 @@ class Planner:
                     p = self._planner.next_plan()
                 except polyload.PolyloadError as e:  # sticky, as in the embedded loader
                     self._failure = (s, e)
+                    # the failed step's start is where a rank that finished the steps
+                    # before it stands (a Client started again for it gets the error
+                    # at its first batch, not at its start)
+                    self._states[s] = _core.state_pack(blob)
                     break
                 self._cache[s] = (None, p.encode())
                 if self._fetch_log:
@@ -484,7 +488,8 @@ class Planner:
         if not client:
             return self._info
         if getattr(self, "_client_info", (None,))[0] is not self._info:
-            keep = ("name", "namespace", "world_size", "fingerprint", "dp",
+            keep = ("name", "namespace", "world_size", "fingerprint", "protocol",
+                    "polyload_version", "dp",
                     "micro_batches_per_rank", "num_constructors", "constructors",
                     "constructor_shadows", "dp_groups", "prefetch_steps", "max_lag_steps",
                     "fetch_steps", "read_timeout")

@@ -25,7 +25,7 @@ import ray
 import polyload
 from polyload import _core
 
-from ._common import StoodDown, actor_lost, get, sources_digest, unwrap
+from ._common import PROTOCOL, StoodDown, actor_lost, get, sources_digest, unwrap
 
 
 _get = get  # ray.get with polyload's exceptions and a deadline
@@ -184,6 +184,13 @@ class Client(polyload.Loader):
         # The layout without per-source lists (source names as a digest): kept for the
         # client's life, in every trainer process.
         info = _get(planner.info.remote(True), timeout)
+        if info.get("protocol") != PROTOCOL:
+            raise polyload.ConfigError(
+                _core.ECONFIG, "ECONFIG",
+                f"polyload.ray.Client: deployment {namespace}/{name} was launched by polyload "
+                f"{info.get('polyload_version', 'older than 0.0')} (protocol "
+                f"{info.get('protocol', 1)}); this Client is polyload {polyload.__version__} "
+                f"(protocol {PROTOCOL}): launch the deployment with the trainers' polyload")
         names = [cfg.source_name(i) for i in range(cfg.num_sources)]
         nmb = cfg.get_int("micro_batches_per_rank")
         world = cfg.world_size()

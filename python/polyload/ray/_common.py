@@ -163,6 +163,12 @@ def routing_for_constructors(table):
 #: these, 1.2-1.4 s without.  Set as environment variables, read when Ray starts in a
 #: process: the actors get them through their runtime_env; ``import polyload.ray``
 #: sets them (unless already set) in a process where Ray is not initialized yet.
+#: The calls between a deployment's actors and its Clients: raised when what an actor
+#: call takes or answers changes (2: ``DataConstructor.fetch`` answers ``(packages,
+#: ends, final, error)``).  A Client refuses a deployment of another protocol (e.g. one
+#: launched detached by an older polyload) with ConfigError, instead of failing later.
+PROTOCOL = 2
+
 FAILURE_DETECTION_ENV = {"RAY_timeout_ms_task_wait_for_death_info": "20",
                          "RAY_core_worker_internal_heartbeat_ms": "10"}
 

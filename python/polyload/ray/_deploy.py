@@ -13,7 +13,8 @@ import polyload
 from polyload import _core
 
 from ._actors import DataConstructor, Planner, SourceLoader
-from ._common import config_payload, get, make_config, stored_payload, with_failure_detection
+from ._common import (PROTOCOL, config_payload, get, make_config, stored_payload,
+                      with_failure_detection)
 from ._scale import DEFAULTS as AUTOSCALE_DEFAULTS
 from ._scale import Autoscaler, ScalePolicy, autoscale_options
 
@@ -572,6 +573,8 @@ def launch(
             "namespace": namespace,
             "world_size": cfg.world_size(),
             "fingerprint": cfg.fingerprint(),
+            "protocol": PROTOCOL,
+            "polyload_version": polyload.__version__,
             "dp": dp,
             "micro_batches_per_rank": nmb,
             "sources": names,
