@@ -84,6 +84,7 @@ typedef struct pl__prank {
     int64_t pin;       /* unit pinned, -1 */
     int64_t wait_u;    /* unit its consumer waits for in next, -1 */
     int attached, lagged;
+    int failed_reported; /* this rank was given a failed unit's status */
 } pl__prank;
 
 typedef struct pl__pentry {
@@ -613,6 +614,7 @@ static int pl__pipeline_reset_impl(pl_pipeline *p, const void *blob, size_t len,
         r->cursor = k;
         r->pin = -1;
         r->attached = r->lagged = 0;
+        r->failed_reported = 0;
     }
     int64_t u = pl__unit_of(p, k);
     for (int64_t g = 0; g < p->n_groups; g++) {
@@ -1065,7 +1067,26 @@ static int pl__pipeline_next_impl(pl_pipeline *p, int64_t rank, int64_t max_coun
     int64_t u = pl__unit_of(p, k);
     pl__uslot *s = pl__slot(p, g, u);
     for (;;) {
-        if (p->failed) {
+        /* A failed unit: its status to each rank that reaches it (once; then
+           PL_ECLOSED), so TP/PP/CP peers sharing it all get it at the same
+           micro-batch, as from a loader of their own.  The pipeline has then
+           failed: drivers stop, and a rank whose next unit is not built gets
+           the failure (below).  A unit built before the failure is still
+           served first. */
+        if (s->u == u && s->state == PL__U_ERROR && !r->lagged) {
+            if (!p->failed) {
+                p->failed = s->rc;
+                pl__fmt(p->fail_msg, sizeof p->fail_msg, "%s", s->msg ? s->msg : "");
+                pl__wake(ready_cv);
+                pl__wake(work_cv);
+            }
+            pl__msg(err, errcap, "%s", s->msg ? s->msg : "");
+            rc = r->failed_reported ? PL_ECLOSED : s->rc;
+            r->failed_reported = 1;
+            p->failed_reported = 1;
+            goto out;
+        }
+        if (p->failed && !(s->u == u && s->state == PL__U_READY)) {
             rc = pl__report_failure(p, err, errcap);
             goto out;
         }
@@ -1093,13 +1114,6 @@ static int pl__pipeline_next_impl(pl_pipeline *p, int64_t rank, int64_t max_coun
         if (u > g->demand_u) {
             g->demand_u = u;
             pl__wake(work_cv);
-        }
-        if (s->u == u && s->state == PL__U_ERROR) {
-            p->failed = s->rc;
-            pl__fmt(p->fail_msg, sizeof p->fail_msg, "%s", s->msg ? s->msg : "");
-            pl__wake(ready_cv);
-            pl__wake(work_cv);
-            continue;
         }
         if (s->u == u && s->state == PL__U_READY) break;
         if (use && (timeout_ms == 0 || pl__past(&ts))) {

@@ -1127,11 +1127,12 @@ PL_API const char *pl_loader_errmsg(const pl_loader *loader);
 /*
  * The next micro-batch for global rank `rank` (one of the served ranks;
  * PL_ERANGE otherwise).  Blocks until it is built.  Returns PL_OK, PL_DONE
- * after train_steps, or an error: the first call to meet a failure (of the
- * worker that built its batch, or of the planner) returns its code and sets
- * the message; the loader has then failed, and every later call (other
- * ranks' waiting calls too) returns PL_ECLOSED until a successful
- * pl_loader_set_state.  With on_error: skip, a bad document is skipped and
+ * after train_steps, or an error: a rank whose next micro-batch failed (its
+ * worker's build, or the planner's step) gets its code and message once (TP,
+ * PP and CP peers that share the batch each get it at the same micro-batch,
+ * as from a loader of their own); the loader has then failed: batches built
+ * before the failure are still returned, other calls (other ranks' waiting
+ * calls too) return PL_ECLOSED until a successful pl_loader_set_state.  With on_error: skip, a bad document is skipped and
  * counted instead.  A rank may run ahead of the other ranks of its DP group
  * (e.g. one thread serving TP peers in turn): the batches the lagging ranks
  * have not taken are kept, up to the lag policy (pl_pipeline): a rank more
@@ -1436,9 +1437,13 @@ typedef struct pl_pipeline_item {
  * rank's cursor by out->count.  PL_OK, PL_DONE after train_steps,
  * PL_ETIMEDOUT, PL_ERANGE (rank not served), PL_ELAG (dropped by the lag
  * policy; the message names the rank, its position, the group's lead and
- * the limit), or the error of the unit or of its step: the first caller to
- * meet a failure gets its status and message, every later call PL_ECLOSED
- * (with the same message) until pl_pipeline_reset.
+ * the limit), or the error of the unit or of its step: each rank whose
+ * cursor reaches a failed unit gets its status and message once (TP, PP and
+ * CP peers sharing the unit all get it at the same micro-batch), its later
+ * calls PL_ECLOSED; the pipeline has then failed: units built before the
+ * failure are still served, and a rank whose next unit is not built gets
+ * PL_ECLOSED (with the same message; the status itself if no rank got it
+ * yet), until pl_pipeline_reset.
  */
 PL_API int pl_pipeline_next(pl_pipeline *p, int64_t rank, int64_t max_count,
                             int64_t timeout_ms, pl_pipeline_item *out,

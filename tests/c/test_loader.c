@@ -1038,6 +1038,48 @@ static void test_bad_document(void) {
         pl_loader_free(l);
         pl_config_free(cfg);
     }
+    /* TP peers served by one loader (as a Ray constructor serves a group):
+     * each gets the failure at the same micro-batch as a loader of its own,
+     * after the same batches, then PL_ECLOSED; before, the peer that came
+     * second got PL_ECLOSED at once and lost the batches before it. */
+    pl_config *cfg = NULL;
+    int64_t alone[2] = {0, 0};
+    for (int seed = 1; seed <= 20; seed++) { /* one where the bad one is not first */
+        snprintf(y, sizeof y, "seed: %d\nseq_length: 32\nglobal_batch_size: 4\n"
+                 "micro_batch_size: 1\ntopology: {tp: 2}\nsources:\n  - {name: bad, "
+                 "type: megatron, path: %s, weight: 1}\n", seed, prefix);
+        pl_config_free(cfg);
+        cfg = NULL;
+        CHECK_OK(pl_config_parse_string(y, strlen(y), "t", &cfg));
+        for (int64_t r = 0; r < 2; r++) { /* a loader per rank */
+            pl_loader *l = make_loader(cfg, 2, 2, &r, 1);
+            const pl_batch *b = NULL;
+            int64_t n = 0;
+            while (n < 200 && pl_loader_next(l, r, &b) == PL_OK) n++;
+            CHECK_EQ_I64(pl_loader_next(l, r, &b), PL_ECLOSED);
+            alone[r] = n;
+            pl_loader_free(l);
+        }
+        if (alone[0] >= 3) break;
+    }
+    CHECK(alone[0] >= 3 && alone[0] < 200);
+    CHECK_EQ_I64(alone[0], alone[1]);
+    int64_t both[2] = {0, 1};
+    pl_loader *l = make_loader(cfg, 2, 2, both, 2);
+    for (int64_t r = 0; r < 2; r++) { /* rank 0 to its failure, then rank 1 */
+        const pl_batch *b = NULL;
+        int64_t n = 0;
+        int rc;
+        while ((rc = pl_loader_next(l, r, &b)) == PL_OK) n++;
+        CHECK_EQ_I64(rc, PL_EBOUNDS);
+        CHECK_EQ_I64(n, alone[r]);
+        CHECK(strstr(pl_loader_errmsg(l), "bad.idx") != NULL);
+    }
+    const pl_batch *b = NULL;
+    CHECK_EQ_I64(pl_loader_next(l, 0, &b), PL_ECLOSED);
+    CHECK_EQ_I64(pl_loader_next(l, 1, &b), PL_ECLOSED);
+    pl_loader_free(l);
+    pl_config_free(cfg);
 }
 
 /* A 2x2x2x2 (dp, pp, cp, tp) topology served by one loader: every rank gets

@@ -658,13 +658,19 @@ def test_error_at_a_later_step_of_a_fetch_comes_at_that_step(cluster, tmp_path, 
             chosen = rec
             break
     assert chosen is not None, "no record fails first at that step"
-    want, want_err = got, err
-    assert isinstance(want_err, polyload.FormatError)
+    want, want_err = {0: got}, {0: err}
+    assert isinstance(err, polyload.FormatError)
+    with polyload.Loader(cfg, rank=1) as loader:  # the planner fails there: rank 1 too
+        want[1], want_err[1] = _hashes_until_error(loader)
+    assert len(want[1]) == bad_step and isinstance(want_err[1], polyload.FormatError)
+    # one constructor serves both DP ranks: rank 1 comes to the step after rank 0 failed
     with pr.launch(cfg, num_source_loaders=1, namespace=NS, name="laterr"):
-        with pr.Client(cfg, rank=0, namespace=NS, name="laterr") as c:
-            got, err = _hashes_until_error(c)
-    assert type(err) is type(want_err) and err.message == want_err.message
-    assert got == want  # the steps before the bad one, then the error
+        for rank in (0, 1):
+            with pr.Client(cfg, rank=rank, namespace=NS, name="laterr") as c:
+                got, err = _hashes_until_error(c)
+            assert type(err) is type(want_err[rank])
+            assert err.message == want_err[rank].message
+            assert got == want[rank]  # the steps before the bad one, then the error
 
 
 def test_resume_twice_from_one_checkpoint(cluster, corpus2):

@@ -86,21 +86,21 @@ def _owner_of(table, source: int, idx: np.ndarray) -> np.ndarray:
 PLANS_PER_CALL = 64
 
 
-def _pack_fetch(out: List[Any], error: Optional[Tuple[int, str]] = None
-                ) -> Tuple[np.ndarray, np.ndarray, Optional[bytes], Optional[Tuple[int, str]]]:
-    """A fetch's answer as one buffer: ``(packages, ends, final, error)``, package k being
+def _pack_fetch(out: List[Any], error: Optional[Tuple[int, str]] = None) -> Tuple[Any, ...]:
+    """A fetch's answer as one buffer: ``(packages, ends, final)``, package k being
     ``packages[ends[k-1]:ends[k]]``, ``final`` the state blob of step train_steps when the
-    fetch reached it (else None), ``error`` ``(code, message)`` of the step after the
-    last package when that step failed (else None).  One Ray object with one buffer: a list of packages
+    fetch reached it (else None); with a fourth element ``error``, ``(code, message)``,
+    when the step after the last package failed.  One Ray object with one buffer: a list of packages
     cost Ray ~30 % more CPU per call at 128 packages of 33 KB (bench/README.md, "Stop
     26"); the copy here is ~0.1 ms per MB."""
     final = None
     if out and not isinstance(out[-1], np.ndarray):
         final, out = bytes(out[-1]), out[:-1]
     ends = np.cumsum([len(a) for a in out], dtype=np.int64)
-    if len(out) == 1:
-        return out[0], ends, final, error
-    return (np.concatenate(out) if out else np.zeros(0, dtype=np.uint8)), ends, final, error
+    buf = out[0] if len(out) == 1 else (np.concatenate(out) if out else
+                                        np.zeros(0, dtype=np.uint8))
+    # the error only when there is one: a Client of protocol 1 reads three elements
+    return (buf, ends, final) if error is None else (buf, ends, final, error)
 
 
 def _kv_get(key: bytes):
@@ -1491,10 +1491,10 @@ class DataConstructor:
         """The packages of ``rank``'s DP rank for steps ``step .. step+count-1`` (without
         state blobs; for step train_steps its state blob as bytes, and nothing after it),
         in one call: one object per call, owned by the caller, ``(packages, ends,
-        final, error)`` (:func:`_pack_fetch`: the packages back to back in one uint8
-        array).  When a step after the first fails, the answer ends before it and
-        ``error`` is ``(code, message)`` of that step (the trainer gets the steps before
-        it first, as from the embedded loader); otherwise None.
+        final)`` (:func:`_pack_fetch`: the packages back to back in one uint8 array).
+        When a step after the first fails (its build or its plan), the answer ends
+        before it and has a fourth element, ``(code, message)`` of that step: the
+        trainer gets the steps before it first, as from the embedded loader.
         ``consumed``: the step the rank's trainer stands at (the planner keeps states
         from the least of them); ``waited``: seconds the trainer has waited for batches
         so far (the autoscaler's feedback); ``have``: the first step the trainer has not received
@@ -1505,8 +1505,10 @@ class DataConstructor:
         so far; a call to a constructor that stood down activates it again only when it
         comes from a later move than the rank's calls seen here (an older one was
         abandoned by the client, and is answered StoodDown).
-        Raises StateError for another generation, LagError when the lag policy dropped
-        the rank, or the error of the call's first step."""
+        Raises the error of the call's first step; StateError (another generation)
+        and LagError (the lag policy dropped the rank) at any step of the call (the
+        call's steps before it then do not reach the trainer: it starts again or is
+        dropped anyway)."""
         await self._ensure_ready()
         if not self._serving and 0 <= int(switches) <= self._stood_switches.get(int(rank), -1):
             raise StoodDown(f"constructor {self._index}: a call the client abandoned",

@@ -187,10 +187,11 @@ class Client(polyload.Loader):
         if info.get("protocol") != PROTOCOL:
             raise polyload.ConfigError(
                 _core.ECONFIG, "ECONFIG",
-                f"polyload.ray.Client: deployment {namespace}/{name} was launched by polyload "
-                f"{info.get('polyload_version', 'older than 0.0')} (protocol "
-                f"{info.get('protocol', 1)}); this Client is polyload {polyload.__version__} "
-                f"(protocol {PROTOCOL}): launch the deployment with the trainers' polyload")
+                f"polyload.ray.Client: deployment {namespace}/{name} was launched by "
+                f"{'polyload ' + str(info['polyload_version']) if 'polyload_version' in info else 'an older polyload'}"
+                f" (protocol {info.get('protocol', 1)}); this Client is polyload "
+                f"{polyload.__version__} (protocol {PROTOCOL}): launch the deployment with "
+                f"the trainers' polyload")
         names = [cfg.source_name(i) for i in range(cfg.num_sources)]
         nmb = cfg.get_int("micro_batches_per_rank")
         world = cfg.world_size()
@@ -542,7 +543,9 @@ class Client(polyload.Loader):
                         return
                     if stop.is_set():
                         return
-                    buf, ends, final, step_error = pkgs  # DataConstructor.fetch
+                    # DataConstructor.fetch: (packages, ends, final[, error])
+                    buf, ends, final = pkgs[:3]
+                    step_error = pkgs[3] if len(pkgs) > 3 else None
                     start = 0
                     for k, end in enumerate(ends.tolist()):
                         ready[first + k] = buf[start:end]
@@ -572,8 +575,23 @@ class Client(polyload.Loader):
                 del pkg
         except polyload.PolyloadError:
             return  # stopped (ECLOSED), or the loader failed: next() reports it
+        except Exception as e:  # noqa: BLE001 - anything else reaches next(), never a hang
+            if not stop.is_set():
+                try:
+                    loader.fail_step(loader.position()[0], _core.EIO,
+                                     f"polyload.ray.Client rank {rank}: transport from "
+                                     f"{self._ctor_name}: {type(e).__name__}: {e}")
+                except polyload.PolyloadError:
+                    pass
         finally:  # collect, so Ray reports none as unhandled
-            _collect([r for _, _, r in inflight], 2.0)
+            live = [r for _, _, r in inflight]
+            if not stop.is_set():  # left after an error: nobody will take them
+                for r in live:
+                    try:
+                        ray.cancel(r)
+                    except Exception:  # noqa: BLE001 - done or its actor gone
+                        pass
+            _collect(live, 2.0)
             _collect(abandoned, 0.0)
 
     def prefetched(self) -> Dict[str, int]:

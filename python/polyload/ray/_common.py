@@ -154,6 +154,14 @@ def routing_for_constructors(table):
     return routing, [[] if j in gone else list(x) for j, x in enumerate(table["slots"])]
 
 
+#: The calls between a deployment's actors and its Clients: raised when what an actor
+#: call takes or answers changes (2: ``DataConstructor.fetch`` may answer a fourth
+#: element, the error of the step after its packages).  A Client refuses a deployment
+#: of another protocol (e.g. one launched detached by an older polyload) with
+#: ConfigError at connect, instead of failing later.
+PROTOCOL = 2
+
+
 #: Ray settings of the processes that call the actors (trainers' clients, constructors,
 #: the planner), so that a crashed actor's calls fail in tens of milliseconds rather
 #: than after Ray's default second: ``timeout_ms_task_wait_for_death_info`` (how long a
@@ -163,12 +171,6 @@ def routing_for_constructors(table):
 #: these, 1.2-1.4 s without.  Set as environment variables, read when Ray starts in a
 #: process: the actors get them through their runtime_env; ``import polyload.ray``
 #: sets them (unless already set) in a process where Ray is not initialized yet.
-#: The calls between a deployment's actors and its Clients: raised when what an actor
-#: call takes or answers changes (2: ``DataConstructor.fetch`` answers ``(packages,
-#: ends, final, error)``).  A Client refuses a deployment of another protocol (e.g. one
-#: launched detached by an older polyload) with ConfigError, instead of failing later.
-PROTOCOL = 2
-
 FAILURE_DETECTION_ENV = {"RAY_timeout_ms_task_wait_for_death_info": "20",
                          "RAY_core_worker_internal_heartbeat_ms": "10"}
 
