@@ -90,9 +90,9 @@ def _pack_fetch(out: List[Any], error: Optional[Tuple[int, str]] = None) -> Tupl
     """A fetch's answer as one buffer: ``(packages, ends, final)``, package k being
     ``packages[ends[k-1]:ends[k]]``, ``final`` the state blob of step train_steps when the
     fetch reached it (else None); with a fourth element ``error``, ``(code, message)``,
-    when the step after the last package failed.  One Ray object with one buffer: a list of packages
-    cost Ray ~30 % more CPU per call at 128 packages of 33 KB (bench/README.md, "Stop
-    26"); the copy here is ~0.1 ms per MB."""
+    when the step after the last package failed.  One Ray object with one buffer: a
+    list of packages cost Ray ~30 % more CPU per call at 128 packages of 33 KB
+    (bench/README.md, "Stop 26"); the copy here is ~0.1 ms per MB."""
     final = None
     if out and not isinstance(out[-1], np.ndarray):
         final, out = bytes(out[-1]), out[:-1]

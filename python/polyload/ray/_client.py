@@ -185,10 +185,11 @@ class Client(polyload.Loader):
         # client's life, in every trainer process.
         info = _get(planner.info.remote(True), timeout)
         if info.get("protocol") != PROTOCOL:
+            by = (f"polyload {info['polyload_version']}" if "polyload_version" in info
+                  else "an older polyload")
             raise polyload.ConfigError(
                 _core.ECONFIG, "ECONFIG",
-                f"polyload.ray.Client: deployment {namespace}/{name} was launched by "
-                f"{'polyload ' + str(info['polyload_version']) if 'polyload_version' in info else 'an older polyload'}"
+                f"polyload.ray.Client: deployment {namespace}/{name} was launched by {by}"
                 f" (protocol {info.get('protocol', 1)}); this Client is polyload "
                 f"{polyload.__version__} (protocol {PROTOCOL}): launch the deployment with "
                 f"the trainers' polyload")
