@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import re
+import time
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -605,6 +606,16 @@ def launch(
                 ray.kill(a, no_restart=True)
             except Exception:  # noqa: BLE001
                 pass
+        # ray.kill returns before the GCS has the actor dead (and its name free): wait
+        # (10 s at most) until a call to each fails, so no actor is left when this raises
+        deadline = time.monotonic() + 10.0
+        for a in created:
+            while time.monotonic() < deadline:
+                try:
+                    ray.get(a.pid.remote(), timeout=max(0.1, deadline - time.monotonic()))
+                except Exception:  # noqa: BLE001 - dead (or not answering): gone
+                    break
+                time.sleep(0.05)
         raise
     dep = Deployment(namespace, name, planner, loaders, ctors, info, shadow_actors, autoscaler,
                      ctor_shadows)
