@@ -8,9 +8,14 @@ For each config (`throughput`: bench/throughput.py's, 2 x 2048 micro-batches, dp
 the SPEC fields from the uint16 tokens into one reused buffer each; no hand-off, no
 planning), then the loader with `threads` 1, 2, 3 and 4 serving every
 rank to one consumer.  Rounds repeat (`--rounds`), medians reported; ratios are
-loader / limit of the same round.
+loader / limit of the same round.  Each round also gives the limit's threads'
+work with the planner's CPU per token added (`limit_with_planning`: the planner
+timed on the same plans; what the loader does, without its hand-off), and, with
+`--cold-buffers N`, the limit writing N buffers in turn (the loader's buffers in
+flight: cold memory, as the loader writes it), so that loader / that figure is
+what the hand-off itself leaves.
 
-Usage: .venv/bin/python bench/handoff.py [--seconds 5] [--rounds 3] [--json OUT]
+Usage: .venv/bin/python bench/handoff.py [--seconds 5] [--rounds 3] [--cold-buffers 48] [--json OUT]
 """
 import argparse
 import json
@@ -44,6 +49,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--threads", default="1,2,3,4")
     ap.add_argument("--configs", default="throughput,large-mb")
+    ap.add_argument("--cold-buffers", type=int, default=0,
+                    help="also run the limit cycling this many buffers (0: not)")
     ap.add_argument("--json")
     args = ap.parse_args()
     build()
@@ -58,17 +65,36 @@ def main():
                                  + threads, check=True, capture_output=True, text=True,
                                  cwd=ROOT).stdout
             rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
-            limit = next(r for r in rows if r["what"] == "limit")["tokens_per_s"]
+            lim = next(r for r in rows if r["what"] == "limit")
+            limit = lim["tokens_per_s"]
             loader = {r["threads"]: r["tokens_per_s"] for r in rows if r["what"] == "loader"}
-            rounds.append({"limit": limit, "loader": loader,
-                           "ratio": {t: v / limit for t, v in loader.items()}})
+            rnd = {"limit": limit, "loader": loader,
+                   "ratio": {t: v / limit for t, v in loader.items()},
+                   "plan_cpu_ns_per_token": lim["plan_cpu_ns_per_token"],
+                   "limit_with_planning": lim["limit_with_planning_tokens_per_s"]}
+            rnd["ratio_with_planning"] = {t: v / rnd["limit_with_planning"]
+                                          for t, v in loader.items()}
+            if args.cold_buffers:
+                out = subprocess.run([BIN, os.path.join(ROOT, configs[name]),
+                                      str(args.seconds), "--limit-buffers",
+                                      str(args.cold_buffers)], check=True,
+                                     capture_output=True, text=True, cwd=ROOT).stdout
+                cold = json.loads(next(x for x in out.splitlines() if x.startswith("{")))
+                rnd["cold_limit_with_planning"] = cold["limit_with_planning_tokens_per_s"]
+                rnd["ratio_cold_with_planning"] = {
+                    t: v / rnd["cold_limit_with_planning"] for t, v in loader.items()}
+            rounds.append(rnd)
             print(name, json.dumps(rounds[-1]), flush=True)
-        med = {"limit": statistics.median(r["limit"] for r in rounds)}
+        med = {"limit": statistics.median(r["limit"] for r in rounds),
+               "limit_with_planning": statistics.median(r["limit_with_planning"]
+                                                        for r in rounds)}
         for t in rounds[0]["loader"]:
             med[f"loader_t{t}"] = statistics.median(r["loader"][t] for r in rounds)
-            med[f"ratio_t{t}"] = statistics.median(r["ratio"][t] for r in rounds)
-        result[name] = {"config": configs[name], "rounds": rounds, "median": med}
+            for k in ("ratio", "ratio_with_planning", "ratio_cold_with_planning"):
+                if k in rounds[0]:
+                    med[f"{k}_t{t}"] = statistics.median(r[k][t] for r in rounds)
         print(name, "median", json.dumps(med), flush=True)
+        result[name] = {"config": configs[name], "rounds": rounds, "median": med}
     if args.json:
         os.makedirs(OUT, exist_ok=True)
         with open(args.json, "w") as f:
