@@ -95,6 +95,12 @@ uint64_t pl__arrangement_hash(const pl_config *cfg) {
     return pl__hash64(&caps, sizeof caps, h);
 }
 
+/* Up to this many classes the draw scans their lines instead of keeping the
+ * tournament: a few exact comparisons cost less than a path's certificates
+ * (mixtures of a few weights: with 4 classes the tree was 17 % of a step's
+ * planning, the scan 4 %; bench/README.md, 13j). */
+#define PL__TN_SCAN_MAX 8
+
 static void pl__planner_perm(pl_planner *p, int64_t i) {
     pl__perm_init(&p->perm[i], (uint64_t)p->num_docs[i], p->cfg->seed,
                   p->cfg->sources[i].name, (uint64_t)p->src[i].epoch);
@@ -130,6 +136,7 @@ static int pl__planner_create_impl(const pl_config *cfg, pl_source *const *sourc
     while (tm < ns) tm *= 2;
     p->tn_node = pl__calloc(2 * tm, sizeof *p->tn_node);
     p->tn_line = pl__calloc(ns, sizeof *p->tn_line);
+    p->tn_scan_max = PL__TN_SCAN_MAX;
     p->ahead = pl__calloc(ns, sizeof *p->ahead);
     p->cls_off = pl__calloc(ns, sizeof *p->cls_off);
     p->cls_size = pl__calloc(ns, sizeof *p->cls_size);
@@ -452,6 +459,7 @@ static inline void pl__tn_leaf(pl_planner *p, int64_t c) {
  * memory. */
 static void pl__tn_update(pl_planner *p, int64_t c, int64_t g) {
     pl__tn_leaf(p, c);
+    if (p->tn_scan) return; /* the draw scans the lines */
     pl__tnode *n = p->tn_node;
     int64_t v = p->tn_m + c;
     int32_t cw = n[v].win;
@@ -504,12 +512,35 @@ static void pl__tn_build(pl_planner *p) {
     int64_t m = 1;
     while (m < p->n_cls) m *= 2;
     p->tn_m = m;
+    p->tn_scan = p->n_cls <= p->tn_scan_max;
     for (int64_t c = 0; c < m; c++) pl__tn_leaf(p, c);
-    for (int64_t v = m - 1; v >= 1; v--) pl__tn_pull(p, v, 0);
+    if (!p->tn_scan)
+        for (int64_t v = m - 1; v >= 1; v--) pl__tn_pull(p, v, 0);
+}
+
+/* Few classes: the largest deficit at g by a scan, with the tournament's
+ * rule (the larger deficit; ties to the lower member index); -1 when every
+ * class is empty. */
+static int64_t pl__tn_scan_argmax(const pl_planner *p, int64_t g) {
+    const pl__tnode *leaf = p->tn_node + p->tn_m;
+    int64_t best = -1, bkey = 0;
+    pl__i128 bd = 0;
+    for (int64_t c = 0; c < p->n_cls; c++) {
+        if (leaf[c].win < 0) continue;
+        const pl__tline *l = &p->tn_line[c];
+        const pl__i128 d = l->b + (pl__i128)l->w * g;
+        if (best < 0 || d > bd || (d == bd && l->key < bkey)) {
+            best = c;
+            bd = d;
+            bkey = l->key;
+        }
+    }
+    return best;
 }
 
 /* The class with the largest deficit at p->g, -1 when every heap is empty. */
 static int64_t pl__tn_argmax(pl_planner *p) {
+    if (p->tn_scan) return pl__tn_scan_argmax(p, p->g);
     if (p->tn_m > 1 && p->tn_node[1].min <= p->g) pl__tn_fix(p, 1, p->g);
     return p->tn_node[1].win;
 }
@@ -726,7 +757,8 @@ again:
         int64_t c = p->cls_of[best];
         p->open_src = open ? best : -1;
         p->heap[p->hpos[best]].d = s->drawn_tokens;
-        pl__hdown(p, c, p->hpos[best]); /* more drawn: down its heap */
+        if (p->cls_hs[c] > 1)
+            pl__hdown(p, c, p->hpos[best]); /* more drawn: down its heap */
         if (p->has_caps && pl__exhausted(p, best)) pl__cls_remove(p, best);
         pl__tn_update(p, c, p->g);
     } else {

@@ -121,6 +121,11 @@ struct pl_planner {
      * of its top member), its weight (the slope) and that member's index
      * (ties). */
     int64_t tn_m;
+    int64_t tn_scan_max;     /* PL__TN_SCAN_MAX (tests and benchmarks: 0, always
+                                the tree) */
+    int tn_scan;             /* few classes (<= tn_scan_max): no tree; the
+                                draw scans tn_line[0, n_cls) (leaf .win: -1
+                                for an empty class) */
     pl__tnode *tn_node;      /* [2 * tn_m] */
     pl__tline *tn_line;      /* [n_sources] */
     /* Look-ahead (planner.c, pl__next_document): source i's document at

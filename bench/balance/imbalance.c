@@ -25,7 +25,7 @@
  *   imbalance [--corpus real|synthetic|both] [--steps N] [--out FILE.md]
  *             [--seq 4096,8192,...] [--dp 8,64,512] [--mult 8,32]
  *   imbalance --plan-time [--balance none|greedy|karmarkar_karp] [--steps N]
- *             [--sources N] [--weights cycle|distinct|equal]
+ *             [--sources N] [--weights cycle|distinct|equal] [--paired] [--tree]
  *
  * --plan-time: one thread, dp 512, global batch 4096 sequences of 16k
  * tokens on the synthetic source; times pl_planner_next (mixture drawing,
@@ -38,7 +38,12 @@
  * over the synthetic file; they share one source handle, since only the
  * planner's cost per source is measured, and the figure per million tokens
  * is printed so runs with different N compare directly, with wall and
- * thread CPU time (the latter is steadier on a shared machine).
+ * thread CPU time (the latter is steadier on a shared machine).  --paired
+ * also opens the same setting with one source and plans one step of each in
+ * turn, so the ratio per million tokens (N sources / 1 source, per step,
+ * median and p10/p90) is taken on the same seconds of a noisy machine.
+ * --tree: the kinetic tournament even for few weight classes (the draw
+ * scans up to PL__TN_SCAN_MAX classes' lines otherwise), to compare the two.
  *
  * Compiled against the static library and the internals (planner_internal.h)
  * to open sources as the CLI does; see README.md for the gcc line.
@@ -374,15 +379,26 @@ static int cmp_d(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-static int plan_time(const char *balance, int steps) {
+static int plan_time(const char *balance, int steps, int paired, int tree) {
     if (!file_exists("data/synthetic/lognormal_text_document.idx"))
         die("plan-time", "run bench/balance/make_synthetic.py first");
-    bench_planner b;
+    bench_planner b, one;
     planner_open(&b, 1, 16384, 512, 4096, "best_fit", balance, "llama-7b");
-    for (int s = 0; s < 3; s++) pl_plan_free(planner_next(&b)); /* warm-up */
+    if (tree) b.p->tn_scan_max = 0; /* the tournament whatever the classes */
+    if (paired) { /* the same setting with one source, stepped in turn */
+        int64_t n = n_synthetic_sources;
+        n_synthetic_sources = 1;
+        planner_open(&one, 1, 16384, 512, 4096, "best_fit", balance, "llama-7b");
+        n_synthetic_sources = n;
+    }
+    for (int s = 0; s < 3; s++) { /* warm-up */
+        pl_plan_free(planner_next(&b));
+        if (paired) pl_plan_free(planner_next(&one));
+    }
     double *t = calloc((size_t)steps, sizeof *t), lbr = 0;
     double *ct = calloc((size_t)steps, sizeof *ct);
-    int64_t chunks = 0, tokens = 0;
+    double *c1 = calloc((size_t)steps, sizeof *c1), *ratio = calloc((size_t)steps, sizeof *ratio);
+    int64_t chunks = 0, tokens = 0, tokens1 = 0;
     for (int s = 0; s < steps; s++) {
         double t0 = now_s(), c0 = cpu_s();
         pl_plan *p = planner_next(&b);
@@ -393,20 +409,42 @@ static int plan_time(const char *balance, int steps) {
         lbr += mx / p->lower_bound / steps;
         chunks += p->n_chunks;
         tokens += p->tokens;
+        if (paired) {
+            double d0 = cpu_s();
+            pl_plan *q = planner_next(&one);
+            c1[s] = cpu_s() - d0;
+            tokens1 += q->tokens;
+            ratio[s] = (ct[s] / (double)p->tokens) / (c1[s] / (double)q->tokens);
+            pl_plan_free(q);
+        }
         pl_plan_free(p);
     }
     qsort(t, (size_t)steps, sizeof *t, cmp_d);
     qsort(ct, (size_t)steps, sizeof *ct, cmp_d);
     double mtok = (double)tokens / steps / 1e6;
     printf("plan-time balance=%s dp=512 G=4096 seq=16384 synthetic sources=%" PRId64
-           " weights=%s: median %.2f ms, p90 %.2f ms, min %.2f ms over %d steps; "
+           " weights=%s%s: median %.2f ms, p90 %.2f ms, min %.2f ms over %d steps; "
            "%.3f ms per million tokens (median); thread CPU median %.2f ms, "
            "%.3f ms per million tokens; %.0f chunks/step; mean max/lb %.4f\n",
-           balance, n_synthetic_sources, weights_kind, 1e3 * t[steps / 2],
-           1e3 * t[steps * 9 / 10], 1e3 * t[0], steps, 1e3 * t[steps / 2] / mtok,
-           1e3 * ct[steps / 2], 1e3 * ct[steps / 2] / mtok, (double)chunks / steps, lbr);
+           balance, n_synthetic_sources, weights_kind, tree ? " (tree)" : "",
+           1e3 * t[steps / 2], 1e3 * t[steps * 9 / 10], 1e3 * t[0], steps,
+           1e3 * t[steps / 2] / mtok, 1e3 * ct[steps / 2], 1e3 * ct[steps / 2] / mtok,
+           (double)chunks / steps, lbr);
+    if (paired) {
+        qsort(c1, (size_t)steps, sizeof *c1, cmp_d);
+        qsort(ratio, (size_t)steps, sizeof *ratio, cmp_d);
+        double mtok1 = (double)tokens1 / steps / 1e6;
+        printf("paired with 1 source, steps in turn: thread CPU median %.2f ms, %.3f ms per "
+               "million tokens; per million tokens, %" PRId64 " sources / 1 source, per step: "
+               "median %.3fx (p10 %.3fx, p90 %.3fx)\n",
+               1e3 * c1[steps / 2], 1e3 * c1[steps / 2] / mtok1, n_synthetic_sources,
+               ratio[steps / 2], ratio[steps / 10], ratio[steps * 9 / 10]);
+        planner_close(&one);
+    }
     free(t);
     free(ct);
+    free(c1);
+    free(ratio);
     planner_close(&b);
     return 0;
 }
@@ -414,11 +452,13 @@ static int plan_time(const char *balance, int steps) {
 int main(int argc, char **argv) {
     const char *corpus = "both", *out = NULL, *balance = "karmarkar_karp";
     const char *seqs = "4096,8192,16384,32768", *dps = "8,64,512", *mults = "8,32";
-    int steps = 3, ptime = 0, steps_set = 0;
+    int steps = 3, ptime = 0, steps_set = 0, paired = 0, tree = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--plan-time")) ptime = 1;
+        else if (!strcmp(a, "--paired")) paired = 1;
+        else if (!strcmp(a, "--tree")) tree = 1;
         else if (!strcmp(a, "--corpus") && v) corpus = argv[++i];
         else if (!strcmp(a, "--steps") && v) steps = atoi(argv[++i]), steps_set = 1;
         else if (!strcmp(a, "--out") && v) out = argv[++i];
@@ -433,7 +473,7 @@ int main(int argc, char **argv) {
             return 2;
         }
     }
-    if (ptime) return plan_time(balance, steps_set ? steps : 100);
+    if (ptime) return plan_time(balance, steps_set ? steps : 100, paired, tree);
     int nseq, ndp, nmult;
     int64_t *seq = parse_list(seqs, &nseq), *dp = parse_list(dps, &ndp),
             *mult = parse_list(mults, &nmult);
