@@ -17,6 +17,7 @@
 
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #define PL__REPLY_VERSION 1u
 #define PL__REPLY_HEADER 32
@@ -78,8 +79,20 @@ static int pl__reply_plan(pl_source *const *sources, int64_t n_sources,
     return PL_OK;
 }
 
+static int64_t pl__mono_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
 int pl_reply_encode(pl_source *const *sources, int64_t n_sources, const pl_read *reads,
                     int64_t n, void *buf, size_t cap, size_t *len) {
+    return pl_reply_encode_timed(sources, n_sources, reads, n, buf, cap, len, NULL);
+}
+
+int pl_reply_encode_timed(pl_source *const *sources, int64_t n_sources,
+                          const pl_read *reads, int64_t n, void *buf, size_t cap,
+                          size_t *len, int64_t *source_ns) {
     char err[PL__ERRMSG_CAP];
     if (!len || n < 0 || n_sources < 0 || (n > 0 && (!reads || !sources))) return PL_EINVAL;
     pl__rimg *imgs = NULL;
@@ -123,18 +136,27 @@ int pl_reply_encode(pl_source *const *sources, int64_t n_sources, const pl_read 
     }
     unsigned char *itab = w;
     w += (size_t)n_imgs * PL__REPLY_IMAGE;
+    /* With source_ns, the clock is read where the source changes (a run of
+       one source's rows costs one reading) and after each image. */
+    int64_t t_prev = source_ns ? pl__mono_ns() : 0;
     for (int64_t i = 0; i < n && rc == PL_OK; i++) {
         pl_source *src = sources[reads[i].source];
         size_t nb = (size_t)reads[i].count * pl_dtype_size(pl_source_token_dtype(src));
         rc = pl_source_read_raw(src, &reads[i], 1, w, nb);
         if (rc) pl__fmt(err, sizeof err, "%s", pl_last_errmsg());
         w += nb;
+        if (source_ns && (i + 1 == n || reads[i + 1].source != reads[i].source)) {
+            int64_t t = pl__mono_ns();
+            source_ns[reads[i].source] += t - t_prev;
+            t_prev = t;
+        }
     }
     unsigned char *pix = w;
     for (int64_t k = 0; k < n_imgs && rc == PL_OK; k++) {
         pl__rimg *m = &imgs[k];
         int32_t status = PL_OK;
         size_t bytes = m->bytes;
+        if (source_ns) t_prev = pl__mono_ns();
         if (bytes) {
             char derr[PL__ERRMSG_CAP];
             status = pl__wds_read_image(sources[reads[m->row].source], m->index,
@@ -146,6 +168,7 @@ int pl_reply_encode(pl_source *const *sources, int64_t n_sources, const pl_read 
                 memcpy(pix + m->offset, derr, bytes);
             }
         }
+        if (source_ns) source_ns[reads[m->row].source] += pl__mono_ns() - t_prev;
         int64_t rec[4] = {m->row, m->tokens, m->height, m->width};
         int32_t st[2] = {status, 0};
         uint64_t ob[2] = {m->offset, bytes};

@@ -1754,6 +1754,21 @@ PL_API int pl_reply_encode(pl_source *const *sources, int64_t n_sources,
                            size_t cap, size_t *len);
 
 /*
+ * pl_reply_encode, and the time it spends on each source: source_ns, when
+ * not NULL, holds n_sources counters (int64 nanoseconds, CLOCK_MONOTONIC of
+ * the calling thread's work, so CPU time while nothing blocks) to which the
+ * call adds the time of each source's token reads and image decodes: how a
+ * process that hosts several sources splits its CPU over them (the Ray
+ * deployment's source loaders, whose cost per source sizes the pools).  The
+ * clock is read where consecutive reads change source and around each
+ * image, not per row.  The sizing call (buf NULL) adds nothing; on an error
+ * the counters hold what was done before it.  Otherwise as pl_reply_encode.
+ */
+PL_API int pl_reply_encode_timed(pl_source *const *sources, int64_t n_sources,
+                                 const pl_read *reads, int64_t n, void *buf,
+                                 size_t cap, size_t *len, int64_t *source_ns);
+
+/*
  * Check a reply (magic, version, length, checksum, every table entry inside
  * the buffer) and point rows[i] and images[k] into buf (borrowed: valid
  * while buf is).  Writes at most rows_cap / images_cap entries; *n_rows and

@@ -145,6 +145,23 @@ static void *package_from_reply(pl_source **src, int64_t ns, const pl_plan *plan
     void *reply = malloc(rl);
     CHECK_EQ_I64(pl_reply_encode(src, ns, reads, n, reply, rl - 1, &rl), PL_EINVAL);
     CHECK_OK(pl_reply_encode(src, ns, reads, n, reply, rl, &rl));
+    /* The timed variant: the same bytes, and time only for the sources read
+       (the sizing call adds none). */
+    int64_t *tns = calloc((size_t)ns, sizeof *tns);
+    size_t rl2 = 0;
+    CHECK_OK(pl_reply_encode_timed(src, ns, reads, n, NULL, 0, &rl2, tns));
+    CHECK_EQ_I64((int64_t)rl2, (int64_t)rl);
+    for (int64_t s = 0; s < ns; s++) CHECK_EQ_I64(tns[s], 0);
+    void *reply2 = malloc(rl);
+    CHECK_OK(pl_reply_encode_timed(src, ns, reads, n, reply2, rl, &rl2, tns));
+    CHECK(rl2 == rl && memcmp(reply, reply2, rl) == 0);
+    for (int64_t s = 0; s < ns; s++) {
+        int read = 0;
+        for (int64_t i = 0; i < n; i++) read |= reads[i].source == s;
+        CHECK(read ? tns[s] > 0 : tns[s] == 0);
+    }
+    free(reply2);
+    free(tns);
     int64_t nr = 0, ni = 0;
     CHECK_OK(pl_reply_decode(reply, rl, NULL, 0, NULL, 0, &nr, &ni));
     CHECK_EQ_I64(nr, n);

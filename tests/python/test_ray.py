@@ -1626,6 +1626,30 @@ def test_images_through_the_deployment(cluster, vlm_dir, tmp_path, monkeypatch, 
     assert pixels > px_bytes
 
 
+def test_shared_loader_charges_each_source_its_own_cpu(cluster, vlm_dir, monkeypatch):
+    """One source loader serving an image source and a token source splits the CPU of
+    its reads by the time C measured for each source, not by their tokens: the photos'
+    decoding is charged to the image source (before, both got the same CPU per token,
+    and the autoscaler had to guess the split from calibrations)."""
+    monkeypatch.chdir(vlm_dir)
+    cfg = _vlm_config("fixed", topology={"dp": 1}, global_batch_size=4, train_steps=6)
+    with pr.launch(cfg, max_source_loader_actors=1, shadows=0, namespace=NS,
+                   name="vlm_split") as dep:
+        with pr.Client(cfg, rank=0, namespace=NS, name="vlm_split") as c:
+            n = sum(1 for _ in c)
+        assert n == 6 * 2  # 6 steps of 2 micro-batches
+        slots = dep.scaling()["slots"]
+        assert len(slots) == 1
+        prof = ray.get(ray.get_actor(slots[0]["actors"][0], namespace=NS).profile.remote())
+    assert prof["read_split"] == "time"
+    img, txt = prof["sources"][0], prof["sources"][1]
+    assert img["tokens"] > 0 and txt["tokens"] > 0
+    per_img, per_txt = img["read_cpu_s"] / img["tokens"], txt["read_cpu_s"] / txt["tokens"]
+    # a decoded, resized photo costs orders of magnitude more per token than copied tokens
+    assert per_img > 10 * per_txt, prof
+    assert img["read_cpu_s"] + txt["read_cpu_s"] == pytest.approx(prof["read_cpu_s"], rel=1e-6)
+
+
 def test_damaged_image_in_the_deployment(cluster, vlm_dir, monkeypatch):
     """A photo that does not decode fails, in the deployment, the same micro-batch as in
     the embedded loader, with the same exception type and message (shard, member, offset):

@@ -431,3 +431,56 @@ def test_image_probe():
         _core.image_probe(b"GIF89a" + bytes(40))
     assert _core.image_probe(b"\x89PNG\r\n\x1a\n\0\0\0\rIHDR\0\0\x01\x00\0\0\x00\x80") \
         == (256, 128)
+
+
+def test_reply_times_each_source(corpus, tmp_path):
+    """read_rows_reply / read_rows_raw with source_ns: the time of each source's reads is
+    added to its own counter (a source loader hosting several sources splits its CPU by
+    them: an image source's decodes are not charged to the tokens read beside it); the
+    reply is the same bytes as without; a bad counter array is refused."""
+    import yaml
+
+    out, _ = corpus
+    rng = np.random.default_rng(0)
+    np.asarray(rng.integers(1, 256, size=20000), dtype=np.uint16).tofile(str(tmp_path / "t.bin"))
+    cfg = _core.Config.parse_string(yaml.safe_dump({
+        "global_batch_size": 1,
+        "sources": [{"name": "img", "type": "webdataset", "index": "memory",
+                     "path": str(out / "shard-{000000..000003}.tar"),
+                     "image": {"token_id": IMG}},
+                    {"name": "txt", "type": "flat", "path": str(tmp_path / "t.bin")}]}))
+    img, txt = cfg.open_source(0), cfg.open_source(1)
+    srcs = [img, txt]
+    n_img = len(img)
+    assert n_img >= 20
+    # rows alternate: every image (whole run: decoded here) and 200 tokens of text
+    rows = []
+    for d in range(n_img):
+        rows.append([0, d, 0, img.document_length(d)])
+        rows.append([1, 0, 200 * d, 200])
+    reads = np.asarray(rows, dtype=np.int64)
+    ns = np.zeros(2, np.int64)
+    reply = _core.read_rows_reply(srcs, reads, ns)
+    assert reply == _core.read_rows_reply(srcs, reads)
+    assert ns[0] > 0 and ns[1] > 0
+    img_tokens = int(reads[reads[:, 0] == 0, 3].sum())
+    txt_tokens = int(reads[reads[:, 0] == 1, 3].sum())
+    # Decoding and resizing a photo costs orders of magnitude more per token than
+    # copying tokens (a split by tokens would make the two equal).
+    assert ns[0] / img_tokens > 10 * ns[1] / txt_tokens, (ns, img_tokens, txt_tokens)
+    # counters add up over calls; only the sources read are charged
+    before = ns.copy()
+    _core.read_rows_reply(srcs, reads[reads[:, 0] == 1], ns)
+    assert ns[0] == before[0] and ns[1] > before[1]
+    ns2 = np.zeros(2, np.int64)
+    data, offs = _core.read_rows_raw([None, txt], reads[reads[:, 0] == 1], ns2)
+    assert ns2[0] == 0 and ns2[1] > 0
+    assert data == _core.read_rows_raw([None, txt], reads[reads[:, 0] == 1])[0]
+    for bad in (np.zeros(1, np.int64), np.zeros(2, np.int32), np.zeros(2, np.float64),
+                np.zeros(2, np.int64)[::-1].copy().view(np.uint8)):
+        with pytest.raises(TypeError, match="source_ns"):
+            _core.read_rows_reply(srcs, reads, bad)
+    ro = np.zeros(2, np.int64)
+    ro.flags.writeable = False
+    with pytest.raises((TypeError, BufferError, ValueError)):
+        _core.read_rows_raw([None, txt], reads[reads[:, 0] == 1], ro)

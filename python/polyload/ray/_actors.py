@@ -747,6 +747,7 @@ class SourceLoader:
         self._cpu_start = time.process_time()
         self._busy = 0.0
         self._read_cpu = 0.0  # thread CPU seconds of reads so far
+        self._timed_calls = 0  # reads of several sources split by their C-measured times
         self._set_shards(self._shards)
         # Image-text sources in the config: reads are answered as C replies (below).
         self._images = cfg.get_int("image_sources") > 0
@@ -787,26 +788,34 @@ class SourceLoader:
         return {"pid": os.getpid(), "node_id": _node_id(), "shards": self._shards}
 
     def _account(self, rows: np.ndarray, tokens: np.ndarray, nbytes: int, wall: float,
-                 cpu: float, delivered: bool = True) -> None:
-        """Add one call to the cost profile, split over its sources by their share of
-        its tokens: wall seconds, rows, tokens (delivered by reads, or tokenized by
-        lengths calls), bytes and, for reads, the reading thread's CPU seconds."""
+                 cpu: float, delivered: bool = True,
+                 ns: Optional[np.ndarray] = None) -> None:
+        """Add one call to the cost profile, split over its sources: wall seconds, rows,
+        tokens (delivered by reads, or tokenized by lengths calls), bytes and, for
+        reads, the reading thread's CPU seconds.  Wall and CPU go by each source's
+        share of the call's time measured in C (``ns``: nanoseconds per source index,
+        from ``read_rows_raw`` / ``read_rows_reply``) when given, else by its share of
+        the tokens; bytes by the tokens."""
         srcs = np.unique(rows).tolist()
         total = float(tokens.sum()) or 1.0
+        t_total = float(ns[srcs].sum()) if ns is not None else 0.0
         with self._prof_lock:
             self._busy += wall
+            if t_total > 0:
+                self._timed_calls += 1
             for s in srcs:
                 sel = rows == s
                 tok = float(tokens[sel].sum())
                 share = tok / total if len(srcs) > 1 else 1.0
+                tshare = float(ns[s]) / t_total if t_total > 0 else share
                 p = self._prof[int(s)]
-                p[0] += wall * share
+                p[0] += wall * tshare
                 p[1] += int(sel.sum())
                 p[3] += int(nbytes * share)
                 p[4] += 1
                 if delivered:
                     p[2] += int(tok)
-                    p[5] += cpu * share
+                    p[5] += cpu * tshare
                 else:
                     p[6] += int(tok)
 
@@ -815,11 +824,13 @@ class SourceLoader:
         """The measured cost profile since the actor started (counters; the autoscaler
         takes differences): ``{"cpu_s": CPU seconds of the process, "read_cpu_s": of
         which reads (their thread's ``time.thread_time``: the C read runs in it),
-        "wall_s": seconds alive, "busy_s": seconds in calls, "sources": {source index:
-        {"busy_s", "rows", "tokens" (delivered by reads), "tokenized" (tokens of the
-        lengths calls: raw text tokenized here), "bytes", "calls", "read_cpu_s"}}}``.
-        The rest of the process's CPU time is tokenizing (on the raw sources' threads)
-        and Ray's own threads."""
+        "wall_s": seconds alive, "busy_s": seconds in calls, "read_split": "time"
+        (a read of several sources splits its CPU by the time C measured for each;
+        profiles without it split by tokens), "sources": {source index: {"busy_s",
+        "rows", "tokens" (delivered by reads), "tokenized" (tokens of the lengths calls:
+        raw text tokenized here), "bytes", "calls", "read_cpu_s"}}}``.  The rest of the
+        process's CPU time is tokenizing (on the raw sources' threads) and Ray's own
+        threads."""
         if not self._ready:
             return {"cpu_s": 0.0, "read_cpu_s": 0.0, "wall_s": 0.0, "busy_s": 0.0,
                     "sources": {}, "shards": self._shards}
@@ -830,7 +841,7 @@ class SourceLoader:
             per = self._prof[seen].tolist()
         return {"cpu_s": cpu, "read_cpu_s": read_cpu,
                 "wall_s": time.monotonic() - self._t_start, "busy_s": busy,
-                "shards": self._shards, "pid": os.getpid(),
+                "shards": self._shards, "pid": os.getpid(), "read_split": "time",
                 "sources": {s: {"busy_s": v[0], "rows": int(v[1]), "tokens": int(v[2]),
                                 "bytes": int(v[3]), "calls": int(v[4]), "read_cpu_s": v[5],
                                 "tokenized": int(v[6])}
@@ -853,28 +864,34 @@ class SourceLoader:
                 f"{int(reads[j, 1])} of source {int(reads[j, 0])} is outside its partitions "
                 f"{self._shards}")
         self._standby = False  # serving: a standby took over
+        # a call that reads several sources is timed per source in C, and its CPU is
+        # split by those times (an image source's decodes are not charged to the
+        # tokens beside it)
+        ns = np.zeros(len(self._srcs), np.int64) if len(reads) and \
+            (reads[:, 0] != reads[0, 0]).any() else None
         t0, c0 = time.monotonic(), time.thread_time()
         if self._images:
-            out = self._read_reply(reads)
+            out = self._read_reply(reads, ns)
             cpu = time.thread_time() - c0
             with self._prof_lock:
                 self._read_cpu += cpu
-            self._account(reads[:, 0], reads[:, 3], len(out), time.monotonic() - t0, cpu)
+            self._account(reads[:, 0], reads[:, 3], len(out), time.monotonic() - t0, cpu,
+                          ns=ns)
             return out
-        data, _offsets = _core.read_rows_raw(self._srcs, reads)
+        data, _offsets = _core.read_rows_raw(self._srcs, reads, ns)
         cpu = time.thread_time() - c0
         with self._prof_lock:
             self._read_cpu += cpu
-        self._account(reads[:, 0], reads[:, 3], len(data), time.monotonic() - t0, cpu)
+        self._account(reads[:, 0], reads[:, 3], len(data), time.monotonic() - t0, cpu, ns=ns)
         return np.frombuffer(data, dtype=np.uint8)
 
-    def _read_reply(self, reads: np.ndarray) -> np.ndarray:
+    def _read_reply(self, reads: np.ndarray, ns: Optional[np.ndarray] = None) -> np.ndarray:
         """The reply of a deployment with image-text sources (``pl_reply_encode``, one C
         call): the rows' tokens at stored width plus the image of every row that holds a
         sample's placeholder run, decoded and resized here (the sample-level work of a
         source loader); a bad image travels as its error, which the micro-batch that
         needs it reports.  Parsed by the constructor in C (``complete_replies``)."""
-        return np.frombuffer(_core.read_rows_reply(self._srcs, reads), dtype=np.uint8)
+        return np.frombuffer(_core.read_rows_reply(self._srcs, reads, ns), dtype=np.uint8)
 
     @ray.method(enable_task_events=False)
     def lengths(self, source: int, indices: List[int]):

@@ -831,8 +831,8 @@ class Autoscaler:
             src = np.array([[p["sources"][s][k] for k in ("busy_s", "tokenized", "tokens",
                                                           "read_cpu_s")] for s in served],
                            dtype=np.float64).reshape(-1, 4)
-            p = {k: p[k] for k in ("pid", "busy_s", "wall_s", "cpu_s", "read_cpu_s")
-                 if k in p}
+            p = {k: p[k] for k in ("pid", "busy_s", "wall_s", "cpu_s", "read_cpu_s",
+                                   "read_split") if k in p}
             p["index"], p["sources"] = np.asarray(served, dtype=np.int64), src
             prev_profs[j] = p
             if q is None or q.get("pid") != p.get("pid"):  # new or restarted: no delta
@@ -841,10 +841,13 @@ class Autoscaler:
             slot_util[j] = min(1.0, (p["busy_s"] - q["busy_s"]) /
                                max(1e-6, p["wall_s"] - q["wall_s"]))
             slot_cpu[j] = (p["cpu_s"] - q["cpu_s"]) / max(1e-6, p["wall_s"] - q["wall_s"])
-            # A loader's reads and its tokenizing serve all its sources at once: their
-            # CPU is split over the sources by tokens x each source's calibrated cost
-            # (measured alone), so an image source packed with a token source is not
-            # charged to the tokens.  A dedicated loader's figures are exact.
+            # A loader's reads and its tokenizing serve all its sources at once.  Reads:
+            # the actor splits each call's CPU by the time C measured per source
+            # ("read_split": "time"), taken as it is; a profile without it is split
+            # here by tokens x each source's calibrated cost (measured alone), so an
+            # image source packed with a token source is not charged to the tokens.
+            # Tokenizing is split that way too.  A dedicated loader's figures are exact.
+            timed = p.get("read_split") == "time"
             other = max(0.0, (p["cpu_s"] - q["cpu_s"]) - (p["read_cpu_s"] - q["read_cpu_s"]))
             d_tkz, d_read, d_rcpu = {}, {}, 0.0
             qi = q["index"]  # the previous look's counters of the same sources (0: none)
@@ -860,11 +863,13 @@ class Autoscaler:
                 d_read[s] = int(v[2] - u[2])
                 d_rcpu += float(v[3] - u[3])
                 read_tok[s] += d_read[s]
+                if timed:
+                    read_cpu[s] += float(v[3] - u[3])
             w_read = {s: d_read[s] * self._prior(s) for s in d_read}
             w_tkz = {s: d_tkz[s] * self._prior(s) for s in d_tkz}
             sr, st = sum(w_read.values()), sum(w_tkz.values())
             for s in d_read:
-                if sr > 0:
+                if sr > 0 and not timed:
                     read_cpu[s] += d_rcpu * w_read[s] / sr
                 if st > 0 and d_tkz[s] > 0:
                     tok_cpu[s] += other * w_tkz[s] / st
