@@ -346,7 +346,8 @@ static PyMethodDef module_methods[] = {
      "each row's byte offset.  What a source-loader actor answers, in one call.\n"
      "source_ns: None, or a writable int64 array of len(sources) to which the\nnanoseconds "
      "spent on each source's rows are added (CLOCK_MONOTONIC, read where\nthe source "
-     "changes): how a loader hosting several sources splits its CPU."},
+     "changes: ~60 ns a reading, a few per cent of a call whose sources\nalternate row "
+     "by row)."},
     {"read_rows_reply", pypl_read_rows_reply, METH_VARARGS,
      "read_rows_reply(sources, reads, source_ns=None) -> bytes\n\nThe reply of a source "
      "loader whose sources have images (pl_reply_encode):\ntokens of every row at stored "
