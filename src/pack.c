@@ -32,6 +32,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+/* Levels of the free-space bitmap: 64^5 > PL__MAX_SEQ_LENGTH + 1 values. */
+#define PL__PACK_LEVELS 5
+_Static_assert(PL__MAX_SEQ_LENGTH + 1 <= (INT64_C(1) << (6 * PL__PACK_LEVELS)),
+               "the free-space bitmap covers every seq_length");
+
 typedef struct pl__pack {
     int64_t bins, space;  /* bins and their capacity the scratch was made for */
     int64_t long_threshold; /* long_short.threshold, 0: off */
@@ -40,15 +45,17 @@ typedef struct pl__pack {
     int32_t *head;        /* [space + 1] first bin with that free space */
     int32_t *next, *prev; /* [bins] bucket links */
     int levels;
-    uint64_t *bits[4];    /* bits[0]: leaves over free-space values */
-    int64_t nwords[4];
+    uint64_t *bits[PL__PACK_LEVELS]; /* bits[0]: leaves over free-space values */
+    int64_t nwords[PL__PACK_LEVELS];
     int32_t *bin_of;      /* [n placed] */
     pl__chunks placed;
     pl__chunks drawn;
     pl__chunks newcarry;
     struct pl__sort_key *order; /* sort scratch */
-    struct pl__sort_key *order_tmp; /* [order_cap] the radix sort's other half */
+    struct pl__sort_key *order_tmp; /* the radix sort's other half [tmp_cap] */
     int64_t *count;             /* counting-sort scratch [space + 2] */
+    int64_t *rcount;            /* radix-sort scratch [2^PL__RADIX_MAX_BITS] */
+    int64_t tmp_cap;
     int64_t order_cap, bin_of_cap;
 } pl__pack;
 
@@ -59,11 +66,12 @@ void pl__pack_free(void *v) {
     free(k->head);
     free(k->next);
     free(k->prev);
-    for (int i = 0; i < 4; i++) free(k->bits[i]);
+    for (int i = 0; i < PL__PACK_LEVELS; i++) free(k->bits[i]);
     free(k->bin_of);
     free(k->order);
     free(k->order_tmp);
     free(k->count);
+    free(k->rcount);
     pl__chunks_free(&k->placed);
     pl__chunks_free(&k->drawn);
     pl__chunks_free(&k->newcarry);
@@ -102,7 +110,7 @@ static int pl__pack_alloc_into(pl__pack *k, int64_t bins, int64_t space) {
     k->levels = 0;
     do {
         int64_t w = (n + 63) / 64;
-        if (k->levels == 4) return PL_EINVAL; /* seq_length > 2^24 */
+        if (k->levels == PL__PACK_LEVELS) return PL_EINVAL; /* seq_length > 2^24 */
         k->nwords[k->levels] = w;
         k->bits[k->levels] = pl__calloc((size_t)w, sizeof(uint64_t));
         if (!k->bits[k->levels]) return PL_ENOMEM;
@@ -195,8 +203,9 @@ typedef struct pl__sort_key {
     int64_t len, idx;
 } pl__sort_key;
 
-/* The radix sort's digits are at most this many bits (a count array of
- * 2^PL__RADIX_MAX_BITS on the stack). */
+/* The two radix passes take half the bits of a key 0..seq_length each; they
+ * are used only while the larger half has at most this many bits (a scratch
+ * of 2^12 counts: keys below 2^24), the one counting pass beyond. */
 #define PL__RADIX_MAX_BITS 12
 
 /* Sort indices of c[0..n) by decreasing padded length into k->order: a
@@ -213,9 +222,6 @@ static int pl__sort_desc(pl__pack *k, const pl_planner *p, const pl_chunk *c,
         pl__sort_key *v = pl__realloc_array(k->order, (size_t)n, sizeof *v);
         if (!v) return PL_ENOMEM;
         k->order = v;
-        pl__sort_key *t = pl__realloc_array(k->order_tmp, (size_t)n, sizeof *t);
-        if (!t) return PL_ENOMEM;
-        k->order_tmp = t;
         k->order_cap = n;
     }
     const int64_t S = k->space;
@@ -224,7 +230,19 @@ static int pl__sort_desc(pl__pack *k, const pl_planner *p, const pl_chunk *c,
     const int lo = bits / 2, hi = bits - lo;
     if (hi <= PL__RADIX_MAX_BITS &&
         2 * (2 * n + (INT64_C(1) << hi)) < S + 2 * n) {
-        int64_t cnt[INT64_C(1) << PL__RADIX_MAX_BITS];
+        /* scratch of its own (heap: 32 KiB of counts would be a large frame
+           on a loader thread's stack), made on first use */
+        if (n > k->tmp_cap) {
+            pl__sort_key *t = pl__realloc_array(k->order_tmp, (size_t)n, sizeof *t);
+            if (!t) return PL_ENOMEM;
+            k->order_tmp = t;
+            k->tmp_cap = n;
+        }
+        if (!k->rcount) {
+            k->rcount = pl__calloc((size_t)1 << PL__RADIX_MAX_BITS, sizeof *k->rcount);
+            if (!k->rcount) return PL_ENOMEM;
+        }
+        int64_t *cnt = k->rcount;
         pl__sort_key *a = k->order_tmp, *b = k->order;
         const int64_t lmask = (INT64_C(1) << lo) - 1;
         /* pass 1, low digit: input (draw order) into a */

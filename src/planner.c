@@ -379,7 +379,9 @@ static void pl__hfix(pl_planner *p, int64_t c, int64_t q) {
  * recomputed, and so is every node whose certificate has come due.  The
  * certificate is a lower bound computed in doubles (safe: a node recomputed
  * early keeps its winner and gets a later certificate); winners are always
- * decided by exact comparisons, so the result is the exact argmax.
+ * decided by exact comparisons, so the result is the exact argmax.  With
+ * at most PL__TN_SCAN_MAX classes (tn_scan) the tree is not kept: the leaves
+ * hold the lines and the draw scans them (pl__tn_scan_argmax).
  */
 #define PL__NEVER INT64_MAX
 
@@ -452,7 +454,8 @@ static inline void pl__tn_leaf(pl_planner *p, int64_t c) {
 }
 
 /* Class c's line changed (its top member, its drawn tokens, or it emptied):
- * set its leaf and recompute its path at g, fixing what came due beside it.
+ * set its leaf and (with the tree; a scan reads the leaves' lines only)
+ * recompute its path at g, fixing what came due beside it.
  * The path's winner (champion) stays in registers from level to level and
  * the siblings' lines do not depend on it, so the levels' comparisons and
  * certificate divisions overlap instead of forming one chain through

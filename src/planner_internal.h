@@ -96,8 +96,9 @@ struct pl_planner {
      * weight and target at the step's start.  Members of a class keep equal
      * targets through the step, so the one with the largest deficit is the
      * one with the fewest drawn tokens (then the lowest index): a 4-ary heap
-     * per class.  The classes' deficits are lines in g (slope: the weight),
-     * and a kinetic tournament over them finds the largest (tn_*). */
+     * per class.  The classes' deficits are lines in g (slope: the weight);
+     * the largest is found by a scan of the lines for up to PL__TN_SCAN_MAX
+     * classes, by a kinetic tournament over them beyond (tn_*). */
     int use_cls;             /* 0: the linear reference draw (tests) */
     int draw_linear;         /* tests: always the linear draw (the reference) */
     int64_t n_cls;

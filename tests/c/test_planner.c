@@ -271,6 +271,23 @@ static void test_truncate(corpus *c) {
     close_planner(&o);
 }
 
+/* The largest seq_length the config takes (PL__MAX_SEQ_LENGTH = 2^24) plans:
+ * the packer's free-space bitmap has a level for it (it had one too few and
+ * failed every step, reported as "out of memory"). */
+static void test_largest_seq_length(corpus *c) {
+    opened o;
+    open_planner(&o, corpus_config(c, "seq_length: 16777216\nglobal_batch_size: 1", NULL));
+    for (int step = 0; step < 2; step++) {
+        pl_plan *pl = NULL;
+        CHECK_OK(pl_planner_next(o.p, &pl));
+        if (!pl) break;
+        check_plan_shape(pl, PL__MAX_SEQ_LENGTH, 1);
+        CHECK(pl->seq_tokens[0] > PL__MAX_SEQ_LENGTH - 1024); /* filled but for a gap */
+        pl_plan_free(pl);
+    }
+    close_planner(&o);
+}
+
 /* A linear schedule moves the per-step realized fraction of source 0 from
  * about 0.9 to about 0.1. */
 static void test_schedule(corpus *c) {
@@ -332,6 +349,7 @@ int main(void) {
     test_dp_agnostic(&c);
     test_concat_chunk(&c);
     test_truncate(&c);
+    test_largest_seq_length(&c);
     test_schedule(&c);
     test_empty_source();
     corpus_free(&c);

@@ -1,7 +1,11 @@
 /*
  * The mixture draw (issue 13, planning cost independent of the number of
- * sources): the classes and the kinetic tournament of planner.c must give
- * exactly the largest-deficit rule with exact fixed-point targets.  Checks:
+ * sources): the classes, and over them the scan (up to PL__TN_SCAN_MAX
+ * classes) or the kinetic tournament of planner.c, must give exactly the
+ * largest-deficit rule with exact fixed-point targets.  Every comparison of
+ * 2 and 3 runs twice: as the library chooses, and with the tournament
+ * forced (tn_scan_max 0), so the tree is checked with few classes too.
+ * Checks:
  *
  *  1. Golden hashes of every plan and state blob of 40 steps of several
  *     configs (weights, ties, linear and step schedules with zero weights,
@@ -314,11 +318,12 @@ static uint64_t rng(uint64_t *x) {
 static int only_kind = -1; /* >= 0: every round of that weight kind */
 
 static void compare_draws_(const char *yaml, int rounds, int draws, uint64_t seed,
-                           int linear) {
+                           int linear, int tree) {
     run a, b;
     run_open(&a, yaml);
     run_open(&b, yaml);
     a.p->draw_linear = linear; /* the library's linear draw */
+    if (tree) a.p->tn_scan_max = 0; /* the tournament even for few classes */
     const int64_t n = a.n;
     uint64_t x = seed;
     int64_t mismatches = 0, compared = 0;
@@ -363,7 +368,7 @@ static void compare_draws_(const char *yaml, int rounds, int draws, uint64_t see
         if (memcmp(a.p->src, b.p->src, (size_t)n * sizeof *a.p->src)) mismatches++;
     }
     fprintf(stderr, "compare_draws%s: %lld sources, %lld draws, %lld mismatches\n",
-            linear ? " (linear)" : "", (long long)n, (long long)compared,
+            linear ? " (linear)" : tree ? " (tree)" : "", (long long)n, (long long)compared,
             (long long)mismatches);
     CHECK_EQ_I64(mismatches, 0);
     CHECK(compared > (int64_t)rounds * draws / 2);
@@ -372,8 +377,9 @@ static void compare_draws_(const char *yaml, int rounds, int draws, uint64_t see
 }
 
 static void compare_draws(const char *yaml, int rounds, int draws, uint64_t seed) {
-    compare_draws_(yaml, rounds, draws, seed, 0);
-    compare_draws_(yaml, rounds / 3, draws, seed + 1, 1);
+    compare_draws_(yaml, rounds, draws, seed, 0, 0);
+    compare_draws_(yaml, rounds, draws, seed, 0, 1);
+    compare_draws_(yaml, rounds / 3, draws, seed + 1, 1, 0);
 }
 
 static void test_reference(const corpus *c) {
@@ -411,10 +417,12 @@ static void test_reference(const corpus *c) {
     only_kind = 4;
     snprintf(y, sizeof y, "seq_length: 64\nglobal_batch_size: 8\nseed: 12\n");
     sources_yaml(y, sizeof y, c, 60, w60);
-    compare_draws_(y, 150, 2000, 2024, 0);
+    compare_draws_(y, 150, 2000, 2024, 0, 0);
+    compare_draws_(y, 150, 2000, 2024, 0, 1);
     snprintf(y, sizeof y, "seq_length: 16\nglobal_batch_size: 8\nseed: 13\n");
     sources_yaml(y, sizeof y, c, 13, w60);
-    compare_draws_(y, 150, 2000, 2025, 0);
+    compare_draws_(y, 150, 2000, 2025, 0, 0);
+    compare_draws_(y, 150, 2000, 2025, 0, 1);
     only_kind = -1;
 }
 
@@ -422,11 +430,12 @@ static void test_reference(const corpus *c) {
  * concat_chunk, a resume that restarts the targets) by the tournament and
  * by the library's linear draw: every plan and every state blob must be the
  * same. */
-static void compare_runs(const char *yaml, int steps, const char *label) {
+static void compare_runs_(const char *yaml, int steps, const char *label, int tree) {
     run a, b;
     run_open(&a, yaml);
     run_open(&b, yaml);
     b.p->draw_linear = 1;
+    if (tree) a.p->tn_scan_max = 0;
     int64_t mism = 0, classed = 0;
     int s = 0;
     for (; s < steps; s++) {
@@ -441,12 +450,17 @@ static void compare_runs(const char *yaml, int steps, const char *label) {
         pl_plan_free(pb);
         if (ra || rb) break;
     }
-    fprintf(stderr, "compare_runs %s: %d steps, %lld by classes, %lld mismatches\n",
-            label, s, (long long)classed, (long long)mism);
+    fprintf(stderr, "compare_runs %s%s: %d steps, %lld by classes, %lld mismatches\n",
+            label, tree ? " (tree)" : "", s, (long long)classed, (long long)mism);
     CHECK_EQ_I64(mism, 0);
     CHECK(classed > 0);
     run_close(&a);
     run_close(&b);
+}
+
+static void compare_runs(const char *yaml, int steps, const char *label) {
+    compare_runs_(yaml, steps, label, 0);
+    compare_runs_(yaml, steps, label, 1);
 }
 
 static void test_classes(const corpus *c) {
