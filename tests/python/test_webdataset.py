@@ -434,7 +434,7 @@ def test_image_probe():
 
 
 def test_reply_times_each_source(corpus, tmp_path):
-    """read_rows_reply / read_rows_raw with source_ns: the time of each source's reads is
+    """read_rows_reply with source_ns: the time of each source's reads is
     added to its own counter (a source loader hosting several sources splits its CPU by
     them: an image source's decodes are not charged to the tokens read beside it); the
     reply is the same bytes as without; a bad counter array is refused."""
@@ -472,10 +472,6 @@ def test_reply_times_each_source(corpus, tmp_path):
     before = ns.copy()
     _core.read_rows_reply(srcs, reads[reads[:, 0] == 1], ns)
     assert ns[0] == before[0] and ns[1] > before[1]
-    ns2 = np.zeros(2, np.int64)
-    data, offs = _core.read_rows_raw([None, txt], reads[reads[:, 0] == 1], ns2)
-    assert ns2[0] == 0 and ns2[1] > 0
-    assert data == _core.read_rows_raw([None, txt], reads[reads[:, 0] == 1])[0]
     for bad in (np.zeros(1, np.int64), np.zeros(2, np.int32), np.zeros(2, np.float64),
                 np.zeros(2, np.int64)[::-1].copy().view(np.uint8)):
         with pytest.raises(TypeError, match="source_ns"):
@@ -483,4 +479,4 @@ def test_reply_times_each_source(corpus, tmp_path):
     ro = np.zeros(2, np.int64)
     ro.flags.writeable = False
     with pytest.raises((TypeError, BufferError, ValueError)):
-        _core.read_rows_raw([None, txt], reads[reads[:, 0] == 1], ro)
+        _core.read_rows_reply(srcs, reads[reads[:, 0] == 1], ro)

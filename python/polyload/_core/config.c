@@ -12,7 +12,6 @@
 #include "internal.h" /* pl__source_read/length: thread-safe error messages */
 
 #include <string.h>
-#include <time.h>
 
 /* ------------------------------------------------------------- Config */
 
@@ -724,9 +723,9 @@ static PyObject *source_read_raw(PyPlSource *o, PyObject *arg) {
     return b;
 }
 
-/* The optional source_ns argument of read_rows_raw / read_rows_reply: a
- * writable, C-contiguous int64 buffer of at least ns entries (an int64 numpy
- * array), to which the call adds nanoseconds per source.  0 and *out NULL
+/* The optional source_ns argument of read_rows_reply: a writable,
+ * C-contiguous int64 buffer of at least ns entries (an int64 numpy array),
+ * to which the call adds nanoseconds per source.  0 and *out NULL
  * when obj is NULL or None; -1 with an exception when it is not such a
  * buffer.  The view is released by the caller (PyBuffer_Release). */
 static int pypl_source_ns(PyObject *obj, Py_ssize_t ns, Py_buffer *view, int64_t **out) {
@@ -748,23 +747,14 @@ static int pypl_source_ns(PyObject *obj, Py_ssize_t ns, Py_buffer *view, int64_t
     return 0;
 }
 
-static int64_t pypl_mono_ns(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
-}
-
 /* read_rows_raw(sources, reads) -> (bytes, offsets): rows of several sources
  * (sources[reads[i, 0]] a Source) at their stored widths, back to back in
  * row order; offsets[i] is the byte offset of row i.  One call for what a
- * source loader actor answers.  source_ns (optional): see pypl_source_ns;
- * the time of each source's rows is added to it (the clock is read where
- * the source changes from one row to the next). */
+ * source loader actor answers. */
 PyObject *pypl_read_rows_raw(PyObject *self, PyObject *args) {
     (void)self;
-    PyObject *srcs_obj, *reads_obj, *ns_obj = NULL;
-    if (!PyArg_ParseTuple(args, "OO|O:read_rows_raw", &srcs_obj, &reads_obj, &ns_obj))
-        return NULL;
+    PyObject *srcs_obj, *reads_obj;
+    if (!PyArg_ParseTuple(args, "OO:read_rows_raw", &srcs_obj, &reads_obj)) return NULL;
     PyObject *srcs = PySequence_Fast(srcs_obj, "sources must be a sequence");
     if (!srcs) return NULL;
     pl_read *reads = NULL;
@@ -777,13 +767,10 @@ PyObject *pypl_read_rows_raw(PyObject *self, PyObject *args) {
     pl_source **h = PyMem_Calloc((size_t)(ns ? ns : 1), sizeof *h);
     int64_t *offs = malloc((size_t)(n ? n : 1) * sizeof(int64_t));
     PyObject *ret = NULL, *b = NULL;
-    Py_buffer nsv;
-    int64_t *src_ns = NULL;
     if (!h || !offs) {
         PyErr_NoMemory();
         goto out;
     }
-    if (pypl_source_ns(ns_obj, ns, &nsv, &src_ns) < 0) goto out;
     for (Py_ssize_t i = 0; i < ns; i++) {
         PyObject *it = PySequence_Fast_GET_ITEM(srcs, i);
         if (it != Py_None && !PyObject_TypeCheck(it, &PyPl_SourceType)) {
@@ -808,16 +795,10 @@ PyObject *pypl_read_rows_raw(PyObject *self, PyObject *args) {
     char *buf = PyBytes_AS_STRING(b);
     int rc = PL_OK;
     Py_BEGIN_ALLOW_THREADS
-    int64_t t_prev = src_ns ? pypl_mono_ns() : 0;
     for (int64_t i = 0; i < n && rc == PL_OK; i++) {
         pl_source *src = h[reads[i].source];
         size_t es = pl_dtype_size(pl_source_token_dtype(src));
         rc = pl_source_read_raw(src, &reads[i], 1, buf + offs[i], (size_t)reads[i].count * es);
-        if (src_ns && (i + 1 == n || reads[i + 1].source != reads[i].source)) {
-            int64_t t = pypl_mono_ns();
-            src_ns[reads[i].source] += t - t_prev;
-            t_prev = t;
-        }
     }
     Py_END_ALLOW_THREADS
     if (rc != PL_OK) {
@@ -831,7 +812,6 @@ PyObject *pypl_read_rows_raw(PyObject *self, PyObject *args) {
     ret = PyTuple_Pack(2, b, arr);
     Py_DECREF(arr);
 out:
-    if (src_ns) PyBuffer_Release(&nsv);
     Py_XDECREF(b);
     free(offs);
     PyMem_Free(h);

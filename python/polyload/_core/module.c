@@ -340,20 +340,18 @@ static PyMethodDef module_methods[] = {
     {"tokenize_threads", mod_tokenize_threads, METH_NOARGS,
      "tokenize_threads() -> int\n\nThe count last set (pl_tokenize_threads)."},
     {"read_rows_raw", pypl_read_rows_raw, METH_VARARGS,
-     "read_rows_raw(sources, reads, source_ns=None) -> (bytes, offsets)\n\nRows of "
-     "several sources (sources[reads[i, 0]] a Source, others None) at their\nstored "
-     "widths, back to back in row order (pl_source_read_raw); offsets: int64 Array\nof "
-     "each row's byte offset.  What a source-loader actor answers, in one call.\n"
-     "source_ns: None, or a writable int64 array of len(sources) to which the\nnanoseconds "
-     "spent on each source's rows are added (CLOCK_MONOTONIC, read where\nthe source "
-     "changes: ~60 ns a reading, a few per cent of a call whose sources\nalternate row "
-     "by row)."},
+     "read_rows_raw(sources, reads) -> (bytes, offsets)\n\nRows of several sources "
+     "(sources[reads[i, 0]] a Source, others None) at their\nstored widths, back to back "
+     "in row order (pl_source_read_raw); offsets: int64 Array\nof each row's byte "
+     "offset.  What a source-loader actor answers, in one call."},
     {"read_rows_reply", pypl_read_rows_reply, METH_VARARGS,
      "read_rows_reply(sources, reads, source_ns=None) -> bytes\n\nThe reply of a source "
      "loader whose sources have images (pl_reply_encode):\ntokens of every row at stored "
      "width and the image of every row that holds\na webdataset sample's placeholder run, "
      "decoded and resized here.  Parsed\nin C by Pipeline.complete_replies.  source_ns: "
-     "as read_rows_raw's\n(pl_reply_encode_timed: token reads and image decodes)."},
+     "None, or a writable int64 array of\nlen(sources) to which the nanoseconds spent on "
+     "each source's reads and images\nare added (pl_reply_encode_timed): how a loader "
+     "hosting several sources\nsplits its CPU."},
     {"package_info", pypl_package_info, METH_O,
      "package_info(package) -> (step, dp_rank)\n\npl_package_inspect."},
     {"cost_fit", m_cost_fit, METH_VARARGS,

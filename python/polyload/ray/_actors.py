@@ -747,7 +747,6 @@ class SourceLoader:
         self._cpu_start = time.process_time()
         self._busy = 0.0
         self._read_cpu = 0.0  # thread CPU seconds of reads so far
-        self._timed_calls = 0  # reads of several sources split by their C-measured times
         self._set_shards(self._shards)
         # Image-text sources in the config: reads are answered as C replies (below).
         self._images = cfg.get_int("image_sources") > 0
@@ -794,15 +793,13 @@ class SourceLoader:
         tokens (delivered by reads, or tokenized by lengths calls), bytes and, for
         reads, the reading thread's CPU seconds.  Wall and CPU go by each source's
         share of the call's time measured in C (``ns``: nanoseconds per source index,
-        from ``read_rows_raw`` / ``read_rows_reply``) when given, else by its share of
-        the tokens; bytes by the tokens."""
+        from ``read_rows_reply``) when given, else by its share of the tokens; bytes
+        by the tokens."""
         srcs = np.unique(rows).tolist()
         total = float(tokens.sum()) or 1.0
         t_total = float(ns[srcs].sum()) if ns is not None else 0.0
         with self._prof_lock:
             self._busy += wall
-            if t_total > 0:
-                self._timed_calls += 1
             for s in srcs:
                 sel = rows == s
                 tok = float(tokens[sel].sum())
