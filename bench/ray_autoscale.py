@@ -161,6 +161,8 @@ def run_once(mode, cfg, args, fixed=None, ranks=None):
         mon.join()
         view = dep.scaling()
         profs = ray.get([a.profile.remote() for a in dep.actors["source_loader"]])
+        for p in profs:  # the cluster is local: each loader's threads by CPU, from /proc
+            p["threads_cpu_s"] = _threads_cpu(p.get("pid"))
         for c in clients:
             c.close()
     finally:
@@ -185,7 +187,32 @@ def run_once(mode, cfg, args, fixed=None, ranks=None):
             "wait_p99_frac_around_change": float(np.percentile(frac[around], 99)),
             "step_wait_s": step_wait.tolist(), "sizes": sizes, "cost": cost,
             "reserved_cpu_s": reserved, "loader_cpu_used_s": cpu_used,
+            # where the loaders' CPU went, per actor: all of it, its reads', and
+            # per source the tokens delivered and tokenized for lengths calls
+            "loader_profiles": [{"cpu_s": p["cpu_s"], "read_cpu_s": p["read_cpu_s"],
+                                 "wall_s": p["wall_s"], "busy_s": p["busy_s"],
+                                 "threads_cpu_s": p["threads_cpu_s"],
+                                 "sources": {cfg["sources"][int(s)]["name"]: v
+                                             for s, v in p["sources"].items()}}
+                                for p in profs],
             "decisions": view["decisions"], "final": view["sources"]}
+
+
+def _threads_cpu(pid):
+    """{thread name: CPU seconds} of a local process (summed over threads of one name),
+    from /proc; {} where it cannot be read."""
+    out = {}
+    try:
+        tick = os.sysconf("SC_CLK_TCK")
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                st = f.read()
+            name = st[st.index("(") + 1:st.rindex(")")]
+            rest = st[st.rindex(")") + 2:].split()
+            out[name] = out.get(name, 0.0) + (int(rest[11]) + int(rest[12])) / tick
+    except (OSError, ValueError, TypeError):
+        return {}
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
 
 class RankProcs:
