@@ -178,7 +178,10 @@ def run_once(mode, cfg, args, fixed=None, ranks=None):
     for (t0, _s, _n, ded), (t1, *_rest) in zip(sizes, sizes[1:]):
         reserved += sum(ded.values()) * 1.0 * (t1 - t0)
     cost = {s["source"]: s["cost_per_token"] for s in view["sources"]}
-    cpu_used = sum(p["cpu_s"] for p in profs)
+    # the live loaders' CPU and that of the loaders retired during the run (their last
+    # profile, kept by the autoscaler before it killed them)
+    retired = [p for p in view.get("retired_loaders", []) if p.get("cpu_s") is not None]
+    cpu_used = sum(p["cpu_s"] for p in profs) + sum(p["cpu_s"] for p in retired)
     return {"mode": mode, "wall_s": wall, "steps": n_steps,
             "first_step_wait_s": float(step_wait[0]),
             "wait_p99_frac": float(np.percentile(frac[w:], 99)),
@@ -195,6 +198,7 @@ def run_once(mode, cfg, args, fixed=None, ranks=None):
                                  "sources": {cfg["sources"][int(s)]["name"]: v
                                              for s, v in p["sources"].items()}}
                                 for p in profs],
+            "retired_loaders": view.get("retired_loaders", []),
             "decisions": view["decisions"], "final": view["sources"]}
 
 

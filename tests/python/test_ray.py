@@ -1417,6 +1417,12 @@ def test_restarts_after_a_scale_down(cluster, corpus2):
         dep.scale("s1", 1)
         view = dep.scaling()
         assert next(x for x in view["sources"] if x["source"] == "s1")["dedicated"] == 1
+        # the two retired loaders' last profiles are kept (the CPU a pool used over
+        # a run counts them): slots 4 and 5, each its actor's own CPU
+        gone = view["retired_loaders"]
+        assert sorted(int(g["actor"].split("source_loader.")[1].split(".")[0])
+                      for g in gone) == [4, 4, 5, 5]  # primary and standby of each
+        assert all("error" not in g and g["cpu_s"] > 0 and g["wall_s"] > 0 for g in gone)
 
         def each(k, _b):
             if k == 3:

@@ -71,6 +71,32 @@ def test_down_scale_waits_and_goes_one_at_a_time():
     assert t[2] == 10
 
 
+def test_down_scale_keeps_a_margin_so_a_wavering_cost_does_not_flap():
+    """A need just under a whole number of loaders (the cost measured a little lower)
+    does not shrink the pool unless one loader fewer holds it with ``down_margin``."""
+    step_time = 0.5
+
+    def need(c):  # img at step 10 (weight 0.1), headroom 0.1
+        return 0.1 * 8192 * c / step_time * 1.1
+
+    near, far = 0.9 / need(1.0), 0.75 / need(1.0)  # costs giving needs 0.9 and 0.75
+    assert need(near) == pytest.approx(0.9) and need(far) == pytest.approx(0.75)
+    p = policy(down_delay_s=0.0, down_margin=0.2, max_loaders=64)
+    cost = [COSTS[0], COSTS[1], near]
+    for t in range(5):  # need 0.9: ceil 1 < 2 loaders, but 0.9 x 1.2 > 1: held
+        target, dec = p.decide(float(t), 10 + t, step_time, 0.0, views(cost, [0, 0, 2], 0.2),
+                               {}, 100)
+        assert target[2] == 2 and not [d for d in dec if d["source"] == "img"]
+    target, dec = p.decide(6.0, 16, step_time, 0.0,
+                           views([COSTS[0], COSTS[1], far], [0, 0, 2], 0.2), {}, 100)
+    assert target[2] == 1  # 0.75 x 1.2 = 0.9 <= 1: shrinks
+    assert next(d for d in dec if d["source"] == "img")["reason"].startswith("down after")
+    # with no margin the first need under 1 shrinks it
+    p0 = policy(down_delay_s=0.0, down_margin=0.0, max_loaders=64)
+    target, _ = p0.decide(0.0, 10, step_time, 0.0, views(cost, [0, 0, 2], 0.2), {}, 100)
+    assert target[2] == 1
+
+
 def test_feedback_adds_one_loader_to_the_busiest_pool():
     p = policy(cooldown_s=2.0, max_loaders=64)
     sized, _ = p.decide(0.0, 10, 0.5, 0.0, views(COSTS, [0, 0, 0]), {}, 100)

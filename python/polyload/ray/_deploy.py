@@ -180,8 +180,12 @@ class Deployment:
         CPU-seconds per token, the policy's target, a manual pin), the trainers'
         compute step time (s), data wait (fraction of the step), queue depth (steps
         built ahead), the routing version, CPU-seconds reserved by dedicated loaders,
-        the live slots (actors and partitions) and every scaling decision with its
-        time, step and reason.  Shown live by ``polyload top``."""
+        the live slots (actors and partitions), every scaling decision with its
+        time, step and reason, and the final cost profile of every retired loader
+        (``"retired_loaders"``: actor, time, step, ``cpu_s``, ``read_cpu_s``,
+        ``wall_s``, ``busy_s`` and per source name its tokens and read CPU; the CPU a
+        pool used over a run is the live loaders' ``SourceLoader.profile()`` plus
+        these).  Shown live by ``polyload top``."""
         self._check_scaler()
         return _get(self._autoscaler.view.remote(), self.timeout)
 

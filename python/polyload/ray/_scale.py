@@ -18,7 +18,9 @@ The policy (:class:`ScalePolicy`, pure Python, no Ray) follows the issue's formu
   compute step time) x (1 + headroom), where cost_s is CPU-seconds per delivered token
   measured in the source loaders, and the compute step time is the measured step time
   less the trainers' data wait.  The maximum over the horizon makes pools grow *before*
-  the schedule moves weight to them; they shrink only after ``down_delay_s`` below need.
+  the schedule moves weight to them; they shrink only after ``down_delay_s`` below need,
+  and only when one loader fewer still holds the need times ``1 + down_margin`` (so a
+  measured cost that wavers around a whole number of loaders does not flap the pool).
 * **Feedback** (Cachew's and Ray Data's rules): when trainers waited more than
   ``wait_high`` of the step, add one loader to the most utilized pool, one change per
   ``cooldown_s``, unless its loaders get under ``cpu_starved`` x ``loader_cpus`` CPU
@@ -59,6 +61,7 @@ DEFAULTS: Dict[str, Any] = {
     "wait_high": 0.05,      # trainer wait (fraction of the step) that triggers feedback
     "util_low": 0.5,        # a pool's busy fraction under which it may shrink
     "down_delay_s": 10.0,   # seconds below need before a pool shrinks
+    "down_margin": 0.2,     # a pool shrinks only if one loader fewer holds need x (1 + this)
     "cooldown_s": 2.0,      # seconds between feedback changes (one loader at a time)
     "steady_s": 2.0,        # seconds after a change before costs are sampled again
     "samples": 7,           # cost samples kept per source (the median is used)
@@ -83,7 +86,8 @@ def autoscale_options(value) -> Dict[str, Any]:
     if unknown:
         raise ValueError(f"autoscale: unknown keys {sorted(unknown)} (keys: {sorted(DEFAULTS)})")
     out = {**DEFAULTS, **value}
-    for k in ("interval_s", "headroom", "loader_cpus", "down_delay_s", "cooldown_s",
+    for k in ("interval_s", "headroom", "loader_cpus", "down_delay_s", "down_margin",
+              "cooldown_s",
               "steady_s", "pack_below", "wait_high", "util_low", "start_timeout_s",
               "cpu_starved"):
         if not (isinstance(out[k], (int, float)) and out[k] >= 0):
@@ -242,6 +246,12 @@ class ScalePolicy:
                 target[s] = want
                 self.below_since.pop(s, None)
                 why[s] = "feed-forward: " + detail
+            elif want < cur[s] and not (
+                    want == 0 or cur[s] > self.max[s]
+                    or need * (1.0 + o["down_margin"]) <= cur[s] - 1 - self.bias[s] + 1e-9):
+                # below need, but one loader fewer would not hold it with the margin:
+                # steady (hysteresis)
+                self.below_since.pop(s, None)
             elif want < cur[s]:
                 since = self.below_since.setdefault(s, now)
                 if now - since >= o["down_delay_s"] and v.util < o["util_low"] \
@@ -357,6 +367,8 @@ class Autoscaler:
         self._ctor_groups = [[c] if isinstance(c, str) else list(c) for c in constructors]
         self._lock = asyncio.Lock()
         self.decisions: collections.deque = collections.deque(maxlen=1000)
+        # final cost profiles of the loaders retired so far (view()["retired_loaders"])
+        self.retired_loaders: collections.deque = collections.deque(maxlen=1000)
         self._pinned: Dict[int, int] = {}
         self._task: Optional[asyncio.Task] = None
         self._ready = False
@@ -575,6 +587,23 @@ class Autoscaler:
         base = f"{self._name}.source_loader.{j}"
         return [base] + [f"{base}.shadow.{k}" for k in range(self._shadows)]
 
+    async def _keep_final_profiles(self, names: Sequence[str]) -> None:
+        """Before retiring loaders: keep what each one used (its last cost profile, asked
+        with a 2 s limit; a loader that does not answer is recorded without it), so the
+        CPU a pool used over a run still counts its retired loaders
+        (``view()["retired_loaders"]``)."""
+        for n in names:
+            rec: Dict[str, Any] = {"actor": n, "time": time.time(),
+                                   "step": self._view.get("step")}
+            try:
+                p = await asyncio.wait_for(self._handle(n).profile.remote(), timeout=2.0)
+                rec.update({k: p.get(k) for k in ("cpu_s", "read_cpu_s", "wall_s", "busy_s")})
+                rec["sources"] = {self._names[int(s)]: v
+                                  for s, v in (p.get("sources") or {}).items()}
+            except Exception as e:  # noqa: BLE001 - lost or busy: recorded as unknown
+                rec["error"] = f"{type(e).__name__}: {e}"[:200]
+            self.retired_loaders.append(rec)
+
     async def _kill(self, names: Sequence[str], forget: bool = True) -> None:
         """Kill these loaders for good (and drop their partitions from Ray's KV)."""
         import ray  # noqa: PLC0415
@@ -719,6 +748,7 @@ class Autoscaler:
             if isinstance(r, BaseException):
                 self._error(f"shrinking a kept loader's partitions: {type(r).__name__}: {r}")
         for j in retired:
+            await self._keep_final_profiles(slots[j])
             await self._kill(slots[j])
 
     async def _reconcile(self) -> None:
@@ -1070,7 +1100,8 @@ class Autoscaler:
                            "shards": [p[:3] for p in self._table["partitions"]
                                       if int(p[3]) == j]}
                           for j, names in enumerate(self._table["slots"]) if j not in gone],
-                "decisions": list(self.decisions)}
+                "decisions": list(self.decisions),
+                "retired_loaders": list(self.retired_loaders)}
 
     async def view(self) -> Dict[str, Any]:
         """Per source: its weight now, loaders (actors holding a partition of it),
@@ -1078,7 +1109,8 @@ class Autoscaler:
         token), the feed-forward need (loaders, over the horizon), the policy's target
         and a manual pin; the trainers' step time, data
         wait fraction, queue depth, the routing version, CPU-seconds reserved by
-        dedicated loaders, the live slots and every decision with its reason."""
+        dedicated loaders, the live slots, every decision with its reason and the
+        final cost profiles of the loaders retired (``retired_loaders``)."""
         await self._ensure()
         return self.view_now()
 
