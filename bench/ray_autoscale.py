@@ -160,7 +160,8 @@ def run_once(mode, cfg, args, fixed=None, ranks=None):
         stop.set()
         mon.join()
         view = dep.scaling()
-        profs = ray.get([a.profile.remote() for a in dep.actors["source_loader"]])
+        acts = dep.actors  # every live loader, standbys too (the retired ones count both)
+        profs = ray.get([a.profile.remote() for a in acts["source_loader"] + acts["shadow"]])
         for p in profs:  # the cluster is local: each loader's threads by CPU, from /proc
             p["threads_cpu_s"] = _threads_cpu(p.get("pid"))
         for c in clients:
@@ -208,14 +209,18 @@ def _threads_cpu(pid):
     out = {}
     try:
         tick = os.sysconf("SC_CLK_TCK")
-        for tid in os.listdir(f"/proc/{pid}/task"):
-            with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                st = f.read()
-            name = st[st.index("(") + 1:st.rindex(")")]
-            rest = st[st.rindex(")") + 2:].split()
-            out[name] = out.get(name, 0.0) + (int(rest[11]) + int(rest[12])) / tick
+        tids = os.listdir(f"/proc/{pid}/task")
     except (OSError, ValueError, TypeError):
         return {}
+    for tid in tids:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                st = f.read()
+        except OSError:  # the thread ended meanwhile
+            continue
+        name = st[st.index("(") + 1:st.rindex(")")]
+        rest = st[st.rindex(")") + 2:].split()
+        out[name] = out.get(name, 0.0) + (int(rest[11]) + int(rest[12])) / tick
     return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
 

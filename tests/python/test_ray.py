@@ -1439,6 +1439,14 @@ def test_restarts_after_a_scale_down(cluster, corpus2):
         got = _lockstep(clients, each)
         for r in (0, 1):
             assert got[r] == want[r], f"rank {r}"
+        # a loader that served reads, retired after the autoscaler's restart: its
+        # final profile counts its own tokens of s1, by the source's name
+        view = dep.scale("s1", 1)
+        gone = view["retired_loaders"]
+        assert len(gone) == 2, gone  # one slot: its primary and its standby
+        prim = next(g for g in gone if ".shadow." not in g["actor"])
+        assert prim["sources"]["s1"]["tokens"] > 0 and prim["sources"]["s1"]["read_cpu_s"] > 0
+        assert set(prim["sources"]) == {"s1"} and prim["cpu_s"] >= prim["read_cpu_s"]
 
 
 def test_serve_autoscale_and_top_cli(cluster, corpus2, tmp_path):

@@ -97,6 +97,38 @@ def test_down_scale_keeps_a_margin_so_a_wavering_cost_does_not_flap():
     assert target[2] == 1
 
 
+def test_down_margin_at_the_packing_edge_with_bias_and_bounds():
+    """The margin also holds the last dedicated loader while the need with it reaches
+    ``pack_below``; the feedback bias counts as a loader the margin cannot use; a pool
+    above ``max_loaders`` shrinks whatever the need."""
+    step_time = 0.5
+    per = 0.1 * 8192 / step_time * 1.1  # img's need per unit of cost at step 10
+
+    def decide(p, need, cur, t=0.0):
+        cost = [COSTS[0], COSTS[1], need / per]
+        return p.decide(t, 10, step_time, 0.0, views(cost, [0, 0, cur], 0.2), {}, 100)[0][2]
+
+    p = policy(down_delay_s=0.0, down_margin=0.2, max_loaders=64)
+    assert decide(p, 0.45, 1) == 1 and p.held_by_margin == {2}  # 0.54 >= pack_below 0.5
+    assert decide(p, 0.35, 1) == 0 and not p.held_by_margin     # 0.42: packed again
+    p = policy(down_delay_s=0.0, down_margin=0.2, max_loaders=64)
+    p.bias[2] = 1  # want = ceil(need) + 1 = 2 < 3, but 3 - 1 - bias = 1 loader left
+    assert decide(p, 0.9, 3) == 3
+    assert decide(p, 0.8, 3) == 2  # 0.96 <= 1
+    p = policy(down_delay_s=0.0, down_margin=0.2, max_loaders={"img": 2})
+    assert decide(p, 4.5, 5) == 4  # above max_loaders: down, one at a time
+
+
+def test_cpu_budget_cuts_a_pool_held_by_the_margin_before_a_growing_one():
+    step_time = 0.5
+    per = 0.1 * 8192 / step_time * 1.1
+    p = policy(down_delay_s=0.0, down_margin=0.2, max_loaders=64)
+    cost = [COSTS[0], 1.5 / per, 0.9 / per]  # text needs 1.5 (2 loaders), img 0.9 held at 2
+    target, dec = p.decide(0.0, 10, step_time, 0.0, views(cost, [0, 1, 2], 0.2), {}, 3)
+    assert target == [0, 2, 1]
+    assert "limited by cpu_budget=3" in next(d for d in dec if d["source"] == "img")["reason"]
+
+
 def test_feedback_adds_one_loader_to_the_busiest_pool():
     p = policy(cooldown_s=2.0, max_loaders=64)
     sized, _ = p.decide(0.0, 10, 0.5, 0.0, views(COSTS, [0, 0, 0]), {}, 100)

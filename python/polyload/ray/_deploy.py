@@ -181,11 +181,14 @@ class Deployment:
         compute step time (s), data wait (fraction of the step), queue depth (steps
         built ahead), the routing version, CPU-seconds reserved by dedicated loaders,
         the live slots (actors and partitions), every scaling decision with its
-        time, step and reason, and the final cost profile of every retired loader
-        (``"retired_loaders"``: actor, time, step, ``cpu_s``, ``read_cpu_s``,
-        ``wall_s``, ``busy_s`` and per source name its tokens and read CPU; the CPU a
-        pool used over a run is the live loaders' ``SourceLoader.profile()`` plus
-        these).  Shown live by ``polyload top``."""
+        time, step and reason, and the final cost profile of each loader retired
+        since the autoscaler actor last started (``"retired_loaders"``, the last
+        1,000: actor (standbys included), time, step, ``cpu_s``, ``read_cpu_s``,
+        ``wall_s``, ``busy_s`` and ``sources``, by source name the counters of
+        ``SourceLoader.profile()``; a loader that did not answer has ``"error"``
+        instead).  A source's ``held_by_margin`` is true while its pool is kept above
+        the formula's size because one loader fewer would not hold the need with
+        ``down_margin``.  Shown live by ``polyload top``."""
         self._check_scaler()
         return _get(self._autoscaler.view.remote(), self.timeout)
 

@@ -183,6 +183,8 @@ class ScalePolicy:
     held: List[Dict[str, Any]] = field(default_factory=list)  # feedback not applied, why
     below_since: Dict[int, float] = field(default_factory=dict)
     last_feedback: float = -1e18
+    # sources the last decide() kept above their formula's size by down_margin
+    held_by_margin: set = field(default_factory=set)
 
     def __post_init__(self) -> None:
         n = len(self.names)
@@ -208,6 +210,18 @@ class ScalePolicy:
         rate = o["loader_cpus"] * max(step_time, 1e-9)
         return best * self.tokens_per_step * cost / rate * (1.0 + o["headroom"]), at
 
+    def _fewer_holds(self, s: int, cur: int, need: float) -> bool:
+        """Whether a pool of ``cur`` dedicated loaders for source s may lose one: the
+        loaders left (less the feedback bias) hold ``need`` x (1 + ``down_margin``), or,
+        when none would be left, that is still under ``pack_below`` (back on the
+        shared loaders)."""
+        o = self.options
+        with_margin = need * (1.0 + o["down_margin"])
+        fewer = cur - 1 - self.bias[s]
+        if fewer >= 1:
+            return with_margin <= fewer + 1e-9
+        return with_margin < o["pack_below"]
+
     def decide(self, now: float, step: int, step_time: Optional[float], wait_frac: float,
                sources: Sequence[SourceView], pinned: Mapping[int, int],
                cpu_budget: float, queue_steps: Optional[int] = None, ahead: int = 0,
@@ -226,7 +240,9 @@ class ScalePolicy:
         o = self.options
         cur = [v.loaders for v in sources]
         target = list(cur)
+        wants = list(cur)  # the formula's size (with bias and bounds), by source
         why: Dict[int, str] = {}
+        self.held_by_margin = set()
         for s, v in enumerate(sources):
             if s in pinned:
                 target[s] = int(pinned[s])
@@ -236,6 +252,7 @@ class ScalePolicy:
             need, at = self.need(s, step, v.cost_per_token, step_time, ahead)
             want = 0 if need <= 0 or need < o["pack_below"] else max(1, math.ceil(need - 1e-9))
             want = min(self.max[s], max(self.min[s], want + self.bias[s]))
+            wants[s] = want
             detail = (f"weight {self.weight(s, step):.3f} now, {self.weight(s, at):.3f} at step "
                       f"{at} (H={int(o['horizon_steps'])}"
                       + (f", planner {int(ahead)} steps ahead" if ahead else "") +
@@ -246,12 +263,12 @@ class ScalePolicy:
                 target[s] = want
                 self.below_since.pop(s, None)
                 why[s] = "feed-forward: " + detail
-            elif want < cur[s] and not (
-                    want == 0 or cur[s] > self.max[s]
-                    or need * (1.0 + o["down_margin"]) <= cur[s] - 1 - self.bias[s] + 1e-9):
+            elif want < cur[s] and cur[s] <= self.max[s] and need > 0 and \
+                    not self._fewer_holds(s, cur[s], need):
                 # below need, but one loader fewer would not hold it with the margin:
                 # steady (hysteresis)
                 self.below_since.pop(s, None)
+                self.held_by_margin.add(s)
             elif want < cur[s]:
                 since = self.below_since.setdefault(s, now)
                 if now - since >= o["down_delay_s"] and v.util < o["util_low"] \
@@ -292,11 +309,13 @@ class ScalePolicy:
                 if self.bias[s] > 0 and v.util < o["util_low"] / 2 \
                         and now - self.last_feedback >= o["down_delay_s"]:
                     self.bias[s] -= 1
-        # Global CPU budget: shrink the largest pools first.
+        # Global CPU budget: shrink first the pools held above their formula's size
+        # (by the down-scale delay or margin), then the largest.
         cpus = o["loader_cpus"] if cpus_per_loader is None else float(cpus_per_loader)
         while sum(target) * cpus > cpu_budget + 1e-9:
             s = max((i for i in range(len(target)) if target[i] > max(self.min[i], 0)
-                     and i not in pinned), key=lambda i: target[i], default=None)
+                     and i not in pinned), key=lambda i: (target[i] > wants[i], target[i]),
+                    default=None)
             if s is None:
                 break
             target[s] -= 1
@@ -588,11 +607,12 @@ class Autoscaler:
         return [base] + [f"{base}.shadow.{k}" for k in range(self._shadows)]
 
     async def _keep_final_profiles(self, names: Sequence[str]) -> None:
-        """Before retiring loaders: keep what each one used (its last cost profile, asked
-        with a 2 s limit; a loader that does not answer is recorded without it), so the
-        CPU a pool used over a run still counts its retired loaders
-        (``view()["retired_loaders"]``)."""
-        for n in names:
+        """Before retiring loaders: keep what each one used (its last cost profile,
+        asked of all at once with a 2 s limit; a loader that does not answer is
+        recorded with ``"error"`` and no ``cpu_s``), so the CPU a pool used still
+        counts its retired loaders (``view()["retired_loaders"]``: the last 1,000
+        retired since this autoscaler started)."""
+        async def one(n):
             rec: Dict[str, Any] = {"actor": n, "time": time.time(),
                                    "step": self._view.get("step")}
             try:
@@ -602,7 +622,9 @@ class Autoscaler:
                                   for s, v in (p.get("sources") or {}).items()}
             except Exception as e:  # noqa: BLE001 - lost or busy: recorded as unknown
                 rec["error"] = f"{type(e).__name__}: {e}"[:200]
-            self.retired_loaders.append(rec)
+            return rec
+
+        self.retired_loaders.extend(await asyncio.gather(*[one(n) for n in names]))
 
     async def _kill(self, names: Sequence[str], forget: bool = True) -> None:
         """Kill these loaders for good (and drop their partitions from Ray's KV)."""
@@ -747,8 +769,8 @@ class Autoscaler:
         for r in results:
             if isinstance(r, BaseException):
                 self._error(f"shrinking a kept loader's partitions: {type(r).__name__}: {r}")
+        await self._keep_final_profiles([n for j in retired for n in slots[j]])
         for j in retired:
-            await self._keep_final_profiles(slots[j])
             await self._kill(slots[j])
 
     async def _reconcile(self) -> None:
@@ -1040,7 +1062,8 @@ class Autoscaler:
                                   m["ahead"])[0]
                 for s, v in enumerate(views)]
         self._view = {**m, "step_time": self._step_time, "target": target, "need": need,
-                      "cost": [v.cost_per_token for v in views]}
+                      "cost": [v.cost_per_token for v in views],
+                      "held_by_margin": sorted(self._policy.held_by_margin)}
         for h in self._policy.held:  # feedback the policy held back: logged with why
             self.decisions.append({**h, "time": time.time(), "ahead": m["ahead"],
                                    "from": None, "to": None,
@@ -1089,6 +1112,8 @@ class Autoscaler:
                 "cost_per_token": self._cost(s),
                 "target": (v.get("target") or [None] * len(self._names))[s],
                 "need": (v.get("need") or [None] * len(self._names))[s],
+                # kept above the need by down_margin (one loader fewer would not hold it)
+                "held_by_margin": s in (v.get("held_by_margin") or ()),
                 "pinned": self._pinned.get(s),
             })
         return {"sources": srcs, "step": v.get("step"), "step_time": v.get("step_time"),
