@@ -59,6 +59,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 #include <jansson.h>
@@ -132,6 +133,7 @@ struct pl__text {
     pl__tentry *qhead, *qtail;
     int64_t bytes;
     atomic_llong tokenized;
+    atomic_llong tokenize_cpu_ns; /* thread CPU of pl__tokenize_here */
     /* lookahead cursor: the next position of the epoch's order to queue */
     int la_valid;
     int64_t la_epoch, la_next, la_last;
@@ -241,6 +243,7 @@ int pl__text_init(pl_source *src, const pl_source_options *opts, char *err,
     pthread_cond_init(&t->done_cv, NULL);
     pthread_mutex_init(&t->pq_mu, NULL);
     atomic_init(&t->tokenized, 0);
+    atomic_init(&t->tokenize_cpu_ns, 0);
     int v2 = opts->version >= 2;
     if (v2 && opts->tokenizer) {
         t->tok = *opts->tokenizer;
@@ -1591,9 +1594,20 @@ typedef struct {
     pl__tres *res;
 } pl__tokjob_args;
 
+/* CPU time of the calling thread in nanoseconds (0 where the clock is
+ * missing). */
+static int64_t pl__thread_cpu_ns(void) {
+    struct timespec ts;
+    if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0) return 0;
+    return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
 static void pl__tokenize_job(void *arg) {
     pl__tokjob_args *a = arg;
+    int64_t c0 = pl__thread_cpu_ns();
     pl__tokenize_here(a->src, a->idx, a->n, a->res);
+    int64_t c1 = pl__thread_cpu_ns();
+    if (c1 > c0) atomic_fetch_add(&a->src->text->tokenize_cpu_ns, (long long)(c1 - c0));
 }
 
 /* pl__tokenize_here on the process's tokenize pool where it has one
@@ -1909,6 +1923,10 @@ void pl__source_lookahead(pl_source *src, const pl__perm *perm, int64_t lo,
 
 int64_t pl_source_num_tokenized(const pl_source *src) {
     return src && src->text ? (int64_t)atomic_load(&src->text->tokenized) : 0;
+}
+
+int64_t pl_source_tokenize_cpu_ns(const pl_source *src) {
+    return src && src->text ? (int64_t)atomic_load(&src->text->tokenize_cpu_ns) : 0;
 }
 
 /* ------------------------------------------------------------ many lengths */

@@ -713,6 +713,18 @@ PL_API void pl_config_set_lengths_provider(pl_config *cfg, pl_lengths_fn fn,
  * documents used when none was tokenized twice.  0 for token sources. */
 PL_API int64_t pl_source_num_tokenized(const pl_source *src);
 
+/* CPU time, in nanoseconds, that the threads tokenizing this source's
+ * documents spent on them so far: reading each record's text, parsing it
+ * (JSON), the tokenizer's encode_batch and building the kept ids, measured
+ * per batch with CLOCK_THREAD_CPUTIME_ID on the thread that does the batch
+ * (a tokenize pool thread, a tokenizer thread or a reader that took a queued
+ * document over).  Work a tokenizer hands to threads of its own (Hugging
+ * Face tokenizers with TOKENIZERS_PARALLELISM on) is not counted.  Grows
+ * monotonically; thread-safe (an atomic counter).  0 for token sources and
+ * for lengths-provider sources.  The cost model's tokenizing CPU per source
+ * (the Ray source loaders' profile "tokenize_cpu_s"). */
+PL_API int64_t pl_source_tokenize_cpu_ns(const pl_source *src);
+
 /* ================================================================ config */
 /*
  * A parsed configuration (SPEC section 5).  Unknown keys, wrong types, values

@@ -10,6 +10,7 @@
 #include "source_internal.h"
 #include "testutil.h"
 
+#include <time.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <fcntl.h>
@@ -142,6 +143,17 @@ static void test_formats(void) {
     check_docs(src, "plain");
     /* Each document was tokenized once (lookahead or read, not both). */
     CHECK(pl_source_num_tokenized(src) >= NDOC);
+    {
+        /* Tokenizing was timed: some CPU, and no more than the process used. */
+        struct timespec ts;
+        clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+        int64_t proc = (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+        int64_t tok = pl_source_tokenize_cpu_ns(src);
+        CHECK(tok > 0);
+        CHECK(tok <= proc);
+        CHECK(pl_source_tokenize_cpu_ns(src) >= tok); /* never goes back */
+        CHECK_EQ_I64(pl_source_tokenize_cpu_ns(NULL), 0);
+    }
     CHECK_EQ_I64(pl_source_token_dtype(src), PL_DTYPE_INT32);
     pl_source_free(src);
 

@@ -1134,11 +1134,20 @@ def test_raw_text_tokenized_in_source_loaders(cluster, tmp_path_factory):
             for r in (0, 1):
                 got[r].append(batch_hash(b[r]))
         counts = ray.get([a.num_tokenized.remote() for a in dep.actors["source_loader"]])
+        profs = ray.get([a.profile.remote() for a in dep.actors["source_loader"]])
         toks = ray.get([a.tokenizers.remote() for a in dep.actors["source_loader"]])
         standby = ray.get([a.tokenizers.remote() for a in dep.actors["shadow"]])
     prepared = fc.config(corpus, train_steps=8)
     for r in (0, 1):
         assert got[r] == loader_hashes(cfg, r)[0] == loader_hashes(prepared, r)[0], r
+    # The cost profile's tokenizing CPU, per source, measured in C: some wherever the
+    # source's documents were tokenized, and within the process's CPU
+    served = [p for p in profs if any(v["tokenized"] for v in p["sources"].values())]
+    assert served
+    for p in served:
+        for v in p["sources"].values():
+            assert v["tokenize_cpu_s"] > 0 or not v["tokenized"], p
+        assert sum(v["tokenize_cpu_s"] for v in p["sources"].values()) <= p["cpu_s"] + 0.05
     # One top-level tokenizer: each actor loaded it once for every source it holds; the
     # standbys hold none loaded (they never took over).
     for held in toks:
@@ -1362,6 +1371,46 @@ def test_autoscaler_sizes_a_pool_before_the_schedule_needs_it(cluster, tmp_path_
     row = {x["source"]: x for x in view["sources"]}
     assert row["tech"]["dedicated"] >= 1 and row["tech"]["cost_per_token"] > 0
     assert row["s0"]["dedicated"] == 0 and row["s1"]["dedicated"] == 0
+
+
+def test_tokenizing_cost_is_per_delivered_token(cluster, tmp_path_factory):
+    """With ``long_documents: truncate`` a raw document is tokenized whole (for its
+    length) but delivers only ``seq_length`` tokens: the cost per delivered token the
+    autoscaler measures carries the whole document's tokenizing (the loaders'
+    tokenizing CPU, measured in C, over the tokens delivered), not the CPU per token
+    tokenized, which understates it by the documents' truncation."""
+    import fortunes_corpus as fc
+
+    text = fc.build(tmp_path_factory.mktemp("ray_tkz_cost"))
+    cfg = fc.config(text, train_steps=60, seq_length=32, long_documents="truncate",
+                    tokenizer={"type": "hf", "path": text["tokenizer"]})
+    cfg["sources"] = [{"name": "tech", "type": "jsonl", "weight": 1.0, "lookahead": 16,
+                       "path": os.path.join(text["dir"], "tech.jsonl")}]
+    auto = {"enabled": False, "interval_s": 0.1, "steady_s": 0.1}
+    # one step prefetched: the loaders read all along the run (a tiny run read at once
+    # would leave no steady sample)
+    with pr.launch(cfg, namespace=NS, name="tkzcost", shadows=0, placement=PLACEMENT,
+                   prefetch_steps=1, autoscale=auto) as dep:
+        clients = [pr.Client(cfg, rank=r, namespace=NS, name="tkzcost") for r in (0, 1)]
+        _lockstep(clients, lambda k, b: time.sleep(0.05))
+        time.sleep(0.5)  # a last look after the last read
+        view = dep.scaling()
+        profs = ray.get([a.profile.remote() for a in dep.actors["source_loader"]])
+    tech = [v for p in profs for v in p["sources"].values()]
+    delivered = sum(v["tokens"] for v in tech)
+    tokenized = sum(v["tokenized"] for v in tech)
+    tkz_cpu = sum(v["tokenize_cpu_s"] for v in tech)
+    read_cpu = sum(v["read_cpu_s"] for v in tech)
+    assert 0 < delivered <= 60 * 8 * 33, delivered  # rows of at most seq_length + 1
+    assert tokenized > 2 * delivered, (tokenized, delivered)
+    per_tokenized = tkz_cpu / tokenized
+    whole = (tkz_cpu + read_cpu) / delivered  # the run's cost per delivered token
+    cost = {x["source"]: x["cost_per_token"] for x in view["sources"]}["tech"]
+    assert cost is not None, json.dumps(view, default=str)[:3000]
+    # the figure per token tokenized is the old model's; the delivered-token cost is
+    # about tokenized / delivered times it (the window's noise: within 2.5x)
+    assert cost > 1.5 * per_tokenized, (cost, per_tokenized, whole)
+    assert whole / 2.5 < cost < whole * 2.5, (cost, whole)
 
 
 def test_killed_autoscaler_and_scaled_loader_keep_the_layout(cluster, corpus2):

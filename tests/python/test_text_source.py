@@ -11,6 +11,7 @@
 import gzip
 import json
 import os
+import time
 
 import numpy as np
 import pytest
@@ -66,6 +67,9 @@ def test_token_ids_equal_tokenizers(corpus):
             got = np.asarray(src.read(d))
             assert got.tolist() == enc.ids + [eod], (name, d)
         assert src.num_tokenized == len(texts)  # each document once
+        # tokenizing was timed in C on the threads that did it: some CPU, at most the
+        # process's
+        assert 0.0 < src.tokenize_cpu_s <= time.process_time()
 
 
 def test_token_ids_multilingual_gz(corpus, tmp_path):

@@ -1072,6 +1072,11 @@ static PyObject *source_get_num_tokenized(PyPlSource *o, void *c) {
     return PyLong_FromLongLong((long long)pl_source_num_tokenized(o->src));
 }
 
+static PyObject *source_get_tokenize_cpu_s(PyPlSource *o, void *c) {
+    (void)c;
+    return PyFloat_FromDouble((double)pl_source_tokenize_cpu_ns(o->src) * 1e-9);
+}
+
 static PyObject *source_get_token_dtype(PyPlSource *o, void *c) {
     (void)c;
     return PyUnicode_FromString(pl_dtype_name(pl_source_token_dtype(o->src)));
@@ -1167,6 +1172,11 @@ static PyGetSetDef source_getset[] = {
     {"num_files", (getter)source_get_num_files, NULL, "int: files", NULL},
     {"num_tokenized", (getter)source_get_num_tokenized, NULL,
      "int: documents tokenized so far (raw text sources; pl_source_num_tokenized)",
+     NULL},
+    {"tokenize_cpu_s", (getter)source_get_tokenize_cpu_s, NULL,
+     "float: CPU seconds the threads tokenizing this source's documents spent on "
+     "them so far (reading, parsing, encode_batch; raw text sources, else 0.0; "
+     "pl_source_tokenize_cpu_ns)",
      NULL},
     {"name", (getter)source_get_name, NULL, "str: the name used in messages", NULL},
     {"type", (getter)source_get_type, NULL, "str: 'megatron', 'llmc', 'flat', 'jsonl', 'text', 'parquet' or 'webdataset'", NULL},

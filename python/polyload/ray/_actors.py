@@ -826,9 +826,10 @@ class SourceLoader:
         measured for each) or "tokens" (token-only: by tokens), "sources": {source
         index: {"busy_s",
         "rows", "tokens" (delivered by reads), "tokenized" (tokens of the lengths calls:
-        raw text tokenized here), "bytes", "calls", "read_cpu_s"}}}``.  The rest of the
-        process's CPU time is tokenizing (on the raw sources' threads) and Ray's own
-        threads."""
+        raw text tokenized here), "bytes", "calls", "read_cpu_s", "tokenize_cpu_s" (CPU
+        seconds of the threads that tokenized the source's documents here, measured in
+        C: ``Source.tokenize_cpu_s``)}}}``.  The rest of the process's CPU time is Ray's
+        and Python's own (calls, serialization, these profiles)."""
         if not self._ready:
             return {"cpu_s": 0.0, "read_cpu_s": 0.0, "wall_s": 0.0, "busy_s": 0.0,
                     "sources": {}, "shards": self._shards}
@@ -837,14 +838,16 @@ class SourceLoader:
             busy, read_cpu = self._busy, self._read_cpu
             seen = np.flatnonzero(self._prof[:, 4] > 0)
             per = self._prof[seen].tolist()
+        tkz_cpu = [self._srcs[s].tokenize_cpu_s if self._srcs[s] is not None else 0.0
+                   for s in seen.tolist()]
         return {"cpu_s": cpu, "read_cpu_s": read_cpu,
                 "wall_s": time.monotonic() - self._t_start, "busy_s": busy,
                 "shards": self._shards, "pid": os.getpid(),
                 "read_split": "time" if self._images else "tokens",
                 "sources": {s: {"busy_s": v[0], "rows": int(v[1]), "tokens": int(v[2]),
                                 "bytes": int(v[3]), "calls": int(v[4]), "read_cpu_s": v[5],
-                                "tokenized": int(v[6])}
-                            for s, v in zip(seen.tolist(), per)}}
+                                "tokenized": int(v[6]), "tokenize_cpu_s": c}
+                            for s, v, c in zip(seen.tolist(), per, tkz_cpu)}}
 
     @ray.method(enable_task_events=False)
     def read(self, reads: np.ndarray) -> np.ndarray:

@@ -74,6 +74,9 @@ DEFAULTS: Dict[str, Any] = {
 
 
 _LOOK_TIMEOUT_S = 10.0  # seconds a measurement waits for each role's answer
+#: half-life, in seconds, of the running sums that give a raw text source's tokenizing
+#: CPU per delivered token (tokenizing comes in batches ahead of the reads)
+_TOKENIZE_HALFLIFE_S = 10.0
 
 
 def autoscale_options(value) -> Dict[str, Any]:
@@ -427,6 +430,8 @@ class Autoscaler:
         self._changed = [time.monotonic()] * len(names)
         self._step_time: Optional[float] = None
         self._raw: set = set()  # sources seen tokenizing (raw text)
+        # per source, decaying sums of tokenizing CPU-seconds and of delivered tokens
+        self._tkz_ew = np.zeros((len(names), 2), dtype=np.float64)
         self._calibrated: set = set()
         self._reserved: Dict[Any, float] = {}  # CPUs of loaders being placed, by node
         self._avail: Optional[Dict[Any, Dict[str, float]]] = None  # snapshot of a change
@@ -880,9 +885,9 @@ class Autoscaler:
             # kept until the next look, compact: the sources' counters as one array
             # (busy_s, tokenized, tokens, read_cpu_s) by source index
             served = sorted(int(s) for s in p["sources"])
-            src = np.array([[p["sources"][s][k] for k in ("busy_s", "tokenized", "tokens",
-                                                          "read_cpu_s")] for s in served],
-                           dtype=np.float64).reshape(-1, 4)
+            src = np.array([[p["sources"][s].get(k, math.nan) for k in (
+                "busy_s", "tokenized", "tokens", "read_cpu_s", "tokenize_cpu_s")]
+                for s in served], dtype=np.float64).reshape(-1, 5)
             p = {k: p[k] for k in ("pid", "busy_s", "wall_s", "cpu_s", "read_cpu_s",
                                    "read_split") if k in p}
             p["index"], p["sources"] = np.asarray(served, dtype=np.int64), src
@@ -898,12 +903,14 @@ class Autoscaler:
             # ("read_split": "time"), taken as it is; a profile without it is split
             # here by tokens x each source's calibrated cost (measured alone), so an
             # image source packed with a token source is not charged to the tokens.
-            # Tokenizing is split that way too.  A dedicated loader's figures are exact.
+            # Tokenizing CPU is measured per source in C (profile "tokenize_cpu_s");
+            # a profile without it has the rest of the process's CPU split that way.
             timed = p.get("read_split") == "time"
+            exact = not np.isnan(p["sources"][:, 4]).any()
             other = max(0.0, (p["cpu_s"] - q["cpu_s"]) - (p["read_cpu_s"] - q["read_cpu_s"]))
-            d_tkz, d_read, d_rcpu = {}, {}, 0.0
+            d_tkz, d_read, d_rcpu, d_tcpu = {}, {}, 0.0, {}
             qi = q["index"]  # the previous look's counters of the same sources (0: none)
-            before = np.zeros((len(served), 4), dtype=np.float64)
+            before = np.zeros((len(served), 5), dtype=np.float64)
             if len(qi) and len(served):
                 at = np.minimum(np.searchsorted(qi, p["index"]), len(qi) - 1)
                 was = qi[at] == p["index"]
@@ -914,6 +921,7 @@ class Autoscaler:
                 d_tkz[s] = int(v[1] - u[1])
                 d_read[s] = int(v[2] - u[2])
                 d_rcpu += float(v[3] - u[3])
+                d_tcpu[s] = max(0.0, float(v[4] - u[4])) if exact else 0.0
                 read_tok[s] += d_read[s]
                 if timed:
                     read_cpu[s] += float(v[3] - u[3])
@@ -923,18 +931,29 @@ class Autoscaler:
             for s in d_read:
                 if sr > 0 and not timed:
                     read_cpu[s] += d_rcpu * w_read[s] / sr
-                if st > 0 and d_tkz[s] > 0:
+                if exact:
+                    tok_cpu[s] += d_tcpu[s]
+                elif st > 0 and d_tkz[s] > 0:
                     tok_cpu[s] += other * w_tkz[s] / st
-                    tok_tok[s] += d_tkz[s]
+                tok_tok[s] += d_tkz[s]
+        # Tokenizing per delivered token: a document is tokenized whole (ahead, for its
+        # length) though long_documents: truncate delivers only its first seq_length
+        # tokens, so the CPU per tokenized token would understate the cost of a token
+        # delivered (by 1.7x on the bench's docs).  Tokenizing comes in batches ahead of
+        # the reads: both sides are summed with a decay (half-life _TOKENIZE_HALFLIFE_S)
+        # and their ratio is the source's tokenizing cost per delivered token.
+        decay = 0.5 ** (dt / _TOKENIZE_HALFLIFE_S)
+        self._tkz_ew *= decay
+        self._tkz_ew[:, 0] += tok_cpu
+        self._tkz_ew[:, 1] += read_tok
         for s in range(n):
+            if tok_cpu[s] > 0 or tok_tok[s] > 0:
+                self._raw.add(s)
             if read_tok[s] > 0 and now - self._changed[s] >= self._opts["steady_s"]:
-                # CPU-seconds per delivered token: reading it, plus tokenizing it once
+                # CPU-seconds per delivered token: reading it, plus tokenizing it
                 c = read_cpu[s] / read_tok[s]
-                if tok_tok[s] > 0:
-                    c += tok_cpu[s] / tok_tok[s]
-                    self._raw.add(s)
-                elif s in self._raw:
-                    continue  # a raw source read from cache only: no tokenizing sample
+                if s in self._raw and self._tkz_ew[s, 1] > 0:
+                    c += self._tkz_ew[s, 0] / self._tkz_ew[s, 1]
                 self._samples.append(s, c)
         # the constructors' fetch waits, as differences per constructor process (a
         # restarted constructor starts its counter again)
