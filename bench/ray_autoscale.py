@@ -20,10 +20,15 @@ Modes, in paired rounds (autoscale then fixed, ``--rounds`` times):
   with the costs the autoscaled run measured), pinned with ``Deployment.scale``.
 
 Figures: data wait p99 as a fraction of the step (steps after ``--warmup``, and
-around the change), loader CPU-seconds reserved vs the ideal allocation computed
+around the change), loader CPU-seconds reserved and used vs the ideal allocation computed
 offline from the measured costs (the integer loaders each step needs, and the
-fractional need), and for each pool the step at which it reached its new size
-relative to the schedule change.
+fractional need sum_t sum_s w_s(t) x tokens per step x cost_s), and for each pool the
+step at which it reached its new size relative to the schedule change.  The ideal is
+given with three sets of costs: the run's own, measured over the whole run in the
+source loaders (per source, the CPU of its reads and of its tokenizing, both timed per
+source, over the tokens delivered: ``ideal_measured_cpu_s``); the fixed pool's, whose
+one loader read with no other loader beside it (``ideal_fixed_costs_cpu_s``); and the
+autoscaler's last estimate (``ideal_fractional_cpu_s``, a median of short windows).
 
     .venv/bin/python bench/ray_autoscale.py [--rounds 2] [--json bench/out/ray_autoscale.json]
 """
@@ -183,6 +188,18 @@ def run_once(mode, cfg, args, fixed=None, ranks=None):
     # profile, kept by the autoscaler before it killed them)
     retired = [p for p in view.get("retired_loaders", []) if p.get("cpu_s") is not None]
     cpu_used = sum(p["cpu_s"] for p in profs) + sum(p["cpu_s"] for p in retired)
+    # the run's own costs, measured in the source loaders over the whole run: per source,
+    # the CPU of its reads and of its tokenizing (both timed per source in the loaders)
+    # over the tokens delivered, live and retired loaders together
+    work: dict = {}
+    per_src = [{cfg["sources"][int(k)]["name"]: v for k, v in p["sources"].items()}
+               for p in profs] + [p.get("sources") or {} for p in retired]
+    for srcs in per_src:
+        for name, v in srcs.items():
+            acc = work.setdefault(name, [0.0, 0])
+            acc[0] += v.get("read_cpu_s", 0.0) + v.get("tokenize_cpu_s", 0.0)
+            acc[1] += v.get("tokens", 0)
+    measured_cost = {n: (c / t if t else None) for n, (c, t) in work.items()}
     return {"mode": mode, "wall_s": wall, "steps": n_steps,
             "first_step_wait_s": float(step_wait[0]),
             "wait_p99_frac": float(np.percentile(frac[w:], 99)),
@@ -190,6 +207,7 @@ def run_once(mode, cfg, args, fixed=None, ranks=None):
             "wait_max_frac_around_change": float(frac[around].max()) if n_steps > w else None,
             "wait_p99_frac_around_change": float(np.percentile(frac[around], 99)),
             "step_wait_s": step_wait.tolist(), "sizes": sizes, "cost": cost,
+            "measured_cost": measured_cost,
             "reserved_cpu_s": reserved, "loader_cpu_used_s": cpu_used,
             # where the loaders' CPU went, per actor: all of it, its reads', and
             # per source the tokens delivered and tokenized for lengths calls
@@ -566,6 +584,14 @@ def main():
                 r["round"] = rnd
                 fr, it = ideal(cfg, args, a["cost"], args.compute)
                 r["ideal_fractional_cpu_s"], r["ideal_integer_cpu_s"] = fr, it
+                # the ideal from the whole run's measured costs: the run's own, and (a
+                # stricter one for the autoscaled run) the fixed pool's, whose one
+                # loader read without other loaders beside it
+                if r.get("measured_cost"):
+                    r["ideal_measured_cpu_s"] = ideal(cfg, args, r["measured_cost"],
+                                                      args.compute)[0]
+                    r["ideal_fixed_costs_cpu_s"] = ideal(cfg, args, f["measured_cost"],
+                                                         args.compute)[0]
                 # when each pool reached its size after the change (autoscale only)
                 if r["mode"] == "autoscale":
                     final = {s: r["sizes"][-1][3][s] for s in r["sizes"][-1][3]} if r["sizes"] else {}
@@ -584,7 +610,14 @@ def main():
                       f"loader CPU-s reserved {r['reserved_cpu_s']:.1f} vs ideal integer "
                       f"{it:.1f} / fractional {fr:.1f}, loader CPU-s used "
                       f"{r.get('loader_cpu_used_s', float('nan')):.2f} "
-                      f"({r.get('loader_cpu_used_s', float('nan')) / fr:.2f}x fractional), costs "
+                      f"({r.get('loader_cpu_used_s', float('nan')) / fr:.2f}x fractional; "
+                      f"{r.get('loader_cpu_used_s', float('nan')) / r.get('ideal_measured_cpu_s', float('nan')):.2f}x "
+                      f"the ideal {r.get('ideal_measured_cpu_s', float('nan')):.1f} from the run's "
+                      f"measured costs, "
+                      f"{r.get('loader_cpu_used_s', float('nan')) / r.get('ideal_fixed_costs_cpu_s', float('nan')):.2f}x "
+                      f"with the fixed run's), measured costs "
+                      f"{ {k: (None if v is None else round(v * 1e6, 3)) for k, v in (r.get('measured_cost') or {}).items()} }, "
+                      f"autoscaler's costs "
                       f"{ {k: (None if v is None else round(v * 1e6, 3)) for k, v in r['cost'].items()} } "
                       f"us/token" + (f", fixed {r.get('fixed')}" if r["mode"] == "fixed" else
                                      f", reached (steps rel. change) {r.get('reached_rel_change')}"

@@ -129,6 +129,29 @@ def test_cpu_budget_cuts_a_pool_held_by_the_margin_before_a_growing_one():
     assert "limited by cpu_budget=3" in next(d for d in dec if d["source"] == "img")["reason"]
 
 
+def test_cpu_budget_keeps_the_formula_before_feedback_and_small_pools():
+    """Within a budget of 2 loaders: a pool the formula sizes at 2 keeps them; a loader
+    that feedback added to a pool needing 0.29 goes first, and a pool needing 0.6 (over
+    pack_below, under one loader) goes back to the shared loaders before the big pool
+    is cut (bench round s30a-0: the budget cut img, need 1.27, to one loader and kept a
+    feedback loader for docs, and the trainers waited)."""
+    step_time = 0.5
+    per = 0.1 * 8192 / step_time * 1.1  # tokens x (1 + headroom) per CPU-s of text/img
+    p = policy(max_loaders=64)
+    p.bias[1] = 1  # feedback gave text a loader earlier
+    cost = [COSTS[0], 0.29 / per, 1.27 / per]
+    target, dec = p.decide(0.0, 10, step_time, 0.0, views(cost, [0, 1, 2], 0.9), {}, 2)
+    assert target == [0, 0, 2]
+    assert "limited by cpu_budget=2" in next(d for d in dec if d["source"] == "text")["reason"]
+    p = policy(max_loaders=64)
+    cost = [COSTS[0], 0.6 / per, 1.49 / per]  # text 1 loader, img 2: one too many
+    target, dec = p.decide(0.0, 10, step_time, 0.0, views(cost, [0, 0, 0], 0.9), {}, 2)
+    assert target == [0, 0, 2]
+    # without the budget both get what the formula says
+    target, _ = p.decide(1.0, 10, step_time, 0.0, views(cost, [0, 0, 0], 0.9), {}, 100)
+    assert target == [0, 1, 2]
+
+
 def test_feedback_adds_one_loader_to_the_busiest_pool():
     p = policy(cooldown_s=2.0, max_loaders=64)
     sized, _ = p.decide(0.0, 10, 0.5, 0.0, views(COSTS, [0, 0, 0]), {}, 100)

@@ -244,6 +244,8 @@ class ScalePolicy:
         cur = [v.loaders for v in sources]
         target = list(cur)
         wants = list(cur)  # the formula's size (with bias and bounds), by source
+        plain = list(cur)  # the formula's size without the feedback bias (bounded)
+        needs = [math.inf] * len(cur)  # the formula's need in loaders (inf: unknown)
         why: Dict[int, str] = {}
         self.held_by_margin = set()
         for s, v in enumerate(sources):
@@ -254,6 +256,8 @@ class ScalePolicy:
                 continue  # nothing measured yet: stay
             need, at = self.need(s, step, v.cost_per_token, step_time, ahead)
             want = 0 if need <= 0 or need < o["pack_below"] else max(1, math.ceil(need - 1e-9))
+            plain[s] = min(self.max[s], max(self.min[s], want))
+            needs[s] = need
             want = min(self.max[s], max(self.min[s], want + self.bias[s]))
             wants[s] = want
             detail = (f"weight {self.weight(s, step):.3f} now, {self.weight(s, at):.3f} at step "
@@ -312,12 +316,16 @@ class ScalePolicy:
                 if self.bias[s] > 0 and v.util < o["util_low"] / 2 \
                         and now - self.last_feedback >= o["down_delay_s"]:
                     self.bias[s] -= 1
-        # Global CPU budget: shrink first the pools held above their formula's size
-        # (by the down-scale delay or margin), then the largest.
+        # Global CPU budget: cut first the loaders the formula does not ask for: pools
+        # held above their formula's size (by the down-scale delay or margin), then
+        # loaders added by feedback (bias); then pools whose need is under one loader
+        # (back to the shared loaders, which carry the packed sources); then the largest.
         cpus = o["loader_cpus"] if cpus_per_loader is None else float(cpus_per_loader)
         while sum(target) * cpus > cpu_budget + 1e-9:
             s = max((i for i in range(len(target)) if target[i] > max(self.min[i], 0)
-                     and i not in pinned), key=lambda i: (target[i] > wants[i], target[i]),
+                     and i not in pinned),
+                    key=lambda i: (target[i] > wants[i], target[i] > plain[i],
+                                   needs[i] < 1.0, target[i]),
                     default=None)
             if s is None:
                 break
