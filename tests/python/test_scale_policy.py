@@ -283,3 +283,24 @@ def test_cost_after_a_change_waits_for_min_samples():
         _scale.autoscale_options({"min_samples": 0})
     with pytest.raises(ValueError, match="min_samples"):
         _scale.autoscale_options({"min_samples": 8})
+
+
+def test_wait_fraction_of_a_look_without_a_step_is_no_stall():
+    """Looks (every interval_s) are shorter than a step: one in which no step finished
+    and the ranks waited a few milliseconds is no evidence (bench s30c round 0: such a
+    look read as "trainers waited 100 %", feedback took a loader and the budget cut
+    the image pool); the trainers standing at one step for over two step times while
+    waiting is a stall."""
+    wf = _scale.wait_fraction
+    # steps finished: the mean rank's wait per step over the step (0.5 s, 25 ms waited)
+    assert wf(1.0, 2, 0.05, 0.0, 0.5) == pytest.approx(0.05)
+    assert wf(0.5, 1, 0.6, 0.0, 0.5) == 1.0  # capped
+    # no step in a 0.5 s look of a 0.53 s step: 3 ms waited is not a stall
+    assert wf(0.5, 0, 0.003, 0.4, 0.53) == 0.0
+    assert wf(0.5, 0, 0.003, 0.9, 0.53) == 0.0  # under two step times
+    # standing for 1.2 s (over 2 x 0.53) and waiting: a stall
+    assert wf(0.5, 0, 0.5, 1.2, 0.53) == 1.0
+    # standing without waiting: the trainers compute (a long step), no stall
+    assert wf(0.5, 0, 0.0, 5.0, 0.53) == 0.0
+    # step time unknown yet: no judgement
+    assert wf(0.5, 0, 0.5, 5.0, None) == 0.0

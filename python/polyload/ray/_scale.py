@@ -337,6 +337,24 @@ class ScalePolicy:
         return target, decisions
 
 
+def wait_fraction(dt: float, steps: int, waited_s: float, stood_s: float,
+                  step_time: Optional[float]) -> float:
+    """The trainers' data wait as a fraction of their time over one look of ``dt``
+    seconds in which they finished ``steps`` steps and the mean rank waited
+    ``waited_s`` seconds: the wait per step over the step (``steps`` > 0).  A look with
+    no finished step is shorter than a step (looks come every ``interval_s``): it is a
+    stall (1.0) only when the trainers have stood at their step for ``stood_s`` over
+    twice the compute step time ``step_time`` and waited meanwhile, else 0.0 (no
+    evidence: before 2026-12-03 any wait in such a look read as 1.0, and feedback added
+    loaders while the trainers waited a few milliseconds a step)."""
+    if steps > 0:
+        raw = dt / steps
+        return min(1.0, max(0.0, waited_s / steps / raw))
+    if waited_s > 0 and step_time is not None and stood_s > 2.0 * step_time:
+        return 1.0
+    return 0.0
+
+
 def split_ranges(n_docs: int, parts: int) -> List[Tuple[int, int]]:
     """``parts`` index ranges covering ``[0, n_docs)``, equal to within one document."""
     parts = max(1, min(int(parts), max(1, int(n_docs))))
@@ -437,6 +455,7 @@ class Autoscaler:
                                  int(self._opts["min_samples"]))
         self._changed = [time.monotonic()] * len(names)
         self._step_time: Optional[float] = None
+        self._step_since = time.monotonic()  # when the trainers' step last moved
         self._raw: set = set()  # sources seen tokenizing (raw text)
         # per source, decaying sums of tokenizing CPU-seconds and of delivered tokens
         self._tkz_ew = np.zeros((len(names), 2), dtype=np.float64)
@@ -989,18 +1008,20 @@ class Autoscaler:
         step = min(lows) if len(lows) == len(self._ctor_groups) and lows else \
             (prog["low"] if prog["low"] >= 0 else prog["start_step"])
         wait_frac = 0.0
-        if "step" in last and step > last["step"]:
-            steps = step - last["step"]
-            raw = dt / steps
-            # ranks wait concurrently: the mean rank's wait per step
+        if "step" in last:
+            steps = max(0, step - last["step"])
+            # ranks wait concurrently: the mean rank's wait
             n_ranks = max(1, len(self._cfg_ranks()))
-            w = (wait - last["wait"]) / n_ranks / steps
-            wait_frac = min(1.0, max(0.0, w / raw))
-            compute = max(1e-6, raw - max(0.0, w))
-            self._step_time = compute if self._step_time is None else \
-                0.7 * self._step_time + 0.3 * compute
-        elif "step" in last and step == last["step"] and wait > last["wait"]:
-            wait_frac = 1.0  # no step in the interval and the trainers waited
+            wait_frac = wait_fraction(dt, steps, (wait - last["wait"]) / n_ranks,
+                                      now - self._step_since, self._step_time)
+            if steps > 0:
+                raw = dt / steps
+                w = (wait - last["wait"]) / n_ranks / steps
+                compute = max(1e-6, raw - max(0.0, w))
+                self._step_time = compute if self._step_time is None else \
+                    0.7 * self._step_time + 0.3 * compute
+        if "step" not in last or step != last["step"]:
+            self._step_since = now
         # Sources with no traffic yet (weight 0 now): calibrate once on their owner
         # (a first estimate, replaced by the samples of traffic once there are any).
         # Only with the policy enabled: without it nothing decides from the estimate,
