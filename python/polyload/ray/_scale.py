@@ -17,7 +17,7 @@ The policy (:class:`ScalePolicy`, pure Python, no Ray) follows the issue's formu
   max over k in [0, H] of weight_s(t+k) x tokens per step x cost_s / (loader_cpus x
   compute step time) x (1 + headroom), where cost_s is CPU-seconds per delivered token
   measured in the source loaders, and the compute step time is the measured step time
-  less the trainers' data wait.  The maximum over the horizon makes pools grow *before*
+  less the trainers' data wait over the last ``_STEP_WINDOW_S`` (10) seconds.  The maximum over the horizon makes pools grow *before*
   the schedule moves weight to them; they shrink only after ``down_delay_s`` below need,
   and only when one loader fewer still holds the need times ``1 + down_margin`` (so a
   measured cost that wavers around a whole number of loaders does not flap the pool).
@@ -77,6 +77,8 @@ _LOOK_TIMEOUT_S = 10.0  # seconds a measurement waits for each role's answer
 #: half-life, in seconds, of the running sums that give a raw text source's tokenizing
 #: CPU per delivered token (tokenizing comes in batches ahead of the reads)
 _TOKENIZE_HALFLIFE_S = 10.0
+#: seconds of looks over which the trainers' compute step time is measured
+_STEP_WINDOW_S = 10.0
 
 
 def autoscale_options(value) -> Dict[str, Any]:
@@ -456,6 +458,7 @@ class Autoscaler:
         self._changed = [time.monotonic()] * len(names)
         self._step_time: Optional[float] = None
         self._step_since = time.monotonic()  # when the trainers' step last moved
+        self._step_win: collections.deque = collections.deque()  # (dt, steps, wait)
         self._raw: set = set()  # sources seen tokenizing (raw text)
         # per source, decaying sums of tokenizing CPU-seconds and of delivered tokens
         self._tkz_ew = np.zeros((len(names), 2), dtype=np.float64)
@@ -1014,12 +1017,17 @@ class Autoscaler:
             n_ranks = max(1, len(self._cfg_ranks()))
             wait_frac = wait_fraction(dt, steps, (wait - last["wait"]) / n_ranks,
                                       now - self._step_since, self._step_time)
-            if steps > 0:
-                raw = dt / steps
-                w = (wait - last["wait"]) / n_ranks / steps
-                compute = max(1e-6, raw - max(0.0, w))
-                self._step_time = compute if self._step_time is None else \
-                    0.7 * self._step_time + 0.3 * compute
+            # compute step time: the looks of the last _STEP_WINDOW_S seconds, their
+            # time less the mean rank's wait, over the steps finished (a look sees 0, 1
+            # or 2 steps of the trainers' reports: one look's figure was off by up to 2x)
+            win = self._step_win
+            win.append((dt, steps, max(0.0, (wait - last["wait"]) / n_ranks)))
+            while len(win) > 1 and sum(x[0] for x in win) - win[0][0] >= _STEP_WINDOW_S:
+                win.popleft()
+            n_steps = sum(x[1] for x in win)
+            if n_steps > 0:
+                self._step_time = max(1e-6, (sum(x[0] for x in win) -
+                                             sum(x[2] for x in win)) / n_steps)
         if "step" not in last or step != last["step"]:
             self._step_since = now
         # Sources with no traffic yet (weight 0 now): calibrate once on their owner
