@@ -17,10 +17,11 @@ The policy (:class:`ScalePolicy`, pure Python, no Ray) follows the issue's formu
   max over k in [0, H] of weight_s(t+k) x tokens per step x cost_s / (loader_cpus x
   compute step time) x (1 + headroom), where cost_s is CPU-seconds per delivered token
   measured in the source loaders, and the compute step time is the measured step time
-  less the trainers' data wait over the last ``_STEP_WINDOW_S`` (10) seconds.  The maximum over the horizon makes pools grow *before*
-  the schedule moves weight to them; they shrink only after ``down_delay_s`` below need,
-  and only when one loader fewer still holds the need times ``1 + down_margin`` (so a
-  measured cost that wavers around a whole number of loaders does not flap the pool).
+  less the trainers' data wait over the last ``_STEP_WINDOW_S`` (10) seconds.  The
+  maximum over the horizon makes pools grow *before* the schedule moves weight to them;
+  they shrink only after ``down_delay_s`` below need, and only when one loader fewer
+  still holds the need times ``1 + down_margin`` (so a measured cost that wavers around
+  a whole number of loaders does not flap the pool).
 * **Feedback** (Cachew's and Ray Data's rules): when trainers waited more than
   ``wait_high`` of the step, add one loader to the most utilized pool, one change per
   ``cooldown_s``, unless its loaders get under ``cpu_starved`` x ``loader_cpus`` CPU
@@ -913,7 +914,7 @@ class Autoscaler:
                 continue
             q = prev_profs.get(j)
             # kept until the next look, compact: the sources' counters as one array
-            # (busy_s, tokenized, tokens, read_cpu_s) by source index
+            # (busy_s, tokenized, tokens, read_cpu_s, tokenize_cpu_s) by source index
             served = sorted(int(s) for s in p["sources"])
             src = np.array([[p["sources"][s].get(k, math.nan) for k in (
                 "busy_s", "tokenized", "tokens", "read_cpu_s", "tokenize_cpu_s")]
