@@ -350,9 +350,8 @@ def wait_fraction(dt: float, steps: int, waited_s: float, stood_s: float,
     twice the compute step time ``step_time`` and waited meanwhile, else 0.0 (no
     evidence: before 2026-12-03 any wait in such a look read as 1.0, and feedback added
     loaders while the trainers waited a few milliseconds a step)."""
-    if steps > 0:
-        raw = dt / steps
-        return min(1.0, max(0.0, waited_s / steps / raw))
+    if steps > 0:  # the wait per step (waited_s / steps) over the step (dt / steps)
+        return min(1.0, max(0.0, waited_s / dt))
     if waited_s > 0 and step_time is not None and stood_s > 2.0 * step_time:
         return 1.0
     return 0.0
@@ -460,7 +459,6 @@ class Autoscaler:
         self._step_time: Optional[float] = None
         self._step_since = time.monotonic()  # when the trainers' step last moved
         self._step_win: collections.deque = collections.deque()  # (dt, steps, wait)
-        self._raw: set = set()  # sources seen tokenizing (raw text)
         # per source, decaying sums of tokenizing CPU-seconds and of delivered tokens
         self._tkz_ew = np.zeros((len(names), 2), dtype=np.float64)
         self._calibrated: set = set()
@@ -905,7 +903,7 @@ class Autoscaler:
         n = len(self._names)
         per_src_busy = [0.0] * n
         read_cpu, read_tok = [0.0] * n, [0.0] * n
-        tok_cpu, tok_tok = [0.0] * n, [0.0] * n
+        tok_cpu = [0.0] * n
         slot_util: Dict[int, float] = {}
         slot_cpu: Dict[int, float] = {}
         prev_profs = last.get("profs", {})
@@ -914,11 +912,11 @@ class Autoscaler:
                 continue
             q = prev_profs.get(j)
             # kept until the next look, compact: the sources' counters as one array
-            # (busy_s, tokenized, tokens, read_cpu_s, tokenize_cpu_s) by source index
+            # (busy_s, tokens, read_cpu_s, tokenize_cpu_s) by source index
             served = sorted(int(s) for s in p["sources"])
-            src = np.array([[p["sources"][s].get(k, math.nan) for k in (
-                "busy_s", "tokenized", "tokens", "read_cpu_s", "tokenize_cpu_s")]
-                for s in served], dtype=np.float64).reshape(-1, 5)
+            src = np.array([[p["sources"][s][k] for k in (
+                "busy_s", "tokens", "read_cpu_s", "tokenize_cpu_s")]
+                for s in served], dtype=np.float64).reshape(-1, 4)
             p = {k: p[k] for k in ("pid", "busy_s", "wall_s", "cpu_s", "read_cpu_s",
                                    "read_split") if k in p}
             p["index"], p["sources"] = np.asarray(served, dtype=np.int64), src
@@ -934,14 +932,11 @@ class Autoscaler:
             # ("read_split": "time"), taken as it is; a profile without it is split
             # here by tokens x each source's calibrated cost (measured alone), so an
             # image source packed with a token source is not charged to the tokens.
-            # Tokenizing CPU is measured per source in C (profile "tokenize_cpu_s");
-            # a profile without it has the rest of the process's CPU split that way.
+            # Tokenizing CPU is measured per source in C (profile "tokenize_cpu_s").
             timed = p.get("read_split") == "time"
-            exact = not np.isnan(p["sources"][:, 4]).any()
-            other = max(0.0, (p["cpu_s"] - q["cpu_s"]) - (p["read_cpu_s"] - q["read_cpu_s"]))
-            d_tkz, d_read, d_rcpu, d_tcpu = {}, {}, 0.0, {}
+            d_read, d_rcpu = {}, 0.0
             qi = q["index"]  # the previous look's counters of the same sources (0: none)
-            before = np.zeros((len(served), 5), dtype=np.float64)
+            before = np.zeros((len(served), 4), dtype=np.float64)
             if len(qi) and len(served):
                 at = np.minimum(np.searchsorted(qi, p["index"]), len(qi) - 1)
                 was = qi[at] == p["index"]
@@ -949,24 +944,17 @@ class Autoscaler:
             for k, s in enumerate(served):
                 v, u = p["sources"][k], before[k]
                 per_src_busy[s] += float(v[0] - u[0])
-                d_tkz[s] = int(v[1] - u[1])
-                d_read[s] = int(v[2] - u[2])
-                d_rcpu += float(v[3] - u[3])
-                d_tcpu[s] = max(0.0, float(v[4] - u[4])) if exact else 0.0
+                d_read[s] = int(v[1] - u[1])
+                d_rcpu += float(v[2] - u[2])
+                tok_cpu[s] += max(0.0, float(v[3] - u[3]))
                 read_tok[s] += d_read[s]
                 if timed:
-                    read_cpu[s] += float(v[3] - u[3])
+                    read_cpu[s] += float(v[2] - u[2])
             w_read = {s: d_read[s] * self._prior(s) for s in d_read}
-            w_tkz = {s: d_tkz[s] * self._prior(s) for s in d_tkz}
-            sr, st = sum(w_read.values()), sum(w_tkz.values())
-            for s in d_read:
-                if sr > 0 and not timed:
+            sr = sum(w_read.values())
+            if sr > 0 and not timed:
+                for s in d_read:
                     read_cpu[s] += d_rcpu * w_read[s] / sr
-                if exact:
-                    tok_cpu[s] += d_tcpu[s]
-                elif st > 0 and d_tkz[s] > 0:
-                    tok_cpu[s] += other * w_tkz[s] / st
-                tok_tok[s] += d_tkz[s]
         # Tokenizing per delivered token: a document is tokenized whole (ahead, for its
         # length) though long_documents: truncate delivers only its first seq_length
         # tokens, so the CPU per tokenized token would understate the cost of a token
@@ -978,13 +966,10 @@ class Autoscaler:
         self._tkz_ew[:, 0] += tok_cpu
         self._tkz_ew[:, 1] += read_tok
         for s in range(n):
-            if tok_cpu[s] > 0 or tok_tok[s] > 0:
-                self._raw.add(s)
             if read_tok[s] > 0 and now - self._changed[s] >= self._opts["steady_s"]:
-                # CPU-seconds per delivered token: reading it, plus tokenizing it
-                c = read_cpu[s] / read_tok[s]
-                if s in self._raw and self._tkz_ew[s, 1] > 0:
-                    c += self._tkz_ew[s, 0] / self._tkz_ew[s, 1]
+                # CPU-seconds per delivered token: reading it, plus tokenizing it (0 for
+                # a pre-tokenized source)
+                c = read_cpu[s] / read_tok[s] + self._tkz_ew[s, 0] / self._tkz_ew[s, 1]
                 self._samples.append(s, c)
         # the constructors' fetch waits, as differences per constructor process (a
         # restarted constructor starts its counter again)
