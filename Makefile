@@ -39,7 +39,8 @@ CMAKE_COMMON := -DPL_WERROR=$(WERROR) -DPL_BUILD_CLI=ON -DPL_BUILD_TESTS=ON -DPL
 # Whatever the editable install of the package compiles or ships.
 PACKAGE_INPUTS := pyproject.toml CMakeLists.txt \
   $(wildcard python/polyload/*.py python/polyload/*/*.py python/polyload/_core/*.c \
-             python/polyload/_core/*.h src/*.c src/*.h include/polyload/*.h cli/*.c)
+             python/polyload/_core/*.h include/polyload/*.h cli/*.c) \
+  $(shell find src -name "*.c" -o -name "*.h" -o -name "*.cc")
 
 DEMO_CONFIG := examples/pretrain_mix.yaml
 

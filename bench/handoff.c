@@ -45,7 +45,7 @@
 #include <time.h>
 
 #include "polyload/polyload.h"
-#include "constructor.h"
+#include "build/build.h"
 
 static double cpu_now(void) {
     struct timespec ts;

@@ -45,10 +45,10 @@
  * --tree: the kinetic tournament even for few weight classes (the draw
  * scans up to PL__TN_SCAN_MAX classes' lines otherwise), to compare the two.
  *
- * Compiled against the static library and the internals (planner_internal.h)
+ * Compiled against the static library and the internals (planner/planner.h)
  * to open sources as the CLI does; see README.md for the gcc line.
  */
-#include "planner_internal.h"
+#include "planner/planner.h"
 
 #include <inttypes.h>
 #include <math.h>

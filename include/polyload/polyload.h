@@ -639,7 +639,7 @@ PL_API void pl_tokenizer_bytes(pl_tokenizer *out);
 /*
  * `tokenizer: {type: sentencepiece, path: MODEL}` is built in where the
  * library was compiled with libsentencepiece (CMake finds it; the C++ shim
- * src/tokenizer_spm.cc): SentencePieceProcessor::Encode, eos_id and vocab
+ * src/source/tokenizer/spm.cc): SentencePieceProcessor::Encode, eos_id and vocab
  * size from the model.
  *
  * What the config's `tokenizer` settings turn into a pl_tokenizer for types

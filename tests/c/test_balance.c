@@ -8,7 +8,7 @@
  *  - long_short: documents above the threshold sit alone in a sequence.
  */
 #include "corpus.h"
-#include "planner_internal.h"
+#include "planner/planner.h"
 
 #define STEPS 25
 

@@ -12,7 +12,7 @@
  *  - concurrent failing calls each read their own message (pl_last_errmsg).
  */
 #include "corpus.h"
-#include "planner_internal.h"
+#include "planner/planner.h"
 
 #include <pthread.h>
 #include <sched.h>

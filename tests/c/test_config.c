@@ -3,7 +3,7 @@
  * schedules, pl_config_set, clone, and one test per error, checking both the
  * status code and that the message names the key and the line.
  */
-#include "internal.h"
+#include "config/config.h"
 #include "testutil.h"
 
 #include <math.h>

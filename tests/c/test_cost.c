@@ -8,7 +8,7 @@
  *    for explicit a, b, c overrides, and agrees with the planner's
  *    pl__sequence_cost.
  */
-#include "planner_internal.h"
+#include "planner/planner.h"
 #include "testutil.h"
 
 #include <math.h>

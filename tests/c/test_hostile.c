@@ -4,7 +4,7 @@
  * or take unbounded time.  Each is refused with a clear status (issue 13).
  */
 #include "corpus.h"
-#include "planner_internal.h"
+#include "planner/planner.h"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -33,7 +33,7 @@ static int64_t get_i64(const unsigned char *b, size_t off) {
 }
 
 /* Offsets of a state blob's per-source records and carried chunks
- * (the layout of src/state.c). */
+ * (the layout of src/planner/state.c). */
 #define ST_STEP 24
 #define ST_NSRC 96
 typedef struct st_layout {

@@ -19,7 +19,7 @@
  *  - train_steps ends iteration with PL_DONE; errors name the file.
  */
 #include "corpus.h"
-#include "planner_internal.h"
+#include "planner/planner.h"
 
 static const char *BASE = "seq_length: 64\nglobal_batch_size: 8\nmicro_batch_size: 2\n"
                           "topology: {dp: 2}\nseed: 11\n";
@@ -648,7 +648,7 @@ static void mid_step_case(pl_config *ca, pl_config *cb, int64_t s, int64_t cut,
     free(end);
 }
 
-/* An older blob of the same state (the layout of src/state.c): version 2
+/* An older blob of the same state (the layout of src/planner/state.c): version 2
  * has the target as one double; version 1 also lacks the per-source step
  * weight, the flags word and the arrangement hash. */
 static void *to_old(const unsigned char *b, size_t n, size_t *n1, uint32_t version) {

@@ -14,7 +14,7 @@
  *    batches.
  */
 #include "corpus.h"
-#include "planner_internal.h"
+#include "runtime/runtime.h"
 
 #include <pthread.h>
 #include <stdatomic.h>

@@ -9,7 +9,7 @@
  *  - the schedule moves realized proportions.
  */
 #include "corpus.h"
-#include "planner_internal.h"
+#include "planner/planner.h"
 
 typedef struct opened {
     pl_config *cfg;

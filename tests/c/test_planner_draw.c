@@ -23,7 +23,7 @@
  *     tournament and by the library's linear draw.
  */
 #include "corpus.h"
-#include "planner_internal.h"
+#include "planner/planner.h"
 
 #include <math.h>
 

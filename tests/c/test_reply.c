@@ -13,7 +13,7 @@
  *  - records that do not fit the config (size, tokens) are refused.
  */
 #include "fixtures.h"
-#include "planner_internal.h"
+#include "planner/planner.h"
 #include "testutil.h"
 
 #include <spng.h>

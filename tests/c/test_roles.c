@@ -5,7 +5,7 @@
  * rank; corrupt plan bytes and missing payloads are errors.
  */
 #include "corpus.h"
-#include "planner_internal.h"
+#include "planner/planner.h"
 
 static int same_batch(const pl_batch *a, const pl_batch *b) {
     if (a->rows != b->rows || a->cols != b->cols || a->fields != b->fields ||

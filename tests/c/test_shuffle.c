@@ -1,7 +1,7 @@
 /* Shuffle: the keyed Feistel bijection is a permutation of [0, n) for many n
  * (0, 1, primes, powers of two and their neighbours), depends on seed, name
  * and epoch, and is reproducible. */
-#include "internal.h"
+#include "config/config.h"
 #include "testutil.h"
 
 static int is_perm(uint64_t n, uint64_t seed, const char *name, uint64_t epoch) {

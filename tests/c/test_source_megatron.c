@@ -4,7 +4,7 @@
  * errors, statistics, concurrency and the handle's memory.
  */
 #include "fixtures.h"
-#include "internal.h"
+#include "source/source.h"
 #include "testutil.h"
 
 #include <pthread.h>

@@ -1,5 +1,5 @@
 /*
- * Parquet sources (type parquet: src/parquet_shim.cc over Apache Arrow's C++
+ * Parquet sources (type parquet: src/source/text/parquet_shim.cc over Apache Arrow's C++
  * reader), tokenized online with the byte tokenizer (token = UTF-8 byte, eos
  * 256), so every expected token is known.  The Parquet files are written by
  * pyarrow (the real writer) from a JSON Lines file this test writes: the
@@ -11,8 +11,8 @@
  * parquet support (PL_TEST_PARQUET unset) a parquet source must be
  * PL_ECONFIG "parquet support not built".
  */
-#include "internal.h"
-#include "source_internal.h"
+#include "config/config.h"
+#include "source/source.h"
 #include "testutil.h"
 
 #include <pthread.h>

@@ -6,8 +6,8 @@
  * compressed files, the .plrec sidecar, and plans that do not depend on the
  * number of tokenizer threads or the lookahead.
  */
-#include "internal.h"
-#include "source_internal.h"
+#include "config/config.h"
+#include "source/source.h"
 #include "testutil.h"
 
 #include <time.h>

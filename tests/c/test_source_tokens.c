@@ -5,7 +5,7 @@
  * stale or corrupt, or kept in memory), and the validation errors.
  */
 #include "fixtures.h"
-#include "internal.h"
+#include "config/config.h"
 #include "testutil.h"
 
 #include <dirent.h>

@@ -11,7 +11,7 @@
  *    did; valid_sources are read whole.
  */
 #include "corpus.h"
-#include "planner_internal.h"
+#include "planner/planner.h"
 
 #include <math.h>
 

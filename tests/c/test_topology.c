@@ -3,7 +3,7 @@
  * pipeline role (SPEC section 2), against tables computed by hand from
  * Megatron's RankGenerator rule (leftmost axis of `order` varies fastest).
  */
-#include "internal.h"
+#include "config/config.h"
 #include "testutil.h"
 
 static char g_dir[256];

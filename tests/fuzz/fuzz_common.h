@@ -9,7 +9,7 @@
 #define PL_FUZZ_COMMON_H
 
 #include "fixtures.h"
-#include "planner_internal.h"
+#include "planner/planner.h"
 
 #include <stdio.h>
 #include <stdlib.h>

@@ -5,7 +5,7 @@
  * 2^16 so a header promising gigapixels is refused before any allocation. */
 #include "fuzz_common.h"
 
-#include "image.h"
+#include "source/image.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {

@@ -1,4 +1,4 @@
-/* libFuzzer target: Parquet sources (source_text.c over src/parquet_shim.cc,
+/* libFuzzer target: Parquet sources (source/text/text.c over src/source/text/parquet_shim.cc,
  * Apache Arrow's C++ Parquet reader).  Byte 0: bit 0 on_error: skip (a file
  * that cannot be opened is left out), bit 1 a 16-byte max_record_bytes,
  * bit 2 text_key "body" instead of "text"; the rest is the .parquet file.

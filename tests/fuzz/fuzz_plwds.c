@@ -8,7 +8,7 @@
  * measured, read and decoded. */
 #include "fuzz_common.h"
 
-#include "image.h"
+#include "source/image.h"
 
 #include <sys/stat.h>
 

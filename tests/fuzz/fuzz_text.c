@@ -1,4 +1,4 @@
-/* libFuzzer target: the raw text record readers (source_text.c).  Byte 0
+/* libFuzzer target: the raw text record readers (source/text/text.c).  Byte 0
  * picks the file kind (bits 0-1: .jsonl, .jsonl.gz, .jsonl.zst, .txt; bit 2:
  * on_error: skip for damaged streams; bit 3: a small max_record_bytes), the
  * rest is the file.  .gz and .zst inputs are used as given (corrupt streams)

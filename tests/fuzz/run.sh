@@ -16,7 +16,7 @@ build=${BUILD_DIR:-$root/build-fuzz}
 work=${WORK:-$(mktemp -d "${TMPDIR:-/tmp}/plfuzz-run.XXXXXX")}
 cc=${CC:-clang}
 cxx=${CXX:-clang++}
-# clang++ for the one C++ file fuzzed (src/parquet_shim.cc, over Arrow's prebuilt libraries).
+# clang++ for the one C++ file fuzzed (src/source/text/parquet_shim.cc, over Arrow's prebuilt libraries).
 cmake -S "$root" -B "$build" -DCMAKE_C_COMPILER="$cc" -DCMAKE_CXX_COMPILER="$cxx" \
   -DCMAKE_BUILD_TYPE=RelWithDebInfo \
   -DPL_BUILD_FUZZ=ON -DPL_BUILD_TESTS=OFF -DPL_BUILD_CLI=OFF -DPL_BUILD_PYTHON=OFF >/dev/null

@@ -9,7 +9,7 @@
  */
 #include "core.h"
 
-#include "internal.h" /* pl__source_read/length: thread-safe error messages */
+#include "source/source.h" /* pl__source_read/length: thread-safe error messages */
 
 #include <string.h>
 

@@ -10,7 +10,7 @@
  */
 #include "core.h"
 
-#include "internal.h" /* PL__ERRMSG_CAP */
+#include "common/common.h" /* PL__ERRMSG_CAP */
 
 #include <pthread.h>
 #include <stdatomic.h>

@@ -1,0 +1,95 @@
+/*
+ * common.h -- what every module of libpolyload shares: messages, the
+ * allocation helpers, hashing, the name index and the shuffle.  Not
+ * installed; nothing here is part of the public contract.  Internal non-static
+ * symbols carry the pl__ prefix.  The bottom of the tree (src/README.md).
+ */
+#ifndef POLYLOAD_COMMON_H
+#define POLYLOAD_COMMON_H
+
+#include "polyload/polyload.h"
+
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#define PL__ERRMSG_CAP 512
+
+/* A mutex for short critical sections that threads on other cores take at
+ * a high rate (the pipeline's, the batch pool's): glibc's adaptive kind
+ * spins a little before it sleeps in the kernel, so a contended lock held
+ * for a few hundred nanoseconds costs no futex wait and wake-up.  0 or an
+ * errno value, as pthread_mutex_init. */
+static inline int pl__mutex_init_busy(pthread_mutex_t *mu) {
+#if defined(PTHREAD_ADAPTIVE_MUTEX_INITIALIZER_NP)
+    pthread_mutexattr_t a;
+    if (pthread_mutexattr_init(&a)) return pthread_mutex_init(mu, NULL);
+    pthread_mutexattr_settype(&a, PTHREAD_MUTEX_ADAPTIVE_NP);
+    int rc = pthread_mutex_init(mu, &a);
+    pthread_mutexattr_destroy(&a);
+    return rc;
+#else
+    return pthread_mutex_init(mu, NULL);
+#endif
+}
+
+/* Format into buf (always NUL-terminated, truncated if needed). */
+void pl__fmt(char *buf, size_t cap, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+void pl__vfmt(char *buf, size_t cap, const char *fmt, va_list ap);
+
+/* Record msg as the calling thread's last error (pl_last_errmsg). */
+void pl__thread_err(const char *msg);
+
+/* Allocation helpers that never abort: NULL on failure. */
+void *pl__calloc(size_t n, size_t size);
+void *pl__realloc_array(void *p, size_t n, size_t size);
+char *pl__strdup(const char *s);
+
+/* Read a whole file into a malloc'd buffer.  PL_OK, PL_ENOENT, PL_EIO (errno
+ * in *err_no) or PL_ENOMEM. */
+int pl__read_file(const char *path, void **data, size_t *len, int *err_no);
+
+/* 64-bit hash of bytes with a seed (xxHash XXH3). */
+uint64_t pl__hash64(const void *data, size_t len, uint64_t seed);
+/* CRC-32 (zlib's, IEEE polynomial). */
+uint32_t pl__crc32(uint32_t crc, const void *data, size_t len);
+
+/*
+ * An index of borrowed strings by content (names.c): O(1) lookups of source
+ * names.  Init with the number of names it will hold; the strings must
+ * outlive it.
+ */
+typedef struct pl__name_slot {
+    const char *s; /* NULL: empty */
+    size_t n;
+    uint64_t hash;
+    int64_t value;
+} pl__name_slot;
+typedef struct pl__names {
+    pl__name_slot *slot;
+    uint64_t mask, used;
+} pl__names;
+int pl__names_init(pl__names *x, int64_t n);
+void pl__names_free(pl__names *x);
+/* The value stored for (s, n), or -1. */
+int64_t pl__names_get(const pl__names *x, const char *s, size_t n);
+/* Store (s, n) -> value unless present: -1 when stored, the earlier value
+ * when the name is already there, -2 when the index is full. */
+int64_t pl__names_put(pl__names *x, const char *s, size_t n, int64_t value);
+
+/* ------------------------------------------------------------ shuffle */
+/* Keyed bijection on [0, n) (Feistel network with cycle walking). */
+typedef struct pl__perm {
+    uint64_t n;
+    uint64_t half_bits; /* bits of each Feistel half */
+    uint64_t mask;
+    uint64_t keys[4];
+} pl__perm;
+void pl__perm_init(pl__perm *p, uint64_t n, uint64_t seed, const char *name,
+                   uint64_t epoch);
+uint64_t pl__perm_apply(const pl__perm *p, uint64_t i);
+
+#endif

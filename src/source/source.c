@@ -1,0 +1,1168 @@
+/*
+ * source.c -- the pl_source handle: what every source type shares.
+ *
+ * Opening expands the configured path into a sorted list of files (a single
+ * file or Megatron prefix, every matching file of a directory, or the matches
+ * of a glob(3) pattern; sorted by strcmp so the order does not depend on the
+ * locale), opens each through its format module and numbers documents across
+ * files: file i holds global documents [first_doc, first_doc + n_docs).  A
+ * lookup is a binary search over that small per-file table, so the heap cost
+ * is one record and one path per file and nothing per document.
+ *
+ * Reads are lock-free: after open the handle is immutable, and
+ * pl__source_length / pl__source_read only read mapped memory and write
+ * errors into the caller's buffer.  The public wrappers copy an error into
+ * the handle's message under a mutex.  pl_source_read converts tokens with
+ * one straight loop per (file dtype, output dtype) pair, picked once per call
+ * from a table, so the per-token work has no branch on the dtype.
+ *
+ * Data files are read through what was opened, never reopened by path: the
+ * descriptor of each data file (a Megatron .bin, an llm.c shard, a flat
+ * file) is kept from open time, so a file replaced by rename(2) during a run
+ * is still read from the file that was mapped and indexed.  A file that
+ * shrinks after open would make a read through the mapping raise SIGBUS:
+ * pl__source_read checks the file size with fstat(2) on that descriptor
+ * and returns PL_ETRUNC naming the file and offset, and pl_source_read_many
+ * reads with pread(2), where a short read is PL_ETRUNC.  A system call per
+ * read would cost more than the read (about 300 ns against 40 ns for 256
+ * tokens; it halves the loader's tokens/s, bench/README.md), so a size seen
+ * by fstat serves the reads of the next 10 ms (CLOCK_MONOTONIC_COARSE, a
+ * few ns): a file that shrinks is reported from then on, and only a read in
+ * the 10 ms after the truncation can still fault.  Index files (.idx, .plidx) are watched the same way: every
+ * document lookup checks that the index is still as long as it was mapped
+ * (PL_ETRUNC otherwise).
+ *
+ * Descriptor budget: one per data file and one per index file (not for an
+ * in-memory index), for the life of the handle, while the process holds
+ * fewer than half of its RLIMIT_NOFILE soft limit in such descriptors (all
+ * sources together).  Beyond that a file is reopened by path for each check
+ * or read and refused with PL_EIO if it is not the file that was opened
+ * (device and inode differ).
+ */
+#include "source/source.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <glob.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <time.h>
+#include <unistd.h>
+
+/* ------------------------------------------------------------ mapping */
+
+int pl__map_file(const char *path, void **map, size_t *len, struct stat *st,
+                 int *fd_out, char *err, size_t errcap) {
+    *map = NULL;
+    *len = 0;
+    if (fd_out) *fd_out = -1;
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        int e = errno;
+        pl__fmt(err, errcap, "%s: cannot open: %s", path, strerror(e));
+        return e == ENOENT || e == ENOTDIR ? PL_ENOENT : PL_EIO;
+    }
+    if (fstat(fd, st) != 0) {
+        int e = errno;
+        close(fd);
+        pl__fmt(err, errcap, "%s: cannot stat: %s", path, strerror(e));
+        return PL_EIO;
+    }
+    if (!S_ISREG(st->st_mode)) {
+        close(fd);
+        pl__fmt(err, errcap, "%s: not a regular file", path);
+        return PL_EIO;
+    }
+    if (st->st_size > 0) {
+        void *m = mmap(NULL, (size_t)st->st_size, PROT_READ, MAP_SHARED, fd, 0);
+        if (m == MAP_FAILED) {
+            int e = errno;
+            close(fd);
+            pl__fmt(err, errcap, "%s: cannot map %lld bytes: %s", path,
+                    (long long)st->st_size, strerror(e));
+            return e == ENOMEM ? PL_ENOMEM : PL_EIO;
+        }
+        *map = m;
+        *len = (size_t)st->st_size;
+    }
+    if (fd_out)
+        *fd_out = fd;
+    else
+        close(fd);
+    return PL_OK;
+}
+
+/* ------------------------------------------------------------ descriptors */
+
+/* How long a size seen by fstat(2) is trusted (ns; -D to measure). */
+#ifndef PL__FWATCH_TRUST_NS
+#define PL__FWATCH_TRUST_NS 10000000LL
+#endif
+
+static atomic_long pl__fds_kept;  /* descriptors kept (data and index files) */
+static atomic_long pl__fds_limit; /* 0: not computed yet */
+
+static long pl__fd_budget(void) {
+    long lim = atomic_load(&pl__fds_limit);
+    if (lim) return lim;
+    struct rlimit rl;
+    lim = 512;
+    if (getrlimit(RLIMIT_NOFILE, &rl) == 0)
+        lim = rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur > (rlim_t)1 << 21
+                  ? (long)1 << 20
+                  : (long)(rl.rlim_cur / 2);
+    atomic_store(&pl__fds_limit, lim);
+    return lim;
+}
+
+/* Take one descriptor from the budget; 0 when none is left. */
+static int pl__fd_take(void) {
+    if (atomic_fetch_add(&pl__fds_kept, 1) < pl__fd_budget()) return 1;
+    atomic_fetch_sub(&pl__fds_kept, 1);
+    return 0;
+}
+
+void pl__fwatch_keep(pl__fwatch *w, int fd, const struct stat *st) {
+    w->dev = st->st_dev;
+    w->ino = st->st_ino;
+    atomic_store(&w->fd1, 0);
+    if (fd < 0) return;
+    if (pl__fd_take())
+        atomic_store(&w->fd1, fd + 1);
+    else
+        close(fd);
+}
+
+static void pl__fwatch_release(pl__fwatch *w) {
+    int k = atomic_exchange(&w->fd1, 0);
+    if (k > 0) {
+        close(k - 1);
+        atomic_fetch_sub(&pl__fds_kept, 1);
+    }
+}
+
+/* The path of f's data file (idx 0) or index file (idx 1). */
+static void pl__file_path(const pl_source *src, const pl__sfile *f, int idx,
+                          char *path, size_t cap) {
+    if (src->type == PL_SOURCE_MEGATRON)
+        pl__fmt(path, cap, "%s.%s", f->path, idx ? "idx" : "bin");
+    else if (src->type == PL_SOURCE_WEBDATASET)
+        pl__fmt(path, cap, "%s%s", f->path, idx ? ".plwds" : "");
+    else
+        pl__fmt(path, cap, "%s%s", f->path, idx ? ".plidx" : "");
+}
+
+static void pl__data_path(const pl_source *src, const pl__sfile *f, char *path,
+                          size_t cap) {
+    pl__file_path(src, f, 0, path, cap);
+}
+
+/*
+ * A descriptor of a watched file: the kept one (*owned 0), or, beyond the
+ * budget, the path opened now and checked to be the file that was mapped
+ * (*owned 1: the caller closes it).  PL_EIO with a message otherwise.
+ */
+static int pl__fwatch_fd(pl__fwatch *w, const char *path, int *fd, int *owned,
+                         char *err, size_t errcap) {
+    int k = atomic_load(&w->fd1);
+    *owned = 0;
+    if (k > 0) {
+        *fd = k - 1;
+        return PL_OK;
+    }
+    int d = open(path, O_RDONLY | O_CLOEXEC);
+    struct stat st;
+    if (d < 0 || fstat(d, &st) != 0) {
+        int e = errno;
+        if (d >= 0) close(d);
+        pl__fmt(err, errcap, "%s: cannot reopen (descriptor budget of %ld "
+                             "spent): %s",
+                path, pl__fd_budget(), strerror(e));
+        return PL_EIO;
+    }
+    if (st.st_dev != w->dev || st.st_ino != w->ino) {
+        close(d);
+        pl__fmt(err, errcap,
+                "%s: replaced since the source was opened (descriptor budget "
+                "of %ld spent, so it is reopened by path)",
+                path, pl__fd_budget());
+        return PL_EIO;
+    }
+    *fd = d;
+    *owned = 1;
+    return PL_OK;
+}
+
+/* The data file's descriptor (see pl__fwatch_fd). */
+static int pl__data_fd(const pl_source *src, const pl__sfile *f, int *fd,
+                       int *owned, char *err, size_t errcap) {
+    /* The kept descriptor needs no path: formatting it per read cost more
+       than a small read (snprintf, ~5 % of a source loader's CPU). */
+    int k = atomic_load(&f->data_w.fd1);
+    if (k > 0) {
+        *fd = k - 1;
+        *owned = 0;
+        return PL_OK;
+    }
+    char path[4096];
+    pl__data_path(src, f, path, sizeof path);
+    /* The file record is immutable but for its atomics: cast away const. */
+    return pl__fwatch_fd((pl__fwatch *)&f->data_w, path, fd, owned, err, errcap);
+}
+
+int pl__source_data_fd(const pl_source *src, const pl__sfile *f, int *fd,
+                       int *owned, char *err, size_t errcap) {
+    return pl__data_fd(src, f, fd, owned, err, errcap);
+}
+
+/*
+ * Is the watched file (idx: f's index, else its data file) still at least
+ * `end` bytes long?  A size seen by fstat(2) in the last 10 ms is trusted.
+ * PL_OK, or PL_ETRUNC / PL_EIO with a message naming the file; what needed
+ * the bytes is described by `what` (a printf format with one %lld, `arg`).
+ */
+static long long pl__coarse_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
+    return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
+}
+
+/* The slow path of pl__fwatch_check: fstat, and the message. */
+__attribute__((noinline)) static int
+pl__fwatch_stat(const pl_source *src, const pl__sfile *f, int idx, int64_t end,
+                const char *what, long long arg, long long now, char *err,
+                size_t errcap) {
+    pl__fwatch *w = (pl__fwatch *)(idx ? &f->idx_w : &f->data_w);
+    char path[4096];
+    pl__file_path(src, f, idx, path, sizeof path);
+    int fd, owned, rc;
+    if ((rc = pl__fwatch_fd(w, path, &fd, &owned, err, errcap))) return rc;
+    struct stat st;
+    int frc = fstat(fd, &st), e = errno;
+    if (owned) close(fd);
+    if (frc == 0) {
+        atomic_store(&w->seen_size, (long long)st.st_size);
+        atomic_store(&w->seen_until, now + PL__FWATCH_TRUST_NS);
+    }
+    if (frc == 0 && (int64_t)st.st_size >= end) return PL_OK;
+    if (frc != 0) {
+        pl__fmt(err, errcap, "%s: cannot stat: %s", path, strerror(e));
+        return PL_EIO;
+    }
+    char need[160];
+    pl__fmt(need, sizeof need, what, arg);
+    pl__fmt(err, errcap,
+            "%s: truncated to %lld bytes since open; %s needs bytes up to %lld",
+            path, (long long)st.st_size, need, (long long)end);
+    return PL_ETRUNC;
+}
+
+static inline int pl__fwatch_check(const pl_source *src, const pl__sfile *f,
+                                   int idx, int64_t end, const char *what,
+                                   long long arg, char *err, size_t errcap) {
+    const pl__fwatch *w = idx ? &f->idx_w : &f->data_w;
+    long long now = pl__coarse_now();
+    if (end <= atomic_load(&((pl__fwatch *)w)->seen_size) &&
+        now < atomic_load(&((pl__fwatch *)w)->seen_until))
+        return PL_OK;
+    return pl__fwatch_stat(src, f, idx, end, what, arg, now, err, errcap);
+}
+
+void pl__sfile_unmap(pl__sfile *f) {
+    if (f->wds_fd1 > 0) close(f->wds_fd1 - 1);
+    f->wds_fd1 = 0;
+    pl__fwatch_release(&f->data_w);
+    pl__fwatch_release(&f->idx_w);
+    if (f->data_map) munmap(f->data_map, f->data_len);
+    if (f->idx_map) munmap(f->idx_map, f->idx_map_len ? f->idx_map_len : f->idx_len);
+    f->data_map = NULL;
+    f->idx_map = NULL;
+    f->idx_anon = 0;
+    f->data_len = f->idx_len = f->idx_map_len = 0;
+    f->tokens = NULL;
+    f->ends = NULL;
+    f->lengths = f->pointers = f->docidx = NULL;
+    pl__pq_file_free(f);
+    free(f->spans_owned); /* jsonl/text */
+    free(f->text);
+    free(f->line_ck);
+    f->line_ck = NULL;
+    if (f->len_map) munmap(f->len_map, f->len_map_len);
+    f->len_map = NULL;
+    f->len_map_len = 0;
+    f->cached_len = NULL;
+    f->spans_owned = NULL;
+    f->spans = NULL;
+    f->text = NULL;
+    f->text_len = 0;
+}
+
+/* ------------------------------------------------------------ paths */
+
+int pl__paths_add(pl__paths *p, const char *s, size_t len) {
+    if (p->n == p->cap) {
+        int64_t ncap = p->cap ? p->cap * 2 : 8;
+        char **nv = pl__realloc_array(p->v, (size_t)ncap, sizeof *nv);
+        if (!nv) return PL_ENOMEM;
+        p->v = nv;
+        p->cap = ncap;
+    }
+    char *d = malloc(len + 1);
+    if (!d) return PL_ENOMEM;
+    memcpy(d, s, len);
+    d[len] = '\0';
+    p->v[p->n++] = d;
+    return PL_OK;
+}
+
+void pl__paths_free(pl__paths *p) {
+    for (int64_t i = 0; i < p->n; i++) free(p->v[i]);
+    free(p->v);
+    p->v = NULL;
+    p->n = p->cap = 0;
+}
+
+static int pl__cmp_str(const void *a, const void *b) {
+    return strcmp(*(char *const *)a, *(char *const *)b);
+}
+
+static void pl__paths_sort_unique(pl__paths *p) {
+    if (p->n == 0) return;
+    qsort(p->v, (size_t)p->n, sizeof *p->v, pl__cmp_str);
+    int64_t k = 1;
+    for (int64_t i = 1; i < p->n; i++) {
+        if (strcmp(p->v[i], p->v[k - 1]) == 0)
+            free(p->v[i]);
+        else
+            p->v[k++] = p->v[i];
+    }
+    p->n = k;
+}
+
+static int pl__ends_with(const char *s, const char *suffix) {
+    size_t n = strlen(s), m = strlen(suffix);
+    return n >= m && strcmp(s + n - m, suffix) == 0;
+}
+
+/* PATH.idx is a file. */
+static int pl__prefix_exists(const char *path) {
+    char idx[4096];
+    pl__fmt(idx, sizeof idx, "%s.idx", path);
+    struct stat st;
+    return stat(idx, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+static int pl__is_dir(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+static int pl__is_file(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+/* Our own sidecars and their temporaries are never data files. */
+static int pl__is_sidecar(const char *path) {
+    static const char *const ext[] = {".plidx", ".plrec", ".pllen", ".plwds"};
+    char tmp[16];
+    for (size_t i = 0; i < sizeof ext / sizeof ext[0]; i++) {
+        snprintf(tmp, sizeof tmp, "%s.tmp.", ext[i]);
+        if (pl__ends_with(path, ext[i]) || strstr(path, tmp)) return 1;
+    }
+    return 0;
+}
+
+/* Add a match of a Megatron pattern or directory: "x.idx" or "x.bin" -> "x". */
+static int pl__add_megatron_match(pl__paths *p, const char *m) {
+    if (pl__ends_with(m, ".idx") || pl__ends_with(m, ".bin"))
+        return pl__paths_add(p, m, strlen(m) - 4);
+    return PL_OK;
+}
+
+static int pl__glob_into(pl__paths *p, const char *pattern, int megatron) {
+    glob_t g;
+    memset(&g, 0, sizeof g);
+    int grc = glob(pattern, 0, NULL, &g);
+    int rc = PL_OK;
+    if (grc == GLOB_NOSPACE) rc = PL_ENOMEM;
+    for (size_t i = 0; grc == 0 && rc == PL_OK && i < g.gl_pathc; i++) {
+        const char *m = g.gl_pathv[i];
+        if (megatron)
+            rc = pl__add_megatron_match(p, m);
+        else if (!pl__is_sidecar(m) && pl__is_file(m))
+            rc = pl__paths_add(p, m, strlen(m));
+    }
+    globfree(&g);
+    return rc;
+}
+
+static int pl__list_dir(pl__paths *p, const char *dir, int megatron,
+                        char *err, size_t errcap) {
+    DIR *d = opendir(dir);
+    if (!d) {
+        int e = errno;
+        pl__fmt(err, errcap, "%s: cannot open directory: %s", dir,
+                strerror(e));
+        return e == ENOENT ? PL_ENOENT : PL_EIO;
+    }
+    int rc = PL_OK;
+    char full[4096];
+    size_t dl = strlen(dir);
+    const char *sep = dl > 0 && dir[dl - 1] == '/' ? "" : "/";
+    struct dirent *de;
+    while (rc == PL_OK && (de = readdir(d)) != NULL) {
+        if (de->d_name[0] == '.') continue;
+        pl__fmt(full, sizeof full, "%s%s%s", dir, sep, de->d_name);
+        if (megatron) {
+            if (pl__ends_with(full, ".idx") && pl__is_file(full))
+                rc = pl__add_megatron_match(p, full);
+        } else if (!pl__is_sidecar(full) && pl__is_file(full)) {
+            rc = pl__paths_add(p, full, strlen(full));
+        }
+    }
+    closedir(d);
+    return rc;
+}
+
+/* Expand opts->path into the sorted list of files (Megatron: prefixes). */
+static int pl__expand(const char *path, int megatron, pl__paths *p, char *err,
+                      size_t errcap) {
+    int rc;
+    if (strpbrk(path, "*?[")) {
+        if (megatron) {
+            char pat[4096];
+            pl__fmt(pat, sizeof pat, "%s.idx", path);
+            rc = pl__glob_into(p, pat, 1);
+            if (rc == PL_OK) rc = pl__glob_into(p, path, 1);
+        } else {
+            rc = pl__glob_into(p, path, 0);
+        }
+        if (rc) {
+            pl__fmt(err, errcap, "%s: out of memory expanding the pattern",
+                    path);
+            return rc;
+        }
+        if (p->n == 0) {
+            pl__fmt(err, errcap, "%s: no file matches the pattern", path);
+            return PL_ENOENT;
+        }
+    } else if (pl__is_dir(path) && !(megatron && pl__prefix_exists(path))) {
+        /* A Megatron prefix wins over a directory of the same name
+           (megatron-core's GPTDataset keeps its index cache in PREFIX/cache). */
+        rc = pl__list_dir(p, path, megatron, err, errcap);
+        if (rc) return rc;
+        if (p->n == 0) {
+            pl__fmt(err, errcap, "%s: the directory holds no %s", path,
+                    megatron ? ".idx files" : "data files");
+            return PL_ENOENT;
+        }
+    } else {
+        size_t n = strlen(path);
+        if (megatron && (pl__ends_with(path, ".idx") ||
+                         pl__ends_with(path, ".bin")) &&
+            pl__is_file(path))
+            n -= 4; /* a file of the pair was named instead of the prefix */
+        rc = pl__paths_add(p, path, n);
+        if (rc) {
+            pl__fmt(err, errcap, "out of memory");
+            return rc;
+        }
+    }
+    pl__paths_sort_unique(p);
+    return PL_OK;
+}
+
+/* ------------------------------------------------------------ handle */
+
+static void pl__set_err(pl_source *src, const char *msg);
+void pl__source_set_err(pl_source *src, const char *msg) { pl__set_err(src, msg); }
+static void pl__set_err(pl_source *src, const char *msg) {
+    pl__thread_err(msg);
+    pthread_mutex_lock(&src->mu);
+    pl__fmt(src->errmsg, sizeof src->errmsg, "%s", msg);
+    pthread_mutex_unlock(&src->mu);
+}
+
+static void pl__release_files(pl_source *src) {
+    for (int64_t i = 0; i < src->n_files; i++) {
+        pl__sfile_unmap(&src->files[i]);
+        free(src->files[i].path);
+    }
+    free(src->files);
+    src->files = NULL;
+    src->n_files = 0;
+    src->n_docs = 0;
+}
+
+int pl_source_open(const pl_source_options *opts, pl_source **out) {
+    return pl__source_open(opts, 0, out);
+}
+
+static int pl__source_open_impl(const pl_source_options *opts, int skip_damaged,
+                                pl_source **out);
+int pl__source_open(const pl_source_options *opts, int skip_damaged, pl_source **out) {
+    int rc = pl__source_open_impl(opts, skip_damaged, out);
+    if (rc < 0) pl__thread_err(out && *out ? (*out)->errmsg : "source: out of memory");
+    return rc;
+}
+
+static int pl__source_open_impl(const pl_source_options *opts, int skip_damaged,
+                                pl_source **out) {
+    if (!out) return PL_EINVAL;
+    *out = NULL;
+    pl_source *src = calloc(1, sizeof *src);
+    if (!src) return PL_ENOMEM;
+    if (pthread_mutex_init(&src->mu, NULL) != 0) {
+        free(src);
+        return PL_ENOMEM;
+    }
+    *out = src;
+    char *err = src->errmsg;
+    size_t cap = sizeof src->errmsg;
+
+    if (!opts || opts->version < 1 || opts->version > PL_SOURCE_OPTIONS_VERSION) {
+        pl__fmt(err, cap, "source options missing or of version %d, "
+                          "expected 1 to %d",
+                opts ? opts->version : 0, PL_SOURCE_OPTIONS_VERSION);
+        return PL_EINVAL;
+    }
+    /* A text source owns its tokenizer from here on, even on failure. */
+    int rc0 = pl__is_text_type(opts->type) ? pl__text_init(src, opts, err, cap)
+                                           : PL_OK;
+    if (rc0) return rc0;
+    if (!opts->path || !opts->path[0]) {
+        pl__fmt(err, cap, "source %s: no path given",
+                opts->name ? opts->name : "(unnamed)");
+        return PL_EINVAL;
+    }
+    src->name = pl__strdup(opts->name && opts->name[0] ? opts->name
+                                                        : opts->path);
+    if (!src->name) {
+        pl__fmt(err, cap, "out of memory");
+        return PL_ENOMEM;
+    }
+    src->type = opts->type;
+    if (opts->type == PL_SOURCE_WEBDATASET)
+        return pl__wds_open(src, opts, skip_damaged);
+    if (opts->type != PL_SOURCE_MEGATRON && opts->type != PL_SOURCE_LLMC &&
+        opts->type != PL_SOURCE_FLAT && !pl__is_text_type(opts->type)) {
+        pl__fmt(err, cap, "source %s: unknown source type %d", src->name,
+                (int)opts->type);
+        return PL_EINVAL;
+    }
+    src->eos_id = opts->eos_id;
+    if (src->eos_id == -1)
+        src->eos_id = opts->type == PL_SOURCE_LLMC ? 50256 : 0;
+    if (src->eos_id < 0 && !src->text) {
+        pl__fmt(err, cap, "source %s: eos_id %lld is negative", src->name,
+                (long long)opts->eos_id);
+        return PL_EINVAL;
+    }
+    src->write_index = opts->write_index == 1 ? PL_INDEX_WRITE : opts->write_index;
+    if (src->write_index != PL_INDEX_WRITE && src->write_index != PL_INDEX_READ &&
+        src->write_index != PL_INDEX_MEMORY) {
+        pl__fmt(err, cap, "source %s: write_index %d is not a PL_INDEX_* policy", src->name,
+                opts->write_index);
+        return PL_EINVAL;
+    }
+    pl_dtype flat = opts->token_dtype ? opts->token_dtype : PL_DTYPE_UINT16;
+    if (opts->type == PL_SOURCE_FLAT && flat != PL_DTYPE_UINT16 &&
+        flat != PL_DTYPE_UINT32) {
+        pl__fmt(err, cap,
+                "source %s: token_dtype %s is not supported for flat files "
+                "(uint16 or uint32)",
+                src->name, pl_dtype_name(flat));
+        return PL_EINVAL;
+    }
+    src->dtype = opts->type == PL_SOURCE_MEGATRON || src->text ? PL_DTYPE_INT32
+                                                               : flat;
+
+    pl__paths paths = {0};
+    int rc = pl__expand(opts->path, opts->type == PL_SOURCE_MEGATRON, &paths,
+                        err, cap);
+    if (rc) {
+        pl__paths_free(&paths);
+        return rc;
+    }
+    src->files = pl__calloc((size_t)paths.n, sizeof *src->files);
+    if (!src->files) {
+        pl__paths_free(&paths);
+        pl__fmt(err, cap, "out of memory");
+        return PL_ENOMEM;
+    }
+    src->n_files = paths.n;
+    for (int64_t i = 0; i < paths.n; i++) src->files[i].path = paths.v[i];
+    free(paths.v); /* the strings now belong to the files */
+
+    for (int64_t i = 0; i < src->n_files; i++) {
+        pl__sfile *f = &src->files[i];
+        if (opts->type == PL_SOURCE_MEGATRON)
+            rc = pl__megatron_open(f, skip_damaged, err, cap);
+        else if (src->text)
+            rc = pl__text_open_file(src, f, skip_damaged, err, cap);
+        else
+            rc = pl__tokens_open(f, opts->type, flat, src->eos_id,
+                                 src->write_index, err, cap);
+        if (rc) {
+            pl__release_files(src);
+            return rc;
+        }
+        f->first_doc = src->n_docs;
+        src->n_docs += f->n_docs;
+        src->skipped += f->skipped;
+    }
+    src->dtype = src->files[0].dtype;
+    if (src->text) return pl__text_start(src, err, cap);
+    return PL_OK;
+}
+
+void pl_source_free(pl_source *src) {
+    if (!src) return;
+    pl__text_free(src); /* joins its threads before the files go */
+    pl__release_files(src);
+    pl__wds_free(src);
+    free(src->name);
+    pthread_mutex_destroy(&src->mu);
+    free(src);
+}
+
+const char *pl_source_errmsg(const pl_source *src) {
+    return src ? src->errmsg : "no source (NULL handle)";
+}
+
+const char *pl_source_name(const pl_source *src) {
+    return src && src->name ? src->name : "";
+}
+
+pl_source_type pl_source_get_type(const pl_source *src) {
+    return src ? src->type : (pl_source_type)0;
+}
+
+pl_dtype pl_source_token_dtype(const pl_source *src) {
+    return src ? src->dtype : (pl_dtype)0;
+}
+
+int64_t pl_source_num_documents(const pl_source *src) {
+    return src ? src->n_docs : 0;
+}
+
+int64_t pl_source_num_files(const pl_source *src) {
+    return src ? src->n_files : 0;
+}
+
+int64_t pl_source_num_skipped(const pl_source *src) {
+    return src ? src->skipped : 0;
+}
+
+/* madvise(MADV_DONTNEED) over a file mapping's whole pages: the mapping
+ * stays, its pages leave this process and fault back in from the page cache
+ * (or the file) on the next touch. */
+static int release_map(pl_source *src, const char *path, void *map,
+                       size_t len) {
+    if (!map || !len) return PL_OK;
+    if (madvise(map, len, MADV_DONTNEED) == 0) return PL_OK;
+    char msg[PL__ERRMSG_CAP];
+    pl__fmt(msg, sizeof msg, "%s: madvise(MADV_DONTNEED) failed: %s",
+            path ? path : "?", strerror(errno));
+    pl__set_err(src, msg);
+    return PL_EIO;
+}
+
+int pl_source_release_pages(pl_source *src) {
+    if (!src) return PL_EINVAL;
+    for (int64_t i = 0; i < src->n_files; i++) {
+        pl__sfile *f = &src->files[i];
+        int rc = release_map(src, f->path, f->data_map, f->data_len);
+        if (!rc && !f->idx_anon)
+            rc = release_map(src, f->path, f->idx_map,
+                             f->idx_map_len ? f->idx_map_len : f->idx_len);
+        if (!rc) rc = release_map(src, f->path, f->len_map, f->len_map_len);
+        if (rc) return rc;
+    }
+    return PL_OK;
+}
+
+size_t pl_source_sizeof(const pl_source *src) {
+    if (!src) return 0;
+    size_t n = sizeof *src + (src->name ? strlen(src->name) + 1 : 0);
+    n += (size_t)src->n_files * sizeof *src->files;
+    for (int64_t i = 0; i < src->n_files; i++)
+        n += strlen(src->files[i].path) + 1;
+    return n + pl__text_sizeof(src);
+}
+
+/* ------------------------------------------------------------ lookup */
+
+/* The file holding global document `index` (0 <= index < n_docs): the last
+ * file whose first_doc <= index (empty files share first_doc with the next
+ * one, so the last is the one that holds it). */
+static const pl__sfile *pl__locate(const pl_source *src, int64_t index) {
+    int64_t lo = 0, hi = src->n_files; /* answer in [lo, hi) */
+    while (hi - lo > 1) {
+        int64_t mid = lo + (hi - lo) / 2;
+        if (src->files[mid].first_doc <= index)
+            lo = mid;
+        else
+            hi = mid;
+    }
+    return &src->files[lo];
+}
+
+static int pl__file_doc(const pl_source *src, const pl__sfile *f, int64_t r,
+                        const uint8_t **tokens, int64_t *length, char *err,
+                        size_t errcap) {
+    if (src->type == PL_SOURCE_MEGATRON)
+        return pl__megatron_doc(f, r, tokens, length, err, errcap);
+    if (src->type == PL_SOURCE_WEBDATASET) {
+        *tokens = NULL;
+        return pl__wds_doc_length(src, f, r, length, err, errcap);
+    }
+    if (src->text) {
+        *tokens = NULL;
+        return pl__text_length((pl_source *)src, f, r, length, err, errcap);
+    }
+    return pl__tokens_doc(f, r, tokens, length, err, errcap);
+}
+
+static int pl__doc_ex(const pl_source *src, int64_t index, int check_index,
+                      const pl__sfile **file, const uint8_t **tokens,
+                      int64_t *length, char *err, size_t errcap) {
+    if (index < 0 || index >= src->n_docs) {
+        pl__fmt(err, errcap,
+                "source %s: document index %lld out of range [0, %lld)",
+                src->name ? src->name : "", (long long)index,
+                (long long)src->n_docs);
+        return PL_ERANGE;
+    }
+    const pl__sfile *f = pl__locate(src, index);
+    *file = f;
+    /* The index is read through its mapping: it must not have shrunk. */
+    if (check_index && f->idx_map && !f->index_in_memory) {
+        int rc = pl__fwatch_check(src, f, 1, (int64_t)f->idx_len,
+                                  "the index lookup of document %lld",
+                                  (long long)index, err, errcap);
+        if (rc) return rc;
+    }
+    return pl__file_doc(src, f, index - f->first_doc, tokens, length, err,
+                        errcap);
+}
+
+static int pl__doc(const pl_source *src, int64_t index,
+                   const pl__sfile **file, const uint8_t **tokens,
+                   int64_t *length, char *err, size_t errcap) {
+    return pl__doc_ex(src, index, 1, file, tokens, length, err, errcap);
+}
+
+void pl__source_prefetch(const pl_source *src, int64_t index) {
+    if (!src || index < 0 || index >= src->n_docs) return;
+    const pl__sfile *f = pl__locate(src, index);
+    int64_t r = index - f->first_doc;
+    if (src->type == PL_SOURCE_MEGATRON) {
+        if (f->lengths) __builtin_prefetch(f->lengths + 4 * r);
+        if (f->pointers) __builtin_prefetch(f->pointers + 8 * r);
+    } else if (!src->text && src->type != PL_SOURCE_WEBDATASET && f->ends) {
+        __builtin_prefetch(f->ends + (r > 0 ? r - 1 : 0));
+    }
+}
+
+int pl__source_length_unchecked(pl_source *src, int64_t index,
+                                int64_t *length, char *err, size_t errcap) {
+    const pl__sfile *f;
+    const uint8_t *tok;
+    return pl__doc_ex(src, index, 0, &f, &tok, length, err, errcap);
+}
+
+int pl__source_length(pl_source *src, int64_t index, int64_t *length,
+                      char *err, size_t errcap) {
+    if (!src || !length) {
+        pl__fmt(err, errcap, "pl_source_document_length: NULL argument");
+        return PL_EINVAL;
+    }
+    const pl__sfile *f;
+    const uint8_t *tok;
+    return pl__doc(src, index, &f, &tok, length, err, errcap);
+}
+
+/* ------------------------------------------------------------ conversion */
+
+typedef void (*pl__conv_fn)(const uint8_t *src, void *dst, int64_t n);
+
+/* Float tokens are truncated toward zero; values no int64 can hold (and NaN)
+ * become 0 instead of undefined behaviour. */
+static inline int64_t pl__f2i(double x) {
+    return x > -9.2e18 && x < 9.2e18 ? (int64_t)x : 0;
+}
+
+/* Both sides may be unaligned: stored-width reads of several sources lie back
+ * to back in one buffer (pl_source_read_raw, pl_reply_encode). */
+#define PL__CONV(NAME, ST, OT, EXPR)                                      \
+    static void NAME(const uint8_t *s, void *dst, int64_t n) {           \
+        uint8_t *d = dst;                                                \
+        for (int64_t i = 0; i < n; i++) {                                \
+            ST v;                                                        \
+            memcpy(&v, s + (size_t)i * sizeof(ST), sizeof(ST));          \
+            OT o = (OT)(EXPR);                                           \
+            memcpy(d + (size_t)i * sizeof(OT), &o, sizeof(OT));          \
+        }                                                                \
+    }
+#define PL__CONV_PAIR(TAG, ST, EXPR)                                      \
+    PL__CONV(pl__conv_##TAG##_i64, ST, int64_t, EXPR)                    \
+    PL__CONV(pl__conv_##TAG##_i32, ST, int32_t, EXPR)
+PL__CONV_PAIR(u8, uint8_t, v)
+PL__CONV_PAIR(i8, int8_t, v)
+PL__CONV_PAIR(i16, int16_t, v)
+PL__CONV_PAIR(i32, int32_t, v)
+PL__CONV_PAIR(i64, int64_t, v)
+PL__CONV_PAIR(f64, double, pl__f2i(v))
+PL__CONV_PAIR(f32, float, pl__f2i((double)v))
+PL__CONV_PAIR(u16, uint16_t, v)
+PL__CONV_PAIR(u32, uint32_t, v)
+#undef PL__CONV_PAIR
+#undef PL__CONV
+
+/* Indexed by pl_dtype, then [0] int64 output, [1] int32 output. */
+static const pl__conv_fn pl__conv_table[10][2] = {
+    [PL_DTYPE_UINT8] = {pl__conv_u8_i64, pl__conv_u8_i32},
+    [PL_DTYPE_INT8] = {pl__conv_i8_i64, pl__conv_i8_i32},
+    [PL_DTYPE_INT16] = {pl__conv_i16_i64, pl__conv_i16_i32},
+    [PL_DTYPE_INT32] = {pl__conv_i32_i64, pl__conv_i32_i32},
+    [PL_DTYPE_INT64] = {pl__conv_i64_i64, pl__conv_i64_i32},
+    [PL_DTYPE_FLOAT64] = {pl__conv_f64_i64, pl__conv_f64_i32},
+    [PL_DTYPE_FLOAT32] = {pl__conv_f32_i64, pl__conv_f32_i32},
+    [PL_DTYPE_UINT16] = {pl__conv_u16_i64, pl__conv_u16_i32},
+    [PL_DTYPE_UINT32] = {pl__conv_u32_i64, pl__conv_u32_i32},
+};
+
+static int pl__source_read_impl(pl_source *src, int64_t index, int64_t offset,
+                                int64_t count, void *out, pl_dtype out_dtype,
+                                int marked, char *err, size_t errcap);
+int pl__source_read(pl_source *src, int64_t index, int64_t offset,
+                    int64_t count, void *out, pl_dtype out_dtype, char *err,
+                    size_t errcap) {
+    return pl__source_read_impl(src, index, offset, count, out, out_dtype, 1, err,
+                                errcap);
+}
+
+static int pl__source_read_impl(pl_source *src, int64_t index, int64_t offset,
+                                int64_t count, void *out, pl_dtype out_dtype,
+                                int marked, char *err, size_t errcap) {
+    if (!src || (!out && count > 0)) {
+        pl__fmt(err, errcap, "pl_source_read: NULL argument");
+        return PL_EINVAL;
+    }
+    if (out_dtype != PL_DTYPE_INT64 && out_dtype != PL_DTYPE_INT32) {
+        pl__fmt(err, errcap,
+                "pl_source_read: output dtype %s is not int64 or int32",
+                pl_dtype_name(out_dtype));
+        return PL_EINVAL;
+    }
+    if (src->text)
+        return pl__text_read(src, index, offset, count, out, out_dtype, marked, err,
+                             errcap);
+    const pl__sfile *f;
+    const uint8_t *tok;
+    int64_t len;
+    int rc = pl__doc(src, index, &f, &tok, &len, err, errcap);
+    if (rc) return rc;
+    if (src->type == PL_SOURCE_WEBDATASET)
+        return pl__wds_read(src, f, index - f->first_doc, offset, count, out, out_dtype,
+                            err, errcap);
+    if (offset < 0 || count < 0 || offset > len || count > len - offset) {
+        pl__fmt(err, errcap,
+                "source %s: document %lld: tokens [%lld, %lld + %lld) are "
+                "outside the document's %lld tokens",
+                src->name, (long long)index, (long long)offset,
+                (long long)offset, (long long)count, (long long)len);
+        return PL_ERANGE;
+    }
+    if (count == 0) return PL_OK;
+    /* The file must still hold the range: reading a page past its end
+       through the mapping would raise SIGBUS. */
+    int64_t at = (int64_t)(tok - (const uint8_t *)f->data_map) +
+                 offset * (int64_t)f->width;
+    int64_t end = at + count * (int64_t)f->width;
+    if ((rc = pl__fwatch_check(src, f, 0, end, "document %lld", (long long)index,
+                               err, errcap)))
+        return rc;
+    pl__conv_fn fn = pl__conv_table[f->dtype][out_dtype == PL_DTYPE_INT32];
+
+    fn(tok + (size_t)offset * f->width, out, count);
+    return PL_OK;
+}
+
+int pl_source_document_length(pl_source *src, int64_t index,
+                              int64_t *length) {
+    char err[PL__ERRMSG_CAP];
+    int rc = pl__source_length(src, index, length, err, sizeof err);
+    if (rc && src) pl__set_err(src, err);
+    return rc;
+}
+
+int pl_source_read(pl_source *src, int64_t index, int64_t offset,
+                   int64_t count, void *out, pl_dtype out_dtype) {
+    char err[PL__ERRMSG_CAP];
+    int rc = pl__source_read_impl(src, index, offset, count, out, out_dtype, 0, err,
+                                  sizeof err);
+    if (rc && src) pl__set_err(src, err);
+    return rc;
+}
+
+/* ------------------------------------------------------------ stats */
+
+/* The index of f, read through its mapping, has not shrunk since open. */
+static int pl__index_intact(const pl_source *src, const pl__sfile *f,
+                            char *err, size_t errcap) {
+    if (!f->idx_map || f->index_in_memory) return PL_OK;
+    return pl__fwatch_check(src, f, 1, (int64_t)f->idx_len, "a scan of %lld documents",
+                            (long long)f->n_docs, err, errcap);
+}
+
+int pl__source_check_index(pl_source *src, char *err, size_t errcap) {
+    for (int64_t i = 0; i < src->n_files; i++) {
+        int rc = pl__index_intact(src, &src->files[i], err, errcap);
+        if (rc) return rc;
+    }
+    return PL_OK;
+}
+
+#define PL__HIST_BITS 16
+
+/* The k-th smallest (1-based) document length, by narrowing a histogram:
+ * each pass over the lengths keeps PL__HIST_BITS more bits of the answer.
+ * Every length lies in [0, 2^bits). */
+static int pl__kth_length(const pl_source *src, int64_t k, int bits,
+                          uint64_t *hist, int64_t *value, char *err,
+                          size_t errcap) {
+    uint64_t lo = 0;
+    uint64_t rank = (uint64_t)k;
+    while (bits > 0) {
+        int shift = bits > PL__HIST_BITS ? bits - PL__HIST_BITS : 0;
+        uint64_t span = bits >= 64 ? UINT64_MAX : ((uint64_t)1 << bits) - 1;
+        size_t nb = (size_t)(span >> shift) + 1;
+        memset(hist, 0, nb * sizeof *hist);
+        for (int64_t i = 0; i < src->n_files; i++) {
+            const pl__sfile *f = &src->files[i];
+            int irc = pl__index_intact(src, f, err, errcap);
+            if (irc) return irc;
+            for (int64_t r = 0; r < f->n_docs; r++) {
+                const uint8_t *tok;
+                int64_t len;
+                int rc = pl__file_doc(src, f, r, &tok, &len, err, errcap);
+                if (rc) return rc;
+                uint64_t v = (uint64_t)len;
+                if (v >= lo && v - lo <= span) hist[(v - lo) >> shift]++;
+            }
+        }
+        size_t b = 0;
+        uint64_t cum = 0;
+        while (b + 1 < nb && cum + hist[b] < rank) cum += hist[b++];
+        rank -= cum;
+        lo += (uint64_t)b << shift;
+        bits = shift;
+    }
+    *value = (int64_t)lo;
+    return PL_OK;
+}
+
+int pl_source_get_stats(pl_source *src, pl_source_stats *out) {
+    if (!src || !out) return PL_EINVAL;
+    if (out->size < sizeof *out) {
+        pl__set_err(src, "pl_source_get_stats: out->size must be sizeof(pl_source_stats)");
+        return PL_EINVAL;
+    }
+    char err[PL__ERRMSG_CAP];
+    memset(out, 0, sizeof *out);
+    out->size = sizeof *out;
+    out->files = src->n_files;
+    out->documents = src->n_docs;
+    int64_t maxlen = 0, total = 0;
+    for (int64_t i = 0; i < src->n_files; i++) {
+        const pl__sfile *f = &src->files[i];
+        int irc = pl__index_intact(src, f, err, sizeof err);
+        if (irc) {
+            pl__set_err(src, err);
+            return irc;
+        }
+        for (int64_t r = 0; r < f->n_docs; r++) {
+            const uint8_t *tok;
+            int64_t len;
+            int rc = pl__file_doc(src, f, r, &tok, &len, err, sizeof err);
+            if (rc) {
+                pl__set_err(src, err);
+                return rc;
+            }
+            total += len;
+            if (len > maxlen) maxlen = len;
+        }
+    }
+    out->tokens = total;
+    out->length_max = maxlen;
+    if (src->n_docs == 0) return PL_OK;
+
+    int bits = 0;
+    while (bits < 63 && ((uint64_t)maxlen >> bits) != 0) bits++;
+    uint64_t *hist = pl__calloc((size_t)1 << PL__HIST_BITS, sizeof *hist);
+    if (!hist) {
+        pl__set_err(src, "pl_source_get_stats: out of memory");
+        return PL_ENOMEM;
+    }
+    /* Nearest-rank percentiles: the ceil(p * n / 100)-th smallest length. */
+    static const int pct[3] = {50, 90, 99};
+    int64_t *dst[3] = {&out->length_p50, &out->length_p90, &out->length_p99};
+    int rc = PL_OK;
+    for (int j = 0; j < 3 && rc == PL_OK; j++) {
+        int64_t n = src->n_docs;
+        int64_t k = n / 100 * pct[j] + ((n % 100) * pct[j] + 99) / 100;
+        if (k < 1) k = 1;
+        if (k > n) k = n;
+        rc = pl__kth_length(src, k, bits, hist, dst[j], err, sizeof err);
+    }
+    free(hist);
+    if (rc) pl__set_err(src, err);
+    return rc;
+}
+
+/*
+ * pl_source_read_many reads with pread(2) instead of through the mapping:
+ * it serves source-loader processes that read a few documents from each of
+ * many sources, and a mapping would leave the pages around every read
+ * (fault-around) mapped, and counted, in that process.  Bounds are checked
+ * on the mapped index exactly as for pl_source_read.  It reads through the
+ * descriptor kept from open time, never a reopened path (see above).
+ */
+typedef struct pl__preader {
+    const pl__sfile *file; /* whose data file fd is at hand */
+    int fd, owned;         /* owned: opened for this call, closed after */
+    uint8_t *buf;
+    size_t cap;
+} pl__preader;
+
+static int pl__pread_range(const pl_source *src, pl__preader *r,
+                           const pl__sfile *f, const uint8_t *tok,
+                           int64_t offset, int64_t count, void *out, int raw,
+                           char *err, size_t errcap) {
+    char path[4096];
+    if (r->file != f) {
+        if (r->owned) close(r->fd);
+        r->file = NULL;
+        r->fd = -1;
+        r->owned = 0;
+        int rc = pl__data_fd(src, f, &r->fd, &r->owned, err, errcap);
+        if (rc) return rc;
+        r->file = f;
+    }
+    if (raw && f->dtype != src->dtype) {
+        pl__data_path(src, f, path, sizeof path);
+        pl__fmt(err, errcap,
+                "%s: token dtype %s differs from the source's %s (files of one "
+                "source read at stored width must share it)",
+                path, pl_dtype_name(f->dtype), pl_dtype_name(src->dtype));
+        return PL_EDTYPE;
+    }
+    size_t bytes = (size_t)count * f->width;
+    if (!raw && bytes > r->cap) {
+        uint8_t *nb = realloc(r->buf, bytes);
+        if (!nb) {
+            pl__fmt(err, errcap, "pl_source_read_many: out of memory");
+            return PL_ENOMEM;
+        }
+        r->buf = nb;
+        r->cap = bytes;
+    }
+    uint8_t *dst = raw ? out : r->buf;
+    off_t at = (off_t)((tok - (const uint8_t *)f->data_map) + offset * (int64_t)f->width);
+    size_t got = 0;
+    while (got < bytes) {
+        ssize_t k = pread(r->fd, dst + got, bytes - got, at + (off_t)got);
+        if (k <= 0) {
+            int e = errno;
+            pl__data_path(src, f, path, sizeof path);
+            pl__fmt(err, errcap, "%s: read of %zu bytes at offset %lld failed: %s",
+                    path, bytes, (long long)at,
+                    k == 0 ? "file shrank since open" : strerror(e));
+            return k == 0 ? PL_ETRUNC : PL_EIO;
+        }
+        got += (size_t)k;
+    }
+    if (!raw) pl__conv_table[f->dtype][0](r->buf, out, count);
+    return PL_OK;
+}
+
+void pl__tokens_convert(const void *src, pl_dtype src_dtype, void *dst,
+                        pl_dtype dst_dtype, int64_t n) {
+    pl__conv_table[src_dtype][dst_dtype == PL_DTYPE_INT32](src, dst, n);
+}
+
+/* pl_source_read_many (raw 0: int64 tokens) and pl_source_read_raw (raw 1:
+ * stored width, at most cap bytes). */
+static int pl__read_ranges(pl_source *src, const pl_read *reads, int64_t n,
+                           void *out, size_t cap, int raw) {
+    if (!src || (n > 0 && (!reads || !out)) || n < 0) return PL_EINVAL;
+    char err[PL__ERRMSG_CAP];
+    size_t es = raw ? pl_dtype_size(src->dtype) : sizeof(int64_t);
+    if (raw) {
+        size_t need = 0;
+        for (int64_t i = 0; i < n; i++) {
+            if (reads[i].count < 0) return PL_EINVAL;
+            need += (size_t)reads[i].count * es;
+        }
+        if (need > cap) {
+            pl__fmt(err, sizeof err,
+                    "pl_source_read_raw: the reads need %zu bytes, the buffer holds %zu",
+                    need, cap);
+            pl__set_err(src, err);
+            return PL_EINVAL;
+        }
+    }
+    pl__preader r = {NULL, -1, 0, NULL, 0};
+    int rc = PL_OK;
+    for (int64_t i = 0; i < n && rc == PL_OK; i++) {
+        const pl__sfile *f;
+        const uint8_t *tok;
+        int64_t len, off = reads[i].offset, count = reads[i].count;
+        if (src->text) {
+            rc = pl__text_read(src, reads[i].index, off, count, out,
+                               raw ? PL_DTYPE_INT32 : PL_DTYPE_INT64, 1, err,
+                               sizeof err);
+            if (rc) break;
+            out = (uint8_t *)out + (size_t)count * es;
+            continue;
+        }
+        rc = pl__doc(src, reads[i].index, &f, &tok, &len, err, sizeof err);
+        if (rc) break;
+        if (off < 0 || count < 0 || off > len || count > len - off) {
+            pl__fmt(err, sizeof err,
+                    "source %s: document %lld: tokens [%lld, %lld + %lld) are "
+                    "outside the document's %lld tokens",
+                    src->name, (long long)reads[i].index, (long long)off,
+                    (long long)off, (long long)count, (long long)len);
+            rc = PL_ERANGE;
+            break;
+        }
+        if (count > 0 && src->type == PL_SOURCE_WEBDATASET)
+            rc = pl__wds_read(src, f, reads[i].index - f->first_doc, off, count, out,
+                              raw ? PL_DTYPE_UINT32 : PL_DTYPE_INT64, err, sizeof err);
+        else if (count > 0)
+            rc = pl__pread_range(src, &r, f, tok, off, count, out, raw, err, sizeof err);
+        out = (uint8_t *)out + (size_t)count * es;
+    }
+    if (r.owned) close(r.fd);
+    free(r.buf);
+    if (rc) pl__set_err(src, err);
+    return rc;
+}
+
+int pl_source_read_many(pl_source *src, const pl_read *reads, int64_t n,
+                        int64_t *out) {
+    return pl__read_ranges(src, reads, n, out, 0, 0);
+}
+
+int pl_source_read_raw(pl_source *src, const pl_read *reads, int64_t n,
+                       void *out, size_t cap) {
+    return pl__read_ranges(src, reads, n, out, cap, 1);
+}
