@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Run every peer harness of bench/peers/ and write the one table of bench/README.md
+"""Run every peer harness of bench/peers/ and write the one table of bench/peers/README.md
 ("Side by side with every peer").
 
 Each harness runs in a fresh process of its own venv (bench/peers/setup_venvs.sh; polyload

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Non-padding tokens/s delivered to a PyTorch loop: polyload.Loader vs megatron-core.
 
-Same data and shapes as bench/throughput.py (the corpus of scripts/build_corpus.py, four
+Same data and shapes as bench/embedded/throughput.py (the corpus of scripts/build_corpus.py, four
 Megatron datasets, constant weights 0.4/0.3/0.2/0.1, seq_length 2048, micro-batches of 2):
 
 - polyload: `polyload.Loader(bench/out/throughput.yaml, rank=0, ranks=[0, 1, 2, 3])`, one
@@ -9,7 +9,7 @@ Megatron datasets, constant weights 0.4/0.3/0.2/0.1, seq_length 2048, micro-batc
   `next_batch(r)` for every micro-batch of every rank in step order;
 - megatron-core: `torch.utils.data.DataLoader(BlendedDataset of GPTDatasets, batch_size=2,
   num_workers=W)` for each W of `--megatron-workers` (default 2 and 0: with worker
-  processes, and reading in the loop's own process), built by bench/throughput.py's `build_megatron` (Megatron's default
+  processes, and reading in the loop's own process), built by bench/embedded/throughput.py's `build_megatron` (Megatron's default
   flags: reset_position_ids=False, eod_mask_loss=False; create_attention_mask=False).
 
 The loop touches every tensor of every micro-batch the same way on both sides: it sums
@@ -18,7 +18,7 @@ input_ids (`tokens`), labels, loss_mask and position_ids, and counts non-padding
 eod_mask_loss=False).  W warm-up micro-batches (worker start-up, pipeline fill), then T timed
 ones; `--repeats` runs of each, medians reported.
 
-Usage: .venv/bin/python bench/torch_loop.py [--json OUT.json]
+Usage: .venv/bin/python bench/embedded/torch_loop.py [--json OUT.json]
 """
 import argparse
 import json
@@ -28,7 +28,8 @@ import statistics
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [os.path.dirname(os.path.abspath(__file__)),
+                os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
 from _common import OUT, ROOT, init_torch_distributed, machine_note, megatron_quiet  # noqa: E402
 from throughput import MICRO_BATCH, build_megatron, write_polyload_config  # noqa: E402
 

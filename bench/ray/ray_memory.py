@@ -19,7 +19,7 @@ split with every process of the machine that maps it, so it moves with what else
 and each side by command and by process.  ``--workers`` sets the baseline's DataLoader
 workers per rank (default 4; Megatron-LM's ``--num-workers`` default is 2).
 
-    .venv/bin/python bench/ray_memory.py [--sources 30 300] [--json bench/out/ray_memory.json]
+    .venv/bin/python bench/ray/ray_memory.py [--sources 30 300] [--json bench/out/ray_memory.json]
         [--shadows 1] [--workers 4] [--settle 3] [--skip-baseline | --skip-polyload]
 """
 
@@ -35,11 +35,10 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-from _common import machine_note  # noqa: E402
+from _harness import ROOT, machine_note, start_ray  # noqa: E402
 
-OUT = os.path.join(HERE, "out", "ray")
+OUT = os.path.join(ROOT, "bench", "out", "ray")
 FILES = os.path.join(OUT, "files")
 DOCS = 1000
 RANKS = 8
@@ -147,7 +146,7 @@ def pss_own_kib(pid):
                     parts = line.split(None, 5)
                     path = parts[5].strip() if len(parts) > 5 else ""
                     keep = (not path.startswith("/") or path.startswith("/dev/shm")
-                            or path.startswith(os.path.join(HERE, "out") + os.sep)
+                            or path.startswith(os.path.join(ROOT, "bench", "out") + os.sep)
                             or path.startswith(os.path.join(ROOT, "data") + os.sep))
                 elif first == "Pss:" and keep:
                     own += int(line.split()[1])
@@ -245,7 +244,7 @@ def run_baseline(n):
     script = os.path.join(d, "rank.py")
     ready = os.path.join(d, "ready")
     with open(script, "w") as f:
-        f.write(RANK_SCRIPT % {"bench": HERE, "seq": SEQ, "prefixes": prefixes(n), "n": n,
+        f.write(RANK_SCRIPT % {"bench": os.path.dirname(HERE), "seq": SEQ, "prefixes": prefixes(n), "n": n,
                                "cache": os.path.join(d, "cache"), "size": STEPS * GBS,
                                "ranks": RANKS, "mbs": MBS, "workers": WORKERS, "take": TAKE,
                                "ready": ready})
@@ -316,8 +315,7 @@ def run_polyload(n, loader_actors, constructors):
     with open(script, "w") as f:
         f.write(CLIENT_SCRIPT % {"cfg": cfg_path, "take": TAKE, "ready": ready,
                                  "settle": SETTLE})
-    ctx = ray.init(address="local", num_cpus=8, include_dashboard=False, object_store_memory=256 << 20,
-                   namespace="bench", log_to_driver=False)
+    ctx = start_ray(num_cpus=8, object_store_mib=256)
     address = ctx.address_info["address"]
     procs = []
     try:
@@ -372,7 +370,7 @@ def main():
     ap.add_argument("--workers", type=int, default=4,
                     help="DataLoader workers per baseline rank (Megatron-LM's --num-workers "
                          "default is 2)")
-    ap.add_argument("--json", default=os.path.join(HERE, "out", "ray_memory.json"))
+    ap.add_argument("--json", default=os.path.join(ROOT, "bench", "out", "ray_memory.json"))
     a = ap.parse_args()
     global SHADOWS, WORKERS, SETTLE
     SHADOWS, WORKERS, SETTLE = a.shadows, a.workers, a.settle

@@ -14,7 +14,7 @@ effective-training-time ratio for one failure per 10 minutes both ways, the memo
 the standbys per source (PSS of the shadow actors at 30 and 300 sources), and the
 planner's checkpoint bytes per step.
 
-    .venv/bin/python bench/ray_faults.py [--json bench/out/ray_faults.json]
+    .venv/bin/python bench/ray/ray_faults.py [--json bench/out/ray_faults.json]
 """
 
 from __future__ import annotations
@@ -28,9 +28,8 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-from _common import machine_note  # noqa: E402
+from _harness import ROOT, machine_note, start_ray  # noqa: E402
 from ray_memory import OUT, RANKS, config, make_files, pss_kib  # noqa: E402
 
 CLIENT = r"""
@@ -77,7 +76,7 @@ def main():
                     help="warm standbys per constructor (0: wait for Ray's restart)")
     ap.add_argument("--no-memory", action="store_true",
                     help="skip the standbys' memory (launches at 30 and 300 sources)")
-    ap.add_argument("--json", default=os.path.join(HERE, "out", "ray_faults.json"))
+    ap.add_argument("--json", default=os.path.join(ROOT, "bench", "out", "ray_faults.json"))
     a = ap.parse_args()
     import ray
     import yaml
@@ -98,8 +97,7 @@ def main():
         f.write(CLIENT)
     res = {"machine": machine_note(), "ranks": RANKS, "sources": a.sources,
            "compute_s": a.compute, "constructor_shadows": a.constructor_shadows}
-    ctx = ray.init(address="local", num_cpus=8, include_dashboard=False,
-                   object_store_memory=256 << 20, namespace="bench", log_to_driver=False)
+    ctx = start_ray(num_cpus=8, object_store_mib=256)
     address = ctx.address_info["address"]
     try:
         # A shallow prefetch, so that the deployment is building while the roles are

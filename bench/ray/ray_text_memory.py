@@ -21,11 +21,11 @@ with their shadows, constructors) feeding 8 trainer clients (polyload.ray.Client
 tokenizer loaded in the source loader actors that serve its source; every rank takes TAKE
 micro-batches.  Both sides count their 8 trainer processes (each imports torch).
 
-PSS as in bench/ray_memory.py (its helpers), summed over every process of the side; per
+PSS as in bench/ray/ray_memory.py (its helpers), summed over every process of the side; per
 added source = (PSS(hi) - PSS(lo)) / (hi - lo); --repeats paired rounds (each round: both
 sides at both counts), the median of the rounds reported.
 
-    .venv/bin/python bench/ray_text_memory.py [--sources 4 16] [--repeats 3]
+    .venv/bin/python bench/ray/ray_text_memory.py [--sources 4 16] [--repeats 3]
         [--tokenizer-load main|worker] [--take 8] [--shadows 1] [--read-timeout 30]
         [--json bench/out/ray_text_memory.json]
 """
@@ -43,12 +43,11 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 import ray_memory as rm  # noqa: E402
-from _common import machine_note  # noqa: E402
+from _harness import ROOT, machine_note, start_ray  # noqa: E402
 
-OUT = os.path.join(HERE, "out", "ray_text")
+OUT = os.path.join(ROOT, "bench", "out", "ray_text")
 FILES = os.path.join(OUT, "files")
 RAW = [os.path.join(ROOT, "data", "raw", f) for f in
        ("fortunes.jsonl", "kernel_docs.jsonl", "man_i18n.jsonl", "python_src.jsonl")]
@@ -204,8 +203,7 @@ def run_polyload(n, loader_actors, constructors, shadows, read_timeout=30.0):
     with open(script, "w") as f:
         f.write(rm.CLIENT_SCRIPT % {"cfg": cfg_path, "take": TAKE, "ready": ready,
                                      "settle": 0})
-    ctx = ray.init(address="local", num_cpus=8, include_dashboard=False,
-                   object_store_memory=256 << 20, namespace="bench", log_to_driver=False)
+    ctx = start_ray(num_cpus=8, object_store_mib=256)
     address = ctx.address_info["address"]
     procs = []
     try:
@@ -270,7 +268,7 @@ def main():
                     help="micro-batches each rank takes at least before the measurement")
     ap.add_argument("--skip-baseline", action="store_true")
     ap.add_argument("--skip-polyload", action="store_true")
-    ap.add_argument("--json", default=os.path.join(HERE, "out", "ray_text_memory.json"))
+    ap.add_argument("--json", default=os.path.join(ROOT, "bench", "out", "ray_text_memory.json"))
     a = ap.parse_args()
     TOKENIZER_LOAD, TAKE, SHARED_TOKENIZER = a.tokenizer_load, a.take, a.shared_tokenizer
     if a.child is not None:

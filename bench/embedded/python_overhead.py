@@ -12,7 +12,7 @@ Same config, same ranks (all DP ranks of the config, served by one loader), same
           (a `Batch` handle, no arrays) and `next` + the five `Array` views.
 
 Both are steady-state non-padding tokens/s by differencing two lengths (N_SHORT, N_LONG
-steps): for the CLI two runs, as bench/throughput.py; for Python one run, reading the
+steps): for the CLI two runs, as bench/embedded/throughput.py; for Python one run, reading the
 loader's token counter at step N_SHORT and at N_LONG (the prefetched micro-batches counted
 at both points cancel).  Runs alternate C / Python, `--repeats` times; medians reported.
 Also by CPU time, which a loaded machine moves less than wall time: non-padding tokens per
@@ -22,7 +22,7 @@ of the consuming thread (time.thread_time()).  With 2 loader threads on 2 cores 
 consumer's CPU comes out of the builders', so the CPU ratio is the overhead of a loaded
 machine too.
 
-Configs: `throughput` is bench/throughput.py's (examples/pretrain_mix.yaml with constant
+Configs: `throughput` is bench/embedded/throughput.py's (examples/pretrain_mix.yaml with constant
 weights: dp 4, seq_length 2048, micro_batch_size 2, threads 2, prefetch 4); `1x8192` the
 same with micro_batch_size 1 and seq_length 8192 (global_batch_size 64); `large-mb` with
 micro_batch_size 8 and seq_length 8192 (global_batch_size 128), closer to what one
@@ -30,7 +30,7 @@ micro-batch of an LLM run holds.  The timed window (N_LONG - N_SHORT steps) is s
 `--window` seconds of the C loader (estimated from a first short C run), so every window
 lasts at least that long.
 
-Usage: .venv/bin/python bench/python_overhead.py [--json OUT.json] [--profile]
+Usage: .venv/bin/python bench/embedded/python_overhead.py [--json OUT.json] [--profile]
 """
 import argparse
 import json
@@ -40,7 +40,8 @@ import statistics
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [os.path.dirname(os.path.abspath(__file__)),
+                os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
 from _common import CLI, OUT, ROOT, machine_note, run_cli  # noqa: E402
 from throughput import write_polyload_config  # noqa: E402
 

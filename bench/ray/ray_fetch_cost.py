@@ -4,14 +4,14 @@ machine (the caller, the actor, the raylet and its object store, Ray's other pro
 what a ``DataConstructor.fetch`` of k steps costs the deployment, apart from building them.
 
 For k = 1, 32, 64, 128, 256 packages of ``--package-bytes`` (33,000: one DP rank's step
-in ``bench/ray_pipeline.py``), two shapes of the answer: a list of k uint8 arrays (the
+in ``bench/ray/ray_pipeline.py``), two shapes of the answer: a list of k uint8 arrays (the
 fetch before 2026-12-03) and one uint8 array with the k packages back to back (now:
 ``_pack_fetch``; the concatenation is done in the actor's call, as there).  The actor
 method is async, as ``fetch`` is.  CPU per call is the CPU time of all processes
 (``/proc/*/stat``) over ``--calls`` calls, divided by the calls; per package, divided by
 k too.  Ray is started here with 4 CPUs.
 
-    .venv/bin/python bench/ray_fetch_cost.py [--calls 200] [--json bench/out/ray_fetch_cost.json]
+    .venv/bin/python bench/ray/ray_fetch_cost.py [--calls 200] [--json bench/out/ray_fetch_cost.json]
 """
 import argparse
 import json

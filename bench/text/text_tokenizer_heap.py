@@ -1,13 +1,13 @@
 """Heap per raw-text source in one process, as a Ray source loader actor tokenizes.
 
-N sources of bench/ray_text_memory.py (jsonl of the demo corpus, each with its own copy of
+N sources of bench/ray/ray_text_memory.py (jsonl of the demo corpus, each with its own copy of
 data/tokenizer.json), opened from worker threads, then every document's length asked in
 batches of --batch documents, round-robin over the sources, from --threads threads (an
 actor serves two calls at once): anonymous PSS per source after opening and after
 tokenizing (after one malloc_trim), the no-source process subtracted.  No .pllen length
 cache (removed first), so every length is tokenized.
 
-    .venv/bin/python bench/text_tokenizer_heap.py [--sources 8] [--threads 2] [--batch 16]
+    .venv/bin/python bench/text/text_tokenizer_heap.py [--sources 8] [--threads 2] [--batch 16]
         [--pool N] [--lock] [--parallelism]
 
 --pool N: polyload._core.set_tokenize_threads(N) (what the actors set); --lock: one
@@ -48,7 +48,7 @@ def main() -> None:
     a = ap.parse_args()
     if not a.parallelism:
         os.environ["TOKENIZERS_PARALLELISM"] = "false"
-    sys.path.insert(0, HERE)
+    sys.path[:0] = [os.path.join(os.path.dirname(HERE), "ray"), os.path.dirname(HERE)]
     import ray_text_memory as rtm  # noqa: PLC0415
 
     import polyload  # noqa: PLC0415

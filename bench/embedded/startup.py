@@ -22,7 +22,7 @@ each.  Run with an empty index cache (Megatron builds and writes its .npy
 indices, first launch) and again with the cache in place (later launches).
 Each run is capped at --cap seconds (default 600).
 
-Usage: .venv/bin/python bench/startup.py [--json OUT.json] [--skip-megatron]
+Usage: .venv/bin/python bench/embedded/startup.py [--json OUT.json] [--skip-megatron]
 """
 import argparse
 import json
@@ -32,7 +32,8 @@ import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [os.path.dirname(os.path.abspath(__file__)),
+                os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
 from _common import OUT, ROOT, machine_note, run_cli  # noqa: E402
 
 N_FILES = 2000
@@ -103,7 +104,7 @@ def write_configs():
         for i, p in enumerate(prefixes()):
             f.write(f"  - {{name: s{i:04d}, type: megatron, path: {os.path.relpath(p, ROOT)}, "
                     "weight: 1}\n")
-    single = os.path.join(DIR, "single_file.yaml")  # baseline for bench/memory.c
+    single = os.path.join(DIR, "single_file.yaml")  # baseline for bench/embedded/memory.c
     with open(single, "w") as f:
         f.write(header())
         f.write(f"  - {{name: s0000, type: megatron, path: {os.path.relpath(prefixes()[0], ROOT)}, "
@@ -198,7 +199,7 @@ def bench_megatron(kind, cap):
     script = os.path.join(DIR, f"megatron_{kind}.py")
     with open(script, "w") as f:
         f.write(PEER % {
-            "bench": os.path.dirname(os.path.abspath(__file__)),
+            "bench": os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
             "prefixes": prefixes(),
             "weights": None if kind == "one_source" else [1.0] * N_FILES,
             "seq": SEQ_LENGTH, "cache": cache, "size": TRAIN_STEPS * GBS, "mbs": MBS})

@@ -5,12 +5,12 @@ how each grows from 8 to 64 ranks and from 30 to 300 sources.
 
 Trainer ranks are ``polyload.ray.Client`` objects, 16 per process (threads), started and
 connected to Ray *before* the clock starts; the clock starts when ``launch`` is called.
-Sources are ``bench/ray_memory.py``'s synthetic Megatron files (1,000 documents of
+Sources are ``bench/ray/ray_memory.py``'s synthetic Megatron files (1,000 documents of
 10-1,000 uint16 tokens each).  seq_length 2048, micro-batches of 1, 2 per rank per step.
 Ray's cluster_utils.Cluster: a head and two worker nodes, 8 logical CPUs each, on this
 2-core machine.  The GCS and head-node memory over time are sampled while serving.
 
-    .venv/bin/python bench/ray_scale.py [--seconds 60] [--json bench/out/ray_scale.json]
+    .venv/bin/python bench/ray/ray_scale.py [--seconds 60] [--json bench/out/ray_scale.json]
 """
 
 from __future__ import annotations
@@ -23,9 +23,8 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-from _common import machine_note  # noqa: E402
+from _harness import ROOT, machine_note  # noqa: E402
 from ray_memory import OUT, comm, make_files, measure, prefixes, tree  # noqa: E402
 
 TRAINER = r"""
@@ -125,7 +124,7 @@ def run_one(cluster, n_sources, ranks, seconds, script, d):
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--seconds", type=float, default=30.0)
-    ap.add_argument("--json", default=os.path.join(HERE, "out", "ray_scale.json"))
+    ap.add_argument("--json", default=os.path.join(ROOT, "bench", "out", "ray_scale.json"))
     ap.add_argument("--cases", default="30x8,300x8,30x64,300x64")
     a = ap.parse_args()
     import ray

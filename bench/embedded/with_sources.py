@@ -5,14 +5,14 @@
 
 Corpus: three synthetic Megatron sources written into bench/out/ (uint16, documents of
 1..1500 tokens); config dp 4, seq_length 2048, micro-batches of 2, threads 2, prefetch 4,
-as bench/python_overhead.py's ``throughput`` config.  Each run takes N micro-batches of
+as bench/embedded/python_overhead.py's ``throughput`` config.  Each run takes N micro-batches of
 every rank after a warm-up and drops each dict right away.  There is no peer: this is an
 option's cost against the same loader without it.
 
 It also times ``Loader._to_dict`` alone on one retained batch (``dict_us_*``), the only
 per-batch work the option adds in Python, which a loaded machine disturbs less.
 
-Usage: .venv/bin/python bench/with_sources.py [--steps 300] [--repeats 5] [--json OUT]
+Usage: .venv/bin/python bench/embedded/with_sources.py [--steps 300] [--repeats 5] [--json OUT]
 """
 import argparse
 import json
@@ -24,7 +24,8 @@ import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [os.path.dirname(os.path.abspath(__file__)),
+                os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
 from _common import OUT, machine_note  # noqa: E402
 
 

@@ -2,7 +2,7 @@
 (issue "One pipeline for every deployment"): tokens/s, bytes through the object store per
 delivered token, fetch latency with prefetch, and data wait with 100 ms of compute.
 
-Config: ``bench/ray_memory.py``'s (30 synthetic Megatron sources of uint16 tokens,
+Config: ``bench/ray/ray_memory.py``'s (30 synthetic Megatron sources of uint16 tokens,
 seq_length 2048, micro-batches of 2, 64 sequences per step, dp 8), endless.  Paired
 repeats: each round runs the embedded loader (one ``polyload.Loader`` serving the 8
 ranks in this process) and then the deployment (8 trainer processes, each a
@@ -12,7 +12,7 @@ non-padding tokens; times exclude start-up and a warm-up of 8 micro-batches per 
 both sides take ``--micro-batches`` per rank (before 2026-12-02 the embedded side took a
 quarter of them: a window of ~50 ms, whose figure moved 2x between rounds).
 
-    .venv/bin/python bench/ray_pipeline.py [--rounds 3] [--json bench/out/ray_pipeline.json]
+    .venv/bin/python bench/ray/ray_pipeline.py [--rounds 3] [--json bench/out/ray_pipeline.json]
 """
 
 from __future__ import annotations
@@ -26,9 +26,8 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-from _common import machine_note  # noqa: E402
+from _harness import ROOT, machine_note, start_ray  # noqa: E402
 from ray_latency import embedded_tokens_per_s as embedded  # noqa: E402
 from ray_memory import OUT, RANKS, config, make_files  # noqa: E402
 
@@ -154,7 +153,7 @@ def main():
     ap.add_argument("--client-prefetch-batches", type=int, default=0,
                     help="Client(prefetch_batches=...); 0: the Client's default")
     ap.add_argument("--skip-wait", action="store_true")
-    ap.add_argument("--json", default=os.path.join(HERE, "out", "ray_pipeline.json"))
+    ap.add_argument("--json", default=os.path.join(ROOT, "bench", "out", "ray_pipeline.json"))
     a = ap.parse_args()
     global PREFETCH_STEPS, CLIENT_PREFETCH
     PREFETCH_STEPS = a.prefetch_steps
@@ -173,8 +172,7 @@ def main():
     script = os.path.join(d, "client.py")
     with open(script, "w") as f:
         f.write(CLIENT)
-    ctx = ray.init(address="local", num_cpus=8, include_dashboard=False,
-                   object_store_memory=512 << 20, namespace="bench", log_to_driver=False)
+    ctx = start_ray(num_cpus=8, object_store_mib=512)
     addr = ctx.address_info["address"]
     res = {"machine": machine_note(), "ranks": RANKS, "sources": a.sources, "rounds": []}
     try:

@@ -11,7 +11,7 @@ encode, and time to first batch on a 1 GB JSON Lines source.
 2. time to first batch: the same JSONL repeated to >= 1 GB in a temporary file (no
    .plrec sidecar), from Loader() to the first micro-batch, warm page cache.
 
-    RAYON_NUM_THREADS=1 .venv/bin/python bench/text_tokenize.py [--rounds 3]
+    RAYON_NUM_THREADS=1 .venv/bin/python bench/text/text_tokenize.py [--rounds 3]
 
 --parquet adds a Parquet source of the same documents (pyarrow-written, row groups of
 --row-group rows) to every round: the loader over it against the loader over the jsonl

@@ -19,7 +19,7 @@ separately); then W warm-up batches, then M timed batches.  Tokens counted:
 the `tokens` tensor elements that are not padding (loss_mask == 1 under
 eod_mask_loss=False; GPTDataset pads nothing on the train split).
 
-Usage: .venv/bin/python bench/throughput.py [--json OUT.json]
+Usage: .venv/bin/python bench/embedded/throughput.py [--json OUT.json]
 """
 import argparse
 import json
@@ -30,7 +30,8 @@ import statistics
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [os.path.dirname(os.path.abspath(__file__)),
+                os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
 from _common import (OUT, ROOT, EodTokenizer, init_torch_distributed,  # noqa: E402
                      machine_note, megatron_quiet, proc_cpu_seconds, run_cli)
 

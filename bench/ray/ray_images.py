@@ -12,7 +12,7 @@ against the run).  Times exclude start-up and a warm-up of 4 micro-batches; imag
 those of the micro-batches delivered.
 
     .venv/bin/python scripts/make_vlm_corpus.py --out data/vlm_bench --tile 4 --per-shard 32
-    .venv/bin/python bench/ray_images.py data/vlm_bench [--rounds 3] [--micro-batches 200]
+    .venv/bin/python bench/ray/ray_images.py data/vlm_bench [--rounds 3] [--micro-batches 200]
 """
 
 from __future__ import annotations
@@ -25,6 +25,9 @@ import sys
 import time
 
 import numpy as np
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from _harness import start_ray  # noqa: E402
 
 
 def config(root, threads):
@@ -74,8 +77,7 @@ def main(argv=None):
             toks.append(0)
         np.asarray(toks, dtype=np.uint16).tofile(text)
     cfg = config(args.root, args.threads)
-    ray.init(address="local", num_cpus=4, object_store_memory=256 << 20,
-             include_dashboard=False, log_to_driver=False, namespace="bench_img")
+    start_ray(num_cpus=4, object_store_mib=256, namespace="bench_img")
     rows = []
     try:
         for r in range(args.rounds):

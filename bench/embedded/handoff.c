@@ -3,12 +3,12 @@
  * for the same work (issue 13, "Hand-off").
  *
  * Build (after cmake --build build-bench; it uses the internal builder):
- *   gcc -O2 -std=c11 -Iinclude -Isrc bench/handoff.c build-bench/libpolyload.a \
+ *   gcc -O2 -std=c11 -Iinclude -Isrc bench/embedded/handoff.c build-bench/libpolyload.a \
  *       -lyaml -lxxhash -ljansson -lzstd -lz \
  *       $(pkg-config --libs libjpeg spng libwebp libswscale stb) \
  *       -lsentencepiece -lstdc++ -lpthread -lm -o build-bench/bench_handoff
  * Run:
- *   build-bench/bench_handoff CONFIG SECONDS THREADS...      (see bench/handoff.py)
+ *   build-bench/bench_handoff CONFIG SECONDS THREADS...      (see bench/embedded/handoff.py)
  *
  * limit: 2 threads (--limit-threads N) build micro-batches of
  *   pre-computed plans (the planner's, made before the clock starts) with the

@@ -10,7 +10,7 @@ tokens/s of the deployment against the embedded loader, on this machine.
     The embedded loader (polyload.Loader serving the 8 ranks in one process) gives the
     reference tokens/s.
 
-    .venv/bin/python bench/ray_latency.py [--sources 30] [--json bench/out/ray_latency.json]
+    .venv/bin/python bench/ray/ray_latency.py [--sources 30] [--json bench/out/ray_latency.json]
 """
 
 from __future__ import annotations
@@ -23,9 +23,8 @@ import sys
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-from _common import machine_note  # noqa: E402
+from _harness import ROOT, machine_note, start_ray  # noqa: E402
 from ray_memory import OUT, RANKS, config, make_files  # noqa: E402
 
 CLIENT = r"""
@@ -94,7 +93,7 @@ def main():
     ap.add_argument("--fast-micro-batches", type=int, default=200, help="per client, no compute")
     ap.add_argument("--constructors", type=int, default=2)
     ap.add_argument("--loader-actors", type=int, default=2)
-    ap.add_argument("--json", default=os.path.join(HERE, "out", "ray_latency.json"))
+    ap.add_argument("--json", default=os.path.join(ROOT, "bench", "out", "ray_latency.json"))
     a = ap.parse_args()
     import ray
     import yaml
@@ -117,8 +116,7 @@ def main():
            "loader_actors": a.loader_actors, "config": {k: v for k, v in cfg.items() if k != "sources"}}
     res["embedded"] = embedded_tokens_per_s(cfg_path, 100)
     print("embedded", json.dumps(res["embedded"]), flush=True)
-    ctx = ray.init(address="local", num_cpus=8, include_dashboard=False,
-                   object_store_memory=256 << 20, namespace="bench", log_to_driver=False)
+    ctx = start_ray(num_cpus=8, object_store_mib=256)
     try:
         for label, n, compute in (("wait", a.micro_batches, a.compute),
                                   ("fetch", a.fast_micro_batches, 0.0)):

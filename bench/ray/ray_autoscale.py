@@ -30,7 +30,7 @@ source, over the tokens delivered: ``ideal_measured_cpu_s``); the fixed pool's, 
 one loader read with no other loader beside it (``ideal_fixed_costs_cpu_s``); and the
 autoscaler's last estimate (``ideal_fractional_cpu_s``, a median of short windows).
 
-    .venv/bin/python bench/ray_autoscale.py [--rounds 2] [--json bench/out/ray_autoscale.json]
+    .venv/bin/python bench/ray/ray_autoscale.py [--rounds 2] [--json bench/out/ray_autoscale.json]
 """
 
 from __future__ import annotations
@@ -44,9 +44,8 @@ import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-from _common import machine_note  # noqa: E402
+from _harness import ROOT, machine_note  # noqa: E402
 
 MiB = 1 << 20
 NS = "polyload_autoscale"
@@ -553,7 +552,7 @@ def main():
     for f in ("python_src_text_document.idx", "raw/kernel_docs.jsonl", "raw/man_i18n.jsonl",
               "tokenizer.json"):
         if not os.path.exists(os.path.join(ROOT, "data", f)):
-            sys.exit(f"bench/ray_autoscale.py: data/{f} is missing: run `make corpus` first")
+            sys.exit(f"bench/ray/ray_autoscale.py: data/{f} is missing: run `make corpus` first")
     cfg = config(args)
     c = Cluster(initialize_head=True, head_node_args={
         "num_cpus": 8, "object_store_memory": 512 * MiB, "include_dashboard": False,

@@ -5,13 +5,13 @@ zero-copy tensors (input_ids, labels, loss_mask, position_ids, cu_seqlens), each
 memory to a torch.Tensor; ``torch.from_numpy`` and views such as ``t[:, :n]`` cost more),
 plus the dict.  ``polyload.Loader.next_batch`` does exactly this in C
 (``Loader.next_dict``), so this is the floor under its overhead against the C loader
-(bench/python_overhead.py), whatever the rest costs.
+(bench/embedded/python_overhead.py), whatever the rest costs.
 
 Capsules are made before the clock (from NumPy arrays of a 1 x 8192 micro-batch), so the
 figure is the tensors' and the dict's cost alone.  Medians of ``--repeats`` runs of
 ``--n`` micro-batches.
 
-    .venv/bin/python bench/torch_tensor_floor.py [--n 100000] [--repeats 5]
+    .venv/bin/python bench/embedded/torch_tensor_floor.py [--n 100000] [--repeats 5]
 """
 import argparse
 import statistics

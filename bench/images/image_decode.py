@@ -25,7 +25,7 @@ per CPU-second (= images/s per core: one thread; unlike wall time it does not mo
 other jobs share the machine) and polyload's ratio to each.
 
     .venv/bin/python scripts/make_vlm_corpus.py --out data/vlm_bench --tile 4 --per-shard 32
-    .venv/bin/python bench/image_decode.py "data/vlm_bench/shard-*.tar" --repeats 5
+    .venv/bin/python bench/images/image_decode.py "data/vlm_bench/shard-*.tar" --repeats 5
 
 --python PY runs the Pillow loaders under another interpreter (e.g. a venv with
 Pillow-SIMD), through this same file.

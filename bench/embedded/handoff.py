@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
 """Hand-off: the embedded C loader against the 2-core limit of the same work (issue 13).
 
-For each config (`throughput`: bench/throughput.py's, 2 x 2048 micro-batches, dp 4;
+For each config (`throughput`: bench/embedded/throughput.py's, 2 x 2048 micro-batches, dp 4;
 `large-mb`: the same with 8 x 8192, global batch 128), each round runs
-`build-bench/bench_handoff CONFIG SECONDS THREADS...` (bench/handoff.c): first the limit
+`build-bench/bench_handoff CONFIG SECONDS THREADS...` (bench/embedded/handoff.c): first the limit
 (2 threads running the loader's own builder, pl__construct, on pre-planned micro-batches:
 the SPEC fields from the uint16 tokens into one reused buffer each; no hand-off, no
 planning), then the loader with `threads` 1, 2, 3 and 4 serving every
@@ -15,7 +15,7 @@ timed on the same plans; what the loader does, without its hand-off), and, with
 flight: cold memory, as the loader writes it), so that loader / that figure is
 what the hand-off itself leaves.
 
-Usage: .venv/bin/python bench/handoff.py [--seconds 5] [--rounds 3] [--cold-buffers 48] [--json OUT]
+Usage: .venv/bin/python bench/embedded/handoff.py [--seconds 5] [--rounds 3] [--cold-buffers 48] [--json OUT]
 """
 import argparse
 import json
@@ -24,7 +24,8 @@ import statistics
 import subprocess
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+sys.path[:0] = [os.path.dirname(os.path.abspath(__file__)),
+                os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
 from _common import OUT, ROOT  # noqa: E402
 from python_overhead import large_mb_config  # noqa: E402
 from throughput import write_polyload_config  # noqa: E402
@@ -37,7 +38,7 @@ def build():
                     "-DCMAKE_BUILD_TYPE=Release"], check=True, stdout=subprocess.DEVNULL)
     subprocess.run(["cmake", "--build", os.path.join(ROOT, "build-bench")], check=True,
                    stdout=subprocess.DEVNULL)
-    # bench/handoff.c is a CMake target (PL_BUILD_BENCH), linked with every dependency of
+    # bench/embedded/handoff.c is a CMake target (PL_BUILD_BENCH), linked with every dependency of
     # the static library.
     subprocess.run(["cmake", "--build", os.path.join(ROOT, "build-bench"), "--target",
                     "bench_handoff"], check=True, stdout=subprocess.DEVNULL)

@@ -2,9 +2,9 @@
  * Figure 3: heap memory per open source, excluding mapped file pages.
  *
  * Build (after cmake --build build-bench):
- *   gcc -O2 -std=c11 -Iinclude bench/memory.c build-bench/libpolyload.a \
+ *   gcc -O2 -std=c11 -Iinclude bench/embedded/memory.c build-bench/libpolyload.a \
  *       -lyaml -lxxhash -ljansson -lzstd -lz -lpthread -lm -o build-bench/bench_memory
- * Run (after bench/startup.py has written bench/out/startup/):
+ * Run (after bench/embedded/startup.py has written bench/out/startup/):
  *   build-bench/bench_memory bench/out/startup/files 2000 \
  *       bench/out/startup/single_file.yaml bench/out/startup/many_sources.yaml \
  *       bench/out/startup/one_source.yaml

@@ -3,7 +3,7 @@
 of source loader actors that tokenize one source.
 
 One ``type: jsonl`` source of real text (800 kernel_docs and 15,000 fortunes of the demo
-corpus, data/raw/, as bench/text_tokenize.py), Hugging Face tokenizer data/tokenizer.json,
+corpus, data/raw/, as bench/text/text_tokenize.py), Hugging Face tokenizer data/tokenizer.json,
 split into N index-range partitions on N source loader actors
 (``launch(num_source_loaders={"raw": N})``, no standbys); one constructor; 8 trainer
 ranks (``polyload.ray.Client`` in threads of this process) take every micro-batch of
@@ -15,7 +15,7 @@ first are what it measures.  Non-padding tokens are counted from
 ``loss_mask``.  Paired rounds, the actor counts in alternating order; speed-up against the
 first count.  A local Ray instance with 8 logical CPUs; on this machine they share 2 cores.
 
-    RAYON_NUM_THREADS=1 .venv/bin/python bench/ray_text_scaling.py [--actors 1,2] [--rounds 3]
+    RAYON_NUM_THREADS=1 .venv/bin/python bench/ray/ray_text_scaling.py [--actors 1,2] [--rounds 3]
 """
 import argparse
 import json
@@ -30,9 +30,8 @@ os.environ.setdefault("RAYON_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
-from _common import machine_note  # noqa: E402
+from _harness import ROOT, machine_note  # noqa: E402
 
 NS = "polyload_text_scaling"
 SEQ, GBS, DP = 2048, 32, 8

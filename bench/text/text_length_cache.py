@@ -4,10 +4,10 @@ every document, on a fresh open without a ``<file>.pllen`` sidecar (tokenizing) 
 second open with the sidecar the first one wrote (no tokenizing).
 
 The source is 800 kernel_docs and 15,000 fortunes of the demo corpus (data/raw/), as in
-bench/text_tokenize.py, copied to a temporary directory; tokenizer data/tokenizer.json
+bench/text/text_tokenize.py, copied to a temporary directory; tokenizer data/tokenizer.json
 through ``tokenizers`` (RAYON_NUM_THREADS=1).
 
-    RAYON_NUM_THREADS=1 .venv/bin/python bench/text_length_cache.py [--rounds 3]
+    RAYON_NUM_THREADS=1 .venv/bin/python bench/text/text_length_cache.py [--rounds 3]
 """
 import argparse
 import json
