@@ -10,7 +10,9 @@ A results file is a JSON list of records, one per figure:
 
 `figure`, `value`, `unit`, `command`, `date`, `machine` and `commit` are always there;
 `headline` marks the figures of the README's table; `peer`/`peer_value` give the
-compared system's figure when there is one, `note` what a reader must know to read it.
+compared system's figure when there is one (`lower_is_better` says which way the ratio
+goes), `note` what a reader must know to read it.  `commit` is the commit measured; for
+figures recorded before the results files existed, the commit that first recorded them.
 A benchmark calls `write(name, records)` at its end; records whose figure it measured
 again replace the old ones, the others stay.  `bench/make_tables.py` turns the files into
 the tables of bench/README.md and README.md.
@@ -31,7 +33,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "bench", "results")
 REQUIRED = ("figure", "value", "unit", "command", "date", "machine", "commit")
-OPTIONAL = ("headline", "peer", "peer_value", "note")
+OPTIONAL = ("headline", "peer", "peer_value", "lower_is_better", "note")
 
 
 def machine() -> dict:

@@ -1,6 +1,6 @@
 /*
  * Hand-off: the embedded loader's tokens/s against the limit of the machine
- * for the same work (issue 13, "Hand-off").
+ * for the same work.
  *
  * Build (after cmake --build build-bench; it uses the internal builder):
  *   gcc -O2 -std=c11 -Iinclude -Isrc bench/embedded/handoff.c build-bench/libpolyload.a \

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Hand-off: the embedded C loader against the 2-core limit of the same work (issue 13).
+"""Hand-off: the embedded C loader against the 2-core limit of the same work.
 
 For each config (`throughput`: bench/embedded/throughput.py's, 2 x 2048 micro-batches, dp 4;
 `large-mb`: the same with 8 x 8192, global batch 128), each round runs

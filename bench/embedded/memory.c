@@ -1,5 +1,5 @@
 /*
- * Figure 3: heap memory per open source, excluding mapped file pages.
+ * Heap memory per open source, excluding mapped file pages.
  *
  * Build (after cmake --build build-bench):
  *   gcc -O2 -std=c11 -Iinclude bench/embedded/memory.c build-bench/libpolyload.a \

@@ -1,5 +1,4 @@
-"""Autoscaled source-loader pools vs fixed pools (issue "Source loaders that scale with
-the work"), side by side on one local multi-node Ray cluster.
+"""Autoscaled source-loader pools vs fixed pools, side by side on one local multi-node Ray cluster.
 
 Scenario: three sources of different cost from the demo corpus (``make corpus``):
 ``code`` (pre-tokenized Megatron, data/python_src_text_document), ``docs`` (raw JSON

@@ -1,4 +1,4 @@
-"""Images through the Ray deployment against the embedded loader (issue 11): images/s and
+"""Images through the Ray deployment against the embedded loader: images/s and
 pixel bytes per image crossing the object store, same config, same rank.
 
 Config: the benchmark photos (``scripts/make_vlm_corpus.py --tile 4 --per-shard 32``: 130

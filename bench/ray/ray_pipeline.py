@@ -1,5 +1,5 @@
-"""The Ray deployment on one node against the embedded loader, same config, same 8 ranks
-(issue "One pipeline for every deployment"): tokens/s, bytes through the object store per
+"""The Ray deployment on one node against the embedded loader, same config, same 8 ranks:
+tokens/s, bytes through the object store per
 delivered token, fetch latency with prefetch, and data wait with 100 ms of compute.
 
 Config: ``bench/ray/ray_memory.py``'s (30 synthetic Megatron sources of uint16 tokens,

@@ -1,5 +1,4 @@
-"""The deployment at scale on a 3-node local Ray cluster (issue "One pipeline for every
-deployment"): time from ``launch`` until every trainer rank has its first batch, steady
+"""The deployment at scale on a 3-node local Ray cluster: time from ``launch`` until every trainer rank has its first batch, steady
 non-padding tokens/s, PSS of every process (Ray daemons, GCS and actors included), and
 how each grows from 8 to 64 ranks and from 30 to 300 sources.
 

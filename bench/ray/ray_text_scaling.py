@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Raw text tokenized online in the Ray deployment (issue 10): tokens/s against the number
+"""Raw text tokenized online in the Ray deployment: tokens/s against the number
 of source loader actors that tokenize one source.
 
 One ``type: jsonl`` source of real text (800 kernel_docs and 15,000 fortunes of the demo

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Raw text length cache (issue 10): the planner's view of a jsonl source, the lengths of
+"""Raw text length cache: the planner's view of a jsonl source, the lengths of
 every document, on a fresh open without a ``<file>.pllen`` sidecar (tokenizing) and on a
 second open with the sidecar the first one wrote (no tokenizing).
 

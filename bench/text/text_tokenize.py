@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Raw text sources (issue 10): the loader's tokens/s against the tokenizer's own batch
+"""Raw text sources: the loader's tokens/s against the tokenizer's own batch
 encode, and time to first batch on a 1 GB JSON Lines source.
 
 1. tokens per CPU-second (all threads of the process, getrusage): one jsonl source of
