@@ -370,9 +370,10 @@ PL_API int pl_source_release_tokenizer(pl_source *src);
  * either way.  Meant for a process that hosts many sources for others (a
  * Ray source loader actor sets it to its CPUs, at least 2): a tokenizer used
  * from one thread keeps a smaller heap than from several
- * (docs/internals/decisions/0005-one-tokenizer-thread-per-file.md).  The threads live as long as the process; a smaller count
- * leaves the others idle.  PL_OK; PL_EINVAL for a count outside 0..256;
- * PL_ENOMEM when a thread cannot start.  Thread-safe. */
+ * (docs/internals/decisions/0005-one-tokenizer-thread-per-file.md).  The
+ * threads live as long as the process; a smaller count leaves the others
+ * idle.  PL_OK; PL_EINVAL for a count outside 0..256; PL_ENOMEM when a thread
+ * cannot start.  Thread-safe. */
 PL_API int pl_set_tokenize_threads(int threads);
 /* The count last set (0: no limit). */
 PL_API int pl_tokenize_threads(void);
@@ -1094,8 +1095,9 @@ PL_API int pl_state_unpack(const void *packed, size_t len, void *buf,
 /*
  * The embedded loader: sources, planner and data constructor in one process,
  * with worker threads and a bounded prefetch queue per served rank
- * (docs/internals/design.md, "Roles").  Batches are a pure function of (config, seed, step, rank): thread
- * count and prefetch depth never change them.
+ * (docs/internals/design.md, "Roles").  Batches are a pure function of
+ * (config, seed, step, rank): thread count and prefetch depth never change
+ * them.
  *
  * Thread safety: pl_loader_next (for different ranks), pl_loader_get_state,
  * pl_loader_get_stats, pl_loader_want_step, pl_loader_push_package,

@@ -1,8 +1,7 @@
 /*
  * planner.c -- the planner role (docs/internals/design.md, "Roles"): the
- * mixture, the per-source
- * shuffles and consumption counters, chunking, and the sequence of plans.
- * It sees document lengths only, never payloads.
+ * mixture, the per-source shuffles and consumption counters, chunking, and
+ * the sequence of plans.  It sees document lengths only, never payloads.
  *
  * Mixture (SPEC section 1).  Weights are fractions of tokens.  For every
  * source the planner keeps the tokens drawn and a target: each drawn chunk of
