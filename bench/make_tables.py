@@ -64,18 +64,23 @@ def ratio(r: dict) -> str:
     if "peer_value" not in r or not r["peer_value"] or not r["value"]:
         return "–"
     x = r["peer_value"] / r["value"] if r.get("lower_is_better") else r["value"] / r["peer_value"]
-    return f"{x:.3g}x"
+    return f"{x:,.0f}x" if x >= 100 else f"{x:.3g}x"
 
 
 def cell(s: str) -> str:
     return s.replace("|", "\\|")
 
 
+def amount(v: float, unit: str) -> str:
+    """A value with its unit: 880 B, 1.001x, 4.5 % of step."""
+    return f"{fmt(v)}x" if unit == "x" else f"{fmt(v)} {unit}"
+
+
 def peer(r: dict) -> str:
     if "peer" not in r:
         return "–"
     if "peer_value" in r:
-        return cell(f"{r['peer']}: {fmt(r['peer_value'])} {r['unit']}")
+        return cell(f"{r['peer']}: {amount(r['peer_value'], r['unit'])}")
     return cell(r["peer"])
 
 
@@ -102,7 +107,7 @@ def bench_tables(data: dict) -> str:
         for r in data[name]:
             note = f" ({cell(r['note'])})" if r.get("note") else ""
             m = r["machine"]
-            lines.append(f"| {cell(r['figure'])}{note} | {fmt(r['value'])} {r['unit']} | {peer(r)} "
+            lines.append(f"| {cell(r['figure'])}{note} | {amount(r['value'], r['unit'])} | {peer(r)} "
                          f"| {ratio(r)} | {r['date']}, {cell(m['cpu'])}, {m['cores']} cores, "
                          f"`{r['commit']}` | `{cell(r['command'])}` |")
     return "\n".join(lines[1:]) + "\n"
@@ -114,7 +119,7 @@ def readme_table(data: dict) -> str:
         for r in data[name]:
             if not r.get("headline"):
                 continue
-            lines.append(f"| {cell(r['figure'])} | {fmt(r['value'])} {r['unit']} | {peer(r)} "
+            lines.append(f"| {cell(r['figure'])} | {amount(r['value'], r['unit'])} | {peer(r)} "
                          f"| {ratio(r)} | {r['date']}, [`{name}`](bench/results/{name}.json) |")
     return "\n".join(lines) + "\n"
 
