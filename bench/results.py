@@ -19,7 +19,8 @@ the tables of bench/README.md and README.md.
 
 From a shell (for the C benchmarks):
 
-    python bench/results.py NAME FIGURE VALUE UNIT [--command CMD] [--headline]
+    python bench/results.py NAME FIGURE VALUE UNIT --command CMD [--headline]
+        [--lower-is-better] [--note NOTE]
 """
 from __future__ import annotations
 
@@ -31,7 +32,8 @@ import sys
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RESULTS = os.path.join(ROOT, "bench", "results")
+# BENCH_RESULTS=DIR sends a trial run's records elsewhere (the committed files stay).
+RESULTS = os.environ.get("BENCH_RESULTS") or os.path.join(ROOT, "bench", "results")
 REQUIRED = ("figure", "value", "unit", "command", "date", "machine", "commit")
 OPTIONAL = ("headline", "peer", "peer_value", "lower_is_better", "note")
 
@@ -132,10 +134,12 @@ def main() -> None:
     ap.add_argument("unit")
     ap.add_argument("--command", required=True, help="the command that measured it")
     ap.add_argument("--headline", action="store_true")
+    ap.add_argument("--lower-is-better", action="store_true")
     ap.add_argument("--note")
     a = ap.parse_args()
     print(write(a.name, [record(a.figure, a.value, a.unit, command=a.command,
-                                headline=a.headline or None, note=a.note)]))
+                                headline=a.headline or None, note=a.note,
+                                lower_is_better=a.lower_is_better or None)]))
 
 
 if __name__ == "__main__":

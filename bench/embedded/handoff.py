@@ -27,6 +27,7 @@ import sys
 sys.path[:0] = [os.path.dirname(os.path.abspath(__file__)),
                 os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
 from _common import OUT, ROOT  # noqa: E402
+import results as bench_results  # noqa: E402
 from python_overhead import large_mb_config  # noqa: E402
 from throughput import write_polyload_config  # noqa: E402
 
@@ -100,6 +101,16 @@ def main():
         os.makedirs(OUT, exist_ok=True)
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)
+    figures = []
+    for name, shape in (("throughput", "2 x 2048"), ("large-mb", "8 x 8192")):
+        med = result.get(name, {}).get("median", {})
+        if "ratio_t2" in med:
+            figures.append(bench_results.record(
+                f"embedded loader / 2-core limit of its own builder, {shape} micro-batches",
+                round(100 * med["ratio_t2"], 1), "%",
+                note=f"2 loader threads, median of {args.rounds} rounds"))
+    if figures:
+        print(bench_results.write("embedded_handoff", figures))
 
 
 if __name__ == "__main__":

@@ -43,6 +43,7 @@ import time
 sys.path[:0] = [os.path.dirname(os.path.abspath(__file__)),
                 os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
 from _common import CLI, OUT, ROOT, machine_note, run_cli  # noqa: E402
+import results as bench_results  # noqa: E402
 from throughput import write_polyload_config  # noqa: E402
 
 
@@ -193,6 +194,16 @@ def main():
     if a.json:
         with open(a.json, "w") as f:
             json.dump(res, f, indent=1)
+    figures = []
+    for name, shape in (("throughput", "2 x 2048"), ("1x8192", "1 x 8192")):
+        over = res["configs"].get(name, {}).get("overhead_vs_c", {})
+        if "loader" in over:
+            figures.append(bench_results.record(
+                f"Python layer over the C loader, per micro-batch, {shape}",
+                round(100 * over["loader"], 1), "%", lower_is_better=True,
+                note=f"median of {a.repeats} paired repeats"))
+    if figures:
+        print(bench_results.write("embedded_python_overhead", figures))
 
 
 if __name__ == "__main__":

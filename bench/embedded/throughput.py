@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Figure 1: steady-state non-padding tokens/s on the real corpus.
+"""Steady-state non-padding tokens/s on the real corpus.
 
 polyload: `build-bench/polyload run CONFIG --steps N --json --no-progress`,
 CONFIG = examples/pretrain_mix.yaml with its schedule removed (constant
@@ -34,6 +34,7 @@ sys.path[:0] = [os.path.dirname(os.path.abspath(__file__)),
                 os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
 from _common import (OUT, ROOT, EodTokenizer, init_torch_distributed,  # noqa: E402
                      machine_note, megatron_quiet, proc_cpu_seconds, run_cli)
+import results as bench_results  # noqa: E402
 
 EXAMPLE = os.path.join(ROOT, "examples", "pretrain_mix.yaml")
 SEQ_LENGTH = 2048
@@ -209,6 +210,19 @@ def main():
     if a.json:
         with open(a.json, "w") as f:
             json.dump(res, f, indent=1)
+    peers = {m["variant"]: m["steady_tokens_per_s"] for m in res["megatron"]}
+    figures = []
+    for variant, figure, peer in (
+            ("default", "C CLI, non-padding tokens/s, real corpus (4 DP ranks x 2 x 2048)",
+             "megatron-core BlendedDataset + DataLoader, 2 workers"),
+            ("default-inprocess",
+             "C CLI, non-padding tokens/s, against megatron-core without worker processes",
+             "megatron-core, num_workers=0")):
+        if variant in peers:
+            figures.append(bench_results.record(figure, p, "tokens/s", peer=peer,
+                                                peer_value=peers[variant]))
+    if figures:
+        print(bench_results.write("embedded_throughput", figures))
 
 
 if __name__ == "__main__":

@@ -31,6 +31,7 @@ import time
 sys.path[:0] = [os.path.dirname(os.path.abspath(__file__)),
                 os.path.dirname(os.path.dirname(os.path.abspath(__file__)))]
 from _common import OUT, ROOT, init_torch_distributed, machine_note, megatron_quiet  # noqa: E402
+import results as bench_results  # noqa: E402
 from throughput import MICRO_BATCH, build_megatron, write_polyload_config  # noqa: E402
 
 
@@ -123,6 +124,18 @@ def main():
     if a.json:
         with open(a.json, "w") as f:
             json.dump(res, f, indent=1)
+    note = f"median of {a.repeats} paired rounds"
+    figures = []
+    for w, figure, peer, head in (
+            (0, "non-padding tokens/s into the same PyTorch loop",
+             "megatron-core DataLoader, no worker processes", True),
+            (2, "non-padding tokens/s into the same PyTorch loop, peer with 2 workers",
+             "megatron-core DataLoader, 2 workers", None)):
+        if w in workers:
+            figures.append(bench_results.record(
+                figure, p, "tokens/s", peer=peer, headline=head, note=note,
+                peer_value=res["median"][f"megatron_workers_{w}"]))
+    print(bench_results.write("embedded_torch_loop", figures))
 
 
 if __name__ == "__main__":

@@ -44,6 +44,9 @@ import time
 
 import numpy as np
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import results as bench_results  # noqa: E402
+
 
 def smart_resize(h, w, factor=28, min_pixels=56 * 56, max_pixels=28 * 28 * 1280):
     """Qwen2-VL's smart_resize, as transformers' image_processing_pil_qwen2_vl.py."""
@@ -264,6 +267,20 @@ def main(argv=None):
                              "polyload_ratio": round(med["polyload"] / v, 2)}
                          for k, v in med.items()}
     print(json.dumps({"summary": summary}))
+    figures = []
+    for mode, what in (("fixed", "decode + resize to 336 (fixed mode)"),
+                       ("native", "decode + resize (Qwen2-VL native mode)")):
+        m = summary.get(mode, {})
+        if "polyload" in m and "wds+Pillow+draft" in m:
+            figures.append(bench_results.record(
+                f"images per CPU-second, {what}, real photos",
+                m["polyload"]["images_per_cpu_s"], "images/CPU-s",
+                headline=True if mode == "fixed" else None,
+                peer="webdataset + Pillow, draft mode",
+                peer_value=m["wds+Pillow+draft"]["images_per_cpu_s"],
+                note=f"median of {args.repeats} paired repeats"))
+    if figures:
+        print(bench_results.write("image_decode", figures))
     return 0
 
 

@@ -44,7 +44,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from _harness import ROOT, machine_note  # noqa: E402
+from _harness import ROOT, machine_note, save_results  # noqa: E402
 
 MiB = 1 << 20
 NS = "polyload_autoscale"
@@ -632,6 +632,27 @@ def main():
         os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
         with open(args.json, "w") as fh:
             json.dump(out, fh, indent=1)
+    auto = [r for r in results if r["mode"] == "autoscale"]
+    rd = [r["wait_p99_frac"] for r in results if r["mode"] not in ("autoscale", "fixed")]
+    figures = []
+    if auto:
+        p99 = [100 * r["wait_p99_frac"] for r in auto]
+        extra = {"lower_is_better": True, "headline": True,
+                 "note": f"worst of {len(p99)} rounds; {min(p99):.1f}-{max(p99):.1f} %"}
+        if rd:
+            extra.update(peer="Ray Data ActorPoolStrategy(1, 4)",
+                         peer_value=round(100 * max(rd), 1))
+        figures.append(("Ray autoscaling, data wait p99 across a weight shift to image-text",
+                        round(max(p99), 1), "% of step", extra))
+        used = [r["loader_cpu_used_s"] / r["ideal_measured_cpu_s"] for r in auto
+                if r.get("loader_cpu_used_s") and r.get("ideal_measured_cpu_s")]
+        if used:
+            figures.append(("Ray autoscaling, CPU used / the measured-cost ideal",
+                            round(max(used), 2), "x",
+                            {"lower_is_better": True, "note": f"worst of {len(used)} rounds; "
+                             f"{min(used):.2f}-{max(used):.2f}x"}))
+    if figures:
+        print(save_results("ray_autoscale", figures))
 
 
 if __name__ == "__main__":

@@ -29,7 +29,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from _harness import ROOT, machine_note, start_ray  # noqa: E402
+from _harness import ROOT, machine_note, save_results, start_ray  # noqa: E402
 from ray_memory import OUT, RANKS, config, make_files, pss_kib  # noqa: E402
 
 CLIENT = r"""
@@ -195,6 +195,20 @@ def main():
         json.dump(res, f, indent=1)
     print(json.dumps({k: v for k, v in res.items() if k not in ("failovers", "machine")},
                      indent=1))
+    figures = []
+    restart = {"peer": "restart the deployment and load the last state",
+               "peer_value": round(res["restart_and_resume_s"] * 1000)}
+    for k in res["kills"]:
+        if k["role"] in ("source_loader", "constructor", "planner"):
+            name = k["role"].replace("_", " ")
+            extra = {"lower_is_better": True,
+                     "note": f"one run, constructor_shadows={a.constructor_shadows}"}
+            if k["role"] == "constructor":
+                extra.update(restart, headline=True)
+            figures.append((f"Ray: data wait max after a SIGKILL of "
+                            f"{'the' if k['role'] == 'planner' else 'a'} {name}",
+                            round(k["max_ms"], 1), "ms", extra))
+    print(save_results("ray_faults", figures))
 
 
 if __name__ == "__main__":

@@ -24,7 +24,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from _harness import ROOT, machine_note, start_ray  # noqa: E402
+from _harness import ROOT, machine_note, save_results, start_ray  # noqa: E402
 from ray_memory import OUT, RANKS, config, make_files  # noqa: E402
 
 CLIENT = r"""
@@ -145,6 +145,10 @@ def main():
         json.dump(res, f, indent=1)
     print(json.dumps({k: res[k] for k in ("embedded", "wait", "fetch",
                                           "ray_over_embedded_tokens_per_s")}, indent=1))
+    print(save_results("ray_latency", [(
+        f"Ray: data wait p99, {RANKS} clients x {a.compute * 1000:.0f} ms compute",
+        round(100 * res["wait"]["p99_over_step"], 2), "% of step",
+        {"lower_is_better": True, "note": "one run"})]))
 
 
 if __name__ == "__main__":

@@ -36,7 +36,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from _harness import ROOT, machine_note, start_ray  # noqa: E402
+from _harness import ROOT, machine_note, save_results, start_ray  # noqa: E402
 
 OUT = os.path.join(ROOT, "bench", "out", "ray")
 FILES = os.path.join(OUT, "files")
@@ -415,6 +415,13 @@ def main():
     with open(a.json, "w") as f:
         json.dump(res, f, indent=1)
     print(json.dumps({k: v for k, v in res.items() if k != "runs"}, indent=1))
+    if "per_source_ratio" in res:
+        print(save_results("ray_memory", [(
+            f"Ray deployment, PSS per added source, {RANKS} ranks, standbys included",
+            round(res["polyload_per_source_pss_mib"], 4), "MiB",
+            {"peer": f"{RANKS} ranks x {WORKERS} DataLoader workers",
+             "peer_value": round(res["baseline_per_source_pss_mib"], 4),
+             "lower_is_better": True, "headline": True, "note": "one run"})]))
 
 
 if __name__ == "__main__":

@@ -27,7 +27,7 @@ import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from _harness import ROOT, machine_note, start_ray  # noqa: E402
+from _harness import ROOT, machine_note, save_results, start_ray  # noqa: E402
 from ray_latency import embedded_tokens_per_s as embedded  # noqa: E402
 from ray_memory import OUT, RANKS, config, make_files  # noqa: E402
 
@@ -201,6 +201,19 @@ def main():
     with open(a.json, "w") as f:
         json.dump(res, f, indent=1)
     print(json.dumps({"ratios": ratios, "median": res["ratio_median"]}))
+    figures = []
+    if ratios:
+        figures.append((f"Ray deployment on one node, tokens/s as a share of the embedded "
+                        f"loader's, {RANKS} ranks", round(100 * res["ratio_median"], 1), "%",
+                        {"headline": True, "note": f"median of {len(ratios)} rounds, "
+                         f"{100 * min(ratios):.1f}-{100 * max(ratios):.1f} %"}))
+    if "wait" in res:
+        figures.append((f"Ray deployment on one node: data wait p99, {RANKS} ranks x "
+                        f"{a.compute * 1000:.0f} ms compute",
+                        round(100 * res["wait"]["p99_over_step"], 2), "% of step",
+                        {"lower_is_better": True}))
+    if figures:
+        print(save_results("ray_pipeline", figures))
 
 
 if __name__ == "__main__":

@@ -45,7 +45,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import ray_memory as rm  # noqa: E402
-from _harness import ROOT, machine_note, start_ray  # noqa: E402
+from _harness import ROOT, machine_note, save_results, start_ray  # noqa: E402
 
 OUT = os.path.join(ROOT, "bench", "out", "ray_text")
 FILES = os.path.join(OUT, "files")
@@ -323,6 +323,15 @@ def main():
     with open(a.json, "w") as f:
         json.dump(res, f, indent=1)
     print(json.dumps({k: v for k, v in res.items() if k != "rounds"}, indent=1))
+    if len(sides) == 2 and a.tokenizer_load == "worker" and not a.shared_tokenizer:
+        print(save_results("ray_text_memory", [(
+            f"Ray deployment, PSS per added raw-text source with its own tokenizer file, "
+            f"{RANKS} ranks", round(res["polyload_per_source_pss_mib_median"], 2), "MiB",
+            {"peer": f"{RANKS} ranks x {WORKERS} DataLoader workers, each loading the "
+                     "tokenizers",
+             "peer_value": round(res["baseline_per_source_pss_mib_median"], 1),
+             "lower_is_better": True,
+             "note": f"median of {len(res['rounds'])} paired rounds"})]))
 
 
 if __name__ == "__main__":

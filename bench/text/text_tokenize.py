@@ -24,11 +24,15 @@ import json
 import os
 import resource
 import shutil
+import sys
 import tempfile
 import time
 
 os.environ.setdefault("RAYON_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import results as bench_results  # noqa: E402
 
 import polyload  # noqa: E402
 import torch  # noqa: E402,F401  a training process has it; Loader() would import it lazily
@@ -173,6 +177,14 @@ def main():
                   f"{res['loader'] / res['peer']:.3f}{extra}", flush=True)
         ratios = sorted(x["loader"] / x["peer"] for x in rows)
         print(f"median loader/tokenizer: {ratios[len(ratios) // 2]:.3f}", flush=True)
+        if a.tokenizer_type == "hf":
+            lo = min(x["loader"] for x in rows)
+            hi = max(x["loader"] for x in rows)
+            print(bench_results.write("text_tokenize", [bench_results.record(
+                "raw JSONL tokenized online: loader tokens per CPU-second / the tokenizer's "
+                "alone", round(ratios[len(ratios) // 2], 3), "x", headline=True,
+                note=f"median of {len(ratios)} paired rounds, {ratios[0]:.2f}-"
+                     f"{ratios[-1]:.2f}; polyload.Loader {lo:.2g}-{hi:.2g} tokens/CPU-s")]))
         if pqpath:
             pr = sorted(x["parquet"] / x["loader"] for x in rows)
             print(f"median parquet/jsonl: {pr[len(pr) // 2]:.3f}", flush=True)
@@ -197,11 +209,13 @@ def main():
                 t = pa.table({"text": texts})
                 for _ in range(reps):
                     w.write_table(t, row_group_size=a.row_group)
+        firsts = []
         for r in range(a.rounds):
             t = time.perf_counter()
             with polyload.Loader(config(big, tokenizer, 1), rank=0) as ld:
                 next(iter(ld))
                 first = time.perf_counter() - t
+            firsts.append(first)
             print(f"round {r}: {gb:.2f} GB jsonl, time to first batch {first:.3f} s "
                   f"(sidecar present: {os.path.exists(big + '.plrec')})", flush=True)
             if bigpq:
@@ -212,6 +226,11 @@ def main():
                 print(f"round {r}: parquet of the same documents "
                       f"({os.path.getsize(bigpq) / 2**30:.2f} GB compressed), time to first "
                       f"batch {first:.3f} s", flush=True)
+        if firsts and a.tokenizer_type == "hf":
+            print(bench_results.write("text_tokenize", [bench_results.record(
+                f"time to first batch, {gb:.2f} GB JSONL, no sidecar", round(max(firsts), 3),
+                "s", lower_is_better=True,
+                note=f"worst of {len(firsts)} rounds, {min(firsts):.2f}-{max(firsts):.2f} s")]))
     finally:
         shutil.rmtree(tmp)
 
