@@ -125,3 +125,42 @@ def test_user_facing_documents_carry_no_tracking_references():
 
 def test_readme_is_short():
     assert os.path.getsize(os.path.join(ROOT, "README.md")) <= 12 * 1024
+
+
+CODE = ["src", "include", "python", "cli", "bench", "scripts", "tests", "Makefile",
+        "CMakeLists.txt", ".ci"]
+DOC_PATH = re.compile(r"\b(docs/[\w./-]+?\.md)\b")
+DESIGN_SECTION = re.compile(r'docs/internals/design\.md,\s*(?:\*\s*)?"([^"]+)"')
+
+
+def _code_files():
+    for p in CODE:
+        full = os.path.join(ROOT, p)
+        if os.path.isfile(full):
+            yield full
+            continue
+        for d, dirs, files in os.walk(full):
+            dirs[:] = [x for x in dirs if not x.startswith(".") and x not in ("out", "corpus")]
+            for f in files:
+                if f.endswith((".c", ".h", ".cc", ".py", ".pyi", ".sh", ".txt", ".yaml")):
+                    yield os.path.join(d, f)
+
+
+def test_documents_cited_from_code_exist():
+    """Code comments cite docs/ paths and design.md sections instead of benchmark
+    sections: each must exist (a comment may wrap between the path and the section)."""
+    design = os.path.join(ROOT, "docs", "internals", "design.md")
+    headings = {h for _, h in check_links._headings(design)}
+    missing = []
+    for path in _code_files():
+        with open(path, encoding="utf-8", errors="replace") as f:
+            text = f.read()
+        for m in DOC_PATH.finditer(text):
+            rel = m.group(1)
+            if not os.path.exists(os.path.join(ROOT, rel)) and rel not in check_links.PENDING:
+                missing.append(f"{os.path.relpath(path, ROOT)}: {rel}")
+        flat = re.sub(r"\s*\n\s*(?:\*|#:?|//)?\s*", " ", text)
+        for m in DESIGN_SECTION.finditer(flat):
+            if m.group(1) not in headings:
+                missing.append(f"{os.path.relpath(path, ROOT)}: design.md \"{m.group(1)}\"")
+    assert missing == []
