@@ -32,7 +32,7 @@ PY_PACKAGES := torch==2.13.0 megatron-core tokenizers numpy pytest pyyaml tqdm r
                scikit-image scikit-learn webdataset pillow sentencepiece tiktoken pyarrow
 BUILD_TOOLS := scikit-build-core cmake ninja
 
-# -Werror in CI (CI=true), as STYLE.md asks.
+# -Werror in CI (CI=true), as CONTRIBUTING.md says.
 WERROR ?= $(if $(filter true 1 yes,$(CI)),ON,OFF)
 CMAKE_COMMON := -DPL_WERROR=$(WERROR) -DPL_BUILD_CLI=ON -DPL_BUILD_TESTS=ON -DPL_BUILD_PYTHON=OFF
 
@@ -66,7 +66,7 @@ test: test-c test-asan test-tsan test-python
 wheel: venv deps
 	scripts/build_wheel.sh $(VPY)
 
-# libFuzzer targets (clang): every target for FUZZ_SECONDS (docs/fuzzing.md).
+# libFuzzer targets (clang): every target for FUZZ_SECONDS (docs/internals/fuzzing.md).
 FUZZ_SECONDS ?= 60
 fuzz: venv deps
 	tests/fuzz/run.sh $(FUZZ_SECONDS)

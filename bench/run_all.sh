@@ -8,12 +8,18 @@ cmake -S . -B build-bench -G Ninja -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build-bench --target all bench_memory >/dev/null
 mkdir -p bench/out
 uptime
-.venv/bin/python bench/throughput.py --json bench/out/throughput.json | tee bench/out/throughput.log | tail -6
-.venv/bin/python bench/startup.py --json bench/out/startup.json | tee bench/out/startup.log | tail -3
-build-bench/bench_memory bench/out/startup/files 2000 bench/out/startup/single_file.yaml \
-    bench/out/startup/many_sources.yaml bench/out/startup/one_source.yaml | tee bench/out/memory.log
+.venv/bin/python bench/embedded/throughput.py --json bench/out/throughput.json | tee bench/out/throughput.log | tail -6
+.venv/bin/python bench/embedded/startup.py --json bench/out/startup.json | tee bench/out/startup.log | tail -3
+MEMORY="build-bench/bench_memory bench/out/startup/files 2000 bench/out/startup/single_file.yaml bench/out/startup/many_sources.yaml bench/out/startup/one_source.yaml"
+$MEMORY | tee bench/out/memory.log
+# the C benchmark's figure into bench/results/embedded_memory.json
+.venv/bin/python bench/results.py embedded_memory "heap per open source" \
+    "$(.venv/bin/python -c 'import json; print(next(json.loads(l)["heap_per_source_bytes"] for l in open("bench/out/memory.log") if "separate_sources" in l))')" \
+    B --command "$MEMORY" --headline --lower-is-better \
+    --note "$(.venv/bin/python -c 'import json; print("%.0f B by pl_source_sizeof" % next(json.loads(l)["sizeof_per_source_bytes"] for l in open("bench/out/memory.log") if "separate_sources" in l))')"
+.venv/bin/python bench/make_tables.py     # the tables of bench/README.md and README.md
 uptime
-# The peer table (bench/README.md "Side by side with every peer"): one venv per peer from
+# The peer table (bench/peers/README.md): one venv per peer from
 # PyPI (bench/peers/.venvs/, torch==2.13.0 as in .venv), then every harness.  PEERS=0 skips.
 if [ "${PEERS:-1}" != 0 ]; then
     bench/peers/setup_venvs.sh

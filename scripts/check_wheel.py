@@ -6,7 +6,7 @@ tree or any -dev package.
   linked in statically, the codecs, Jansson, libzstd and SentencePiece are bundled by
   auditwheel (``polyload.libs``), the rest is what the manylinux policy lets the system
   provide;
-- a Megatron indexed dataset written here with NumPy (the format of README "Formats")
+- a Megatron indexed dataset written here with NumPy (the format of docs/reference/formats.md)
   reads back through ``polyload.Loader`` with exact values, and a config with a
   validation split runs an evaluation pass;
 - the ``polyload`` console script (the bundled C CLI) inspects it.

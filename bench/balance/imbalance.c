@@ -1,5 +1,5 @@
 /*
- * imbalance.c -- the balancing figures of issue 3 (bench/balance/README.md).
+ * imbalance.c -- the balancing figures (bench/balance/README.md).
  *
  * For each corpus (the real four-source demo corpus, the lognormal synthetic
  * source), seq_length, DP size and global batch (8*dp, 32*dp) it plans a few

@@ -37,6 +37,9 @@ import torch.nn.functional as F
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from tiny_model import D, HEADS, TinyGPT, step_time  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import results as bench_results  # noqa: E402
+
 P = 14
 
 
@@ -243,6 +246,13 @@ def main():
     with open(a.out, "w") as f:
         json.dump({"calibration": cal, "summary": summary, "raw": res}, f, indent=1)
     print(json.dumps(summary, indent=1))
+    print(bench_results.write("balance", [bench_results.record(
+        f"image-text + text, dp {a.dp}, {a.per_rank} sequences per rank: largest rank cost / "
+        f"lower bound, hybrid cost", round(res["hybrid"]["max_over_lower_bound_mean"], 4), "x",
+        lower_is_better=True, headline=True if a.per_rank == 16 else None,
+        peer="backbone-only balancing",
+        peer_value=round(res["backbone"]["max_over_lower_bound_mean"], 4),
+        note=f"mean over {a.steps} steps; costs measured on a tiny ViT + GPT")]))
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ Configured as Energon's docs recommend: ``get_train_dataset(metadataset, batch_s
 shuffle_buffer_size=100, max_samples_per_sequence=100, worker_config=WorkerConfig(rank=0,
 world_size=1, num_workers=2), task_encoder=TE())`` and ``get_savable_loader``; ``TE``: its
 ``SampleDecoder(image_decode="pil")``, a cooker doing the Pillow resize of
-bench/image_decode.py (Energon ships no resizer) and the byte tokens, and a ``batch`` that
+bench/images/image_decode.py (Energon ships no resizer) and the byte tokens, and a ``batch`` that
 collates.  Resume: ``save_state_rank`` / ``restore_state_rank``.
 
     bench/peers/.venvs/energon/bin/python bench/peers/peer_energon.py MODE

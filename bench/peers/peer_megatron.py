@@ -3,7 +3,7 @@
 
 ``BlendedMegatronDatasetBuilder(GPTDataset, ...)`` over the demo's four Megatron datasets
 (the same .bin/.idx polyload reads), ``blend`` = the weights, ``sequence_length`` =
-``--seq``, Megatron's default flags (as bench/throughput.py: create_attention_mask=False,
+``--seq``, Megatron's default flags (as bench/embedded/throughput.py: create_attention_mask=False,
 reset_position_ids=False, eod_mask_loss=False; GPTDataset concatenates shuffled documents
 into samples of seq_length+1 tokens: concatenated, no padding), tokenizer ids of
 data/tokenizer.json.  Delivered as Megatron-LM's pretraining loop does: a

@@ -4,7 +4,7 @@
 Data: each source rewritten by webdataset's own writer (``wds.ShardWriter``, 32 samples a
 shard) into bench/out/vlm_peers/wds/NAME/.  Configured as webdataset's README recommends:
 per source ``WebDataset(urls, resampled=True).shuffle(1000)
-.decode("pil")``, a map doing the Pillow resize (bench/image_decode.py's fixed 336) and the
+.decode("pil")``, a map doing the Pillow resize (bench/images/image_decode.py's fixed 336) and the
 byte tokens; the sources mixed by ``wds.RandomMix(datasets, probs)`` (sample
 probabilities that give 0.7/0.3 of tokens, vlm_common.peer_weights), ``batched(8)``, and
 ``wds.WebLoader(batch_size=None, num_workers=2)``.

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Run every peer harness of bench/peers/ and write the one table of bench/README.md
+"""Run every peer harness of bench/peers/ and write the one table of bench/peers/README.md
 ("Side by side with every peer").
 
 Each harness runs in a fresh process of its own venv (bench/peers/setup_venvs.sh; polyload
@@ -28,6 +28,8 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 OUT = os.path.join(ROOT, "bench", "out", "peers")
+sys.path.insert(0, os.path.dirname(HERE))
+import results as bench_results  # noqa: E402
 PROJECT_PY = os.path.join(ROOT, ".venv", "bin", "python")
 
 # key, venv ('' = the project's .venv), harness, how its sequences are built
@@ -201,6 +203,7 @@ def main():
                     log("round", rnd, key, seq, {k: out.get(k) for k in
                                                   ("tokens_per_s", "cpu_s_per_mtok", "error")})
             save()
+        record_throughput(res, a.repeats)
     if "startup" not in skip:
         for key, venv, script, _ in peers:
             py, err = python_of(venv)
@@ -269,6 +272,22 @@ def e(x):
     """3 significant digits, 1.23e6 style."""
     m, x_ = f"{x:.3g}", x
     return m.replace("e+0", "e").replace("e+", "e")
+
+
+def record_throughput(res, repeats):
+    """polyload's and megatron-core's median tokens/s at 2048 into bench/results/peers.json
+    (every peer's figures stay in the table of bench/peers/README.md)."""
+    def median_tps(key):
+        runs = res.get(key, {}).get("throughput", {}).get("2048", [])
+        tps = [r["tokens_per_s"] for r in runs if "tokens_per_s" in r]
+        return statistics.median(tps) if tps else None
+    p, m = median_tps("polyload"), median_tps("megatron-core")
+    if p:
+        extra = {"peer": "megatron-core", "peer_value": m} if m else {}
+        print(bench_results.write("peers", [bench_results.record(
+            f"non-padding tokens/s into the same loop, 2048-token sequences, median of "
+            f"{repeats} rounds", p, "tokens/s", note="every peer: bench/peers/README.md",
+            **extra)]))
 
 
 def throughput_cell(res, key, seq):

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The image-text table of bench/README.md ("Image-text peers"): polyload, Megatron-Energon
+"""The image-text table of bench/peers/README.md ("Image-text peers"): polyload, Megatron-Energon
 and WebDataset on the same two photo-caption sources, each harness in its own venv and a
 fresh process per measurement (bench/peers/vlm_common.py says what is measured).
 
@@ -11,7 +11,7 @@ Makes the venvs (bench/peers/setup_venvs.sh energon webdataset) and data/vlm_ben
 the order rotating; polyload's images/s over the peer's of the same round, median),
 start to first batch (3 runs each, interleaved, median), mixture (30 steps) and resume
 (K = 24 micro-batches, the next 20 compared).  Results: bench/out/vlm_peers/results.json
-and table.md; --readme puts the table into bench/README.md between its markers.
+and table.md; --readme puts the table into bench/peers/README.md between its markers.
 """
 import argparse
 import json
@@ -173,7 +173,7 @@ def main(argv=None):
         f.write(md)
     print(md)
     if args.readme:
-        rp = os.path.join(ROOT, "bench", "README.md")
+        rp = os.path.join(ROOT, "bench", "peers", "README.md")
         with open(rp) as f:
             text = f.read()
         a, b = text.index(BEGIN) + len(BEGIN), text.index(END)

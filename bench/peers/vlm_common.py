@@ -9,7 +9,7 @@ The work is the same for every loader:
   of each, 130 samples in 5 shards), as two sources: ``photos_a`` = shards 0-2 (96 samples)
   and ``photos_b`` = shards 3-4 (34 samples), token weights 0.7 / 0.3;
 - an image becomes ``[3, 336, 336]`` uint8 (shorter side to 336, bicubic, centre crop:
-  ``fixed`` mode of polyload; Pillow for the peers, as bench/image_decode.py), 576 visual
+  ``fixed`` mode of polyload; Pillow for the peers, as bench/images/image_decode.py), 576 visual
   tokens (24 x 24 patches of 14); a caption becomes its UTF-8 bytes as tokens plus an end
   token 257 (polyload's byte tokenizer), so a sample is 576 + len(caption) + 1 tokens;
 - peers deliver micro-batches of ``PEER_BATCH`` samples (``pixel_values`` [B, 3, 336, 336]

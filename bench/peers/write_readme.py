@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Put bench/out/peers/table.md into bench/README.md between the markers of the section
+"""Put bench/out/peers/table.md into bench/peers/README.md between the markers of the section
 "Side by side with every peer" (run after run_table.py; the prose around the table is
 edited by hand).
 
@@ -13,7 +13,7 @@ import os
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-README = os.path.join(os.path.dirname(HERE), "README.md")
+README = os.path.join(HERE, "README.md")
 TABLE = os.path.join(os.path.dirname(HERE), "out", "peers", "table.md")
 BEGIN, END = "<!-- peers table begin -->", "<!-- peers table end -->"
 EMPTY = ("", "–")

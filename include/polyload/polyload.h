@@ -9,7 +9,7 @@
  *
  * Everything a user may call is declared here; everything else may change.
  * Definitions (document, chunk, step membership, arrangement, mixture, state)
- * follow shared/SPEC.md of the project; the section numbers below refer to it.
+ * follow docs/reference/spec.md; the section numbers below refer to it.
  *
  * Conventions (as zstd, SQLite and libuv):
  *   - Functions return int: 0 (PL_OK) on success, PL_DONE (a positive, non-error
@@ -369,10 +369,11 @@ PL_API int pl_source_release_tokenizer(pl_source *src);
  * same one: the hash of the path picks it) and wait.  Tokens are the same
  * either way.  Meant for a process that hosts many sources for others (a
  * Ray source loader actor sets it to its CPUs, at least 2): a tokenizer used
- * from one thread keeps a smaller heap than from several (bench/README.md,
- * issue 10).  The threads live as long as the process; a smaller count
- * leaves the others idle.  PL_OK; PL_EINVAL for a count outside 0..256;
- * PL_ENOMEM when a thread cannot start.  Thread-safe. */
+ * from one thread keeps a smaller heap than from several
+ * (docs/internals/decisions/0005-one-tokenizer-thread-per-file.md).  The
+ * threads live as long as the process; a smaller count leaves the others
+ * idle.  PL_OK; PL_EINVAL for a count outside 0..256; PL_ENOMEM when a thread
+ * cannot start.  Thread-safe. */
 PL_API int pl_set_tokenize_threads(int threads);
 /* The count last set (0: no limit). */
 PL_API int pl_tokenize_threads(void);
@@ -1093,9 +1094,10 @@ PL_API int pl_state_unpack(const void *packed, size_t len, void *buf,
 /* ================================================================ loader */
 /*
  * The embedded loader: sources, planner and data constructor in one process,
- * with worker threads and a bounded prefetch queue per served rank (DESIGN.md,
- * "Roles").  Batches are a pure function of (config, seed, step, rank): thread
- * count and prefetch depth never change them.
+ * with worker threads and a bounded prefetch queue per served rank
+ * (docs/internals/design.md, "Roles").  Batches are a pure function of
+ * (config, seed, step, rank): thread count and prefetch depth never change
+ * them.
  *
  * Thread safety: pl_loader_next (for different ranks), pl_loader_get_state,
  * pl_loader_get_stats, pl_loader_want_step, pl_loader_push_package,
@@ -1297,8 +1299,8 @@ PL_API void pl_loader_stop(pl_loader *loader);
 
 /* =============================================================== pipeline */
 /*
- * The step ledger both deployments drive (DESIGN.md, "One pipeline, many
- * transports").  It owns what is not transport:
+ * The step ledger both deployments drive (docs/internals/design.md, "One
+ * pipeline, many transports").  It owns what is not transport:
  *
  *  - the ordered step entries: for each step its plan (owned), the state
  *    blob of its start and, for the ranks' statistics, its costs;

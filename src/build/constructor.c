@@ -1,8 +1,9 @@
 /*
- * constructor.c -- the data constructor role (DESIGN.md): turns the plan of a
- * step and the payloads of its chunks into one micro-batch of SPEC section 3
- * for a (DP rank, CP rank) pair.  Everything is written straight into the
- * batch's arrays; the only copy of a token is the one from the mapped file.
+ * constructor.c -- the data constructor role (docs/internals/design.md,
+ * "Roles"): turns the plan of a step and the payloads of its chunks into one
+ * micro-batch of SPEC section 3 for a (DP rank, CP rank) pair.  Everything is
+ * written straight into the batch's arrays; the only copy of a token is the
+ * one from the mapped file.
  *
  * Labels are the next token within the document: a chunk that does not end
  * its document reads one more token so its last position gets a label too

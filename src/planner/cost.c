@@ -44,10 +44,11 @@ int pl__has_encoder_cost(const pl_planner *p) {
 }
 
 /*
- * Encoder term of the hybrid cost (DESIGN.md, Cost): a_e * N + b_e * N^2
- * for the image of a chunk that holds its sample's placeholder run (offset
- * 0), N its patches (the encoder's sequence, before merging).  N comes from
- * the source's index (pl__wds_image_info): no pixel is read.
+ * Encoder term of the hybrid cost (docs/internals/design.md, "Cost and
+ * balancing"): a_e * N + b_e * N^2 for the image of a chunk that holds its
+ * sample's placeholder run (offset 0), N its patches (the encoder's
+ * sequence, before merging).  N comes from the source's index
+ * (pl__wds_image_info): no pixel is read.
  */
 double pl__chunk_encoder_cost(const pl_planner *p, const pl_chunk *ch) {
     const pl_config *c = p->cfg;

@@ -1,7 +1,7 @@
 /*
- * planner.c -- the planner role (DESIGN.md): the mixture, the per-source
- * shuffles and consumption counters, chunking, and the sequence of plans.
- * It sees document lengths only, never payloads.
+ * planner.c -- the planner role (docs/internals/design.md, "Roles"): the
+ * mixture, the per-source shuffles and consumption counters, chunking, and
+ * the sequence of plans.  It sees document lengths only, never payloads.
  *
  * Mixture (SPEC section 1).  Weights are fractions of tokens.  For every
  * source the planner keeps the tokens drawn and a target: each drawn chunk of
@@ -98,7 +98,8 @@ uint64_t pl__arrangement_hash(const pl_config *cfg) {
 /* Up to this many classes the draw scans their lines instead of keeping the
  * tournament: a few exact comparisons cost less than a path's certificates
  * (mixtures of a few weights: with 4 classes the tree was 17 % of a step's
- * planning, the scan 4 %; bench/README.md, 13j). */
+ * planning, the scan 4 %;
+ * docs/internals/decisions/0002-exact-targets-and-a-kinetic-tournament.md). */
 #define PL__TN_SCAN_MAX 8
 
 static void pl__planner_perm(pl_planner *p, int64_t i) {

@@ -1,7 +1,8 @@
 /*
- * loader.c -- the embedded loader (DESIGN.md, "Roles"): worker threads around
- * the pipeline (pipeline.c), which owns the step ledger, back-pressure, the
- * lag policy, the consumed position, its state and the statistics.
+ * loader.c -- the embedded loader (docs/internals/design.md, "Roles"): worker
+ * threads around the pipeline (pipeline.c), which owns the step ledger,
+ * back-pressure, the lag policy, the consumed position, its state and the
+ * statistics.
  *
  * A worker asks the pipeline for work: PL_WORK_PLAN (run the planner for the
  * next step and add its plan and the state blob of its start) or
@@ -24,8 +25,9 @@
 #include <string.h>
 
 /* A consumer's wake-up is held for up to this many cheap units (pipeline.c,
- * "Held wake-ups"): on the 2-core machine of bench/README.md, 2 x 2048 and
- * 8 x 8192 with 2 threads, 8 beat 4 and matched 16. */
+ * "Held wake-ups"): on a 2-core machine, 2 x 2048 and 8 x 8192 with 2
+ * threads, 8 beat 4 and matched 16
+ * (docs/internals/decisions/0001-held-wakeups.md). */
 #define PL__LOADER_DEFER_UNITS 8
 
 /* A unit's item: its micro-batches. */

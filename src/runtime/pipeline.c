@@ -1,6 +1,7 @@
 /*
- * pipeline.c -- the step ledger that both deployments drive (DESIGN.md, "One
- * pipeline, many transports"; the contract is in polyload.h).
+ * pipeline.c -- the step ledger that both deployments drive
+ * (docs/internals/design.md, "One pipeline, many transports"; the contract is
+ * in polyload.h).
  *
  * Positions are micro-batch numbers k = step * nmb + micro_batch.  Work is
  * cut into units of `unit` micro-batches that never cross a step: unit u is

@@ -13,8 +13,9 @@
  * so a 4000x3000 photo headed for 336x336 is decoded at 1/8), libspng
  * (any PNG colour type and bit depth to RGB8), libwebp.  Resizing: libswscale
  * (bicubic, SIMD); stb_image_resize (Mitchell filter, scalar float) is kept
- * as the measured alternative (bench/README.md: image decode + resize), picked
- * with pl__image_resizer.  Each call allocates nothing but the caller's two
+ * as the measured alternative
+ * (docs/internals/decisions/0004-libswscale-resizes-images.md), picked with
+ * pl__image_resizer.  Each call allocates nothing but the caller's two
  * growable buffers and the codecs' own state.
  */
 #include "source/image.h"

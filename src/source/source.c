@@ -25,8 +25,9 @@
  * and returns PL_ETRUNC naming the file and offset, and pl_source_read_many
  * reads with pread(2), where a short read is PL_ETRUNC.  A system call per
  * read would cost more than the read (about 300 ns against 40 ns for 256
- * tokens; it halves the loader's tokens/s, bench/README.md), so a size seen
- * by fstat serves the reads of the next 10 ms (CLOCK_MONOTONIC_COARSE, a
+ * tokens; it halves the loader's tokens/s;
+ * docs/internals/decisions/0003-file-size-trusted-for-10-ms.md), so a size
+ * seen by fstat serves the reads of the next 10 ms (CLOCK_MONOTONIC_COARSE, a
  * few ns): a file that shrinks is reported from then on, and only a read in
  * the 10 ms after the truncation can still fault.  Index files (.idx, .plidx) are watched the same way: every
  * document lookup checks that the index is still as long as it was mapped

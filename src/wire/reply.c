@@ -2,16 +2,16 @@
  * reply.c -- a source loader's reply to reads when images travel with the
  * tokens (pl_reply_encode / pl_reply_decode; the layout is in polyload.h).
  *
- * The design puts sample-level work in the source loaders (DESIGN.md,
- * "Roles"): for image-text sources that means decoding and resizing, so a
- * source-loader process answers a constructor's reads with the tokens at
- * their stored width plus the pixels of every image a read holds.  The
- * reply's size is known from the indexes before any pixel is decoded (each
- * image's slot is 3 * height * width bytes after resizing), so the caller
- * sizes one buffer and the images are decoded straight into it.  A decoding
- * error does not fail the reply: it is stored as the image's status and
- * message, and the constructor's receiver reports it at the micro-batch that
- * needs the image, as the embedded loader does.
+ * The design puts sample-level work in the source loaders
+ * (docs/internals/design.md, "Roles"): for image-text sources that means
+ * decoding and resizing, so a source-loader process answers a constructor's
+ * reads with the tokens at their stored width plus the pixels of every image
+ * a read holds.  The reply's size is known from the indexes before any pixel
+ * is decoded (each image's slot is 3 * height * width bytes after resizing),
+ * so the caller sizes one buffer and the images are decoded straight into it.
+ * A decoding error does not fail the reply: it is stored as the image's
+ * status and message, and the constructor's receiver reports it at the
+ * micro-batch that needs the image, as the embedded loader does.
  */
 #include "wire/wire.h"
 

@@ -1,8 +1,8 @@
 """polyload on Ray: source loaders, one planner and data constructors as actors.
 
-The roles of the embedded loader (DESIGN.md, "Roles") in separate processes, possibly on
-separate machines.  Ray is the engine (placement, process lifecycle, object transfer);
-polyload adds no cluster manager or RPC of its own.
+The roles of the embedded loader (docs/internals/design.md, "Roles") in separate
+processes, possibly on separate machines.  Ray is the engine (placement, process
+lifecycle, object transfer); polyload adds no cluster manager or RPC of its own.
 
 - :class:`SourceLoader` actors host the sources (one source, or index-range partitions of
   it) and answer token ranges; they hold no training progress.
@@ -11,9 +11,11 @@ polyload adds no cluster manager or RPC of its own.
 - :class:`DataConstructor` actors, one per group of DP ranks, host the C pipeline
   (``pl_pipeline``: which step to plan, which unit to build, back-pressure, the lag
   policy), fetch plans, ask the source loaders for each DP rank's reads once per step
-  (``pl_plan_step_reads``, ``pl_source_read_raw``) and pack them with the rank's plan and
-  the state blob into one package per DP rank and step (``pl_package_encode``), which
-  every TP, PP and CP peer of that DP rank fetches as the result of its own call.
+  (``pl_plan_step_reads``, ``pl_source_read_raw``) and pack the tokens with the rank's
+  plan into one package per DP rank and step (``pl_package_encode``; no state blob: the
+  planner keeps each step's state once and a :class:`Client` fetches it when
+  ``state_dict()`` or ``stats()`` needs it), which every TP, PP and CP peer of that DP
+  rank fetches as the result of its own call.
 - :class:`Client` is a trainer rank's iterator: the embedded loader in external mode
   (``pl_loader_push_package``), so batches, states and statistics are the embedded
   loader's by construction.

@@ -1,4 +1,5 @@
-"""The three roles as Ray actors (DESIGN.md, "Distributed deployment (Ray)").
+"""The three roles as Ray actors (docs/internals/design.md, "Distributed deployment
+(Ray)").
 
 Each actor receives the config (YAML text or a dict) and builds its C objects inside its
 own process; C handles never travel, and no C format is parsed here: the actors move
@@ -92,7 +93,8 @@ def _pack_fetch(out: List[Any], error: Optional[Tuple[int, str]] = None) -> Tupl
     fetch reached it (else None); with a fourth element ``error``, ``(code, message)``,
     when the step after the last package failed.  One Ray object with one buffer: a
     list of packages cost Ray ~30 % more CPU per call at 128 packages of 33 KB
-    (bench/README.md, "Stop 26"); the copy here is ~0.1 ms per MB."""
+    (docs/internals/decisions/0006-large-fetches-in-one-buffer.md); the copy here is
+    ~0.1 ms per MB."""
     final = None
     if out and not isinstance(out[-1], np.ndarray):
         final, out = bytes(out[-1]), out[:-1]
@@ -721,7 +723,8 @@ class SourceLoader:
         # Tokenizers run on this actor's threads (a lengths or read call tokenizes on
         # the calling thread; max_concurrency 2) and the deployment scales with
         # actors: Hugging Face tokenizers' own thread pool (rayon) would add threads
-        # whose heaps keep ~7 MiB more per source (bench/README.md, issue 10).
+        # whose heaps keep ~7 MiB more per source
+        # (docs/internals/decisions/0005-one-tokenizer-thread-per-file.md).
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
         # ... and on a pool of threads, each tokenizer file always on the same one (as
         # many as the actor's CPUs, at least 2: the two calls it serves at once): a

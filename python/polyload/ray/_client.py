@@ -340,7 +340,7 @@ class Client(polyload.Loader):
         self._thread.start()
         # Steps the trainer finished go to the constructor (DataConstructor.at) from a
         # thread of their own: submitting an actor call on the trainer's thread took
-        # 0.3-7 ms of its step (bench/ray_autoscale.py), inside its data wait.
+        # 0.3-7 ms of its step (bench/ray/ray_autoscale.py), inside its data wait.
         self._at_wake = threading.Event()
         self._at_stop = threading.Event()
         self._at_thread = threading.Thread(target=self._report_at,
@@ -354,7 +354,7 @@ class Client(polyload.Loader):
         ``AT_INTERVAL_S``; no answer is awaited (a lost constructor learns the steps
         from the next fetches).  A call per step cost the trainer's process and the
         constructor ~1 ms of CPU each, and a wake-up of this thread per step cost the
-        trainer's thread the GIL: at 100+ steps/s per rank (bench/ray_pipeline.py)
+        trainer's thread the GIL: at 100+ steps/s per rank (bench/ray/ray_pipeline.py)
         they took two thirds of the deployment's tokens/s.  A trainer whose steps take
         longer than the interval has each one reported at once; a faster one late by
         under the interval, so that a client started again after its process died is

@@ -39,8 +39,9 @@ PREFETCH_BYTES = 64 << 20
 #: The most steps ``prefetch_steps`` gets by default (Clients fetch half of it per call).
 #: A Client call costs several ms of CPU over Ray's processes, most of it whatever the
 #: call carries: on a 2-core machine, deployment CPU per token fell ~30 % from calls of
-#: 32 steps (the earlier cap of 64) to 128, and again ~25 % to 256 (bench/README.md,
-#: "Stop 26").  Bounded in bytes by PREFETCH_BYTES first.
+#: 32 steps (the earlier cap of 64) to 128, and again ~25 % to 256
+#: (docs/internals/decisions/0006-large-fetches-in-one-buffer.md).  Bounded in bytes by
+#: PREFETCH_BYTES first.
 MAX_PREFETCH_STEPS = 512
 
 _PlannerActor = ray.remote(Planner)

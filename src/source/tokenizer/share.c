@@ -32,10 +32,12 @@
  * sources' tokenizing (parse, encode_batch, building the kept ids) and the
  * loading of tokenizers run on its threads, the callers waiting, and always
  * on the same thread for the same tokenizer file (the hash of its path picks
- * it).  Measured (bench/README.md, issue 10): a tokenizer used from two
- * threads leaves ~5 MiB more heap per source than from one, serialized or
- * not, whatever the number of malloc arenas (state the tokenizer library
- * keeps per thread that uses it, not broken down further).
+ * it).  Measured
+ * (docs/internals/decisions/0005-one-tokenizer-thread-per-file.md): a
+ * tokenizer used from two threads leaves ~5 MiB more heap per source than
+ * from one, serialized or not, whatever the number of malloc arenas (state
+ * the tokenizer library keeps per thread that uses it, not broken down
+ * further).
  *
  * Heap.  Tokenizer libraries allocate and free many small blocks while they
  * load and encode, from every thread that calls them; glibc keeps freed
