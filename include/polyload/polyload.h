@@ -865,7 +865,8 @@ typedef struct pl_config_key_row {
                                   "sources[].weight", a tokenizer's
                                   "tokenizer.type" */
     const char *type;          /* "integer", "integer or null", "integer or
-                                  auto", "number", "one of", "boolean",
+                                  auto", "unsigned integer", "number",
+                                  "one of", "boolean",
                                   "string", "fractions", "source type", "list"
                                   or "mapping" */
     const char *default_value; /* as written in YAML; NULL: unset */

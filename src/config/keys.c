@@ -42,7 +42,7 @@ const int pl__n_keys = (int)(sizeof pl__keys / sizeof pl__keys[0]);
 #undef PL__ROW
 
 static const char *const kind_names[] = {
-    "?", "integer", "integer or null", "integer or auto", "integer", "number",
+    "?", "integer", "integer or null", "integer or auto", "unsigned integer", "number",
     "one of", "boolean", "string", "fractions", "one of", "source type",
     "list", "mapping"};
 

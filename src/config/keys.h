@@ -81,7 +81,8 @@
  *   doc      one line for docs/reference/config.md
  */
 #define PL_CONFIG_KEYS(X)                                                          \
-    X("seed", UINT, F(seed), "1234", 0, 0, NOV, "seed of every shuffle")           \
+    X("seed", UINT, F(seed), "1234", 0, 0, NOV,                                   \
+      "seed of every shuffle (0 .. 2^64-1)")                                       \
     X("seq_length", INT, F(seq_length), "8192", 1, INT32_MAX, NOV,                 \
       "tokens per row (a warning when left at its default)")                       \
     X("global_batch_size", INT, F(global_batch_size), "256", 1, INT32_MAX, NOV,    \
