@@ -865,10 +865,9 @@ typedef struct pl_config_key_row {
                                   "sources[].weight", a tokenizer's
                                   "tokenizer.type" */
     const char *type;          /* "integer", "integer or null", "integer or
-                                  auto", "unsigned integer", "number",
-                                  "one of", "boolean",
-                                  "string", "fractions", "source type", "list"
-                                  or "mapping" */
+                                  auto", "unsigned integer", "number", "one
+                                  of", "boolean", "string", "fractions",
+                                  "source type", "list" or "mapping" */
     const char *default_value; /* as written in YAML; NULL: unset */
     int64_t min, max;          /* integer keys: the inclusive range; else 0 */
     const char *const *values; /* "one of", "source type": the names,
@@ -880,10 +879,11 @@ PL_API int64_t pl_config_key_count(void);
 PL_API int pl_config_key_info(int64_t i, pl_config_key_row *row);
 /*
  * The value of a settable key as YAML writes it ("8192", "best_fit",
- * "0.5", "auto", or "null" while unset) into buf[cap], NUL-terminated.
- * pl_config_set(cfg, key, buf) gives the same config.  PL_EINVAL for an
- * unknown or not settable key, PL_ERANGE when cap is too small.  Thread-safe
- * on a config that is not being set.
+ * "0.5", "auto", or "null" while unset) into buf[cap], NUL-terminated;
+ * pl_config_set(cfg, key, buf) sets the same value back (not "null", which
+ * only train_steps takes; cost.preset also resets a, b and c).  PL_EINVAL
+ * for an unknown or not settable key, PL_ERANGE when cap is too small.
+ * Thread-safe on a config that is not being set.
  */
 PL_API int pl_config_get(const pl_config *cfg, const char *key, char *buf,
                          size_t cap);

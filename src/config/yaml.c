@@ -377,10 +377,12 @@ static int walk_tokenizer(walk *w, const char *what, yaml_node_t *map,
             else
                 return pl__cfg_err(cfg, PL_ECONFIG, v.line,
                                "%s: expected true or false, got '%s'", full, v.s);
-        } else {
+        } else if (strcmp(k, "threads") == 0) {
             int64_t th = 1;
             rc = pl__key_row_int(cfg, row, full, &v, &th);
             t->threads = (int)th;
+        } else { /* a row of the table this walk does not read */
+            return unknown_key(w, line_of(node(w, p->key)), full, "tokenizer.", k, NULL);
         }
         if (rc != PL_OK) return rc;
     }
@@ -554,13 +556,15 @@ static int walk_source(walk *w, const char *list, int64_t i, yaml_node_t *map,
             rc = pl__key_row_int(cfg, row, key, &v, &x->lookahead);
             if (rc != PL_OK) return rc;
             line_text = v.line;
-        } else {
+        } else if (strcmp(k, "weight") == 0) {
             rc = pl__key_num(cfg, key, &v, &s->weight);
             if (rc != PL_OK) return rc;
             if (main_list && !w->weight_line) {
                 w->weight_line = v.line;
                 w->weight_of = i;
             }
+        } else { /* a row of the table this walk does not read */
+            return unknown_key_in(w, line_of(node(w, p->key)), key, "sources[].", k);
         }
     }
     const int line = line_of(map);

@@ -1222,6 +1222,9 @@ static PyMethodDef source_methods[] = {
      " -> Source\n\n"
      "Open a source: type 'megatron' (path = prefix, directory or glob of prefixes),\n"
      "'llmc' or 'flat' (token_dtype 'uint16' or 'uint32'; eos_id -1 = type default).\n"
+     "type is a name or code of source_types(); raw text sources need a tokenizer and\n"
+     "webdataset sources image options: open those with Config.open_source or\n"
+     "open_webdataset.  ValueError for an unknown type name.\n"
      "write_index: the .plidx sidecar policy of llmc/flat sources, INDEX_WRITE (0: one\n"
      "writer under a lock), INDEX_READ (2: map one, write none), INDEX_MEMORY (-1).\n"
      "Raises PolyloadIOError (ENOENT, EIO) or FormatError naming file, field, offset."},
@@ -1297,7 +1300,7 @@ static PyGetSetDef source_getset[] = {
      "pl_source_tokenize_cpu_ns)",
      NULL},
     {"name", (getter)source_get_name, NULL, "str: the name used in messages", NULL},
-    {"type", (getter)source_get_type, NULL, "str: 'megatron', 'llmc', 'flat', 'jsonl', 'text', 'parquet' or 'webdataset'", NULL},
+    {"type", (getter)source_get_type, NULL, "str: the type's name in source_types() ('megatron', 'jsonl', ...)", NULL},
     {"token_dtype", (getter)source_get_token_dtype, NULL,
      "str: numpy name of the stored token type", NULL},
     {"sizeof", (getter)source_get_sizeof, NULL,
