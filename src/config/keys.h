@@ -10,7 +10,8 @@
  * struct pl_config with F(member) (add the member in config.h), and is then
  * parsed, range- or enum-checked, defaulted, settable with pl_config_set,
  * readable with pl_config_get_int (integer and enum kinds) and documented
- * with no other change.  Cross-key checks go to validate.c; a key that
+ * with no other change (a dotted key is written as a mapping in YAML,
+ * "cost: {window: 64}").  Cross-key checks go to validate.c; a key that
  * decides the batches goes into pl_config_fingerprint (config.c).  A key of
  * a source entry ("sources[].NAME") or of a tokenizer mapping is recognized,
  * suggested and documented from its row; its value is read in yaml.c.
@@ -112,7 +113,7 @@
     X("prefetch", INT, F(prefetch), "4", 1, 4096, NOV,                             \
       "micro-batches prefetched per served rank")                                  \
     X("max_lag_steps", INT, F(max_lag_steps), "64", 1, (int64_t)1 << 20, NOV,      \
-      "how many steps the fastest rank may run ahead of the slowest")              \
+      "a served rank more than this many steps behind its group is dropped")       \
     X("sidecar_index", ENUM, F(sidecar_index), "write", 0, 0,                      \
       VC(("write", "read", "memory"),                                              \
          (PL_INDEX_WRITE, PL_INDEX_READ, PL_INDEX_MEMORY)),                        \

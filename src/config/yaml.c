@@ -174,6 +174,17 @@ static int set_node(walk *w, const char *key, int key_line,
     return pl__key_set(w->cfg, key, &v);
 }
 
+/* Is top-level key `name` a mapping of top-level scalar keys (rows
+ * "name.KEY" with a field: topology, cost, long_short)? */
+static int is_section(const char *name) {
+    const size_t n = strlen(name);
+    for (int i = 0; i < pl__n_keys; i++)
+        if (pl__keys[i].size && strncmp(pl__keys[i].name, name, n) == 0 &&
+            pl__keys[i].name[n] == '.')
+            return 1;
+    return 0;
+}
+
 /* topology, cost, long_short: a mapping of scalars. */
 static int walk_submap(walk *w, const char *name, yaml_node_t *map) {
     int rc = check_mapping(w, map, name);
@@ -932,8 +943,7 @@ static int walk_root(walk *w) {
         } else if (strcmp(k, "tokenizer") == 0) {
             rc = walk_tokenizer(w, "", vn, &cfg->tok);
             if (rc != PL_OK) return rc;
-        } else if (strcmp(k, "topology") == 0 || strcmp(k, "cost") == 0 ||
-                   strcmp(k, "long_short") == 0) {
+        } else if (is_section(k)) { /* topology, cost, long_short */
             rc = walk_submap(w, k, vn);
             if (rc != PL_OK) return rc;
         } else {
