@@ -54,8 +54,12 @@ static const char *usage_text =
     "      Print statistics of a source (maps a .plidx sidecar if one\n"
     "      matches, writes none).\n"
     "  index CONFIG [--json]\n"
-    "      Write the .plidx sidecar indexes of the config's llm.c and flat\n"
-    "      sources (one writer under a lock), so that loaders only map them.\n"
+    "      Write the sidecar indexes of the config's sources (.plidx of llm.c\n"
+    "      and flat files, .plwds of WebDataset shards; one writer under a\n"
+    "      lock), so that loaders only map them; name what each source has.\n"
+    "  keys [--json]\n"
+    "      List every config key (type, default, range or values, meaning)\n"
+    "      and every source type.\n"
     "  calibrate CSV [--json]\n"
     "      Fit the cost model time = a*tokens + b*sum_sq + c by least\n"
     "      squares to rows 'tokens,sum_sq,step_time' (a header line and\n"
@@ -842,15 +846,11 @@ static int cmd_inspect(int argc, char **argv) {
     pl_source_type type;
     if (a.type) {
         snprintf(path, sizeof path, "%s", a.positional);
-        if (strcmp(a.type, "megatron") == 0) {
-            type = PL_SOURCE_MEGATRON;
+        type = pl_source_type_from_name(a.type);
+        if (type == PL_SOURCE_MEGATRON) {
             if (ends_with(path, ".idx") || ends_with(path, ".bin"))
                 path[strlen(path) - 4] = '\0';
-        } else if (strcmp(a.type, "llmc") == 0) {
-            type = PL_SOURCE_LLMC;
-        } else if (strcmp(a.type, "flat") == 0) {
-            type = PL_SOURCE_FLAT;
-        } else {
+        } else if (type != PL_SOURCE_LLMC && type != PL_SOURCE_FLAT) {
             return usage_error("inspect: --type wants megatron, llmc or flat, "
                                "got '%s'",
                                a.type);
@@ -892,8 +892,7 @@ static int cmd_inspect(int argc, char **argv) {
         pl_source_free(src);
         return code;
     }
-    static const char *const type_names[] = {"?", "megatron", "llmc", "flat"};
-    const char *tname = type_names[type >= 1 && type <= 3 ? type : 0];
+    const char *tname = pl_source_type_name(type);
     const char *dname = pl_dtype_name(pl_source_token_dtype(src));
     if (a.json) {
         FILE *out = stdout;
@@ -942,7 +941,6 @@ static int cmd_index(int argc, char **argv) {
         pl_config_free(cfg);
         return code;
     }
-    static const char *const type_names[] = {"?", "megatron", "llmc", "flat"};
     int64_t n = pl_config_num_sources(cfg);
     if (a.json) fputs("{\"sources\": {", stdout);
     for (int64_t i = 0; i < n; i++) {
@@ -956,9 +954,12 @@ static int cmd_index(int argc, char **argv) {
             pl_config_free(cfg);
             return code;
         }
-        pl_source_type t = pl_source_get_type(src);
-        const char *tname = type_names[t >= 1 && t <= 3 ? t : 0];
-        const char *what = t == PL_SOURCE_MEGATRON ? "its own .idx" : ".plidx written or current";
+        pl_source_type_row row;
+        memset(&row, 0, sizeof row);
+        row.size = sizeof row;
+        pl_source_type_info(pl_source_get_type(src), &row); /* the source type table */
+        const char *tname = row.name ? row.name : "?";
+        const char *what = row.index ? row.index : "?";
         if (a.json) {
             if (i) fputs(", ", stdout);
             json_str(stdout, pl_config_source_name(cfg, i));
@@ -975,6 +976,86 @@ static int cmd_index(int argc, char **argv) {
     }
     if (a.json) fputs("}}\n", stdout);
     pl_config_free(cfg);
+    return EXIT_OK;
+}
+
+/* ------------------------------------------------------------- keys */
+
+/* The key table and the source types (pl_config_key_info,
+ * pl_source_type_info), as text or as one JSON object. */
+static int cmd_keys(int argc, char **argv) {
+    args a;
+    int code = parse_args(argc, argv, 2, "json", &a);
+    if (code) return code;
+    if (a.help) {
+        fputs(usage_text, stdout);
+        return EXIT_OK;
+    }
+    if (a.positional) return usage_error("keys: unexpected argument '%s'", a.positional);
+    if (a.json) fputs("{\"keys\": [", stdout);
+    for (int64_t i = 0; i < pl_config_key_count(); i++) {
+        pl_config_key_row k;
+        memset(&k, 0, sizeof k);
+        k.size = sizeof k;
+        if (pl_config_key_info(i, &k) != PL_OK) return fail(EXIT_RUNTIME, "key table", PL_EINVAL);
+        char values[512] = "";
+        size_t used = 0;
+        for (int j = 0; k.values && k.values[j] && used < sizeof values; j++) {
+            int w = snprintf(values + used, sizeof values - used, "%s%s", j ? ", " : "",
+                             k.values[j]);
+            if (w < 0) break;
+            used += (size_t)w;
+        }
+        if (a.json) {
+            fputs(i ? ",\n  {\"name\": " : "\n  {\"name\": ", stdout);
+            json_str(stdout, k.name);
+            fputs(", \"type\": ", stdout);
+            json_str(stdout, k.type);
+            fputs(", \"default\": ", stdout);
+            if (k.default_value)
+                json_str(stdout, k.default_value);
+            else
+                fputs("null", stdout);
+            if (k.min || k.max)
+                printf(", \"min\": %" PRId64 ", \"max\": %" PRId64, k.min, k.max);
+            if (k.values) {
+                fputs(", \"values\": [", stdout);
+                for (int j = 0; k.values[j]; j++) {
+                    if (j) fputs(", ", stdout);
+                    json_str(stdout, k.values[j]);
+                }
+                fputs("]", stdout);
+            }
+            printf(", \"settable\": %s, \"doc\": ", k.settable ? "true" : "false");
+            json_str(stdout, k.doc);
+            fputs("}", stdout);
+        } else {
+            printf("%-36s %-16s %-16s %s%s%s\n", k.name, k.type,
+                   k.default_value ? k.default_value : "-", k.doc, k.values ? ": " : "",
+                   values);
+        }
+    }
+    if (a.json) fputs("\n], \"source_types\": [", stdout);
+    else fputs("\nsource types:\n", stdout);
+    for (int t = 1;; t++) {
+        pl_source_type_row r;
+        memset(&r, 0, sizeof r);
+        r.size = sizeof r;
+        if (pl_source_type_info((pl_source_type)t, &r) != PL_OK) break;
+        if (a.json) {
+            fputs(t > 1 ? ",\n  {\"name\": " : "\n  {\"name\": ", stdout);
+            json_str(stdout, r.name);
+            printf(", \"code\": %d, \"raw_text\": %s, \"index\": ", t,
+                   r.raw_text ? "true" : "false");
+            json_str(stdout, r.index);
+            fputs(", \"doc\": ", stdout);
+            json_str(stdout, r.doc);
+            fputs("}", stdout);
+        } else {
+            printf("%-12s %s\n", r.name, r.doc);
+        }
+    }
+    if (a.json) fputs("\n]}\n", stdout);
     return EXIT_OK;
 }
 
@@ -1180,6 +1261,7 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "plan") == 0) return cmd_plan(argc, argv);
     if (strcmp(cmd, "inspect") == 0) return cmd_inspect(argc, argv);
     if (strcmp(cmd, "index") == 0) return cmd_index(argc, argv);
+    if (strcmp(cmd, "keys") == 0) return cmd_keys(argc, argv);
     if (strcmp(cmd, "prepare") == 0) return cmd_prepare(argc, argv);
     if (strcmp(cmd, "calibrate") == 0) return cmd_calibrate(argc, argv);
     return usage_error("unknown command '%s'", cmd);

@@ -853,6 +853,62 @@ PL_API const char *pl_config_source_path(const pl_config *cfg, int64_t i);
 PL_API double pl_config_source_weight(const pl_config *cfg, int64_t i,
                                       int64_t step);
 
+/*
+ * The config keys, one table (docs/reference/config.md is generated from
+ * it).  pl_config_key_info fills *row for key i of [0, pl_config_key_count());
+ * set row->size = sizeof *row first (fields may be added at the end).
+ * Returns PL_OK, PL_ERANGE for i out of range, PL_EINVAL for a NULL row or a
+ * size too small.  The strings are static.  Thread-safe.
+ */
+typedef struct pl_config_key_row {
+    size_t size;               /* set by the caller: sizeof(pl_config_key_row) */
+    const char *name;          /* dotted: "topology.dp"; a source entry's keys
+                                  "sources[].weight", a tokenizer's
+                                  "tokenizer.type" */
+    const char *type;          /* "integer", "integer or null", "integer or
+                                  auto", "unsigned integer", "number", "one
+                                  of", "boolean", "string", "fractions",
+                                  "source type", "list" or "mapping" */
+    const char *default_value; /* as written in YAML; NULL: unset */
+    int64_t min, max;          /* integer keys: the inclusive range; else 0 */
+    const char *const *values; /* "one of", "source type": the names,
+                                  NULL-terminated; else NULL */
+    int settable;              /* 1: pl_config_set and pl_config_get take it */
+    const char *doc;           /* one line */
+} pl_config_key_row;
+PL_API int64_t pl_config_key_count(void);
+PL_API int pl_config_key_info(int64_t i, pl_config_key_row *row);
+/*
+ * The value of a settable key as YAML writes it ("8192", "best_fit",
+ * "0.5", "auto", or "null" while unset) into buf[cap], NUL-terminated;
+ * pl_config_set(cfg, key, buf) sets the same value back (not "null", which
+ * only train_steps takes; cost.preset also resets a, b and c).  PL_EINVAL
+ * for an unknown or not settable key, PL_ERANGE when cap is too small.
+ * Thread-safe on a config that is not being set.
+ */
+PL_API int pl_config_get(const pl_config *cfg, const char *key, char *buf,
+                         size_t cap);
+
+/*
+ * Source types by name, as a config's `type:` writes them ("megatron",
+ * "llmc", "flat", "jsonl", "text", "webdataset", "parquet").
+ * pl_source_type_name returns NULL and pl_source_type_from_name 0 for an
+ * unknown one.  pl_source_type_info describes a type (set row->size first):
+ * PL_ERANGE for an unknown type (types are 1, 2, ... without gaps).
+ * Thread-safe; the strings are static.
+ */
+typedef struct pl_source_type_row {
+    size_t size;         /* set by the caller: sizeof(pl_source_type_row) */
+    pl_source_type type;
+    const char *name;
+    int raw_text;        /* 1: raw text, tokenized online (needs a tokenizer) */
+    const char *index;   /* what `polyload index` leaves for such a source */
+    const char *doc;     /* one line */
+} pl_source_type_row;
+PL_API const char *pl_source_type_name(pl_source_type type);
+PL_API pl_source_type pl_source_type_from_name(const char *name);
+PL_API int pl_source_type_info(pl_source_type type, pl_source_type_row *row);
+
 /* ============================================================== topology */
 /*
  * A rank's place in a DP x PP x CP x TP topology (SPEC section 2).  Ranks are

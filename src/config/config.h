@@ -1,11 +1,14 @@
 /*
- * config.h -- the config object (config.c), its validation, splits and the
- * topology order (topology.c).  Depends on common/ only.
+ * config.h -- the config object (config.c), its key table (keys.h, keys.c),
+ * the YAML walk (yaml.c), validation and defaults (validate.c), the
+ * mixture's weights over steps (schedule.c), train/valid/test splits
+ * (split.c) and the topology order (topology.c).  Depends on common/ only.
  */
 #ifndef POLYLOAD_CONFIG_H
 #define POLYLOAD_CONFIG_H
 
 #include "common/common.h"
+#include "config/keys.h"
 
 /* ------------------------------------------------------------ config */
 /* The most micro-batches a run may count (per rank, at any dp): steps times
@@ -171,10 +174,43 @@ void pl__config_weights(const pl_config *cfg, int64_t step, double *w);
 /* Open source i of cfg (options from the config). *out as pl_source_open. */
 int pl__config_open_source(const pl_config *cfg, int64_t i, pl_source **out);
 
-/* Raw text sources: lengths come from tokenizing (jsonl, text, parquet). */
+/* Raw text sources: lengths come from tokenizing (raw_text in
+ * PL_SOURCE_TYPE_MAP: jsonl, text, parquet). */
 static inline int pl__is_text_type(pl_source_type t) {
-    return t == PL_SOURCE_JSONL || t == PL_SOURCE_TEXT || t == PL_SOURCE_PARQUET;
+    switch (t) {
+#define PL__RAW(code, name, raw, index, doc) \
+    case code: return raw;
+        PL_SOURCE_TYPE_MAP(PL__RAW)
+#undef PL__RAW
+    }
+    return 0;
 }
+
+/* ------------------------------------------------------------ shared by config/ */
+/* Set cfg's message ("origin:line: ..." for line > 0, "origin: ..." for 0,
+ * the bare message for line < 0) and return code. */
+__attribute__((format(printf, 4, 5))) int
+pl__cfg_err(pl_config *cfg, int code, int line, const char *fmt, ...);
+/* Append a warning (formatted as pl__cfg_err's messages); PL_ENOMEM when it
+ * cannot be stored. */
+__attribute__((format(printf, 3, 4))) int
+pl__cfg_warn(pl_config *cfg, int line, const char *fmt, ...);
+
+/* Lines of keys that cross-key validation reports (0 when absent, -1 from
+ * pl_config_set). */
+typedef struct pl__vlines {
+    int seq_length, global_batch_size, order, cost, sources;
+} pl__vlines;
+/* A new config with every default (NULL: no memory); origin NULL: "<string>". */
+pl_config *pl__config_new(const char *origin);
+/* The checks that involve several keys, after a parse and every
+ * pl_config_set (validate.c). */
+int pl__config_validate(pl_config *cfg, const pl__vlines *ln);
+/* The sum of the sources' raw weights. */
+double pl__source_weight_sum(const pl_config *cfg);
+/* "969,30,1" into out[3], normalized fractions of train, valid, test. */
+int pl__split_parse(pl_config *cfg, const char *key, const pl__sval *v,
+                    double *out);
 
 /* ------------------------------------------------------------ topology */
 /*

@@ -4,7 +4,7 @@
  *     cost = a * tokens + b * sum over its chunks of attn(len) + c,
  * where attn(len) = len^2 for causal attention within a document and
  * len * min(len, window) for sliding-window attention.  The presets belong
- * to config.c.  pl_cost_fit fits a, b, c to measured step times by ordinary
+ * to the key table (config/keys.c).  pl_cost_fit fits a, b, c to measured step times by ordinary
  * least squares (the calibrate command): the columns are scaled to unit
  * largest magnitude, the 3x3 normal equations are formed and solved in long
  * double by Gaussian elimination with partial pivoting, and a pivot below a

@@ -140,6 +140,121 @@ static PyObject *config_get_int(PyPlConfig *o, PyObject *args) {
     return PyLong_FromLongLong((long long)v);
 }
 
+/* The row of key `key` (pl_config_key_info), or NULL. */
+static int key_row(const char *key, pl_config_key_row *row) {
+    for (int64_t i = 0; i < pl_config_key_count(); i++) {
+        memset(row, 0, sizeof *row);
+        row->size = sizeof *row;
+        if (pl_config_key_info(i, row) == PL_OK && strcmp(row->name, key) == 0) return 1;
+    }
+    return 0;
+}
+
+static PyObject *config_get(PyPlConfig *o, PyObject *args) {
+    const char *key;
+    if (!PyArg_ParseTuple(args, "s:get", &key)) return NULL;
+    char buf[256];
+    pl_config_key_row row;
+    if (!key_row(key, &row) || !row.settable ||
+        pl_config_get(o->cfg, key, buf, sizeof buf) != PL_OK) {
+        char msg[256];
+        snprintf(msg, sizeof msg,
+                 "get: '%s' is not a scalar key of the config (polyload._core.config_keys() "
+                 "lists them)",
+                 key);
+        return pypl_raise(PL_ECONFIG, msg);
+    }
+    if (strcmp(buf, "null") == 0) Py_RETURN_NONE;
+    if (strstr(row.type, "integer") && strcmp(buf, "auto") != 0)
+        return PyLong_FromString(buf, NULL, 10);
+    if (strcmp(row.type, "number") == 0) return PyFloat_FromDouble(strtod(buf, NULL));
+    if (strcmp(row.type, "fractions") == 0) {
+        double f[3] = {0, 0, 0};
+        char *p = buf;
+        for (int k = 0; k < 3; k++) {
+            f[k] = strtod(p, &p);
+            if (*p == ',') p++;
+        }
+        return Py_BuildValue("(ddd)", f[0], f[1], f[2]);
+    }
+    return PyUnicode_FromString(buf);
+}
+
+static PyObject *str_or_none(const char *s) {
+    if (s) return PyUnicode_FromString(s);
+    Py_RETURN_NONE;
+}
+
+PyObject *pypl_config_keys(PyObject *self, PyObject *unused) {
+    (void)self;
+    (void)unused;
+    PyObject *list = PyList_New(0);
+    if (!list) return NULL;
+    for (int64_t i = 0; i < pl_config_key_count(); i++) {
+        pl_config_key_row k;
+        memset(&k, 0, sizeof k);
+        k.size = sizeof k;
+        if (pl_config_key_info(i, &k) != PL_OK) break;
+        int is_int = strncmp(k.type, "integer", 7) == 0;
+        PyObject *values = Py_None;
+        Py_INCREF(values);
+        if (k.values) {
+            Py_DECREF(values);
+            values = PyList_New(0);
+            for (int j = 0; values && k.values[j]; j++) {
+                PyObject *v = PyUnicode_FromString(k.values[j]);
+                if (!v || PyList_Append(values, v) < 0) Py_CLEAR(values);
+                Py_XDECREF(v);
+            }
+        }
+        PyObject *d = PyDict_New();
+        if (!d || !values || pypl_dict_steal(d, "values", values) ||
+            pypl_dict_steal(d, "name", PyUnicode_FromString(k.name)) ||
+            pypl_dict_steal(d, "type", PyUnicode_FromString(k.type)) ||
+            pypl_dict_steal(d, "default", str_or_none(k.default_value)) ||
+            pypl_dict_steal(d, "min", is_int ? PyLong_FromLongLong((long long)k.min)
+                                              : str_or_none(NULL)) ||
+            pypl_dict_steal(d, "max", is_int ? PyLong_FromLongLong((long long)k.max)
+                                              : str_or_none(NULL)) ||
+            pypl_dict_steal(d, "settable", PyBool_FromLong(k.settable)) ||
+            pypl_dict_steal(d, "doc", PyUnicode_FromString(k.doc)) ||
+            PyList_Append(list, d) < 0) {
+            if (!d) Py_XDECREF(values);
+            Py_XDECREF(d);
+            Py_DECREF(list);
+            return NULL;
+        }
+        Py_DECREF(d);
+    }
+    return list;
+}
+
+PyObject *pypl_source_types(PyObject *self, PyObject *unused) {
+    (void)self;
+    (void)unused;
+    PyObject *list = PyList_New(0);
+    if (!list) return NULL;
+    for (int t = 1;; t++) {
+        pl_source_type_row r;
+        memset(&r, 0, sizeof r);
+        r.size = sizeof r;
+        if (pl_source_type_info((pl_source_type)t, &r) != PL_OK) break;
+        PyObject *d = PyDict_New();
+        if (!d || pypl_dict_steal(d, "name", PyUnicode_FromString(r.name)) ||
+            pypl_dict_steal(d, "code", PyLong_FromLong(t)) ||
+            pypl_dict_steal(d, "raw_text", PyBool_FromLong(r.raw_text)) ||
+            pypl_dict_steal(d, "index", PyUnicode_FromString(r.index)) ||
+            pypl_dict_steal(d, "doc", PyUnicode_FromString(r.doc)) ||
+            PyList_Append(list, d) < 0) {
+            Py_XDECREF(d);
+            Py_DECREF(list);
+            return NULL;
+        }
+        Py_DECREF(d);
+    }
+    return list;
+}
+
 static int config_index(PyPlConfig *o, long long i) {
     if (i < 0 || i >= pl_config_num_sources(o->cfg)) {
         char msg[96];
@@ -369,6 +484,12 @@ static PyMethodDef config_methods[] = {
     {"set", (PyCFunction)config_set, METH_VARARGS,
      "set(key, value)\n\nOverride one scalar key ('threads', 'topology.dp', ...) with a "
      "value written as in YAML (str, int, float or bool).  Raises ConfigError."},
+    {"get", (PyCFunction)config_get, METH_VARARGS,
+     "get(key) -> int | float | str | tuple | None\n\nRead a top-level scalar key "
+     "(polyload._core.config_keys() lists them, 'settable'): an integer key as int, a "
+     "number as float, split as (train, valid, test) fractions, other keys as str as "
+     "YAML writes them ('best_fit', 'auto'); None while unset.  Raises ConfigError "
+     "for another key."},
     {"get_int", (PyCFunction)config_get_int, METH_VARARGS,
      "get_int(key) -> int\n\nRead a scalar key as an integer ('seq_length', "
      "'topology.dp').  Raises ConfigError for an unknown key."},
@@ -452,12 +573,17 @@ static int parse_source_type(PyObject *obj, pl_source_type *out) {
             PyErr_SetString(PyExc_TypeError, "source type must be a str or an int");
         return -1;
     }
-    if (!strcmp(s, "megatron")) *out = PL_SOURCE_MEGATRON;
-    else if (!strcmp(s, "llmc")) *out = PL_SOURCE_LLMC;
-    else if (!strcmp(s, "flat")) *out = PL_SOURCE_FLAT;
-    else {
-        PyErr_Format(PyExc_ValueError,
-                     "unknown source type '%s' (megatron, llmc or flat)", s);
+    *out = pl_source_type_from_name(s); /* the source type table */
+    if (!*out) {
+        char names[256] = "";
+        size_t used = 0;
+        for (int t = 1; used < sizeof names && pl_source_type_name((pl_source_type)t); t++) {
+            int w = snprintf(names + used, sizeof names - used, "%s%s", t > 1 ? ", " : "",
+                             pl_source_type_name((pl_source_type)t));
+            if (w < 0) break;
+            used += (size_t)w;
+        }
+        PyErr_Format(PyExc_ValueError, "unknown source type '%s' (one of: %s)", s, names);
         return -1;
     }
     return 0;
@@ -1010,16 +1136,8 @@ static PyObject *source_get_name(PyPlSource *o, void *c) {
 
 static PyObject *source_get_type(PyPlSource *o, void *c) {
     (void)c;
-    switch (pl_source_get_type(o->src)) {
-    case PL_SOURCE_MEGATRON: return PyUnicode_FromString("megatron");
-    case PL_SOURCE_LLMC: return PyUnicode_FromString("llmc");
-    case PL_SOURCE_FLAT: return PyUnicode_FromString("flat");
-    case PL_SOURCE_WEBDATASET: return PyUnicode_FromString("webdataset");
-    case PL_SOURCE_JSONL: return PyUnicode_FromString("jsonl");
-    case PL_SOURCE_TEXT: return PyUnicode_FromString("text");
-    case PL_SOURCE_PARQUET: return PyUnicode_FromString("parquet");
-    }
-    return PyUnicode_FromString("unknown");
+    const char *name = pl_source_type_name(pl_source_get_type(o->src));
+    return PyUnicode_FromString(name ? name : "unknown");
 }
 
 static PyObject *source_lengths(PyPlSource *o, PyObject *arg) {
@@ -1104,6 +1222,9 @@ static PyMethodDef source_methods[] = {
      " -> Source\n\n"
      "Open a source: type 'megatron' (path = prefix, directory or glob of prefixes),\n"
      "'llmc' or 'flat' (token_dtype 'uint16' or 'uint32'; eos_id -1 = type default).\n"
+     "type is a name or code of source_types(); raw text sources need a tokenizer and\n"
+     "webdataset sources image options: open those with Config.open_source or\n"
+     "open_webdataset.  ValueError for an unknown type name.\n"
      "write_index: the .plidx sidecar policy of llmc/flat sources, INDEX_WRITE (0: one\n"
      "writer under a lock), INDEX_READ (2: map one, write none), INDEX_MEMORY (-1).\n"
      "Raises PolyloadIOError (ENOENT, EIO) or FormatError naming file, field, offset."},
@@ -1179,7 +1300,7 @@ static PyGetSetDef source_getset[] = {
      "pl_source_tokenize_cpu_ns)",
      NULL},
     {"name", (getter)source_get_name, NULL, "str: the name used in messages", NULL},
-    {"type", (getter)source_get_type, NULL, "str: 'megatron', 'llmc', 'flat', 'jsonl', 'text', 'parquet' or 'webdataset'", NULL},
+    {"type", (getter)source_get_type, NULL, "str: the type's name in source_types() ('megatron', 'jsonl', ...)", NULL},
     {"token_dtype", (getter)source_get_token_dtype, NULL,
      "str: numpy name of the stored token type", NULL},
     {"sizeof", (getter)source_get_sizeof, NULL,

@@ -147,6 +147,9 @@ PyObject *pypl_sized_bytes(pypl_sized_fn fn, void *ctx, int *rc);
 
 /* Module functions of pipeline.c. */
 PyObject *pypl_state_info(PyObject *self, PyObject *arg);
+/* The key and source type tables (config.c). */
+PyObject *pypl_config_keys(PyObject *self, PyObject *unused);
+PyObject *pypl_source_types(PyObject *self, PyObject *unused);
 PyObject *pypl_state_retarget(PyObject *self, PyObject *args);
 PyObject *pypl_state_pack(PyObject *self, PyObject *arg);
 PyObject *pypl_state_unpack(PyObject *self, PyObject *arg);

@@ -5,6 +5,8 @@
  */
 #include "core.h"
 
+#include <ctype.h>
+
 #include <pthread.h>
 
 #include <errno.h>
@@ -362,6 +364,14 @@ static PyMethodDef module_methods[] = {
      "version_number() -> int\n\nThe C library's version, MAJOR*10000 + MINOR*100 + PATCH."},
     {"version_string", m_version_string, METH_NOARGS,
      "version_string() -> str\n\nThe C library's version as 'MAJOR.MINOR.PATCH'."},
+    {"config_keys", pypl_config_keys, METH_NOARGS,
+     "config_keys() -> list of dict\n\nThe config key table (pl_config_key_info): "
+     "{'name', 'type', 'default', 'min', 'max', 'values', 'settable', 'doc'} per key; "
+     "'default' is None when unset, 'min'/'max' are None except for integer keys, "
+     "'values' None except for keys that take one of a list."},
+    {"source_types", pypl_source_types, METH_NOARGS,
+     "source_types() -> list of dict\n\nThe source type table (pl_source_type_info): "
+     "{'name', 'code', 'raw_text', 'index', 'doc'} per type, in code order."},
     {"strerror", m_strerror, METH_O,
      "strerror(code) -> str\n\nStatic description of a status code (pl_strerror)."},
     {"err_name", m_err_name, METH_O,
@@ -411,8 +421,6 @@ static int add_constants(PyObject *m) {
         {"DTYPE_INT64", PL_DTYPE_INT64}, {"DTYPE_FLOAT64", PL_DTYPE_FLOAT64},
         {"DTYPE_FLOAT32", PL_DTYPE_FLOAT32}, {"DTYPE_UINT16", PL_DTYPE_UINT16},
         {"DTYPE_UINT32", PL_DTYPE_UINT32},
-        {"SOURCE_MEGATRON", PL_SOURCE_MEGATRON}, {"SOURCE_LLMC", PL_SOURCE_LLMC},
-        {"SOURCE_FLAT", PL_SOURCE_FLAT}, {"SOURCE_WEBDATASET", PL_SOURCE_WEBDATASET},
         {"IMAGE_FIXED", PL_IMAGE_FIXED}, {"IMAGE_NATIVE", PL_IMAGE_NATIVE},
         {"FIELD_INPUT_IDS", PL_FIELD_INPUT_IDS}, {"FIELD_LABELS", PL_FIELD_LABELS},
         {"FIELD_LOSS_MASK", PL_FIELD_LOSS_MASK},
@@ -425,6 +433,17 @@ static int add_constants(PyObject *m) {
     };
     for (size_t i = 0; i < sizeof tab / sizeof tab[0]; i++)
         if (PyModule_AddIntConstant(m, tab[i].name, tab[i].value) < 0) return -1;
+    /* SOURCE_<NAME> of every source type, from the source type table. */
+    for (int t = 1;; t++) {
+        pl_source_type_row r;
+        memset(&r, 0, sizeof r);
+        r.size = sizeof r;
+        if (pl_source_type_info((pl_source_type)t, &r) != PL_OK) break;
+        char name[64] = "SOURCE_";
+        for (size_t k = 0; r.name[k] && k + 8 < sizeof name; k++)
+            name[7 + k] = (char)toupper((unsigned char)r.name[k]);
+        if (PyModule_AddIntConstant(m, name, t) < 0) return -1;
+    }
     return PyModule_AddStringConstant(m, "VERSION", pl_version_string());
 }
 

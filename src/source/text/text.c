@@ -263,9 +263,7 @@ int pl__text_init(pl_source *src, const pl_source_options *opts, char *err,
         pl__fmt(err, errcap,
                 "source %s: a %s source needs a tokenizer (pl_tokenizer of "
                 "version %d with encode_batch)",
-                name, opts->type == PL_SOURCE_JSONL ? "jsonl"
-                      : opts->type == PL_SOURCE_PARQUET ? "parquet" : "text",
-                PL_TOKENIZER_VERSION);
+                name, pl_source_type_name(opts->type), PL_TOKENIZER_VERSION);
         return PL_EINVAL;
     }
     t->text_key = pl__strdup(v2 && opts->text_key ? opts->text_key : "text");
