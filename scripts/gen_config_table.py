@@ -32,7 +32,7 @@ with `pl_config_set` / `Config.set` and read with `pl_config_get` /
 `Config.get` (integer and enum keys also with `pl_config_get_int`);
 `polyload keys` prints this table.  The normative description of the config,
 with the checks that involve several keys, is section 5 of
-[spec.md](../spec.md).
+[spec.md](spec.md).
 """
 
 
