@@ -131,7 +131,7 @@ class Deployment:
             raise polyload.PolyloadError(
                 _core.EINVAL, "EINVAL",
                 f"deployment {self.namespace}/{self.name} has no autoscaler actor "
-                f"({self.name}.autoscaler): it was launched by an older polyload")
+                f"({_registry.autoscaler(self.name)}): it was launched by an older polyload")
 
     def failovers(self) -> List[Dict[str, Any]]:
         """Every read a constructor moved to a standby: ``{"constructor", "slot",
@@ -322,7 +322,7 @@ def launch(
             whose process dies) continues from it, and a restarted constructor rebuilds
             from the least step its ranks stand at: batches do not change.
         autoscale: size each source's pool of source loaders by its measured cost,
-            ahead of the mixture schedule (``polyload.ray._scale``: feed-forward from
+            ahead of the mixture schedule (``polyload.ray._scale_policy``: feed-forward from
             the schedule and the measured CPU-seconds per token, feedback from the
             trainers' data wait, bounds and a CPU budget).  True, or a dict of
             ``polyload.ray.AUTOSCALE_DEFAULTS`` keys (``horizon_steps``, ``headroom``,
@@ -580,7 +580,7 @@ def attach(name: str = "polyload", namespace: str = "polyload", *,
         planner = ray.get_actor(_registry.planner(name), namespace=namespace)
     except ValueError:
         raise ValueError(f"polyload.ray.attach: no deployment {namespace}/{name} "
-                         f"(no actor {name}.planner)") from None
+                         f"(no actor {_registry.planner(name)})") from None
     info = _get(planner.info.remote(), timeout)
     ctors = [ray.get_actor(n, namespace=namespace) for n in info["constructors"]]
     try:

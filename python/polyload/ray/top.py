@@ -89,7 +89,7 @@ def top(argv: Optional[List[str]] = None) -> int:
             scaler = ray.get_actor(_registry.autoscaler(args.name), namespace=args.namespace)
         except ValueError:
             sys.stderr.write(f"polyload top: no deployment {args.namespace}/{args.name} "
-                             f"(no actor {args.name}.autoscaler)\n")
+                             f"(no actor {_registry.autoscaler(args.name)})\n")
             return 1
         tty = sys.stdout.isatty() and not args.json
         while True:

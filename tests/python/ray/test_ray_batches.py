@@ -210,7 +210,9 @@ def test_actor_errors_are_polyload_exceptions(cluster, tmp_path):
         # left running detached) is refused at connect, naming both versions
         planner = ray.get_actor("err.planner", namespace=NS)
         full = ray.get(planner.info.remote())
-        assert full["protocol"] == pr._common.PROTOCOL
+        from polyload.ray._protocol import PROTOCOL
+
+        assert full["protocol"] == PROTOCOL
         older = {k: v for k, v in full.items() if k not in ("protocol", "polyload_version")}
         ray.get(planner.set_info.remote(older))
         with pytest.raises(polyload.ConfigError, match=r"protocol 1\).*polyload .*protocol 2"):
