@@ -17,8 +17,9 @@ from polyload.ray._routing import RoutingTable, split_ranges
 
 
 def test_policy_and_routing_import_no_ray():
-    """polyload.ray, its policy and its routing table import (and decide) with Ray
-    blocked from import, and importing polyload.ray sets no environment variable."""
+    """polyload.ray, its policy, routing table, registry and protocol import (and the
+    policy decides) with Ray blocked from import, and importing polyload.ray sets no
+    environment variable."""
     code = """
 import os, sys
 sys.modules["ray"] = None  # any import of ray raises ImportError
@@ -26,6 +27,7 @@ env = dict(os.environ)
 import polyload.ray as pr
 from polyload.ray import _scale_policy as sp
 from polyload.ray._routing import RoutingTable
+from polyload.ray import _protocol, _registry  # noqa: F401
 assert "ray" not in [m for m, v in sys.modules.items() if v is not None]
 assert dict(os.environ) == env, "importing polyload.ray changed the environment"
 p = sp.ScalePolicy(["a", "b"], lambda s, t: 0.5, 1024.0, sp.autoscale_options({}))
