@@ -38,7 +38,7 @@ The library adds only a ``NullHandler``; configure handlers and levels as for an
 from importlib import metadata as _metadata
 
 # _core, _make_config, _require_core, _state_blob and logger are private: polyload.hf,
-# polyload.megatron, polyload.ray and the tests reach them through the package.
+# polyload.megatron, polyload.report, the benchmarks and the tests reach them here.
 from ._config import _make_config, trainer_world_size  # noqa: F401
 from ._errors import (
     ConfigError,
