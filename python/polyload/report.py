@@ -59,7 +59,8 @@ def collect(config: Any, start: int, stop: int, state: Optional[bytes] = None,
         ValueError: an empty range, or a state past ``start``.
         PolyloadError: as the planner (a config, source or state error).
     """
-    from . import _make_config, _require_core  # noqa: PLC0415
+    from ._config import _make_config  # noqa: PLC0415
+    from ._extension import _require_core  # noqa: PLC0415
 
     core = _require_core()
     if not 0 <= start < stop:

@@ -623,7 +623,7 @@ def test_pin_memory_without_cuda_warns_once(corpus):
 
 
 def test_numpy_without_torch(corpus, monkeypatch):
-    monkeypatch.setattr(polyload, "_import_torch", lambda: None)
+    monkeypatch.setattr(polyload.loader, "_import_torch", lambda: None)
     with polyload.Loader(corpus.config(train_steps=1), rank=1) as loader:
         b = next(loader)
     assert isinstance(b["input_ids"], np.ndarray) and b["input_ids"].dtype == np.int64

@@ -59,7 +59,9 @@ def _serve(args, out) -> int:
     import polyload
 
     from ._deploy import launch
+    from ._failure import set_failure_detection_env
 
+    set_failure_detection_env()  # read by Ray when it starts in this process
     try:
         ray.init(address=args.ray_address, namespace=args.namespace, include_dashboard=False,
                  log_to_driver=False)
