@@ -23,7 +23,10 @@
  *
  * Bad samples: an image member whose header is not an image of its
  * extension, a truncated header, dimensions above limit_pixels, a sample
- * without caption or without image.  With on_error: fail the open fails
+ * without caption or without image, a sample with a second image or caption
+ * member (webdataset refuses a repeated extension), a member whose key held
+ * a dot (img.0002.jpg: key img, extension 0002.jpg, neither an image nor the
+ * caption) in a sample left without image or caption.  With on_error: fail the open fails
  * with a message naming shard, member and byte offset; with skip (the
  * config's on_error: skip) the sample is left out and counted
  * (pl_source_num_skipped).  A damaged tar (bad checksum, size field, a
@@ -450,7 +453,9 @@ typedef struct pl__sample {
     char key[4096];
     size_t keylen;
     int has_image, has_caption, fmt;
+    int has_repeat, has_dotted; /* a second image or caption; see pl__dotted */
     pl__member image, caption;
+    pl__member repeat, dotted, *first; /* first: the member repeat repeats */
     int64_t first_off; /* header of the sample's first member */
 } pl__sample;
 
@@ -560,9 +565,37 @@ static int pl__caption(pl__wb *b, const pl__sample *s, size_t *ntok, int *bad) {
     return PL_OK;
 }
 
+/* An extension that holds a dot and ends in an image extension or the
+ * caption's: the member's key was meant to hold a dot (img.0002.jpg gives
+ * key img, extension 0002.jpg under webdataset's rule). */
+static int pl__dotted(const char *ext, const char *cext) {
+    const char *last = strrchr(ext, '.');
+    if (!last) return 0;
+    last++;
+    return pl__image_ext_format(last, strlen(last)) || !strcmp(last, cext);
+}
+
 /* Close a sample: probe the image, tokenize the caption, append a record. */
 static int pl__finish(pl__wb *b, pl__sample *s) {
     if (!s->keylen) return PL_OK;
+    if (s->has_repeat)
+        return pl__bad(b, PL_ERECORD,
+                       "%s: sample %s: member %s at offset %lld repeats the %s of member "
+                       "%s at offset %lld (a sample holds one image and one caption)",
+                       b->path, s->key, s->repeat.name, (long long)s->repeat.hdr_off,
+                       s->first == &s->image ? "image" : "caption", s->first->name,
+                       (long long)s->first->hdr_off);
+    if ((!s->has_image || !s->has_caption) && s->has_dotted) {
+        size_t kl;
+        const char *ext;
+        pl__split_key(s->dotted.name, &kl, &ext);
+        return pl__bad(b, PL_ERECORD,
+                       "%s: member %s at offset %lld: key '%s', extension '%s' (the key "
+                       "ends at the first dot of the file name, as in webdataset), so it "
+                       "is neither the image nor the caption of its sample; keys must "
+                       "not contain dots",
+                       b->path, s->dotted.name, (long long)s->dotted.hdr_off, s->key, ext);
+    }
     if (!s->has_image && !s->has_caption) return PL_OK; /* nothing of ours */
     if (!s->has_image)
         return pl__bad(b, PL_ERECORD, "%s: sample %s (member %s at offset %lld): no image",
@@ -660,13 +693,21 @@ static int pl__wds_scan(pl__wb *b) {
             s->first_off = m->hdr_off;
         }
         int fmt = pl__image_ext_format(ext, strlen(ext));
+        int cap = !strcmp(ext, cext);
         if (fmt && !s->has_image) {
             s->has_image = 1;
             s->fmt = fmt;
             s->image = *m;
-        } else if (!strcmp(ext, cext) && !s->has_caption) {
+        } else if (cap && !s->has_caption) {
             s->has_caption = 1;
             s->caption = *m;
+        } else if ((fmt || cap) && !s->has_repeat) {
+            s->has_repeat = 1; /* webdataset refuses a repeated extension too */
+            s->repeat = *m;
+            s->first = fmt ? &s->image : &s->caption;
+        } else if (!s->has_dotted && pl__dotted(ext, cext)) {
+            s->has_dotted = 1;
+            s->dotted = *m;
         }
     }
     if (rc == PL_DONE) rc = pl__finish(b, s);
