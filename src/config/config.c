@@ -866,7 +866,7 @@ static int walk_submap(walk *w, const char *name, yaml_node_t *map) {
 /* sources[i].image: {mode, size, patch_size, merge_size, min_pixels,
  * max_pixels, token_id, limit_pixels, caption_token_offset}. */
 static int walk_image(walk *w, const char *what, yaml_node_t *map,
-                      pl_image_options *o) {
+                      pl_image_options *o, int *verify) {
     pl_config *cfg = w->cfg;
     int rc = check_mapping(w, map, what);
     if (rc != PL_OK) return rc;
@@ -888,6 +888,13 @@ static int walk_image(walk *w, const char *what, yaml_node_t *map,
             o->mode = (pl_image_mode)en;
             continue;
         }
+        if (strcmp(k, "verify") == 0) {
+            if (strcmp(v.s, "true") && strcmp(v.s, "false"))
+                return cfg_err(cfg, PL_ECONFIG, v.line, "%s: expected true or false, got '%s'",
+                               key, v.s);
+            *verify = strcmp(v.s, "true") == 0;
+            continue;
+        }
         static const char *const names[] = {"size", "patch_size", "merge_size",
                                             "min_pixels", "max_pixels", "token_id",
                                             "limit_pixels", "caption_token_offset"};
@@ -903,7 +910,7 @@ static int walk_image(walk *w, const char *what, yaml_node_t *map,
             return cfg_err(cfg, PL_ECONFIG, line_of(node(w, p->key)),
                            "unknown key '%s' (expected mode, size, patch_size, "
                            "merge_size, min_pixels, max_pixels, token_id, "
-                           "limit_pixels, caption_token_offset)",
+                           "limit_pixels, caption_token_offset, verify)",
                            key);
         if ((rc = get_int(cfg, key, &v, lo[j], hi[j], dst[j]))) return rc;
         has_token |= j == 5;
@@ -1112,7 +1119,7 @@ static int walk_source(walk *w, const char *list, int64_t i, yaml_node_t *map,
                            "messages_key, chat_template, tokenizer, lookahead)",
                            key);
         if (strcmp(k, "image") == 0) {
-            rc = walk_image(w, key, vn, &x->image);
+            rc = walk_image(w, key, vn, &x->image, &x->verify_images);
             if (rc != PL_OK) return rc;
             line_image = line_of(vn);
             continue;
@@ -2125,6 +2132,7 @@ uint64_t pl_config_fingerprint(const pl_config *c) {
                              io->limit_pixels, io->caption_token_offset};
             h = pl__hash64(ii, sizeof ii, h);
             h = pl__hash64(io->caption_key, strlen(io->caption_key), h);
+            if (sx->verify_images) h = pl__hash64("verify", 6, h);
         } else if (pl__is_text_type(sc->type)) {
             int32_t ti[2] = {sx->tok.type, sx->tok.add_eos};
             h = pl__hash64(ti, sizeof ti, h);

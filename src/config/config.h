@@ -47,6 +47,7 @@ void pl__tok_cfg_free(pl__tok_cfg *t);
  * none). */
 typedef struct pl__source_ext {
     pl_image_options image; /* webdataset: image, caption (config keys) */
+    int verify_images;      /* webdataset: image.verify */
     /* jsonl/text */
     char *text_key;       /* malloc'd; NULL = "text" */
     char *prompt_key;     /* malloc'd; instruction data when set (with */

@@ -110,6 +110,7 @@ int pl__config_open_source(const pl_config *cfg, int64_t i, pl_source **out) {
     o.eos_id = s->eos_id;
     o.write_index = s->write_index ? s->write_index : cfg->sidecar_index;
     o.image = s->type == PL_SOURCE_WEBDATASET ? &sx->image : NULL;
+    o.verify_images = sx->verify_images;
     pl_tokenizer tok;
     if (pl__is_text_type(s->type)) {
         o.length_cache_key = pl__length_cache_key(s);

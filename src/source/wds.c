@@ -58,7 +58,9 @@
 
 typedef struct pl__wds {
     pl_image_options o;
-    int skip; /* on_error: skip */
+    int skip;   /* on_error: skip */
+    int verify; /* decode every image when the index is built */
+    atomic_llong replaced; /* images replaced by blank ones at decode time */
 } pl__wds;
 
 int pl__wds_defaults(pl_image_options *o, char *err, size_t errcap, const char *name) {
@@ -99,8 +101,9 @@ int pl__wds_defaults(pl_image_options *o, char *err, size_t errcap, const char *
 }
 
 static uint64_t pl__wds_opthash(const pl__wds *w) {
-    int64_t v[3] = {w->o.caption_token_offset, w->o.limit_pixels, w->skip};
-    uint64_t h = pl__hash64(v, sizeof v, 0x706c776473ULL);
+    int64_t v[4] = {w->o.caption_token_offset, w->o.limit_pixels, w->skip, 1};
+    /* verify joins the hash only when set: sidecars built without it stay valid */
+    uint64_t h = pl__hash64(v, (w->verify ? 4 : 3) * sizeof v[0], 0x706c776473ULL);
     return pl__hash64(w->o.caption_key, strlen(w->o.caption_key), h);
 }
 
@@ -575,6 +578,23 @@ static int pl__dotted(const char *ext, const char *cext) {
     return pl__image_ext_format(last, strlen(last)) || !strcmp(last, cext);
 }
 
+/* Decode image member im in full (image.verify): PL_EIMAGE with the
+ * decoder's message in b->err for a corrupt or truncated body. */
+static int pl__verify_image(pl__wb *b, int fmt, const pl__member *im) {
+    int rc = pl__wb_buf(b, (size_t)im->size);
+    if (rc) return rc;
+    if ((rc = pl__pread_all(b->fd, b->buf, (size_t)im->size, im->data_off, b->path, b->err,
+                            b->errcap)))
+        return rc;
+    uint8_t px[3 * 14 * 14];
+    uint8_t *tmp = NULL;
+    size_t tmpcap = 0;
+    rc = pl__image_decode_resize(fmt, b->buf, (size_t)im->size, 14, 14, 1,
+                                 b->w->o.limit_pixels, px, &tmp, &tmpcap, b->err, b->errcap);
+    free(tmp);
+    return rc;
+}
+
 /* Close a sample: probe the image, tokenize the caption, append a record. */
 static int pl__finish(pl__wb *b, pl__sample *s) {
     if (!s->keylen) return PL_OK;
@@ -635,6 +655,11 @@ static int pl__finish(pl__wb *b, pl__sample *s) {
                        "limit_pixels %lld",
                        b->path, im->name, (long long)im->hdr_off, w, h,
                        (long long)b->w->o.limit_pixels);
+    if (b->w->verify && (rc = pl__verify_image(b, s->fmt, im)) != PL_OK)
+        return rc == PL_EIMAGE ? pl__bad(b, PL_EIMAGE, "%s: member %s at offset %lld: %s "
+                                         "(image verification)", b->path, im->name,
+                                         (long long)im->hdr_off, b->err)
+                               : rc;
     size_t first = b->ntok, ntok = 0;
     int bad = 0;
     if ((rc = pl__caption(b, s, &ntok, &bad)) || bad) return rc;
@@ -888,6 +913,7 @@ int pl__wds_open(pl_source *src, const pl_source_options *opts, int skip_damaged
     src->wds = w;
     w->o = *opts->image;
     w->skip = skip_damaged;
+    w->verify = opts->version >= 4 && opts->verify_images;
     int rc = pl__wds_defaults(&w->o, err, cap, src->name);
     if (rc) return rc;
     src->eos_id = opts->eos_id; /* -1: none appended */
@@ -1137,6 +1163,22 @@ int pl__wds_read_image(pl_source *src, int64_t index, uint8_t *out, size_t cap,
         b->datacap = b->tmpcap = b->rgbcap = 0;
     }
     return rc;
+}
+
+int pl__wds_read_image_or_blank(pl_source *src, int64_t index, uint8_t *out, size_t cap,
+                                int *replaced, char *err, size_t errcap) {
+    *replaced = 0;
+    pl_image_info in;
+    int rc = pl__wds_read_image(src, index, out, cap, &in, err, errcap);
+    if (rc != PL_EIMAGE || !src->wds->skip || !out || cap < in.bytes) return rc;
+    memset(out, 0, in.bytes);
+    atomic_fetch_add(&src->wds->replaced, 1);
+    *replaced = 1;
+    return PL_OK;
+}
+
+int64_t pl_source_num_images_replaced(const pl_source *src) {
+    return src && src->wds ? (int64_t)atomic_load(&src->wds->replaced) : 0;
 }
 
 int pl_source_read_image(pl_source *src, int64_t index, void *out, size_t cap,
