@@ -1222,10 +1222,18 @@ typedef struct pl_loader_stats {
                                bound (pl_plan.lower_bound), averaged alike */
     int64_t n_sources;      /* entries filled in `sources` */
     const pl_source_summary *sources; /* the caller's array (see below) */
+    /* Filled when out->size covers them: */
+    double data_wait_s;      /* seconds pl_loader_next calls spent blocked
+                                waiting for a batch, all ranks together, the
+                                first call of each rank (the pipeline filling
+                                at start-up) left out */
+    int64_t images_replaced; /* pl_source_num_images_replaced over the
+                                loader's sources */
 } pl_loader_stats;
 /*
  * Statistics of what was consumed so far.  out->size must be set (PL_EINVAL
- * otherwise); `sources` is caller owned with room for cap entries (the
+ * otherwise; a size that ends before data_wait_s, as a program built against
+ * an older header passes, gets the fields it has); `sources` is caller owned with room for cap entries (the
  * config's number of sources; fewer: only the first cap are filled;
  * NULL with cap 0: none); names are borrowed from the loader's config.
  * Safe to call from many threads at once, and concurrently with
