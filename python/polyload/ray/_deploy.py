@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import time
+import warnings
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -72,9 +74,12 @@ def _role_options(placement: Optional[Mapping[str, Any]], role: str) -> Dict[str
 
 
 def _check_cpus(placement, n_ctors: int, num_source_loaders, max_actors,
-                n_sources: int) -> None:
-    """Refuse at once a deployment whose CPU requests exceed the cluster's CPUs (its
-    actors would wait forever to be scheduled), naming the numbers and the fix."""
+                n_sources: int):
+    """The placement to launch with.  A deployment whose CPU requests exceed the
+    cluster's CPUs would wait forever for its actors to be scheduled: with the default
+    requests (no ``placement``) every role's request is scaled down to fit, with a
+    warning naming the numbers; requests the caller set are refused at once (ValueError
+    naming the numbers and the fix)."""
     total = ray.cluster_resources().get("CPU", 0.0)
     if isinstance(num_source_loaders, Mapping):
         parts = sum(int(num_source_loaders.get(n, 1)) for n in num_source_loaders) + max(
@@ -86,6 +91,18 @@ def _check_cpus(placement, n_ctors: int, num_source_loaders, max_actors,
             for r in ROLES}
     need = (cpus["planner"] + n_ctors * cpus["constructor"]
             + max(1, n_loaders) * cpus["source_loader"])
+    if need > total + 1e-9 and not placement and total > 0:
+        f = total / need
+        scaled = {r: {"num_cpus": math.floor(DEFAULT_NUM_CPUS[r] * f * 1000) / 1000}
+                  for r in ROLES}
+        warnings.warn(
+            f"polyload.ray.launch: the roles ask for {need:g} CPUs but the Ray cluster has "
+            f"{total:g}: the requests are scaled by {f:.3f} to fit (planner "
+            f"{scaled['planner']['num_cpus']:g}, constructor "
+            f"{scaled['constructor']['num_cpus']:g}, source loader "
+            f"{scaled['source_loader']['num_cpus']:g}); pass placement (polyload serve: "
+            f"--num-cpus ROLE=N) to set them yourself", RuntimeWarning, stacklevel=3)
+        return scaled
     if need > total + 1e-9:
         raise ValueError(
             f"polyload.ray.launch: the roles ask for {need:g} CPUs (planner {cpus['planner']:g}, "
@@ -93,6 +110,7 @@ def _check_cpus(placement, n_ctors: int, num_source_loaders, max_actors,
             f"{cpus['source_loader']:g}) but the Ray cluster has {total:g}; pass smaller "
             f"requests, e.g. placement={{'source_loader': {{'num_cpus': 0.25}}, "
             f"'constructor': {{'num_cpus': 0.5}}}}, or start Ray with more CPUs")
+    return placement
 
 
 def _partitions(names: Sequence[str], num_documents: Sequence[int],
@@ -135,9 +153,24 @@ class Deployment:
         self._shadows = list(shadows)
         self._ctor_shadows = list(constructor_shadows)  # by group, then standby index
         self._autoscaler = autoscaler
-        self.info = info
+        self._info = info
         #: seconds any call of this handle waits for the actors (PolyloadTimeoutError)
         self.timeout = 300.0
+
+    @property
+    def info(self) -> Dict[str, Any]:
+        """The layout (see the class doc); ``info["pids"]`` is asked of the actors at
+        each access (5 s at most), so an actor Ray restarted shows its new process; while
+        one cannot answer (mid-restart, or lost with its node) the last pids known stay."""
+        if self._planner is not None:
+            try:
+                self._info["pids"] = {
+                    role: [int(x) for x in ray.get([a.pid.remote() for a in handles],
+                                                   timeout=5.0)]
+                    for role, handles in self.actors.items() if role != "autoscaler"}
+            except Exception:  # noqa: BLE001 - the last pids known
+                pass
+        return self._info
 
     @property
     def actors(self) -> Dict[str, List[Any]]:
@@ -447,8 +480,9 @@ def launch(
         o.update(_role_options(placement, role))
         return with_failure_detection(o, env_needed[0])
 
-    _check_cpus(placement, int(num_constructors), num_source_loaders, max_source_loader_actors,
-                cfg.num_sources)
+    user_placement = placement  # (standbys go to other nodes unless the caller placed them)
+    placement = _check_cpus(placement, int(num_constructors), num_source_loaders,
+                            max_source_loader_actors, cfg.num_sources)
     scale_opts = autoscale_options(autoscale if autoscale is not None else {})
     if autoscale is None:
         scale_opts["enabled"] = False
@@ -506,7 +540,7 @@ def launch(
                 o.update(_role_options(placement, role) if role == "shadow" else
                          _role_options(placement, "source_loader"))
                 o["num_cpus"] = 0
-                if not (placement and placement.get(role)) and others:
+                if not (user_placement and user_placement.get(role)) and others:
                     from ray.util.scheduling_strategies import (  # noqa: PLC0415
                         NodeAffinitySchedulingStrategy)
                     o["scheduling_strategy"] = NodeAffinitySchedulingStrategy(
@@ -554,7 +588,7 @@ def launch(
             for k, sname in enumerate(ctor_shadow_names[g]):
                 o = opts("constructor", sname)
                 o["num_cpus"] = 0  # builds only once its primary is gone
-                if not (placement and placement.get("constructor")) and others:
+                if not (user_placement and user_placement.get("constructor")) and others:
                     from ray.util.scheduling_strategies import (  # noqa: PLC0415
                         NodeAffinitySchedulingStrategy)
                     o["scheduling_strategy"] = NodeAffinitySchedulingStrategy(
