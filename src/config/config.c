@@ -1590,6 +1590,7 @@ static int walk_root(walk *w) {
             if (rc != PL_OK) return rc;
         } else if (strcmp(k, "topology") == 0 || strcmp(k, "cost") == 0 ||
                    strcmp(k, "long_short") == 0) {
+            if (strcmp(k, "topology") == 0) cfg->topology.line = line_of(node(w, p->key));
             rc = walk_submap(w, k, vn);
             if (rc != PL_OK) return rc;
         } else {
@@ -1895,10 +1896,12 @@ static int pl__config_set_world_size_impl(pl_config *cfg, int64_t world_size) {
         return cfg_err(cfg, PL_EINVAL, -1,
                        "world size must be positive, got %" PRId64,
                        world_size);
+    /* The config file and the line of `topology` (0: none written, the file only). */
+    const int tl = cfg->topology.line;
     if (!cfg->topology.dp_auto) {
         int64_t mine = pl_config_world_size(cfg);
         if (mine == world_size) return PL_OK;
-        return cfg_err(cfg, PL_ECONFIG, -1,
+        return cfg_err(cfg, PL_ECONFIG, tl,
                        "topology dp=%" PRId64 " pp=%" PRId64 " cp=%" PRId64
                        " tp=%" PRId64 " has world size %" PRId64
                        ", but the trainer's world size is %" PRId64
@@ -1906,7 +1909,7 @@ static int pl__config_set_world_size_impl(pl_config *cfg, int64_t world_size) {
                        cfg->topology.dp, pp, cp, tp, mine, world_size);
     }
     if (world_size % (pp * cp * tp) != 0)
-        return cfg_err(cfg, PL_ECONFIG, -1,
+        return cfg_err(cfg, PL_ECONFIG, tl,
                        "topology.dp: auto: the trainer's world size %" PRId64
                        " is not divisible by pp*cp*tp = %" PRId64 "*%" PRId64
                        "*%" PRId64,

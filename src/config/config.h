@@ -111,6 +111,7 @@ struct pl_config {
         int64_t dp, pp, cp, tp;
         char order[64];
         int dp_auto; /* topology.dp: auto, until pl_config_set_world_size */
+        int line;    /* of the `topology` key (0: not written) */
     } topology;
     int64_t vocab_size; /* 0: unknown */
     int threads;
