@@ -122,6 +122,11 @@ def main(argv=None):
             r = subprocess.run([path, "--help"], capture_output=True, text=True)
             sys.stdout.write(_help_text(r.stdout))
             return 0 if argv else 2
+    if (len(argv) > 1 and argv[0] == "inspect" and
+            argv[1].endswith((".yaml", ".yml", ".json"))):
+        from polyload import check
+
+        return check.inspect_config(argv[1:])
     if _needs_python_tokenizer(argv):
         # The binary has no Python to host these tokenizers: run the same CLI code in
         # this process (polyload._core.cli_main), Ctrl-C ending it as it ends the binary.

@@ -100,3 +100,39 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 if __name__ == "__main__":
     sys.exit(main())
+
+
+def inspect_config(argv: Sequence[str]) -> int:
+    """``polyload inspect CONFIG [--json]``: the statistics ``polyload inspect PATH`` prints,
+    for every source of a config (raw text sources tokenized with the config's tokenizer,
+    which may be one only Python provides): one JSON object per source with ``--json``."""
+    ap = argparse.ArgumentParser(prog="polyload inspect",
+                                 description="Statistics of every source of a config.")
+    ap.add_argument("config")
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args(list(argv))
+    try:
+        cfg = _core.Config.parse_file(a.config)
+        rows = []
+        for i in range(cfg.num_sources):
+            src = cfg.open_source(i)
+            st = src.stats()
+            rows.append({"name": cfg.source_name(i), "type": src.type, "path": cfg.source_path(i),
+                         "files": st["files"], "documents": st["documents"],
+                         "tokens": st["tokens"], "token_dtype": src.token_dtype,
+                         "length_percentiles": {"p50": st["length_p50"],
+                                                "p90": st["length_p90"],
+                                                "p99": st["length_p99"],
+                                                "max": st["length_max"]}})
+    except _core.PolyloadError as e:
+        sys.stderr.write(f"polyload: error: {e.message or e}\n")
+        return 2 if isinstance(e, _core.ConfigError) else 1
+    for r in rows:
+        if a.json:
+            print(json.dumps(r))
+        else:
+            p = r["length_percentiles"]
+            print(f"source {r['name']} ({r['type']}, {r['path']}): {r['files']} files, "
+                  f"{r['documents']} documents, {r['tokens']} tokens ({r['token_dtype']}), "
+                  f"length p50/p90/p99/max {p['p50']} / {p['p90']} / {p['p99']} / {p['max']}")
+    return 0

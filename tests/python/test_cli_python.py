@@ -53,6 +53,13 @@ def test_run_and_plan_with_hf_tokenizer(corpus, tmp_path):
                for c in s["chunks"])
     r = _polyload("index", path)
     assert r.returncode == 0, r.stderr
+    r = _polyload("report", path, "--steps", "0:2", "--json")
+    assert r.returncode == 0, r.stderr
+    r = _polyload("inspect", path, "--json")
+    assert r.returncode == 0, r.stderr
+    rows = [json.loads(x) for x in r.stdout.splitlines()]
+    assert [x["name"] for x in rows] == ["tech", "wit"]
+    assert all(x["type"] == "jsonl" and x["documents"] > 0 and x["tokens"] > 0 for x in rows)
 
 
 def test_help_lists_every_command():
