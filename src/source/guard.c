@@ -62,6 +62,13 @@ static void pl__guard_do_install(void) {
     pl__guard_rc = sigaction(SIGBUS, &sa, &pl__guard_prev) == 0 ? 0 : -1;
 }
 
+void pl__guard_recover(void) {
+    sigset_t s;
+    sigemptyset(&s);
+    sigaddset(&s, SIGBUS);
+    pthread_sigmask(SIG_UNBLOCK, &s, NULL);
+}
+
 int pl__guard_install(void) {
     pthread_once(&pl__guard_once, pl__guard_do_install);
     return pl__guard_rc;

@@ -16,7 +16,7 @@
  *
  *     pl__guard g;
  *     pl__guard_enter(&g, lo, len);
- *     if (sigsetjmp(g.jb, 0)) { pl__guard_leave(&g); return <fault>; }
+ *     if (sigsetjmp(g.jb, 0)) { pl__guard_leave(&g); pl__guard_recover(); return <fault>; }
  *     ... loads from [lo, lo + len) only; nothing that locks or allocates ...
  *     pl__guard_leave(&g);
  *
@@ -40,6 +40,12 @@ typedef struct pl__guard {
 
 extern _Thread_local pl__guard *pl__guard_top
     __attribute__((tls_model("initial-exec")));
+
+/* After the jump back from a fault: make sure SIGBUS is not left blocked in
+ * this thread (a handler run without SA_NODEFER, as some runtimes that wrap
+ * handlers install them, leaves it blocked, and the next fault would then
+ * kill the process).  One system call, on the fault path only. */
+void pl__guard_recover(void);
 
 /* Install the SIGBUS handler once per process (later calls do nothing).
  * 0, or -1 if sigaction(2) failed (reads then run unguarded, as before). */

@@ -782,6 +782,7 @@ static int pl__doc_ex(const pl_source *src, int64_t index, int check_index,
     pl__guard_enter(&g, f->idx_map, f->idx_map_len ? f->idx_map_len : f->idx_len);
     if (sigsetjmp(g.jb, 0)) {
         pl__guard_leave(&g);
+        pl__guard_recover();
         return pl__fault_err(src, f, 1, (int64_t)f->idx_len,
                              "the index lookup of document %lld", (long long)index, err,
                              errcap);
@@ -935,6 +936,7 @@ static int pl__source_read_impl(pl_source *src, int64_t index, int64_t offset,
     pl__guard_enter(&g, f->data_map, f->data_len);
     if (sigsetjmp(g.jb, 0)) {
         pl__guard_leave(&g);
+        pl__guard_recover();
         return pl__fault_err(src, f, 0, end, "document %lld", (long long)index, err,
                              errcap);
     }

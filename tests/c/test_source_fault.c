@@ -11,6 +11,7 @@
 #include "testutil.h"
 
 #include <fcntl.h>
+#include <pthread.h>
 #include <setjmp.h>
 #include <signal.h>
 #include <sys/mman.h>
@@ -64,6 +65,33 @@ static void test_data_read(int round) {
     CHECK_EQ_I64(big[DOCLEN - 1], DOCLEN - 1);
     free(big);
     pl_source_free(s);
+}
+
+/* The same read on another thread (the guard is per thread). */
+static pl_source *thr_src;
+static void *thr_read(void *arg) {
+    int64_t *big = calloc(DOCLEN, sizeof *big);
+    *(int *)arg = pl_source_read(thr_src, 6, 0, DOCLEN, big, PL_DTYPE_INT64);
+    free(big);
+    return NULL;
+}
+
+static void test_thread_read(void) {
+    char p[512], bin[600];
+    snprintf(p, sizeof p, "%s/thr", dir);
+    snprintf(bin, sizeof bin, "%s.bin", p);
+    write_source(p);
+    thr_src = open_megatron(p);
+    int64_t *big = calloc(DOCLEN, sizeof *big);
+    CHECK_OK(pl_source_read(thr_src, 6, 0, DOCLEN, big, PL_DTYPE_INT64));
+    free(big);
+    CHECK(truncate(bin, DOCLEN * 4) == 0);
+    int rc = 1;
+    pthread_t t;
+    CHECK(pthread_create(&t, NULL, thr_read, &rc) == 0);
+    pthread_join(t, NULL);
+    CHECK_EQ_I64(rc, PL_ETRUNC);
+    pl_source_free(thr_src);
 }
 
 /* An index lookup right after the index was truncated. */
@@ -148,6 +176,7 @@ int main(void) {
     dir = pl_test_tmpdir();
     for (int r = 0; r < 5; r++) test_data_read(r);
     for (int r = 0; r < 5; r++) test_index_lookup(r);
+    test_thread_read();
     test_loader();
     test_foreign_fault();
     TEST_END();
