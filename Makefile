@@ -130,7 +130,7 @@ test-asan: build-asan
 
 # ThreadSanitizer over the C tests that run threads (the loader's workers, concurrent
 # next/state/stats calls, the pipeline, concurrent source reads); halt on the first race.
-TSAN_TESTS := test_concurrency|test_loader|test_pipeline|test_roles|test_source_megatron|test_source_text|test_source_parquet
+TSAN_TESTS := test_concurrency|test_loader|test_source_fault|test_pipeline|test_roles|test_source_megatron|test_source_text|test_source_parquet
 test-tsan: build-tsan
 	TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
 	  ctest --test-dir build-tsan --output-on-failure -j $(JOBS) -R '^($(TSAN_TESTS))$$'

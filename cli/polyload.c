@@ -52,7 +52,8 @@ static const char *usage_text =
     "  inspect PATH [--json] [--type megatron|llmc|flat]\n"
     "        [--token-dtype uint16|uint32] [--eos-id N]\n"
     "      Print statistics of a source (maps a .plidx sidecar if one\n"
-    "      matches, writes none).\n"
+    "      matches, writes none).  inspect CONFIG.yaml [--json]: of every\n"
+    "      source of a config, raw text tokenized (Python package).\n"
     "  index CONFIG [--json]\n"
     "      Write the sidecar indexes of the config's sources (.plidx of llm.c\n"
     "      and flat files, .plwds of WebDataset shards; one writer under a\n"
@@ -67,6 +68,18 @@ static const char *usage_text =
     "  prepare ARGS...\n"
     "      Tokenize text into sources (python -m polyload.prepare;\n"
     "      $POLYLOAD_PYTHON selects the interpreter).\n"
+    "  check CONFIG [--json]\n"
+    "      Parse every record of every source before a run (paths, tokenizer,\n"
+    "      keys, each document; WebDataset images decoded) and summarize the\n"
+    "      problems by file and line.\n"
+    "  report CONFIG --steps A:B [--out FILE]\n"
+    "      A picture of the plan: cost per DP rank and step (--out needs\n"
+    "      matplotlib: pip install 'polyload[report]').\n"
+    "  serve CONFIG --ray-address ADDR\n"
+    "      Run the Ray deployment until interrupted (pip install 'polyload[ray]').\n"
+    "  top --ray-address ADDR\n"
+    "      A live view of a deployment's scaling (pip install 'polyload[ray]').\n"
+    "      check, report, serve and top run in the Python package (as prepare).\n"
     "  help, --help       this text\n"
     "  --version          print the version\n"
     "\n"
@@ -258,11 +271,17 @@ static double now_s(void) {
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+/* Set by a host that runs this CLI in its own process (the Python package,
+ * python/polyload/_core/cli.c): called on every parsed config, e.g. to give
+ * it the host's tokenizers. */
+static void (*cli_config_hook)(pl_config *cfg);
+
 /* Parse CONFIG; prints the error and returns the exit code on failure. */
 /* Parse a config, print its warnings to stderr, and take topology.dp: auto
  * from $WORLD_SIZE (as torchrun sets it; without it dp stays 1). */
 static int load_config(const char *path, pl_config **cfg) {
     int rc = pl_config_parse_file(path, cfg);
+    if (rc == PL_OK && cli_config_hook) cli_config_hook(*cfg);
     if (rc == PL_OK) {
         for (int64_t i = 0; i < pl_config_num_warnings(*cfg); i++)
             fprintf(stderr, "polyload: warning: %s\n", pl_config_warning(*cfg, i));
@@ -1224,12 +1243,17 @@ static int cmd_prepare(int argc, char **argv) {
             }
         }
     }
-    char **av = calloc((size_t)argc + 2, sizeof *av);
+    char **av = calloc((size_t)argc + 3, sizeof *av);
     if (!av) return fail(EXIT_RUNTIME, NULL, PL_ENOMEM);
     int k = 0;
     av[k++] = python;
     av[k++] = "-m";
-    av[k++] = "polyload.prepare";
+    if (strcmp(argv[1], "prepare") == 0) {
+        av[k++] = "polyload.prepare";
+    } else { /* check, report, serve, top: the package's own entry point */
+        av[k++] = "polyload";
+        av[k++] = argv[1];
+    }
     for (int i = 2; i < argc; i++) av[k++] = argv[i];
     av[k] = NULL;
     fflush(NULL);
@@ -1262,7 +1286,9 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "inspect") == 0) return cmd_inspect(argc, argv);
     if (strcmp(cmd, "index") == 0) return cmd_index(argc, argv);
     if (strcmp(cmd, "keys") == 0) return cmd_keys(argc, argv);
-    if (strcmp(cmd, "prepare") == 0) return cmd_prepare(argc, argv);
+    if (strcmp(cmd, "prepare") == 0 || strcmp(cmd, "check") == 0 ||
+        strcmp(cmd, "report") == 0 || strcmp(cmd, "serve") == 0 || strcmp(cmd, "top") == 0)
+        return cmd_prepare(argc, argv);
     if (strcmp(cmd, "calibrate") == 0) return cmd_calibrate(argc, argv);
     return usage_error("unknown command '%s'", cmd);
 }

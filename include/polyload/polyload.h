@@ -283,6 +283,12 @@ typedef struct pl_source_options {
     uint64_t length_cache_key;  /* fingerprint of what decides the lengths;
                                    0: no length cache */
     int length_cache;           /* a PL_INDEX_* policy for <file>.pllen */
+    /* version >= 4.  webdataset: 1 decodes every image in full when the
+     * index is built (config key image.verify), so a corrupt or truncated
+     * body is found then (PL_EIMAGE naming shard, member and offset; left
+     * out and counted under skip_damaged) instead of when a batch needs it.
+     * About one decode per image, once per index. */
+    int verify_images;
 } pl_source_options;
 
 /*
@@ -306,7 +312,7 @@ enum {
     PL_INDEX_READ = 2,
     PL_INDEX_MEMORY = -1
 };
-#define PL_SOURCE_OPTIONS_VERSION 3
+#define PL_SOURCE_OPTIONS_VERSION 4
 
 /*
  * Open a source.  On success returns PL_OK.  On error returns PL_ENOENT (no
@@ -467,6 +473,13 @@ PL_API int pl_source_image_info(pl_source *src, int64_t index,
  */
 PL_API int pl_source_read_image(pl_source *src, int64_t index, void *out,
                                 size_t cap, pl_image_info *info);
+/* Images of a webdataset source opened with on_error: skip that failed to
+ * decode (PL_EIMAGE: a corrupt or truncated body) when a batch was built and
+ * were replaced by a blank (all-zero) image of the same size, their sample
+ * kept with loss_mask 0 on all its tokens.  The replacement depends only on
+ * the bytes of the shard, so batches stay the same run to run; this counter
+ * counts decodes (a prefetched batch too).  0 for other sources. */
+PL_API int64_t pl_source_num_images_replaced(const pl_source *src);
 
 /* Width and height of an image from its header bytes (no decode); format
  * is guessed from the signature (JPEG, PNG, WebP).  PL_EIMAGE for anything
@@ -1267,10 +1280,18 @@ typedef struct pl_loader_stats {
                                bound (pl_plan.lower_bound), averaged alike */
     int64_t n_sources;      /* entries filled in `sources` */
     const pl_source_summary *sources; /* the caller's array (see below) */
+    /* Filled when out->size covers them: */
+    double data_wait_s;      /* seconds pl_loader_next calls spent blocked
+                                waiting for a batch, all ranks together, the
+                                first call of each rank (the pipeline filling
+                                at start-up) left out */
+    int64_t images_replaced; /* pl_source_num_images_replaced over the
+                                loader's sources */
 } pl_loader_stats;
 /*
  * Statistics of what was consumed so far.  out->size must be set (PL_EINVAL
- * otherwise); `sources` is caller owned with room for cap entries (the
+ * otherwise; a size that ends before data_wait_s, as a program built against
+ * an older header passes, gets the fields it has); `sources` is caller owned with room for cap entries (the
  * config's number of sources; fewer: only the first cap are filled;
  * NULL with cap 0: none); names are borrowed from the loader's config.
  * Safe to call from many threads at once, and concurrently with
@@ -1770,12 +1791,15 @@ PL_API int pl_package_encode(const pl_plan *plan, int64_t dp_rank,
  * not NUL-terminated), reported by the micro-batch that needs the image, so
  * a bad image fails the same micro-batch as in the embedded loader.
  */
+#define PL_IMAGE_BLANK 1
 typedef struct pl_payload_image {
     int64_t read;          /* index of its read in the payload list */
     int64_t tokens;        /* N: the image's placeholder tokens */
     int64_t height, width; /* after resizing, in pixels */
     int32_t status;        /* PL_OK or a PL_E* code */
-    int32_t reserved;      /* 0 */
+    int32_t reserved;      /* 0, or PL_IMAGE_BLANK: the image did not decode and
+                              data holds zeros in its place (on_error: skip);
+                              its sample is kept with loss_mask 0 */
     const void *data;
     size_t bytes;
 } pl_payload_image;
@@ -1784,8 +1808,8 @@ typedef struct pl_payload_image {
  * pl_package_encode with images: images[0, n_images) in increasing `read`
  * order, at most one per read.  Without images (n_images 0) the package is
  * the one pl_package_encode makes.  Package layout after the tokens: per
- * image { i64 read, i64 tokens, i64 height, i64 width, i32 status, i32 0,
- * u64 bytes }, then their data back to back.  The receiving loader checks
+ * image { i64 read, i64 tokens, i64 height, i64 width, i32 status, i32
+ * flags (0 or PL_IMAGE_BLANK), u64 bytes }, then their data back to back.  The receiving loader checks
  * every record against its config (the source's image options) before a
  * byte is copied.  PL_EINVAL for a bad image list.
  */
@@ -1809,7 +1833,7 @@ PL_API int pl_package_encode_v2(const pl_plan *plan, int64_t dp_rank,
  *
  * Layout (little-endian): "PLRR", u32 version 1, u64 total length, i64
  * n_rows, i64 n_images; n_rows x { i32 dtype, i32 0, i64 count }; n_images
- * x { i64 row, i64 tokens, i64 height, i64 width, i32 status, i32 0, u64
+ * x { i64 row, i64 tokens, i64 height, i64 width, i32 status, i32 flags, u64
  * offset, u64 bytes } (offset into the pixel area, each image's slot being
  * 3 * height * width bytes); the tokens of every row back to back at their
  * source's stored width; the pixel area; u64 XXH3-64 of everything before.

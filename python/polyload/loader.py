@@ -346,10 +346,23 @@ class Loader:
 
         ``{"steps", "tokens" (non-padding), "padding_fraction", "tokens_per_s",
         "seconds" (from the first batch request to the last batch), "skipped",
+        "data_wait_s" (seconds the batch requests blocked waiting for a batch, the
+        first request of each rank, which waits for the pipeline to fill, left out),
+        "images_replaced" (images that did not decode, replaced by blank ones under
+        ``on_error: skip``),
         "imbalance": {"max_over_mean", "max_over_lower_bound"} (None before a step
         completes), "sources": {NAME: {"documents", "tokens", "epochs_completed",
         "realized_fraction", "scheduled_fraction"}}}``.  Counts cover the ranks this
         loader serves.
+
+        ``tokens`` and the per-source ``tokens`` count different things, so their sum
+        is not ``tokens``: ``tokens`` counts the non-padding tokens of the micro-batches
+        this loader's ranks took (the current step's in part); a source's ``tokens`` is
+        what the planner drew from it for the whole global batch (every DP rank) up to
+        the start of the current step, chunks drawn and carried over into that step
+        included.  A loader serving every rank, read at a step boundary of a run without
+        carried-over chunks, has them equal; a loader serving one of ``dp`` ranks has
+        ``tokens`` near ``1/dp`` of the sum.
         """
         st = self._handle().stats()
         secs = (self._t1 - self._t0) if self._t0 is not None and self._t1 is not None else 0.0
@@ -361,6 +374,8 @@ class Loader:
             "tokens_per_s": st["tokens"] / secs if secs > 0 else 0.0,
             "seconds": secs,
             "skipped": st["skipped"],
+            "data_wait_s": st["data_wait_s"],
+            "images_replaced": st["images_replaced"],
             "imbalance": {
                 "max_over_mean": st["max_over_mean"] if st["max_over_mean"] > 0 else None,
                 "max_over_lower_bound": (

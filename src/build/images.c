@@ -161,11 +161,12 @@ int pl__construct_images(pl__build_ctx *x, const pl_plan *plan, int64_t dp_rank,
                 pl__fmt(x->err, x->errcap, "constructor: out of memory for images");
                 return rc;
             }
+            int blank = 0;
             if (rec)
-                memcpy(b->pixel_values + used, rec->data, in.bytes);
-            else if ((rc = pl__wds_read_image(x->sources[c->source], c->index,
-                                              b->pixel_values + used, in.bytes, NULL, x->err,
-                                              x->errcap)))
+                memcpy(b->pixel_values + used, rec->data, in.bytes), blank = rec->reserved;
+            else if ((rc = pl__wds_read_image_or_blank(x->sources[c->source], c->index,
+                                                       b->pixel_values + used, in.bytes,
+                                                       &blank, x->err, x->errcap)))
                 return rc;
             used += in.bytes;
             b->image_grid_thw[3 * n] = in.grid_t;
@@ -179,8 +180,11 @@ int pl__construct_images(pl__build_ctx *x, const pl_plan *plan, int64_t dp_rank,
             b->image_height = in.out_height;
             b->image_width = in.out_width;
             b->patch_dim = in.patch_dim;
+            /* A blank image in place of one that did not decode (on_error: skip):
+               the sample stays (same batch layout) and none of it is learned. */
+            const int64_t mute = blank ? c->length : N - 1;
             /* Image placeholders predict nothing but the first caption token. */
-            for (int64_t t = 0; t + 1 < N; t++) {
+            for (int64_t t = 0; t < mute; t++) {
                 b->loss_mask[at + t] = 0.0f;
                 if (es == 8)
                     ((int64_t *)b->labels)[at + t] = -100;

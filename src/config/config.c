@@ -239,10 +239,12 @@ static int pl__config_set_world_size_impl(pl_config *cfg, int64_t world_size) {
         return pl__cfg_err(cfg, PL_EINVAL, -1,
                        "world size must be positive, got %" PRId64,
                        world_size);
+    /* The config file and the line of `topology` (0: none written, the file only). */
+    const int tl = cfg->topology.line;
     if (!cfg->topology.dp_auto) {
         int64_t mine = pl_config_world_size(cfg);
         if (mine == world_size) return PL_OK;
-        return pl__cfg_err(cfg, PL_ECONFIG, -1,
+        return pl__cfg_err(cfg, PL_ECONFIG, tl,
                        "topology dp=%" PRId64 " pp=%" PRId64 " cp=%" PRId64
                        " tp=%" PRId64 " has world size %" PRId64
                        ", but the trainer's world size is %" PRId64
@@ -250,7 +252,7 @@ static int pl__config_set_world_size_impl(pl_config *cfg, int64_t world_size) {
                        cfg->topology.dp, pp, cp, tp, mine, world_size);
     }
     if (world_size % (pp * cp * tp) != 0)
-        return pl__cfg_err(cfg, PL_ECONFIG, -1,
+        return pl__cfg_err(cfg, PL_ECONFIG, tl,
                        "topology.dp: auto: the trainer's world size %" PRId64
                        " is not divisible by pp*cp*tp = %" PRId64 "*%" PRId64
                        "*%" PRId64,
@@ -424,6 +426,7 @@ uint64_t pl_config_fingerprint(const pl_config *c) {
                              io->limit_pixels, io->caption_token_offset};
             h = pl__hash64(ii, sizeof ii, h);
             h = pl__hash64(io->caption_key, strlen(io->caption_key), h);
+            if (sx->verify_images) h = pl__hash64("verify", 6, h);
         } else if (pl__is_text_type(sc->type)) {
             int32_t ti[2] = {sx->tok.type, sx->tok.add_eos};
             h = pl__hash64(ti, sizeof ti, h);

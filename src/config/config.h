@@ -50,6 +50,7 @@ void pl__tok_cfg_free(pl__tok_cfg *t);
  * none). */
 typedef struct pl__source_ext {
     pl_image_options image; /* webdataset: image, caption (config keys) */
+    int verify_images;      /* webdataset: image.verify */
     /* jsonl/text */
     char *text_key;       /* malloc'd; NULL = "text" */
     char *prompt_key;     /* malloc'd; instruction data when set (with */
@@ -113,6 +114,7 @@ struct pl_config {
         int64_t dp, pp, cp, tp;
         char order[64];
         int dp_auto; /* topology.dp: auto, until pl_config_set_world_size */
+        int line;    /* of the `topology` key (0: not written) */
     } topology;
     int64_t vocab_size; /* 0: unknown */
     int threads;

@@ -224,6 +224,8 @@
       "images with more stored pixels are damaged records (decompression bombs)")  \
     X("sources[].image.caption_token_offset", INT, NOF, "0", 0,                    \
       UINT32_MAX - 255, NOV, "added to the caption's byte tokens")                 \
+    X("sources[].image.verify", BOOL, NOF, "false", 0, 0, NOV,                     \
+      "decode every image when the index is built and record the bad ones")        \
     X("valid_sources", LIST, NOF, NULL, 0, 0, NOV,                                 \
       "validation sources read whole, instead of the split's valid part (keys "   \
       "as sources, without split)")                                                \

@@ -228,7 +228,7 @@ static int walk_submap(walk *w, const char *name, yaml_node_t *map) {
 /* sources[i].image: {mode, size, patch_size, merge_size, min_pixels,
  * max_pixels, token_id, limit_pixels, caption_token_offset}. */
 static int walk_image(walk *w, const char *what, yaml_node_t *map,
-                      pl_image_options *o) {
+                      pl_image_options *o, int *verify) {
     pl_config *cfg = w->cfg;
     int rc = check_mapping(w, map, what);
     if (rc != PL_OK) return rc;
@@ -254,6 +254,13 @@ static int walk_image(walk *w, const char *what, yaml_node_t *map,
         if (strcmp(k, "mode") == 0) {
             if ((rc = pl__key_enum(cfg, key, &v, row, &en))) return rc;
             o->mode = (pl_image_mode)en;
+            continue;
+        }
+        if (strcmp(k, "verify") == 0) {
+            if (strcmp(v.s, "true") && strcmp(v.s, "false"))
+                return pl__cfg_err(cfg, PL_ECONFIG, v.line,
+                                   "%s: expected true or false, got '%s'", key, v.s);
+            *verify = strcmp(v.s, "true") == 0;
             continue;
         }
         /* The integers, in the table's order. */
@@ -469,7 +476,7 @@ static int walk_source(walk *w, const char *list, int64_t i, yaml_node_t *map,
         if (!row)
             return unknown_key_in(w, line_of(node(w, p->key)), key, "sources[].", k);
         if (strcmp(k, "image") == 0) {
-            rc = walk_image(w, key, vn, &x->image);
+            rc = walk_image(w, key, vn, &x->image, &x->verify_images);
             if (rc != PL_OK) return rc;
             line_image = line_of(vn);
             continue;
@@ -944,6 +951,7 @@ static int walk_root(walk *w) {
             rc = walk_tokenizer(w, "", vn, &cfg->tok);
             if (rc != PL_OK) return rc;
         } else if (is_section(k)) { /* topology, cost, long_short */
+            if (strcmp(k, "topology") == 0) cfg->topology.line = line_of(node(w, p->key));
             rc = walk_submap(w, k, vn);
             if (rc != PL_OK) return rc;
         } else {

@@ -20,9 +20,11 @@
 #include "runtime/runtime.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 /* A consumer's wake-up is held for up to this many cheap units (pipeline.c,
  * "Held wake-ups"): on a 2-core machine, 2 x 2048 and 8 x 8192 with 2
@@ -60,6 +62,7 @@ typedef struct pl__worker {
 typedef struct pl__lrank {
     int64_t rank;
     pl_batch *current; /* the borrowed batch last returned for this rank */
+    int asked;         /* pl_loader_next was called for it (its wait counts) */
 } pl__lrank;
 
 struct pl_loader {
@@ -72,6 +75,7 @@ struct pl_loader {
     int64_t ext_dp;
     pl_source **sources;
     int64_t n_sources;
+    atomic_llong wait_ns; /* pl_loader_next blocked, first call per rank left out */
     pl_planner *planner;
     pl_pipeline *pipe;
     pl__pool *pool;
@@ -424,7 +428,14 @@ int pl_loader_next(pl_loader *l, int64_t rank, const pl_batch **out) {
     char err[PL__ERRMSG_CAP];
     err[0] = '\0';
     pl_pipeline_item it;
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
     rc = pl_pipeline_next(l->pipe, rank, 1, -1, &it, err, sizeof err);
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    if (r->asked)
+        atomic_fetch_add(&l->wait_ns, (long long)(t1.tv_sec - t0.tv_sec) * 1000000000LL +
+                                          (t1.tv_nsec - t0.tv_nsec));
+    r->asked = 1;
     if (rc == PL_DONE) return rc;
     if (rc) return pl__fail(l, rc, "%s", err);
     pl__unit_item *item = it.item; /* its buffer it.index is retained for us */
@@ -473,7 +484,7 @@ int pl_loader_set_state(pl_loader *l, const void *buf, size_t len) {
 
 int pl_loader_get_stats(pl_loader *l, pl_loader_stats *out, pl_source_summary *sources,
                         int64_t cap) {
-    if (!out || out->size < sizeof(pl_loader_stats) || (!sources && cap > 0))
+    if (!out || out->size < offsetof(pl_loader_stats, data_wait_s) || (!sources && cap > 0))
         return pl__fail(l, PL_EINVAL,
                         "loader: pl_loader_get_stats needs out->size = sizeof(pl_loader_stats) "
                         "and a sources array of cap entries");
@@ -486,6 +497,12 @@ int pl_loader_get_stats(pl_loader *l, pl_loader_stats *out, pl_source_summary *s
                         (long long)step);
     }
     if (rc) return pl__fail(l, rc, "loader: statistics: %s", pl_strerror(rc));
+    if (out->size >= sizeof(pl_loader_stats)) {
+        out->data_wait_s = (double)atomic_load(&l->wait_ns) / 1e9;
+        out->images_replaced = 0;
+        for (int64_t i = 0; l->sources && i < l->n_sources; i++)
+            out->images_replaced += pl_source_num_images_replaced(l->sources[i]);
+    }
     return PL_OK;
 }
 

@@ -1292,7 +1292,8 @@ static int pl__name_is(const pl_state_source_info *si, const char *name) {
 
 int pl_pipeline_get_stats(pl_pipeline *p, int64_t timeout_ms, pl_loader_stats *stats,
                           pl_source_summary *sources, int64_t cap) {
-    if (!stats || stats->size < sizeof(pl_loader_stats) || (!sources && cap > 0)) {
+    if (!stats || stats->size < offsetof(pl_loader_stats, data_wait_s) ||
+        (!sources && cap > 0)) {
         pl__thread_err("pipeline: pl_pipeline_get_stats needs stats->size = "
                        "sizeof(pl_loader_stats) and a sources array of cap entries");
         return PL_EINVAL;
@@ -1379,7 +1380,9 @@ int pl_pipeline_get_stats(pl_pipeline *p, int64_t timeout_ms, pl_loader_stats *s
     out->n_sources = ns;
     out->sources = sources;
     pl__unlock(p);
-    memcpy(stats, out, sizeof *out);
+    size_t given = stats->size; /* an older caller's struct ends before the newer fields */
+    memcpy(stats, out, given < sizeof *out ? given : sizeof *out);
+    stats->size = given;
     return PL_OK;
 }
 

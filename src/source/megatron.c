@@ -85,6 +85,15 @@ int pl__megatron_open(pl__sfile *f, int skip_trailing, char *err,
                 code);
         return PL_EDTYPE;
     }
+    if (code == PL_DTYPE_FLOAT64 || code == PL_DTYPE_FLOAT32) {
+        /* megatron-core allows float arrays; token ids are integers, and a
+           float read as one would be truncated into a wrong id. */
+        pl__fmt(err, errcap,
+                "%s: dtype code %u (%s) at offset 17 is not a token dtype; "
+                "expected an integer code (1-5 or 8)",
+                path, code, pl_dtype_name((int)code));
+        return PL_EDTYPE;
+    }
     f->dtype = (pl_dtype)code;
     f->width = pl_dtype_size((int)code);
 

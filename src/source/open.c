@@ -85,6 +85,15 @@ static int pl__config_tokenizer(const pl_config *cfg, const pl__tok_cfg *t,
     rc = pl__tokref_create(t->type, t->path ? t->path : "", t->pat_str, t->encoding, fn,
                            spec_fn, cfg->tok_factory_ctx, tok, err, sizeof err);
     if (rc == PL_OK) return PL_OK;
+    /* Name the config file and the tokenizer's line: the path came from there. */
+    char msg[PL__ERRMSG_CAP];
+    if (t->line > 0)
+        pl__fmt(msg, sizeof msg, "%s:%d: tokenizer: %s", cfg->origin ? cfg->origin : "<string>",
+                t->line, err);
+    else
+        pl__fmt(msg, sizeof msg, "%s: tokenizer: %s", cfg->origin ? cfg->origin : "<string>",
+                err);
+    pl__fmt(err, sizeof err, "%s", msg);
     /* A handle for the message, as pl_source_open leaves one. */
     pl_source_options o;
     memset(&o, 0, sizeof o);
@@ -110,6 +119,7 @@ int pl__config_open_source(const pl_config *cfg, int64_t i, pl_source **out) {
     o.eos_id = s->eos_id;
     o.write_index = s->write_index ? s->write_index : cfg->sidecar_index;
     o.image = s->type == PL_SOURCE_WEBDATASET ? &sx->image : NULL;
+    o.verify_images = sx->verify_images;
     pl_tokenizer tok;
     if (pl__is_text_type(s->type)) {
         o.length_cache_key = pl__length_cache_key(s);

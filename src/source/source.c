@@ -28,10 +28,12 @@
  * tokens; it halves the loader's tokens/s;
  * docs/internals/decisions/0003-file-size-trusted-for-10-ms.md), so a size
  * seen by fstat serves the reads of the next 10 ms (CLOCK_MONOTONIC_COARSE, a
- * few ns): a file that shrinks is reported from then on, and only a read in
- * the 10 ms after the truncation can still fault.  Index files (.idx, .plidx) are watched the same way: every
- * document lookup checks that the index is still as long as it was mapped
- * (PL_ETRUNC otherwise).
+ * few ns): a file that shrinks is reported from then on.  A read in the
+ * 10 ms after the truncation faults: the copy out of the mapping runs under
+ * a guard (source/guard.h) whose SIGBUS handler returns it as PL_ETRUNC.
+ * Index files (.idx, .plidx) are watched the same way: every document lookup
+ * checks that the index is still as long as it was mapped (PL_ETRUNC
+ * otherwise), and reads it under the guard.
  *
  * Descriptor budget: one per data file and one per index file (not for an
  * in-memory index), for the life of the handle, while the process holds
@@ -41,6 +43,7 @@
  * (device and inode differ).
  */
 #include "source/source.h"
+#include "source/guard.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -271,6 +274,23 @@ static inline int pl__fwatch_check(const pl_source *src, const pl__sfile *f,
         now < atomic_load(&((pl__fwatch *)w)->seen_until))
         return PL_OK;
     return pl__fwatch_stat(src, f, idx, end, what, arg, now, err, errcap);
+}
+
+/* A guarded read of f's data file (idx 0) or index (idx 1) faulted: the
+ * file shrank under it.  PL_ETRUNC with the message pl__fwatch_stat writes
+ * (or, if the file has grown back since, one saying what happened). */
+__attribute__((noinline)) static int
+pl__fault_err(const pl_source *src, const pl__sfile *f, int idx, int64_t end,
+              const char *what, long long arg, char *err, size_t errcap) {
+    int rc = pl__fwatch_stat(src, f, idx, end, what, arg, pl__coarse_now(), err, errcap);
+    if (rc != PL_OK) return rc == PL_EIO ? PL_ETRUNC : rc;
+    char path[4096], need[160];
+    pl__file_path(src, f, idx, path, sizeof path);
+    pl__fmt(need, sizeof need, what, arg);
+    pl__fmt(err, errcap, "%s: truncated during a read (the mapping faulted); %s needs "
+                         "bytes up to %lld",
+            path, need, (long long)end);
+    return PL_ETRUNC;
 }
 
 void pl__sfile_unmap(pl__sfile *f) {
@@ -525,6 +545,9 @@ static int pl__source_open_impl(const pl_source_options *opts, int skip_damaged,
     *out = src;
     char *err = src->errmsg;
     size_t cap = sizeof src->errmsg;
+    /* Reads through a mapping of a file that shrinks fault: the handler
+       turns such a fault into PL_ETRUNC (source/guard.h). */
+    (void)pl__guard_install();
 
     if (!opts || opts->version < 1 || opts->version > PL_SOURCE_OPTIONS_VERSION) {
         pl__fmt(err, cap, "source options missing or of version %d, "
@@ -749,8 +772,25 @@ static int pl__doc_ex(const pl_source *src, int64_t index, int check_index,
                                   (long long)index, err, errcap);
         if (rc) return rc;
     }
-    return pl__file_doc(src, f, index - f->first_doc, tokens, length, err,
-                        errcap);
+    if (!f->idx_map || f->index_in_memory ||
+        (src->type != PL_SOURCE_MEGATRON && src->type != PL_SOURCE_LLMC &&
+         src->type != PL_SOURCE_FLAT))
+        return pl__file_doc(src, f, index - f->first_doc, tokens, length, err,
+                            errcap);
+    /* The lookup reads the index through its mapping: guarded, so an index
+       that shrank under it is PL_ETRUNC (source/guard.h). */
+    pl__guard g;
+    pl__guard_enter(&g, f->idx_map, f->idx_map_len ? f->idx_map_len : f->idx_len);
+    if (sigsetjmp(g.jb, 0)) {
+        pl__guard_leave(&g);
+        pl__guard_recover();
+        return pl__fault_err(src, f, 1, (int64_t)f->idx_len,
+                             "the index lookup of document %lld", (long long)index, err,
+                             errcap);
+    }
+    int rc = pl__file_doc(src, f, index - f->first_doc, tokens, length, err, errcap);
+    pl__guard_leave(&g);
+    return rc;
 }
 
 static int pl__doc(const pl_source *src, int64_t index,
@@ -891,8 +931,18 @@ static int pl__source_read_impl(pl_source *src, int64_t index, int64_t offset,
                                err, errcap)))
         return rc;
     pl__conv_fn fn = pl__conv_table[f->dtype][out_dtype == PL_DTYPE_INT32];
-
+    /* The size seen above may be up to 10 ms old: the copy runs guarded, so
+       a file truncated since faults into PL_ETRUNC (source/guard.h). */
+    pl__guard g;
+    pl__guard_enter(&g, f->data_map, f->data_len);
+    if (sigsetjmp(g.jb, 0)) {
+        pl__guard_leave(&g);
+        pl__guard_recover();
+        return pl__fault_err(src, f, 0, end, "document %lld", (long long)index, err,
+                             errcap);
+    }
     fn(tok + (size_t)offset * f->width, out, count);
+    pl__guard_leave(&g);
     return PL_OK;
 }
 

@@ -275,6 +275,11 @@ int pl__wds_image_info(pl_source *src, int64_t index, pl_image_info *out, char *
                        size_t errcap);
 int pl__wds_read_image(pl_source *src, int64_t index, uint8_t *out, size_t cap,
                        pl_image_info *info, char *err, size_t errcap);
+/* As pl__wds_read_image, but under on_error: skip an image that does not
+ * decode (PL_EIMAGE) is replaced by zeros (*replaced 1, counted in
+ * pl_source_num_images_replaced): the caller keeps its sample without loss. */
+int pl__wds_read_image_or_blank(pl_source *src, int64_t index, uint8_t *out, size_t cap,
+                                int *replaced, char *err, size_t errcap);
 /* Apply the defaults of pl_image_options (as a webdataset source does at
  * open) and check the ranges; PL_EINVAL with a message naming source `name`. */
 int pl__wds_defaults(pl_image_options *o, char *err, size_t errcap, const char *name);

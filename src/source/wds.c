@@ -23,7 +23,10 @@
  *
  * Bad samples: an image member whose header is not an image of its
  * extension, a truncated header, dimensions above limit_pixels, a sample
- * without caption or without image.  With on_error: fail the open fails
+ * without caption or without image, a sample with a second image or caption
+ * member (webdataset refuses a repeated extension), a member whose key held
+ * a dot (img.0002.jpg: key img, extension 0002.jpg, neither an image nor the
+ * caption) in a sample left without image or caption.  With on_error: fail the open fails
  * with a message naming shard, member and byte offset; with skip (the
  * config's on_error: skip) the sample is left out and counted
  * (pl_source_num_skipped).  A damaged tar (bad checksum, size field, a
@@ -55,7 +58,9 @@
 
 typedef struct pl__wds {
     pl_image_options o;
-    int skip; /* on_error: skip */
+    int skip;   /* on_error: skip */
+    int verify; /* decode every image when the index is built */
+    atomic_llong replaced; /* images replaced by blank ones at decode time */
 } pl__wds;
 
 int pl__wds_defaults(pl_image_options *o, char *err, size_t errcap, const char *name) {
@@ -96,8 +101,9 @@ int pl__wds_defaults(pl_image_options *o, char *err, size_t errcap, const char *
 }
 
 static uint64_t pl__wds_opthash(const pl__wds *w) {
-    int64_t v[3] = {w->o.caption_token_offset, w->o.limit_pixels, w->skip};
-    uint64_t h = pl__hash64(v, sizeof v, 0x706c776473ULL);
+    int64_t v[4] = {w->o.caption_token_offset, w->o.limit_pixels, w->skip, 1};
+    /* verify joins the hash only when set: sidecars built without it stay valid */
+    uint64_t h = pl__hash64(v, (w->verify ? 4 : 3) * sizeof v[0], 0x706c776473ULL);
     return pl__hash64(w->o.caption_key, strlen(w->o.caption_key), h);
 }
 
@@ -450,7 +456,9 @@ typedef struct pl__sample {
     char key[4096];
     size_t keylen;
     int has_image, has_caption, fmt;
+    int has_repeat, has_dotted; /* a second image or caption; see pl__dotted */
     pl__member image, caption;
+    pl__member repeat, dotted, *first; /* first: the member repeat repeats */
     int64_t first_off; /* header of the sample's first member */
 } pl__sample;
 
@@ -560,9 +568,54 @@ static int pl__caption(pl__wb *b, const pl__sample *s, size_t *ntok, int *bad) {
     return PL_OK;
 }
 
+/* An extension that holds a dot and ends in an image extension or the
+ * caption's: the member's key was meant to hold a dot (img.0002.jpg gives
+ * key img, extension 0002.jpg under webdataset's rule). */
+static int pl__dotted(const char *ext, const char *cext) {
+    const char *last = strrchr(ext, '.');
+    if (!last) return 0;
+    last++;
+    return pl__image_ext_format(last, strlen(last)) || !strcmp(last, cext);
+}
+
+/* Decode image member im in full (image.verify): PL_EIMAGE with the
+ * decoder's message in b->err for a corrupt or truncated body. */
+static int pl__verify_image(pl__wb *b, int fmt, const pl__member *im) {
+    int rc = pl__wb_buf(b, (size_t)im->size);
+    if (rc) return rc;
+    if ((rc = pl__pread_all(b->fd, b->buf, (size_t)im->size, im->data_off, b->path, b->err,
+                            b->errcap)))
+        return rc;
+    uint8_t px[3 * 14 * 14];
+    uint8_t *tmp = NULL;
+    size_t tmpcap = 0;
+    rc = pl__image_decode_resize(fmt, b->buf, (size_t)im->size, 14, 14, 1,
+                                 b->w->o.limit_pixels, px, &tmp, &tmpcap, b->err, b->errcap);
+    free(tmp);
+    return rc;
+}
+
 /* Close a sample: probe the image, tokenize the caption, append a record. */
 static int pl__finish(pl__wb *b, pl__sample *s) {
     if (!s->keylen) return PL_OK;
+    if (s->has_repeat)
+        return pl__bad(b, PL_ERECORD,
+                       "%s: sample %s: member %s at offset %lld repeats the %s of member "
+                       "%s at offset %lld (a sample holds one image and one caption)",
+                       b->path, s->key, s->repeat.name, (long long)s->repeat.hdr_off,
+                       s->first == &s->image ? "image" : "caption", s->first->name,
+                       (long long)s->first->hdr_off);
+    if ((!s->has_image || !s->has_caption) && s->has_dotted) {
+        size_t kl;
+        const char *ext;
+        pl__split_key(s->dotted.name, &kl, &ext);
+        return pl__bad(b, PL_ERECORD,
+                       "%s: member %s at offset %lld: key '%s', extension '%s' (the key "
+                       "ends at the first dot of the file name, as in webdataset), so it "
+                       "is neither the image nor the caption of its sample; keys must "
+                       "not contain dots",
+                       b->path, s->dotted.name, (long long)s->dotted.hdr_off, s->key, ext);
+    }
     if (!s->has_image && !s->has_caption) return PL_OK; /* nothing of ours */
     if (!s->has_image)
         return pl__bad(b, PL_ERECORD, "%s: sample %s (member %s at offset %lld): no image",
@@ -602,6 +655,11 @@ static int pl__finish(pl__wb *b, pl__sample *s) {
                        "limit_pixels %lld",
                        b->path, im->name, (long long)im->hdr_off, w, h,
                        (long long)b->w->o.limit_pixels);
+    if (b->w->verify && (rc = pl__verify_image(b, s->fmt, im)) != PL_OK)
+        return rc == PL_EIMAGE ? pl__bad(b, PL_EIMAGE, "%s: member %s at offset %lld: %s "
+                                         "(image verification)", b->path, im->name,
+                                         (long long)im->hdr_off, b->err)
+                               : rc;
     size_t first = b->ntok, ntok = 0;
     int bad = 0;
     if ((rc = pl__caption(b, s, &ntok, &bad)) || bad) return rc;
@@ -660,13 +718,21 @@ static int pl__wds_scan(pl__wb *b) {
             s->first_off = m->hdr_off;
         }
         int fmt = pl__image_ext_format(ext, strlen(ext));
+        int cap = !strcmp(ext, cext);
         if (fmt && !s->has_image) {
             s->has_image = 1;
             s->fmt = fmt;
             s->image = *m;
-        } else if (!strcmp(ext, cext) && !s->has_caption) {
+        } else if (cap && !s->has_caption) {
             s->has_caption = 1;
             s->caption = *m;
+        } else if ((fmt || cap) && !s->has_repeat) {
+            s->has_repeat = 1; /* webdataset refuses a repeated extension too */
+            s->repeat = *m;
+            s->first = fmt ? &s->image : &s->caption;
+        } else if (!s->has_dotted && pl__dotted(ext, cext)) {
+            s->has_dotted = 1;
+            s->dotted = *m;
         }
     }
     if (rc == PL_DONE) rc = pl__finish(b, s);
@@ -847,6 +913,7 @@ int pl__wds_open(pl_source *src, const pl_source_options *opts, int skip_damaged
     src->wds = w;
     w->o = *opts->image;
     w->skip = skip_damaged;
+    w->verify = opts->version >= 4 && opts->verify_images;
     int rc = pl__wds_defaults(&w->o, err, cap, src->name);
     if (rc) return rc;
     src->eos_id = opts->eos_id; /* -1: none appended */
@@ -1096,6 +1163,22 @@ int pl__wds_read_image(pl_source *src, int64_t index, uint8_t *out, size_t cap,
         b->datacap = b->tmpcap = b->rgbcap = 0;
     }
     return rc;
+}
+
+int pl__wds_read_image_or_blank(pl_source *src, int64_t index, uint8_t *out, size_t cap,
+                                int *replaced, char *err, size_t errcap) {
+    *replaced = 0;
+    pl_image_info in;
+    int rc = pl__wds_read_image(src, index, out, cap, &in, err, errcap);
+    if (rc != PL_EIMAGE || !src->wds->skip || !out || cap < in.bytes) return rc;
+    memset(out, 0, in.bytes);
+    atomic_fetch_add(&src->wds->replaced, 1);
+    *replaced = 1;
+    return PL_OK;
+}
+
+int64_t pl_source_num_images_replaced(const pl_source *src) {
+    return src && src->wds ? (int64_t)atomic_load(&src->wds->replaced) : 0;
 }
 
 int pl_source_read_image(pl_source *src, int64_t index, void *out, size_t cap,

@@ -118,7 +118,8 @@ int pl_package_encode_v2(const pl_plan *plan, int64_t dp_rank, const void *state
     for (int64_t k = 0; k < n_images; k++) {
         const pl_payload_image *im = &images[k];
         if (im->read < 0 || im->read >= n_payloads || (k && im->read <= images[k - 1].read) ||
-            (im->bytes && !im->data) || im->status > 0)
+            (im->bytes && !im->data) || im->status > 0 ||
+            (im->reserved != 0 && im->reserved != PL_IMAGE_BLANK))
             return PL_EINVAL;
         image_bytes += PL__PACKAGE_IMAGE + im->bytes;
     }
@@ -179,7 +180,7 @@ int pl_package_encode_v2(const pl_plan *plan, int64_t dp_rank, const void *state
             for (int64_t k = 0; k < n_images; k++) {
                 const pl_payload_image *im = &images[k];
                 int64_t rec[4] = {im->read, im->tokens, im->height, im->width};
-                int32_t st[2] = {im->status, 0};
+                int32_t st[2] = {im->status, im->reserved};
                 uint64_t nb = im->bytes;
                 memcpy(w, rec, 32);
                 memcpy(w + 32, st, 8);
@@ -336,12 +337,13 @@ int pl__package_decode(const void *buf, size_t len, pl__package **out,
         memcpy(st, itab + (size_t)j * PL__PACKAGE_IMAGE + 32, 8);
         memcpy(&nb, itab + (size_t)j * PL__PACKAGE_IMAGE + 40, 8);
         if (rec[0] < 0 || rec[0] >= k->n_reads || (j && rec[0] <= k->images[j - 1].read) ||
-            rec[1] <= 0 || rec[2] <= 0 || rec[3] <= 0 || st[0] > 0 || st[1] ||
+            rec[1] <= 0 || rec[2] <= 0 || rec[3] <= 0 || st[0] > 0 ||
+            (st[1] != 0 && st[1] != PL_IMAGE_BLANK) ||
             nb > (uint64_t)(end - idata)) {
             rc = PL_EINVAL;
             break;
         }
-        k->images[j] = (pl_payload_image){rec[0], rec[1], rec[2], rec[3], st[0], 0,
+        k->images[j] = (pl_payload_image){rec[0], rec[1], rec[2], rec[3], st[0], st[1],
                                           nb ? idata : NULL, (size_t)nb};
         k->image_of[rec[0]] = j;
         idata += nb;

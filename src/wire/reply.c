@@ -155,12 +155,14 @@ int pl_reply_encode_timed(pl_source *const *sources, int64_t n_sources,
     for (int64_t k = 0; k < n_imgs && rc == PL_OK; k++) {
         pl__rimg *m = &imgs[k];
         int32_t status = PL_OK;
+        int blank = 0;
         size_t bytes = m->bytes;
         if (source_ns) t_prev = pl__mono_ns();
         if (bytes) {
             char derr[PL__ERRMSG_CAP];
-            status = pl__wds_read_image(sources[reads[m->row].source], m->index,
-                                        pix + m->offset, m->bytes, NULL, derr, sizeof derr);
+            status = pl__wds_read_image_or_blank(sources[reads[m->row].source], m->index,
+                                                 pix + m->offset, m->bytes, &blank, derr,
+                                                 sizeof derr);
             if (status) { /* the message takes the slot's place (truncated to it) */
                 size_t ml = strlen(derr);
                 bytes = ml < m->bytes ? ml : m->bytes;
@@ -170,7 +172,7 @@ int pl_reply_encode_timed(pl_source *const *sources, int64_t n_sources,
         }
         if (source_ns) source_ns[reads[m->row].source] += pl__mono_ns() - t_prev;
         int64_t rec[4] = {m->row, m->tokens, m->height, m->width};
-        int32_t st[2] = {status, 0};
+        int32_t st[2] = {status, blank ? PL_IMAGE_BLANK : 0};
         uint64_t ob[2] = {m->offset, bytes};
         unsigned char *r = itab + (size_t)k * PL__REPLY_IMAGE;
         memcpy(r, rec, 32);
@@ -236,13 +238,13 @@ int pl_reply_decode(const void *buf, size_t len, pl_payload *rows, int64_t rows_
         memcpy(st, r + 32, 8);
         memcpy(ob, r + 40, 16);
         if (rec[0] <= last || rec[0] >= nr || rec[1] <= 0 || rec[2] <= 0 || rec[3] <= 0 ||
-            st[0] > 0 || st[1] != 0 || ob[0] > pixlen || ob[1] > pixlen - ob[0] ||
+            st[0] > 0 || (st[1] != 0 && st[1] != PL_IMAGE_BLANK) || ob[0] > pixlen || ob[1] > pixlen - ob[0] ||
             (st[0] == 0 && ob[1] &&
              (rec[2] > 65536 || rec[3] > 65536 || ob[1] != (uint64_t)(3 * rec[2] * rec[3]))))
             return PL_EINVAL;
         last = rec[0];
         if (images && k < images_cap)
-            images[k] = (pl_payload_image){rec[0], rec[1], rec[2], rec[3], st[0], 0,
+            images[k] = (pl_payload_image){rec[0], rec[1], rec[2], rec[3], st[0], st[1],
                                            ob[1] ? pix + ob[0] : NULL, (size_t)ob[1]};
     }
     if (n_rows) *n_rows = nr;

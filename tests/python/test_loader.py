@@ -241,7 +241,9 @@ def test_stats_fields(corpus):
         batches = list(loader)
         st = loader.stats()
     assert set(st) == {"steps", "tokens", "padding_fraction", "tokens_per_s", "seconds",
-                       "skipped", "imbalance", "sources"}
+                       "skipped", "data_wait_s", "images_replaced", "imbalance", "sources"}
+    assert isinstance(st["data_wait_s"], float) and st["data_wait_s"] >= 0
+    assert st["images_replaced"] == 0
     assert st["steps"] == steps and st["skipped"] == 0
     non_pad = sum(int((b["input_ids"].numpy() != 0).sum()) for b in batches)
     assert st["tokens"] == non_pad
@@ -253,6 +255,18 @@ def test_stats_fields(corpus):
                           "scheduled_fraction"}
     assert abs(sum(s["realized_fraction"] for s in st["sources"].values()) - 1) < 1e-9
     assert abs(st["sources"]["s0"]["scheduled_fraction"] - 0.5) < 1e-9
+
+
+def test_data_wait(corpus):
+    """The in-process loader reports its data wait; a rank's first request (the
+    pipeline filling) is left out, so one batch in it is exactly 0."""
+    with polyload.Loader(corpus.config(train_steps=3), rank=0) as loader:
+        next(iter(loader))
+        assert loader.stats()["data_wait_s"] == 0.0
+        for _ in loader:
+            pass
+        w = loader.stats()["data_wait_s"]
+    assert isinstance(w, float) and 0 <= w < 3600
 
 
 def test_pipeline_stage_fields(corpus):

@@ -62,6 +62,8 @@ int pypl_lengths_provider(void *ctx, int64_t source, int64_t n, const int64_t *i
 /* Raise the polyload exception for status `rc` (negative) with message
  * `msg` (the handle's errmsg; NULL or "" uses pl_strerror).  Returns NULL. */
 PyObject *pypl_raise(int rc, const char *msg);
+/* cli_main(argv: list[str]) -> int: the C CLI in this process (cli.c). */
+PyObject *pypl_cli_main(PyObject *self, PyObject *args);
 /* Import polyload._errors and keep its classes.  -1 with an exception set. */
 int pypl_errors_init(PyObject *module);
 

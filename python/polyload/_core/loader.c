@@ -613,11 +613,12 @@ static PyObject *loader_stats(PyPlLoader *o, PyObject *unused) {
         pypl_raise(rc, err);
         goto done;
     }
-    d = Py_BuildValue("{s:L,s:L,s:L,s:L,s:L,s:d,s:d}", "steps", (long long)st.steps,
+    d = Py_BuildValue("{s:L,s:L,s:L,s:L,s:L,s:d,s:d,s:d,s:L}", "steps", (long long)st.steps,
                       "micro_batches", (long long)st.micro_batches, "tokens",
                       (long long)st.tokens, "padding_tokens", (long long)st.padding_tokens,
                       "skipped", (long long)st.skipped, "max_over_mean", st.max_over_mean,
-                      "max_over_lower_bound", st.max_over_lower_bound);
+                      "max_over_lower_bound", st.max_over_lower_bound, "data_wait_s",
+                      st.data_wait_s, "images_replaced", (long long)st.images_replaced);
     srcs = d ? PyDict_New() : NULL;
     if (!srcs) goto fail;
     for (int64_t i = 0; i < st.n_sources; i++) {
@@ -820,7 +821,8 @@ static PyMethodDef loader_methods[] = {
      "StateError naming a changed fingerprint field or a corrupt blob."},
     {"stats", (PyCFunction)loader_stats, METH_NOARGS,
      "stats() -> dict\n\n{'steps', 'micro_batches', 'tokens', 'padding_tokens', "
-     "'skipped',\n'max_over_mean', 'max_over_lower_bound', 'sources': {name: {'documents',\n"
+     "'skipped',\n'max_over_mean', 'max_over_lower_bound', 'data_wait_s', 'images_replaced',\n"
+     "'sources': {name: {'documents',\n"
      "'tokens', 'epochs_completed', 'skipped', 'realized_fraction', "
      "'scheduled_fraction'}}}."},
     {"want_step", (PyCFunction)loader_want_step, METH_VARARGS,

@@ -314,6 +314,10 @@ static PyObject *mod_tokenize_threads(PyObject *self, PyObject *unused) {
 }
 
 static PyMethodDef module_methods[] = {
+    {"cli_main", pypl_cli_main, METH_VARARGS,
+     "cli_main(argv) -> int\n\nRun the polyload CLI (its arguments, without the program name) in "
+     "this\nprocess, with the package's tokenizers (type hf, tiktoken); returns the exit "
+     "status."},
     {"smart_resize", m_smart_resize, METH_VARARGS,
      "smart_resize(height, width, factor, min_pixels, max_pixels) -> (h, w)\n\n"
      "Qwen2-VL's smart_resize (pl_image_smart_resize)."},

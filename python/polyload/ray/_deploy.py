@@ -70,9 +70,24 @@ class Deployment:
         self._shadows = list(shadows)
         self._ctor_shadows = list(constructor_shadows)  # by group, then standby index
         self._autoscaler = autoscaler
-        self.info = info
+        self._info = info
         #: seconds any call of this handle waits for the actors (PolyloadTimeoutError)
         self.timeout = 300.0
+
+    @property
+    def info(self) -> Dict[str, Any]:
+        """The layout (see the class doc); ``info["pids"]`` is asked of the actors at
+        each access (5 s at most), so an actor Ray restarted shows its new process; while
+        one cannot answer (mid-restart, or lost with its node) the last pids known stay."""
+        if self._planner is not None:
+            try:
+                self._info["pids"] = {
+                    role: [int(x) for x in ray.get([a.pid.remote() for a in handles],
+                                                   timeout=5.0)]
+                    for role, handles in self.actors.items() if role != "autoscaler"}
+            except Exception:  # noqa: BLE001 - the last pids known
+                pass
+        return self._info
 
     @property
     def actors(self) -> Dict[str, List[Any]]:
@@ -383,8 +398,9 @@ def launch(
         o.update(role_options(placement, role))
         return with_failure_detection(o, env_needed[0])
 
-    check_cpus(placement, int(num_constructors), num_source_loaders, max_source_loader_actors,
-                cfg.num_sources)
+    user_placement = placement  # (standbys go to other nodes unless the caller placed them)
+    placement = check_cpus(placement, int(num_constructors), num_source_loaders,
+                           max_source_loader_actors, cfg.num_sources)
     scale_opts = autoscale_options(autoscale if autoscale is not None else {})
     if autoscale is None:
         scale_opts["enabled"] = False
@@ -444,7 +460,7 @@ def launch(
                          role_options(placement, "source_loader"))
                 o["num_cpus"] = 0
                 node = standby_node(alive, linfo[j]["node_id"], j + k)
-                if not (placement and placement.get(role)) and node is not None:
+                if not (user_placement and user_placement.get(role)) and node is not None:
                     o["scheduling_strategy"] = node_affinity(node, soft=True)
                 a = _SourceLoaderActor.options(**with_failure_detection(o, env_needed[0]),
                                                **restart).remote(
@@ -487,7 +503,7 @@ def launch(
                 o = opts("constructor", sname)
                 o["num_cpus"] = 0  # builds only once its primary is gone
                 node = standby_node(alive, cinfo[g]["node_id"], g + k)
-                if not (placement and placement.get("constructor")) and node is not None:
+                if not (user_placement and user_placement.get("constructor")) and node is not None:
                     o["scheduling_strategy"] = node_affinity(node, soft=True)
                 a = make_ctor(g, group, sname, True, o)
                 created.append(a)

@@ -49,13 +49,19 @@ def role_options(placement: Optional[Mapping[str, Any]], role: str) -> Dict[str,
 
 
 def check_cpus(placement, n_ctors: int, num_source_loaders, max_actors,
-               n_sources: int) -> None:
-    """Refuse at once a deployment whose CPU requests exceed the cluster's CPUs (its
-    actors would wait forever to be scheduled), naming the numbers and the fix.
+               n_sources: int):
+    """The placement to launch with.  A deployment whose CPU requests exceed the
+    cluster's CPUs would wait forever for its actors to be scheduled: with the default
+    requests (no ``placement``) every role's request is scaled down to fit, with a
+    warning naming the numbers; requests the caller set are refused at once.
 
     Raises:
-        ValueError: the roles ask for more CPUs than the Ray cluster has.
+        ValueError: the caller's requests ask for more CPUs than the Ray cluster has
+            (naming the numbers and the fix).
     """
+    import math  # noqa: PLC0415
+    import warnings  # noqa: PLC0415
+
     import ray  # noqa: PLC0415
 
     total = ray.cluster_resources().get("CPU", 0.0)
@@ -69,6 +75,18 @@ def check_cpus(placement, n_ctors: int, num_source_loaders, max_actors,
             for r in ROLES}
     need = (cpus["planner"] + n_ctors * cpus["constructor"]
             + max(1, n_loaders) * cpus["source_loader"])
+    if need > total + 1e-9 and not placement and total > 0:
+        f = total / need
+        scaled = {r: {"num_cpus": math.floor(DEFAULT_NUM_CPUS[r] * f * 1000) / 1000}
+                  for r in ROLES}
+        warnings.warn(
+            f"polyload.ray.launch: the roles ask for {need:g} CPUs but the Ray cluster has "
+            f"{total:g}: the requests are scaled by {f:.3f} to fit (planner "
+            f"{scaled['planner']['num_cpus']:g}, constructor "
+            f"{scaled['constructor']['num_cpus']:g}, source loader "
+            f"{scaled['source_loader']['num_cpus']:g}); pass placement (polyload serve: "
+            f"--num-cpus ROLE=N) to set them yourself", RuntimeWarning, stacklevel=4)
+        return scaled
     if need > total + 1e-9:
         raise ValueError(
             f"polyload.ray.launch: the roles ask for {need:g} CPUs (planner {cpus['planner']:g}, "
@@ -76,6 +94,7 @@ def check_cpus(placement, n_ctors: int, num_source_loaders, max_actors,
             f"{cpus['source_loader']:g}) but the Ray cluster has {total:g}; pass smaller "
             f"requests, e.g. placement={{'source_loader': {{'num_cpus': 0.25}}, "
             f"'constructor': {{'num_cpus': 0.5}}}}, or start Ray with more CPUs")
+    return placement
 
 
 def alive_nodes() -> List[str]:

@@ -1228,10 +1228,14 @@ static int pl__record_text(pl_source *src, const pl__sfile *f, int64_t r,
     char why[300];
     why[0] = '\0';
     if (!obj) {
-        if (json_error_code(&je) == json_error_invalid_utf8)
+        if (json_error_code(&je) == json_error_invalid_utf8) {
+            /* The bad byte itself (jansson's position is where its parser
+               stopped, not the byte). */
+            size_t bad = pl__utf8_check((const uint8_t *)raw, n);
+            uint64_t at = bad < n ? (uint64_t)bad : (uint64_t)(je.position > 0 ? je.position : 0);
             pl__fmt(why, sizeof why, "invalid UTF-8 at byte offset %llu",
-                    (unsigned long long)(s + (uint64_t)(je.position > 0 ? je.position - 1 : 0)));
-        else
+                    (unsigned long long)(s + at));
+        } else
             pl__fmt(why, sizeof why, "malformed JSON at column %d: %s",
                     je.column, je.text);
     } else if (!json_is_object(obj)) {

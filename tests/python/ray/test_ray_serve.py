@@ -3,9 +3,11 @@
 deployment."""
 
 import json
+import os
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -15,7 +17,7 @@ ray = pytest.importorskip("ray")
 torch = pytest.importorskip("torch")
 pr = pytest.importorskip("polyload.ray")
 
-from ray_helpers import NS, loader_hashes, client_hashes, _names_gone  # noqa: E402
+from ray_helpers import NS, _alive, loader_hashes, client_hashes, _names_gone  # noqa: E402
 
 
 def test_serve_cli(cluster, corpus2, tmp_path):
@@ -111,3 +113,49 @@ def test_attach_to_a_detached_deployment(cluster, corpus2, tmp_path):
     dep.shutdown()
     left = _names_gone(set(names) | {"detached.planner", "detached.autoscaler"})
     assert not left, sorted(left)
+
+
+def test_default_requests_fit_a_small_cluster(monkeypatch):
+    """On a 2-CPU cluster the default role requests are scaled down to fit, with a
+    warning; requests the caller set are refused with the numbers."""
+    from polyload.ray import _placement
+
+    monkeypatch.setattr(ray, "cluster_resources", lambda: {"CPU": 2.0})
+    with pytest.warns(RuntimeWarning, match="scaled by 0.727 to fit"):
+        p = _placement.check_cpus(None, 1, 1, None, 3)  # 0.25 + 1 + 3 x 0.5 = 2.75
+    need = p["planner"]["num_cpus"] + p["constructor"]["num_cpus"] + \
+        3 * p["source_loader"]["num_cpus"]
+    assert 1.9 < need <= 2.0
+    with pytest.raises(ValueError, match="ask for 2.75 CPUs"):
+        _placement.check_cpus({"constructor": {"num_cpus": 1.0}}, 1, 1, None, 3)
+    assert _placement.check_cpus(None, 1, 1, None, 1) is None  # 1.75 fits
+
+
+def test_info_pids_follow_a_restart(cluster, corpus2):
+    cfg = corpus2.config(train_steps=2)
+    with pr.launch(cfg, num_constructors=1, namespace=NS, name="pids", timeout=60) as dep:
+        old = dep.info["pids"]["source_loader"][0]
+        assert old == dep.pids()["source_loader"][0]
+        os.kill(old, signal.SIGKILL)
+        deadline = time.monotonic() + 90
+        new = old
+        while new == old and time.monotonic() < deadline:
+            time.sleep(0.5)
+            new = dep.info["pids"]["source_loader"][0]
+        assert new != old and _alive(new)
+
+
+def test_serve_prints_pids(cluster, corpus2, tmp_path):
+    path = tmp_path / "serve.yaml"
+    path.write_text(json.dumps(corpus2.config(train_steps=2)))
+    p = subprocess.Popen([sys.executable, "-m", "polyload", "serve", str(path), "--ray-address",
+                          cluster.address, "--namespace", NS, "--name", "servepids"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        line = json.loads(p.stdout.readline())
+        assert set(line["pids"]) >= {"planner", "source_loader", "constructor"}
+        assert all(isinstance(x, int) and _alive(x) for xs in line["pids"].values() for x in xs)
+    finally:
+        p.send_signal(signal.SIGTERM)
+        p.wait(timeout=120)
+    assert p.returncode == 0, p.stderr.read()
