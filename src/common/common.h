@@ -8,6 +8,7 @@
 #define POLYLOAD_COMMON_H
 
 #include "polyload/polyload.h"
+#include "polyload/polyload_experimental.h"
 
 #include <pthread.h>
 #include <stdarg.h>

@@ -18,6 +18,7 @@
 #include <Python.h>
 
 #include "polyload/polyload.h"
+#include "polyload/polyload_experimental.h"
 
 #include <stdint.h>
 #include <sys/types.h>
