@@ -110,6 +110,11 @@ typedef enum pl_status {
 #undef PL__STATUS_ENUM
 } pl_status;
 
+/* The longest message the library writes, in bytes with its NUL: a buffer of
+ * PL_ERRMSG_MAX bytes holds any of them whole (err/errcap arguments,
+ * pl_last_errmsg, the handles' errmsg). */
+#define PL_ERRMSG_MAX 512
+
 /* The message of the calling thread's most recent failed call into the
  * library ("" when none), naming file, record and offset where there are
  * any.  Thread-local storage: valid until that thread's next failed call;

@@ -21,8 +21,9 @@
  *     with packages);
  *   - what a process that hosts sources for others needs (releasing pages
  *     and tokenizers, a shared tokenize pool, lengths-only sources, the
- *     tokenizing CPU per source) and the state blob utilities of the Ray
- *     planner (pl_state_retarget, pl_state_pack).
+ *     tokenizing CPU per source), one config shared by a binding and the
+ *     objects made from it, and the state blob utilities of the Ray planner
+ *     (pl_state_retarget, pl_state_pack).
  *
  * The conventions of polyload.h (status codes, handles, messages,
  * ownership) apply here too.  The public .so exports the symbols of both
@@ -750,6 +751,29 @@ PL_API void pl_config_set_lengths_provider(pl_config *cfg, pl_lengths_fn fn,
  * for lengths-provider sources.  The cost model's tokenizing CPU per source
  * (the Ray source loaders' profile "tokenize_cpu_s"). */
 PL_API int64_t pl_source_tokenize_cpu_ns(const pl_source *src);
+
+/* ============================================================== bindings */
+/*
+ * One config shared by a binding's config object and the objects made from
+ * it.  pl_loader_create, pl_planner_create, pl_pipeline_create and
+ * pl_constructor_create copy their config; after pl_config_freeze(cfg) they
+ * hold cfg itself instead (one more reference each, dropped by their free),
+ * so a config of many sources is kept once.  A frozen config must not be
+ * changed (pl_config_set, pl_config_set_world_size, the factory setters):
+ * pl_config_unshare first.  The owner still frees cfg with pl_config_free;
+ * it is freed when its last holder lets go.  Freezing twice is a no-op.
+ *
+ * pl_config_unshare makes *cfg writable again, copy on write: a frozen
+ * config that no object holds any more is thawed in place; one still held
+ * is replaced by a private deep copy and the caller's hold of it given up
+ * (pl_config_free).  A config that is not frozen is left as it is.  PL_OK,
+ * or PL_ENOMEM with *cfg unchanged.
+ *
+ * Neither may overlap another call that changes cfg or creates an object
+ * from it; holders may free theirs meanwhile (the count is atomic).
+ */
+PL_API void pl_config_freeze(pl_config *cfg);
+PL_API int pl_config_unshare(pl_config **cfg);
 
 /* ======================================================= state utilities */
 /* The same blob with another micro-batch cursor and dp (CRC resealed): the

@@ -16,7 +16,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define PL__ERRMSG_CAP 512
+#define PL__ERRMSG_CAP PL_ERRMSG_MAX
 
 /* A mutex for short critical sections that threads on other cores take at
  * a high rate (the pipeline's, the batch pool's): glibc's adaptive kind
