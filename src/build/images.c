@@ -26,7 +26,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int pl__grow_images(pl__batchbuf *buf, int64_t n, size_t bytes) {
+static int grow_images(pl__batchbuf *buf, int64_t n, size_t bytes) {
     pl_batch *b = &buf->b;
     if (n > buf->img_cap) {
         int64_t nc = buf->img_cap ? buf->img_cap : 8;
@@ -57,7 +57,7 @@ static int pl__grow_images(pl__batchbuf *buf, int64_t n, size_t bytes) {
  * process decide nothing but pixel values.  *rec NULL: the chunk holds no
  * image (caption only).
  */
-static int pl__package_image(pl__build_ctx *x, int64_t ordinal, const pl_chunk *c,
+static int package_image(pl__build_ctx *x, int64_t ordinal, const pl_chunk *c,
                              pl_image_info *in, const pl_payload_image **rec) {
     const pl__source_cfg *sc = &x->cfg->sources[c->source];
     *rec = NULL;
@@ -118,7 +118,7 @@ int pl__construct_images(pl__build_ctx *x, const pl_plan *plan, int64_t dp_rank,
             pl_image_info in;
             int rc;
             if (!x->sources && x->image_of) {
-                if ((rc = pl__package_image(x, ord, c, &in, &rec))) return rc;
+                if ((rc = package_image(x, ord, c, &in, &rec))) return rc;
                 if (!rec) continue;
             } else if (!x->sources) {
                 pl__fmt(x->err, x->errcap,
@@ -157,7 +157,7 @@ int pl__construct_images(pl__build_ctx *x, const pl_plan *plan, int64_t dp_rank,
                 return PL_EINVAL;
             }
             b->image_mode = (int32_t)in.mode;
-            if ((rc = pl__grow_images(buf, n + 1, used + in.bytes))) {
+            if ((rc = grow_images(buf, n + 1, used + in.bytes))) {
                 pl__fmt(x->err, x->errcap, "constructor: out of memory for images");
                 return rc;
             }

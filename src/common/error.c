@@ -87,13 +87,13 @@ void pl__vfmt(char *buf, size_t cap, const char *fmt, va_list ap) {
 }
 
 /* The calling thread's last error message (pl_last_errmsg). */
-static _Thread_local char pl__tls_err[PL__ERRMSG_CAP];
+static _Thread_local char tls_err[PL__ERRMSG_CAP];
 
 void pl__thread_err(const char *msg) {
-    if (msg != pl__tls_err) pl__fmt(pl__tls_err, sizeof pl__tls_err, "%s", msg ? msg : "");
+    if (msg != tls_err) pl__fmt(tls_err, sizeof tls_err, "%s", msg ? msg : "");
 }
 
-const char *pl_last_errmsg(void) { return pl__tls_err; }
+const char *pl_last_errmsg(void) { return tls_err; }
 
 void pl__fmt(char *buf, size_t cap, const char *fmt, ...) {
     va_list ap;

@@ -17,7 +17,7 @@
 #define PL__PLAN_VERSION 1u
 #define PL__PLAN_HEADER (4 + 4 + 8 + 9 * 8 + 8)
 
-static size_t pl__plan_size(const pl_plan *p) {
+static size_t plan_size(const pl_plan *p) {
     size_t n = (size_t)p->n_sequences;
     return PL__PLAN_HEADER + (size_t)p->n_chunks * sizeof(pl_chunk) +
            (n + 1) * 8 + n * 8 * 3 + (size_t)p->dp * 8 + 4;
@@ -25,7 +25,7 @@ static size_t pl__plan_size(const pl_plan *p) {
 
 int pl_plan_encode(const pl_plan *p, void *buf, size_t cap, size_t *len) {
     if (!p || !len) return PL_EINVAL;
-    size_t total = pl__plan_size(p);
+    size_t total = plan_size(p);
     *len = total;
     if (!buf) return PL_OK;
     if (cap < total) return PL_EINVAL;
@@ -90,7 +90,7 @@ int pl_plan_decode(const void *buf, size_t len, pl_plan **out) {
         hdr.n_sequences / hdr.dp / hdr.micro_batch_size != hdr.micro_batches_per_rank ||
         hdr.n_chunks > (int64_t)(len / sizeof(pl_chunk)) ||
         hdr.n_sequences > (int64_t)(len / 8) || hdr.dp > (int64_t)(len / 8) ||
-        pl__plan_size(&hdr) != len)
+        plan_size(&hdr) != len)
         return PL_EINVAL;
     pl__plan_impl *m = pl__calloc(1, sizeof *m);
     if (!m) return PL_ENOMEM;
