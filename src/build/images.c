@@ -31,10 +31,10 @@ static int grow_images(pl__batchbuf *buf, int64_t n, size_t bytes) {
     if (n > buf->img_cap) {
         int64_t nc = buf->img_cap ? buf->img_cap : 8;
         while (nc < n) nc *= 2;
-        int64_t *g = realloc(b->image_grid_thw, (size_t)nc * 3 * sizeof *g);
+        int64_t *g = pl__realloc(b->image_grid_thw, (size_t)nc * 3 * sizeof *g);
         if (!g) return PL_ENOMEM;
         b->image_grid_thw = g;
-        int64_t *p = realloc(b->image_positions, (size_t)nc * 2 * sizeof *p);
+        int64_t *p = pl__realloc(b->image_positions, (size_t)nc * 2 * sizeof *p);
         if (!p) return PL_ENOMEM;
         b->image_positions = p;
         buf->img_cap = nc;
@@ -42,7 +42,7 @@ static int grow_images(pl__batchbuf *buf, int64_t n, size_t bytes) {
     if (bytes > buf->pix_cap) {
         size_t nc = buf->pix_cap ? buf->pix_cap : (size_t)1 << 20;
         while (nc < bytes) nc *= 2;
-        uint8_t *px = realloc(b->pixel_values, nc);
+        uint8_t *px = pl__realloc(b->pixel_values, nc);
         if (!px) return PL_ENOMEM;
         b->pixel_values = px;
         buf->pix_cap = nc;

@@ -614,7 +614,7 @@ static int validate(pl_config *cfg, const vlines *ln) {
 /* ------------------------------------------------------------ defaults */
 
 static pl_config *config_new(const char *origin) {
-    pl_config *cfg = calloc(1, sizeof *cfg);
+    pl_config *cfg = pl__calloc(1, sizeof *cfg);
     if (!cfg) return NULL;
     cfg->origin = pl__strdup(origin ? origin : "<string>");
     if (!cfg->origin) {
@@ -668,7 +668,7 @@ void pl__source_ext_free(pl__source_ext *x) {
 int pl__source_ext_dup(const pl__source_ext *o, pl__source_ext **out) {
     *out = NULL;
     if (!o) return PL_OK;
-    pl__source_ext *d = malloc(sizeof *d);
+    pl__source_ext *d = pl__malloc(sizeof *d);
     if (!d) return PL_ENOMEM;
     *d = *o;
     d->text_key = o->text_key ? pl__strdup(o->text_key) : NULL;
@@ -1975,7 +1975,7 @@ double pl_config_source_weight(const pl_config *cfg, int64_t i, int64_t step) {
     double small[16];
     double *w = small;
     if (cfg->n_sources > 16) {
-        w = malloc((size_t)cfg->n_sources * sizeof *w);
+        w = pl__malloc((size_t)cfg->n_sources * sizeof *w);
         if (!w) return 0.0;
     }
     pl__config_weights(cfg, step, w);
@@ -1999,7 +1999,7 @@ pl_config *pl__config_share(const pl_config *cfg) {
 
 pl_config *pl__config_clone(const pl_config *cfg) {
     if (!cfg) return NULL;
-    pl_config *c = calloc(1, sizeof *c);
+    pl_config *c = pl__calloc(1, sizeof *c);
     if (!c) return NULL;
     *c = *cfg;
     c->frozen = 0;

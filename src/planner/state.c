@@ -75,7 +75,7 @@ static void put(pl__wbuf *w, const void *v, size_t n) {
     if (w->n + n > w->cap) {
         size_t nc = w->cap ? w->cap * 2 : 256;
         while (nc < w->n + n) nc *= 2;
-        unsigned char *q = realloc(w->p, nc);
+        unsigned char *q = pl__realloc(w->p, nc);
         if (!q) {
             w->oom = 1;
             return;

@@ -149,7 +149,7 @@ static void do_plan(pl_loader *l, pl__worker *w, const pl_work *wk) {
 
 static void do_build(pl_loader *l, pl__worker *w, const pl_work *wk) {
     int64_t n = wk->n_micro_batches;
-    pl__unit_item *it = malloc(sizeof *it + (size_t)n * sizeof(pl__batchbuf *));
+    pl__unit_item *it = pl__malloc(sizeof *it + (size_t)n * sizeof(pl__batchbuf *));
     int rc = it ? PL_OK : PL_ENOMEM;
     w->err[0] = '\0';
     if (!rc) it->n = 0;

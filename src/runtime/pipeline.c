@@ -591,7 +591,7 @@ static int pipeline_reset_impl(pl_pipeline *p, const void *blob, size_t len, cha
                 (long long)si.micro_batch, (long long)p->nmb);
         return PL_ESTATE;
     }
-    void *copy = malloc(len);
+    void *copy = pl__malloc(len);
     if (!copy) {
         set_msg(err, errcap, "pipeline: out of memory");
         return PL_ENOMEM;
@@ -898,7 +898,7 @@ static int add_step(pl_pipeline *p, int64_t step, pl_plan *plan, const void *blo
                    size_t blob_len, void *aux, void (*aux_free)(void *), int status,
                    const char *message) {
     pl__pentry *e = pl__calloc(1, sizeof *e);
-    void *b = blob_len ? malloc(blob_len) : NULL;
+    void *b = blob_len ? pl__malloc(blob_len) : NULL;
     if (!e || (blob_len && !b)) {
         free(e);
         free(b);
@@ -1205,7 +1205,7 @@ int pl_pipeline_attach_state(pl_pipeline *p, const void *blob, size_t len, char 
                 (long long)si.micro_batch, (long long)si.dp);
         return PL_ESTATE;
     }
-    void *copy = malloc(len);
+    void *copy = pl__malloc(len);
     if (!copy) {
         set_msg(err, errcap, "pipeline: out of memory");
         return PL_ENOMEM;

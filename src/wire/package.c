@@ -261,7 +261,7 @@ int pl__package_decode(const void *buf, size_t len, pl__package **out,
     }
     pl__package *k = pl__calloc(1, sizeof *k);
     if (!k) return PL_ENOMEM;
-    k->buf = malloc(len ? len : 1);
+    k->buf = pl__malloc(len ? len : 1);
     if (!k->buf) {
         free(k);
         return PL_ENOMEM;
