@@ -542,6 +542,8 @@ corrupt:
             "state: malformed blob near offset %zu", r.off);
     rc = PL_ESTATE;
 out:
+    if (rc == PL_ENOMEM)
+        pl__fmt(p->errmsg, sizeof p->errmsg, "state: out of memory loading a state blob");
     free(src);
     free(map);
     free(seen);

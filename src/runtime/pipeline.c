@@ -821,7 +821,9 @@ int pl_pipeline_get_work(pl_pipeline *p, unsigned kinds, int64_t timeout_ms,
                 if (!e || e->rc || !e->plan) {
                     s->state = PL__U_ERROR;
                     s->rc = e && e->rc ? e->rc : PL_ESTATE;
-                    s->msg = pl__strdup(e && e->msg ? e->msg : "pipeline: no plan for this step");
+                    s->msg = pl__strdup(e && e->msg ? e->msg
+                                        : e && e->rc ? pl_strerror(e->rc)
+                                                     : "pipeline: no plan for this step");
                     wake_cv(ready_cv);
                     continue;
                 }
@@ -1076,11 +1078,12 @@ static int pipeline_next_impl(pl_pipeline *p, int64_t rank, int64_t max_count,
         if (s->u == u && s->state == PL__U_ERROR && !r->lagged) {
             if (!p->failed) {
                 p->failed = s->rc;
-                pl__fmt(p->fail_msg, sizeof p->fail_msg, "%s", s->msg ? s->msg : "");
+                pl__fmt(p->fail_msg, sizeof p->fail_msg, "%s",
+                        s->msg ? s->msg : pl_strerror(s->rc)); /* copy failed: ENOMEM */
                 wake_cv(ready_cv);
                 wake_cv(work_cv);
             }
-            set_msg(err, errcap, "%s", s->msg ? s->msg : "");
+            set_msg(err, errcap, "%s", s->msg ? s->msg : pl_strerror(s->rc));
             rc = r->failed_reported ? PL_ECLOSED : s->rc;
             r->failed_reported = 1;
             p->failed_reported = 1;
