@@ -325,6 +325,7 @@ int pl__state_decode(pl_planner *p, const void *buf, size_t len, int64_t nmb,
     seen = pl__calloc((size_t)p->n_sources, sizeof *seen);
     pin_w = pl__calloc((size_t)(p->n_sources > 0 ? p->n_sources : 1), sizeof *pin_w);
     if (!src || !map || !seen || !pin_w || pl__names_init(&by_name, p->n_sources)) {
+        pl__fmt(p->errmsg, sizeof p->errmsg, "state: out of memory loading a state blob");
         rc = PL_ENOMEM;
         goto out;
     }
@@ -415,7 +416,8 @@ int pl__state_decode(pl_planner *p, const void *buf, size_t len, int64_t nmb,
                         "state: source '%s': current document %lld cannot be "
                         "checked: %s",
                         c->sources[i].name, (long long)s->cur_index, err);
-                rc = PL_ESTATE;
+                /* Out of memory says nothing about the state. */
+                rc = lrc == PL_ENOMEM ? PL_ENOMEM : PL_ESTATE;
                 goto out;
             }
             if (dlen != s->cur_length) {
@@ -453,7 +455,10 @@ int pl__state_decode(pl_planner *p, const void *buf, size_t len, int64_t nmb,
                 ch.offset > dlen || ch.length > dlen - ch.offset)
                 goto corrupt;
         }
-        if ((rc = pl__chunks_push(&carry, &ch))) goto out;
+        if ((rc = pl__chunks_push(&carry, &ch))) {
+            pl__fmt(p->errmsg, sizeof p->errmsg, "state: out of memory loading a state blob");
+            goto out;
+        }
     }
     uint32_t flags = version >= 2 ? get_u32(&r) : 0;
     uint64_t arr = version >= 2 ? get_u64(&r) : p->arrangement_hash;
@@ -542,8 +547,6 @@ corrupt:
             "state: malformed blob near offset %zu", r.off);
     rc = PL_ESTATE;
 out:
-    if (rc == PL_ENOMEM)
-        pl__fmt(p->errmsg, sizeof p->errmsg, "state: out of memory loading a state blob");
     free(src);
     free(map);
     free(seen);
