@@ -616,6 +616,7 @@ static int constructor_build_impl(pl_constructor *k, const pl_plan *plan, int64_
     rc = pl__construct(&k->ctx, plan, ri.dp_rank, mb, buf);
     if (!rc) rc = pl__view_create(buf, ri.fields, out);
     pl__buf_release(buf); /* the view holds its own reference */
+    if (rc == PL_ENOMEM) pl__fmt(k->errmsg, sizeof k->errmsg, "constructor: out of memory");
     return rc;
 }
 

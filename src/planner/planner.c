@@ -814,7 +814,10 @@ static int planner_get_state_impl(pl_planner *p, void *buf, size_t cap, size_t *
     void *blob = NULL;
     size_t n = 0;
     int rc = pl__state_encode(p, 0, &blob, &n);
-    if (rc) return rc;
+    if (rc) {
+        pl__fmt(p->errmsg, sizeof p->errmsg, "planner: out of memory encoding the state");
+        return rc;
+    }
     *len = n;
     if (buf) {
         if (cap < n) {

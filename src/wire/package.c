@@ -260,10 +260,10 @@ int pl__package_decode(const void *buf, size_t len, pl__package **out,
         return PL_EINVAL;
     }
     pl__package *k = pl__calloc(1, sizeof *k);
-    if (!k) return PL_ENOMEM;
-    k->buf = pl__malloc(len ? len : 1);
-    if (!k->buf) {
+    if (k) k->buf = pl__malloc(len ? len : 1);
+    if (!k || !k->buf) {
         free(k);
+        pl__fmt(err, errcap, "package of %zu bytes: out of memory", len);
         return PL_ENOMEM;
     }
     memcpy(k->buf, buf, len);
@@ -276,10 +276,10 @@ int pl__package_decode(const void *buf, size_t len, pl__package **out,
     k->state_len = (size_t)sl;
     rc = pl_plan_decode(b + PL__PACKAGE_HEADER + sl, (size_t)plen, &k->plan);
     if (rc) {
-        pl__fmt(err, errcap, "package of step %lld: its plan is corrupt",
-                (long long)k->step);
+        pl__fmt(err, errcap, "package of step %lld: %s", (long long)k->step,
+                rc == PL_ENOMEM ? "out of memory decoding its plan" : "its plan is corrupt");
         pl__package_free(k);
-        return PL_EINVAL;
+        return rc == PL_ENOMEM ? PL_ENOMEM : PL_EINVAL;
     }
     if (k->plan->step != k->step || k->dp_rank >= k->plan->dp) {
         pl__fmt(err, errcap, "package: step %lld / DP rank %lld disagree with its plan",
@@ -355,6 +355,8 @@ int pl__package_decode(const void *buf, size_t len, pl__package **out,
                     "package of step %lld, DP rank %lld: its read table does not "
                     "match its plan",
                     (long long)k->step, (long long)k->dp_rank);
+        else if (rc == PL_ENOMEM)
+            pl__fmt(err, errcap, "package of step %lld: out of memory", (long long)k->step);
         pl__package_free(k);
         return rc;
     }

@@ -23,7 +23,7 @@ static size_t plan_size(const pl_plan *p) {
            (n + 1) * 8 + n * 8 * 3 + (size_t)p->dp * 8 + 4;
 }
 
-int pl_plan_encode(const pl_plan *p, void *buf, size_t cap, size_t *len) {
+static int plan_encode_impl(const pl_plan *p, void *buf, size_t cap, size_t *len) {
     if (!p || !len) return PL_EINVAL;
     size_t total = plan_size(p);
     *len = total;
@@ -58,7 +58,7 @@ int pl_plan_encode(const pl_plan *p, void *buf, size_t cap, size_t *len) {
     return PL_OK;
 }
 
-int pl_plan_decode(const void *buf, size_t len, pl_plan **out) {
+static int plan_decode_impl(const void *buf, size_t len, pl_plan **out) {
     *out = NULL;
     const unsigned char *b = buf;
     if (!b || len < PL__PLAN_HEADER + 4 || memcmp(b, "PLPN", 4) != 0) return PL_EINVAL;
@@ -149,4 +149,33 @@ int pl_plan_decode(const void *buf, size_t len, pl_plan **out) {
     m->pub = hdr;
     *out = &m->pub;
     return PL_OK;
+}
+
+/* ------------------------------------------------ per-thread messages */
+
+int pl_plan_encode(const pl_plan *p, void *buf, size_t cap, size_t *len) {
+    int rc = plan_encode_impl(p, buf, cap, len);
+    if (rc == PL_EINVAL) {
+        char err[PL__ERRMSG_CAP];
+        if (!p || !len)
+            pl__fmt(err, sizeof err, "pl_plan_encode: NULL plan or length");
+        else
+            pl__fmt(err, sizeof err, "pl_plan_encode: the plan needs %zu bytes, the buffer holds %zu",
+                    *len, cap);
+        pl__thread_err(err);
+    }
+    return rc;
+}
+
+int pl_plan_decode(const void *buf, size_t len, pl_plan **out) {
+    int rc = plan_decode_impl(buf, len, out);
+    if (rc) {
+        char err[PL__ERRMSG_CAP];
+        if (rc == PL_ENOMEM)
+            pl__fmt(err, sizeof err, "pl_plan_decode: out of memory decoding %zu bytes", len);
+        else
+            pl__fmt(err, sizeof err, "pl_plan_decode: %zu bytes are not a valid plan", len);
+        pl__thread_err(err);
+    }
+    return rc;
 }

@@ -51,7 +51,10 @@ static int reply_plan(pl_source *const *sources, int64_t n_sources,
         n_wds += pl_source_get_type(sources[s]) == PL_SOURCE_WEBDATASET;
     }
     pl__rimg *v = pl__calloc(n_wds ? (size_t)n_wds : 1, sizeof *v);
-    if (!v) return PL_ENOMEM;
+    if (!v) {
+        pl__fmt(err, errcap, "pl_reply_encode: out of memory");
+        return PL_ENOMEM;
+    }
     int64_t k = 0;
     for (int64_t i = 0; i < n; i++) {
         pl_source *src = sources[reads[i].source];
@@ -206,8 +209,11 @@ int pl_reply_decode(const void *buf, size_t len, pl_payload *rows, int64_t rows_
     if (h != pl__hash64(b, len - 8, 0)) return PL_EINVAL;
     memcpy(counts, b + 16, 16);
     const size_t room = len - PL__REPLY_HEADER - 8;
+    /* The tables fit in the buffer: every row has its record, every image
+     * its own (a reply of many short rows and no image is valid). */
     if (counts[0] < 0 || counts[1] < 0 || counts[1] > counts[0] ||
-        (uint64_t)counts[0] > room / (PL__REPLY_ROW + PL__REPLY_IMAGE))
+        (uint64_t)counts[0] > room / PL__REPLY_ROW ||
+        (uint64_t)counts[1] > (room - (size_t)counts[0] * PL__REPLY_ROW) / PL__REPLY_IMAGE)
         return PL_EINVAL;
     const int64_t nr = counts[0], ni = counts[1];
     const unsigned char *rtab = b + PL__REPLY_HEADER;

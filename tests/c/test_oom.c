@@ -156,6 +156,180 @@ out:
     return r->rc;
 }
 
+/* The same data through the roles one by one, as a distributed deployment
+ * moves it: a planner; each plan encoded and decoded; the step's reads of DP
+ * rank 0 answered by a source-loader reply and shipped in a package to an
+ * external loader serving rank 0; the first micro-batch also built by a
+ * data constructor from int64 payloads. */
+#define ROLE_STEPS 3
+#define NSRC_MAX 8
+
+static const char *msg_or_last(const char *m) { return m && m[0] ? m : pl_last_errmsg(); }
+
+static int run_roles(run_result *r) {
+    pl_config *cfg = NULL;
+    pl_source *src[NSRC_MAX] = {0};
+    int64_t ns = 0;
+    pl_planner *pn = NULL;
+    pl_loader *ext = NULL;
+    pl_constructor *ct = NULL;
+    pl_plan *plan = NULL, *plan2 = NULL;
+    void *blob = NULL, *pbuf = NULL, *reply = NULL, *pkg = NULL;
+    pl_read *reads = NULL;
+    pl_payload *rows = NULL;
+    int64_t *tok = NULL, *plens = NULL;
+    const int64_t **pays = NULL;
+    int rc = pl_config_parse_string(yaml, strlen(yaml), "oom.yaml", &cfg);
+    if (rc) {
+        fail(r, rc, "pl_config_parse_string", cfg ? pl_config_errmsg(cfg) : pl_last_errmsg());
+        goto out;
+    }
+    ns = pl_config_num_sources(cfg);
+    CHECK(ns <= NSRC_MAX);
+    for (int64_t i = 0; i < ns; i++)
+        if ((rc = pl_config_open_source(cfg, i, &src[i]))) {
+            fail(r, rc, "pl_config_open_source",
+                 src[i] ? pl_source_errmsg(src[i]) : pl_last_errmsg());
+            goto out;
+        }
+    if ((rc = pl_planner_create(cfg, src, ns, &pn))) {
+        fail(r, rc, "pl_planner_create", pn ? pl_planner_errmsg(pn) : pl_last_errmsg());
+        goto out;
+    }
+    int64_t rank0 = 0;
+    pl_loader_options eo = {PL_LOADER_OPTIONS_VERSION, &rank0, 1, 2, 2, 1, 1, 0};
+    if ((rc = pl_loader_create(cfg, &eo, &ext))) {
+        fail(r, rc, "pl_loader_create", ext ? pl_loader_errmsg(ext) : pl_last_errmsg());
+        goto out;
+    }
+    if ((rc = pl_constructor_create(cfg, &ct))) {
+        fail(r, rc, "pl_constructor_create", ct ? pl_constructor_errmsg(ct) : pl_last_errmsg());
+        goto out;
+    }
+    int64_t nmb = 0;
+    pl_config_get_int(cfg, "micro_batches_per_rank", &nmb);
+    for (int64_t step = 0; step < ROLE_STEPS; step++) {
+        size_t blen = 0, plen = 0, rlen = 0, klen = 0;
+        rc = pl_planner_get_state(pn, NULL, 0, &blen);
+        if (!rc && !(blob = malloc(blen))) rc = PL_ENOMEM;
+        if (!rc) rc = pl_planner_get_state(pn, blob, blen, &blen);
+        if (!rc && step == 0) rc = pl_loader_set_state(ext, blob, blen);
+        if (rc) {
+            fail(r, rc, "pl_planner_get_state", msg_or_last(pl_planner_errmsg(pn)));
+            goto out;
+        }
+        if ((rc = pl_planner_next(pn, &plan))) {
+            fail(r, rc, "pl_planner_next", msg_or_last(pl_planner_errmsg(pn)));
+            goto out;
+        }
+        rc = pl_plan_encode(plan, NULL, 0, &plen);
+        if (!rc && !(pbuf = malloc(plen))) rc = PL_ENOMEM;
+        if (!rc) rc = pl_plan_encode(plan, pbuf, plen, &plen);
+        if (!rc) rc = pl_plan_decode(pbuf, plen, &plan2);
+        if (rc) {
+            fail(r, rc, "pl_plan_encode", pl_last_errmsg());
+            goto out;
+        }
+        int64_t n = 0, nrows = 0, nimg = 0;
+        rc = pl_plan_step_reads(plan2, 0, NULL, 0, &n);
+        if (!rc && !(reads = calloc((size_t)n + 1, sizeof *reads))) rc = PL_ENOMEM;
+        if (!rc) rc = pl_plan_step_reads(plan2, 0, reads, n, &n);
+        if (!rc) rc = pl_reply_encode(src, ns, reads, n, NULL, 0, &rlen);
+        if (!rc && !(reply = malloc(rlen))) rc = PL_ENOMEM;
+        if (!rc) rc = pl_reply_encode(src, ns, reads, n, reply, rlen, &rlen);
+        if (!rc && !(rows = calloc((size_t)n + 1, sizeof *rows))) rc = PL_ENOMEM;
+        if (!rc) rc = pl_reply_decode(reply, rlen, rows, n, NULL, 0, &nrows, &nimg);
+        if (!rc) rc = pl_package_encode(plan2, 0, blob, blen, rows, nrows, NULL, 0, &klen);
+        if (!rc && !(pkg = malloc(klen))) rc = PL_ENOMEM;
+        if (!rc) rc = pl_package_encode(plan2, 0, blob, blen, rows, nrows, pkg, klen, &klen);
+        if (rc) {
+            fail(r, rc, "pl_reply_encode", pl_last_errmsg());
+            goto out;
+        }
+        int64_t want = -1;
+        rc = pl_loader_want_step(ext, 10000, &want);
+        if (!rc) CHECK_EQ_I64(want, step);
+        if (!rc) rc = pl_loader_push_package(ext, pkg, klen);
+        if (rc) {
+            fail(r, rc, "pl_loader_push_package", pl_last_errmsg());
+            goto out;
+        }
+        for (int64_t k = 0; k < nmb; k++) {
+            const pl_batch *b = NULL;
+            if ((rc = pl_loader_next(ext, 0, &b))) {
+                fail(r, rc, "pl_loader_next", pl_last_errmsg());
+                goto out;
+            }
+            if (r->n_batches < MAX_BATCHES) r->hash[r->n_batches++] = batch_hash(b);
+        }
+        if (step == 0) { /* micro-batch 0 of rank 0 by a constructor */
+            int64_t m = 0, total = 0;
+            free(reads);
+            reads = NULL;
+            rc = pl_plan_reads(plan2, 0, 0, NULL, 0, &m);
+            if (!rc && !(reads = calloc((size_t)m + 1, sizeof *reads))) rc = PL_ENOMEM;
+            if (!rc) rc = pl_plan_reads(plan2, 0, 0, reads, m, &m);
+            for (int64_t j = 0; !rc && j < m; j++) total += reads[j].count;
+            if (!rc && !(tok = malloc((size_t)(total + 1) * sizeof *tok))) rc = PL_ENOMEM;
+            if (!rc && !(pays = calloc((size_t)m + 1, sizeof *pays))) rc = PL_ENOMEM;
+            if (!rc && !(plens = calloc((size_t)m + 1, sizeof *plens))) rc = PL_ENOMEM;
+            for (int64_t j = 0, at = 0; !rc && j < m; j++) {
+                rc = pl_source_read_many(src[reads[j].source], &reads[j], 1, tok + at);
+                pays[j] = tok + at;
+                plens[j] = reads[j].count;
+                at += reads[j].count;
+            }
+            pl_batch *b = NULL;
+            if (!rc) rc = pl_constructor_build(ct, plan2, 0, 0, pays, plens, m, &b);
+            if (rc) {
+                fail(r, rc, "pl_constructor_build", msg_or_last(pl_constructor_errmsg(ct)));
+                goto out;
+            }
+            if (r->n_batches < MAX_BATCHES) r->hash[r->n_batches++] = batch_hash(b);
+            pl_batch_release(b);
+            free(tok);
+            free(pays);
+            free(plens);
+            tok = NULL;
+            pays = NULL;
+            plens = NULL;
+        }
+        pl_plan_free(plan);
+        pl_plan_free(plan2);
+        plan = plan2 = NULL;
+        free(blob);
+        free(pbuf);
+        free(reads);
+        free(reply);
+        free(rows);
+        free(pkg);
+        blob = pbuf = reply = pkg = NULL;
+        reads = NULL;
+        rows = NULL;
+    }
+out:
+    pl_plan_free(plan);
+    pl_plan_free(plan2);
+    free(blob);
+    free(pbuf);
+    free(reads);
+    free(reply);
+    free(rows);
+    free(pkg);
+    free(tok);
+    free(pays);
+    free(plens);
+    if (ext) pl_loader_stop(ext);
+    pl_loader_free(ext);
+    pl_constructor_free(ct);
+    pl_planner_free(pn);
+    for (int64_t i = 0; i < ns && i < NSRC_MAX; i++) pl_source_free(src[i]);
+    pl_config_free(cfg);
+    return r->rc;
+}
+
+static int (*run_fn)(run_result *r) = run_body;
+
 static void run(long n, int persist, run_result *r) {
     memset(r, 0, sizeof *r);
     atomic_store(&counter, 0);
@@ -163,7 +337,7 @@ static void run(long n, int persist, run_result *r) {
     fail_at = n;
     persistent = persist;
     pl__set_alloc_hooks(&counting);
-    run_body(r);
+    run_fn(r);
     pl__set_alloc_hooks(NULL);
     r->allocations = atomic_load(&counter);
 }
@@ -173,7 +347,10 @@ static void run(long n, int persist, run_result *r) {
 static const char *const where_names[] = {
     "pl_config_parse_string", "pl_config_open_source", "pl_source_read",
     "pl_loader_create", "pl_loader_next", "pl_loader_get_state",
-    "pl_loader_set_state", "pl_loader_get_stats"};
+    "pl_loader_set_state", "pl_loader_get_stats", "pl_planner_create",
+    "pl_constructor_create", "pl_planner_get_state", "pl_planner_next",
+    "pl_plan_encode", "pl_reply_encode", "pl_loader_push_package",
+    "pl_constructor_build"};
 #define N_WHERE (int)(sizeof where_names / sizeof *where_names)
 
 static long sweep(const run_result *ref, int persist, long *codes, long *at) {
@@ -201,7 +378,7 @@ static long sweep(const run_result *ref, int persist, long *codes, long *at) {
             if (r.rc == PL_ENOMEM) codes[0]++;
             else {
                 codes[1]++;
-                if (codes[1] <= 5)
+                if (codes[1] <= 50)
                     fprintf(stderr, "n=%ld%s: %s: %s (%s)\n", n, persist ? "+" : "",
                             r.where, pl_err_name(r.rc), r.msg);
             }
@@ -263,13 +440,17 @@ int main(void) {
              "     tokenizer: {type: bytes, threads: 1}}\n",
              dir, dir, dir, dir);
 
+    for (int roles = 0; roles < 2; roles++) {
+    run_fn = roles ? run_roles : run_body;
     run_result ref;
     run(0, 0, &ref);
     CHECK_OK(ref.rc);
     if (ref.rc) fprintf(stderr, "clean run: %s: %s\n", ref.where, ref.msg);
-    CHECK_EQ_I64(ref.n_batches, 9 * 2);
-    fprintf(stderr, "clean run: %ld allocations, %d batches\n", ref.allocations,
-            ref.n_batches);
+    /* Embedded: 9 rounds of 2 ranks.  Roles: 2 micro-batches of rank 0 per
+     * step, and one from the constructor. */
+    CHECK_EQ_I64(ref.n_batches, roles ? ROLE_STEPS * 2 + 1 : 9 * 2);
+    fprintf(stderr, "%s, clean run: %ld allocations, %d batches\n",
+            roles ? "roles one by one" : "embedded loader", ref.allocations, ref.n_batches);
 
     for (int persist = 0; persist < 2; persist++) {
         long codes[3] = {0, 0, 0}, at[N_WHERE] = {0};
@@ -282,6 +463,7 @@ int main(void) {
             if (at[w]) fprintf(stderr, " %s %ld", where_names[w], at[w]);
         fprintf(stderr, "\n");
         CHECK(n > 50);
+    }
     }
     TEST_END();
 }
