@@ -220,8 +220,7 @@ typedef int (*pl_lengths_fn)(void *ctx, int64_t source, int64_t n,
  * Captions are tokenized when the index is built, by the tokenizer of this
  * module: each UTF-8 byte b becomes token caption_token_offset + b (ByT5's
  * byte tokens).  A caption stored as token ids ("json:FIELD" holding an
- * array) needs no tokenizer: that is the path for a model's own tokenizer
- * until online text tokenization (issue 10) plugs in here.
+ * array) needs no tokenizer: that is the path for a model's own tokenizer.
  *
  * Index: "<shard>.plwds" (magic "PLWDS\0\0\0", version 1, the shard's size
  * and mtime, a hash of the options that shape it, counts, CRC-32; then one
@@ -940,8 +939,8 @@ PL_API int pl_state_source(const void *blob, size_t len, int64_t i,
 /* ================================================================ loader */
 /*
  * The embedded loader: sources, planner and data constructor in one process,
- * with worker threads and a bounded prefetch queue per served rank (DESIGN.md,
- * "Roles").  Batches are a pure function of (config, seed, step, rank): thread
+ * with worker threads and a bounded prefetch queue per served rank
+ * (docs/design.md, "Roles").  Batches are a pure function of (config, seed, step, rank): thread
  * count and prefetch depth never change them.
  *
  * Thread safety: pl_loader_next (for different ranks), pl_loader_get_state,

@@ -26,7 +26,7 @@
  *     (pl_state_retarget, pl_state_pack).
  *
  * The conventions of polyload.h (status codes, handles, messages,
- * ownership) apply here too.  The public .so exports the symbols of both
+ * ownership) apply here too; "SPEC section N" refers to docs/spec.md.  The public .so exports the symbols of both
  * headers and nothing else.
  */
 #ifndef POLYLOAD_EXPERIMENTAL_H
@@ -395,8 +395,8 @@ PL_API int pl_package_inspect(const void *buf, size_t len, int64_t *step,
 
 /* =============================================================== pipeline */
 /*
- * The step ledger both deployments drive (DESIGN.md, "One pipeline, many
- * transports").  It owns what is not transport:
+ * The step ledger both deployments drive (docs/design.md, "Deployments").
+ * It owns what is not transport:
  *
  *  - the ordered step entries: for each step its plan (owned), the state
  *    blob of its start and, for the ranks' statistics, its costs;
@@ -709,8 +709,8 @@ PL_API int pl_source_release_tokenizer(pl_source *src);
  * same one: the hash of the path picks it) and wait.  Tokens are the same
  * either way.  Meant for a process that hosts many sources for others (a
  * Ray source loader actor sets it to its CPUs, at least 2): a tokenizer used
- * from one thread keeps a smaller heap than from several (bench/README.md,
- * issue 10).  The threads live as long as the process; a smaller count
+ * from one thread keeps a smaller heap than from several (measured in
+ * bench/).  The threads live as long as the process; a smaller count
  * leaves the others idle.  PL_OK; PL_EINVAL for a count outside 0..256;
  * PL_ENOMEM when a thread cannot start.  Thread-safe. */
 PL_API int pl_set_tokenize_threads(int threads);
