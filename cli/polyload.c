@@ -22,6 +22,7 @@
  * public header only.
  */
 #include "polyload/polyload.h"
+#include "polyload/polyload_experimental.h"
 
 #include <errno.h>
 #include <inttypes.h>

@@ -26,15 +26,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int pl__grow_images(pl__batchbuf *buf, int64_t n, size_t bytes) {
+static int grow_images(pl__batchbuf *buf, int64_t n, size_t bytes) {
     pl_batch *b = &buf->b;
     if (n > buf->img_cap) {
         int64_t nc = buf->img_cap ? buf->img_cap : 8;
         while (nc < n) nc *= 2;
-        int64_t *g = realloc(b->image_grid_thw, (size_t)nc * 3 * sizeof *g);
+        int64_t *g = pl__realloc(b->image_grid_thw, (size_t)nc * 3 * sizeof *g);
         if (!g) return PL_ENOMEM;
         b->image_grid_thw = g;
-        int64_t *p = realloc(b->image_positions, (size_t)nc * 2 * sizeof *p);
+        int64_t *p = pl__realloc(b->image_positions, (size_t)nc * 2 * sizeof *p);
         if (!p) return PL_ENOMEM;
         b->image_positions = p;
         buf->img_cap = nc;
@@ -42,7 +42,7 @@ static int pl__grow_images(pl__batchbuf *buf, int64_t n, size_t bytes) {
     if (bytes > buf->pix_cap) {
         size_t nc = buf->pix_cap ? buf->pix_cap : (size_t)1 << 20;
         while (nc < bytes) nc *= 2;
-        uint8_t *px = realloc(b->pixel_values, nc);
+        uint8_t *px = pl__realloc(b->pixel_values, nc);
         if (!px) return PL_ENOMEM;
         b->pixel_values = px;
         buf->pix_cap = nc;
@@ -57,7 +57,7 @@ static int pl__grow_images(pl__batchbuf *buf, int64_t n, size_t bytes) {
  * process decide nothing but pixel values.  *rec NULL: the chunk holds no
  * image (caption only).
  */
-static int pl__package_image(pl__build_ctx *x, int64_t ordinal, const pl_chunk *c,
+static int package_image(pl__build_ctx *x, int64_t ordinal, const pl_chunk *c,
                              pl_image_info *in, const pl_payload_image **rec) {
     const pl__source_cfg *sc = &x->cfg->sources[c->source];
     *rec = NULL;
@@ -118,7 +118,7 @@ int pl__construct_images(pl__build_ctx *x, const pl_plan *plan, int64_t dp_rank,
             pl_image_info in;
             int rc;
             if (!x->sources && x->image_of) {
-                if ((rc = pl__package_image(x, ord, c, &in, &rec))) return rc;
+                if ((rc = package_image(x, ord, c, &in, &rec))) return rc;
                 if (!rec) continue;
             } else if (!x->sources) {
                 pl__fmt(x->err, x->errcap,
@@ -157,7 +157,7 @@ int pl__construct_images(pl__build_ctx *x, const pl_plan *plan, int64_t dp_rank,
                 return PL_EINVAL;
             }
             b->image_mode = (int32_t)in.mode;
-            if ((rc = pl__grow_images(buf, n + 1, used + in.bytes))) {
+            if ((rc = grow_images(buf, n + 1, used + in.bytes))) {
                 pl__fmt(x->err, x->errcap, "constructor: out of memory for images");
                 return rc;
             }

@@ -87,7 +87,7 @@ void pl__source_ext_free(pl__source_ext *x) {
 int pl__source_ext_dup(const pl__source_ext *o, pl__source_ext **out) {
     *out = NULL;
     if (!o) return PL_OK;
-    pl__source_ext *d = malloc(sizeof *d);
+    pl__source_ext *d = pl__malloc(sizeof *d);
     if (!d) return PL_ENOMEM;
     *d = *o;
     d->text_key = o->text_key ? pl__strdup(o->text_key) : NULL;
@@ -300,7 +300,7 @@ pl_config *pl__config_share(const pl_config *cfg) {
 
 pl_config *pl__config_clone(const pl_config *cfg) {
     if (!cfg) return NULL;
-    pl_config *c = calloc(1, sizeof *c);
+    pl_config *c = pl__calloc(1, sizeof *c);
     if (!c) return NULL;
     *c = *cfg;
     c->frozen = 0;

@@ -57,7 +57,7 @@ double pl_config_source_weight(const pl_config *cfg, int64_t i, int64_t step) {
     double small[16];
     double *w = small;
     if (cfg->n_sources > 16) {
-        w = malloc((size_t)cfg->n_sources * sizeof *w);
+        w = pl__malloc((size_t)cfg->n_sources * sizeof *w);
         if (!w) return 0.0;
     }
     pl__config_weights(cfg, step, w);

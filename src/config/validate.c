@@ -186,7 +186,7 @@ int pl__config_validate(pl_config *cfg, const pl__vlines *ln) {
 /* ------------------------------------------------------------ defaults */
 
 pl_config *pl__config_new(const char *origin) {
-    pl_config *cfg = calloc(1, sizeof *cfg);
+    pl_config *cfg = pl__calloc(1, sizeof *cfg);
     if (!cfg) return NULL;
     cfg->origin = pl__strdup(origin ? origin : "<string>");
     if (!cfg->origin) {

@@ -14,7 +14,7 @@
 
 #include <math.h>
 
-static inline double pl__attn(const pl_config *cfg, int64_t len) {
+static inline double attn_term(const pl_config *cfg, int64_t len) {
     double l = (double)len;
     if (cfg->cost.window > 0 && len > cfg->cost.window)
         return l * (double)cfg->cost.window;
@@ -22,7 +22,7 @@ static inline double pl__attn(const pl_config *cfg, int64_t len) {
 }
 
 double pl__chunk_cost(const pl_config *cfg, int64_t len) {
-    return cfg->cost.a * (double)len + cfg->cost.b * pl__attn(cfg, len) +
+    return cfg->cost.a * (double)len + cfg->cost.b * attn_term(cfg, len) +
            cfg->cost.c;
 }
 
@@ -30,7 +30,7 @@ double pl__sequence_cost(const pl_config *cfg, const pl_chunk *c, int64_t n) {
     double tokens = 0, attn = 0;
     for (int64_t i = 0; i < n; i++) {
         tokens += (double)c[i].length;
-        attn += pl__attn(cfg, c[i].length);
+        attn += attn_term(cfg, c[i].length);
     }
     return cfg->cost.a * tokens + cfg->cost.b * attn + cfg->cost.c;
 }
@@ -69,7 +69,7 @@ double pl_cost_sequence(const pl_config *cfg, const int64_t *doc_lengths,
     double tokens = 0, attn = 0;
     for (int64_t i = 0; i < n; i++) {
         tokens += (double)doc_lengths[i];
-        attn += pl__attn(cfg, doc_lengths[i]);
+        attn += attn_term(cfg, doc_lengths[i]);
     }
     return cfg->cost.a * tokens + cfg->cost.b * attn + cfg->cost.c;
 }

@@ -44,7 +44,7 @@ int pl_plan_step_reads(const pl_plan *plan, int64_t dp_rank, pl_read *out,
 }
 
 /* The plan with only dp_rank's sequences' chunks. */
-static int pl__plan_subset(const pl_plan *p, int64_t dp_rank, pl_plan **out) {
+static int plan_subset(const pl_plan *p, int64_t dp_rank, pl_plan **out) {
     *out = NULL;
     size_t n = (size_t)p->n_sequences;
     pl__plan_impl *m = pl__calloc(1, sizeof *m);
@@ -96,7 +96,7 @@ static int pl__plan_subset(const pl_plan *p, int64_t dp_rank, pl_plan **out) {
     return PL_OK;
 }
 
-static int pl__token_dtype_ok(int32_t dt) {
+static int token_dtype_ok(int32_t dt) {
     return dt >= PL_DTYPE_UINT8 && dt <= PL_DTYPE_UINT32;
 }
 
@@ -133,7 +133,7 @@ int pl_package_encode_v2(const pl_plan *plan, int64_t dp_rank, const void *state
     rc = pl_plan_step_reads(plan, dp_rank, reads, n_reads, &n_reads);
     size_t token_bytes = 0;
     for (int64_t i = 0; !rc && i < n_reads; i++) {
-        if (!pl__token_dtype_ok(payloads[i].dtype) || payloads[i].count < reads[i].count ||
+        if (!token_dtype_ok(payloads[i].dtype) || payloads[i].count < reads[i].count ||
             (!payloads[i].data && reads[i].count > 0))
             rc = PL_EINVAL;
         else
@@ -141,7 +141,7 @@ int pl_package_encode_v2(const pl_plan *plan, int64_t dp_rank, const void *state
     }
     pl_plan *sub = NULL;
     size_t plan_len = 0;
-    if (!rc) rc = pl__plan_subset(plan, dp_rank, &sub);
+    if (!rc) rc = plan_subset(plan, dp_rank, &sub);
     if (!rc) rc = pl_plan_encode(sub, NULL, 0, &plan_len);
     size_t total = PL__PACKAGE_HEADER + state_len + plan_len +
                    (size_t)n_reads * 16 + token_bytes + image_bytes + 8;
@@ -201,7 +201,7 @@ int pl_package_encode_v2(const pl_plan *plan, int64_t dp_rank, const void *state
 }
 
 /* Envelope check; fills the header fields. */
-static int pl__package_open(const void *buf, size_t len, int64_t hdr[4],
+static int package_open(const void *buf, size_t len, int64_t hdr[4],
                             uint64_t *state_len, uint64_t *plan_len) {
     const unsigned char *b = buf;
     if (!b || len < PL__PACKAGE_HEADER + 8 || memcmp(b, "PLPK", 4) != 0)
@@ -231,7 +231,7 @@ int pl_package_inspect(const void *buf, size_t len, int64_t *step,
                        int64_t *dp_rank) {
     int64_t hdr[4];
     uint64_t sl, pl;
-    int rc = pl__package_open(buf, len, hdr, &sl, &pl);
+    int rc = package_open(buf, len, hdr, &sl, &pl);
     if (rc) return rc;
     if (step) *step = hdr[0];
     if (dp_rank) *dp_rank = hdr[1];
@@ -254,17 +254,17 @@ int pl__package_decode(const void *buf, size_t len, pl__package **out,
     *out = NULL;
     int64_t hdr[4];
     uint64_t sl, plen;
-    int rc = pl__package_open(buf, len, hdr, &sl, &plen);
+    int rc = package_open(buf, len, hdr, &sl, &plen);
     if (rc) {
         pl__fmt(err, errcap, "package: %zu bytes are not a valid package (%s)",
                 len, rc == PL_EVERSION ? "unsupported version" : "corrupt");
         return PL_EINVAL;
     }
     pl__package *k = pl__calloc(1, sizeof *k);
-    if (!k) return PL_ENOMEM;
-    k->buf = malloc(len ? len : 1);
-    if (!k->buf) {
+    if (k) k->buf = pl__malloc(len ? len : 1);
+    if (!k || !k->buf) {
         free(k);
+        pl__fmt(err, errcap, "package of %zu bytes: out of memory", len);
         return PL_ENOMEM;
     }
     memcpy(k->buf, buf, len);
@@ -277,10 +277,10 @@ int pl__package_decode(const void *buf, size_t len, pl__package **out,
     k->state_len = (size_t)sl;
     rc = pl_plan_decode(b + PL__PACKAGE_HEADER + sl, (size_t)plen, &k->plan);
     if (rc) {
-        pl__fmt(err, errcap, "package of step %lld: its plan is corrupt",
-                (long long)k->step);
+        pl__fmt(err, errcap, "package of step %lld: %s", (long long)k->step,
+                rc == PL_ENOMEM ? "out of memory decoding its plan" : "its plan is corrupt");
         pl__package_free(k);
-        return PL_EINVAL;
+        return rc == PL_ENOMEM ? PL_ENOMEM : PL_EINVAL;
     }
     if (k->plan->step != k->step || k->dp_rank >= k->plan->dp) {
         pl__fmt(err, errcap, "package: step %lld / DP rank %lld disagree with its plan",
@@ -316,7 +316,7 @@ int pl__package_decode(const void *buf, size_t len, pl__package **out,
         int64_t count;
         memcpy(d, tab + 16 * i, 8);
         memcpy(&count, tab + 16 * i + 8, 8);
-        size_t es = pl__token_dtype_ok(d[0]) ? pl_dtype_size(d[0]) : 0;
+        size_t es = token_dtype_ok(d[0]) ? pl_dtype_size(d[0]) : 0;
         if (!es || count != reads[i].count || count < 0 ||
             (uint64_t)count > (uint64_t)(end - tok) / es) {
             rc = PL_EINVAL;
@@ -357,6 +357,8 @@ int pl__package_decode(const void *buf, size_t len, pl__package **out,
                     "package of step %lld, DP rank %lld: its read table does not "
                     "match its plan",
                     (long long)k->step, (long long)k->dp_rank);
+        else if (rc == PL_ENOMEM)
+            pl__fmt(err, errcap, "package of step %lld: out of memory", (long long)k->step);
         pl__package_free(k);
         return rc;
     }

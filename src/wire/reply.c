@@ -32,7 +32,7 @@ typedef struct pl__rimg {
 } pl__rimg;
 
 /* The images of the reads and the layout's sizes. */
-static int pl__reply_plan(pl_source *const *sources, int64_t n_sources,
+static int reply_plan(pl_source *const *sources, int64_t n_sources,
                           const pl_read *reads, int64_t n, pl__rimg **imgs,
                           int64_t *n_imgs, size_t *token_bytes, size_t *pixel_bytes,
                           char *err, size_t errcap) {
@@ -51,7 +51,10 @@ static int pl__reply_plan(pl_source *const *sources, int64_t n_sources,
         n_wds += pl_source_get_type(sources[s]) == PL_SOURCE_WEBDATASET;
     }
     pl__rimg *v = pl__calloc(n_wds ? (size_t)n_wds : 1, sizeof *v);
-    if (!v) return PL_ENOMEM;
+    if (!v) {
+        pl__fmt(err, errcap, "pl_reply_encode: out of memory");
+        return PL_ENOMEM;
+    }
     int64_t k = 0;
     for (int64_t i = 0; i < n; i++) {
         pl_source *src = sources[reads[i].source];
@@ -79,7 +82,7 @@ static int pl__reply_plan(pl_source *const *sources, int64_t n_sources,
     return PL_OK;
 }
 
-static int64_t pl__mono_ns(void) {
+static int64_t mono_ns(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
@@ -99,7 +102,7 @@ int pl_reply_encode_timed(pl_source *const *sources, int64_t n_sources,
     int64_t n_imgs = 0;
     size_t tb = 0, pb = 0;
     err[0] = '\0';
-    int rc = pl__reply_plan(sources, n_sources, reads, n, &imgs, &n_imgs, &tb, &pb, err,
+    int rc = reply_plan(sources, n_sources, reads, n, &imgs, &n_imgs, &tb, &pb, err,
                             sizeof err);
     if (rc) {
         pl__thread_err(err);
@@ -138,7 +141,7 @@ int pl_reply_encode_timed(pl_source *const *sources, int64_t n_sources,
     w += (size_t)n_imgs * PL__REPLY_IMAGE;
     /* With source_ns, the clock is read where the source changes (a run of
        one source's rows costs one reading) and after each image. */
-    int64_t t_prev = source_ns ? pl__mono_ns() : 0;
+    int64_t t_prev = source_ns ? mono_ns() : 0;
     for (int64_t i = 0; i < n && rc == PL_OK; i++) {
         pl_source *src = sources[reads[i].source];
         size_t nb = (size_t)reads[i].count * pl_dtype_size(pl_source_token_dtype(src));
@@ -146,7 +149,7 @@ int pl_reply_encode_timed(pl_source *const *sources, int64_t n_sources,
         if (rc) pl__fmt(err, sizeof err, "%s", pl_last_errmsg());
         w += nb;
         if (source_ns && (i + 1 == n || reads[i + 1].source != reads[i].source)) {
-            int64_t t = pl__mono_ns();
+            int64_t t = mono_ns();
             source_ns[reads[i].source] += t - t_prev;
             t_prev = t;
         }
@@ -157,7 +160,7 @@ int pl_reply_encode_timed(pl_source *const *sources, int64_t n_sources,
         int32_t status = PL_OK;
         int blank = 0;
         size_t bytes = m->bytes;
-        if (source_ns) t_prev = pl__mono_ns();
+        if (source_ns) t_prev = mono_ns();
         if (bytes) {
             char derr[PL__ERRMSG_CAP];
             status = pl__wds_read_image_or_blank(sources[reads[m->row].source], m->index,
@@ -170,7 +173,7 @@ int pl_reply_encode_timed(pl_source *const *sources, int64_t n_sources,
                 memcpy(pix + m->offset, derr, bytes);
             }
         }
-        if (source_ns) source_ns[reads[m->row].source] += pl__mono_ns() - t_prev;
+        if (source_ns) source_ns[reads[m->row].source] += mono_ns() - t_prev;
         int64_t rec[4] = {m->row, m->tokens, m->height, m->width};
         int32_t st[2] = {status, blank ? PL_IMAGE_BLANK : 0};
         uint64_t ob[2] = {m->offset, bytes};
@@ -190,7 +193,7 @@ int pl_reply_encode_timed(pl_source *const *sources, int64_t n_sources,
     return PL_OK;
 }
 
-static int pl__token_dtype(int32_t d) { return d >= PL_DTYPE_UINT8 && d <= PL_DTYPE_UINT32; }
+static int token_dtype(int32_t d) { return d >= PL_DTYPE_UINT8 && d <= PL_DTYPE_UINT32; }
 
 int pl_reply_decode(const void *buf, size_t len, pl_payload *rows, int64_t rows_cap,
                     pl_payload_image *images, int64_t images_cap, int64_t *n_rows,
@@ -208,8 +211,11 @@ int pl_reply_decode(const void *buf, size_t len, pl_payload *rows, int64_t rows_
     if (h != pl__hash64(b, len - 8, 0)) return PL_EINVAL;
     memcpy(counts, b + 16, 16);
     const size_t room = len - PL__REPLY_HEADER - 8;
+    /* The tables fit in the buffer: every row has its record, every image
+     * its own (a reply of many short rows and no image is valid). */
     if (counts[0] < 0 || counts[1] < 0 || counts[1] > counts[0] ||
-        (uint64_t)counts[0] > room / (PL__REPLY_ROW + PL__REPLY_IMAGE))
+        (uint64_t)counts[0] > room / PL__REPLY_ROW ||
+        (uint64_t)counts[1] > (room - (size_t)counts[0] * PL__REPLY_ROW) / PL__REPLY_IMAGE)
         return PL_EINVAL;
     const int64_t nr = counts[0], ni = counts[1];
     const unsigned char *rtab = b + PL__REPLY_HEADER;
@@ -221,7 +227,7 @@ int pl_reply_decode(const void *buf, size_t len, pl_payload *rows, int64_t rows_
         int64_t count;
         memcpy(d, rtab + (size_t)i * PL__REPLY_ROW, 8);
         memcpy(&count, rtab + (size_t)i * PL__REPLY_ROW + 8, 8);
-        size_t es = pl__token_dtype(d[0]) ? pl_dtype_size((pl_dtype)d[0]) : 0;
+        size_t es = token_dtype(d[0]) ? pl_dtype_size((pl_dtype)d[0]) : 0;
         if (!es || count < 0 || (uint64_t)count > (uint64_t)(end - tok) / es) return PL_EINVAL;
         if (rows && i < rows_cap) rows[i] = (pl_payload){tok, d[0], 0, count};
         tok += (size_t)count * es;

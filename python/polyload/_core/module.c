@@ -392,8 +392,10 @@ static PyMethodDef module_methods[] = {
 static struct PyModuleDef core_module = {
     PyModuleDef_HEAD_INIT,
     "polyload._core",
-    "polyload._core: the C library libpolyload, one to one (see polyload.h).\n\n"
-    "Types: Config, Source, Planner, Loader, Batch, Array.  Status codes map to\n"
+    "polyload._core: the C library libpolyload, one to one (see polyload.h and\n"
+    "polyload_experimental.h).\n\n"
+    "Types: Config, Source, Loader, Batch, Array; Planner, Plan, Constructor,\n"
+    "Pipeline, Work (the roles, experimental).  Status codes map to\n"
     "the exceptions of polyload._errors.  Use the friendly layer `polyload`.",
     -1,
     module_methods,
