@@ -44,6 +44,7 @@ void pl__vfmt(char *buf, size_t cap, const char *fmt, va_list ap);
 void pl__thread_err(const char *msg);
 
 /* Allocation helpers that never abort: NULL on failure. */
+void *pl__malloc(size_t size); /* size 0: a valid 1-byte block */
 void *pl__calloc(size_t n, size_t size);
 void *pl__realloc_array(void *p, size_t n, size_t size);
 char *pl__strdup(const char *s);

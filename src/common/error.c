@@ -102,6 +102,8 @@ void pl__fmt(char *buf, size_t cap, const char *fmt, ...) {
     va_end(ap);
 }
 
+void *pl__malloc(size_t size) { return malloc(size ? size : 1); }
+
 void *pl__calloc(size_t n, size_t size) {
     if (n == 0 || size == 0) return calloc(1, 1);
     return calloc(n, size);
