@@ -4,8 +4,10 @@
  * Opening expands the configured path into a sorted list of files (a single
  * file or Megatron prefix, every matching file of a directory, or the matches
  * of a glob(3) pattern; sorted by strcmp so the order does not depend on the
- * locale), opens each through its format module and numbers documents across
- * files: file i holds global documents [first_doc, first_doc + n_docs).  A
+ * locale), opens each through its format's method table (source.h) and
+ * numbers documents across files: file i holds global documents
+ * [first_doc, first_doc + n_docs).  Everything a format does is reached
+ * through that table; nothing here tests a source's type.  A
  * lookup is a binary search over that small per-file table, so the heap cost
  * is one record and one path per file and nothing per document.
  *

@@ -1,13 +1,18 @@
 /*
  * source.h -- what the source modules (source.c and one file per format:
- * megatron.c, tokens.c, wds.c, text/) share: the handle, the per-file record, and the entry
- * points of each format.  Not installed; nothing here is public.
+ * megatron.c, tokens.c, wds.c, text/) share: the handle, the per-file
+ * record, and the method table through which the handle reaches a format.
+ * Not installed; nothing here is public.
  *
- * A source is a sorted array of pl__sfile.  Each file numbers its documents
- * from 0 to n_docs - 1 locally; first_doc places them in the source's global
- * numbering.  All per-document data (Megatron's lengths and pointers, the
- * .plidx end offsets) stays in mapped memory: the heap holds only this small
- * per-file record and the path.
+ * A format is a pl__source_ops table (versioned, as SQLite's
+ * sqlite3_io_methods): source.c finds it by type when a source opens and
+ * calls nothing of a format but through it.  A source is a sorted array of
+ * file records, each ops->file_size bytes: the common pl__sfile, then the
+ * format's own fields (as SQLite's sqlite3_file and szOsFile).  Each file
+ * numbers its documents from 0 to n_docs - 1 locally; first_doc places them
+ * in the source's global numbering.  All per-document data (Megatron's
+ * lengths and pointers, the .plidx end offsets) stays in mapped memory: the
+ * heap holds only the small per-file record and the path.
  */
 #ifndef POLYLOAD_SOURCE_H
 #define POLYLOAD_SOURCE_H

@@ -259,11 +259,10 @@ static int pl__looks_like_text(const uint8_t *m, int64_t size) {
     return 1;
 }
 
-static int pl__tokens_open(pl_source *src, pl__sfile *f, int skip_damaged,
-                           char *err, size_t errcap) {
-    (void)skip_damaged;
+/* Open an llm.c shard (llmc 1) or a flat file (0) and find its documents. */
+static int pl__tokens_open(pl_source *src, pl__sfile *f, int llmc, char *err,
+                           size_t errcap) {
     pl__kfile *kf = (pl__kfile *)f;
-    const pl_source_type type = src->type;
     const pl_dtype flat_dtype = src->dtype; /* the configured dtype (flat) */
     const int64_t eos_id = src->eos_id;
     const int write_index = src->write_index;
@@ -276,7 +275,7 @@ static int pl__tokens_open(pl_source *src, pl__sfile *f, int skip_damaged,
     const uint8_t *m = f->data_map;
     int64_t size = (int64_t)f->data_len;
 
-    if (type == PL_SOURCE_LLMC) {
+    if (llmc) {
         if (size < PL__LLMC_HEADER) {
             pl__fmt(err, errcap,
                     "%s: truncated at offset %lld: the llm.c header needs %d "
@@ -358,7 +357,7 @@ static int pl__tokens_open(pl_source *src, pl__sfile *f, int skip_damaged,
     }
     pl__want w = {
         .width = (uint32_t)f->width,
-        .type = (uint32_t)type,
+        .type = (uint32_t)src->ops->type,
         .eos = eos_id,
         .size = (uint64_t)st.st_size,
         .mtime_ns = (int64_t)st.st_mtim.tv_sec * 1000000000 +
@@ -391,10 +390,10 @@ static int pl__tokens_open(pl_source *src, pl__sfile *f, int skip_damaged,
     pl__ends e = {0};
     if (f->width == 2)
         rc = pl__scan_u16(kf->tokens, kf->n_tokens, (uint64_t)eos_id,
-                          type == PL_SOURCE_LLMC, &e);
+                          llmc, &e);
     else
         rc = pl__scan_u32(kf->tokens, kf->n_tokens, (uint64_t)eos_id,
-                          type == PL_SOURCE_LLMC, &e);
+                          llmc, &e);
     if (rc) {
         if (lockfd >= 0) close(lockfd);
         if (e.a) munmap(e.a, e.cap * 8);
@@ -443,6 +442,18 @@ static int pl__tokens_doc(const pl_source *src, const pl__sfile *bf, int64_t r,
     return PL_OK;
 }
 
+static int pl__llmc_open(pl_source *src, pl__sfile *f, int skip_damaged, char *err,
+                         size_t errcap) {
+    (void)skip_damaged;
+    return pl__tokens_open(src, f, 1, err, errcap);
+}
+
+static int pl__flat_open(pl_source *src, pl__sfile *f, int skip_damaged, char *err,
+                         size_t errcap) {
+    (void)skip_damaged;
+    return pl__tokens_open(src, f, 0, err, errcap);
+}
+
 static void pl__tokens_prefetch(const pl__sfile *bf, int64_t r) {
     const pl__kfile *f = (const pl__kfile *)bf;
     if (f->ends) __builtin_prefetch(f->ends + (r > 0 ? r - 1 : 0));
@@ -482,7 +493,7 @@ const pl__source_ops pl__llmc_ops = {
     .index_suffix = ".plidx",
     .unit = "record",
     .init = pl__llmc_init,
-    .open_file = pl__tokens_open,
+    .open_file = pl__llmc_open,
     .doc = pl__tokens_doc,
     .prefetch = pl__tokens_prefetch,
 };
@@ -496,7 +507,7 @@ const pl__source_ops pl__flat_ops = {
     .index_suffix = ".plidx",
     .unit = "record",
     .init = pl__flat_init,
-    .open_file = pl__tokens_open,
+    .open_file = pl__flat_open,
     .doc = pl__tokens_doc,
     .prefetch = pl__tokens_prefetch,
 };

@@ -51,6 +51,14 @@
  * Locking: one mutex per source guards the table, the queue, the lookahead
  * cursor and the learned lengths; parsing, tokenizing and writing sidecars
  * run outside it.
+ *
+ * Files: formats.c (the jsonl and text method tables; parquet.c holds
+ * Parquet's), setup.c (options), records.c (finding records at open),
+ * utf8.c, parse.c (one record into texts), bytes.c (the bytes tokenizer),
+ * table.c (the document table), tokenize.c (batches, threads, reads),
+ * lookahead.c, lengths.c (many lengths), lencache.c (the .pllen sidecar).
+ * What differs between the formats is in their tables (ops->record,
+ * ops->unit, the PL__SRC_JSON and PL__SRC_LINES flags), never a type test.
  */
 #ifndef POLYLOAD_TEXT_H
 #define POLYLOAD_TEXT_H
