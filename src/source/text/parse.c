@@ -15,8 +15,7 @@
 
 /* Line (1-based) of byte `at` of file f: newlines before it are counted
  * (error path only). */
-int64_t pl__text_line_of(const pl_source *src, const pl__tfile *f,
-                           uint64_t at) {
+int64_t pl__text_line_of(const pl_source *src, const pl__tfile *f, uint64_t at) {
     int64_t line = 1;
     uint64_t from = 0;
     if (f->line_ck && f->base.n_docs > 0 && (src->ops->flags & PL__SRC_LINES)) {

@@ -82,8 +82,8 @@ void pl__tab_evict(pl__text *t) {
     }
 }
 
-void pl__tab_finish(pl__text *t, pl__tentry *e, int rc, const char *msg,
-                       int32_t *ids, int64_t len) {
+void pl__tab_finish(pl__text *t, pl__tentry *e, int rc, const char *msg, int32_t *ids,
+                    int64_t len) {
     char m[PL__ERRMSG_CAP];
     if (rc == PL_OK && t->lc_key) {
         /* A cached length the tokenizer does not give would have planned

@@ -211,8 +211,7 @@ static void pl__tokenize_job(void *arg) {
 /* pl__tokenize_here on the process's tokenize pool where it has one
  * (pl_set_tokenize_threads: on the thread of the source's tokenizer file),
  * else on this thread; lengths-only sources ask their lengths function. */
-void pl__text_tokenize(pl_source *src, const int64_t *idx, int64_t n,
-                         pl__tres *res) {
+void pl__text_tokenize(pl_source *src, const int64_t *idx, int64_t n, pl__tres *res) {
     if (pl__text_of(src)->lengths_fn) {
         pl__remote_lengths(src, idx, n, res);
         return;
