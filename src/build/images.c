@@ -127,7 +127,7 @@ int pl__construct_images(pl__build_ctx *x, const pl_plan *plan, int64_t dp_rank,
                         "int64 payloads carry no pixels (use packages)",
                         cfg->sources[c->source].name);
                 return PL_EINVAL;
-            } else if ((rc = pl__wds_image_info(x->sources[c->source], c->index, &in, x->err,
+            } else if ((rc = pl__source_image_info(x->sources[c->source], c->index, &in, x->err,
                                                 x->errcap))) {
                 return rc;
             }
@@ -164,7 +164,7 @@ int pl__construct_images(pl__build_ctx *x, const pl_plan *plan, int64_t dp_rank,
             int blank = 0;
             if (rec)
                 memcpy(b->pixel_values + used, rec->data, in.bytes), blank = rec->reserved;
-            else if ((rc = pl__wds_read_image_or_blank(x->sources[c->source], c->index,
+            else if ((rc = pl__source_read_image_or_blank(x->sources[c->source], c->index,
                                                        b->pixel_values + used, in.bytes,
                                                        &blank, x->err, x->errcap)))
                 return rc;

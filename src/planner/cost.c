@@ -48,7 +48,7 @@ int pl__has_encoder_cost(const pl_planner *p) {
  * balancing"): a_e * N + b_e * N^2 for the image of a chunk that holds its
  * sample's placeholder run (offset 0), N its patches (the encoder's
  * sequence, before merging).  N comes from the source's index
- * (pl__wds_image_info): no pixel is read.
+ * (pl__source_image_info): no pixel is read.
  */
 double pl__chunk_encoder_cost(const pl_planner *p, const pl_chunk *ch) {
     const pl_config *c = p->cfg;
@@ -57,7 +57,7 @@ double pl__chunk_encoder_cost(const pl_planner *p, const pl_chunk *ch) {
         return 0;
     pl_image_info in;
     char err[PL__ERRMSG_CAP];
-    if (pl__wds_image_info(p->sources[ch->source], ch->index, &in, err, sizeof err))
+    if (pl__source_image_info(p->sources[ch->source], ch->index, &in, err, sizeof err))
         return 0; /* the length lookup reported it when the chunk was drawn */
     const double N = (double)in.patches;
     return c->cost.enc_a * N + c->cost.enc_b * N * N;

@@ -60,7 +60,7 @@ static int reply_plan(pl_source *const *sources, int64_t n_sources,
         pl_source *src = sources[reads[i].source];
         if (pl_source_get_type(src) != PL_SOURCE_WEBDATASET) continue;
         pl_image_info in;
-        int rc = pl__wds_image_info(src, reads[i].index, &in, err, errcap);
+        int rc = pl__source_image_info(src, reads[i].index, &in, err, errcap);
         if (rc) {
             free(v);
             return rc;
@@ -163,7 +163,7 @@ int pl_reply_encode_timed(pl_source *const *sources, int64_t n_sources,
         if (source_ns) t_prev = mono_ns();
         if (bytes) {
             char derr[PL__ERRMSG_CAP];
-            status = pl__wds_read_image_or_blank(sources[reads[m->row].source], m->index,
+            status = pl__source_read_image_or_blank(sources[reads[m->row].source], m->index,
                                                  pix + m->offset, m->bytes, &blank, derr,
                                                  sizeof derr);
             if (status) { /* the message takes the slot's place (truncated to it) */

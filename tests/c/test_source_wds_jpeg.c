@@ -197,7 +197,7 @@ int main(void) {
     CHECK_OK(pl_config_open_source(cfg, 0, &s));
     CHECK_EQ_I64(pl_source_num_images_replaced(s), 0);
     uint8_t *tmp = px;
-    CHECK_EQ_I64(pl__wds_read_image_or_blank(s, BAD, tmp, sizeof px, &m1, want, sizeof want),
+    CHECK_EQ_I64(pl__source_read_image_or_blank(s, BAD, tmp, sizeof px, &m1, want, sizeof want),
                  PL_OK);
     CHECK_EQ_I64(m1, 1);
     CHECK_EQ_I64(pl_source_num_images_replaced(s), 1);
