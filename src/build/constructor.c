@@ -367,8 +367,8 @@ int pl__build_ctx_init(pl__build_ctx *x, const pl_config *c,
     x->read = read;
     x->dtype = c->dtype;
     x->pad_id = c->pad_id;
-    x->full_cols = c->seq_length;
-    x->cols = c->seq_length / cp;
+    x->full_cols = pl__row_tokens(c);
+    x->cols = pl__row_tokens(c) / cp;
     x->cp = cp;
     x->align = cp > 1 ? 2 * cp : 1;
     x->err = err;
@@ -380,7 +380,7 @@ int pl__build_ctx_init(pl__build_ctx *x, const pl_config *c,
         x->has_images |= c->sources[i].type == PL_SOURCE_WEBDATASET;
         x->has_sft |= pl__sx(&c->sources[i])->prompt_key != NULL || pl__sx(&c->sources[i])->messages_key != NULL;
     }
-    x->seg = pl__calloc(2 * ((size_t)c->seq_length + 1), sizeof(int64_t));
+    x->seg = pl__calloc(2 * ((size_t)pl__row_tokens(c) + 1), sizeof(int64_t));
     return x->seg ? PL_OK : PL_ENOMEM;
 }
 
@@ -519,7 +519,7 @@ static int pl__constructor_create_impl(const pl_config *cfg, pl_constructor **ou
     if (!k->cfg) goto oom;
     const pl_config *c = k->cfg;
     int64_t cp = c->topology.cp;
-    if (pl__pool_create(c->micro_batch_size, c->seq_length / cp, c->seq_length,
+    if (pl__pool_create(pl__mb_rows(c), pl__row_tokens(c) / cp, pl__row_tokens(c),
                         c->dtype, &k->pool))
         goto oom;
     if (pl__build_ctx_init(&k->ctx, c, pl__read_from_payloads, k->errmsg,
@@ -559,8 +559,8 @@ static int pl__constructor_build_impl(pl_constructor *k, const pl_plan *plan, in
                 (long long)rank);
         return rc;
     }
-    if (plan->dp != k->cfg->topology.dp || plan->seq_length != k->cfg->seq_length ||
-        plan->micro_batch_size != k->cfg->micro_batch_size) {
+    if (plan->dp != k->cfg->topology.dp || plan->seq_length != pl__row_tokens(k->cfg) ||
+        plan->micro_batch_size != pl__mb_rows(k->cfg)) {
         pl__fmt(k->errmsg, sizeof k->errmsg,
                 "constructor: the plan's dp/seq_length/micro_batch_size differ "
                 "from the config's");

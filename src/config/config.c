@@ -218,9 +218,9 @@ static const char *const packing_names[] = {"best_fit", "concat_chunk"};
 static const int packing_values[] = {PL__PACK_BEST_FIT,
                                      PL__PACK_CONCAT_CHUNK};
 static const char *const balance_names[] = {"none", "greedy",
-                                            "karmarkar_karp"};
+                                            "karmarkar_karp", "variable_length"};
 static const int balance_values[] = {PL__BALANCE_NONE, PL__BALANCE_GREEDY,
-                                     PL__BALANCE_KK};
+                                     PL__BALANCE_KK, PL__BALANCE_VLEN};
 static const char *const sidecar_names[] = {"write", "read", "memory"};
 static const int sidecar_values[] = {PL_INDEX_WRITE, PL_INDEX_READ, PL_INDEX_MEMORY};
 static const char *const onerr_names[] = {"fail", "skip"};
@@ -283,7 +283,7 @@ static int is_known_key(const char *key) {
     static const char *const known[] = {
         "seed", "seq_length", "global_batch_size", "micro_batch_size",
         "train_steps", "dtype", "pad_id", "long_documents", "packing",
-        "balance", "on_error", "threads", "prefetch", "max_lag_steps", "sidecar_index",
+        "balance", "max_tokens", "balance_window", "on_error", "threads", "prefetch", "max_lag_steps", "sidecar_index",
         "cost.preset",
         "cost.a", "cost.b", "cost.c", "cost.window", "long_short.threshold",
         "cost.encoder.a", "cost.encoder.b",
@@ -387,6 +387,10 @@ static int set_scalar(pl_config *cfg, const char *key, const sval *v) {
         return get_enum(cfg, key, v, ENUM_ARGS(packing), &cfg->packing);
     if (strcmp(key, "balance") == 0)
         return get_enum(cfg, key, v, ENUM_ARGS(balance), &cfg->balance);
+    if (strcmp(key, "max_tokens") == 0)
+        return get_int(cfg, key, v, 0, PL__MAX_SEQ_LENGTH, &cfg->max_tokens);
+    if (strcmp(key, "balance_window") == 0)
+        return get_int(cfg, key, v, 1, 4096, &cfg->balance_window);
     if (strcmp(key, "on_error") == 0)
         return get_enum(cfg, key, v, ENUM_ARGS(onerr), &cfg->on_error);
     if (strcmp(key, "threads") == 0 || strcmp(key, "prefetch") == 0) {
@@ -482,6 +486,28 @@ static int validate(pl_config *cfg, const vlines *ln) {
                        "seq_length %" PRId64
                        " is not divisible by 2 * topology.cp = %" PRId64,
                        cfg->seq_length, 2 * cfg->topology.cp);
+    if (cfg->balance != PL__BALANCE_VLEN && cfg->max_tokens != 0)
+        return cfg_err(cfg, PL_ECONFIG, 0,
+                       "max_tokens applies only to balance: variable_length");
+    if (cfg->balance == PL__BALANCE_VLEN) {
+        const int64_t m = pl__vlen_max_tokens(cfg);
+        const int64_t need = cfg->micro_batch_size * cfg->seq_length;
+        if (m < need)
+            return cfg_err(cfg, PL_ECONFIG, 0,
+                           "max_tokens %" PRId64 " is below micro_batch_size * "
+                           "seq_length = %" PRId64
+                           " (a micro-batch row must hold what it replaces)",
+                           m, need);
+        if (m > PL__MAX_SEQ_LENGTH || m > INT32_MAX)
+            return cfg_err(cfg, PL_ECONFIG, 0,
+                           "max_tokens %" PRId64 " is above the limit %" PRId64,
+                           m, PL__MAX_SEQ_LENGTH);
+        if (cfg->topology.cp > 1 && m % (2 * cfg->topology.cp) != 0)
+            return cfg_err(cfg, PL_ECONFIG, 0,
+                           "max_tokens %" PRId64
+                           " is not divisible by 2 * topology.cp = %" PRId64,
+                           m, 2 * cfg->topology.cp);
+    }
     int sliding = strcmp(cfg->cost.preset, "sliding_window") == 0;
     if (sliding && cfg->cost.window <= 0)
         return cfg_err(cfg, PL_ECONFIG, ln->cost,
@@ -631,6 +657,7 @@ static pl_config *config_new(const char *origin) {
     cfg->long_documents = PL__LONGDOC_SPLIT;
     cfg->packing = PL__PACK_BEST_FIT;
     cfg->balance = PL__BALANCE_NONE;
+    cfg->balance_window = 1;
     pl__fmt(cfg->cost.preset, sizeof cfg->cost.preset, "linear");
     cfg->cost.a = 1.0;
     cfg->cost.b = 0.0;
@@ -1841,6 +1868,8 @@ int pl_config_get_int(const pl_config *cfg, const char *key, int64_t *out) {
         {"long_documents", cfg->long_documents},
         {"packing", cfg->packing},
         {"balance", cfg->balance},
+        {"max_tokens", pl__row_tokens(cfg)},
+        {"balance_window", cfg->balance_window},
         {"on_error", cfg->on_error},
         {"threads", cfg->threads},
         {"prefetch", cfg->prefetch},
@@ -2097,6 +2126,7 @@ uint64_t pl_config_fingerprint(const pl_config *c) {
     int64_t ints[] = {(int64_t)c->seed, c->seq_length, c->global_batch_size,
                       c->micro_batch_size, c->train_steps, c->dtype, c->pad_id,
                       c->long_documents, c->packing, c->balance, c->cost.window,
+                      c->max_tokens, c->balance_window,
                       c->long_short_threshold, c->on_error, c->topology.dp,
                       c->topology.pp, c->topology.cp, c->topology.tp,
                       c->n_sources, c->has_schedule, c->interpolation, c->n_points};

@@ -1,6 +1,12 @@
 /*
  * balance.c -- cost-aware arrangement of a step across DP ranks and
- * micro-batches (balance: greedy | karmarkar_karp).
+ * micro-batches (balance: greedy | karmarkar_karp | variable_length).
+ *
+ * The balancer returns an arrangement (the chunks' sequences and the slots
+ * of the sequences); pack.c builds the plan from it once.  variable_length
+ * is described at pl__balance_vlen below: it deals chunks, not sequences,
+ * so ranks carry unequal token counts.  What follows is greedy and
+ * karmarkar_karp.
  *
  * Balancing changes where a step's member chunks go, never which chunks are
  * members (SPEC section 1): every DP rank keeps exactly global_batch_size/dp
@@ -276,7 +282,7 @@ static void pl__bin_costs(const pl_planner *p, const pl_chunk *placed,
  * sequences into micro-batches and write the arrangement.  Returns the
  * largest rank cost in *max_rank and the largest micro-batch cost in *max_mb.
  */
-static int pl__arrange(const pl_planner *p, const double *cost,
+static int pl__arrange(const pl_planner *p, int method, const double *cost,
                        const int64_t *rank_of, int64_t *arrangement,
                        double *max_rank, double *max_mb) {
     const pl_config *c = p->cfg;
@@ -306,7 +312,7 @@ static int pl__arrange(const pl_planner *p, const double *cost,
             rc_sum += w[j];
         }
         if (rc_sum > *max_rank) *max_rank = rc_sum;
-        if ((rc = pl__partition_equal(w, per, nmb, c->balance, grp))) goto out;
+        if ((rc = pl__partition_equal(w, per, nmb, method, grp))) goto out;
         for (int64_t g = 0; g < nmb; g++) {
             slot[g] = 0;
             mbcost[g] = 0;
@@ -413,20 +419,24 @@ static int pl__regroup_order(const pl_planner *p, const pl_chunk *placed,
 }
 
 static int pl__regroup(const pl_planner *p, const pl_chunk *placed, int64_t n,
-                       double cap, int32_t *bin_of) {
+                       int64_t G, int64_t per, int64_t S, double cap,
+                       int least_cost, int32_t *bin_of) {
     const pl_config *c = p->cfg;
-    const int64_t G = c->global_batch_size, dp = c->topology.dp, S = c->seq_length;
-    const int64_t per = G / dp, thr = c->long_short_threshold;
+    /* variable_length rows hold micro_batch_size sequences' tokens: long_short
+       decides the packing (membership) but not the dealing. */
+    const int64_t dp = G / per, thr = least_cost ? 0 : c->long_short_threshold;
     int64_t size = 1;
     while (size < dp) size *= 2;
     pl__ci *order = pl__calloc((size_t)(n ? n : 1), sizeof *order);
     int64_t *space = pl__calloc((size_t)G, sizeof *space);
     double *load = pl__calloc((size_t)dp, sizeof *load);
     int64_t *hist = pl__calloc((size_t)S + 1, sizeof *hist);
+    double *bcost = least_cost ? pl__calloc((size_t)G, sizeof *bcost) : NULL;
     pl__rtree t = {size, pl__calloc((size_t)(2 * size), sizeof(double)),
                    pl__calloc((size_t)(2 * size), sizeof(int64_t))};
     int rc = 1;
-    if (!order || !space || !load || !hist || !t.load || !t.room) {
+    if (!order || !space || !load || !hist || !t.load || !t.room ||
+        (least_cost && !bcost)) {
         rc = PL_ENOMEM;
         goto out;
     }
@@ -461,10 +471,14 @@ static int pl__regroup(const pl_planner *p, const pl_chunk *placed, int64_t n,
         for (int64_t q = 0; q < per; q++) {
             int64_t sp = space[r * per + q];
             if (is_long ? sp == S : sp >= len) {
-                if (best < 0 || sp < space[r * per + best]) best = q;
+                if (best < 0 ||
+                    (least_cost ? bcost[r * per + q] < bcost[r * per + best]
+                                : sp < space[r * per + best]))
+                    best = q;
             }
         }
         const int64_t found = r * per + best;
+        if (least_cost) bcost[found] += order[j].w;
         hist[space[found]]--;
         space[found] = is_long ? 0 : space[found] - len;
         hist[space[found]]++;
@@ -483,32 +497,37 @@ out:
     free(space);
     free(load);
     free(hist);
+    free(bcost);
     free(t.load);
     free(t.room);
     return rc;
 }
 
-int pl__balance(pl_planner *p, const pl_chunk *placed, int64_t n,
-                const int32_t *bin_of, pl_plan **out) {
+/* The packed step's arrangement by balance greedy or karmarkar_karp: A or B
+ * above.  bin_of is replaced by B's bins when B is kept. */
+static int pl__balance_packed(pl_planner *p, const pl_chunk *placed, int64_t n,
+                              int32_t *bin_of, int64_t *arrangement) {
     const pl_config *c = p->cfg;
     const int64_t G = c->global_batch_size, dp = c->topology.dp, per = G / dp;
+    /* variable_length falls back on karmarkar_karp's arrangement. */
+    const int method = c->balance == PL__BALANCE_GREEDY ? PL__BALANCE_GREEDY : PL__BALANCE_KK;
     double *tok = pl__calloc((size_t)G, sizeof *tok);
     double *attn = pl__calloc((size_t)G, sizeof *attn);
     double *cost = pl__calloc((size_t)G, sizeof *cost);
     int64_t *rank_of = pl__calloc((size_t)G, sizeof *rank_of);
-    int64_t *arr_a = pl__calloc((size_t)G, sizeof *arr_a);
     int64_t *arr_b = pl__calloc((size_t)G, sizeof *arr_b);
     int32_t *bin_b = pl__calloc((size_t)(n ? n : 1), sizeof *bin_b);
     int rc = PL_OK;
-    if (!tok || !attn || !cost || !rank_of || !arr_a || !arr_b || !bin_b) {
+    if (!tok || !attn || !cost || !rank_of || !arr_b || !bin_b) {
         rc = PL_ENOMEM;
         goto out;
     }
     /* A: pack-then-balance. */
     double max_a, mb_a, max_b = 0, mb_b = 0;
     pl__bin_costs(p, placed, n, bin_of, G, tok, attn, cost);
-    if ((rc = pl__partition_equal(cost, G, dp, c->balance, rank_of))) goto out;
-    if ((rc = pl__arrange(p, cost, rank_of, arr_a, &max_a, &mb_a))) goto out;
+    if ((rc = pl__partition_equal(cost, G, dp, method, rank_of))) goto out;
+    if ((rc = pl__arrange(p, method, cost, rank_of, arrangement, &max_a, &mb_a)))
+        goto out;
     /* The lower bound of pl_plan (pack.c computes the same). */
     double total = 0, worst = 0;
     for (int64_t q = 0; q < G; q++) total += cost[q];
@@ -523,7 +542,8 @@ int pl__balance(pl_planner *p, const pl_chunk *placed, int64_t n,
      * so its cap is A's largest without it. */
     int ok = 0;
     if (max_a > lb * (1 + PL__GOOD_ENOUGH))
-        ok = pl__regroup(p, placed, n, max_a - (double)per * c->cost.c, bin_b);
+        ok = pl__regroup(p, placed, n, G, per, c->seq_length,
+                         max_a - (double)per * c->cost.c, 0, bin_b);
     if (ok < 0) {
         rc = ok;
         goto out;
@@ -531,19 +551,73 @@ int pl__balance(pl_planner *p, const pl_chunk *placed, int64_t n,
     if (ok) {
         pl__bin_costs(p, placed, n, bin_b, G, tok, attn, cost);
         for (int64_t q = 0; q < G; q++) rank_of[q] = q / per;
-        if ((rc = pl__arrange(p, cost, rank_of, arr_b, &max_b, &mb_b))) goto out;
+        if ((rc = pl__arrange(p, method, cost, rank_of, arr_b, &max_b, &mb_b))) goto out;
     }
-    if (ok && (max_b < max_a || (max_b == max_a && mb_b < mb_a)))
-        rc = pl__make_plan(p, placed, n, bin_b, arr_b, out);
-    else
-        rc = pl__make_plan(p, placed, n, bin_of, arr_a, out);
+    if (ok && (max_b < max_a || (max_b == max_a && mb_b < mb_a))) {
+        memcpy(bin_of, bin_b, (size_t)n * sizeof *bin_of);
+        memcpy(arrangement, arr_b, (size_t)G * sizeof *arrangement);
+    }
 out:
     free(tok);
     free(attn);
     free(cost);
     free(rank_of);
-    free(arr_a);
     free(arr_b);
     free(bin_b);
     return rc;
+}
+
+/*
+ * balance: variable_length.  The step's chunks (the packing's, unchanged)
+ * are dealt to dp * nmb micro-batch rows of max_tokens tokens, nmb per rank:
+ * most costly first, to the least loaded rank that has a row with room, and
+ * in it to the row of least cost with room (so that pipeline stages see even
+ * micro-batches).  Ranks end with unequal token counts and near-equal costs.
+ * The per-row constant c is the same on every rank (nmb rows each), so the
+ * dealing ignores it.  When some chunk fits in no row (max_tokens close to
+ * micro_batch_size * seq_length) the step falls back on karmarkar_karp's
+ * arrangement of the packed sequences, micro_batch_size of them per row.
+ */
+static int pl__balance_vlen(pl_planner *p, const pl_chunk *placed, int64_t n,
+                            int32_t *bin_of, int64_t *arrangement) {
+    const pl_config *c = p->cfg;
+    const int64_t G = c->global_batch_size, dp = c->topology.dp;
+    const int64_t mbs = c->micro_batch_size, nmb = G / (dp * mbs), R = dp * nmb;
+    const int64_t M = pl__row_tokens(c);
+    int32_t *row_of = pl__calloc((size_t)(n ? n : 1), sizeof *row_of);
+    if (!row_of) return PL_ENOMEM;
+    int ok = pl__regroup(p, placed, n, R, nmb, M, HUGE_VAL, 1, row_of);
+    if (ok < 0) {
+        free(row_of);
+        return ok;
+    }
+    if (ok) {
+        memcpy(bin_of, row_of, (size_t)n * sizeof *bin_of);
+    } else { /* karmarkar_karp's sequences, mbs to a row */
+        int64_t *arr = pl__calloc((size_t)G, sizeof *arr);
+        int32_t *row_of_seq = pl__calloc((size_t)G, sizeof *row_of_seq);
+        int rc = arr && row_of_seq ? pl__balance_packed(p, placed, n, bin_of, arr)
+                                   : PL_ENOMEM;
+        if (rc == PL_OK) {
+            for (int64_t slot = 0; slot < G; slot++)
+                row_of_seq[arr[slot]] = (int32_t)(slot / mbs);
+            for (int64_t i = 0; i < n; i++) bin_of[i] = row_of_seq[bin_of[i]];
+        }
+        free(arr);
+        free(row_of_seq);
+        if (rc) {
+            free(row_of);
+            return rc;
+        }
+    }
+    for (int64_t q = 0; q < R; q++) arrangement[q] = q;
+    free(row_of);
+    return PL_OK;
+}
+
+int pl__balance(pl_planner *p, const pl_chunk *placed, int64_t n,
+                int32_t *bin_of, int64_t *arrangement) {
+    if (p->cfg->balance == PL__BALANCE_VLEN)
+        return pl__balance_vlen(p, placed, n, bin_of, arrangement);
+    return pl__balance_packed(p, placed, n, bin_of, arrangement);
 }

@@ -418,8 +418,9 @@ int pl__make_plan(pl_planner *p, const pl_chunk *placed, int64_t n,
                   const int32_t *bin_of, const int64_t *arrangement,
                   pl_plan **out) {
     const pl_config *c = p->cfg;
-    const int64_t G = c->global_batch_size, dp = c->topology.dp;
-    const int64_t mbs = c->micro_batch_size, nmb = G / (dp * mbs);
+    const int64_t dp = c->topology.dp;
+    const int64_t nmb = c->global_batch_size / (dp * c->micro_batch_size);
+    const int64_t mbs = pl__mb_rows(c), G = dp * nmb * mbs; /* sequences */
     pl__plan_impl *m = pl__calloc(1, sizeof *m);
     if (!m) return PL_ENOMEM;
     m->chunks = pl__calloc((size_t)n, sizeof *m->chunks);
@@ -480,10 +481,10 @@ int pl__make_plan(pl_planner *p, const pl_chunk *placed, int64_t n,
     pl_plan *pub = &m->pub;
     pub->step = p->step;
     pub->dp = dp;
-    pub->global_batch_size = G;
+    pub->global_batch_size = c->global_batch_size;
     pub->micro_batch_size = mbs;
     pub->micro_batches_per_rank = nmb;
-    pub->seq_length = c->seq_length;
+    pub->seq_length = pl__row_tokens(c);
     pub->n_sequences = G;
     pub->n_chunks = n;
     pub->chunks = m->chunks;
@@ -514,10 +515,17 @@ int pl__pack_step(pl_planner *p, pl_plan **out) {
     if (rc == PL_ENOMEM) pl__fmt(p->errmsg, sizeof p->errmsg, "packing: out of memory");
     if (rc) return rc;
     if (k->placed.n == 0 && p->cfg->eval) return PL_DONE; /* the pass is over */
-    if (p->cfg->balance == PL__BALANCE_NONE)
+    if (p->cfg->balance == PL__BALANCE_NONE) {
         rc = pl__make_plan(p, k->placed.v, k->placed.n, k->bin_of, NULL, out);
-    else
-        rc = pl__balance(p, k->placed.v, k->placed.n, k->bin_of, out);
+    } else {
+        const pl_config *c = p->cfg;
+        const int64_t nseq = c->global_batch_size / c->micro_batch_size * pl__mb_rows(c);
+        int64_t *arr = pl__calloc((size_t)nseq, sizeof *arr);
+        rc = arr ? pl__balance(p, k->placed.v, k->placed.n, k->bin_of, arr) : PL_ENOMEM;
+        if (rc == PL_OK)
+            rc = pl__make_plan(p, k->placed.v, k->placed.n, k->bin_of, arr, out);
+        free(arr);
+    }
     if (rc == PL_ENOMEM) pl__fmt(p->errmsg, sizeof p->errmsg, "planning: out of memory");
     if (rc) return rc;
     /* The chunks that fit nowhere are the next step's carry. */

@@ -81,6 +81,10 @@ uint64_t pl__mixture_hash(const pl_config *cfg) {
 uint64_t pl__arrangement_hash(const pl_config *cfg) {
     uint64_t h = pl__hash64("arrangement", 11, (uint64_t)cfg->balance);
     h = pl__hash64(&cfg->long_short_threshold, sizeof cfg->long_short_threshold, h);
+    if (cfg->balance == PL__BALANCE_VLEN) {
+        const int64_t m = pl__row_tokens(cfg);
+        h = pl__hash64(&m, sizeof m, h);
+    }
     if (cfg->balance != PL__BALANCE_NONE) { /* the cost model only arranges then */
         const double cost[6] = {cfg->cost.a,     cfg->cost.b,     cfg->cost.c,
                                 (double)cfg->cost.window, cfg->cost.enc_a, cfg->cost.enc_b};

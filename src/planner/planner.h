@@ -175,16 +175,20 @@ int pl__pack_step(pl_planner *p, pl_plan **out);
 void pl__pack_free(void *pack);
 
 /*
- * Build a plan from placed chunks and their bins (sequences 0..G-1).
- * arrangement[r * G/dp + mb * mbs + row] = sequence of that slot, or NULL for
- * round-robin (sequence q to rank q % dp).
+ * Build a plan from placed chunks and their bins: the plan's sequences
+ * 0..N-1, N = dp * nmb * rows with the rows of pl__mb_rows (N = G but under
+ * balance: variable_length, where a sequence is a micro-batch's one row).
+ * arrangement[r * N/dp + mb * rows + row] = sequence of that slot, or NULL
+ * for round-robin (sequence q to rank q % dp).
  */
 int pl__make_plan(pl_planner *p, const pl_chunk *placed, int64_t n,
                   const int32_t *bin_of, const int64_t *arrangement,
                   pl_plan **out);
-/* Cost-aware arrangement of a packed step (balance.c). */
+/* Cost-aware arrangement of a packed step (balance.c): bin_of[0..n) holds
+ * the packed sequences of the chunks and receives the plan's sequences
+ * (pl__make_plan); arrangement [N] receives the slots. */
 int pl__balance(pl_planner *p, const pl_chunk *placed, int64_t n,
-                const int32_t *bin_of, pl_plan **out);
+                int32_t *bin_of, int64_t *arrangement);
 
 /* Cost model (cost.c). */
 double pl__chunk_cost(const pl_config *cfg, int64_t len);
