@@ -1011,6 +1011,16 @@ typedef struct pl_batch {
     int64_t *image_grid_thw;
     int64_t *image_positions;
     int64_t visual_tokens; /* sum of image_positions[:, 1] */
+    /* Loss tokens (loss_mask 1) of the whole step, over every DP rank and
+     * micro-batch, and of this DP rank's micro-batches of the step (all CP
+     * ranks together).  A per-token mean loss that stays exact when ranks
+     * carry unequal tokens (balance: variable_length) divides each
+     * micro-batch's summed token loss by step_loss_tokens (times the DP
+     * size where DDP averages gradients).  -1 when the step holds a chunk
+     * whose mask depends on its tokens (instruction data, images): count
+     * loss_mask and all-reduce instead. */
+    int64_t step_loss_tokens;
+    int64_t rank_loss_tokens;
 } pl_batch;
 
 /* A new owned reference to `batch` (the same pointer, for

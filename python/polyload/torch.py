@@ -31,7 +31,7 @@ IMAGE_FIELDS = ("pixel_values", "image_grid_thw", "image_positions")
 _FIELDS = BATCH_FIELDS + IMAGE_FIELDS
 _MAX_DIM = 4
 #: The int fields of a micro-batch, carried in the header.
-_SCALARS = ("max_seqlen", "step", "micro_batch")
+_SCALARS = ("max_seqlen", "step", "micro_batch", "step_loss_tokens", "rank_loss_tokens")
 
 # dtype codes of the header (any value fits: they only need to agree between ranks)
 _DTYPES = (torch.int64, torch.int32, torch.float32, torch.float64, torch.int16,
@@ -199,3 +199,33 @@ def loss_by_source(token_loss: torch.Tensor, batch: Dict[str, Any],
         out[source_names[k]] = (float(loss[sel].sum()), int(sel.sum()))
     return out
 
+
+def per_token_loss(token_loss: torch.Tensor, batch: Dict[str, Any], dp_size: int = 1) -> torch.Tensor:
+    """The micro-batch's share of the step's per-token mean loss, for ``backward()``.
+
+    ``(token_loss * loss_mask).sum() * dp_size / step_loss_tokens``: summing the backward
+    of every micro-batch of a step (no division by the number of micro-batches) and
+    averaging over DP ranks (DDP's gradient all-reduce, hence the ``dp_size`` factor)
+    gives the gradient of the mean loss over all the step's loss tokens.  It stays exact
+    when DP ranks carry unequal token counts (``balance: variable_length``), where the
+    mean of per-rank means does not.
+
+    Args:
+        token_loss: per-token losses (``reduction="none"``), as many elements as the
+            batch's ``loss_mask``.
+        batch: the polyload micro-batch dict (``loss_mask``, ``step_loss_tokens``).
+        dp_size: the data-parallel size over which gradients are averaged (1 when they
+            are summed, or without DDP).
+
+    Raises:
+        ValueError: the batch does not know its step's count (``step_loss_tokens`` -1:
+            instruction data or images, whose masks depend on the tokens); count
+            ``loss_mask`` over the step's micro-batches and all-reduce it instead.
+    """
+    n = int(batch.get("step_loss_tokens", -1))
+    if n < 0:
+        raise ValueError("polyload: the batch does not know its step's loss tokens "
+                         "(instruction data or images): count loss_mask over the step and "
+                         "all-reduce it")
+    mask = torch.as_tensor(batch["loss_mask"]).to(token_loss.device).reshape(-1)
+    return (token_loss.reshape(-1) * mask).sum() * (dp_size / max(n, 1))

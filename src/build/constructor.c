@@ -269,6 +269,36 @@ void pl_batch_release(pl_batch *batch) {
 PL__DEFINE_ROW(pl__row64, int64_t, PL_DTYPE_INT64)
 PL__DEFINE_ROW(pl__row32, int32_t, PL_DTYPE_INT32)
 
+/* Loss tokens of a chunk as the rows give them: its tokens but the
+ * document's last (no label there); -1 when the mask depends on the tokens
+ * (instruction data's prompts, images' placeholders). */
+static int64_t pl__chunk_loss_tokens(const pl__build_ctx *x, const pl_chunk *c) {
+    if (c->source < 0 || c->source >= x->cfg->n_sources) return -1;
+    const pl__source_cfg *s = &x->cfg->sources[c->source];
+    if (s->type == PL_SOURCE_WEBDATASET ||
+        (x->has_sft && (pl__sx(s)->prompt_key || pl__sx(s)->messages_key)))
+        return -1;
+    return c->length - ((c->flags & PL_CHUNK_DOC_END) != 0);
+}
+
+/* step_loss_tokens and rank_loss_tokens of a batch (pl_batch). */
+static void pl__loss_tokens(const pl__build_ctx *x, const pl_plan *plan,
+                            int64_t dp_rank, pl_batch *b) {
+    int64_t step = 0, rank = 0;
+    for (int64_t j = 0; j < plan->n_chunks && step >= 0; j++) {
+        int64_t t = pl__chunk_loss_tokens(x, &plan->chunks[j]);
+        step = t < 0 ? -1 : step + t;
+    }
+    const int64_t per = plan->micro_batches_per_rank * plan->micro_batch_size;
+    for (int64_t i = 0; i < per && step >= 0; i++) {
+        int64_t q = plan->rank_sequences[dp_rank * per + i];
+        for (int64_t j = plan->seq_offsets[q]; j < plan->seq_offsets[q + 1]; j++)
+            rank += pl__chunk_loss_tokens(x, &plan->chunks[j]);
+    }
+    b->step_loss_tokens = step;
+    b->rank_loss_tokens = step < 0 ? -1 : rank;
+}
+
 int pl__construct(pl__build_ctx *x, const pl_plan *plan, int64_t dp_rank,
                   int64_t mb, pl__batchbuf *buf) {
     pl_batch *b = &buf->b;
@@ -355,6 +385,7 @@ int pl__construct(pl__build_ctx *x, const pl_plan *plan, int64_t dp_rank,
         base += cols;
     }
     b->n_cu_seqlens = ncu;
+    pl__loss_tokens(x, plan, dp_rank, b);
     b->n_images = b->n_patches = b->visual_tokens = 0;
     return x->has_images ? pl__construct_images(x, plan, dp_rank, mb, buf) : PL_OK;
 }

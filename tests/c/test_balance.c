@@ -80,6 +80,7 @@ static void plan_run(corpus *c, const char *extra, run *out, int check_long) {
 typedef struct lrun {
     uint64_t seg[LSTEPS];
     int64_t tokens[LSTEPS], loss[LSTEPS], rank_tokens[LSTEPS][8];
+    int64_t rank_loss[LSTEPS][8], said_step[LSTEPS], said_rank[LSTEPS][8];
     int64_t rows, cols;
 } lrun;
 
@@ -121,14 +122,23 @@ static void loader_run(corpus *c, const char *extra, lrun *o) {
                     int64_t key[2] = {ids[at], len};
                     o->seg[step] += pl__hash64(key, sizeof key, 3);
                 }
-                for (int64_t t = 0; t < b->rows * b->cols; t++)
+                for (int64_t t = 0; t < b->rows * b->cols; t++) {
                     o->loss[step] += b->loss_mask[t] != 0;
+                    if (r < 8) o->rank_loss[step][r] += b->loss_mask[t] != 0;
+                }
+                o->said_step[step] = b->step_loss_tokens;
+                if (r < 8) o->said_rank[step][r] = b->rank_loss_tokens;
                 o->tokens[step] += b->tokens;
                 if (r < 8) o->rank_tokens[step][r] += b->tokens;
                 if ((step > 1 || (step == 1 && mb >= 1)) && na < 64)
                     after[na++] = batch_digest(b);
             }
         }
+    for (int64_t step = 0; step < LSTEPS; step++) { /* the batches' counts */
+        CHECK_EQ_I64(o->said_step[step], o->loss[step]);
+        for (int64_t r = 0; r < dp && r < 8; r++)
+            CHECK_EQ_I64(o->said_rank[step][r], o->rank_loss[step][r]);
+    }
     CHECK_OK(pl_loader_create(cfg, NULL, &l2));
     CHECK_OK(pl_loader_set_state(l2, st, stlen));
     for (int i = 0; i < na; i++) {
