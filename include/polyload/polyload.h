@@ -1035,10 +1035,11 @@ PL_API void pl_batch_release(pl_batch *batch);
  * pl_pipeline_get_state, pl_planner_get_state), so that callers never parse
  * its bytes.  Each checks magic, version, length and CRC-32 first:
  * PL_ESTATE for a corrupt blob, PL_EVERSION for a blob of another format
- * version (versions 1 to 3 are read; this library writes 3).  Thread-safe; they allocate nothing.
+ * version (versions 1 to 4 are read; this library writes 3, and 4 inside a
+ * balance_window window).  Thread-safe; they allocate nothing.
  */
 typedef struct pl_state_info {
-    uint32_t version;          /* format version of the blob (1 to 3) */
+    uint32_t version;          /* format version of the blob (1 to 4) */
     uint64_t seed;
     int64_t step;              /* the step the position is in */
     int64_t micro_batch;       /* micro-batch cursor within that step */

@@ -152,6 +152,129 @@ static void loader_run(corpus *c, const char *extra, lrun *o) {
     pl_config_free(cfg);
 }
 
+/* An order-free hash of a plan's chunks (its membership), and a hash of
+ * the whole plan (chunks in order and the arrangement). */
+static uint64_t members_hash(const pl_plan *pl) {
+    uint64_t h = 0;
+    for (int64_t j = 0; j < pl->n_chunks; j++) h += pl__hash64(&pl->chunks[j], sizeof(pl_chunk), 7);
+    return h;
+}
+static uint64_t plan_hash(const pl_plan *pl) {
+    uint64_t h = pl__hash64(pl->chunks, (size_t)pl->n_chunks * sizeof(pl_chunk), 1);
+    h = pl__hash64(pl->seq_offsets, (size_t)(pl->n_sequences + 1) * 8, h);
+    return pl__hash64(pl->rank_sequences, (size_t)pl->n_sequences * 8, h);
+}
+
+/* balance_window: membership exact over each window, the sum of step costs
+ * lower, every step's state resumes to the same plan (any dp for the
+ * membership), a mixture change inside a window refused. */
+#define WSTEPS 8
+static void window_checks(corpus *c) {
+    const char *base = "seq_length: 256\nglobal_batch_size: 8\nmicro_batch_size: 1\n"
+                       "topology: {dp: 8}\ncost: {preset: causal, a: 64}\n";
+    char e1[512], e4[512], e4dp[512];
+    snprintf(e1, sizeof e1, "%sbalance: karmarkar_karp\n", base);
+    snprintf(e4, sizeof e4, "%sbalance: karmarkar_karp\nbalance_window: 4\n", base);
+    snprintf(e4dp, sizeof e4dp,
+             "seq_length: 256\nglobal_batch_size: 8\nmicro_batch_size: 1\n"
+             "topology: {dp: 2}\ncost: {preset: causal, a: 64}\n"
+             "balance: karmarkar_karp\nbalance_window: 4\n");
+    pl_config *cfg1 = corpus_config(c, e1, NULL), *cfg4 = corpus_config(c, e4, NULL);
+    pl_config *cfg4dp = corpus_config(c, e4dp, NULL);
+    pl_source *src[NSRC];
+    for (int s = 0; s < NSRC; s++) CHECK_OK(pl__config_open_source(cfg1, s, &src[s]));
+    pl_planner *p1 = NULL, *p4 = NULL;
+    CHECK_OK(pl_planner_create(cfg1, src, NSRC, &p1));
+    CHECK_OK(pl_planner_create(cfg4, src, NSRC, &p4));
+    uint64_t m1[WSTEPS], m4[WSTEPS], h4[WSTEPS];
+    double sum1 = 0, sum4 = 0;
+    void *blob[WSTEPS];
+    size_t blen[WSTEPS];
+    for (int s = 0; s < WSTEPS; s++) {
+        pl_plan *a = NULL, *b = NULL;
+        CHECK_OK(pl_planner_get_state(p4, NULL, 0, &blen[s]));
+        blob[s] = malloc(blen[s]);
+        CHECK_OK(pl_planner_get_state(p4, blob[s], blen[s], &blen[s]));
+        pl_state_info si;
+        CHECK_OK(pl_state_inspect(blob[s], blen[s], &si));
+        CHECK_EQ_I64(si.step, s);
+        CHECK_EQ_I64(si.version, s % 4 ? 4 : 3);
+        CHECK_OK(pl_planner_next(p1, &a));
+        CHECK_OK(pl_planner_next(p4, &b));
+        CHECK_EQ_I64(b->step, s);
+        CHECK_EQ_I64(b->n_sequences, 8);
+        m1[s] = members_hash(a);
+        m4[s] = members_hash(b);
+        h4[s] = plan_hash(b);
+        double x1 = 0, x4 = 0;
+        for (int r = 0; r < 8; r++) {
+            if (a->rank_cost[r] > x1) x1 = a->rank_cost[r];
+            if (b->rank_cost[r] > x4) x4 = b->rank_cost[r];
+        }
+        sum1 += x1;
+        sum4 += x4;
+        pl_plan_free(a);
+        pl_plan_free(b);
+    }
+    int differs = 0;
+    for (int w = 0; w < WSTEPS / 4; w++) {
+        uint64_t s1 = 0, s4 = 0;
+        for (int s = 4 * w; s < 4 * w + 4; s++) {
+            s1 += m1[s];
+            s4 += m4[s];
+            differs |= m1[s] != m4[s];
+        }
+        CHECK(s1 == s4); /* the window holds the same chunks */
+    }
+    CHECK(differs);      /* but its steps do not */
+    fprintf(stderr, "window 4, 1 sequence per rank: sum of step costs %.4g -> %.4g\n", sum1, sum4);
+    CHECK(sum4 < sum1);
+    /* Resume at every step, inside windows too: the same plan; another dp
+       keeps the step's membership. */
+    for (int s = 0; s < WSTEPS; s++) {
+        pl_planner *q = NULL, *qd = NULL;
+        CHECK_OK(pl_planner_create(cfg4, src, NSRC, &q));
+        CHECK_OK(pl_planner_set_state(q, blob[s], blen[s]));
+        CHECK_OK(pl_planner_create(cfg4dp, src, NSRC, &qd));
+        CHECK_OK(pl_planner_set_state(qd, blob[s], blen[s]));
+        for (int t = s; t < WSTEPS; t++) {
+            pl_plan *x = NULL, *y = NULL;
+            CHECK_OK(pl_planner_next(q, &x));
+            CHECK_OK(pl_planner_next(qd, &y));
+            CHECK_EQ_I64(x->step, t);
+            CHECK(plan_hash(x) == h4[t]);
+            CHECK(members_hash(y) == m4[t]);
+            /* a state taken now, loaded again, plans the next step the same */
+            pl_plan_free(x);
+            pl_plan_free(y);
+        }
+        pl_planner_free(q);
+        pl_planner_free(qd);
+    }
+    /* Inside a window: another mixture or window is refused, with a message. */
+    {
+        const char *w2[NSRC] = {"0.2", "0.3", "0.5"};
+        pl_config *mix = corpus_config(c, e4, w2);
+        pl_planner *q = NULL;
+        CHECK_OK(pl_planner_create(mix, src, NSRC, &q));
+        CHECK_EQ_I64(pl_planner_set_state(q, blob[1], blen[1]), PL_ESTATE);
+        CHECK(strstr(pl_planner_errmsg(q), "window boundary") != NULL);
+        CHECK_OK(pl_planner_set_state(q, blob[4], blen[4])); /* a boundary: fine */
+        pl_planner_free(q);
+        pl_config_free(mix);
+        CHECK_OK(pl_planner_create(cfg1, src, NSRC, &q));
+        CHECK_EQ_I64(pl_planner_set_state(q, blob[2], blen[2]), PL_ESTATE);
+        pl_planner_free(q);
+    }
+    for (int s = 0; s < WSTEPS; s++) free(blob[s]);
+    pl_planner_free(p1);
+    pl_planner_free(p4);
+    for (int s = 0; s < NSRC; s++) pl_source_free(src[s]);
+    pl_config_free(cfg1);
+    pl_config_free(cfg4);
+    pl_config_free(cfg4dp);
+}
+
 int main(void) {
     corpus c;
     corpus_make(&c, 256);
@@ -221,6 +344,21 @@ int main(void) {
         CHECK(pl_config_parse_string(y, strlen(y), "t", &bad) == PL_ECONFIG);
         CHECK(strstr(pl_config_errmsg(bad), "max_tokens 500") != NULL);
         pl_config_free(bad);
+    }
+    window_checks(&c);
+    /* The loader with a window (its mid-step state at step 1 lies inside the
+       first window): the same segments over the window as without. */
+    {
+        lrun a, b;
+        const char *lb = "seq_length: 256\nglobal_batch_size: 8\nmicro_batch_size: 2\n"
+                         "topology: {dp: 2}\ncost: {preset: causal, a: 64}\n"
+                         "balance: variable_length\n";
+        char e2[512];
+        snprintf(e2, sizeof e2, "%sbalance_window: 3\n", lb);
+        loader_run(&c, lb, &a);
+        loader_run(&c, e2, &b);
+        CHECK(a.seg[0] + a.seg[1] + a.seg[2] == b.seg[0] + b.seg[1] + b.seg[2]);
+        CHECK_EQ_I64(a.loss[0] + a.loss[1] + a.loss[2], b.loss[0] + b.loss[1] + b.loss[2]);
     }
     corpus_free(&c);
     TEST_END();
