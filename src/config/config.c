@@ -246,7 +246,21 @@ static const int toktype_values[] = {PL__TOK_BYTES, PL__TOK_HF,
 static const char *const tdtype_names[] = {"uint16", "uint32"};
 static const int tdtype_values[] = {PL_DTYPE_UINT16, PL_DTYPE_UINT32};
 
-/* Cost presets (SPEC 5): a * tokens + b * sum(len^2) + c. */
+/* Cost presets (SPEC 5): a * tokens + b * sum(len^2) + c.
+ *
+ * llama-1b: measured, seconds per micro-batch row on one NVIDIA H200 (torch
+ * 2.11, bf16, causal varlen FlashAttention over cu_seqlens, forward +
+ * backward), 16 Llama-3.2-1B-shaped layers plus the LM head (vocabulary
+ * 128,256): per layer a = 6.93e-7 s/token, b = 4.866e-11 s/token^2,
+ * c = 3.54e-4 s (least squares over 24 micro-batches of 8,192 and 32,768
+ * tokens, R^2 0.999, worst row 3.8 % off); the head 3.504e-6 s/token +
+ * 4.1e-4 s (measured at 8,192 and 32,768 tokens).  b/a = 5.3e-5, twice the
+ * FLOP count's 2.7e-5: attention kernels run at a lower fraction of peak
+ * than the GEMMs.  Source: shared/gpu/h200_llama-3.2-1b_layer_cost.json.
+ * llama-7b: not measured; FLOPs (a = 6 * 6.7e9, b = 6 * 32 * 4096) with the
+ * attention term scaled by the measured-over-FLOP ratio of the 1B shape on
+ * the H200 (1.952), in FLOP units.  Both are starting points: measure your
+ * own model (python -m polyload.calibrate, docs/guide/balancing.md). */
 typedef struct preset {
     const char *name;
     double a, b, c;
@@ -255,8 +269,8 @@ static const preset presets[] = {
     {"linear", 1.0, 0.0, 0.0},
     {"causal", 0.0, 1.0, 0.0},
     {"sliding_window", 0.0, 1.0, 0.0},
-    {"llama-1b", 6.0 * 1.2e9, 6.0 * 16 * 2048, 0.0},
-    {"llama-7b", 6.0 * 6.7e9, 6.0 * 32 * 4096, 0.0},
+    {"llama-1b", 1.4592835e-5, 7.7854614e-10, 6.0745961e-3},
+    {"llama-7b", 6.0 * 6.7e9, 1.952 * 6.0 * 32 * 4096, 0.0},
 };
 
 static int set_preset(pl_config *cfg, const sval *v) {
