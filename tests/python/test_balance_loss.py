@@ -92,6 +92,26 @@ def test_variable_length_gradients_equal_none(corpus):
     assert float((ra - rb).abs().max()) > 1e-4 * scale
 
 
+def test_trim_padding(corpus):
+    from polyload.torch import trim_padding
+
+    b = _step_batches(corpus, "variable_length")
+    trimmed = 0
+    for mbs in b.values():
+        for x in mbs:
+            t = trim_padding(x)
+            n = x["non_padding_tokens"]
+            assert t["input_ids"].shape == (1, n)
+            assert int(t["cu_seqlens"][-1]) == n
+            assert torch.equal(t["input_ids"], x["input_ids"][:, :n])
+            assert int(t["loss_mask"].sum()) == int(x["loss_mask"].sum())
+            assert t["max_seqlen"] == int(t["cu_seqlens"].diff().max())
+            trimmed += n < x["input_ids"].shape[1]
+    assert trimmed > 0
+    with pytest.raises(ValueError):
+        trim_padding(_step_batches(corpus, "none")[0][0])  # two rows
+
+
 def test_hf_num_items_in_batch(corpus):
     hf = pytest.importorskip("polyload.hf")
     b = _step_batches(corpus, "variable_length")[1][0]

@@ -57,7 +57,10 @@ def expected_micro_batch(corpus, plan, r, mb, pad_id=0):
     rank_chunks = [c for q in rank_seq[r * per:(r + 1) * per] for c in chunks[offs[q]:offs[q + 1]]]
     return {"input_ids": ids, "labels": labels, "loss_mask": mask, "position_ids": pos,
             "cu_seqlens": np.asarray(cu, dtype=np.int32), "max_seqlen": max_seg,
-            "step_loss_tokens": loss_tokens(chunks), "rank_loss_tokens": loss_tokens(rank_chunks)}
+            "step_loss_tokens": loss_tokens(chunks), "rank_loss_tokens": loss_tokens(rank_chunks),
+            "non_padding_tokens": int(sum(
+                c[3] for q in rank_seq[(r * nmb + mb) * rows:(r * nmb + mb + 1) * rows]
+                for c in chunks[offs[q]:offs[q + 1]]))}
 
 
 @pytest.mark.parametrize("extra", [{}, {"long_documents": "truncate"},
@@ -272,7 +275,8 @@ def test_pipeline_stage_fields(corpus):
         with polyload.Loader(d, rank=rank) as loader:
             by_stage[stage] = next(loader)
     first, middle, last = by_stage[0], by_stage[1], by_stage[2]
-    assert set(first) == {"input_ids", "position_ids", "cu_seqlens", "max_seqlen"}
+    assert set(first) == {"input_ids", "position_ids", "cu_seqlens", "max_seqlen",
+                          "non_padding_tokens"}
     assert set(middle) == {"cu_seqlens", "max_seqlen"}
     assert set(last) == {"labels", "loss_mask", "cu_seqlens", "max_seqlen", "step_loss_tokens",
                          "rank_loss_tokens"}  # with the loss mask: the stage with the loss

@@ -583,6 +583,15 @@ PyObject *pypl_batch_dict(pl_batch *b, PyObject *convert, int writable, PyObject
        the loss mask. */
     const int64_t lt[2] = {b->step_loss_tokens, b->rank_loss_tokens};
     static const char *const lnames[2] = {"step_loss_tokens", "rank_loss_tokens"};
+    if (b->fields & PL_FIELD_INPUT_IDS) { /* what is not a row's trailing padding */
+        PyObject *v = PyLong_FromLongLong((long long)b->tokens);
+        if (!v || PyDict_SetItemString(d, "non_padding_tokens", v) < 0) {
+            Py_XDECREF(v);
+            Py_DECREF(d);
+            return NULL;
+        }
+        Py_DECREF(v);
+    }
     for (int k = 0; (b->fields & PL_FIELD_LOSS_MASK) && k < 2; k++) {
         PyObject *v = PyLong_FromLongLong((long long)lt[k]);
         if (!v || PyDict_SetItemString(d, lnames[k], v) < 0) {
