@@ -205,7 +205,7 @@ def main():
                                                 "16 layers + LM head"}})
     os.makedirs(os.path.dirname(a.out), exist_ok=True)
     with open(a.out, "w") as f:
-        json.dump(results, f, indent=1)
+        f.write("[\n" + ",\n".join(json.dumps(x) for x in results) + "\n]\n")  # one per line
     print(f"wrote {len(results)} figures to {a.out}")
     if tmp is not None:
         tmp.cleanup()
