@@ -282,12 +282,22 @@ static int64_t pl__chunk_loss_tokens(const pl__build_ctx *x, const pl_chunk *c) 
 }
 
 /* step_loss_tokens and rank_loss_tokens of a batch (pl_batch). */
-static void pl__loss_tokens(const pl__build_ctx *x, const pl_plan *plan,
+static void pl__loss_tokens(pl__build_ctx *x, const pl_plan *plan,
                             int64_t dp_rank, pl_batch *b) {
     int64_t step = 0, rank = 0;
-    for (int64_t j = 0; j < plan->n_chunks && step >= 0; j++) {
-        int64_t t = pl__chunk_loss_tokens(x, &plan->chunks[j]);
-        step = t < 0 ? -1 : step + t;
+    if (x->lt_plan == plan && x->lt_step == plan->step && x->lt_chunks == plan->n_chunks &&
+        x->lt_tokens == plan->tokens) {
+        step = x->lt_total; /* the same step's plan: counted already */
+    } else {
+        for (int64_t j = 0; j < plan->n_chunks && step >= 0; j++) {
+            int64_t t = pl__chunk_loss_tokens(x, &plan->chunks[j]);
+            step = t < 0 ? -1 : step + t;
+        }
+        x->lt_plan = plan;
+        x->lt_step = plan->step;
+        x->lt_chunks = plan->n_chunks;
+        x->lt_tokens = plan->tokens;
+        x->lt_total = step;
     }
     const int64_t per = plan->micro_batches_per_rank * plan->micro_batch_size;
     for (int64_t i = 0; i < per && step >= 0; i++) {
@@ -407,6 +417,7 @@ int pl__build_ctx_init(pl__build_ctx *x, const pl_config *c,
     x->cfg = c;
     x->has_images = 0;
     x->has_sft = 0;
+    x->lt_plan = NULL;
     for (int64_t i = 0; i < c->n_sources; i++) {
         x->has_images |= c->sources[i].type == PL_SOURCE_WEBDATASET;
         x->has_sft |= pl__sx(&c->sources[i])->prompt_key != NULL || pl__sx(&c->sources[i])->messages_key != NULL;
