@@ -67,6 +67,11 @@ struct pl__build_ctx {
        built from, kept per step: a sum over the whole step's chunks. */
     const pl_plan *lt_plan;
     int64_t lt_step, lt_chunks, lt_tokens, lt_total;
+    /* A package's count of the whole step (its plan holds one DP rank's
+       chunks): {chunks, loss tokens} per source, unaligned; NULL: count
+       the plan. */
+    const void *step_loss;
+    int64_t n_step_loss;
     char *err;
     size_t errcap;
 };

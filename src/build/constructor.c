@@ -285,7 +285,17 @@ static int64_t pl__chunk_loss_tokens(const pl__build_ctx *x, const pl_chunk *c) 
 static void pl__loss_tokens(pl__build_ctx *x, const pl_plan *plan,
                             int64_t dp_rank, pl_batch *b) {
     int64_t step = 0, rank = 0;
-    if (x->lt_plan == plan && x->lt_step == plan->step && x->lt_chunks == plan->n_chunks &&
+    if (x->step_loss) { /* a package: the whole step's count travels with it */
+        for (int64_t s = 0; s < x->n_step_loss && step >= 0; s++) {
+            int64_t v[2];
+            memcpy(v, (const unsigned char *)x->step_loss + 16 * (size_t)s, 16);
+            if (v[0] == 0) continue;
+            pl_chunk probe = {0};
+            probe.source = (int32_t)s;
+            probe.length = 1;
+            step = pl__chunk_loss_tokens(x, &probe) < 0 ? -1 : step + v[1];
+        }
+    } else if (x->lt_plan == plan && x->lt_step == plan->step && x->lt_chunks == plan->n_chunks &&
         x->lt_tokens == plan->tokens) {
         step = x->lt_total; /* the same step's plan: counted already */
     } else {
@@ -418,6 +428,8 @@ int pl__build_ctx_init(pl__build_ctx *x, const pl_config *c,
     x->has_images = 0;
     x->has_sft = 0;
     x->lt_plan = NULL;
+    x->step_loss = NULL;
+    x->n_step_loss = 0;
     for (int64_t i = 0; i < c->n_sources; i++) {
         x->has_images |= c->sources[i].type == PL_SOURCE_WEBDATASET;
         x->has_sft |= pl__sx(&c->sources[i])->prompt_key != NULL || pl__sx(&c->sources[i])->messages_key != NULL;

@@ -168,6 +168,8 @@ static void pl__do_build(pl_loader *l, pl__worker *w, const pl_work *wk) {
             w->ctx.n_typed = pkg->mb_first[mb + 1] - pkg->mb_first[mb];
             w->ctx.images = pkg->images;
             w->ctx.image_of = pkg->image_of + pkg->mb_first[mb];
+            w->ctx.step_loss = pkg->step_loss;
+            w->ctx.n_step_loss = pkg->n_step_loss;
         }
         rc = pl__construct(&w->ctx, wk->plan, wk->dp_rank, mb, buf);
         if (rc) {
