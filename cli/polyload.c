@@ -611,6 +611,38 @@ static void print_rank_plan(const pl_config *cfg, const pl_plan *p, int64_t r,
     }
     fputs(", \"rank_cost\": ", o);
     json_num(o, p->rank_cost[r], 1);
+    {   /* The step's figures (the same on every rank's line): the lower bound
+           and what sets it (the mean rank, or one chunk costlier than it:
+           only context parallelism for that sequence can help), and the
+           largest gap between a source's share of the step's tokens and its
+           weight (balance_window: exact over the window, not per step). */
+        double total = 0, worst = 0;
+        for (int64_t d = 0; d < p->dp; d++) total += p->rank_cost[d];
+        const int64_t ns = pl_config_num_sources(cfg);
+        double *tok = calloc((size_t)(ns > 0 ? ns : 1), sizeof *tok), all = 0;
+        for (int64_t c = 0; c < p->n_chunks; c++) {
+            double cc = pl_cost_sequence(cfg, &p->chunks[c].length, 1);
+            if (cc > worst) worst = cc;
+            if (tok && p->chunks[c].source >= 0 && p->chunks[c].source < ns)
+                tok[p->chunks[c].source] += (double)p->chunks[c].length;
+            all += (double)p->chunks[c].length;
+        }
+        double dev = 0;
+        for (int64_t i = 0; tok && i < ns && all > 0; i++) {
+            double d = tok[i] / all - pl_config_source_weight(cfg, i, p->step);
+            if (fabs(d) > dev) dev = fabs(d);
+        }
+        free(tok);
+        fputs(", \"step_lower_bound\": ", o);
+        json_num(o, p->lower_bound, 1);
+        fputs(", \"step_mean_rank_cost\": ", o);
+        json_num(o, total / (double)p->dp, 1);
+        fputs(", \"step_costliest_chunk\": ", o);
+        json_num(o, worst, 1);
+        fprintf(o, ", \"step_bound_by_chunk\": %s", worst > total / (double)p->dp ? "true" : "false");
+        fputs(", \"step_mixture_deviation\": ", o);
+        json_num(o, dev, 1);
+    }
     if (p->rank_encoder_cost) { /* hybrid cost: both parts */
         fputs(", \"backbone_cost\": ", o);
         json_num(o, p->rank_cost[r] - p->rank_encoder_cost[r], 1);

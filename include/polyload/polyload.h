@@ -951,6 +951,16 @@ typedef struct pl_batch {
     int64_t *image_grid_thw;
     int64_t *image_positions;
     int64_t visual_tokens; /* sum of image_positions[:, 1] */
+    /* Loss tokens (loss_mask 1) of the whole step, over every DP rank and
+     * micro-batch, and of this DP rank's micro-batches of the step (all CP
+     * ranks together).  A per-token mean loss that stays exact when ranks
+     * carry unequal tokens (balance: variable_length) divides each
+     * micro-batch's summed token loss by step_loss_tokens (times the DP
+     * size where DDP averages gradients).  -1 when the step holds a chunk
+     * whose mask depends on its tokens (instruction data, images): count
+     * loss_mask and all-reduce instead. */
+    int64_t step_loss_tokens;
+    int64_t rank_loss_tokens;
 } pl_batch;
 
 /* A new owned reference to `batch` (the same pointer, for
@@ -965,10 +975,11 @@ PL_API void pl_batch_release(pl_batch *batch);
  * pl_pipeline_get_state, pl_planner_get_state), so that callers never parse
  * its bytes.  Each checks magic, version, length and CRC-32 first:
  * PL_ESTATE for a corrupt blob, PL_EVERSION for a blob of another format
- * version (versions 1 to 3 are read; this library writes 3).  Thread-safe; they allocate nothing.
+ * version (versions 1 to 4 are read; this library writes 3, and 4 inside a
+ * balance_window window).  Thread-safe; they allocate nothing.
  */
 typedef struct pl_state_info {
-    uint32_t version;          /* format version of the blob (1 to 3) */
+    uint32_t version;          /* format version of the blob (1 to 4) */
     uint64_t seed;
     int64_t step;              /* the step the position is in */
     int64_t micro_batch;       /* micro-batch cursor within that step */

@@ -122,6 +122,8 @@ class Batch:
     segment_sources: Optional[Array]
     n_images: int
     visual_tokens: int
+    step_loss_tokens: int
+    rank_loss_tokens: int
     image_mode: int
     pixel_values: Optional[Array]
     image_grid_thw: Optional[Array]

@@ -270,6 +270,56 @@ void pl_batch_release(pl_batch *batch) {
 PL__DEFINE_ROW(pl__row64, int64_t, PL_DTYPE_INT64)
 PL__DEFINE_ROW(pl__row32, int32_t, PL_DTYPE_INT32)
 
+/* Loss tokens of a chunk as the rows give them: its tokens but the
+ * document's last (no label there); -1 when the mask depends on the tokens
+ * (instruction data's prompts, images' placeholders). */
+static int64_t pl__chunk_loss_tokens(const pl__build_ctx *x, const pl_chunk *c) {
+    if (c->source < 0 || c->source >= x->cfg->n_sources) return -1;
+    const pl__source_cfg *s = &x->cfg->sources[c->source];
+    if (s->type == PL_SOURCE_WEBDATASET ||
+        (x->has_sft && (pl__sx(s)->prompt_key || pl__sx(s)->messages_key)))
+        return -1;
+    return c->length - ((c->flags & PL_CHUNK_DOC_END) != 0);
+}
+
+/* step_loss_tokens and rank_loss_tokens of a batch (pl_batch). */
+static void pl__loss_tokens(pl__build_ctx *x, const pl_plan *plan,
+                            int64_t dp_rank, pl_batch *b) {
+    int64_t step = 0, rank = 0;
+    if (x->step_loss) { /* a package: the whole step's count travels with it */
+        for (int64_t s = 0; s < x->n_step_loss && step >= 0; s++) {
+            int64_t v[2];
+            memcpy(v, (const unsigned char *)x->step_loss + 16 * (size_t)s, 16);
+            if (v[0] == 0) continue;
+            pl_chunk probe = {0};
+            probe.source = (int32_t)s;
+            probe.length = 1;
+            step = pl__chunk_loss_tokens(x, &probe) < 0 ? -1 : step + v[1];
+        }
+    } else if (x->lt_plan == plan && x->lt_step == plan->step && x->lt_chunks == plan->n_chunks &&
+        x->lt_tokens == plan->tokens) {
+        step = x->lt_total; /* the same step's plan: counted already */
+    } else {
+        for (int64_t j = 0; j < plan->n_chunks && step >= 0; j++) {
+            int64_t t = pl__chunk_loss_tokens(x, &plan->chunks[j]);
+            step = t < 0 ? -1 : step + t;
+        }
+        x->lt_plan = plan;
+        x->lt_step = plan->step;
+        x->lt_chunks = plan->n_chunks;
+        x->lt_tokens = plan->tokens;
+        x->lt_total = step;
+    }
+    const int64_t per = plan->micro_batches_per_rank * plan->micro_batch_size;
+    for (int64_t i = 0; i < per && step >= 0; i++) {
+        int64_t q = plan->rank_sequences[dp_rank * per + i];
+        for (int64_t j = plan->seq_offsets[q]; j < plan->seq_offsets[q + 1]; j++)
+            rank += pl__chunk_loss_tokens(x, &plan->chunks[j]);
+    }
+    b->step_loss_tokens = step;
+    b->rank_loss_tokens = step < 0 ? -1 : rank;
+}
+
 int pl__construct(pl__build_ctx *x, const pl_plan *plan, int64_t dp_rank,
                   int64_t mb, pl__batchbuf *buf) {
     pl_batch *b = &buf->b;
@@ -356,6 +406,7 @@ int pl__construct(pl__build_ctx *x, const pl_plan *plan, int64_t dp_rank,
         base += cols;
     }
     b->n_cu_seqlens = ncu;
+    pl__loss_tokens(x, plan, dp_rank, b);
     b->n_images = b->n_patches = b->visual_tokens = 0;
     return x->has_images ? pl__construct_images(x, plan, dp_rank, mb, buf) : PL_OK;
 }
@@ -368,8 +419,8 @@ int pl__build_ctx_init(pl__build_ctx *x, const pl_config *c,
     x->read = read;
     x->dtype = c->dtype;
     x->pad_id = c->pad_id;
-    x->full_cols = c->seq_length;
-    x->cols = c->seq_length / cp;
+    x->full_cols = pl__row_tokens(c);
+    x->cols = pl__row_tokens(c) / cp;
     x->cp = cp;
     x->align = cp > 1 ? 2 * cp : 1;
     x->err = err;
@@ -377,11 +428,14 @@ int pl__build_ctx_init(pl__build_ctx *x, const pl_config *c,
     x->cfg = c;
     x->has_images = 0;
     x->has_sft = 0;
+    x->lt_plan = NULL;
+    x->step_loss = NULL;
+    x->n_step_loss = 0;
     for (int64_t i = 0; i < c->n_sources; i++) {
         x->has_images |= c->sources[i].type == PL_SOURCE_WEBDATASET;
         x->has_sft |= pl__sx(&c->sources[i])->prompt_key != NULL || pl__sx(&c->sources[i])->messages_key != NULL;
     }
-    x->seg = pl__calloc(2 * ((size_t)c->seq_length + 1), sizeof(int64_t));
+    x->seg = pl__calloc(2 * ((size_t)pl__row_tokens(c) + 1), sizeof(int64_t));
     return x->seg ? PL_OK : PL_ENOMEM;
 }
 
@@ -520,7 +574,7 @@ static int constructor_create_impl(const pl_config *cfg, pl_constructor **out) {
     if (!k->cfg) goto oom;
     const pl_config *c = k->cfg;
     int64_t cp = c->topology.cp;
-    if (pl__pool_create(c->micro_batch_size, c->seq_length / cp, c->seq_length,
+    if (pl__pool_create(pl__mb_rows(c), pl__row_tokens(c) / cp, pl__row_tokens(c),
                         c->dtype, &k->pool))
         goto oom;
     if (pl__build_ctx_init(&k->ctx, c, read_from_payloads, k->errmsg,
@@ -560,8 +614,8 @@ static int constructor_build_impl(pl_constructor *k, const pl_plan *plan, int64_
                 (long long)rank);
         return rc;
     }
-    if (plan->dp != k->cfg->topology.dp || plan->seq_length != k->cfg->seq_length ||
-        plan->micro_batch_size != k->cfg->micro_batch_size) {
+    if (plan->dp != k->cfg->topology.dp || plan->seq_length != pl__row_tokens(k->cfg) ||
+        plan->micro_batch_size != pl__mb_rows(k->cfg)) {
         pl__fmt(k->errmsg, sizeof k->errmsg,
                 "constructor: the plan's dp/seq_length/micro_batch_size differ "
                 "from the config's");

@@ -402,6 +402,12 @@ uint64_t pl_config_fingerprint(const pl_config *c) {
                       c->topology.pp, c->topology.cp, c->topology.tp,
                       c->n_sources, c->has_schedule, c->interpolation, c->n_points};
     uint64_t h = pl__hash64(ints, sizeof ints, 0x706c6366ULL);
+    if (c->max_tokens != 0 || c->balance_window != 1) {
+        /* Hashed only when set, so configs without them keep their fingerprint
+           (and their saved states stay loadable). */
+        int64_t vl[2] = {c->max_tokens, c->balance_window};
+        h = pl__hash64(vl, sizeof vl, h);
+    }
     double cost[3] = {c->cost.a, c->cost.b, c->cost.c};
     h = pl__hash64(cost, sizeof cost, h);
     if (c->cost.enc_a != 0 || c->cost.enc_b != 0) {

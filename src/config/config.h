@@ -22,7 +22,8 @@
 
 enum { PL__LONGDOC_SPLIT = 0, PL__LONGDOC_TRUNCATE = 1 };
 enum { PL__PACK_BEST_FIT = 0, PL__PACK_CONCAT_CHUNK = 1 };
-enum { PL__BALANCE_NONE = 0, PL__BALANCE_GREEDY = 1, PL__BALANCE_KK = 2 };
+enum { PL__BALANCE_NONE = 0, PL__BALANCE_GREEDY = 1, PL__BALANCE_KK = 2,
+       PL__BALANCE_VLEN = 3 };
 enum { PL__ONERR_FAIL = 0, PL__ONERR_SKIP = 1 };
 enum { PL__INTERP_LINEAR = 0, PL__INTERP_STEP = 1 };
 
@@ -102,6 +103,8 @@ struct pl_config {
     int long_documents;
     int packing;
     int balance;
+    int64_t max_tokens;     /* balance: variable_length: tokens of a row; 0: auto */
+    int64_t balance_window; /* steps planned together (1: each step alone) */
     struct {
         char preset[32];
         double a, b, c;
@@ -225,5 +228,22 @@ int pl__split_parse(pl_config *cfg, const char *key, const pl__sval *v,
 enum { PL__AXIS_TP = 0, PL__AXIS_CP, PL__AXIS_EP, PL__AXIS_DP, PL__AXIS_PP };
 int pl__topology_parse_order(const char *order, int *axes, int *n_axes,
                              char *err, size_t errcap);
+
+/* The rows of a micro-batch and their length in tokens: micro_batch_size
+ * rows of seq_length tokens, or under balance: variable_length one packed
+ * row of max_tokens tokens. */
+static inline int64_t pl__mb_rows(const pl_config *c) {
+    return c->balance == PL__BALANCE_VLEN ? 1 : c->micro_batch_size;
+}
+static inline int64_t pl__vlen_max_tokens(const pl_config *c) {
+    if (c->max_tokens > 0) return c->max_tokens;
+    /* auto: a quarter more than micro_batch_size sequences, CP-aligned */
+    int64_t t = c->micro_batch_size * c->seq_length, al = 2 * c->topology.cp;
+    t += t / 4;
+    return c->topology.cp > 1 ? (t + al - 1) / al * al : t;
+}
+static inline int64_t pl__row_tokens(const pl_config *c) {
+    return c->balance == PL__BALANCE_VLEN ? pl__vlen_max_tokens(c) : c->seq_length;
+}
 
 #endif

@@ -47,13 +47,28 @@ static const char *const kind_names[] = {
     "list", "mapping"};
 
 /* Cost presets (SPEC 5): a * tokens + b * sum(len^2) + c, in the order of
- * cost.preset's values. */
+ * cost.preset's values.
+ *
+ * llama-1b: measured, seconds per micro-batch row on one NVIDIA H200 (torch
+ * 2.11, bf16, causal varlen FlashAttention over cu_seqlens, forward +
+ * backward), 16 Llama-3.2-1B-shaped layers plus the LM head (vocabulary
+ * 128,256): per layer a = 6.93e-7 s/token, b = 4.866e-11 s/token^2,
+ * c = 3.54e-4 s (least squares over 24 micro-batches of 8,192 and 32,768
+ * tokens, R^2 0.999, worst row 3.8 % off); the head 3.504e-6 s/token +
+ * 4.1e-4 s (measured at 8,192 and 32,768 tokens).  b/a = 5.3e-5, twice the
+ * FLOP count's 2.7e-5: attention kernels run at a lower fraction of peak
+ * than the GEMMs.  Source: the shared H200 measurements
+ * (h200_llama-3.2-1b_layer_cost.json, bench/balance/README.md).
+ * llama-7b: not measured; FLOPs (a = 6 * 6.7e9, b = 6 * 32 * 4096) with the
+ * attention term scaled by the measured-over-FLOP ratio of the 1B shape on
+ * the H200 (1.952), in FLOP units.  Both are starting points: measure your
+ * own model (python -m polyload.calibrate, docs/guide/balancing.md). */
 static const double preset_abc[][3] = {
     {1.0, 0.0, 0.0},                      /* linear */
     {0.0, 1.0, 0.0},                      /* causal */
     {0.0, 1.0, 0.0},                      /* sliding_window */
-    {6.0 * 1.2e9, 6.0 * 16 * 2048, 0.0},  /* llama-1b */
-    {6.0 * 6.7e9, 6.0 * 32 * 4096, 0.0},  /* llama-7b */
+    {1.4592835e-5, 7.7854614e-10, 6.0745961e-3},  /* llama-1b, measured (below) */
+    {6.0 * 6.7e9, 1.952 * 6.0 * 32 * 4096, 0.0},  /* llama-7b, FLOPs, scaled */
 };
 
 const pl__key *pl__key_find(const char *name) {
@@ -416,6 +431,10 @@ static int is_int_kind(int kind) {
 int pl__key_get_int(const pl_config *cfg, const char *key, int64_t *out) {
     const pl__key *k = pl__key_find(key);
     if (!k || !k->size || !is_int_kind(k->kind)) return PL_EINVAL;
+    if (strcmp(key, "max_tokens") == 0) { /* the tokens of a row in effect */
+        *out = pl__row_tokens(cfg);
+        return PL_OK;
+    }
     if (k->kind == PL__K_UINT) {
         uint64_t u;
         memcpy(&u, (const char *)cfg + k->off, sizeof u);
@@ -432,6 +451,10 @@ int pl_config_get(const pl_config *cfg, const char *key, char *buf, size_t cap) 
     if (!cfg || !key || !buf || !cap) return PL_EINVAL;
     const pl__key *k = pl__key_find(key);
     if (!k || !k->size) return PL_EINVAL;
+    if (strcmp(key, "max_tokens") == 0) { /* the tokens of a row in effect */
+        int n = snprintf(buf, cap, "%lld", (long long)pl__row_tokens(cfg));
+        return n < 0 || (size_t)n >= cap ? PL_ERANGE : PL_OK;
+    }
     const char *field = (const char *)cfg + k->off;
     int64_t x = 0;
     int n;

@@ -105,8 +105,16 @@
     X("packing", ENUM, F(packing), "best_fit", 0, 0,                               \
       V("best_fit", "concat_chunk"), "how documents are packed into rows")         \
     X("balance", ENUM, F(balance), "none", 0, 0,                                   \
-      V("none", "greedy", "karmarkar_karp"),                                       \
-      "how a step's sequences are arranged over data-parallel ranks by cost")      \
+      V("none", "greedy", "karmarkar_karp", "variable_length"),                    \
+      "how a step's sequences are arranged over data-parallel ranks by cost "      \
+      "(variable_length: chunks dealt by cost to rows of max_tokens)")             \
+    X("max_tokens", INT, F(max_tokens), "0", 0, (int64_t)1 << 24, NOV,           \
+      "balance: variable_length: tokens of a micro-batch row, 0: 1.25 x "          \
+      "micro_batch_size x seq_length (read back: the tokens of a row in effect, "  \
+      "seq_length under other modes)")                                             \
+    X("balance_window", INT, F(balance_window), "1", 1, 4096, NOV,                 \
+      "steps planned together whose whole sequences are dealt across them by "     \
+      "cost (1: each step alone; the mixture is exact over each window)")          \
     X("on_error", ENUM, F(on_error), "fail", 0, 0, V("fail", "skip"),              \
       "a bad record is an error (fail) or is skipped and counted (skip)")          \
     X("threads", INT, F(threads), "2", 1, 4096, NOV, "worker threads")             \

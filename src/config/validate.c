@@ -54,6 +54,28 @@ int pl__config_validate(pl_config *cfg, const pl__vlines *ln) {
                        "seq_length %" PRId64
                        " is not divisible by 2 * topology.cp = %" PRId64,
                        cfg->seq_length, 2 * cfg->topology.cp);
+    if (cfg->balance != PL__BALANCE_VLEN && cfg->max_tokens != 0)
+        return pl__cfg_err(cfg, PL_ECONFIG, 0,
+                           "max_tokens applies only to balance: variable_length");
+    if (cfg->balance == PL__BALANCE_VLEN) {
+        const int64_t m = pl__vlen_max_tokens(cfg);
+        const int64_t need = cfg->micro_batch_size * cfg->seq_length;
+        if (m < need)
+            return pl__cfg_err(cfg, PL_ECONFIG, 0,
+                               "max_tokens %" PRId64 " is below micro_batch_size * "
+                               "seq_length = %" PRId64
+                               " (a micro-batch row must hold what it replaces)",
+                               m, need);
+        if (m > PL__MAX_SEQ_LENGTH || m > INT32_MAX)
+            return pl__cfg_err(cfg, PL_ECONFIG, 0,
+                               "max_tokens %" PRId64 " is above the limit %" PRId64,
+                               m, PL__MAX_SEQ_LENGTH);
+        if (cfg->topology.cp > 1 && m % (2 * cfg->topology.cp) != 0)
+            return pl__cfg_err(cfg, PL_ECONFIG, 0,
+                               "max_tokens %" PRId64
+                               " is not divisible by 2 * topology.cp = %" PRId64,
+                               m, 2 * cfg->topology.cp);
+    }
     int sliding = strcmp(cfg->cost.preset, "sliding_window") == 0;
     if (sliding && cfg->cost.window <= 0)
         return pl__cfg_err(cfg, PL_ECONFIG, ln->cost,

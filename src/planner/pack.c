@@ -418,8 +418,9 @@ int pl__make_plan(pl_planner *p, const pl_chunk *placed, int64_t n,
                   const int32_t *bin_of, const int64_t *arrangement,
                   pl_plan **out) {
     const pl_config *c = p->cfg;
-    const int64_t G = c->global_batch_size, dp = c->topology.dp;
-    const int64_t mbs = c->micro_batch_size, nmb = G / (dp * mbs);
+    const int64_t dp = c->topology.dp;
+    const int64_t nmb = c->global_batch_size / (dp * c->micro_batch_size);
+    const int64_t mbs = pl__mb_rows(c), G = dp * nmb * mbs; /* sequences */
     pl__plan_impl *m = pl__calloc(1, sizeof *m);
     if (!m) return PL_ENOMEM;
     m->chunks = pl__calloc((size_t)n, sizeof *m->chunks);
@@ -480,10 +481,10 @@ int pl__make_plan(pl_planner *p, const pl_chunk *placed, int64_t n,
     pl_plan *pub = &m->pub;
     pub->step = p->step;
     pub->dp = dp;
-    pub->global_batch_size = G;
+    pub->global_batch_size = c->global_batch_size;
     pub->micro_batch_size = mbs;
     pub->micro_batches_per_rank = nmb;
-    pub->seq_length = c->seq_length;
+    pub->seq_length = pl__row_tokens(c);
     pub->n_sequences = G;
     pub->n_chunks = n;
     pub->chunks = m->chunks;
@@ -500,7 +501,9 @@ int pl__make_plan(pl_planner *p, const pl_chunk *placed, int64_t n,
     return PL_OK;
 }
 
-int pl__pack_step(pl_planner *p, pl_plan **out) {
+/* Pack one step into k->placed / k->bin_of; the chunks that fit nowhere
+ * become the carry.  PL_DONE when an evaluation pass has nothing left. */
+static int pl__pack_collect(pl_planner *p) {
     int rc = pack_alloc(p, p->cfg->global_batch_size, p->cfg->seq_length);
     if (rc) {
         pl__fmt(p->errmsg, sizeof p->errmsg, "packing: out of memory");
@@ -514,16 +517,45 @@ int pl__pack_step(pl_planner *p, pl_plan **out) {
     if (rc == PL_ENOMEM) pl__fmt(p->errmsg, sizeof p->errmsg, "packing: out of memory");
     if (rc) return rc;
     if (k->placed.n == 0 && p->cfg->eval) return PL_DONE; /* the pass is over */
-    if (p->cfg->balance == PL__BALANCE_NONE)
-        rc = pl__make_plan(p, k->placed.v, k->placed.n, k->bin_of, NULL, out);
-    else
-        rc = pl__balance(p, k->placed.v, k->placed.n, k->bin_of, out);
-    if (rc == PL_ENOMEM) pl__fmt(p->errmsg, sizeof p->errmsg, "planning: out of memory");
-    if (rc) return rc;
     /* The chunks that fit nowhere are the next step's carry. */
     pl__chunks tmp = p->carry;
     p->carry = k->newcarry;
     k->newcarry = tmp;
     k->newcarry.n = 0;
+    return PL_OK;
+}
+
+int pl__pack_plan(pl_planner *p, const pl_chunk *placed, int64_t n,
+                  int32_t *bin_of, pl_plan **out) {
+    int rc;
+    if (p->cfg->balance == PL__BALANCE_NONE) {
+        rc = pl__make_plan(p, placed, n, bin_of, NULL, out);
+    } else {
+        const pl_config *c = p->cfg;
+        const int64_t nseq = c->global_batch_size / c->micro_batch_size * pl__mb_rows(c);
+        int64_t *arr = pl__calloc((size_t)nseq, sizeof *arr);
+        rc = arr ? pl__balance(p, placed, n, bin_of, arr) : PL_ENOMEM;
+        if (rc == PL_OK) rc = pl__make_plan(p, placed, n, bin_of, arr, out);
+        free(arr);
+    }
+    if (rc == PL_ENOMEM) pl__fmt(p->errmsg, sizeof p->errmsg, "planning: out of memory");
+    return rc;
+}
+
+int pl__pack_step(pl_planner *p, pl_plan **out) {
+    int rc = pl__pack_collect(p);
+    if (rc) return rc;
+    pl__pack *k = p->pack;
+    return pl__pack_plan(p, k->placed.v, k->placed.n, k->bin_of, out);
+}
+
+int pl__pack_window_step(pl_planner *p, pl__chunks *into, pl__bins *bins) {
+    int rc = pl__pack_collect(p);
+    if (rc) return rc;
+    pl__pack *k = p->pack;
+    for (int64_t i = 0; i < k->placed.n; i++) {
+        if ((rc = pl__chunks_push(into, &k->placed.v[i]))) return rc;
+        if ((rc = pl__bins_push(bins, k->bin_of[i]))) return rc;
+    }
     return PL_OK;
 }

@@ -81,6 +81,12 @@ uint64_t pl__mixture_hash(const pl_config *cfg) {
 uint64_t pl__arrangement_hash(const pl_config *cfg) {
     uint64_t h = pl__hash64("arrangement", 11, (uint64_t)cfg->balance);
     h = pl__hash64(&cfg->long_short_threshold, sizeof cfg->long_short_threshold, h);
+    if (cfg->balance == PL__BALANCE_VLEN) {
+        const int64_t m = pl__row_tokens(cfg);
+        h = pl__hash64(&m, sizeof m, h);
+    }
+    if (cfg->balance_window > 1) /* the steps' membership within a window */
+        h = pl__hash64(&cfg->balance_window, sizeof cfg->balance_window, h);
     if (cfg->balance != PL__BALANCE_NONE) { /* the cost model only arranges then */
         const double cost[6] = {cfg->cost.a,     cfg->cost.b,     cfg->cost.c,
                                 (double)cfg->cost.window, cfg->cost.enc_a, cfg->cost.enc_b};
@@ -127,6 +133,7 @@ static int planner_create_impl(const pl_config *cfg, pl_source *const *sources,
     p->weights = pl__calloc((size_t)n_sources, sizeof *p->weights);
     p->pin_w = pl__calloc((size_t)(n_sources > 0 ? n_sources : 1), sizeof *p->pin_w);
     p->pin_step = -1;
+    p->win_start = p->win_skip_to = -1;
     p->act = pl__calloc((size_t)n_sources, sizeof *p->act);
     p->act_w = pl__calloc((size_t)n_sources, sizeof *p->act_w);
     p->doc_lo = pl__calloc((size_t)n_sources, sizeof *p->doc_lo);
@@ -198,6 +205,7 @@ static int planner_create_impl(const pl_config *cfg, pl_source *const *sources,
 void pl_planner_free(pl_planner *p) {
     if (!p) return;
     pl__pack_free(p->pack);
+    pl__window_free(p);
     pl__chunks_free(&p->carry);
     pl__chunks_free(&p->items);
     free(p->weights);
@@ -239,7 +247,7 @@ static inline int64_t planner_doc_at(const pl_planner *p, int64_t i, int64_t pos
  * source has been read max_epochs times, or an error.  A capped source counts
  * its last epoch as completed as soon as its last document is drawn, so that
  * epochs_completed says so and source_exhausted needs no lookahead. */
-static int next_document(pl_planner *p, int64_t i) {
+static int pl__next_document(pl_planner *p, int64_t i) {
     pl__src_state *s = &p->src[i];
     const pl__source_cfg *sc = &p->cfg->sources[i];
     while (s->cur_index < 0) {
@@ -726,7 +734,7 @@ again:
         if (p->open_act >= 0) k = p->open_act;
         best = p->act[k];
     }
-    int rc = next_document(p, best);
+    int rc = pl__next_document(p, best);
     if (rc == PL_DONE) { /* spent its max_epochs: now exhausted */
         if (p->use_cls) {
             cls_remove(p, best);
@@ -772,9 +780,9 @@ again:
     return PL_OK;
 }
 
-static int planner_next_impl(pl_planner *p, pl_plan **out) {
-    *out = NULL;
-    if (p->failed) return p->failed;
+/* The weights of p->step into p->weights, and the checks of the sources it
+ * draws from (once per step). */
+int pl__planner_step_weights(pl_planner *p) {
     const int pinned = p->pin_step == p->step;
     if (pinned) /* resumed in this step's middle: the weights it began with */
         memcpy(p->weights, p->pin_w, (size_t)p->n_sources * sizeof *p->weights);
@@ -789,24 +797,43 @@ static int planner_next_impl(pl_planner *p, pl_plan **out) {
         if (rc) {
             pl__fmt(p->errmsg, sizeof p->errmsg, "source '%s': %s",
                     p->cfg->sources[i].name, err);
-            return p->failed = rc;
+            return rc;
         }
     }
     if (p->cfg->eval) /* sources without documents in the split: none */
         for (int64_t i = 0; i < p->n_sources; i++)
             if (p->num_docs[i] == 0) p->weights[i] = 0;
+    return PL_OK;
+}
+
+/* After p->step's draws: a pinned step's new weights apply from the next. */
+void pl__planner_step_done(pl_planner *p) {
+    if (p->pin_step == p->step) { /* targets restart */
+        for (int64_t i = 0; i < p->n_sources; i++)
+            p->src[i].target = (pl__i128)p->src[i].drawn_tokens << PL__TBITS;
+        p->pin_step = -1;
+    }
+}
+
+static int planner_next_impl(pl_planner *p, pl_plan **out) {
+    *out = NULL;
+    if (p->failed) return p->failed;
+    int rc;
+    if (p->cfg->balance_window > 1 && !p->cfg->eval) { /* window.c */
+        rc = pl__window_next(p, out);
+        if (rc) return p->failed = rc;
+        p->step++;
+        return PL_OK;
+    }
+    if ((rc = pl__planner_step_weights(p))) return p->failed = rc;
     pl__planner_draw_begin(p);
-    int rc = pl__pack_step(p, out);
+    rc = pl__pack_step(p, out);
     pl__planner_draw_end(p);
     if (rc) {
         p->failed = rc;
         return rc;
     }
-    if (pinned) { /* the new weights apply from the next step: targets restart */
-        for (int64_t i = 0; i < p->n_sources; i++)
-            p->src[i].target = (pl__i128)p->src[i].drawn_tokens << PL__TBITS;
-        p->pin_step = -1;
-    }
+    pl__planner_step_done(p);
     p->step++;
     return PL_OK;
 }

@@ -22,7 +22,11 @@
  *     another mixture than the one after it, see "Weights at resume"),
  *   u64 arrangement hash (pl__arrangement_hash: balance, long_short, cost,
  *     max_epochs; they may change only at a step boundary),
+ *   version 4 only: i64 window start (balance_window: the blob's step lies
+ *     inside a window that began at this earlier step; the counters and
+ *     the carry are those of the window's start, see window.c),
  *   u32 CRC-32 of everything before it.
+ * Version 4 is written only inside a window; every other blob is version 3.
  * Version 2 is the same with the target as one f64 (the targets of the
  * floating-point draw before 2026-12-02); it loads with each target
  * converted to the nearest multiple of 2^-48 token at or below it, at a
@@ -61,7 +65,7 @@
 
 #include <zlib.h>
 
-#define PL__STATE_VERSION 3u
+#define PL__STATE_VERSION 4u
 #define PL__STATE_PINNED 1u /* flags bit 0 */
 
 typedef struct pl__wbuf {
@@ -101,19 +105,31 @@ int pl__state_encode(const pl_planner *p, int64_t mb_cursor, void **buf,
                      size_t *len) {
     const pl_config *c = p->cfg;
     pl__wbuf w = {0};
-    /* The weights p->step is planned with (planner.c, planner_next_impl). */
-    const int pinned = p->pin_step == p->step;
+    /* Inside a window (window.c): the counters and carry of its start. */
+    int64_t step = p->step, ws = p->step;
+    const pl__src_state *src = p->src;
+    const pl__chunks *carry = &p->carry;
+    if (p->win_skip_to > p->step) { /* loaded inside a window, not yet planned */
+        step = p->win_skip_to;
+    } else if (p->win_start >= 0 && p->win_start < p->step &&
+               p->step < p->win_start + p->win_steps) {
+        ws = p->win_start;
+        src = p->win_src;
+        carry = &p->win_carry;
+    }
+    /* The weights p->step is planned with (pl__planner_next_impl). */
+    const int pinned = p->pin_step == step && ws == step;
     double *wts = pl__calloc((size_t)(p->n_sources > 0 ? p->n_sources : 1), sizeof *wts);
     if (!wts) return PL_ENOMEM;
     if (pinned)
         memcpy(wts, p->pin_w, (size_t)p->n_sources * sizeof *wts);
     else
-        pl__config_weights(c, p->step, wts);
+        pl__config_weights(c, step, wts);
     put(&w, "PLST", 4);
-    put_u32(&w, PL__STATE_VERSION);
+    put_u32(&w, ws < step ? 4u : 3u);
     put_u64(&w, 0); /* length, patched below */
     put_u64(&w, c->seed);
-    put_i64(&w, p->step);
+    put_i64(&w, step);
     put_i64(&w, mb_cursor);
     put_i64(&w, c->topology.dp);
     put_i64(&w, c->seq_length);
@@ -125,7 +141,7 @@ int pl__state_encode(const pl_planner *p, int64_t mb_cursor, void **buf,
     put_u64(&w, pinned ? p->pin_hash : p->mixture_hash);
     put_u32(&w, (uint32_t)p->n_sources);
     for (int64_t i = 0; i < p->n_sources; i++) {
-        const pl__src_state *s = &p->src[i];
+        const pl__src_state *s = &src[i];
         put_str(&w, c->sources[i].name);
         put_str(&w, c->sources[i].path);
         put_i64(&w, p->num_docs[i]);
@@ -143,9 +159,9 @@ int pl__state_encode(const pl_planner *p, int64_t mb_cursor, void **buf,
         put_f64(&w, wts[i]);
     }
     free(wts);
-    put_u32(&w, (uint32_t)p->carry.n);
-    for (int64_t j = 0; j < p->carry.n; j++) {
-        const pl_chunk *ch = &p->carry.v[j];
+    put_u32(&w, (uint32_t)carry->n);
+    for (int64_t j = 0; j < carry->n; j++) {
+        const pl_chunk *ch = &carry->v[j];
         put_i32(&w, ch->source);
         put_i32(&w, ch->flags);
         put_i64(&w, ch->index);
@@ -154,6 +170,7 @@ int pl__state_encode(const pl_planner *p, int64_t mb_cursor, void **buf,
     }
     put_u32(&w, pinned ? PL__STATE_PINNED : 0u);
     put_u64(&w, p->arrangement_hash);
+    if (ws < step) put_i64(&w, ws);
     uint64_t total = (uint64_t)w.n + 4;
     if (!w.oom) memcpy(w.p + 8, &total, 8);
     if (!w.oom) put_u32(&w, pl__crc32(0, w.p, w.n));
@@ -462,7 +479,24 @@ int pl__state_decode(pl_planner *p, const void *buf, size_t len, int64_t nmb,
     }
     uint32_t flags = version >= 2 ? get_u32(&r) : 0;
     uint64_t arr = version >= 2 ? get_u64(&r) : p->arrangement_hash;
-    if (r.bad || r.off != r.n || (flags & ~PL__STATE_PINNED)) goto corrupt;
+    int64_t ws = version >= 4 ? get_i64(&r) : step;
+    if (r.bad || r.off != r.n || (flags & ~PL__STATE_PINNED) || ws < 0 || ws > step)
+        goto corrupt;
+    if (ws < step && (c->balance_window <= 1 || step - ws >= c->balance_window ||
+                      arr != p->arrangement_hash || mix != p->mixture_hash ||
+                      (flags & PL__STATE_PINNED))) {
+        /* The window's steps would hold other sequences than the ones its
+           first steps were served from. */
+        pl__fmt(p->errmsg, sizeof p->errmsg,
+                "state: saved at step %lld inside a balance_window window that "
+                "began at step %lld; balance_window, the mixture and the "
+                "arrangement settings may change only at a window boundary "
+                "(resume with the saving config up to step %lld)",
+                (long long)step, (long long)ws,
+                (long long)(ws + (c->balance_window > 1 ? c->balance_window : 1)));
+        rc = PL_ESTATE;
+        goto out;
+    }
     if (mb != 0 && arr != p->arrangement_hash) {
         /* The step's plan (which sequence, micro-batch and rank a chunk lands
            in, or which chunks it holds) would differ from the one the cursor
@@ -524,7 +558,9 @@ int pl__state_decode(pl_planner *p, const void *buf, size_t len, int64_t nmb,
     pl__chunks_free(&p->carry);
     p->carry = carry;
     carry.v = NULL;
-    p->step = step;
+    p->step = ws;
+    p->win_skip_to = ws < step ? step : -1; /* window.c */
+    p->win_start = -1;
     p->failed = 0;
     *mb_cursor = mb;
     p->pin_step = -1;
@@ -621,7 +657,8 @@ int pl_state_inspect(const void *buf, size_t len, pl_state_info *out) {
         if (r.off > r.n) r.bad = 1;
     }
     uint32_t nc = get_u32(&r);
-    if (r.bad || (uint64_t)nc * 32 + (version >= 2 ? 12 : 0) != r.n - r.off)
+    if (r.bad ||
+        (uint64_t)nc * 32 + (version >= 2 ? 12 : 0) + (version >= 4 ? 8 : 0) != r.n - r.off)
         return PL_ESTATE;
     s.carried_chunks = nc;
     *out = s;

@@ -174,6 +174,8 @@ static void do_build(pl_loader *l, pl__worker *w, const pl_work *wk) {
             w->ctx.n_typed = pkg->mb_first[mb + 1] - pkg->mb_first[mb];
             w->ctx.images = pkg->images;
             w->ctx.image_of = pkg->image_of + pkg->mb_first[mb];
+            w->ctx.step_loss = pkg->step_loss;
+            w->ctx.n_step_loss = pkg->n_step_loss;
         }
         rc = pl__construct(&w->ctx, wk->plan, wk->dp_rank, mb, buf);
         if (rc) {
@@ -272,7 +274,7 @@ int pl_loader_create(const pl_config *cfg, const pl_loader_options *opts,
     if (l->n_threads < 1) l->n_threads = 1;
     l->nmb = c->global_batch_size / (c->topology.dp * c->micro_batch_size);
     /* Hand off about 64k tokens (at least one micro-batch) at a time. */
-    int64_t per = c->micro_batch_size * c->seq_length;
+    int64_t per = pl__mb_rows(c) * pl__row_tokens(c);
     l->unit = o.unit > 0 ? o.unit : (65536 + per - 1) / per;
     if (l->unit > l->nmb) l->unit = l->nmb;
 
@@ -340,7 +342,7 @@ int pl_loader_create(const pl_config *cfg, const pl_loader_options *opts,
     }
 
     int64_t cp = c->topology.cp;
-    rc = pl__pool_create(c->micro_batch_size, c->seq_length / cp, c->seq_length, c->dtype,
+    rc = pl__pool_create(pl__mb_rows(c), pl__row_tokens(c) / cp, pl__row_tokens(c), c->dtype,
                          &l->pool);
     if (rc) return fail(l, rc, "loader: out of memory");
     l->workers = pl__calloc((size_t)l->n_threads, sizeof *l->workers);
@@ -579,8 +581,8 @@ int pl_loader_push_package(pl_loader *l, const void *package, size_t len) {
     int rc = pl__package_decode(package, len, &k, err, sizeof err);
     if (rc) return fail(l, rc, "loader: %s", err);
     if (k->dp_rank != l->ext_dp || k->plan->dp != l->cfg->topology.dp ||
-        k->plan->seq_length != l->cfg->seq_length ||
-        k->plan->micro_batch_size != l->cfg->micro_batch_size ||
+        k->plan->seq_length != pl__row_tokens(l->cfg) ||
+        k->plan->micro_batch_size != pl__mb_rows(l->cfg) ||
         k->plan->micro_batches_per_rank != l->nmb) {
         int64_t dp = k->dp_rank;
         pl__package_free(k);
@@ -598,7 +600,7 @@ int pl_loader_push_package(pl_loader *l, const void *package, size_t len) {
         int64_t t = 0, al = l->workers[0].ctx.align;
         for (int64_t j = k->plan->seq_offsets[q]; j < k->plan->seq_offsets[q + 1]; j++)
             t += (k->plan->chunks[j].length + al - 1) / al * al;
-        if (t > l->cfg->seq_length) {
+        if (t > pl__row_tokens(l->cfg)) {
             pl__package_free(k);
             return fail(l, PL_EINVAL, "loader: package sequence %lld holds %lld tokens, "
                             "more than seq_length", (long long)q, (long long)t);

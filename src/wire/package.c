@@ -16,6 +16,10 @@
  *   n_images x { i64 read, i64 tokens, i64 height, i64 width, i32 status,
  *     i32 0, u64 bytes } (pl_payload_image, reads increasing), then the
  *     images' data back to back,
+ *   the whole step's loss tokens by source (version 3): ns x { i64 chunks,
+ *     i64 tokens but each document's last } for config source indexes
+ *     0..ns-1, then u64 ns (the receiving loader's step_loss_tokens: the
+ *     plan above holds only this DP rank's chunks),
  *   u64 XXH3-64 of everything before it.
  * Tokens are not aligned; readers convert with unaligned loads.
  */
@@ -24,7 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define PL__PACKAGE_VERSION 2u
+#define PL__PACKAGE_VERSION 3u
 #define PL__PACKAGE_HEADER (4 + 4 + 8 + 6 * 8)
 #define PL__PACKAGE_IMAGE 48
 
@@ -143,8 +147,20 @@ int pl_package_encode_v2(const pl_plan *plan, int64_t dp_rank, const void *state
     size_t plan_len = 0;
     if (!rc) rc = plan_subset(plan, dp_rank, &sub);
     if (!rc) rc = pl_plan_encode(sub, NULL, 0, &plan_len);
+    /* The whole step's loss tokens by source. */
+    int64_t ns = 0;
+    for (int64_t j = 0; j < plan->n_chunks; j++)
+        if (plan->chunks[j].source >= ns) ns = (int64_t)plan->chunks[j].source + 1;
+    int64_t *loss = pl__calloc((size_t)(2 * ns + 1), sizeof *loss);
+    if (!rc && !loss) rc = PL_ENOMEM;
+    for (int64_t j = 0; !rc && j < plan->n_chunks; j++) {
+        const pl_chunk *c = &plan->chunks[j];
+        if (c->source < 0) continue;
+        loss[2 * c->source]++;
+        loss[2 * c->source + 1] += c->length - ((c->flags & PL_CHUNK_DOC_END) != 0);
+    }
     size_t total = PL__PACKAGE_HEADER + state_len + plan_len +
-                   (size_t)n_reads * 16 + token_bytes + image_bytes + 8;
+                   (size_t)n_reads * 16 + token_bytes + image_bytes + 16 * (size_t)ns + 8 + 8;
     if (!rc) *len = total;
     if (!rc && buf) {
         if (cap < total) {
@@ -191,12 +207,18 @@ int pl_package_encode_v2(const pl_plan *plan, int64_t dp_rank, const void *state
                 if (images[k].bytes) memcpy(w, images[k].data, images[k].bytes);
                 w += images[k].bytes;
             }
+            uint64_t uns = (uint64_t)ns;
+            if (ns) memcpy(w, loss, 16 * (size_t)ns);
+            w += 16 * (size_t)ns;
+            memcpy(w, &uns, 8);
+            w += 8;
             uint64_t h = pl__hash64(b, (size_t)(w - b), 0);
             memcpy(w, &h, 8);
         }
     }
     pl_plan_free(sub);
     free(reads);
+    free(loss);
     return rc;
 }
 
@@ -218,7 +240,11 @@ static int package_open(const void *buf, size_t len, int64_t hdr[4],
     memcpy(state_len, b + 40, 8);
     memcpy(plan_len, b + 48, 8);
     memcpy(&hdr[3], b + 56, 8);
-    size_t room = len - PL__PACKAGE_HEADER - 8;
+    if (len < PL__PACKAGE_HEADER + 16) return PL_EINVAL;
+    uint64_t ns;
+    memcpy(&ns, b + len - 16, 8);
+    if (ns > (len - PL__PACKAGE_HEADER - 16) / 16) return PL_EINVAL;
+    size_t room = len - PL__PACKAGE_HEADER - 16 - 16 * (size_t)ns;
     if (hdr[0] < 0 || hdr[1] < 0 || hdr[2] < 0 || hdr[3] < 0 || hdr[3] > hdr[2] ||
         *state_len > room ||
         *plan_len > room - *state_len ||
@@ -310,7 +336,11 @@ int pl__package_decode(const void *buf, size_t len, pl__package **out,
     }
     const unsigned char *tab = b + PL__PACKAGE_HEADER + sl + plen;
     const unsigned char *tok = tab + (size_t)k->n_reads * 16;
-    const unsigned char *end = b + len - 8;
+    uint64_t ns;
+    memcpy(&ns, b + len - 16, 8); /* checked by pl__package_open */
+    const unsigned char *end = b + len - 16 - 16 * (size_t)ns;
+    k->n_step_loss = (int64_t)ns;
+    k->step_loss = ns ? (const void *)end : NULL;
     for (int64_t i = 0; !rc && i < k->n_reads; i++) {
         int32_t d[2];
         int64_t count;

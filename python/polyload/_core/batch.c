@@ -58,6 +58,8 @@ BATCH_INT_GETTER(tokens)
 BATCH_INT_GETTER(n_chunks)
 BATCH_INT_GETTER(n_images)
 BATCH_INT_GETTER(visual_tokens)
+BATCH_INT_GETTER(step_loss_tokens)
+BATCH_INT_GETTER(rank_loss_tokens)
 BATCH_INT_GETTER(image_mode)
 
 static PyObject *batch_get_max_seqlen(PyPlBatch *o, void *c) {
@@ -343,6 +345,28 @@ PyObject *pypl_batch_dict(pl_batch *b, PyObject *convert, int writable, PyObject
         }
         Py_DECREF(v);
     }
+    /* The step's and the rank's loss tokens (pl_batch; -1: not known), with
+       the loss mask. */
+    const int64_t lt[2] = {b->step_loss_tokens, b->rank_loss_tokens};
+    static const char *const lnames[2] = {"step_loss_tokens", "rank_loss_tokens"};
+    if (b->fields & PL_FIELD_INPUT_IDS) { /* what is not a row's trailing padding */
+        PyObject *v = PyLong_FromLongLong((long long)b->tokens);
+        if (!v || PyDict_SetItemString(d, "non_padding_tokens", v) < 0) {
+            Py_XDECREF(v);
+            Py_DECREF(d);
+            return NULL;
+        }
+        Py_DECREF(v);
+    }
+    for (int k = 0; (b->fields & PL_FIELD_LOSS_MASK) && k < 2; k++) {
+        PyObject *v = PyLong_FromLongLong((long long)lt[k]);
+        if (!v || PyDict_SetItemString(d, lnames[k], v) < 0) {
+            Py_XDECREF(v);
+            Py_DECREF(d);
+            return NULL;
+        }
+        Py_DECREF(v);
+    }
     return d;
 }
 
@@ -433,6 +457,11 @@ static PyGetSetDef batch_getset[] = {
      "int: images of webdataset sources in this micro-batch", NULL},
     {"visual_tokens", (getter)batch_get_visual_tokens, NULL,
      "int: image placeholder tokens (sum of image_positions[:, 1])", NULL},
+    {"step_loss_tokens", (getter)batch_get_step_loss_tokens, NULL,
+     "int: loss tokens of the whole step (every DP rank and micro-batch); -1 when\n"
+     "the step holds instruction data or images (count loss_mask instead)", NULL},
+    {"rank_loss_tokens", (getter)batch_get_rank_loss_tokens, NULL,
+     "int: loss tokens of this DP rank's micro-batches of the step; -1 as above", NULL},
     {"image_mode", (getter)batch_get_image_mode, NULL,
      "int: IMAGE_FIXED (1) or IMAGE_NATIVE (2); 0 without images", NULL},
     {"pixel_values", (getter)batch_get_array, NULL,
