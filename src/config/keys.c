@@ -431,8 +431,8 @@ static int is_int_kind(int kind) {
 int pl__key_get_int(const pl_config *cfg, const char *key, int64_t *out) {
     const pl__key *k = pl__key_find(key);
     if (!k || !k->size || !is_int_kind(k->kind)) return PL_EINVAL;
-    if (strcmp(key, "max_tokens") == 0) { /* the tokens of a row in effect */
-        *out = pl__row_tokens(cfg);
+    if (cfg->balance == PL__BALANCE_VLEN && strcmp(key, "max_tokens") == 0) {
+        *out = pl__vlen_max_tokens(cfg); /* auto (0) resolved */
         return PL_OK;
     }
     if (k->kind == PL__K_UINT) {
@@ -451,8 +451,9 @@ int pl_config_get(const pl_config *cfg, const char *key, char *buf, size_t cap) 
     if (!cfg || !key || !buf || !cap) return PL_EINVAL;
     const pl__key *k = pl__key_find(key);
     if (!k || !k->size) return PL_EINVAL;
-    if (strcmp(key, "max_tokens") == 0) { /* the tokens of a row in effect */
-        int n = snprintf(buf, cap, "%lld", (long long)pl__row_tokens(cfg));
+    if (cfg->balance == PL__BALANCE_VLEN && strcmp(key, "max_tokens") == 0) {
+        /* auto (0) resolved: the tokens of a row */
+        int n = snprintf(buf, cap, "%lld", (long long)pl__vlen_max_tokens(cfg));
         return n < 0 || (size_t)n >= cap ? PL_ERANGE : PL_OK;
     }
     const char *field = (const char *)cfg + k->off;

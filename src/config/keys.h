@@ -110,8 +110,7 @@
       "(variable_length: chunks dealt by cost to rows of max_tokens)")             \
     X("max_tokens", INT, F(max_tokens), "0", 0, (int64_t)1 << 24, NOV,           \
       "balance: variable_length: tokens of a micro-batch row, 0: 1.25 x "          \
-      "micro_batch_size x seq_length (read back: the tokens of a row in effect, "  \
-      "seq_length under other modes)")                                             \
+      "micro_batch_size x seq_length (read back resolved)")                        \
     X("balance_window", INT, F(balance_window), "1", 1, 4096, NOV,                 \
       "steps planned together whose whole sequences are dealt across them by "     \
       "cost (1: each step alone; the mixture is exact over each window)")          \
