@@ -360,6 +360,14 @@ PL_API int pl_source_release_pages(pl_source *src);
  * tokenizer, and when already released); PL_EINVAL for NULL or a tokenizer
  * given to pl_source_open directly (it cannot be built again). */
 PL_API int pl_source_release_tokenizer(pl_source *src);
+/* The CPUs this process may run on: the CPUs of its affinity mask
+ * (sched_getaffinity), capped by its cgroup's CPU quota (cgroup v2
+ * `cpu.max`, or v1 `cpu.cfs_quota_us`, of its cgroup and the ones above it,
+ * rounded up to whole CPUs), at least 1.  Not the machine's count: a
+ * container, a `taskset` or a Slurm step gets its own.  `threads: auto`
+ * (the default) runs this many builder threads less one for the planner and
+ * the consumer (at least 1).  Read anew on each call.  Thread-safe. */
+PL_API int pl_cpus_available(void);
 /* Tokenize the raw text of every source of this process on `threads`
  * (1..256) shared threads, or (0, the default) on the threads that need the
  * tokens: the sources' tokenizer_threads and the callers of

@@ -149,6 +149,22 @@ static int get_int(pl_config *cfg, const char *key, const sval *v,
     return PL_OK;
 }
 
+/* A thread count: 1..max, or `auto` (0: resolved where the threads start,
+ * from the CPUs of that process, pl_cpus_available). */
+static int get_threads(pl_config *cfg, const char *key, const sval *v, int64_t max,
+                       int64_t *out) {
+    if (!v->quoted && strcmp(v->s, "auto") == 0) {
+        *out = 0;
+        return PL_OK;
+    }
+    if (v->quoted || !parse_i64(v->s, out) || *out < 1 || *out > max)
+        return cfg_err(cfg, PL_ECONFIG, v->line,
+                       "%s: expected auto or a positive thread count (at most %" PRId64
+                       "), got '%s'",
+                       key, max, v->s);
+    return PL_OK;
+}
+
 static int get_u64(pl_config *cfg, const char *key, const sval *v,
                    uint64_t *out) {
     const char *p = v->s;
@@ -390,7 +406,8 @@ static int set_scalar(pl_config *cfg, const char *key, const sval *v) {
     if (strcmp(key, "on_error") == 0)
         return get_enum(cfg, key, v, ENUM_ARGS(onerr), &cfg->on_error);
     if (strcmp(key, "threads") == 0 || strcmp(key, "prefetch") == 0) {
-        rc = get_int(cfg, key, v, 1, 4096, &x);
+        rc = key[0] == 't' ? get_threads(cfg, key, v, 4096, &x)
+                           : get_int(cfg, key, v, 1, 4096, &x);
         if (rc != PL_OK) return rc;
         if (key[0] == 't')
             cfg->threads = (int)x;
@@ -642,7 +659,7 @@ static pl_config *config_new(const char *origin) {
     cfg->topology.cp = cfg->topology.tp = 1;
     pl__fmt(cfg->topology.order, sizeof cfg->topology.order,
             "tp-cp-ep-dp-pp");
-    cfg->threads = 2;
+    cfg->threads = 0; /* auto */
     cfg->prefetch = 4;
     cfg->max_lag_steps = 64;
     cfg->interpolation = PL__INTERP_LINEAR;
@@ -985,7 +1002,7 @@ static int walk_tokenizer(walk *w, const char *what, yaml_node_t *map,
     memset(t, 0, sizeof *t);
     t->set = 1;
     t->add_eos = 1;
-    t->threads = 1;
+    t->threads = 0; /* auto */
     t->line = line_of(map);
     int has_type = 0;
     for (yaml_node_pair_t *p = map->data.mapping.pairs.start;
@@ -1026,8 +1043,8 @@ static int walk_tokenizer(walk *w, const char *what, yaml_node_t *map,
                 return cfg_err(cfg, PL_ECONFIG, v.line,
                                "%s: expected true or false, got '%s'", full, v.s);
         } else {
-            int64_t th = 1;
-            rc = get_int(cfg, full, &v, 1, 256, &th);
+            int64_t th = 0;
+            rc = get_threads(cfg, full, &v, 256, &th);
             t->threads = (int)th;
         }
         if (rc != PL_OK) return rc;

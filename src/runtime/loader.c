@@ -262,7 +262,12 @@ int pl_loader_create(const pl_config *cfg, const pl_loader_options *opts,
     if (!l->cfg) return pl__fail(l, PL_ENOMEM, "loader: out of memory");
     const pl_config *c = l->cfg;
     l->external = o.external != 0;
-    l->n_threads = o.threads > 0 ? o.threads : c->threads;
+    /* `threads: auto`: the CPUs this process may use, less one for the
+     * consumer (the training loop's next_batch) and the planning that the
+     * workers take turns at. */
+    l->n_threads = o.threads > 0  ? o.threads
+                   : c->threads > 0 ? c->threads
+                                    : pl__threads_auto(pl_cpus_available(), 1);
     if (l->n_threads < 1) l->n_threads = 1;
     l->nmb = c->global_batch_size / (c->topology.dp * c->micro_batch_size);
     /* Hand off about 64k tokens (at least one micro-batch) at a time. */

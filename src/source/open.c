@@ -94,6 +94,12 @@ static int pl__config_tokenizer(const pl_config *cfg, const pl__tok_cfg *t,
     return rc;
 }
 
+/* A source's tokenizer threads: its `threads`, or for `auto` (0) the CPUs
+ * this process may use less one for the thread that reads the tokens. */
+static int tok_threads(const pl__tok_cfg *t) {
+    return t->threads > 0 ? t->threads : pl__threads_auto(pl_cpus_available(), 1);
+}
+
 int pl__config_open_source(const pl_config *cfg, int64_t i, pl_source **out) {
     if (out) *out = NULL;
     if (!cfg || !out) return PL_EINVAL;
@@ -119,7 +125,7 @@ int pl__config_open_source(const pl_config *cfg, int64_t i, pl_source **out) {
         o.lengths_fn = cfg->lengths_fn;
         o.lengths_ctx = cfg->lengths_ctx;
         o.lengths_source = i;
-        o.tokenizer_threads = sx->tok.threads;
+        o.tokenizer_threads = tok_threads(&sx->tok);
         o.lookahead = sx->lookahead;
     } else if (pl__is_text_type(s->type)) {
         o.write_index = 0; /* record offsets in memory (1: write .plrec) */
@@ -132,7 +138,7 @@ int pl__config_open_source(const pl_config *cfg, int64_t i, pl_source **out) {
         for (int q = 0; q < 3; q++) o.chat_template[q] = sx->chat[q];
         o.response_key = sx->response_key;
         o.add_eos = sx->tok.add_eos;
-        o.tokenizer_threads = sx->tok.threads;
+        o.tokenizer_threads = tok_threads(&sx->tok);
         o.lookahead = sx->lookahead;
     }
     int rc = pl__source_open(&o, cfg->on_error == PL__ONERR_SKIP, out);
