@@ -657,8 +657,8 @@ PL_API void pl_tokenizer_bytes(pl_tokenizer *out);
  * registers a factory on the config (copied into loaders made from it).
  * It fills *out and returns 0, or a negative PL_E* code with a message.
  * Sources opened through configs share loaded tokenizers: the factory is
- * called once per distinct (type, path, pat_str, encoding, factory, ctx,
- * file identity) in a process while a source holds it, and the tokenizer
+ * called once per distinct (type, path, pat_str, encoding, backend, factory,
+ * ctx, file identity) in a process while a source holds it, and the tokenizer
  * it made is called from the threads of every source naming that file (it
  * is thread-safe already); the last source to let go destroys it.
  */
@@ -683,8 +683,11 @@ typedef struct pl_tokenizer_spec {
     const char *path;
     const char *pat_str;
     const char *encoding;
+    /* version 2: the library that encodes the file (config `backend`), or
+     * NULL for the host's choice ("auto"). */
+    const char *backend;
 } pl_tokenizer_spec;
-#define PL_TOKENIZER_SPEC_VERSION 1
+#define PL_TOKENIZER_SPEC_VERSION 2
 typedef int (*pl_tokenizer_spec_factory)(void *ctx, const pl_tokenizer_spec *spec,
                                          pl_tokenizer *out, char *err, size_t errcap);
 PL_API void pl_config_set_tokenizer_factory_spec(pl_config *cfg,

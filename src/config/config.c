@@ -1012,10 +1012,11 @@ static int walk_tokenizer(walk *w, const char *what, yaml_node_t *map,
         char full[200];
         pl__fmt(full, sizeof full, "%s.%s", base, k);
         if (strcmp(k, "type") && strcmp(k, "path") && strcmp(k, "add_eos") &&
-            strcmp(k, "threads") && strcmp(k, "pat_str") && strcmp(k, "encoding"))
+            strcmp(k, "threads") && strcmp(k, "pat_str") && strcmp(k, "encoding") &&
+            strcmp(k, "backend"))
             return cfg_err(cfg, PL_ECONFIG, line_of(node(w, p->key)),
                            "unknown key '%s' (expected type, path, add_eos, "
-                           "threads, and for tiktoken pat_str or encoding)",
+                           "threads, for tiktoken pat_str or encoding, for hf backend)",
                            full);
         if (vn->type != YAML_SCALAR_NODE)
             return cfg_err(cfg, PL_ECONFIG, line_of(vn),
@@ -1027,9 +1028,16 @@ static int walk_tokenizer(walk *w, const char *what, yaml_node_t *map,
             rc = get_enum(cfg, full, &v, ENUM_ARGS(toktype), &t->type);
             has_type = 1;
         } else if (strcmp(k, "path") == 0 || strcmp(k, "pat_str") == 0 ||
-                   strcmp(k, "encoding") == 0) {
+                   strcmp(k, "encoding") == 0 || strcmp(k, "backend") == 0) {
+            if (k[0] == 'b' && strcmp(v.s, "auto") && strcmp(v.s, "fastokens") &&
+                strcmp(v.s, "tokenizers"))
+                return cfg_err(cfg, PL_ECONFIG, v.line,
+                               "%s: unknown value '%s' (expected auto, fastokens or "
+                               "tokenizers)",
+                               full, v.s);
             char **dst = strcmp(k, "path") == 0      ? &t->path
                          : strcmp(k, "pat_str") == 0 ? &t->pat_str
+                         : strcmp(k, "backend") == 0 ? &t->backend
                                                      : &t->encoding;
             free(*dst);
             *dst = pl__strdup(v.s);
@@ -1056,6 +1064,13 @@ static int walk_tokenizer(walk *w, const char *what, yaml_node_t *map,
                        base);
     if (t->type != PL__TOK_BYTES && (!t->path || !t->path[0]))
         return cfg_err(cfg, PL_ECONFIG, t->line, "%s: missing key 'path'", base);
+    if (t->backend && strcmp(t->backend, "auto") == 0) {
+        free(t->backend);
+        t->backend = NULL;
+    }
+    if (t->type != PL__TOK_HF && t->backend)
+        return cfg_err(cfg, PL_ECONFIG, t->line, "%s: backend applies only to type hf",
+                       base);
     if (t->type != PL__TOK_TIKTOKEN && (t->pat_str || t->encoding))
         return cfg_err(cfg, PL_ECONFIG, t->line,
                        "%s: %s applies only to type tiktoken", base,
@@ -1075,8 +1090,9 @@ int pl__tok_cfg_dup(pl__tok_cfg *dst, const pl__tok_cfg *src) {
     dst->path = src->path ? pl__strdup(src->path) : NULL;
     dst->pat_str = src->pat_str ? pl__strdup(src->pat_str) : NULL;
     dst->encoding = src->encoding ? pl__strdup(src->encoding) : NULL;
+    dst->backend = src->backend ? pl__strdup(src->backend) : NULL;
     return (src->path && !dst->path) || (src->pat_str && !dst->pat_str) ||
-                   (src->encoding && !dst->encoding)
+                   (src->encoding && !dst->encoding) || (src->backend && !dst->backend)
                ? PL_ENOMEM
                : PL_OK;
 }
@@ -1085,7 +1101,8 @@ void pl__tok_cfg_free(pl__tok_cfg *t) {
     free(t->path);
     free(t->pat_str);
     free(t->encoding);
-    t->path = t->pat_str = t->encoding = NULL;
+    free(t->backend);
+    t->path = t->pat_str = t->encoding = t->backend = NULL;
 }
 
 static int walk_source(walk *w, const char *list, int64_t i, yaml_node_t *map,

@@ -31,6 +31,7 @@ typedef struct pl__tok_cfg {
     char *path;     /* malloc'd; NULL for bytes */
     char *pat_str;  /* tiktoken: the pre-tokenizer regex, or NULL (malloc'd) */
     char *encoding; /* tiktoken: a published encoding's name, or NULL (malloc'd) */
+    char *backend;  /* hf: the library that encodes (`backend`), NULL: auto (malloc'd) */
     int add_eos;    /* default 1 */
     int threads;    /* tokenizer threads of the source; 0: auto (default) */
     int line;

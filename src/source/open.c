@@ -82,7 +82,8 @@ static int pl__config_tokenizer(const pl_config *cfg, const pl__tok_cfg *t,
     if (t->type == PL__TOK_SENTENCEPIECE) fn = NULL, spec_fn = NULL; /* built in */
 #endif
     err[0] = '\0';
-    rc = pl__tokref_create(t->type, t->path ? t->path : "", t->pat_str, t->encoding, fn,
+    rc = pl__tokref_create(t->type, t->path ? t->path : "", t->pat_str, t->encoding,
+                           t->backend, fn,
                            spec_fn, cfg->tok_factory_ctx, tok, err, sizeof err);
     if (rc == PL_OK) return PL_OK;
     /* A handle for the message, as pl_source_open leaves one. */
