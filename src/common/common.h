@@ -61,6 +61,10 @@ int pl__read_file(const char *path, void **data, size_t *len, int *err_no);
 int pl__cpu_max_parse(const char *line);
 int pl__cpus_from(int affinity, int quota_cpus);
 int pl__threads_auto(int cpus, int reserve);
+/* Lower the calling thread's priority (Linux nice PL__YIELD_NICE): a thread
+ * past the CPUs then runs on what the others leave idle. */
+#define PL__YIELD_NICE 10
+void pl__thread_yield_priority(void);
 
 /* 64-bit hash of bytes with a seed (xxHash XXH3). */
 uint64_t pl__hash64(const void *data, size_t len, uint64_t seed);

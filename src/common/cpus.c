@@ -17,6 +17,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 
 /* The CPUs of a cgroup v2 `cpu.max` line: ceil(quota / period), or 0 for no
@@ -133,4 +135,15 @@ PL_API int pl_cpus_available(void) {
         aff = n > 0 ? (int)n : 1;
     }
     return pl__cpus_from(aff, cgroup_quota_cpus());
+}
+
+/* Linux keeps a nice value per thread: PRIO_PROCESS with the thread's id sets
+ * the calling thread's only.  Raising it needs no privilege; failure leaves
+ * the thread as it was. */
+void pl__thread_yield_priority(void) {
+#if defined(__linux__) && defined(SYS_gettid)
+    const id_t tid = (id_t)syscall(SYS_gettid);
+    const int now = getpriority(PRIO_PROCESS, tid);
+    if (now < PL__YIELD_NICE) (void)setpriority(PRIO_PROCESS, tid, PL__YIELD_NICE);
+#endif
 }

@@ -96,7 +96,7 @@ static int pl__config_tokenizer(const pl_config *cfg, const pl__tok_cfg *t,
 }
 
 /* A source's tokenizer threads: its `threads`, or for `auto` (0) the CPUs
- * this process may use less one for the thread that reads the tokens. */
+ * this process may use less one for the threads that read the tokens. */
 static int tok_threads(const pl__tok_cfg *t) {
     return t->threads > 0 ? t->threads : pl__threads_auto(pl_cpus_available(), 1);
 }

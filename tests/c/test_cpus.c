@@ -7,7 +7,10 @@
 #include "config/config.h"
 #include "testutil.h"
 
+#include <pthread.h>
 #include <sched.h>
+#include <sys/resource.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -65,6 +68,24 @@ static void test_this_process(void) {
     CHECK(WIFEXITED(st) && WEXITSTATUS(st) == 0);
 }
 
+/* A worker past the CPUs lowers its own priority, and no other thread's. */
+static void *yield_thread(void *arg) {
+    int *out = arg;
+    pl__thread_yield_priority();
+    out[0] = getpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid));
+    return NULL;
+}
+
+static void test_yield_priority(void) {
+    int before = getpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid));
+    int got[1] = {-100};
+    pthread_t t;
+    CHECK_OK(pthread_create(&t, NULL, yield_thread, got));
+    pthread_join(t, NULL);
+    CHECK_EQ_I64(got[0], before > PL__YIELD_NICE ? before : PL__YIELD_NICE);
+    CHECK_EQ_I64(getpriority(PRIO_PROCESS, (id_t)syscall(SYS_gettid)), before);
+}
+
 static void test_config_auto(void) {
     const char *y = "seq_length: 64\nglobal_batch_size: 4\nmicro_batch_size: 1\n"
                     "threads: auto\n"
@@ -110,6 +131,7 @@ int main(void) {
     test_cpu_max();
     test_cpus_from();
     test_this_process();
+    test_yield_priority();
     test_config_auto();
     TEST_END();
 }

@@ -311,6 +311,12 @@ static PyObject *mod_tokenize_threads(PyObject *self, PyObject *unused) {
     return PyLong_FromLong(pl_tokenize_threads());
 }
 
+static PyObject *mod_cpus_available(PyObject *self, PyObject *unused) {
+    (void)self;
+    (void)unused;
+    return PyLong_FromLong(pl_cpus_available());
+}
+
 static PyMethodDef module_methods[] = {
     {"smart_resize", m_smart_resize, METH_VARARGS,
      "smart_resize(height, width, factor, min_pixels, max_pixels) -> (h, w)\n\n"
@@ -337,6 +343,9 @@ static PyMethodDef module_methods[] = {
      "on n shared threads, each\ntokenizer file on one of them (0: on the threads that "
      "need the tokens, the\ndefault); what a Ray source loader actor sets "
      "(pl_set_tokenize_threads)."},
+    {"cpus_available", mod_cpus_available, METH_NOARGS,
+     "cpus_available() -> int\n\nCPUs this process may use: its affinity mask under its "
+     "cgroup's CPU quota\n(pl_cpus_available); `threads: auto` runs one less."},
     {"tokenize_threads", mod_tokenize_threads, METH_NOARGS,
      "tokenize_threads() -> int\n\nThe count last set (pl_tokenize_threads)."},
     {"read_rows_raw", pypl_read_rows_raw, METH_VARARGS,

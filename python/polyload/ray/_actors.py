@@ -723,11 +723,14 @@ class SourceLoader:
         # actors: Hugging Face tokenizers' own thread pool (rayon) would add threads
         # whose heaps keep ~7 MiB more per source (bench/README.md, issue 10).
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-        # ... and on a pool of threads, each tokenizer file always on the same one (as
-        # many as the actor's CPUs, at least 2: the two calls it serves at once): a
-        # tokenizer used from several threads keeps ~5 MiB more heap per source.
+        # ... and on a pool of threads, each tokenizer file always on the same one, as
+        # many as the CPUs the actor asked Ray for (at least 1), so that the CPU it
+        # uses is the CPU it requested: a tokenizer used from several threads keeps
+        # ~5 MiB more heap per source.  fastokens' own pool is held to the same count.
         cpus = ray.get_runtime_context().get_assigned_resources().get("CPU", 0.0)
-        _core.set_tokenize_threads(max(2, int(round(cpus))))
+        threads = max(1, int(round(cpus)))
+        os.environ.setdefault("RAYON_NUM_THREADS", str(threads))
+        _core.set_tokenize_threads(threads)
         enter_cwd(self._cwd)
         ctx = ray.get_runtime_context()
         self._kv_key = f"polyload:{ctx.namespace}:{ctx.get_actor_name()}.shards".encode()
