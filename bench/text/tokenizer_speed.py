@@ -11,7 +11,9 @@ scripts/build_corpus.py: every non-empty document of --sources, fortunes up to
                    batches of 64 documents; on T threads the batches are dealt to T Python
                    threads (each library's own pool held to one thread, RAYON_NUM_THREADS=1)
   loader:tokenizers  polyload.Loader over the source, ``backend: tokenizers`` (the path
-                   before fastokens), one epoch (each document tokenized once)
+                   before fastokens), --epochs epochs (each document tokenized once an
+                   epoch; the loader's run includes loading the tokenizer, the libraries'
+                   runs do not), the libraries encoding the text as many times
   loader:auto      the same with ``backend: auto`` (fastokens for this file)
 
 each with T = 1 (the loader's ``threads`` and ``tokenizer.threads`` 1) and T = every CPU
@@ -130,6 +132,7 @@ def main():
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--fortunes", type=int, default=15000)
     ap.add_argument("--sources", default="kernel_docs,man_i18n,python_src,fortunes")
+    ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--no-pretrain", action="store_true")
     ap.add_argument("--no-scaling", action="store_true")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "tokenizer_speed.json"))
@@ -156,7 +159,8 @@ def main():
             differ += ids[int(off[j]):int(off[j + 1])].tolist() != e.ids
     libs = {"tokenizers": hf_call(hf), "fastokens": fast_call(ft)}
     total = lib_run(libs["tokenizers"], batches, 1)[0]
-    steps = max(1, total // (8 * 2048))
+    steps = max(1, a.epochs * total // (8 * 2048))
+    batches = batches * a.epochs
     machine = {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
                "cpus_available": cpus, "python": platform.python_version(),
                "loadavg_start": os.getloadavg(),
@@ -164,7 +168,7 @@ def main():
                             else "?", "tokenizers": __import__("tokenizers").__version__}}
     date = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     print(f"{len(texts)} documents, {total} tokens (with eos), ids differ in {differ}; "
-          f"loader: {steps} steps of 16384 tokens (one epoch); CPUs available {cpus}", flush=True)
+          f"loader: {steps} steps of 16384 tokens ({a.epochs} epochs); CPUs available {cpus}", flush=True)
     tmp = tempfile.mkdtemp(prefix="pltokspeed.")
     src = os.path.join(tmp, "mix.jsonl")
     with open(src, "w", encoding="utf-8") as f:

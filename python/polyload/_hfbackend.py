@@ -77,12 +77,19 @@ _checked = {}  # (path, size, mtime_ns, library versions) -> None or the reason
 _logged = set()
 
 
+_versions = {}
+
+
 def _version(dist):
-    from importlib import metadata
-    try:
-        return metadata.version(dist)
-    except Exception:
-        return "?"
+    """The installed version of a distribution (looked up once: importlib.metadata scans
+    sys.path)."""
+    if dist not in _versions:
+        from importlib import metadata
+        try:
+            _versions[dist] = metadata.version(dist)
+        except Exception:  # noqa: BLE001 - unknown: the verdict is kept under "?"
+            _versions[dist] = "?"
+    return _versions[dist]
 
 
 def _file_key(path):
