@@ -48,6 +48,7 @@ import zipfile
 
 os.environ.setdefault("RAYON_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("FASTOKENS_BPE_THREADS", "1")  # fastokens' own worker threads
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 CACHE = os.path.join(ROOT, "bench", "out", "tokenizers")
@@ -417,7 +418,8 @@ def speed(cand, path, tk, threads, cpus, limit, reps=1):
     arg = json.dumps({"lib": cand.name, "path": path, "tk": list(tk) if tk else None,
                       "threads": threads, "cpus": cpus, "limit": limit, "reps": reps})
     code = SPEED_CHILD % {"script": os.path.abspath(__file__)}
-    env = dict(os.environ, RAYON_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+    env = dict(os.environ, RAYON_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
+               FASTOKENS_BPE_THREADS="1")
     p = subprocess.run([sys.executable, "-c", code, arg], capture_output=True, text=True,
                        env=env, timeout=1800)
     if p.returncode != 0:

@@ -9,7 +9,8 @@ scripts/build_corpus.py: every non-empty document of --sources, fortunes up to
   lib:tokenizers   ``tokenizers.Tokenizer.encode_batch_fast(batch, add_special_tokens=False)``
   lib:fastokens    ``fastokens.Tokenizer.encode_batch_flat(batch, add_special_tokens=False)``
                    batches of 64 documents; on T threads the batches are dealt to T Python
-                   threads (each library's own pool held to one thread, RAYON_NUM_THREADS=1)
+                   threads (each library's own pool held to one thread: RAYON_NUM_THREADS=1,
+                   FASTOKENS_BPE_THREADS=1, as the loader holds fastokens)
   loader:tokenizers  polyload.Loader over the source, ``backend: tokenizers`` (the path
                    before fastokens), --epochs epochs (each document tokenized once an
                    epoch; the loader's run includes loading the tokenizer, the libraries'
@@ -44,6 +45,7 @@ import time
 
 os.environ.setdefault("RAYON_NUM_THREADS", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("FASTOKENS_BPE_THREADS", "1")  # fastokens' own worker threads
 
 import numpy as np  # noqa: E402
 import yaml  # noqa: E402

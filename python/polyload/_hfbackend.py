@@ -23,6 +23,13 @@ processes on the machine (ranks, Ray actors, later runs) skip it.
 
 :func:`load` is called by the C source loader's tokenizer factory
 (``_core/tokenizer.c``) with the GIL held.
+
+fastokens spreads a batch over worker threads of its own that spin while they wait
+(``FASTOKENS_BPE_THREADS``): the source loader already encodes on its own threads
+(``tokenizer.threads``), and a Ray source loader on as many as the CPUs it requested, so
+this module holds fastokens to the calling thread (``FASTOKENS_BPE_THREADS=1``, unless the
+environment sets it before polyload loads a tokenizer).  On the demo corpus that halves
+its CPU per token.
 """
 import json
 import logging
@@ -180,6 +187,12 @@ def _fallback(path, reason):
         log.warning("%s: tokenizing with tokenizers, not fastokens: %s", path, reason)
 
 
+def _import_fastokens():
+    os.environ.setdefault("FASTOKENS_BPE_THREADS", "1")
+    import fastokens
+    return fastokens
+
+
 def load(path, backend="auto"):
     """The encoder of a tokenizer.json: ``(library, tokenizer)``.
 
@@ -197,7 +210,7 @@ def load(path, backend="auto"):
         import tokenizers
         return "tokenizers", tokenizers.Tokenizer.from_file(path)
     try:
-        import fastokens
+        fastokens = _import_fastokens()
     except ImportError:
         if backend == "fastokens":
             raise ValueError(f"{path}: backend fastokens: the fastokens package is not "
