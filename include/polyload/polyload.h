@@ -352,6 +352,14 @@ PL_API int64_t pl_source_num_files(const pl_source *src);
  * them) and are counted here.  0 for pl_source_open, which refuses such
  * files. */
 PL_API int64_t pl_source_num_skipped(const pl_source *src);
+/* The CPUs this process may run on: the CPUs of its affinity mask
+ * (sched_getaffinity), capped by its cgroup's CPU quota (cgroup v2
+ * `cpu.max`, or v1 `cpu.cfs_quota_us`, of its cgroup and the ones above it,
+ * rounded up to whole CPUs), at least 1.  Not the machine's count: a
+ * container, a `taskset` or a Slurm step gets its own.  `threads: auto`
+ * (the default) runs this many builder threads less one for the planner and
+ * the consumer (at least 1).  Read anew on each call.  Thread-safe. */
+PL_API int pl_cpus_available(void);
 /* Heap bytes held by the handle, excluding mapped file pages. */
 PL_API size_t pl_source_sizeof(const pl_source *src);
 
@@ -624,8 +632,8 @@ PL_API void pl_tokenizer_bytes(pl_tokenizer *out);
  * registers a factory on the config (copied into loaders made from it).
  * It fills *out and returns 0, or a negative PL_E* code with a message.
  * Sources opened through configs share loaded tokenizers: the factory is
- * called once per distinct (type, path, pat_str, encoding, factory, ctx,
- * file identity) in a process while a source holds it, and the tokenizer
+ * called once per distinct (type, path, pat_str, encoding, backend, factory,
+ * ctx, file identity) in a process while a source holds it, and the tokenizer
  * it made is called from the threads of every source naming that file (it
  * is thread-safe already); the last source to let go destroys it.
  */
@@ -650,8 +658,11 @@ typedef struct pl_tokenizer_spec {
     const char *path;
     const char *pat_str;
     const char *encoding;
+    /* version 2: the library that encodes the file (config `backend`), or
+     * NULL for the host's choice ("auto"). */
+    const char *backend;
 } pl_tokenizer_spec;
-#define PL_TOKENIZER_SPEC_VERSION 1
+#define PL_TOKENIZER_SPEC_VERSION 2
 typedef int (*pl_tokenizer_spec_factory)(void *ctx, const pl_tokenizer_spec *spec,
                                          pl_tokenizer *out, char *err, size_t errcap);
 PL_API void pl_config_set_tokenizer_factory_spec(pl_config *cfg,

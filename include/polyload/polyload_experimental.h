@@ -711,7 +711,7 @@ PL_API int pl_source_release_tokenizer(pl_source *src);
  * tokenizers, to the pool thread of the source's tokenizer file (always the
  * same one: the hash of the path picks it) and wait.  Tokens are the same
  * either way.  Meant for a process that hosts many sources for others (a
- * Ray source loader actor sets it to its CPUs, at least 2): a tokenizer used
+ * Ray source loader actor sets it to the CPUs it requested, at least 1): a tokenizer used
  * from one thread keeps a smaller heap than from several
  * (docs/internals/decisions/0005-one-tokenizer-thread-per-file.md).  The threads live as long as the process; a smaller count
  * leaves the others idle.  PL_OK; PL_EINVAL for a count outside 0..256;

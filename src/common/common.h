@@ -75,6 +75,20 @@ void pl__free(void *p);
  * in *err_no) or PL_ENOMEM. */
 int pl__read_file(const char *path, void **data, size_t *len, int *err_no);
 
+/* CPUs and `threads: auto` (common/cpus.c).  pl__cpu_max_parse: the CPUs
+ * of a cgroup v2 `cpu.max` line ("QUOTA PERIOD": ceil(QUOTA / PERIOD), at
+ * least 1; "max PERIOD" or unreadable: 0, no quota).  pl__cpus_from: the
+ * CPUs of an affinity mask of `affinity` CPUs under a quota of quota_cpus
+ * (0: none), at least 1.  pl__threads_auto: cpus less `reserve` (the
+ * threads that need a CPU of their own), at least 1. */
+int pl__cpu_max_parse(const char *line);
+int pl__cpus_from(int affinity, int quota_cpus);
+int pl__threads_auto(int cpus, int reserve);
+/* Lower the calling thread's priority (Linux nice PL__YIELD_NICE): a thread
+ * past the CPUs then runs on what the others leave idle. */
+#define PL__YIELD_NICE 10
+void pl__thread_yield_priority(void);
+
 /* 64-bit hash of bytes with a seed (xxHash XXH3). */
 uint64_t pl__hash64(const void *data, size_t len, uint64_t seed);
 /* CRC-32 (zlib's, IEEE polynomial). */

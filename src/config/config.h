@@ -35,8 +35,9 @@ typedef struct pl__tok_cfg {
     char *path;     /* malloc'd; NULL for bytes */
     char *pat_str;  /* tiktoken: the pre-tokenizer regex, or NULL (malloc'd) */
     char *encoding; /* tiktoken: a published encoding's name, or NULL (malloc'd) */
+    char *backend;  /* hf: the library that encodes (`backend`), NULL: auto (malloc'd) */
     int add_eos;    /* default 1 */
-    int threads;    /* tokenizer threads of the source; default 1 */
+    int threads;    /* tokenizer threads of the source; 0: auto (default) */
     int line;
 } pl__tok_cfg;
 /* Deep copy (dst's strings are overwritten, not freed) and release. */
@@ -120,7 +121,7 @@ struct pl_config {
         int line;    /* of the `topology` key (0: not written) */
     } topology;
     int64_t vocab_size; /* 0: unknown */
-    int threads;
+    int threads;        /* builder threads; 0: auto (default) */
     int prefetch;
     int64_t max_lag_steps; /* lag policy of the pipeline */
     int sidecar_index;     /* PL_INDEX_* policy of llmc/flat sources */

@@ -358,17 +358,26 @@ int pl__key_set(pl_config *cfg, const char *key, const pl__sval *v) {
         rc = pl__key_int(cfg, key, v, k->min, k->max, &x);
         if (rc == PL_OK) store_int(cfg, k, x);
         return rc;
-    case PL__K_INT_AUTO: /* topology.dp: auto waits for the world size */
+    case PL__K_INT_AUTO: {
+        /* topology.dp: auto waits for the world size; a thread count's auto
+           is 0, resolved where the threads start (pl_cpus_available). */
+        const int dp = strcmp(k->name, "topology.dp") == 0;
+        if (!dp) {
+            rc = pl__key_threads(cfg, key, v, k->max, &x);
+            if (rc == PL_OK) store_int(cfg, k, x);
+            return rc;
+        }
         if (!v->quoted && strcmp(v->s, "auto") == 0) {
-            store_int(cfg, k, 1);
-            cfg->topology.dp_auto = 1;
+            store_int(cfg, k, dp ? 1 : 0);
+            if (dp) cfg->topology.dp_auto = 1;
             return PL_OK;
         }
         rc = pl__key_int(cfg, key, v, k->min, k->max, &x);
         if (rc != PL_OK) return rc;
         store_int(cfg, k, x);
-        cfg->topology.dp_auto = 0;
+        if (dp) cfg->topology.dp_auto = 0;
         return PL_OK;
+    }
     case PL__K_UINT: {
         uint64_t u = 0;
         rc = pl__key_u64(cfg, key, v, &u);
@@ -426,6 +435,25 @@ int pl__key_defaults(pl_config *cfg) {
 static int is_int_kind(int kind) {
     return kind == PL__K_INT || kind == PL__K_INT_NULL || kind == PL__K_INT_AUTO ||
            kind == PL__K_UINT || kind == PL__K_ENUM;
+}
+
+int pl__key_threads(pl_config *cfg, const char *key, const pl__sval *v, int64_t max,
+                    int64_t *out) {
+    if (!v->quoted && strcmp(v->s, "auto") == 0) {
+        *out = 0;
+        return PL_OK;
+    }
+    const char *p = v->s;
+    char *end = NULL;
+    errno = 0;
+    long long x = (!v->quoted && *p) ? strtoll(p, &end, 10) : 0;
+    if (v->quoted || !*p || errno || !end || *end || x < 1 || x > max)
+        return pl__cfg_err(cfg, PL_ECONFIG, v->line,
+                           "%s: expected auto or a positive thread count (at most %" PRId64
+                           "), got '%s'",
+                           key, max, v->s);
+    *out = (int64_t)x;
+    return PL_OK;
 }
 
 int pl__key_get_int(const pl_config *cfg, const char *key, int64_t *out) {
@@ -490,8 +518,11 @@ int pl_config_get(const pl_config *cfg, const char *key, char *buf, size_t cap) 
     default:
         x = load_int(cfg, k);
         /* An integer key whose range starts at 1 is unset at 0 (vocab_size,
-         * cost.window); INT_NULL's none is -1 (train_steps: endless). */
-        if ((k->kind == PL__K_INT_NULL && x == -1) || (x == 0 && k->min >= 1))
+         * cost.window); INT_NULL's none is -1 (train_steps: endless); a
+         * thread count's auto is 0. */
+        if (k->kind == PL__K_INT_AUTO && x == 0 && strcmp(k->name, "topology.dp"))
+            n = snprintf(buf, cap, "auto");
+        else if ((k->kind == PL__K_INT_NULL && x == -1) || (x == 0 && k->min >= 1))
             n = snprintf(buf, cap, "null");
         else if (k->kind == PL__K_INT_AUTO && cfg->topology.dp_auto)
             n = snprintf(buf, cap, "auto");

@@ -116,7 +116,9 @@
       "cost (1: each step alone; the mixture is exact over each window)")          \
     X("on_error", ENUM, F(on_error), "fail", 0, 0, V("fail", "skip"),              \
       "a bad record is an error (fail) or is skipped and counted (skip)")          \
-    X("threads", INT, F(threads), "2", 1, 4096, NOV, "worker threads")             \
+    X("threads", INT_AUTO, F(threads), "auto", 1, 4096, NOV,                       \
+      "worker threads; auto: the CPUs this process may use (affinity, cgroup "     \
+      "quota) less one for the planner and consumer, at least 1")                  \
     X("prefetch", INT, F(prefetch), "4", 1, 4096, NOV,                             \
       "micro-batches prefetched per served rank")                                  \
     X("max_lag_steps", INT, F(max_lag_steps), "64", 1, (int64_t)1 << 20, NOV,      \
@@ -166,8 +168,11 @@
       "tokenizer file or directory (required except for bytes)")                   \
     X("tokenizer.add_eos", BOOL, NOF, "true", 0, 0, NOV,                           \
       "end each document with the tokenizer's end-of-text token")                  \
-    X("tokenizer.threads", INT, NOF, "1", 1, 256, NOV,                             \
-      "tokenizer threads of each source")                                          \
+    X("tokenizer.threads", INT_AUTO, NOF, "auto", 1, 256, NOV,                     \
+      "tokenizer threads of each source; auto: as threads")                        \
+    X("tokenizer.backend", STR, NOF, "auto", 0, 0, NOV,                            \
+      "type hf: the library that encodes: auto (fastokens where it gives the "     \
+      "ids of tokenizers on a probe set, else tokenizers), fastokens, tokenizers") \
     X("tokenizer.pat_str", STR, NOF, NULL, 0, 0, NOV,                              \
       "tiktoken: the pre-tokenizer regex (or encoding)")                           \
     X("tokenizer.encoding", STR, NOF, NULL, 0, 0, NOV,                             \
@@ -325,5 +330,9 @@ int pl__key_defaults(pl_config *cfg);
 /* An integer or enum key's value (pl_config_get_int); PL_EINVAL when key
  * is not one. */
 int pl__key_get_int(const pl_config *cfg, const char *key, int64_t *out);
+/* A thread count: 1..max, or auto (0: resolved where the threads start,
+ * pl_cpus_available). */
+int pl__key_threads(pl_config *cfg, const char *key, const pl__sval *v, int64_t max,
+                    int64_t *out);
 
 #endif

@@ -354,7 +354,7 @@ static int walk_tokenizer(walk *w, const char *what, yaml_node_t *map,
     memset(t, 0, sizeof *t);
     t->set = 1;
     t->add_eos = 1;
-    t->threads = 1;
+    t->threads = 0; /* auto */
     t->line = line_of(map);
     int has_type = 0;
     for (yaml_node_pair_t *p = map->data.mapping.pairs.start;
@@ -368,8 +368,8 @@ static int walk_tokenizer(walk *w, const char *what, yaml_node_t *map,
         const pl__key *row = pl__key_find(row_name);
         if (!row)
             return unknown_key(w, line_of(node(w, p->key)), full, "tokenizer.", k,
-                               "type, path, add_eos, threads, and for tiktoken "
-                               "pat_str or encoding");
+                               "type, path, add_eos, threads, for tiktoken "
+                               "pat_str or encoding, for hf backend");
         if (vn->type != YAML_SCALAR_NODE)
             return pl__cfg_err(cfg, PL_ECONFIG, line_of(vn),
                            "%s: expected a scalar, got %s", full, type_name(vn));
@@ -380,9 +380,16 @@ static int walk_tokenizer(walk *w, const char *what, yaml_node_t *map,
             rc = pl__key_enum(cfg, full, &v, row, &t->type);
             has_type = 1;
         } else if (strcmp(k, "path") == 0 || strcmp(k, "pat_str") == 0 ||
-                   strcmp(k, "encoding") == 0) {
+                   strcmp(k, "encoding") == 0 || strcmp(k, "backend") == 0) {
+            if (k[0] == 'b' && strcmp(v.s, "auto") && strcmp(v.s, "fastokens") &&
+                strcmp(v.s, "tokenizers"))
+                return pl__cfg_err(cfg, PL_ECONFIG, v.line,
+                                   "%s: unknown value '%s' (expected auto, fastokens or "
+                                   "tokenizers)",
+                                   full, v.s);
             char **dst = strcmp(k, "path") == 0      ? &t->path
                          : strcmp(k, "pat_str") == 0 ? &t->pat_str
+                         : strcmp(k, "backend") == 0 ? &t->backend
                                                      : &t->encoding;
             free(*dst);
             *dst = pl__strdup(v.s);
@@ -396,9 +403,9 @@ static int walk_tokenizer(walk *w, const char *what, yaml_node_t *map,
                 return pl__cfg_err(cfg, PL_ECONFIG, v.line,
                                "%s: expected true or false, got '%s'", full, v.s);
         } else if (strcmp(k, "threads") == 0) {
-            int64_t th = 1;
-            rc = pl__key_row_int(cfg, row, full, &v, &th);
-            t->threads = (int)th;
+            int64_t th = 0;
+            rc = pl__key_threads(cfg, full, &v, row->max, &th);
+            t->threads = (int)th; /* 0: auto */
         } else { /* a row of the table this walk does not read */
             return unknown_key(w, line_of(node(w, p->key)), full, "tokenizer.", k, NULL);
         }
@@ -411,6 +418,13 @@ static int walk_tokenizer(walk *w, const char *what, yaml_node_t *map,
                        base);
     if (t->type != PL__TOK_BYTES && (!t->path || !t->path[0]))
         return pl__cfg_err(cfg, PL_ECONFIG, t->line, "%s: missing key 'path'", base);
+    if (t->backend && strcmp(t->backend, "auto") == 0) {
+        free(t->backend);
+        t->backend = NULL;
+    }
+    if (t->type != PL__TOK_HF && t->backend)
+        return pl__cfg_err(cfg, PL_ECONFIG, t->line, "%s: backend applies only to type hf",
+                           base);
     if (t->type != PL__TOK_TIKTOKEN && (t->pat_str || t->encoding))
         return pl__cfg_err(cfg, PL_ECONFIG, t->line,
                        "%s: %s applies only to type tiktoken", base,
@@ -430,8 +444,9 @@ int pl__tok_cfg_dup(pl__tok_cfg *dst, const pl__tok_cfg *src) {
     dst->path = src->path ? pl__strdup(src->path) : NULL;
     dst->pat_str = src->pat_str ? pl__strdup(src->pat_str) : NULL;
     dst->encoding = src->encoding ? pl__strdup(src->encoding) : NULL;
+    dst->backend = src->backend ? pl__strdup(src->backend) : NULL;
     return (src->path && !dst->path) || (src->pat_str && !dst->pat_str) ||
-                   (src->encoding && !dst->encoding)
+                   (src->encoding && !dst->encoding) || (src->backend && !dst->backend)
                ? PL_ENOMEM
                : PL_OK;
 }
@@ -440,7 +455,8 @@ void pl__tok_cfg_free(pl__tok_cfg *t) {
     free(t->path);
     free(t->pat_str);
     free(t->encoding);
-    t->path = t->pat_str = t->encoding = NULL;
+    free(t->backend);
+    t->path = t->pat_str = t->encoding = t->backend = NULL;
 }
 
 static int walk_source(walk *w, const char *list, int64_t i, yaml_node_t *map,

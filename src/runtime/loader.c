@@ -81,6 +81,7 @@ struct pl_loader {
     pl__pool *pool;
     int64_t nmb, unit;
     int n_threads;
+    int n_fair; /* workers at normal priority: the CPUs less one */
     int running;
     pl__worker *workers;
     pl__lrank *ranks; /* sorted */
@@ -198,6 +199,7 @@ static void do_build(pl_loader *l, pl__worker *w, const pl_work *wk) {
 static void *worker_main(void *arg) {
     pl__worker *w = arg;
     pl_loader *l = w->loader;
+    if (w - l->workers >= l->n_fair) pl__thread_yield_priority();
     unsigned kinds = l->external ? PL_WORK_BUILD : PL_WORK_BUILD | PL_WORK_PLAN;
     for (;;) {
         pl_work wk;
@@ -270,7 +272,13 @@ int pl_loader_create(const pl_config *cfg, const pl_loader_options *opts,
     if (!l->cfg) return fail(l, PL_ENOMEM, "loader: out of memory");
     const pl_config *c = l->cfg;
     l->external = o.external != 0;
-    l->n_threads = o.threads > 0 ? o.threads : c->threads;
+    /* `threads: auto`: the CPUs this process may use, less one for the
+     * consumer (the training loop's next_batch) and the planning that the
+     * workers take turns at.  A larger count is run, its workers past that
+     * number at a lower priority (pl__worker_main), so they use CPU the
+     * planner and the consumer leave idle and never take it from them. */
+    l->n_fair = pl__threads_auto(pl_cpus_available(), 1);
+    l->n_threads = o.threads > 0 ? o.threads : c->threads > 0 ? c->threads : l->n_fair;
     if (l->n_threads < 1) l->n_threads = 1;
     l->nmb = c->global_batch_size / (c->topology.dp * c->micro_batch_size);
     /* Hand off about 64k tokens (at least one micro-batch) at a time. */

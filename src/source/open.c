@@ -82,7 +82,8 @@ static int pl__config_tokenizer(const pl_config *cfg, const pl__tok_cfg *t,
     if (t->type == PL__TOK_SENTENCEPIECE) fn = NULL, spec_fn = NULL; /* built in */
 #endif
     err[0] = '\0';
-    rc = pl__tokref_create(t->type, t->path ? t->path : "", t->pat_str, t->encoding, fn,
+    rc = pl__tokref_create(t->type, t->path ? t->path : "", t->pat_str, t->encoding,
+                           t->backend, fn,
                            spec_fn, cfg->tok_factory_ctx, tok, err, sizeof err);
     if (rc == PL_OK) return PL_OK;
     /* Name the config file and the tokenizer's line: the path came from there. */
@@ -101,6 +102,12 @@ static int pl__config_tokenizer(const pl_config *cfg, const pl__tok_cfg *t,
     pl__source_open(&o, 0, out);
     if (*out) pl__source_set_err(*out, err);
     return rc;
+}
+
+/* A source's tokenizer threads: its `threads`, or for `auto` (0) the CPUs
+ * this process may use less one for the threads that read the tokens. */
+static int tok_threads(const pl__tok_cfg *t) {
+    return t->threads > 0 ? t->threads : pl__threads_auto(pl_cpus_available(), 1);
 }
 
 int pl__config_open_source(const pl_config *cfg, int64_t i, pl_source **out) {
@@ -129,7 +136,7 @@ int pl__config_open_source(const pl_config *cfg, int64_t i, pl_source **out) {
         o.lengths_fn = cfg->lengths_fn;
         o.lengths_ctx = cfg->lengths_ctx;
         o.lengths_source = i;
-        o.tokenizer_threads = sx->tok.threads;
+        o.tokenizer_threads = tok_threads(&sx->tok);
         o.lookahead = sx->lookahead;
     } else if (pl__is_text_type(s->type)) {
         o.write_index = 0; /* record offsets in memory (1: write .plrec) */
@@ -142,7 +149,7 @@ int pl__config_open_source(const pl_config *cfg, int64_t i, pl_source **out) {
         for (int q = 0; q < 3; q++) o.chat_template[q] = sx->chat[q];
         o.response_key = sx->response_key;
         o.add_eos = sx->tok.add_eos;
-        o.tokenizer_threads = sx->tok.threads;
+        o.tokenizer_threads = tok_threads(&sx->tok);
         o.lookahead = sx->lookahead;
     }
     int rc = pl__source_open(&o, cfg->on_error == PL__ONERR_SKIP, out);

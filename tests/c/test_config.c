@@ -98,7 +98,7 @@ static void test_defaults(void) {
     CHECK_EQ_I64(cfg->topology.cp, 1);
     CHECK_EQ_I64(cfg->topology.tp, 1);
     CHECK(strcmp(cfg->topology.order, "tp-cp-ep-dp-pp") == 0);
-    CHECK_EQ_I64(cfg->threads, 2);
+    CHECK_EQ_I64(cfg->threads, 0); /* auto */
     CHECK_EQ_I64(cfg->prefetch, 4);
     CHECK_EQ_I64(cfg->has_schedule, 0);
     CHECK_EQ_I64(pl_config_num_sources(cfg), 1);
@@ -196,6 +196,10 @@ static void test_full(void) {
     CHECK(strcmp(c->sources[2].name, "logs") == 0);
     CHECK_OK(pl_config_set(c, "threads", "9"));
     CHECK_EQ_I64(c->threads, 9);
+    CHECK_OK(pl_config_set(c, "threads", "auto"));
+    CHECK_EQ_I64(c->threads, 0);
+    CHECK(pl_config_set(c, "threads", "0") == PL_ECONFIG);
+    CHECK(strstr(pl_config_errmsg(c), "auto") != NULL);
     pl_config_free(c);
 }
 
@@ -777,7 +781,7 @@ static void test_key_table(void) {
     CHECK(settable >= 30);
     int64_t v = 0;
     CHECK_OK(pl_config_get_int(cfg, "threads", &v));
-    CHECK_EQ_I64(v, 2);
+    CHECK_EQ_I64(v, 0); /* auto */
     CHECK_OK(pl_config_get_int(cfg, "sidecar_index", &v));
     CHECK_EQ_I64(v, PL_INDEX_WRITE);
     CHECK_OK(pl_config_get_int(cfg, "dtype", &v));

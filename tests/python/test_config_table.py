@@ -83,8 +83,9 @@ def test_config_get_every_settable_key(corpus):
             continue
         v = cfg.get(k["name"])
         if k["type"] in ("integer", "unsigned integer", "integer or null", "integer or auto"):
-            assert v is None or isinstance(v, int)
-            if v is not None and k["type"] != "unsigned integer":
+            assert v is None or isinstance(v, int) or (
+                v == "auto" and k["type"] == "integer or auto")
+            if isinstance(v, int) and k["type"] != "unsigned integer":
                 assert cfg.get_int(k["name"]) == v
         elif k["type"] == "number":
             assert isinstance(v, float)

@@ -313,6 +313,12 @@ static PyObject *mod_tokenize_threads(PyObject *self, PyObject *unused) {
     return PyLong_FromLong(pl_tokenize_threads());
 }
 
+static PyObject *mod_cpus_available(PyObject *self, PyObject *unused) {
+    (void)self;
+    (void)unused;
+    return PyLong_FromLong(pl_cpus_available());
+}
+
 static PyMethodDef module_methods[] = {
     {"cli_main", pypl_cli_main, METH_VARARGS,
      "cli_main(argv) -> int\n\nRun the polyload CLI (its arguments, without the program name) in "
@@ -343,6 +349,9 @@ static PyMethodDef module_methods[] = {
      "on n shared threads, each\ntokenizer file on one of them (0: on the threads that "
      "need the tokens, the\ndefault); what a Ray source loader actor sets "
      "(pl_set_tokenize_threads)."},
+    {"cpus_available", mod_cpus_available, METH_NOARGS,
+     "cpus_available() -> int\n\nCPUs this process may use: its affinity mask under its "
+     "cgroup's CPU quota\n(pl_cpus_available); `threads: auto` runs one less."},
     {"tokenize_threads", mod_tokenize_threads, METH_NOARGS,
      "tokenize_threads() -> int\n\nThe count last set (pl_tokenize_threads)."},
     {"read_rows_raw", pypl_read_rows_raw, METH_VARARGS,

@@ -95,11 +95,14 @@ class SourceLoader:
         # whose heaps keep ~7 MiB more per source
         # (docs/internals/decisions/0005-one-tokenizer-thread-per-file.md).
         os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
-        # ... and on a pool of threads, each tokenizer file always on the same one (as
-        # many as the actor's CPUs, at least 2: the two calls it serves at once): a
-        # tokenizer used from several threads keeps ~5 MiB more heap per source.
+        # ... and on a pool of threads, each tokenizer file always on the same one, as
+        # many as the CPUs the actor asked Ray for (at least 1), so that the CPU it
+        # uses is the CPU it requested: a tokenizer used from several threads keeps
+        # ~5 MiB more heap per source.  fastokens' own pool is held to the same count.
         cpus = ray.get_runtime_context().get_assigned_resources().get("CPU", 0.0)
-        _core.set_tokenize_threads(max(2, int(round(cpus))))
+        threads = max(1, int(round(cpus)))
+        os.environ.setdefault("RAYON_NUM_THREADS", str(threads))
+        _core.set_tokenize_threads(threads)
         enter_cwd(self._cwd)
         ctx = ray.get_runtime_context()
         self._kv_key = _registry.shards_key(ctx.namespace, ctx.get_actor_name())
