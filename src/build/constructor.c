@@ -276,7 +276,7 @@ PL__DEFINE_ROW(pl__row32, int32_t, PL_DTYPE_INT32)
 static int64_t pl__chunk_loss_tokens(const pl__build_ctx *x, const pl_chunk *c) {
     if (c->source < 0 || c->source >= x->cfg->n_sources) return -1;
     const pl__source_cfg *s = &x->cfg->sources[c->source];
-    if (s->type == PL_SOURCE_WEBDATASET ||
+    if (pl__type_has_images(s->type) ||
         (x->has_sft && (pl__sx(s)->prompt_key || pl__sx(s)->messages_key)))
         return -1;
     return c->length - ((c->flags & PL_CHUNK_DOC_END) != 0);
@@ -432,7 +432,7 @@ int pl__build_ctx_init(pl__build_ctx *x, const pl_config *c,
     x->step_loss = NULL;
     x->n_step_loss = 0;
     for (int64_t i = 0; i < c->n_sources; i++) {
-        x->has_images |= c->sources[i].type == PL_SOURCE_WEBDATASET;
+        x->has_images |= pl__type_has_images(c->sources[i].type);
         x->has_sft |= pl__sx(&c->sources[i])->prompt_key != NULL || pl__sx(&c->sources[i])->messages_key != NULL;
     }
     x->seg = pl__calloc(2 * ((size_t)pl__row_tokens(c) + 1), sizeof(int64_t));

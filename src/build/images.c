@@ -113,7 +113,7 @@ int pl__construct_images(pl__build_ctx *x, const pl_plan *plan, int64_t dp_rank,
         int64_t nc = plan->seq_offsets[q + 1] - plan->seq_offsets[q], p = 0;
         for (int64_t j = 0; j < nc; p += cs[j].length, j++, ord++) {
             const pl_chunk *c = &cs[j];
-            if (cfg->sources[c->source].type != PL_SOURCE_WEBDATASET) continue;
+            if (!pl__type_has_images(cfg->sources[c->source].type)) continue;
             const pl_payload_image *rec = NULL;
             pl_image_info in;
             int rc;

@@ -184,10 +184,22 @@ int pl__config_open_source(const pl_config *cfg, int64_t i, pl_source **out);
  * PL_SOURCE_TYPE_MAP: jsonl, text, parquet). */
 static inline int pl__is_text_type(pl_source_type t) {
     switch (t) {
-#define PL__RAW(code, name, raw, index, doc) \
+#define PL__RAW(code, name, raw, images, index, doc) \
     case code: return raw;
         PL_SOURCE_TYPE_MAP(PL__RAW)
 #undef PL__RAW
+    }
+    return 0;
+}
+
+/* Sources whose samples hold an image (webdataset): pixel_values, the
+ * encoder's cost, image replies. */
+static inline int pl__type_has_images(pl_source_type t) {
+    switch (t) {
+#define PL__IMG(code, name, raw, images, index, doc) \
+    case code: return images;
+        PL_SOURCE_TYPE_MAP(PL__IMG)
+#undef PL__IMG
     }
     return 0;
 }

@@ -79,12 +79,12 @@ const pl__key *pl__key_find(const char *name) {
 
 /* Source types: the values of a SOURCE key. */
 static const char *const stype_names[] = {
-#define PL__NAME(code, name, raw, index, doc) name,
+#define PL__NAME(code, name, raw, images, index, doc) name,
     PL_SOURCE_TYPE_MAP(PL__NAME)
 #undef PL__NAME
     NULL};
 static const int stype_codes[] = {
-#define PL__CODE(code, name, raw, index, doc) code,
+#define PL__CODE(code, name, raw, images, index, doc) code,
     PL_SOURCE_TYPE_MAP(PL__CODE)
 #undef PL__CODE
 };
@@ -563,7 +563,7 @@ static const struct {
     int raw_text;
     const char *index, *doc;
 } stype_rows[] = {
-#define PL__STYPE(code, name, raw, index, doc) {code, name, raw, index, doc},
+#define PL__STYPE(code, name, raw, images, index, doc) {code, name, raw, index, doc},
     PL_SOURCE_TYPE_MAP(PL__STYPE)
 #undef PL__STYPE
 };

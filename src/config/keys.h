@@ -26,32 +26,33 @@
 #include "common/common.h"
 
 /*
- * PL_SOURCE_TYPE_MAP(X): X(code, name, raw_text, index, doc)
+ * PL_SOURCE_TYPE_MAP(X): X(code, name, raw_text, images, index, doc)
  *   code      the pl_source_type value (polyload.h)
  *   name      as written in a config's `type:`
  *   raw_text  1: raw text, tokenized online (needs a tokenizer)
+ *   images    1: samples hold an image (pixel_values, the encoder's cost)
  *   index     what `polyload index` leaves for such a source
  *   doc       one line for the docs
  */
 #define PL_SOURCE_TYPE_MAP(X)                                                     \
-    X(PL_SOURCE_MEGATRON, "megatron", 0, "its own .idx",                           \
+    X(PL_SOURCE_MEGATRON, "megatron", 0, 0, "its own .idx", \
       "megatron-core's indexed dataset (<prefix>.idx + <prefix>.bin); path is a "  \
       "prefix, a directory of prefixes or a glob")                                 \
-    X(PL_SOURCE_LLMC, "llmc", 0, ".plidx written or current",                      \
+    X(PL_SOURCE_LLMC, "llmc", 0, 0, ".plidx written or current", \
       "llm.c token shards (uint16 or uint32 tokens); a document starts at each "   \
       "eos_id (default 50256)")                                                    \
-    X(PL_SOURCE_FLAT, "flat", 0, ".plidx written or current",                      \
+    X(PL_SOURCE_FLAT, "flat", 0, 0, ".plidx written or current", \
       "a raw uint16/uint32 token array (token_dtype); a document ends with each "  \
       "eos_id (default 0)")                                                        \
-    X(PL_SOURCE_JSONL, "jsonl", 1, "no index file (records are found at open)",    \
+    X(PL_SOURCE_JSONL, "jsonl", 1, 0, "no index file (records are found at open)", \
       "JSON Lines (.gz, .zst too), one document per record's text_key, or "        \
       "instruction data; tokenized online")                                        \
-    X(PL_SOURCE_TEXT, "text", 1, "no index file (one document per file)",          \
+    X(PL_SOURCE_TEXT, "text", 1, 0, "no index file (one document per file)", \
       "UTF-8 text files, one document per file; tokenized online")                 \
-    X(PL_SOURCE_WEBDATASET, "webdataset", 0, ".plwds written or current",          \
+    X(PL_SOURCE_WEBDATASET, "webdataset", 0, 1, ".plwds written or current", \
       "WebDataset tar shards of images and captions (image, caption); a document " \
       "is an image's placeholder tokens, then its caption")                        \
-    X(PL_SOURCE_PARQUET, "parquet", 1,                                             \
+    X(PL_SOURCE_PARQUET, "parquet", 1, 0,                                             \
       "no index file (the footer counts the rows)",                                \
       "Parquet files, one document per row of the string column text_key; "        \
       "tokenized online")

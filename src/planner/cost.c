@@ -39,7 +39,7 @@ int pl__has_encoder_cost(const pl_planner *p) {
     const pl_config *c = p->cfg;
     if (c->cost.enc_a == 0 && c->cost.enc_b == 0) return 0;
     for (int64_t i = 0; i < c->n_sources; i++)
-        if (c->sources[i].type == PL_SOURCE_WEBDATASET) return 1;
+        if (pl__type_has_images(c->sources[i].type)) return 1;
     return 0;
 }
 
@@ -53,7 +53,7 @@ int pl__has_encoder_cost(const pl_planner *p) {
 double pl__chunk_encoder_cost(const pl_planner *p, const pl_chunk *ch) {
     const pl_config *c = p->cfg;
     if ((c->cost.enc_a == 0 && c->cost.enc_b == 0) || ch->offset != 0 ||
-        c->sources[ch->source].type != PL_SOURCE_WEBDATASET)
+        !pl__type_has_images(c->sources[ch->source].type))
         return 0;
     pl_image_info in;
     char err[PL__ERRMSG_CAP];

@@ -48,7 +48,7 @@ static int reply_plan(pl_source *const *sources, int64_t n_sources,
             return PL_EINVAL;
         }
         *token_bytes += (size_t)reads[i].count * pl_dtype_size(pl_source_token_dtype(sources[s]));
-        n_wds += pl_source_get_type(sources[s]) == PL_SOURCE_WEBDATASET;
+        n_wds += pl__type_has_images(pl_source_get_type(sources[s]));
     }
     pl__rimg *v = pl__calloc(n_wds ? (size_t)n_wds : 1, sizeof *v);
     if (!v) {
@@ -58,7 +58,7 @@ static int reply_plan(pl_source *const *sources, int64_t n_sources,
     int64_t k = 0;
     for (int64_t i = 0; i < n; i++) {
         pl_source *src = sources[reads[i].source];
-        if (pl_source_get_type(src) != PL_SOURCE_WEBDATASET) continue;
+        if (!pl__type_has_images(pl_source_get_type(src))) continue;
         pl_image_info in;
         int rc = pl__source_image_info(src, reads[i].index, &in, err, errcap);
         if (rc) {
