@@ -49,12 +49,15 @@ static uint32_t pl__grace_s(void) {
     return x < 0 ? 10u : (uint32_t)x;
 }
 /* Bytes fetched per batch of an ensure (bounded memory). */
-#define PL__RCACHE_BATCH ((int64_t)256 << 20)
+#define PL__RCACHE_BATCH ((int64_t)64 << 20)
 /* Bytes of one request at most (large runs are split for concurrency). */
 #define PL__RCACHE_REQ ((int64_t)16 << 20)
 
 struct pl__rfile {
     pl__robj *obj;
+    pthread_mutex_t mu; /* guards inflight */
+    pthread_cond_t cv;  /* a fetch finished */
+    uint8_t *inflight;  /* [n_chunks]: fetches of the chunk under way here */
     char *dir;
     char *data_path, *tab_path, *lock_path;
     int data_fd;
@@ -77,6 +80,11 @@ static uint32_t pl__now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME, &ts);
     return (uint32_t)ts.tv_sec;
+}
+
+static int pl__cmp_i64(const void *a, const void *b) {
+    int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return x < y ? -1 : x > y;
 }
 
 static int pl__mkdirs(const char *path) {
@@ -254,6 +262,11 @@ static void pl__rcache_resolve(const pl__rcache_conf *conf, char *dir, size_t ca
 void pl__rfile_free(pl__rfile *f) {
     if (!f) return;
     if (f->tab) munmap(f->tab, f->tab_len);
+    if (f->inflight) {
+        pthread_mutex_destroy(&f->mu);
+        pthread_cond_destroy(&f->cv);
+        free(f->inflight);
+    }
     if (f->data_fd >= 0) close(f->data_fd);
     pl__robj_free(f->obj);
     free(f->dir);
@@ -337,6 +350,15 @@ int pl__rfile_open(const char *url, const pl__rcache_conf *conf, int keep,
     pl__rcache_resolve(conf, dir, sizeof dir, &f->max_bytes, &f->chunk);
     f->size = pl__robj_size(f->obj);
     f->n_chunks = (f->size + f->chunk - 1) / f->chunk;
+    f->inflight = pl__calloc((size_t)f->n_chunks + 1, 1);
+    if (!f->inflight) {
+        pl__robj_free(f->obj);
+        free(f);
+        pl__fmt(err, errcap, "%s: out of memory", url);
+        return PL_ENOMEM;
+    }
+    pthread_mutex_init(&f->mu, NULL);
+    pthread_cond_init(&f->cv, NULL);
     char key[8192];
     pl__fmt(key, sizeof key, "%s\n%s", url, pl__robj_etag(f->obj));
     uint64_t h = pl__hash64(key, strlen(key), 0x706c636163686531ULL);
@@ -446,12 +468,15 @@ static int pl__fetch_runs(pl__rfile *f, pl__run *runs, int n, char *err, size_t 
     return rc;
 }
 
-int pl__rfile_ensure_many(pl__rfile *f, const int64_t *offset, const int64_t *len, int n,
-                          char *err, size_t errcap) {
+/* The absent chunks of the ranges (sorted, unique) into *need; present
+ * ones are touched.  PL_ERANGE for a range past the object's end. */
+static int pl__absent(pl__rfile *f, const int64_t *offset, const int64_t *len, int n,
+                      int64_t **need_out, int64_t *nn_out, char *err, size_t errcap) {
     uint32_t *e = pl__tab_entries(f), now = pl__now_s();
-    /* Absent chunks, as runs (sorted by chunk: ranges may come in any order). */
     int64_t *need = NULL;
     int64_t nn = 0, capn = 0;
+    *need_out = NULL;
+    *nn_out = 0;
     for (int i = 0; i < n; i++) {
         if (len[i] <= 0) continue;
         if (offset[i] < 0 || offset[i] + len[i] > f->size) {
@@ -483,17 +508,21 @@ int pl__rfile_ensure_many(pl__rfile *f, const int64_t *offset, const int64_t *le
             need[nn++] = c;
         }
     }
-    if (!nn) return PL_OK;
-    /* Sort and unique. */
-    for (int64_t i = 1; i < nn; i++) {
-        int64_t x = need[i], j = i - 1;
-        if (x >= need[j]) continue;
-        while (j >= 0 && need[j] > x) {
-            need[j + 1] = need[j];
-            j--;
-        }
-        need[j + 1] = x;
+    if (nn > 1) {
+        qsort(need, (size_t)nn, sizeof *need, pl__cmp_i64);
+        int64_t k = 1;
+        for (int64_t i = 1; i < nn; i++)
+            if (need[i] != need[k - 1]) need[k++] = need[i];
+        nn = k;
     }
+    *need_out = need;
+    *nn_out = nn;
+    return PL_OK;
+}
+
+/* Fetch the chunks need[0..nn) (sorted), adjacent ones in one request. */
+static int pl__fetch_chunks(pl__rfile *f, const int64_t *need, int64_t nn, char *err,
+                            size_t errcap) {
     int64_t per_req = PL__RCACHE_REQ / f->chunk > 0 ? PL__RCACHE_REQ / f->chunk : 1;
     int64_t per_batch = PL__RCACHE_BATCH / f->chunk > 0 ? PL__RCACHE_BATCH / f->chunk : 1;
     pl__run runs[64];
@@ -502,8 +531,8 @@ int pl__rfile_ensure_many(pl__rfile *f, const int64_t *offset, const int64_t *le
     for (int64_t i = 0; i < nn && rc == PL_OK;) {
         int64_t c0 = need[i], c1 = c0 + 1;
         i++;
-        while (i < nn && need[i] <= c1 && c1 - c0 < per_req) {
-            if (need[i] == c1) c1++;
+        while (i < nn && need[i] == c1 && c1 - c0 < per_req) {
+            c1++;
             i++;
         }
         runs[nr++] = (pl__run){c0, c1, NULL};
@@ -514,8 +543,52 @@ int pl__rfile_ensure_many(pl__rfile *f, const int64_t *offset, const int64_t *le
             in_batch = 0;
         }
     }
-    free(need);
     return rc;
+}
+
+/*
+ * Threads of one process never fetch a chunk twice: a chunk another thread
+ * is fetching (f->inflight) is waited for, then looked at again (fetched
+ * here if that fetch failed).
+ */
+int pl__rfile_ensure_many(pl__rfile *f, const int64_t *offset, const int64_t *len, int n,
+                          char *err, size_t errcap) {
+    for (int round = 0;; round++) {
+        int64_t *need, nn;
+        int rc = pl__absent(f, offset, len, n, &need, &nn, err, errcap);
+        if (rc || !nn) return rc;
+        /* Claim what nobody fetches; the rest is waited for. */
+        int64_t *mine = pl__calloc((size_t)nn, sizeof *mine);
+        if (!mine) {
+            free(need);
+            pl__fmt(err, errcap, "%s: out of memory", pl__robj_url(f->obj));
+            return PL_ENOMEM;
+        }
+        int64_t nm = 0, nw = 0;
+        pthread_mutex_lock(&f->mu);
+        for (int64_t i = 0; i < nn; i++) {
+            if (f->inflight[need[i]] || round >= 3) {
+                /* After three rounds fetch regardless (never wait forever). */
+                if (round < 3) {
+                    need[nw++] = need[i];
+                    continue;
+                }
+            }
+            f->inflight[need[i]]++;
+            mine[nm++] = need[i];
+        }
+        pthread_mutex_unlock(&f->mu);
+        rc = nm ? pl__fetch_chunks(f, mine, nm, err, errcap) : PL_OK;
+        pthread_mutex_lock(&f->mu);
+        for (int64_t i = 0; i < nm; i++) f->inflight[mine[i]]--;
+        if (nm) pthread_cond_broadcast(&f->cv);
+        for (int64_t i = 0; i < nw && rc == PL_OK; i++)
+            while (f->inflight[need[i]]) pthread_cond_wait(&f->cv, &f->mu);
+        pthread_mutex_unlock(&f->mu);
+        free(mine);
+        free(need);
+        if (rc || !nw) return rc;
+    }
 }
 
 int pl__rfile_ensure(pl__rfile *f, int64_t offset, int64_t len, char *err,

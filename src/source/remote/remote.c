@@ -33,6 +33,7 @@
 
 #include <ctype.h>
 #include <errno.h>
+#include <fnmatch.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -869,5 +870,137 @@ int pl__remote_list(const char *prefix_url, char ***urls, int64_t *n, char *err,
     }
     *urls = v;
     *n = cnt;
+    return PL_OK;
+}
+
+/* ------------------------------------------------------------ expansion */
+
+static int pl__r_ends_with(const char *s, const char *suffix) {
+    size_t n = strlen(s), m = strlen(suffix);
+    return n >= m && strcmp(s + n - m, suffix) == 0;
+}
+
+/* polyload's own sidecars are never data files (as source.c's). */
+static int pl__r_is_sidecar(const char *u) {
+    static const char *const ext[] = {".plidx", ".plrec", ".pllen", ".plwds"};
+    for (size_t i = 0; i < sizeof ext / sizeof ext[0]; i++) {
+        char tmp[16];
+        snprintf(tmp, sizeof tmp, "%s.tmp.", ext[i]);
+        if (pl__r_ends_with(u, ext[i]) || strstr(u, tmp)) return 1;
+    }
+    return 0;
+}
+
+static int pl__r_push(char ***v, int64_t *n, int64_t *cap, const char *s, size_t len) {
+    if (*n == *cap) {
+        int64_t nc = *cap ? *cap * 2 : 16;
+        char **nv = pl__realloc_array(*v, (size_t)nc, sizeof **v);
+        if (!nv) return PL_ENOMEM;
+        *v = nv;
+        *cap = nc;
+    }
+    char *c = malloc(len + 1);
+    if (!c) return PL_ENOMEM;
+    memcpy(c, s, len);
+    c[len] = 0;
+    (*v)[(*n)++] = c;
+    return PL_OK;
+}
+
+int pl__remote_expand(const char *path, int megatron, char ***out, int64_t *nout,
+                      char *err, size_t errcap) {
+    *out = NULL;
+    *nout = 0;
+    char **v = NULL;
+    int64_t n = 0, cap = 0;
+    int rc = PL_OK;
+    size_t pl = strlen(path);
+    const char *glob_at = strpbrk(path, "*?[");
+    if (strncmp(path, "s3://", 5) != 0) {
+        /* https:// names one object (no listing over HTTP). */
+        if (glob_at || (pl && path[pl - 1] == '/')) {
+            pl__fmt(err, errcap, "%s: only s3:// paths can be globs or directories", path);
+            return PL_EINVAL;
+        }
+        size_t k = megatron && (pl__r_ends_with(path, ".idx") || pl__r_ends_with(path, ".bin"))
+                       ? pl - 4 : pl;
+        rc = pl__r_push(&v, &n, &cap, path, k);
+        goto done;
+    }
+    /* What to list: up to the last '/' before a glob character, or the path
+       itself (a file, a Megatron prefix or a directory). */
+    char prefix[PL__URL_CAP];
+    if (glob_at) {
+        const char *slash = glob_at;
+        while (slash > path + 5 && slash[-1] != '/') slash--;
+        pl__fmt(prefix, sizeof prefix, "%.*s", (int)(slash - path), path);
+    } else {
+        pl__fmt(prefix, sizeof prefix, "%s", path);
+    }
+    char **all;
+    int64_t na;
+    rc = pl__remote_list(prefix, &all, &na, err, errcap);
+    if (rc) return rc;
+    int dir = !glob_at && pl && path[pl - 1] == '/';
+    if (!glob_at && !dir) {
+        /* The object itself, the Megatron pair, or else a directory. */
+        char idx[PL__URL_CAP];
+        pl__fmt(idx, sizeof idx, "%s.idx", path);
+        int exact = 0, pair = 0;
+        for (int64_t i = 0; i < na; i++) {
+            exact |= strcmp(all[i], path) == 0;
+            pair |= strcmp(all[i], idx) == 0;
+        }
+        if (megatron && (pair || ((pl__r_ends_with(path, ".idx") || pl__r_ends_with(path, ".bin")) && exact))) {
+            rc = pl__r_push(&v, &n, &cap, path, pair ? pl : pl - 4);
+        } else if (!megatron && exact) {
+            rc = pl__r_push(&v, &n, &cap, path, pl);
+        } else {
+            dir = 1;
+        }
+    }
+    for (int64_t i = 0; rc == PL_OK && i < na; i++) {
+        const char *u = all[i];
+        size_t ul = strlen(u);
+        if (dir) {
+            size_t base = strlen(prefix) + (prefix[strlen(prefix) - 1] == '/' ? 0 : 1);
+            if (ul <= base || strncmp(u, prefix, strlen(prefix)) != 0 ||
+                (base > strlen(prefix) && u[strlen(prefix)] != '/') || strchr(u + base, '/'))
+                continue; /* not a direct child */
+            if (megatron) {
+                if (pl__r_ends_with(u, ".idx")) rc = pl__r_push(&v, &n, &cap, u, ul - 4);
+            } else if (!pl__r_is_sidecar(u)) {
+                rc = pl__r_push(&v, &n, &cap, u, ul);
+            }
+        } else if (glob_at) {
+            if (megatron) {
+                char pat[PL__URL_CAP];
+                pl__fmt(pat, sizeof pat, "%s.idx", path);
+                if ((fnmatch(pat, u, FNM_PATHNAME) == 0) ||
+                    (fnmatch(path, u, FNM_PATHNAME) == 0 &&
+                     (pl__r_ends_with(u, ".idx") || pl__r_ends_with(u, ".bin"))))
+                    rc = pl__r_push(&v, &n, &cap, u, ul - 4);
+            } else if (fnmatch(path, u, FNM_PATHNAME) == 0 && !pl__r_is_sidecar(u)) {
+                rc = pl__r_push(&v, &n, &cap, u, ul);
+            }
+        }
+    }
+    for (int64_t i = 0; i < na; i++) free(all[i]);
+    free(all);
+    if (rc == PL_OK && n == 0) {
+        pl__fmt(err, errcap, glob_at ? "%s: no object matches the pattern"
+                                     : "%s: no such object, and no objects under it",
+                path);
+        rc = PL_ENOENT;
+    }
+done:
+    if (rc) {
+        if (rc == PL_ENOMEM) pl__fmt(err, errcap, "%s: out of memory expanding", path);
+        for (int64_t i = 0; i < n; i++) free(v[i]);
+        free(v);
+        return rc;
+    }
+    *out = v;
+    *nout = n;
     return PL_OK;
 }

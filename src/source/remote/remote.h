@@ -73,6 +73,15 @@ int pl__robj_read(const pl__robj *o, int64_t offset, size_t len, void *dst,
 int pl__remote_list(const char *prefix_url, char ***urls, int64_t *n, char *err,
                     size_t errcap);
 
+/* A configured remote path as its objects (sorted, byte order): one
+ * object, the objects matching a glob (s3://b/dir/x*.jsonl: a star stops at
+ * '/'), or a directory's direct children (a path ending in '/', or one
+ * naming no object); polyload's sidecars left out.  megatron: .idx/.bin
+ * pairs as their prefixes.  One LIST (of pages) for s3://; https:// names
+ * one object.  PL_ENOENT when nothing matches. */
+int pl__remote_expand(const char *path, int megatron, char ***urls, int64_t *n,
+                      char *err, size_t errcap);
+
 /* Process-wide counters: requests sent (every attempt), bytes received as
  * payload, retries. */
 typedef struct pl__rstats {
@@ -116,5 +125,18 @@ int pl__rfile_ensure(pl__rfile *f, int64_t offset, int64_t len, char *err,
 /* The same for many ranges of one file at once. */
 int pl__rfile_ensure_many(pl__rfile *f, const int64_t *offset, const int64_t *len,
                           int n, char *err, size_t errcap);
+
+
+/* ------------------------------------------------------------ prefetch */
+
+/* One thread that makes posted ranges present ahead of their reads
+ * (prefetch.c).  Thread-safe; free joins the thread after the batch under
+ * way (the files posted must outlive it). */
+typedef struct pl__rprefetch pl__rprefetch;
+int pl__rprefetch_create(int64_t max_queued_bytes, pl__rprefetch **out);
+/* Queue [off, off + len) of f; never blocks on I/O (dropped when
+ * max_queued_bytes already wait). */
+void pl__rprefetch_post(pl__rprefetch *p, pl__rfile *f, int64_t off, int64_t len);
+void pl__rprefetch_free(pl__rprefetch *p);
 
 #endif
