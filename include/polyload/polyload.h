@@ -283,6 +283,12 @@ typedef struct pl_source_options {
     uint64_t length_cache_key;  /* fingerprint of what decides the lengths;
                                    0: no length cache */
     int length_cache;           /* a PL_INDEX_* policy for <file>.pllen */
+    /* Version 4: the node-local cache of remote paths (s3://, https://;
+     * megatron, llmc, flat).  NULL / 0: $POLYLOAD_CACHE_DIR or
+     * ~/.cache/polyload, 16 GiB, 1 MiB chunks. */
+    const char *cache_dir;
+    int64_t cache_max_bytes;
+    int64_t cache_chunk_bytes;
 } pl_source_options;
 
 /*
@@ -306,7 +312,7 @@ enum {
     PL_INDEX_READ = 2,
     PL_INDEX_MEMORY = -1
 };
-#define PL_SOURCE_OPTIONS_VERSION 3
+#define PL_SOURCE_OPTIONS_VERSION 4
 
 /*
  * Open a source.  On success returns PL_OK.  On error returns PL_ENOENT (no

@@ -288,7 +288,8 @@ static int is_known_key(const char *key) {
         "cost.a", "cost.b", "cost.c", "cost.window", "long_short.threshold",
         "cost.encoder.a", "cost.encoder.b",
         "topology.dp", "topology.pp", "topology.cp", "topology.tp",
-        "topology.order", "vocab_size", "split"};
+        "topology.order", "vocab_size", "split",
+        "cache.dir", "cache.max_bytes", "cache.chunk_bytes"};
     for (int i = 0; i < NELEM(known); i++)
         if (strcmp(key, known[i]) == 0) return 1;
     return 0;
@@ -414,6 +415,16 @@ static int set_scalar(pl_config *cfg, const char *key, const sval *v) {
         return get_int(cfg, key, v, 1, INT64_MAX, &cfg->cost.window);
     if (strcmp(key, "long_short.threshold") == 0)
         return get_int(cfg, key, v, 0, INT64_MAX, &cfg->long_short_threshold);
+    if (strcmp(key, "cache.max_bytes") == 0)
+        return get_int(cfg, key, v, 1, INT64_MAX, &cfg->cache_max_bytes);
+    if (strcmp(key, "cache.chunk_bytes") == 0)
+        return get_int(cfg, key, v, 4096, (int64_t)1 << 30, &cfg->cache_chunk_bytes);
+    if (strcmp(key, "cache.dir") == 0) {
+        if (strlen(v->s) >= sizeof cfg->cache_dir)
+            return cfg_err(cfg, PL_ECONFIG, v->line, "cache.dir: too long: '%s'", v->s);
+        pl__fmt(cfg->cache_dir, sizeof cfg->cache_dir, "%s", v->s);
+        return PL_OK;
+    }
     if (strcmp(key, "topology.order") == 0) {
         if (strlen(v->s) >= sizeof cfg->topology.order)
             return cfg_err(cfg, PL_ETOPOLOGY, v->line,
@@ -823,7 +834,7 @@ static int set_node(walk *w, const char *key, int key_line,
     return set_scalar(w->cfg, key, &v);
 }
 
-/* topology, cost, long_short: a mapping of scalars. */
+/* topology, cost, long_short, cache: a mapping of scalars. */
 static int walk_submap(walk *w, const char *name, yaml_node_t *map) {
     int rc = check_mapping(w, map, name);
     if (rc != PL_OK) return rc;
@@ -1582,7 +1593,7 @@ static int walk_root(walk *w) {
             rc = walk_tokenizer(w, "", vn, &cfg->tok);
             if (rc != PL_OK) return rc;
         } else if (strcmp(k, "topology") == 0 || strcmp(k, "cost") == 0 ||
-                   strcmp(k, "long_short") == 0) {
+                   strcmp(k, "long_short") == 0 || strcmp(k, "cache") == 0) {
             rc = walk_submap(w, k, vn);
             if (rc != PL_OK) return rc;
         } else {

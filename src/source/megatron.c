@@ -54,7 +54,7 @@ int pl__megatron_open(pl__sfile *f, int skip_trailing, char *err,
 
     pl__fmt(path, sizeof path, "%s.idx", f->path);
     int ifd = -1;
-    rc = pl__map_file(path, &f->idx_map, &f->idx_len, &st, &ifd, err, errcap);
+    rc = pl__map_any(f, path, 1, &f->idx_map, &f->idx_len, &st, &ifd, err, errcap);
     if (rc) return rc;
     pl__fwatch_keep(&f->idx_w, ifd, &st);
     const uint8_t *m = f->idx_map;
@@ -156,7 +156,7 @@ int pl__megatron_open(pl__sfile *f, int skip_trailing, char *err,
 
     pl__fmt(path, sizeof path, "%s.bin", f->path);
     int fd = -1;
-    rc = pl__map_file(path, &f->data_map, &f->data_len, &st, &fd, err, errcap);
+    rc = pl__map_any(f, path, 0, &f->data_map, &f->data_len, &st, &fd, err, errcap);
     if (rc) return rc;
     pl__fwatch_keep(&f->data_w, fd, &st);
     f->tokens = f->data_map;

@@ -97,6 +97,20 @@ int pl__map_file(const char *path, void **map, size_t *len, struct stat *st,
     return PL_OK;
 }
 
+int pl__map_any(pl__sfile *f, const char *path, int index, void **map, size_t *len,
+                struct stat *st, int *fd_out, char *err, size_t errcap) {
+    if (!pl__remote_is_url(path))
+        return pl__map_file(path, map, len, st, fd_out, err, errcap);
+    pl__rfile *r;
+    int rc = pl__rfile_open(path, f->rconf, index, &r, err, errcap);
+    if (rc) return rc;
+    if (index)
+        f->ridx = r;
+    else
+        f->rdata = r;
+    return pl__map_file(pl__rfile_path(r), map, len, st, fd_out, err, errcap);
+}
+
 /* ------------------------------------------------------------ descriptors */
 
 /* How long a size seen by fstat(2) is trusted (ns; -D to measure). */
@@ -300,6 +314,9 @@ void pl__sfile_unmap(pl__sfile *f) {
     f->spans = NULL;
     f->text = NULL;
     f->text_len = 0;
+    pl__rfile_free(f->rdata);
+    pl__rfile_free(f->ridx);
+    f->rdata = f->ridx = NULL;
 }
 
 /* ------------------------------------------------------------ paths */
@@ -431,8 +448,29 @@ static int pl__list_dir(pl__paths *p, const char *dir, int megatron,
 }
 
 /* Expand opts->path into the sorted list of files (Megatron: prefixes). */
+/* A remote path's objects (source/remote/). */
+static int pl__expand_remote(const char *path, int megatron, pl__paths *p, char *err,
+                             size_t errcap) {
+    char **urls;
+    int64_t n;
+    int rc = pl__remote_expand(path, megatron, &urls, &n, err, errcap);
+    if (rc) return rc;
+    for (int64_t i = 0; i < n; i++) {
+        if (rc == PL_OK) rc = pl__paths_add(p, urls[i], strlen(urls[i]));
+        free(urls[i]);
+    }
+    free(urls);
+    if (rc) pl__fmt(err, errcap, "%s: out of memory expanding", path);
+    return rc;
+}
+
 static int pl__expand(const char *path, int megatron, pl__paths *p, char *err,
                       size_t errcap) {
+    if (pl__remote_is_url(path)) {
+        int rrc = pl__expand_remote(path, megatron, p, err, errcap);
+        if (rrc == PL_OK) pl__paths_sort_unique(p);
+        return rrc;
+    }
     int rc;
     if (strpbrk(path, "*?[")) {
         if (megatron) {
@@ -490,6 +528,8 @@ static void pl__set_err(pl_source *src, const char *msg) {
 }
 
 static void pl__release_files(pl_source *src) {
+    pl__rprefetch_free(src->prefetch); /* before the files it fetches into */
+    src->prefetch = NULL;
     for (int64_t i = 0; i < src->n_files; i++) {
         pl__sfile_unmap(&src->files[i]);
         free(src->files[i].path);
@@ -599,6 +639,23 @@ static int pl__source_open_impl(const pl_source_options *opts, int skip_damaged,
     src->n_files = paths.n;
     for (int64_t i = 0; i < paths.n; i++) src->files[i].path = paths.v[i];
     free(paths.v); /* the strings now belong to the files */
+    if (pl__remote_is_url(opts->path)) {
+        if (opts->version >= 4 && opts->cache_dir &&
+            !(src->cache_dir = pl__strdup(opts->cache_dir))) {
+            pl__fmt(err, cap, "out of memory");
+            return PL_ENOMEM;
+        }
+        src->rconf.dir = src->cache_dir;
+        src->rconf.max_bytes = opts->version >= 4 ? opts->cache_max_bytes : 0;
+        src->rconf.chunk = opts->version >= 4 ? opts->cache_chunk_bytes : 0;
+        if (!src->rconf.chunk) src->rconf.chunk = (int64_t)1 << 20;
+        rc = pl__rprefetch_create(0, &src->prefetch);
+        if (rc) {
+            pl__fmt(err, cap, "out of memory");
+            return rc;
+        }
+        for (int64_t i = 0; i < src->n_files; i++) src->files[i].rconf = &src->rconf;
+    }
 
     for (int64_t i = 0; i < src->n_files; i++) {
         pl__sfile *f = &src->files[i];
@@ -627,6 +684,7 @@ void pl_source_free(pl_source *src) {
     pl__text_free(src); /* joins its threads before the files go */
     pl__release_files(src);
     pl__wds_free(src);
+    free(src->cache_dir);
     free(src->name);
     pthread_mutex_destroy(&src->mu);
     free(src);
@@ -771,6 +829,20 @@ void pl__source_prefetch(const pl_source *src, int64_t index) {
     }
 }
 
+void pl__source_fetch_ahead(pl_source *src, int64_t index, int64_t offset,
+                            int64_t count) {
+    if (!src || !src->prefetch || index < 0 || index >= src->n_docs) return;
+    const pl__sfile *f;
+    const uint8_t *tok;
+    int64_t len;
+    char err[PL__ERRMSG_CAP];
+    if (pl__doc(src, index, &f, &tok, &len, err, sizeof err) || !f->rdata || !tok) return;
+    if (offset < 0 || offset > len) return;
+    if (count > len - offset) count = len - offset;
+    int64_t at = (int64_t)(tok - (const uint8_t *)f->data_map) + offset * (int64_t)f->width;
+    pl__rprefetch_post(src->prefetch, f->rdata, at, count * (int64_t)f->width);
+}
+
 int pl__source_length_unchecked(pl_source *src, int64_t index,
                                 int64_t *length, char *err, size_t errcap) {
     const pl__sfile *f;
@@ -890,6 +962,7 @@ static int pl__source_read_impl(pl_source *src, int64_t index, int64_t offset,
     if ((rc = pl__fwatch_check(src, f, 0, end, "document %lld", (long long)index,
                                err, errcap)))
         return rc;
+    if ((rc = pl__source_ensure(f, at, end - at, err, errcap))) return rc;
     pl__conv_fn fn = pl__conv_table[f->dtype][out_dtype == PL_DTYPE_INT32];
 
     fn(tok + (size_t)offset * f->width, out, count);
@@ -1077,6 +1150,8 @@ static int pl__pread_range(const pl_source *src, pl__preader *r,
     }
     uint8_t *dst = raw ? out : r->buf;
     off_t at = (off_t)((tok - (const uint8_t *)f->data_map) + offset * (int64_t)f->width);
+    int erc = pl__source_ensure(f, (int64_t)at, (int64_t)bytes, err, errcap);
+    if (erc) return erc;
     size_t got = 0;
     while (got < bytes) {
         ssize_t k = pread(r->fd, dst + got, bytes - got, at + (off_t)got);
@@ -1101,6 +1176,61 @@ void pl__tokens_convert(const void *src, pl_dtype src_dtype, void *dst,
 
 /* pl_source_read_many (raw 0: int64 tokens) and pl_source_read_raw (raw 1:
  * stored width, at most cap bytes). */
+/* Remote files: make every range of reads present at once (up to the
+ * policy's concurrency in flight) before they are read one by one.  Errors
+ * of lookups are left to the reads. */
+typedef struct pl__rr {
+    pl__rfile *f;
+    int64_t at, len;
+} pl__rr;
+
+static int pl__rr_cmp(const void *a, const void *b) {
+    const pl__rr *x = a, *y = b;
+    if (x->f != y->f) return (uintptr_t)x->f < (uintptr_t)y->f ? -1 : 1;
+    return x->at < y->at ? -1 : x->at > y->at;
+}
+
+static int pl__ensure_reads(pl_source *src, const pl_read *reads, int64_t n, char *err,
+                            size_t errcap) {
+    if (!src->prefetch || n <= 0) return PL_OK;
+    pl__rr *v = pl__calloc((size_t)n, sizeof *v);
+    int64_t *off = pl__calloc((size_t)n, sizeof *off), *len = pl__calloc((size_t)n, sizeof *len);
+    int rc = PL_OK;
+    if (!v || !off || !len) {
+        free(v);
+        free(off);
+        free(len);
+        return PL_OK; /* the reads fetch for themselves */
+    }
+    int64_t m = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const pl__sfile *f;
+        const uint8_t *tok;
+        int64_t dl;
+        if (pl__doc(src, reads[i].index, &f, &tok, &dl, err, errcap) || !f->rdata || !tok)
+            continue;
+        int64_t o = reads[i].offset, c = reads[i].count;
+        if (o < 0 || c <= 0 || o > dl || c > dl - o) continue;
+        v[m++] = (pl__rr){f->rdata,
+                          (int64_t)(tok - (const uint8_t *)f->data_map) + o * (int64_t)f->width,
+                          c * (int64_t)f->width};
+    }
+    qsort(v, (size_t)m, sizeof *v, pl__rr_cmp);
+    for (int64_t i = 0; i < m && rc == PL_OK;) {
+        int64_t j = i;
+        for (; j < m && v[j].f == v[i].f && j - i < INT32_MAX; j++) {
+            off[j - i] = v[j].at;
+            len[j - i] = v[j].len;
+        }
+        rc = pl__rfile_ensure_many(v[i].f, off, len, (int)(j - i), err, errcap);
+        i = j;
+    }
+    free(v);
+    free(off);
+    free(len);
+    return rc;
+}
+
 static int pl__read_ranges(pl_source *src, const pl_read *reads, int64_t n,
                            void *out, size_t cap, int raw) {
     if (!src || (n > 0 && (!reads || !out)) || n < 0) return PL_EINVAL;
@@ -1121,7 +1251,7 @@ static int pl__read_ranges(pl_source *src, const pl_read *reads, int64_t n,
         }
     }
     pl__preader r = {NULL, -1, 0, NULL, 0};
-    int rc = PL_OK;
+    int rc = pl__ensure_reads(src, reads, n, err, sizeof err);
     for (int64_t i = 0; i < n && rc == PL_OK; i++) {
         const pl__sfile *f;
         const uint8_t *tok;

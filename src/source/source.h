@@ -13,6 +13,7 @@
 #define POLYLOAD_SOURCE_H
 
 #include "config/config.h"
+#include "source/remote/remote.h"
 #include "source/tokenizer/tokenizer.h"
 
 #include <string.h>
@@ -53,6 +54,11 @@ typedef struct pl__fwatch {
 
 typedef struct pl__sfile {
     char *path;       /* megatron: the prefix; llmc/flat: the data file */
+    /* A remote file (s3://, https://; source/remote/): its data and index
+     * objects through the node cache, whose local files are what is mapped
+     * below; NULL for local files.  rconf: the source's cache settings. */
+    pl__rfile *rdata, *ridx;
+    const pl__rcache_conf *rconf;
     int64_t first_doc; /* global index of local document 0 */
     int64_t n_docs;
     pl_dtype dtype;   /* token dtype of this file */
@@ -132,6 +138,11 @@ struct pl_source {
     pl__sfile *files;
     struct pl__wds *wds; /* webdataset options (source/wds.c), else NULL */
     pl__text *text;  /* jsonl/text only */
+    /* Remote paths: the cache settings and the prefetcher (NULL when every
+     * file is local). */
+    pl__rcache_conf rconf;
+    char *cache_dir;
+    pl__rprefetch *prefetch;
 };
 
 /* A growable list of owned strings (expanded source paths); zero-init. */
@@ -146,6 +157,21 @@ void pl__paths_free(pl__paths *p);
 /* Map a whole file read-only (MAP_SHARED), then close it.  A file of size 0
  * gives *map NULL and *len 0.  PL_ENOENT / PL_EIO with a message.  With
  * fd_out, the descriptor is returned open instead (-1 on error). */
+/* pl__map_file, or for a remote path (s3://, https://) its object opened
+ * through the node cache (f->rconf) and the cache's file mapped: index 1
+ * fetches the object whole and keeps it (f->ridx), index 0 maps it lazily
+ * (f->rdata; reads call pl__source_ensure first). */
+int pl__map_any(pl__sfile *f, const char *path, int index, void **map, size_t *len,
+                struct stat *st, int *fd_out, char *err, size_t errcap);
+/* Make bytes [offset, offset + len) of f's data file present before they are
+ * read through its mapping or descriptor (no-op for a local file). */
+static inline int pl__source_ensure(const pl__sfile *f, int64_t offset, int64_t len,
+                                    char *err, size_t errcap) {
+    return f->rdata ? pl__rfile_ensure(f->rdata, offset, len, err, errcap) : PL_OK;
+}
+/* Post the byte range of tokens [offset, offset + count] of global document
+ * index to the source's prefetcher (remote files only; never blocks on I/O). */
+void pl__source_fetch_ahead(pl_source *src, int64_t index, int64_t offset, int64_t count);
 int pl__map_file(const char *path, void **map, size_t *len, struct stat *st,
                  int *fd_out, char *err, size_t errcap);
 /* Record the identity of a mapped file (st, from pl__map_file or fstat) and
