@@ -840,6 +840,7 @@ void pl__source_fetch_ahead(pl_source *src, int64_t index, int64_t offset,
     if (offset < 0 || offset > len) return;
     if (count > len - offset) count = len - offset;
     int64_t at = (int64_t)(tok - (const uint8_t *)f->data_map) + offset * (int64_t)f->width;
+    if (pl__rfile_present(f->rdata, at, count * (int64_t)f->width)) return;
     pl__rprefetch_post(src->prefetch, f->rdata, at, count * (int64_t)f->width);
 }
 

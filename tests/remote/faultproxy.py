@@ -74,6 +74,7 @@ def upstream_conn():
 
 class Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
+    disable_nagle_algorithm = True
 
     def log_message(self, *a):
         pass
@@ -139,7 +140,6 @@ class Handler(BaseHTTPRequestHandler):
             try:
                 conn.request(method, self.path, body=body, headers=headers)
                 resp = conn.getresponse()
-                data = resp.read()
                 break
             except (http.client.HTTPException, OSError):
                 conn.close()
@@ -148,26 +148,47 @@ class Handler(BaseHTTPRequestHandler):
                     raise
         self.send_response(resp.status, resp.reason)
         for k, v in resp.getheaders():
-            if k.lower() in ("connection", "keep-alive", "transfer-encoding", "content-length",
-                             "server", "date"):
+            if k.lower() in ("connection", "keep-alive", "transfer-encoding", "server", "date"):
                 continue
             self.send_header(k, v)
-        full = len(data)
-        if method == "HEAD":
-            full = int(resp.getheader("Content-Length") or 0)
-        self.send_header("Content-Length", str(full))
+        full = resp.getheader("Content-Length")
+        if full is None:  # a chunked reply: passed on whole
+            data = resp.read()
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+            return
+        full = int(full)
         self.end_headers()
         if method == "HEAD":
+            resp.read()
             return
-        if fault in ("cut", "truncate") and len(data) > 1:
-            part = data[: len(data) // 2] if fault == "cut" else data[: len(data) - 1]
-            self.wfile.write(part)
+        # The body streams through in pieces; a fault stops it early and closes.
+        stop = full
+        if fault == "cut" and full > 1:
+            stop = full // 2
+        elif fault == "truncate" and full > 1:
+            stop = full - 1
+        sent = 0
+        while sent < full:
+            piece = resp.read(min(1 << 20, full - sent))
+            if not piece:
+                break
+            if sent + len(piece) > stop:
+                piece = piece[: stop - sent]
+            if piece:
+                self.wfile.write(piece)
+            sent += len(piece)
+            if sent >= stop:
+                break
+        if stop < full:
             self.wfile.flush()
             self.close_connection = True
+            conn.close()
+            LOCAL.conn = None
             return
         with STATE.lock:
-            STATE.stats["bytes"] += len(data)
-        self.wfile.write(data)
+            STATE.stats["bytes"] += sent
 
     def do_GET(self):
         self._forward("GET")

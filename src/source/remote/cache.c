@@ -51,7 +51,7 @@ static uint32_t pl__grace_s(void) {
 /* Bytes fetched per batch of an ensure (bounded memory). */
 #define PL__RCACHE_BATCH ((int64_t)64 << 20)
 /* Bytes of one request at most (large runs are split for concurrency). */
-#define PL__RCACHE_REQ ((int64_t)16 << 20)
+#define PL__RCACHE_REQ ((int64_t)8 << 20)
 
 struct pl__rfile {
     pl__robj *obj;
@@ -78,7 +78,7 @@ static uint32_t *pl__tab_entries(const pl__rfile *f) {
 
 static uint32_t pl__now_s(void) {
     struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
+    clock_gettime(CLOCK_REALTIME_COARSE, &ts); /* a few ns: called per read */
     return (uint32_t)ts.tv_sec;
 }
 
@@ -589,6 +589,15 @@ int pl__rfile_ensure_many(pl__rfile *f, const int64_t *offset, const int64_t *le
         free(need);
         if (rc || !nw) return rc;
     }
+}
+
+int pl__rfile_present(const pl__rfile *f, int64_t offset, int64_t len) {
+    if (len <= 0) return 1;
+    if (offset < 0 || offset + len > f->size) return 0;
+    const uint32_t *e = pl__tab_entries(f);
+    for (int64_t c = offset / f->chunk, c1 = (offset + len - 1) / f->chunk; c <= c1; c++)
+        if (!__atomic_load_n(&e[c], __ATOMIC_ACQUIRE)) return 0;
+    return 1;
 }
 
 int pl__rfile_ensure(pl__rfile *f, int64_t offset, int64_t len, char *err,

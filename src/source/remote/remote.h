@@ -122,6 +122,9 @@ int64_t pl__rfile_size(const pl__rfile *f);
  * used chunks of unkept objects beyond max_bytes. */
 int pl__rfile_ensure(pl__rfile *f, int64_t offset, int64_t len, char *err,
                      size_t errcap);
+/* 1 when every chunk of [offset, offset + len) is present (no request, no
+ * lock: a look at the shared table). */
+int pl__rfile_present(const pl__rfile *f, int64_t offset, int64_t len);
 /* The same for many ranges of one file at once. */
 int pl__rfile_ensure_many(pl__rfile *f, const int64_t *offset, const int64_t *len,
                           int n, char *err, size_t errcap);
