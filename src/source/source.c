@@ -1191,8 +1191,8 @@ static int pl__rr_cmp(const void *a, const void *b) {
     return x->at < y->at ? -1 : x->at > y->at;
 }
 
-static int pl__ensure_reads(pl_source *src, const pl_read *reads, int64_t n, char *err,
-                            size_t errcap) {
+static int pl__ensure_reads(pl_source *src, const pl_read *reads, int64_t n, int32_t only,
+                            char *err, size_t errcap) {
     if (!src->prefetch || n <= 0) return PL_OK;
     pl__rr *v = pl__calloc((size_t)n, sizeof *v);
     int64_t *off = pl__calloc((size_t)n, sizeof *off), *len = pl__calloc((size_t)n, sizeof *len);
@@ -1208,6 +1208,7 @@ static int pl__ensure_reads(pl_source *src, const pl_read *reads, int64_t n, cha
         const pl__sfile *f;
         const uint8_t *tok;
         int64_t dl;
+        if (only >= 0 && reads[i].source != only) continue;
         if (pl__doc(src, reads[i].index, &f, &tok, &dl, err, errcap) || !f->rdata || !tok)
             continue;
         int64_t o = reads[i].offset, c = reads[i].count;
@@ -1232,6 +1233,12 @@ static int pl__ensure_reads(pl_source *src, const pl_read *reads, int64_t n, cha
     return rc;
 }
 
+void pl__source_ensure_reads(pl_source *src, const pl_read *reads, int64_t n,
+                             int32_t only) {
+    char err[PL__ERRMSG_CAP];
+    if (src) (void)pl__ensure_reads(src, reads, n, only, err, sizeof err);
+}
+
 static int pl__read_ranges(pl_source *src, const pl_read *reads, int64_t n,
                            void *out, size_t cap, int raw) {
     if (!src || (n > 0 && (!reads || !out)) || n < 0) return PL_EINVAL;
@@ -1252,7 +1259,7 @@ static int pl__read_ranges(pl_source *src, const pl_read *reads, int64_t n,
         }
     }
     pl__preader r = {NULL, -1, 0, NULL, 0};
-    int rc = pl__ensure_reads(src, reads, n, err, sizeof err);
+    int rc = pl__ensure_reads(src, reads, n, -1, err, sizeof err);
     for (int64_t i = 0; i < n && rc == PL_OK; i++) {
         const pl__sfile *f;
         const uint8_t *tok;

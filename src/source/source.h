@@ -172,6 +172,10 @@ static inline int pl__source_ensure(const pl__sfile *f, int64_t offset, int64_t 
 /* Post the byte range of tokens [offset, offset + count] of global document
  * index to the source's prefetcher (remote files only; never blocks on I/O). */
 void pl__source_fetch_ahead(pl_source *src, int64_t index, int64_t offset, int64_t count);
+/* Make the ranges of reads[i] with reads[i].source == only (every read: -1)
+ * present at once, concurrently (remote files only; errors are left to the
+ * reads). */
+void pl__source_ensure_reads(pl_source *src, const pl_read *reads, int64_t n, int32_t only);
 int pl__map_file(const char *path, void **map, size_t *len, struct stat *st,
                  int *fd_out, char *err, size_t errcap);
 /* Record the identity of a mapped file (st, from pl__map_file or fstat) and

@@ -162,3 +162,27 @@ def test_token_shards_equal_local(kind, s3env, s3_environ, tmp_path):
                                   "path": f"s3://{BUCKET}/tok-{kind}/*.bin"}],
                   cache={"dir": str(tmp_path / "cache"), "chunk_bytes": 4096})
     assert _hashes(remote) == _hashes(local)
+
+
+def test_source_loader_reads_equal_local(remote_corpus, s3_environ, s3env, tmp_path):
+    """The path of the distributed deployment's source loaders: read_many and the
+    reply (read_rows_reply) of a plan's reads, from remote sources with a cold cache,
+    equal those from disk; the reads of one call are requested together."""
+    local = _core.Config.parse_string(yaml.safe_dump(remote_corpus.config(train_steps=3)))
+    remote = _core.Config.parse_string(
+        yaml.safe_dump(_remote_cfg(remote_corpus, tmp_path / "c", train_steps=3)))
+    planner = _core.Planner.create(local)
+    plan = _core.Plan.decode(planner.next_plan().encode())
+    reads = np.concatenate([np.asarray(plan.reads(r, mb)) for r in (0, 1)
+                            for mb in range(plan.micro_batches_per_rank)])
+    ls = [local.open_source(i) for i in range(3)]
+    s3env.faults(reset=True)
+    rs = [remote.open_source(i) for i in range(3)]
+    opened = s3env.stats()["GET"]
+    for s in range(3):
+        mine = reads[reads[:, 0] == s]
+        assert np.asarray(rs[s].read_many(mine)).tolist() == \
+            np.asarray(ls[s].read_many(mine)).tolist()
+    assert _core.read_rows_reply(rs, reads) == _core.read_rows_reply(ls, reads)
+    # One read_many: its ranges in at most a few requests (chunks merged), not one each.
+    assert s3env.stats()["GET"] - opened <= 3 * 4
