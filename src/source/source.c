@@ -588,6 +588,14 @@ static int pl__source_open_impl(const pl_source_options *opts, int skip_damaged,
         return PL_ENOMEM;
     }
     src->type = opts->type;
+    if (pl__remote_is_url(opts->path) && opts->type != PL_SOURCE_MEGATRON &&
+        opts->type != PL_SOURCE_LLMC && opts->type != PL_SOURCE_FLAT) {
+        pl__fmt(err, cap,
+                "source %s: %s: remote paths are read for megatron, llmc and flat "
+                "sources only (docs/guide/object-storage.md)",
+                src->name, opts->path);
+        return PL_EINVAL;
+    }
     if (opts->type == PL_SOURCE_WEBDATASET)
         return pl__wds_open(src, opts, skip_damaged);
     if (opts->type != PL_SOURCE_MEGATRON && opts->type != PL_SOURCE_LLMC &&
