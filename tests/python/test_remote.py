@@ -12,7 +12,8 @@ import pytest
 
 from s3_fixtures import ROOT, s3env, s3_environ  # noqa: F401
 
-TOOL = os.path.join(ROOT, "build", "remote_tool")
+# PL_REMOTE_TOOL: another build of it (build-asan/remote_tool under ASan/UBSan).
+TOOL = os.environ.get("PL_REMOTE_TOOL") or os.path.join(ROOT, "build", "remote_tool")
 DATA = bytes((i * 7 + i // 251) & 0xFF for i in range(3 * 1024 * 1024 + 123))
 
 

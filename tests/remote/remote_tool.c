@@ -69,8 +69,17 @@ int main(int argc, char **argv) {
             if (parse_range(argv[first + i], &off, &len)) return fail("bad range");
             r[i] = (pl__rrange){off, (size_t)len, malloc((size_t)len + 1)};
         }
-        if (pl__robj_read_many(o, r, n, err, sizeof err)) return fail(err);
-        for (int i = 0; i < n; i++) fwrite(r[i].dst, 1, r[i].len, stdout);
+        if (pl__robj_read_many(o, r, n, err, sizeof err)) {
+            for (int i = 0; i < n; i++) free(r[i].dst);
+            free(r);
+            pl__robj_free(o);
+            return fail(err);
+        }
+        for (int i = 0; i < n; i++) {
+            fwrite(r[i].dst, 1, r[i].len, stdout);
+            free(r[i].dst);
+        }
+        free(r);
         pl__robj_free(o);
     } else if (strcmp(cmd, "list") == 0) {
         char **urls;
@@ -86,7 +95,12 @@ int main(int argc, char **argv) {
         int64_t *off = calloc((size_t)n + 1, sizeof *off), *len = calloc((size_t)n + 1, sizeof *len);
         for (int i = 0; i < n; i++)
             if (parse_range(argv[6 + i], &off[i], &len[i])) return fail("bad range");
-        if (pl__rfile_ensure_many(f, off, len, n, err, sizeof err)) return fail(err);
+        if (pl__rfile_ensure_many(f, off, len, n, err, sizeof err)) {
+            free(off);
+            free(len);
+            pl__rfile_free(f);
+            return fail(err);
+        }
         int fd = open(pl__rfile_path(f), O_RDONLY);
         for (int i = 0; i < n; i++) {
             char *b = malloc((size_t)len[i] + 1);
@@ -95,6 +109,8 @@ int main(int argc, char **argv) {
             free(b);
         }
         close(fd);
+        free(off);
+        free(len);
         pl__rfile_free(f);
     } else {
         return fail("unknown command");
