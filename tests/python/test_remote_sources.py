@@ -195,3 +195,28 @@ def test_other_types_refuse_remote_paths(s3_environ, tmp_path):
     with pytest.raises(polyload.PolyloadError) as e:
         _loader(cfg, rank=0)
     assert "remote paths are read for megatron, llmc and flat sources only" in str(e.value)
+
+
+def test_ray_deployment_reads_remote_sources(remote_corpus, s3_environ, tmp_path):
+    """Source loaders of a Ray deployment open the remote sources themselves, through
+    their node's cache, and the batches equal the embedded loader's on the files on disk."""
+    pytest.importorskip("ray")
+    import json
+    import subprocess
+    import sys
+
+    cfg = _remote_cfg(remote_corpus, tmp_path / "node-cache", train_steps=5,
+                      topology={"dp": 2})
+    want = {str(r): _hashes(remote_corpus.config(train_steps=5, topology={"dp": 2}), rank=r)
+            for r in (0, 1)}
+    path = tmp_path / "cfg.yaml"
+    path.write_text(yaml.safe_dump(cfg))
+    out = tmp_path / "out.json"
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    p = subprocess.run([sys.executable, os.path.join(root, "tests", "remote", "ray_run.py"),
+                        str(path), "2", str(out)], env=s3_environ, capture_output=True,
+                       text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert json.loads(out.read_text()) == want
+    # The node cache holds the objects the source loaders read.
+    assert any(f.endswith(".data") for f in os.listdir(tmp_path / "node-cache" / "o"))
