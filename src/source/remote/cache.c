@@ -43,7 +43,7 @@
 #define PL__RCACHE_MAGIC "PLCACHE1"
 #define PL__RCACHE_HEADER 64
 /* Seconds a used chunk is safe from eviction ($POLYLOAD_CACHE_GRACE_S). */
-static uint32_t pl__grace_s(void) {
+static uint32_t grace_s(void) {
     const char *g = getenv("POLYLOAD_CACHE_GRACE_S");
     long long x = g && *g ? strtoll(g, NULL, 10) : 10;
     return x < 0 ? 10u : (uint32_t)x;
@@ -72,22 +72,22 @@ const char *pl__rfile_path(const pl__rfile *f) { return f->data_path; }
 const pl__robj *pl__rfile_obj(const pl__rfile *f) { return f->obj; }
 int64_t pl__rfile_size(const pl__rfile *f) { return f->size; }
 
-static uint32_t *pl__tab_entries(const pl__rfile *f) {
+static uint32_t *tab_entries(const pl__rfile *f) {
     return f->tab + PL__RCACHE_HEADER / 4;
 }
 
-static uint32_t pl__now_s(void) {
+static uint32_t now_s(void) {
     struct timespec ts;
     clock_gettime(CLOCK_REALTIME_COARSE, &ts); /* a few ns: called per read */
     return (uint32_t)ts.tv_sec;
 }
 
-static int pl__cmp_i64(const void *a, const void *b) {
+static int cmp_i64(const void *a, const void *b) {
     int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
     return x < y ? -1 : x > y;
 }
 
-static int pl__mkdirs(const char *path) {
+static int mkdirs(const char *path) {
     char tmp[4096];
     pl__fmt(tmp, sizeof tmp, "%s", path);
     for (char *p = tmp + 1; *p; p++)
@@ -99,7 +99,7 @@ static int pl__mkdirs(const char *path) {
     return mkdir(tmp, 0777) != 0 && errno != EEXIST ? -1 : 0;
 }
 
-static int pl__lock(const pl__rfile *f, char *err, size_t errcap) {
+static int lock(const pl__rfile *f, char *err, size_t errcap) {
     int fd = open(f->lock_path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
     if (fd < 0 || flock(fd, LOCK_EX) != 0) {
         int e = errno;
@@ -110,12 +110,12 @@ static int pl__lock(const pl__rfile *f, char *err, size_t errcap) {
     return fd;
 }
 
-static void pl__unlock(int fd) {
+static void unlock(int fd) {
     flock(fd, LOCK_UN);
     close(fd);
 }
 
-static int64_t pl__chunk_bytes(int64_t size, int64_t chunk, int64_t c) {
+static int64_t chunk_bytes(int64_t size, int64_t chunk, int64_t c) {
     int64_t end = (c + 1) * chunk;
     return (end > size ? size : end) - c * chunk;
 }
@@ -135,14 +135,14 @@ typedef struct pl__scanned {
     int64_t size, chunk;
 } pl__scanned;
 
-static int pl__victim_cmp(const void *a, const void *b) {
+static int victim_cmp(const void *a, const void *b) {
     const pl__victim *x = a, *y = b;
     return x->used < y->used ? -1 : x->used > y->used;
 }
 
 /* Under the lock: bytes present over every table; evict down to target
  * when they pass max.  Best effort (a table that cannot be read is left). */
-static void pl__evict(const pl__rfile *self, int64_t incoming) {
+static void evict(const pl__rfile *self, int64_t incoming) {
     char odir[4096];
     pl__fmt(odir, sizeof odir, "%s/o", self->dir);
     DIR *d = opendir(odir);
@@ -151,7 +151,7 @@ static void pl__evict(const pl__rfile *self, int64_t incoming) {
     int nsc = 0, capsc = 0;
     pl__victim *v = NULL;
     int64_t nv = 0, capv = 0, present = 0;
-    uint32_t now = pl__now_s(), grace = pl__grace_s();
+    uint32_t now = now_s(), grace = grace_s();
     struct dirent *de;
     while ((de = readdir(d))) {
         size_t nl = strlen(de->d_name);
@@ -197,7 +197,7 @@ static void pl__evict(const pl__rfile *self, int64_t incoming) {
         for (int64_t c = 0; c < n; c++) {
             uint32_t u = __atomic_load_n(&e[c], __ATOMIC_ACQUIRE);
             if (!u) continue;
-            present += pl__chunk_bytes(size, chunk, c);
+            present += chunk_bytes(size, chunk, c);
             if (keep || now - u < grace) continue;
             if (nv == capv) {
                 int64_t nc = capv ? capv * 2 : 1024;
@@ -212,13 +212,13 @@ static void pl__evict(const pl__rfile *self, int64_t incoming) {
     }
     closedir(d);
     if (present + incoming > self->max_bytes && nv) {
-        qsort(v, (size_t)nv, sizeof *v, pl__victim_cmp);
+        qsort(v, (size_t)nv, sizeof *v, victim_cmp);
         int64_t target = self->max_bytes / 10 * 9 - incoming;
         for (int64_t i = 0; i < nv && present > target; i++) {
             pl__scanned *s = &sc[v[i].obj];
             uint32_t *e = s->tab + PL__RCACHE_HEADER / 4;
             __atomic_store_n(&e[v[i].c], 0, __ATOMIC_RELEASE);
-            int64_t b = pl__chunk_bytes(s->size, s->chunk, v[i].c);
+            int64_t b = chunk_bytes(s->size, s->chunk, v[i].c);
             int fd = s->data_path ? open(s->data_path, O_RDWR | O_CLOEXEC) : -1;
             if (fd >= 0) {
                 fallocate(fd, FALLOC_FL_PUNCH_HOLE | FALLOC_FL_KEEP_SIZE,
@@ -238,7 +238,7 @@ static void pl__evict(const pl__rfile *self, int64_t incoming) {
 
 /* ------------------------------------------------------------ open */
 
-static void pl__rcache_resolve(const pl__rcache_conf *conf, char *dir, size_t cap,
+static void rcache_resolve(const pl__rcache_conf *conf, char *dir, size_t cap,
                                int64_t *max_bytes, int64_t *chunk) {
     const char *d = conf && conf->dir && *conf->dir ? conf->dir : getenv("POLYLOAD_CACHE_DIR");
     if (d && *d) {
@@ -277,7 +277,7 @@ void pl__rfile_free(pl__rfile *f) {
 }
 
 /* Under the lock: open or create the data file and the table. */
-static int pl__rfile_files(pl__rfile *f, char *err, size_t errcap) {
+static int rfile_files(pl__rfile *f, char *err, size_t errcap) {
     const char *url = pl__robj_url(f->obj);
     f->data_fd = open(f->data_path, O_RDWR | O_CREAT | O_CLOEXEC, 0666);
     int tfd = f->data_fd >= 0 ? open(f->tab_path, O_RDWR | O_CREAT | O_CLOEXEC, 0666) : -1;
@@ -347,7 +347,7 @@ int pl__rfile_open(const char *url, const pl__rcache_conf *conf, int keep,
         return rc;
     }
     char dir[4096];
-    pl__rcache_resolve(conf, dir, sizeof dir, &f->max_bytes, &f->chunk);
+    rcache_resolve(conf, dir, sizeof dir, &f->max_bytes, &f->chunk);
     f->size = pl__robj_size(f->obj);
     f->n_chunks = (f->size + f->chunk - 1) / f->chunk;
     f->inflight = pl__calloc((size_t)f->n_chunks + 1, 1);
@@ -365,9 +365,9 @@ int pl__rfile_open(const char *url, const pl__rcache_conf *conf, int keep,
     char p[4200];
     size_t dl = strlen(dir) + 64;
     f->dir = pl__strdup(dir);
-    f->data_path = malloc(dl);
-    f->tab_path = malloc(dl);
-    f->lock_path = malloc(dl);
+    f->data_path = pl__calloc(1, dl);
+    f->tab_path = pl__calloc(1, dl);
+    f->lock_path = pl__calloc(1, dl);
     if (!f->dir || !f->data_path || !f->tab_path || !f->lock_path) {
         pl__rfile_free(f);
         pl__fmt(err, errcap, "%s: out of memory", url);
@@ -377,19 +377,19 @@ int pl__rfile_open(const char *url, const pl__rcache_conf *conf, int keep,
     pl__fmt(f->tab_path, dl, "%s/o/%016llx.tab", dir, (unsigned long long)h);
     pl__fmt(f->lock_path, dl, "%s/lock", dir);
     pl__fmt(p, sizeof p, "%s/o", dir);
-    if (pl__mkdirs(p) != 0) {
+    if (mkdirs(p) != 0) {
         pl__fmt(err, errcap, "%s: cannot create the cache directory %s: %s", url, p,
                 strerror(errno));
         pl__rfile_free(f);
         return PL_EIO;
     }
-    int lk = pl__lock(f, err, errcap);
+    int lk = lock(f, err, errcap);
     if (lk < 0) {
         pl__rfile_free(f);
         return PL_EIO;
     }
-    rc = pl__rfile_files(f, err, errcap);
-    pl__unlock(lk);
+    rc = rfile_files(f, err, errcap);
+    unlock(lk);
     if (rc == PL_OK && keep && f->size > 0) rc = pl__rfile_ensure(f, 0, f->size, err, errcap);
     if (rc) {
         pl__rfile_free(f);
@@ -409,7 +409,7 @@ typedef struct pl__run {
 
 /* Fetch runs[0..n) (concurrently), then write them and mark them present
  * under the lock, evicting if needed. */
-static int pl__fetch_runs(pl__rfile *f, pl__run *runs, int n, char *err, size_t errcap) {
+static int fetch_runs(pl__rfile *f, pl__run *runs, int n, char *err, size_t errcap) {
     pl__rrange *rr = pl__calloc((size_t)n, sizeof *rr);
     if (!rr) return PL_ENOMEM;
     int rc = PL_OK;
@@ -418,7 +418,7 @@ static int pl__fetch_runs(pl__rfile *f, pl__run *runs, int n, char *err, size_t 
         int64_t off = runs[i].c0 * f->chunk;
         int64_t end = runs[i].c1 * f->chunk;
         if (end > f->size) end = f->size;
-        runs[i].buf = malloc((size_t)(end - off));
+        runs[i].buf = pl__calloc(1, (size_t)(end - off));
         if (!runs[i].buf) {
             pl__fmt(err, errcap, "%s: out of memory for %lld bytes", pl__robj_url(f->obj),
                     (long long)(end - off));
@@ -430,16 +430,16 @@ static int pl__fetch_runs(pl__rfile *f, pl__run *runs, int n, char *err, size_t 
     }
     if (rc == PL_OK) rc = pl__robj_read_many(f->obj, rr, n, err, errcap);
     if (rc == PL_OK) {
-        int lk = pl__lock(f, err, errcap);
+        int lk = lock(f, err, errcap);
         if (lk < 0) {
             rc = PL_EIO;
         } else {
-            pl__evict(f, total);
-            uint32_t *e = pl__tab_entries(f), now = pl__now_s();
+            evict(f, total);
+            uint32_t *e = tab_entries(f), now = now_s();
             for (int i = 0; i < n && rc == PL_OK; i++)
                 for (int64_t c = runs[i].c0; c < runs[i].c1; c++) {
                     if (__atomic_load_n(&e[c], __ATOMIC_ACQUIRE)) continue;
-                    int64_t b = pl__chunk_bytes(f->size, f->chunk, c);
+                    int64_t b = chunk_bytes(f->size, f->chunk, c);
                     const unsigned char *src = runs[i].buf + (c - runs[i].c0) * f->chunk;
                     int64_t w = 0;
                     while (w < b) {
@@ -457,7 +457,7 @@ static int pl__fetch_runs(pl__rfile *f, pl__run *runs, int n, char *err, size_t 
                     }
                     if (rc == PL_OK) __atomic_store_n(&e[c], now, __ATOMIC_RELEASE);
                 }
-            pl__unlock(lk);
+            unlock(lk);
         }
     }
     for (int i = 0; i < n; i++) {
@@ -470,9 +470,9 @@ static int pl__fetch_runs(pl__rfile *f, pl__run *runs, int n, char *err, size_t 
 
 /* The absent chunks of the ranges (sorted, unique) into *need; present
  * ones are touched.  PL_ERANGE for a range past the object's end. */
-static int pl__absent(pl__rfile *f, const int64_t *offset, const int64_t *len, int n,
+static int absent(pl__rfile *f, const int64_t *offset, const int64_t *len, int n,
                       int64_t **need_out, int64_t *nn_out, char *err, size_t errcap) {
-    uint32_t *e = pl__tab_entries(f), now = pl__now_s();
+    uint32_t *e = tab_entries(f), now = now_s();
     int64_t *need = NULL;
     int64_t nn = 0, capn = 0;
     *need_out = NULL;
@@ -509,7 +509,7 @@ static int pl__absent(pl__rfile *f, const int64_t *offset, const int64_t *len, i
         }
     }
     if (nn > 1) {
-        qsort(need, (size_t)nn, sizeof *need, pl__cmp_i64);
+        qsort(need, (size_t)nn, sizeof *need, cmp_i64);
         int64_t k = 1;
         for (int64_t i = 1; i < nn; i++)
             if (need[i] != need[k - 1]) need[k++] = need[i];
@@ -521,7 +521,7 @@ static int pl__absent(pl__rfile *f, const int64_t *offset, const int64_t *len, i
 }
 
 /* Fetch the chunks need[0..nn) (sorted), adjacent ones in one request. */
-static int pl__fetch_chunks(pl__rfile *f, const int64_t *need, int64_t nn, char *err,
+static int fetch_chunks(pl__rfile *f, const int64_t *need, int64_t nn, char *err,
                             size_t errcap) {
     int64_t per_req = PL__RCACHE_REQ / f->chunk > 0 ? PL__RCACHE_REQ / f->chunk : 1;
     int64_t per_batch = PL__RCACHE_BATCH / f->chunk > 0 ? PL__RCACHE_BATCH / f->chunk : 1;
@@ -538,7 +538,7 @@ static int pl__fetch_chunks(pl__rfile *f, const int64_t *need, int64_t nn, char 
         runs[nr++] = (pl__run){c0, c1, NULL};
         in_batch += c1 - c0;
         if (nr == (int)(sizeof runs / sizeof runs[0]) || in_batch >= per_batch || i >= nn) {
-            rc = pl__fetch_runs(f, runs, nr, err, errcap);
+            rc = fetch_runs(f, runs, nr, err, errcap);
             nr = 0;
             in_batch = 0;
         }
@@ -555,7 +555,7 @@ int pl__rfile_ensure_many(pl__rfile *f, const int64_t *offset, const int64_t *le
                           char *err, size_t errcap) {
     for (int round = 0;; round++) {
         int64_t *need, nn;
-        int rc = pl__absent(f, offset, len, n, &need, &nn, err, errcap);
+        int rc = absent(f, offset, len, n, &need, &nn, err, errcap);
         if (rc || !nn) return rc;
         /* Claim what nobody fetches; the rest is waited for. */
         int64_t *mine = pl__calloc((size_t)nn, sizeof *mine);
@@ -578,7 +578,7 @@ int pl__rfile_ensure_many(pl__rfile *f, const int64_t *offset, const int64_t *le
             mine[nm++] = need[i];
         }
         pthread_mutex_unlock(&f->mu);
-        rc = nm ? pl__fetch_chunks(f, mine, nm, err, errcap) : PL_OK;
+        rc = nm ? fetch_chunks(f, mine, nm, err, errcap) : PL_OK;
         pthread_mutex_lock(&f->mu);
         for (int64_t i = 0; i < nm; i++) f->inflight[mine[i]]--;
         if (nm) pthread_cond_broadcast(&f->cv);
@@ -594,7 +594,7 @@ int pl__rfile_ensure_many(pl__rfile *f, const int64_t *offset, const int64_t *le
 int pl__rfile_present(const pl__rfile *f, int64_t offset, int64_t len) {
     if (len <= 0) return 1;
     if (offset < 0 || offset + len > f->size) return 0;
-    const uint32_t *e = pl__tab_entries(f);
+    const uint32_t *e = tab_entries(f);
     for (int64_t c = offset / f->chunk, c1 = (offset + len - 1) / f->chunk; c <= c1; c++)
         if (!__atomic_load_n(&e[c], __ATOMIC_ACQUIRE)) return 0;
     return 1;

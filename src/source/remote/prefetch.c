@@ -33,13 +33,13 @@ struct pl__rprefetch {
     int64_t dropped;
 };
 
-static int pl__pfr_cmp(const void *a, const void *b) {
+static int pfr_cmp(const void *a, const void *b) {
     const pl__pfr *x = a, *y = b;
     if (x->f != y->f) return (uintptr_t)x->f < (uintptr_t)y->f ? -1 : 1;
     return x->off < y->off ? -1 : x->off > y->off;
 }
 
-static void *pl__prefetch_main(void *arg) {
+static void *prefetch_main(void *arg) {
     pl__rprefetch *p = arg;
     pthread_mutex_lock(&p->mu);
     for (;;) {
@@ -51,8 +51,8 @@ static void *pl__prefetch_main(void *arg) {
         p->n = p->cap = 0;
         p->queued_bytes = 0;
         pthread_mutex_unlock(&p->mu);
-        qsort(batch, (size_t)n, sizeof *batch, pl__pfr_cmp);
-        int64_t *off = malloc((size_t)n * sizeof *off), *len = malloc((size_t)n * sizeof *len);
+        qsort(batch, (size_t)n, sizeof *batch, pfr_cmp);
+        int64_t *off = pl__calloc(1, (size_t)n * sizeof *off), *len = pl__calloc(1, (size_t)n * sizeof *len);
         for (int64_t i = 0; off && len && i < n;) {
             int64_t j = i;
             while (j < n && batch[j].f == batch[i].f && j - i < (1 << 20)) {
@@ -87,7 +87,7 @@ void pl__rprefetch_post(pl__rprefetch *p, pl__rfile *f, int64_t off, int64_t len
     if (!p || !f || len <= 0) return;
     pthread_mutex_lock(&p->mu);
     if (!p->started && !p->stop) {
-        if (pthread_create(&p->thread, NULL, pl__prefetch_main, p) == 0)
+        if (pthread_create(&p->thread, NULL, prefetch_main, p) == 0)
             p->started = 1;
         else
             p->stop = 1; /* no thread: reads fetch for themselves */

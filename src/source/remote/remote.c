@@ -45,15 +45,15 @@
 
 /* ------------------------------------------------------------ counters */
 
-static atomic_llong pl__r_requests, pl__r_bytes, pl__r_retries, pl__r_heads,
-    pl__r_lists;
+static atomic_llong stat_requests, stat_bytes, stat_retries, stat_heads,
+    stat_lists;
 
 void pl__remote_stats(pl__rstats *out) {
-    out->requests = atomic_load(&pl__r_requests);
-    out->bytes = atomic_load(&pl__r_bytes);
-    out->retries = atomic_load(&pl__r_retries);
-    out->heads = atomic_load(&pl__r_heads);
-    out->lists = atomic_load(&pl__r_lists);
+    out->requests = atomic_load(&stat_requests);
+    out->bytes = atomic_load(&stat_bytes);
+    out->retries = atomic_load(&stat_retries);
+    out->heads = atomic_load(&stat_heads);
+    out->lists = atomic_load(&stat_lists);
 }
 
 /* ------------------------------------------------------------ settings */
@@ -63,7 +63,7 @@ int pl__remote_is_url(const char *path) {
                     strncmp(path, "http://", 7) == 0);
 }
 
-static int64_t pl__env_i64(const char *name, int64_t dflt, int64_t lo) {
+static int64_t env_i64(const char *name, int64_t dflt, int64_t lo) {
     const char *v = getenv(name);
     if (!v || !*v) return dflt;
     char *end;
@@ -72,11 +72,11 @@ static int64_t pl__env_i64(const char *name, int64_t dflt, int64_t lo) {
 }
 
 void pl__rpolicy_default(pl__rpolicy *p) {
-    p->max_attempts = (int)pl__env_i64("POLYLOAD_REMOTE_ATTEMPTS", 8, 1);
-    p->deadline_ms = pl__env_i64("POLYLOAD_REMOTE_DEADLINE_MS", 30000, 1);
-    p->backoff_ms = pl__env_i64("POLYLOAD_REMOTE_BACKOFF_MS", 100, 0);
+    p->max_attempts = (int)env_i64("POLYLOAD_REMOTE_ATTEMPTS", 8, 1);
+    p->deadline_ms = env_i64("POLYLOAD_REMOTE_DEADLINE_MS", 30000, 1);
+    p->backoff_ms = env_i64("POLYLOAD_REMOTE_BACKOFF_MS", 100, 0);
     p->backoff_max_ms = 5000;
-    p->concurrency = (int)pl__env_i64("POLYLOAD_REMOTE_CONCURRENCY", 16, 1);
+    p->concurrency = (int)env_i64("POLYLOAD_REMOTE_CONCURRENCY", 16, 1);
 }
 
 /* Credentials, region and endpoint, read when an object opens. */
@@ -88,7 +88,7 @@ typedef struct pl__rcred {
 
 /* Value of `name` in section `section` of an INI file (the AWS shared
  * files); 1 if found. */
-static int pl__ini_get(const char *path, const char *section, const char *name,
+static int ini_get(const char *path, const char *section, const char *name,
                        char *out, size_t cap) {
     FILE *fp = fopen(path, "r");
     if (!fp) return 0;
@@ -128,12 +128,12 @@ static int pl__ini_get(const char *path, const char *section, const char *name,
     return found;
 }
 
-static void pl__env_copy(const char *name, char *out, size_t cap) {
+static void env_copy(const char *name, char *out, size_t cap) {
     const char *v = getenv(name);
     if (v && *v && !*out) pl__fmt(out, cap, "%s", v);
 }
 
-static void pl__rcred_load(pl__rcred *c) {
+static void rcred_load(pl__rcred *c) {
     memset(c, 0, sizeof *c);
     const char *profile = getenv("AWS_PROFILE");
     if (!profile || !*profile) profile = "default";
@@ -155,27 +155,27 @@ static void pl__rcred_load(pl__rcred *c) {
     else
         pl__fmt(conf_sec, sizeof conf_sec, "profile %s", profile);
 
-    pl__env_copy("AWS_ACCESS_KEY_ID", c->key, sizeof c->key);
+    env_copy("AWS_ACCESS_KEY_ID", c->key, sizeof c->key);
     if (*c->key) {
-        pl__env_copy("AWS_SECRET_ACCESS_KEY", c->secret, sizeof c->secret);
-        pl__env_copy("AWS_SESSION_TOKEN", c->token, sizeof c->token);
+        env_copy("AWS_SECRET_ACCESS_KEY", c->secret, sizeof c->secret);
+        env_copy("AWS_SESSION_TOKEN", c->token, sizeof c->token);
     } else if (*cred_path &&
-               pl__ini_get(cred_path, profile, "aws_access_key_id", c->key,
+               ini_get(cred_path, profile, "aws_access_key_id", c->key,
                            sizeof c->key)) {
-        pl__ini_get(cred_path, profile, "aws_secret_access_key", c->secret,
+        ini_get(cred_path, profile, "aws_secret_access_key", c->secret,
                     sizeof c->secret);
-        pl__ini_get(cred_path, profile, "aws_session_token", c->token,
+        ini_get(cred_path, profile, "aws_session_token", c->token,
                     sizeof c->token);
     }
-    pl__env_copy("AWS_REGION", c->region, sizeof c->region);
-    pl__env_copy("AWS_DEFAULT_REGION", c->region, sizeof c->region);
+    env_copy("AWS_REGION", c->region, sizeof c->region);
+    env_copy("AWS_DEFAULT_REGION", c->region, sizeof c->region);
     if (!*c->region && *conf_path)
-        pl__ini_get(conf_path, conf_sec, "region", c->region, sizeof c->region);
+        ini_get(conf_path, conf_sec, "region", c->region, sizeof c->region);
     if (!*c->region) pl__fmt(c->region, sizeof c->region, "us-east-1");
-    pl__env_copy("AWS_ENDPOINT_URL_S3", c->endpoint, sizeof c->endpoint);
-    pl__env_copy("AWS_ENDPOINT_URL", c->endpoint, sizeof c->endpoint);
+    env_copy("AWS_ENDPOINT_URL_S3", c->endpoint, sizeof c->endpoint);
+    env_copy("AWS_ENDPOINT_URL", c->endpoint, sizeof c->endpoint);
     if (!*c->endpoint && *conf_path)
-        pl__ini_get(conf_path, conf_sec, "endpoint_url", c->endpoint,
+        ini_get(conf_path, conf_sec, "endpoint_url", c->endpoint,
                     sizeof c->endpoint);
     size_t n = strlen(c->endpoint);
     while (n && c->endpoint[n - 1] == '/') c->endpoint[--n] = 0;
@@ -183,15 +183,15 @@ static void pl__rcred_load(pl__rcred *c) {
 
 /* ------------------------------------------------------------ curl */
 
-static pthread_once_t pl__curl_once = PTHREAD_ONCE_INIT;
-static CURLcode pl__curl_init_rc;
-static void pl__curl_init(void) { pl__curl_init_rc = curl_global_init(CURL_GLOBAL_DEFAULT); }
+static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
+static CURLcode curl_init_rc;
+static void curl_init(void) { curl_init_rc = curl_global_init(CURL_GLOBAL_DEFAULT); }
 
-static int pl__curl_ready(char *err, size_t errcap) {
-    pthread_once(&pl__curl_once, pl__curl_init);
-    if (pl__curl_init_rc != CURLE_OK) {
+static int curl_ready(char *err, size_t errcap) {
+    pthread_once(&curl_once, curl_init);
+    if (curl_init_rc != CURLE_OK) {
         pl__fmt(err, errcap, "libcurl: cannot initialize: %s",
-                curl_easy_strerror(pl__curl_init_rc));
+                curl_easy_strerror(curl_init_rc));
         return PL_EIO;
     }
     return PL_OK;
@@ -199,7 +199,7 @@ static int pl__curl_ready(char *err, size_t errcap) {
 
 /* Percent-encode a key for a path (RFC 3986 unreserved and '/' kept, as
  * SigV4's canonical URI for S3). */
-static int pl__url_encode(const char *s, int keep_slash, char *out, size_t cap) {
+static int url_encode(const char *s, int keep_slash, char *out, size_t cap) {
     static const char hex[] = "0123456789ABCDEF";
     size_t j = 0;
     for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
@@ -233,7 +233,7 @@ int64_t pl__robj_size(const pl__robj *o) { return o->size; }
 const char *pl__robj_etag(const pl__robj *o) { return o->etag; }
 
 /* Split s3://bucket/key; 0 on success. */
-static int pl__s3_split(const char *url, char *bucket, size_t bcap, const char **key) {
+static int s3_split(const char *url, char *bucket, size_t bcap, const char **key) {
     const char *b = url + 5, *slash = strchr(b, '/');
     size_t bl = slash ? (size_t)(slash - b) : strlen(b);
     if (bl == 0 || bl >= bcap) return -1;
@@ -244,10 +244,10 @@ static int pl__s3_split(const char *url, char *bucket, size_t bcap, const char *
 }
 
 /* The request URL of an s3 bucket and (encoded) path with a query. */
-static int pl__s3_req_url(const pl__rcred *c, const char *bucket, const char *key,
+static int s3_req_url(const pl__rcred *c, const char *bucket, const char *key,
                           const char *query, char *out, size_t cap) {
     char enc[PL__URL_CAP];
-    if (pl__url_encode(key, 1, enc, sizeof enc)) return -1;
+    if (url_encode(key, 1, enc, sizeof enc)) return -1;
     if (*c->endpoint)
         pl__fmt(out, cap, "%s/%s/%s%s", c->endpoint, bucket, enc, query);
     else
@@ -269,14 +269,14 @@ typedef struct pl__xfer {
     char errbuf[CURL_ERROR_SIZE];
 } pl__xfer;
 
-static size_t pl__on_body(char *p, size_t sz, size_t nm, void *ud) {
+static size_t on_body(char *p, size_t sz, size_t nm, void *ud) {
     pl__xfer *x = ud;
     size_t n = sz * nm;
     if (x->grow) {
         if (x->got + n + 1 > x->cap) {
             size_t nc = x->cap ? x->cap * 2 : 65536;
             while (nc < x->got + n + 1) nc *= 2;
-            unsigned char *b = realloc(x->dst, nc);
+            unsigned char *b = pl__realloc_array(x->dst, nc, 1);
             if (!b) return 0;
             x->dst = b;
             x->cap = nc;
@@ -292,7 +292,7 @@ static size_t pl__on_body(char *p, size_t sz, size_t nm, void *ud) {
     return n;
 }
 
-static size_t pl__on_header(char *p, size_t sz, size_t nm, void *ud) {
+static size_t on_header(char *p, size_t sz, size_t nm, void *ud) {
     pl__xfer *x = ud;
     size_t n = sz * nm;
     if (n > 5 && strncasecmp(p, "etag:", 5) == 0) {
@@ -314,7 +314,7 @@ static size_t pl__on_header(char *p, size_t sz, size_t nm, void *ud) {
     return n;
 }
 
-static void pl__xfer_reset(pl__xfer *x) {
+static void xfer_reset(pl__xfer *x) {
     if (x->h) curl_easy_cleanup(x->h);
     curl_slist_free_all(x->hdr);
     if (x->grow) free(x->dst);
@@ -323,7 +323,7 @@ static void pl__xfer_reset(pl__xfer *x) {
 
 /* Set up x for method (HEAD, GET) on url with range [off, off+len) (len 0:
  * none).  if_match: ETag to require, or NULL. */
-static int pl__xfer_setup(pl__xfer *x, const pl__robj *o, const char *url, int head,
+static int xfer_setup(pl__xfer *x, const pl__robj *o, const char *url, int head,
                           int64_t off, size_t len, const char *if_match) {
     x->h = curl_easy_init();
     if (!x->h) return PL_ENOMEM;
@@ -335,9 +335,9 @@ static int pl__xfer_setup(pl__xfer *x, const pl__robj *o, const char *url, int h
     curl_easy_setopt(h, CURLOPT_CONNECTTIMEOUT_MS,
                      (long)(o->policy.deadline_ms < 10000 ? o->policy.deadline_ms : 10000));
     curl_easy_setopt(h, CURLOPT_ERRORBUFFER, x->errbuf);
-    curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, pl__on_header);
+    curl_easy_setopt(h, CURLOPT_HEADERFUNCTION, on_header);
     curl_easy_setopt(h, CURLOPT_HEADERDATA, x);
-    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, pl__on_body);
+    curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_body);
     curl_easy_setopt(h, CURLOPT_WRITEDATA, x);
     curl_easy_setopt(h, CURLOPT_TCP_KEEPALIVE, 1L);
     if (head) curl_easy_setopt(h, CURLOPT_NOBODY, 1L);
@@ -379,7 +379,7 @@ nomem:
 
 /* Outcome of a finished transfer: 0 done, 1 retry, negative final error
  * (message in why). */
-static int pl__xfer_judge(pl__xfer *x, CURLcode cc, const pl__robj *o, int head,
+static int xfer_judge(pl__xfer *x, CURLcode cc, const pl__robj *o, int head,
                           size_t want, char *why, size_t whycap, long *status) {
     long st = 0;
     curl_easy_getinfo(x->h, CURLINFO_RESPONSE_CODE, &st);
@@ -424,14 +424,14 @@ static int pl__xfer_judge(pl__xfer *x, CURLcode cc, const pl__robj *o, int head,
     return 0;
 }
 
-static long long pl__now_ms(void) {
+static long long now_ms(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
 /* Full jitter: uniform in [0, min(cap, base * 2^attempt)). */
-static int64_t pl__backoff(const pl__rpolicy *p, int attempt, unsigned *seed) {
+static int64_t backoff(const pl__rpolicy *p, int attempt, unsigned *seed) {
     int64_t b = p->backoff_ms;
     for (int i = 0; i < attempt && b < p->backoff_max_ms; i++) b *= 2;
     if (b > p->backoff_max_ms) b = p->backoff_max_ms;
@@ -439,7 +439,7 @@ static int64_t pl__backoff(const pl__rpolicy *p, int attempt, unsigned *seed) {
     return (int64_t)(rand_r(seed) % (unsigned)b);
 }
 
-static void pl__sleep_ms(int64_t ms) {
+static void sleep_ms(int64_t ms) {
     if (ms <= 0) return;
     struct timespec ts = {(time_t)(ms / 1000), (long)(ms % 1000) * 1000000L};
     while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
@@ -448,23 +448,23 @@ static void pl__sleep_ms(int64_t ms) {
 
 /* One request with retries (blocking): HEAD (head 1), or GET of a range
  * (len > 0) into dst, or GET of everything into a grown buffer (*body). */
-static int pl__request(const pl__robj *o, const char *url, int head, int64_t off,
+static int request(const pl__robj *o, const char *url, int head, int64_t off,
                        size_t len, void *dst, unsigned char **body, size_t *body_len,
                        const char *if_match, pl__xfer *keep, char *err, size_t errcap) {
-    unsigned seed = (unsigned)pl__now_ms() ^ (unsigned)(uintptr_t)&seed;
+    unsigned seed = (unsigned)now_ms() ^ (unsigned)(uintptr_t)&seed;
     char why[512] = "";
     long status = 0;
     int attempt;
     for (attempt = 0; attempt < o->policy.max_attempts; attempt++) {
         if (attempt) {
-            atomic_fetch_add(&pl__r_retries, 1);
-            pl__sleep_ms(pl__backoff(&o->policy, attempt - 1, &seed));
+            atomic_fetch_add(&stat_retries, 1);
+            sleep_ms(backoff(&o->policy, attempt - 1, &seed));
         }
         pl__xfer x;
         memset(&x, 0, sizeof x);
-        int rc = pl__xfer_setup(&x, o, url, head, off, len, if_match);
+        int rc = xfer_setup(&x, o, url, head, off, len, if_match);
         if (rc) {
-            pl__xfer_reset(&x);
+            xfer_reset(&x);
             pl__fmt(err, errcap, "%s: out of memory for a request", o->url);
             return rc;
         }
@@ -474,10 +474,10 @@ static int pl__request(const pl__robj *o, const char *url, int head, int64_t off
             x.dst = dst;
             x.cap = len;
         }
-        atomic_fetch_add(&pl__r_requests, 1);
+        atomic_fetch_add(&stat_requests, 1);
         CURLcode cc = curl_easy_perform(x.h);
-        atomic_fetch_add(&pl__r_bytes, (long long)x.got);
-        int j = pl__xfer_judge(&x, cc, o, head, body ? 0 : len, why, sizeof why, &status);
+        atomic_fetch_add(&stat_bytes, (long long)x.got);
+        int j = xfer_judge(&x, cc, o, head, body ? 0 : len, why, sizeof why, &status);
         if (j == 0) {
             if (body) {
                 *body = x.dst;
@@ -489,10 +489,10 @@ static int pl__request(const pl__robj *o, const char *url, int head, int64_t off
                 x.h = NULL;
                 x.hdr = NULL;
             }
-            pl__xfer_reset(&x);
+            xfer_reset(&x);
             return PL_OK;
         }
-        pl__xfer_reset(&x);
+        xfer_reset(&x);
         if (j < 0) {
             if (len)
                 pl__fmt(err, errcap, "%s: bytes [%lld, %lld): %s", o->url, (long long)off,
@@ -513,9 +513,9 @@ static int pl__request(const pl__robj *o, const char *url, int head, int64_t off
 
 /* ------------------------------------------------------------ objects */
 
-static int pl__robj_new(const char *url, pl__robj **out, char *err, size_t errcap) {
+static int robj_new(const char *url, pl__robj **out, char *err, size_t errcap) {
     *out = NULL;
-    int rc = pl__curl_ready(err, errcap);
+    int rc = curl_ready(err, errcap);
     if (rc) return rc;
     pl__robj *o = pl__calloc(1, sizeof *o);
     if (!o || !(o->url = pl__strdup(url))) {
@@ -526,7 +526,7 @@ static int pl__robj_new(const char *url, pl__robj **out, char *err, size_t errca
     pl__rpolicy_default(&o->policy);
     if (strncmp(url, "s3://", 5) == 0) {
         o->s3 = 1;
-        pl__rcred_load(&o->cred);
+        rcred_load(&o->cred);
     } else {
         pl__fmt(o->req_url, sizeof o->req_url, "%s", url);
     }
@@ -536,13 +536,13 @@ static int pl__robj_new(const char *url, pl__robj **out, char *err, size_t errca
 
 int pl__robj_open(const char *url, pl__robj **out, char *err, size_t errcap) {
     pl__robj *o;
-    int rc = pl__robj_new(url, &o, err, errcap);
+    int rc = robj_new(url, &o, err, errcap);
     if (rc) return rc;
     if (o->s3) {
         char bucket[256];
         const char *key;
-        if (pl__s3_split(url, bucket, sizeof bucket, &key) || !*key ||
-            pl__s3_req_url(&o->cred, bucket, key, "", o->req_url, sizeof o->req_url)) {
+        if (s3_split(url, bucket, sizeof bucket, &key) || !*key ||
+            s3_req_url(&o->cred, bucket, key, "", o->req_url, sizeof o->req_url)) {
             pl__fmt(err, errcap, "%s: not an s3://bucket/key URL", url);
             pl__robj_free(o);
             return PL_EINVAL;
@@ -550,8 +550,8 @@ int pl__robj_open(const char *url, pl__robj **out, char *err, size_t errcap) {
     }
     pl__xfer x;
     memset(&x, 0, sizeof x);
-    atomic_fetch_add(&pl__r_heads, 1);
-    rc = pl__request(o, o->req_url, 1, 0, 0, NULL, NULL, NULL, NULL, &x, err, errcap);
+    atomic_fetch_add(&stat_heads, 1);
+    rc = request(o, o->req_url, 1, 0, 0, NULL, NULL, NULL, NULL, &x, err, errcap);
     if (rc) {
         pl__robj_free(o);
         return rc;
@@ -559,7 +559,7 @@ int pl__robj_open(const char *url, pl__robj **out, char *err, size_t errcap) {
     curl_off_t cl = -1;
     curl_easy_getinfo(x.h, CURLINFO_CONTENT_LENGTH_DOWNLOAD_T, &cl);
     pl__fmt(o->etag, sizeof o->etag, "%s", x.etag);
-    pl__xfer_reset(&x);
+    xfer_reset(&x);
     if (cl < 0) {
         pl__fmt(err, errcap, "%s: the server gave no Content-Length", url);
         pl__robj_free(o);
@@ -602,7 +602,7 @@ int pl__robj_read_many(const pl__robj *o, const pl__rrange *r, int n, char *err,
     if (n == 1 || o->policy.concurrency <= 1) {
         for (int i = 0; i < n; i++) {
             if (!r[i].len) continue;
-            int rc = pl__request(o, o->req_url, 0, r[i].offset, r[i].len, r[i].dst, NULL,
+            int rc = request(o, o->req_url, 0, r[i].offset, r[i].len, r[i].dst, NULL,
                                  NULL, o->etag, NULL, err, errcap);
             if (rc) return rc;
         }
@@ -622,7 +622,7 @@ int pl__robj_read_many(const pl__robj *o, const pl__rrange *r, int n, char *err,
         return PL_ENOMEM;
     }
     for (int s = 0; s < conc; s++) slot[s].idx = -1;
-    unsigned seed = (unsigned)pl__now_ms() ^ (unsigned)(uintptr_t)slot;
+    unsigned seed = (unsigned)now_ms() ^ (unsigned)(uintptr_t)slot;
     /* Ranges not yet finished: a queue by index (retries go back in). */
     int *queue = pl__calloc((size_t)n, sizeof *queue);
     int qhead = 0, qn = 0, done = 0, rc = PL_OK;
@@ -639,7 +639,7 @@ int pl__robj_read_many(const pl__robj *o, const pl__rrange *r, int n, char *err,
     }
     while (done < n && rc == PL_OK) {
         /* Start what may start. */
-        long long now = pl__now_ms(), wake = -1;
+        long long now = now_ms(), wake = -1;
         for (int s = 0; s < conc && qn; s++) {
             if (slot[s].idx >= 0) continue;
             /* The first queued range whose backoff has passed. */
@@ -660,8 +660,8 @@ int pl__robj_read_many(const pl__robj *o, const pl__rrange *r, int n, char *err,
             qn--;
             pl__slot *sl = &slot[s];
             memset(&sl->x, 0, sizeof sl->x);
-            if (pl__xfer_setup(&sl->x, o, o->req_url, 0, r[i].offset, r[i].len, o->etag)) {
-                pl__xfer_reset(&sl->x);
+            if (xfer_setup(&sl->x, o, o->req_url, 0, r[i].offset, r[i].len, o->etag)) {
+                xfer_reset(&sl->x);
                 rc = PL_ENOMEM;
                 pl__fmt(err, errcap, "%s: out of memory for a request", o->url);
                 break;
@@ -671,7 +671,7 @@ int pl__robj_read_many(const pl__robj *o, const pl__rrange *r, int n, char *err,
             sl->idx = i;
             curl_easy_setopt(sl->x.h, CURLOPT_PRIVATE, (void *)sl);
             curl_multi_add_handle(m, sl->x.h);
-            atomic_fetch_add(&pl__r_requests, 1);
+            atomic_fetch_add(&stat_requests, 1);
         }
         if (rc) break;
         int running = 0;
@@ -686,16 +686,16 @@ int pl__robj_read_many(const pl__robj *o, const pl__rrange *r, int n, char *err,
             int i = sl->idx;
             char why[512];
             long status;
-            atomic_fetch_add(&pl__r_bytes, (long long)sl->x.got);
-            int j = pl__xfer_judge(&sl->x, cc, o, 0, r[i].len, why, sizeof why, &status);
+            atomic_fetch_add(&stat_bytes, (long long)sl->x.got);
+            int j = xfer_judge(&sl->x, cc, o, 0, r[i].len, why, sizeof why, &status);
             curl_multi_remove_handle(m, sl->x.h);
-            pl__xfer_reset(&sl->x);
+            xfer_reset(&sl->x);
             sl->idx = -1;
             if (j == 0) {
                 done++;
             } else if (j == 1 && ++attempts[i] < o->policy.max_attempts) {
-                atomic_fetch_add(&pl__r_retries, 1);
-                not_before[i] = pl__now_ms() + pl__backoff(&o->policy, attempts[i] - 1, &seed);
+                atomic_fetch_add(&stat_retries, 1);
+                not_before[i] = now_ms() + backoff(&o->policy, attempts[i] - 1, &seed);
                 queue[(qhead + qn++) % n] = i;
             } else if (rc == PL_OK) {
                 if (j == 1)
@@ -715,7 +715,7 @@ int pl__robj_read_many(const pl__robj *o, const pl__rrange *r, int n, char *err,
         for (int s = 0; s < conc; s++) busy += slot[s].idx >= 0;
         long wait = 100;
         if (!busy && wake >= 0) {
-            long long d = wake - pl__now_ms();
+            long long d = wake - now_ms();
             wait = d < 1 ? 1 : (long)d;
         }
         curl_multi_poll(m, NULL, 0, (int)wait, NULL);
@@ -724,7 +724,7 @@ out:
     for (int s = 0; s < conc; s++)
         if (slot[s].idx >= 0 || slot[s].x.h) {
             if (slot[s].x.h) curl_multi_remove_handle(m, slot[s].x.h);
-            pl__xfer_reset(&slot[s].x);
+            xfer_reset(&slot[s].x);
         }
     curl_multi_cleanup(m);
     free(slot);
@@ -738,7 +738,7 @@ out:
 
 /* The text of the next <tag>...</tag> at or after *p (XML entities of
  * S3's replies decoded), advancing *p; NULL when none. */
-static char *pl__xml_next(const char **p, const char *tag) {
+static char *xml_next(const char **p, const char *tag) {
     char open[64], close[64];
     pl__fmt(open, sizeof open, "<%s>", tag);
     pl__fmt(close, sizeof close, "</%s>", tag);
@@ -748,7 +748,7 @@ static char *pl__xml_next(const char **p, const char *tag) {
     const char *b = strstr(a, close);
     if (!b) return NULL;
     *p = b + strlen(close);
-    char *out = malloc((size_t)(b - a) + 1);
+    char *out = pl__calloc(1, (size_t)(b - a) + 1);
     if (!out) return NULL;
     size_t j = 0;
     for (const char *s = a; s < b;) {
@@ -783,11 +783,11 @@ int pl__remote_list(const char *prefix_url, char ***urls, int64_t *n, char *err,
         return PL_EINVAL;
     }
     pl__robj *o;
-    int rc = pl__robj_new(prefix_url, &o, err, errcap);
+    int rc = robj_new(prefix_url, &o, err, errcap);
     if (rc) return rc;
     char bucket[256];
     const char *prefix;
-    if (pl__s3_split(prefix_url, bucket, sizeof bucket, &prefix)) {
+    if (s3_split(prefix_url, bucket, sizeof bucket, &prefix)) {
         pl__fmt(err, errcap, "%s: not an s3://bucket/prefix URL", prefix_url);
         pl__robj_free(o);
         return PL_EINVAL;
@@ -798,8 +798,8 @@ int pl__remote_list(const char *prefix_url, char ***urls, int64_t *n, char *err,
     rc = PL_OK;
     for (;;) {
         char q[PL__URL_CAP], encp[PL__URL_CAP], enct[2048] = "";
-        if (pl__url_encode(prefix, 0, encp, sizeof encp) ||
-            (token && pl__url_encode(token, 0, enct, sizeof enct))) {
+        if (url_encode(prefix, 0, encp, sizeof encp) ||
+            (token && url_encode(token, 0, enct, sizeof enct))) {
             pl__fmt(err, errcap, "%s: prefix too long", prefix_url);
             rc = PL_EINVAL;
             break;
@@ -811,19 +811,19 @@ int pl__remote_list(const char *prefix_url, char ***urls, int64_t *n, char *err,
         else
             pl__fmt(q, sizeof q, "?list-type=2&prefix=%s", encp);
         char url[PL__URL_CAP];
-        if (pl__s3_req_url(&o->cred, bucket, "", q, url, sizeof url)) {
+        if (s3_req_url(&o->cred, bucket, "", q, url, sizeof url)) {
             pl__fmt(err, errcap, "%s: prefix too long", prefix_url);
             rc = PL_EINVAL;
             break;
         }
         unsigned char *body = NULL;
         size_t blen = 0;
-        atomic_fetch_add(&pl__r_lists, 1);
-        rc = pl__request(o, url, 0, 0, 0, NULL, &body, &blen, NULL, NULL, err, errcap);
+        atomic_fetch_add(&stat_lists, 1);
+        rc = request(o, url, 0, 0, 0, NULL, &body, &blen, NULL, NULL, err, errcap);
         if (rc) break;
         const char *p = (const char *)body;
         char *key;
-        while ((key = pl__xml_next(&p, "Key"))) {
+        while ((key = xml_next(&p, "Key"))) {
             if (cnt == cap) {
                 int64_t nc = cap ? cap * 2 : 64;
                 char **nv = pl__realloc_array(v, (size_t)nc, sizeof *v);
@@ -836,7 +836,7 @@ int pl__remote_list(const char *prefix_url, char ***urls, int64_t *n, char *err,
                 cap = nc;
             }
             size_t ul = strlen(bucket) + strlen(key) + 7;
-            char *u = malloc(ul);
+            char *u = pl__calloc(1, ul);
             if (!u) {
                 free(key);
                 rc = PL_ENOMEM;
@@ -847,9 +847,9 @@ int pl__remote_list(const char *prefix_url, char ***urls, int64_t *n, char *err,
             v[cnt++] = u;
         }
         p = (const char *)body;
-        char *trunc = pl__xml_next(&p, "IsTruncated");
+        char *trunc = xml_next(&p, "IsTruncated");
         p = (const char *)body;
-        char *next = pl__xml_next(&p, "NextContinuationToken");
+        char *next = xml_next(&p, "NextContinuationToken");
         free(body);
         int more = trunc && strcmp(trunc, "true") == 0 && next;
         free(trunc);
@@ -875,23 +875,23 @@ int pl__remote_list(const char *prefix_url, char ***urls, int64_t *n, char *err,
 
 /* ------------------------------------------------------------ expansion */
 
-static int pl__r_ends_with(const char *s, const char *suffix) {
+static int ends_with(const char *s, const char *suffix) {
     size_t n = strlen(s), m = strlen(suffix);
     return n >= m && strcmp(s + n - m, suffix) == 0;
 }
 
 /* polyload's own sidecars are never data files (as source.c's). */
-static int pl__r_is_sidecar(const char *u) {
+static int is_sidecar(const char *u) {
     static const char *const ext[] = {".plidx", ".plrec", ".pllen", ".plwds"};
     for (size_t i = 0; i < sizeof ext / sizeof ext[0]; i++) {
         char tmp[16];
         snprintf(tmp, sizeof tmp, "%s.tmp.", ext[i]);
-        if (pl__r_ends_with(u, ext[i]) || strstr(u, tmp)) return 1;
+        if (ends_with(u, ext[i]) || strstr(u, tmp)) return 1;
     }
     return 0;
 }
 
-static int pl__r_push(char ***v, int64_t *n, int64_t *cap, const char *s, size_t len) {
+static int push(char ***v, int64_t *n, int64_t *cap, const char *s, size_t len) {
     if (*n == *cap) {
         int64_t nc = *cap ? *cap * 2 : 16;
         char **nv = pl__realloc_array(*v, (size_t)nc, sizeof **v);
@@ -899,7 +899,7 @@ static int pl__r_push(char ***v, int64_t *n, int64_t *cap, const char *s, size_t
         *v = nv;
         *cap = nc;
     }
-    char *c = malloc(len + 1);
+    char *c = pl__calloc(1, len + 1);
     if (!c) return PL_ENOMEM;
     memcpy(c, s, len);
     c[len] = 0;
@@ -922,9 +922,9 @@ int pl__remote_expand(const char *path, int megatron, char ***out, int64_t *nout
             pl__fmt(err, errcap, "%s: only s3:// paths can be globs or directories", path);
             return PL_EINVAL;
         }
-        size_t k = megatron && (pl__r_ends_with(path, ".idx") || pl__r_ends_with(path, ".bin"))
+        size_t k = megatron && (ends_with(path, ".idx") || ends_with(path, ".bin"))
                        ? pl - 4 : pl;
-        rc = pl__r_push(&v, &n, &cap, path, k);
+        rc = push(&v, &n, &cap, path, k);
         goto done;
     }
     /* What to list: up to the last '/' before a glob character, or the path
@@ -951,10 +951,10 @@ int pl__remote_expand(const char *path, int megatron, char ***out, int64_t *nout
             exact |= strcmp(all[i], path) == 0;
             pair |= strcmp(all[i], idx) == 0;
         }
-        if (megatron && (pair || ((pl__r_ends_with(path, ".idx") || pl__r_ends_with(path, ".bin")) && exact))) {
-            rc = pl__r_push(&v, &n, &cap, path, pair ? pl : pl - 4);
+        if (megatron && (pair || ((ends_with(path, ".idx") || ends_with(path, ".bin")) && exact))) {
+            rc = push(&v, &n, &cap, path, pair ? pl : pl - 4);
         } else if (!megatron && exact) {
-            rc = pl__r_push(&v, &n, &cap, path, pl);
+            rc = push(&v, &n, &cap, path, pl);
         } else {
             dir = 1;
         }
@@ -968,9 +968,9 @@ int pl__remote_expand(const char *path, int megatron, char ***out, int64_t *nout
                 (base > strlen(prefix) && u[strlen(prefix)] != '/') || strchr(u + base, '/'))
                 continue; /* not a direct child */
             if (megatron) {
-                if (pl__r_ends_with(u, ".idx")) rc = pl__r_push(&v, &n, &cap, u, ul - 4);
-            } else if (!pl__r_is_sidecar(u)) {
-                rc = pl__r_push(&v, &n, &cap, u, ul);
+                if (ends_with(u, ".idx")) rc = push(&v, &n, &cap, u, ul - 4);
+            } else if (!is_sidecar(u)) {
+                rc = push(&v, &n, &cap, u, ul);
             }
         } else if (glob_at) {
             if (megatron) {
@@ -978,10 +978,10 @@ int pl__remote_expand(const char *path, int megatron, char ***out, int64_t *nout
                 pl__fmt(pat, sizeof pat, "%s.idx", path);
                 if ((fnmatch(pat, u, FNM_PATHNAME) == 0) ||
                     (fnmatch(path, u, FNM_PATHNAME) == 0 &&
-                     (pl__r_ends_with(u, ".idx") || pl__r_ends_with(u, ".bin"))))
-                    rc = pl__r_push(&v, &n, &cap, u, ul - 4);
-            } else if (fnmatch(path, u, FNM_PATHNAME) == 0 && !pl__r_is_sidecar(u)) {
-                rc = pl__r_push(&v, &n, &cap, u, ul);
+                     (ends_with(u, ".idx") || ends_with(u, ".bin"))))
+                    rc = push(&v, &n, &cap, u, ul - 4);
+            } else if (fnmatch(path, u, FNM_PATHNAME) == 0 && !is_sidecar(u)) {
+                rc = push(&v, &n, &cap, u, ul);
             }
         }
     }
