@@ -540,6 +540,73 @@ static void pl__release_files(pl_source *src) {
     src->n_docs = 0;
 }
 
+/* Open the files of a remote token source with up to 16 threads; the error
+ * of the first file (in order) that fails is the source's. */
+typedef struct open_job {
+    pl_source *src;
+    pl_source_type type;
+    pl_dtype flat;
+    int skip_damaged;
+    atomic_llong next;
+    pthread_mutex_t mu;
+    int64_t failed; /* lowest failing file, or n_files */
+    int rc;
+    char err[PL__ERRMSG_CAP];
+} open_job;
+
+static void *open_worker(void *arg) {
+    open_job *j = arg;
+    char err[PL__ERRMSG_CAP];
+    for (;;) {
+        int64_t i = atomic_fetch_add(&j->next, 1);
+        if (i >= j->src->n_files) break;
+        pthread_mutex_lock(&j->mu);
+        int stop = i > j->failed;
+        pthread_mutex_unlock(&j->mu);
+        if (stop) break;
+        pl__sfile *f = &j->src->files[i];
+        int rc = j->type == PL_SOURCE_MEGATRON
+                     ? pl__megatron_open(f, j->skip_damaged, err, sizeof err)
+                     : pl__tokens_open(f, j->type, j->flat, j->src->eos_id,
+                                       j->src->write_index, err, sizeof err);
+        if (rc) {
+            pthread_mutex_lock(&j->mu);
+            if (i < j->failed) {
+                j->failed = i;
+                j->rc = rc;
+                pl__fmt(j->err, sizeof j->err, "%s", err);
+            }
+            pthread_mutex_unlock(&j->mu);
+        }
+    }
+    return NULL;
+}
+
+static int open_remote_parallel(pl_source *src, pl_source_type type, pl_dtype flat,
+                                int skip_damaged, char *err, size_t cap) {
+    open_job j;
+    memset(&j, 0, sizeof j);
+    j.src = src;
+    j.type = type;
+    j.flat = flat;
+    j.skip_damaged = skip_damaged;
+    j.failed = src->n_files;
+    atomic_init(&j.next, 0);
+    pthread_mutex_init(&j.mu, NULL);
+    pthread_t th[16];
+    int nt = src->n_files < 16 ? (int)src->n_files : 16, started = 0;
+    for (int t = 0; t < nt; t++)
+        if (pthread_create(&th[t], NULL, open_worker, &j) == 0) started++;
+    if (!started) open_worker(&j); /* no thread: this one opens them all */
+    for (int t = 0; t < started; t++) pthread_join(th[t], NULL);
+    pthread_mutex_destroy(&j.mu);
+    if (j.failed < src->n_files) {
+        pl__fmt(err, cap, "%s", j.err);
+        return j.rc;
+    }
+    return PL_OK;
+}
+
 int pl_source_open(const pl_source_options *opts, pl_source **out) {
     return pl__source_open(opts, 0, out);
 }
@@ -665,9 +732,22 @@ static int pl__source_open_impl(const pl_source_options *opts, int skip_damaged,
         for (int64_t i = 0; i < src->n_files; i++) src->files[i].rconf = &src->rconf;
     }
 
+    /* Remote files open in parallel (each a HEAD, a Megatron .idx fetched):
+       a source of many objects starts in the time of a few requests. */
+    int remote_done = 0;
+    if (src->prefetch && src->n_files > 1 && !src->text) {
+        rc = open_remote_parallel(src, opts->type, flat, skip_damaged, err, cap);
+        if (rc) {
+            pl__release_files(src);
+            return rc;
+        }
+        remote_done = 1;
+    }
     for (int64_t i = 0; i < src->n_files; i++) {
         pl__sfile *f = &src->files[i];
-        if (opts->type == PL_SOURCE_MEGATRON)
+        if (remote_done)
+            rc = PL_OK;
+        else if (opts->type == PL_SOURCE_MEGATRON)
             rc = pl__megatron_open(f, skip_damaged, err, cap);
         else if (src->text)
             rc = pl__text_open_file(src, f, skip_damaged, err, cap);

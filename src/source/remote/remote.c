@@ -185,7 +185,34 @@ static void rcred_load(pl__rcred *c) {
 
 static pthread_once_t curl_once = PTHREAD_ONCE_INIT;
 static CURLcode curl_init_rc;
-static void curl_init(void) { curl_init_rc = curl_global_init(CURL_GLOBAL_DEFAULT); }
+/* One connection cache, DNS cache and TLS session cache for every request of
+ * the process (CURLSH), so that requests reuse connections instead of
+ * opening (and for https, negotiating) one each. */
+static CURLSH *curl_share;
+static pthread_mutex_t share_mu[CURL_LOCK_DATA_LAST];
+
+static void share_lock(CURL *h, curl_lock_data d, curl_lock_access a, void *u) {
+    (void)h, (void)a, (void)u;
+    pthread_mutex_lock(&share_mu[d]);
+}
+
+static void share_unlock(CURL *h, curl_lock_data d, void *u) {
+    (void)h, (void)u;
+    pthread_mutex_unlock(&share_mu[d]);
+}
+
+static void curl_init(void) {
+    curl_init_rc = curl_global_init(CURL_GLOBAL_DEFAULT);
+    if (curl_init_rc != CURLE_OK) return;
+    for (int i = 0; i < CURL_LOCK_DATA_LAST; i++) pthread_mutex_init(&share_mu[i], NULL);
+    curl_share = curl_share_init();
+    if (!curl_share) return; /* requests then open their own connections */
+    curl_share_setopt(curl_share, CURLSHOPT_LOCKFUNC, share_lock);
+    curl_share_setopt(curl_share, CURLSHOPT_UNLOCKFUNC, share_unlock);
+    curl_share_setopt(curl_share, CURLSHOPT_SHARE, CURL_LOCK_DATA_CONNECT);
+    curl_share_setopt(curl_share, CURLSHOPT_SHARE, CURL_LOCK_DATA_DNS);
+    curl_share_setopt(curl_share, CURLSHOPT_SHARE, CURL_LOCK_DATA_SSL_SESSION);
+}
 
 static int curl_ready(char *err, size_t errcap) {
     pthread_once(&curl_once, curl_init);
@@ -340,6 +367,7 @@ static int xfer_setup(pl__xfer *x, const pl__robj *o, const char *url, int head,
     curl_easy_setopt(h, CURLOPT_WRITEFUNCTION, on_body);
     curl_easy_setopt(h, CURLOPT_WRITEDATA, x);
     curl_easy_setopt(h, CURLOPT_TCP_KEEPALIVE, 1L);
+    if (curl_share) curl_easy_setopt(h, CURLOPT_SHARE, curl_share);
     if (head) curl_easy_setopt(h, CURLOPT_NOBODY, 1L);
     struct curl_slist *l = NULL, *t;
     char line[600];
