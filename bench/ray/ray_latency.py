@@ -99,6 +99,7 @@ def main():
     import yaml
 
     import polyload.ray as pr
+    pr.set_failure_detection_env()  # before ray.init below
 
     make_files(a.sources)
     d = os.path.join(OUT, "latency")

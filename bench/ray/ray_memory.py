@@ -302,6 +302,7 @@ def run_polyload(n, loader_actors, constructors):
     import ray
 
     import polyload.ray as pr
+    pr.set_failure_detection_env()  # before ray.init below
 
     d = os.path.join(OUT, f"polyload_{n}")
     shutil.rmtree(d, ignore_errors=True)

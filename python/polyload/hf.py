@@ -90,7 +90,8 @@ def vision_inputs(batch: Mapping[str, Any], image_mean=None, image_std=None,
 
 def causal_lm_batch(batch: Mapping[str, Any], flatten: bool = True,
                     flash_kwargs: bool = True, image_mean=None, image_std=None,
-                    temporal_patch_size: int = 2) -> Dict[str, Any]:
+                    temporal_patch_size: int = 2,
+                    dp_size: Optional[int] = None) -> Dict[str, Any]:
     """The keyword arguments of a transformers causal-LM forward for one polyload batch.
 
     Args:
@@ -105,6 +106,15 @@ def causal_lm_batch(batch: Mapping[str, Any], flatten: bool = True,
         image_mean, image_std, temporal_patch_size: for batches with images, see
             :func:`vision_inputs` (the model's image processor's values; default CLIP's
             mean and std, temporal patch 2 as Qwen2-VL).
+        dp_size: when given, add ``num_items_in_batch`` = the batch's ``step_loss_tokens``
+            / ``dp_size``: the model's loss is then the micro-batch's summed token loss
+            over the step's loss tokens (times ``dp_size``, which DDP's gradient average
+            divides out), so summing the backward of every micro-batch of the step gives
+            the gradient of the per-token mean over the whole step, exact when ranks carry
+            unequal token counts (``balance: variable_length``).  Pass the data-parallel
+            size (1 without DDP); do not divide by the number of micro-batches.  With the
+            ``Trainer``, leave it out: ``average_tokens_across_devices=True`` counts the
+            same total itself.
 
     Returns a dict: ``input_ids`` (int64), ``labels`` (unshifted, int64), ``shift_labels``
     (int64, polyload's labels), ``position_ids`` (int64), ``use_cache`` (False), and with
@@ -153,6 +163,14 @@ def causal_lm_batch(batch: Mapping[str, Any], flatten: bool = True,
         out.update(cu_seq_lens_q=cu, cu_seq_lens_k=cu, max_length_q=max_len,
                    max_length_k=max_len)
     out.update(vision_inputs(batch, image_mean, image_std, temporal_patch_size))
+    if dp_size is not None:
+        n = int(batch.get("step_loss_tokens", -1))
+        if n < 0:
+            raise ValueError("polyload.hf: the batch does not know its step's loss tokens "
+                             "(instruction data or images): count loss_mask over the step "
+                             "and all-reduce it instead of dp_size")
+        out["num_items_in_batch"] = torch.tensor(max(n, 1) / int(dp_size),
+                                                 dtype=torch.float32)
     return out
 
 

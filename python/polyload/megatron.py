@@ -66,6 +66,7 @@ __all__ = [
     "get_batch",
     "packed_seq_params",
     "check_args",
+    "per_token_loss",
     "save_checkpoint_state",
     "load_checkpoint_state",
     "STATE_FILE",
@@ -280,6 +281,34 @@ def get_batch(data_iterator) -> Tuple[Any, Any, Any, Any, Any, Any]:
 
 # ----------------------------------------------------------------- arguments
 
+#: ``Config.get_int("balance")`` of ``balance: variable_length``.
+BALANCE_VARIABLE_LENGTH = 3
+
+
+def per_token_loss(losses: Any, loss_mask: Any):
+    """A ``loss_func`` result for Megatron's ``--calculate-per-token-loss``.
+
+    Args:
+        losses: the model's per-token losses of the micro-batch (any shape).
+        loss_mask: the batch's ``loss_mask`` (same number of elements).
+
+    Returns ``(loss_sum, num_tokens, {"lm loss": tensor([loss_sum, num_tokens])})``:
+    Megatron sums ``num_tokens`` over the step's micro-batches and all-reduces it over the
+    data-parallel (and context-parallel) ranks, which makes it the step's count of loss
+    tokens (``step_loss_tokens`` of the polyload batch), and divides the gradients by it:
+    the per-token mean over the whole step, exact when DP ranks carry unequal token counts
+    (``balance: variable_length``).  A per-micro-batch mean (Megatron's default) weighs a
+    rank's tokens by 1 / its token count instead.
+    """
+    import torch  # noqa: PLC0415
+
+    mask = loss_mask.reshape(-1).float()
+    loss_sum = torch.sum(losses.reshape(-1).float() * mask)
+    num_tokens = mask.sum().to(torch.int)
+    return loss_sum, num_tokens, {"lm loss": torch.cat([loss_sum.view(1).detach(),
+                                                        num_tokens.view(1).float()])}
+
+
 def check_args(args: Any, config: Any) -> None:
     """Check Megatron-LM's parsed arguments against a polyload config.
 
@@ -297,16 +326,34 @@ def check_args(args: Any, config: Any) -> None:
             ``global_batch_size`` is fixed), ``train_iters`` exceeds ``train_steps``, or
             ``pad_id`` is not below ``padded_vocab_size``.
 
+    Under ``balance: variable_length`` a micro-batch is one packed row of ``max_tokens``
+    tokens: Megatron's ``--seq-length`` is ``max_tokens``, ``--micro-batch-size`` 1 and
+    ``--global-batch-size`` polyload's ``global_batch_size / micro_batch_size`` (the same
+    micro-batches per rank), and ``--calculate-per-token-loss`` must be on.
+
     Warns (``UserWarning``) when ``eod_mask_loss``, ``reset_position_ids`` or
     ``reset_attention_mask`` is off: polyload's batches always behave as if they were on.
     """
     cfg = config.config if isinstance(config, Loader) else _make_config(config)
     gi = cfg.get_int
-    pairs = [
-        ("--seq-length", "seq_length", "seq_length", gi("seq_length")),
-        ("--global-batch-size", "global_batch_size", "global_batch_size",
-         gi("global_batch_size")),
-        ("--micro-batch-size", "micro_batch_size", "micro_batch_size", gi("micro_batch_size")),
+    vlen = gi("balance") == BALANCE_VARIABLE_LENGTH
+    if vlen:  # one packed row of max_tokens per micro-batch
+        pairs = [
+            ("--seq-length", "seq_length", "max_tokens", gi("max_tokens")),
+            ("--global-batch-size", "global_batch_size",
+             "global_batch_size / micro_batch_size",
+             gi("global_batch_size") // gi("micro_batch_size")),
+            ("--micro-batch-size", "micro_batch_size", "(one row under variable_length)", 1),
+        ]
+    else:
+        pairs = [
+            ("--seq-length", "seq_length", "seq_length", gi("seq_length")),
+            ("--global-batch-size", "global_batch_size", "global_batch_size",
+             gi("global_batch_size")),
+            ("--micro-batch-size", "micro_batch_size", "micro_batch_size",
+             gi("micro_batch_size")),
+        ]
+    pairs += [
         ("--seed", "seed", "seed", gi("seed")),
         ("--tensor-model-parallel-size", "tensor_model_parallel_size", "topology.tp",
          gi("topology.tp")),
@@ -322,6 +369,11 @@ def check_args(args: Any, config: Any) -> None:
         theirs = getattr(args, attr, None)
         if theirs is not None and int(theirs) != mine:
             problems.append(f"Megatron {option} is {int(theirs)} but polyload {key} is {mine}")
+    if vlen and getattr(args, "calculate_per_token_loss", None) is False:
+        problems.append("polyload balance: variable_length gives DP ranks unequal token "
+                        "counts, so a per-rank mean loss is biased: set Megatron "
+                        "--calculate-per-token-loss (and return the micro-batch's loss sum "
+                        "and loss_mask sum from loss_func, see per_token_loss)")
     if getattr(args, "rampup_batch_size", None):
         problems.append(f"Megatron --rampup-batch-size {args.rampup_batch_size} is set but "
                         f"polyload's global_batch_size is fixed at {gi('global_batch_size')}")

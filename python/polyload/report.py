@@ -9,6 +9,10 @@ The data come from the C planner itself (``polyload._core.Planner``, the object 
   from step A (the cumulative schedule is the schedule weighted by each step's tokens);
 - balance: the largest DP rank's cost over the step's lower bound (``pl_plan.lower_bound``:
   max(total cost / dp, costliest chunk)), 1.0 being perfect;
+- mixture deviation: the largest gap between a source's share of the step's tokens and its
+  weight (with ``balance_window`` the mixture is exact over each window, not per step);
+- bound by a chunk: whether the step's lower bound is one chunk costlier than the mean
+  rank (a long document that only context parallelism for its sequence can shorten);
 - padding: the fraction of the step's ``global_batch_size * seq_length`` slots that hold
   no token (row ends and CP padding);
 - epochs per source: documents started so far (from step 0, or from ``--state-in``'s step)
@@ -52,14 +56,16 @@ def collect(config: Any, start: int, stop: int, state: Optional[bytes] = None,
     Returns a dict: ``sources`` (names), ``num_documents``, ``steps`` (list), per step
     lists ``tokens``, ``padding_fraction``, ``max_over_lower_bound``, ``realized``
     (per-source fractions), ``scheduled``, ``cumulative_realized``,
-    ``cumulative_scheduled``, ``epochs`` (per source, at the end of the step), plus
+    ``cumulative_scheduled``, ``epochs`` (per source, at the end of the step),
+    ``mixture_deviation``, ``bound_by_chunk``, plus
     ``seq_length``, ``global_batch_size``, ``dp``.
 
     Raises:
         ValueError: an empty range, or a state past ``start``.
         PolyloadError: as the planner (a config, source or state error).
     """
-    from . import _make_config, _require_core  # noqa: PLC0415
+    from ._config import _make_config  # noqa: PLC0415
+    from ._extension import _require_core  # noqa: PLC0415
 
     core = _require_core()
     if not 0 <= start < stop:
@@ -81,7 +87,7 @@ def collect(config: Any, start: int, stop: int, state: Optional[bytes] = None,
         "sources": names, "num_documents": ndocs, "steps": [], "tokens": [],
         "padding_fraction": [], "max_over_lower_bound": [], "realized": [],
         "scheduled": [], "cumulative_realized": [], "cumulative_scheduled": [],
-        "epochs": [],
+        "epochs": [], "mixture_deviation": [], "bound_by_chunk": [],
         "seq_length": cfg.get_int("seq_length"),
         "global_batch_size": cfg.get_int("global_batch_size"),
         "dp": cfg.get_int("topology.dp"),
@@ -122,6 +128,9 @@ def collect(config: Any, start: int, stop: int, state: Optional[bytes] = None,
         out["padding_fraction"].append(1.0 - total / slots)
         out["max_over_lower_bound"].append(float(rank_cost.max() / lb) if lb > 0 else 1.0)
         out["realized"].append([int(x) / total if total else 0.0 for x in per])
+        out["mixture_deviation"].append(max(abs(r - w) for r, w in
+                                            zip(out["realized"][-1], sched)) if n else 0.0)
+        out["bound_by_chunk"].append(bool(lb > rank_cost.sum() / len(rank_cost) * (1 + 1e-12)))
         out["scheduled"].append(sched)
         out["cumulative_realized"].append([t / cum_total if cum_total else 0.0
                                            for t in cum_tok])
@@ -211,7 +220,10 @@ def render(data: Dict[str, Any], path: str) -> None:
 <p>global_batch_size {data['global_batch_size']}, seq_length {data['seq_length']},
 dp {data['dp']}; mean padding {sum(data['padding_fraction']) / len(data['steps']):.4f};
 mean largest rank cost / lower bound
-{sum(data['max_over_lower_bound']) / len(data['steps']):.5f}</p>
+{sum(data['max_over_lower_bound']) / len(data['steps']):.5f};
+largest mixture deviation of a step {max(data.get('mixture_deviation') or [0.0]):.4f};
+steps bound by one chunk (only context parallelism shortens them)
+{sum(data.get('bound_by_chunk') or [])}</p>
 <table><tr><th>source</th><th>documents</th><th>scheduled (cum.)</th>
 <th>realized (cum.)</th><th>epochs</th></tr>
 {''.join(rows)}

@@ -17,7 +17,8 @@ import torch
 import torch.distributed as dist
 
 __all__ = ["broadcast_tp", "BATCH_FIELDS", "IMAGE_FIELDS", "CLIP_MEAN", "CLIP_STD",
-           "normalize_images", "token_sources", "loss_by_source"]
+           "normalize_images", "token_sources", "loss_by_source", "per_token_loss",
+           "trim_padding"]
 
 #: The tensor fields of a micro-batch, in the order they are broadcast (SPEC section 3;
 #: ``segment_sources`` with ``Loader(..., with_sources=True)``).
@@ -31,7 +32,8 @@ IMAGE_FIELDS = ("pixel_values", "image_grid_thw", "image_positions")
 _FIELDS = BATCH_FIELDS + IMAGE_FIELDS
 _MAX_DIM = 4
 #: The int fields of a micro-batch, carried in the header.
-_SCALARS = ("max_seqlen", "step", "micro_batch")
+_SCALARS = ("max_seqlen", "step", "micro_batch", "step_loss_tokens", "rank_loss_tokens",
+            "non_padding_tokens")
 
 # dtype codes of the header (any value fits: they only need to agree between ranks)
 _DTYPES = (torch.int64, torch.int32, torch.float32, torch.float64, torch.int16,
@@ -199,3 +201,71 @@ def loss_by_source(token_loss: torch.Tensor, batch: Dict[str, Any],
         out[source_names[k]] = (float(loss[sel].sum()), int(sel.sum()))
     return out
 
+
+def per_token_loss(token_loss: torch.Tensor, batch: Dict[str, Any], dp_size: int = 1) -> torch.Tensor:
+    """The micro-batch's share of the step's per-token mean loss, for ``backward()``.
+
+    ``(token_loss * loss_mask).sum() * dp_size / step_loss_tokens``: summing the backward
+    of every micro-batch of a step (no division by the number of micro-batches) and
+    averaging over DP ranks (DDP's gradient all-reduce, hence the ``dp_size`` factor)
+    gives the gradient of the mean loss over all the step's loss tokens.  It stays exact
+    when DP ranks carry unequal token counts (``balance: variable_length``), where the
+    mean of per-rank means does not.
+
+    Args:
+        token_loss: per-token losses (``reduction="none"``), as many elements as the
+            batch's ``loss_mask``.
+        batch: the polyload micro-batch dict (``loss_mask``, ``step_loss_tokens``).
+        dp_size: the data-parallel size over which gradients are averaged (1 when they
+            are summed, or without DDP).
+
+    Raises:
+        ValueError: the batch does not know its step's count (``step_loss_tokens`` -1:
+            instruction data or images, whose masks depend on the tokens); count
+            ``loss_mask`` over the step's micro-batches and all-reduce it instead.
+    """
+    n = int(batch.get("step_loss_tokens", -1))
+    if n < 0:
+        raise ValueError("polyload: the batch does not know its step's loss tokens "
+                         "(instruction data or images): count loss_mask over the step and "
+                         "all-reduce it")
+    mask = torch.as_tensor(batch["loss_mask"]).to(token_loss.device).reshape(-1)
+    return (token_loss.reshape(-1) * mask).sum() * (dp_size / max(n, 1))
+
+
+def trim_padding(batch: Dict[str, Any]) -> Dict[str, Any]:
+    """The micro-batch without its row's trailing padding (one row, ``topology.cp`` 1).
+
+    Under ``balance: variable_length`` a micro-batch is one packed row of ``max_tokens``
+    tokens whose documents fill it only in part; the rest is a padding segment of
+    ``cu_seqlens``.  A THD model computes that segment too (its attention costs like a
+    document of that length), which gives back part of what balancing gained.  This
+    returns a dict whose token fields are cut to the first ``non_padding_tokens`` tokens
+    (views, no copy), ``cu_seqlens`` without the padding segment, and ``max_seqlen`` of
+    what is left.  Other keys are kept.  A batch without padding is returned as is.
+
+    Raises:
+        ValueError: more than one row, or no ``non_padding_tokens`` (a batch without
+            ``input_ids``).
+    """
+    n = batch.get("non_padding_tokens")
+    if n is None:
+        raise ValueError("polyload: trim_padding needs the batch's non_padding_tokens "
+                         "(the first pipeline stage's batch)")
+    ids = batch.get("input_ids")
+    if ids is not None and ids.shape[0] != 1:
+        raise ValueError(f"polyload: trim_padding works on one packed row, not {ids.shape[0]} "
+                         "(balance: variable_length gives one)")
+    cu = batch["cu_seqlens"]
+    if int(cu[-1]) <= n:
+        return batch
+    out = dict(batch)
+    for k in ("input_ids", "labels", "loss_mask", "position_ids"):
+        if batch.get(k) is not None:
+            out[k] = batch[k][:, :n]
+    keep = cu[cu <= n]
+    out["cu_seqlens"] = keep
+    if "segment_sources" in batch and batch["segment_sources"] is not None:
+        out["segment_sources"] = batch["segment_sources"][:len(keep) - 1]
+    out["max_seqlen"] = int(keep.diff().max()) if len(keep) > 1 else 0
+    return out

@@ -63,6 +63,15 @@ struct pl__build_ctx {
     const pl_config *cfg; /* borrowed from the owner */
     int has_images;       /* some source is a webdataset */
     int has_sft;          /* some source is instruction data (prompt_key) */
+    /* The step's loss tokens (pl_batch.step_loss_tokens) of the plan last
+       built from, kept per step: a sum over the whole step's chunks. */
+    const pl_plan *lt_plan;
+    int64_t lt_step, lt_chunks, lt_tokens, lt_total;
+    /* A package's count of the whole step (its plan holds one DP rank's
+       chunks): {chunks, loss tokens} per source, unaligned; NULL: count
+       the plan. */
+    const void *step_loss;
+    int64_t n_step_loss;
     char *err;
     size_t errcap;
 };

@@ -50,7 +50,7 @@ int pl__pool_create(int64_t rows, int64_t cols, int64_t full_cols,
     return PL_OK;
 }
 
-static void pl__buf_destroy(pl__batchbuf *b) {
+static void buf_destroy(pl__batchbuf *b) {
     free(b->b.input_ids);
     free(b->b.labels);
     free(b->b.loss_mask);
@@ -65,7 +65,7 @@ static void pl__buf_destroy(pl__batchbuf *b) {
 }
 
 /* Drop one reference; the last one frees the pool and its free buffers. */
-static void pl__pool_unref(pl__pool *p) {
+static void pool_unref(pl__pool *p) {
     pthread_mutex_lock(&p->mu);
     int64_t left = --p->refs;
     pthread_mutex_unlock(&p->mu);
@@ -73,14 +73,14 @@ static void pl__pool_unref(pl__pool *p) {
     while (p->free_list) {
         pl__batchbuf *b = p->free_list;
         p->free_list = b->next_free;
-        pl__buf_destroy(b);
+        buf_destroy(b);
     }
     pthread_mutex_destroy(&p->mu);
     free(p);
 }
 
 void pl__pool_release_owner(pl__pool *p) {
-    if (p) pl__pool_unref(p);
+    if (p) pool_unref(p);
 }
 
 int pl__pool_get(pl__pool *p, pl__batchbuf **out) {
@@ -111,8 +111,8 @@ int pl__pool_get(pl__pool *p, pl__batchbuf **out) {
         if (!b || !b->b.input_ids || !b->b.labels || !b->b.loss_mask ||
             !b->b.position_ids || !b->b.cu_seqlens || !b->b.segment_sources ||
             (p->full_cols != p->cols && !b->scratch)) {
-            if (b) pl__buf_destroy(b);
-            pl__pool_unref(p);
+            if (b) buf_destroy(b);
+            pool_unref(p);
             return PL_ENOMEM;
         }
     }
@@ -131,7 +131,7 @@ void pl__buf_release(pl__batchbuf *b) {
     b->next_free = p->free_list;
     p->free_list = b;
     pthread_mutex_unlock(&p->mu);
-    pl__pool_unref(p);
+    pool_unref(p);
 }
 
 /* ------------------------------------------------------------ views */
@@ -270,6 +270,56 @@ void pl_batch_release(pl_batch *batch) {
 PL__DEFINE_ROW(pl__row64, int64_t, PL_DTYPE_INT64)
 PL__DEFINE_ROW(pl__row32, int32_t, PL_DTYPE_INT32)
 
+/* Loss tokens of a chunk as the rows give them: its tokens but the
+ * document's last (no label there); -1 when the mask depends on the tokens
+ * (instruction data's prompts, images' placeholders). */
+static int64_t pl__chunk_loss_tokens(const pl__build_ctx *x, const pl_chunk *c) {
+    if (c->source < 0 || c->source >= x->cfg->n_sources) return -1;
+    const pl__source_cfg *s = &x->cfg->sources[c->source];
+    if (s->type == PL_SOURCE_WEBDATASET ||
+        (x->has_sft && (pl__sx(s)->prompt_key || pl__sx(s)->messages_key)))
+        return -1;
+    return c->length - ((c->flags & PL_CHUNK_DOC_END) != 0);
+}
+
+/* step_loss_tokens and rank_loss_tokens of a batch (pl_batch). */
+static void pl__loss_tokens(pl__build_ctx *x, const pl_plan *plan,
+                            int64_t dp_rank, pl_batch *b) {
+    int64_t step = 0, rank = 0;
+    if (x->step_loss) { /* a package: the whole step's count travels with it */
+        for (int64_t s = 0; s < x->n_step_loss && step >= 0; s++) {
+            int64_t v[2];
+            memcpy(v, (const unsigned char *)x->step_loss + 16 * (size_t)s, 16);
+            if (v[0] == 0) continue;
+            pl_chunk probe = {0};
+            probe.source = (int32_t)s;
+            probe.length = 1;
+            step = pl__chunk_loss_tokens(x, &probe) < 0 ? -1 : step + v[1];
+        }
+    } else if (x->lt_plan == plan && x->lt_step == plan->step && x->lt_chunks == plan->n_chunks &&
+        x->lt_tokens == plan->tokens) {
+        step = x->lt_total; /* the same step's plan: counted already */
+    } else {
+        for (int64_t j = 0; j < plan->n_chunks && step >= 0; j++) {
+            int64_t t = pl__chunk_loss_tokens(x, &plan->chunks[j]);
+            step = t < 0 ? -1 : step + t;
+        }
+        x->lt_plan = plan;
+        x->lt_step = plan->step;
+        x->lt_chunks = plan->n_chunks;
+        x->lt_tokens = plan->tokens;
+        x->lt_total = step;
+    }
+    const int64_t per = plan->micro_batches_per_rank * plan->micro_batch_size;
+    for (int64_t i = 0; i < per && step >= 0; i++) {
+        int64_t q = plan->rank_sequences[dp_rank * per + i];
+        for (int64_t j = plan->seq_offsets[q]; j < plan->seq_offsets[q + 1]; j++)
+            rank += pl__chunk_loss_tokens(x, &plan->chunks[j]);
+    }
+    b->step_loss_tokens = step;
+    b->rank_loss_tokens = step < 0 ? -1 : rank;
+}
+
 int pl__construct(pl__build_ctx *x, const pl_plan *plan, int64_t dp_rank,
                   int64_t mb, pl__batchbuf *buf) {
     pl_batch *b = &buf->b;
@@ -356,6 +406,7 @@ int pl__construct(pl__build_ctx *x, const pl_plan *plan, int64_t dp_rank,
         base += cols;
     }
     b->n_cu_seqlens = ncu;
+    pl__loss_tokens(x, plan, dp_rank, b);
     b->n_images = b->n_patches = b->visual_tokens = 0;
     return x->has_images ? pl__construct_images(x, plan, dp_rank, mb, buf) : PL_OK;
 }
@@ -368,8 +419,8 @@ int pl__build_ctx_init(pl__build_ctx *x, const pl_config *c,
     x->read = read;
     x->dtype = c->dtype;
     x->pad_id = c->pad_id;
-    x->full_cols = c->seq_length;
-    x->cols = c->seq_length / cp;
+    x->full_cols = pl__row_tokens(c);
+    x->cols = pl__row_tokens(c) / cp;
     x->cp = cp;
     x->align = cp > 1 ? 2 * cp : 1;
     x->err = err;
@@ -377,11 +428,14 @@ int pl__build_ctx_init(pl__build_ctx *x, const pl_config *c,
     x->cfg = c;
     x->has_images = 0;
     x->has_sft = 0;
+    x->lt_plan = NULL;
+    x->step_loss = NULL;
+    x->n_step_loss = 0;
     for (int64_t i = 0; i < c->n_sources; i++) {
         x->has_images |= c->sources[i].type == PL_SOURCE_WEBDATASET;
         x->has_sft |= pl__sx(&c->sources[i])->prompt_key != NULL || pl__sx(&c->sources[i])->messages_key != NULL;
     }
-    x->seg = pl__calloc(2 * ((size_t)c->seq_length + 1), sizeof(int64_t));
+    x->seg = pl__calloc(2 * ((size_t)pl__row_tokens(c) + 1), sizeof(int64_t));
     return x->seg ? PL_OK : PL_ENOMEM;
 }
 
@@ -397,7 +451,7 @@ int pl__read_from_sources(pl__build_ctx *x, int64_t ordinal, const pl_chunk *c,
 }
 
 /* Payload j holds the tokens of read j (int64), see pl_plan_reads. */
-static int pl__read_from_payloads(pl__build_ctx *x, int64_t ordinal,
+static int read_from_payloads(pl__build_ctx *x, int64_t ordinal,
                                   const pl_chunk *c, void *ids, void *next,
                                   pl_dtype dt) {
     if (ordinal >= x->n_payloads) {
@@ -432,7 +486,7 @@ static int pl__read_from_payloads(pl__build_ctx *x, int64_t ordinal,
  * checks decoded plans, but a plan may be built by hand in C.  dp_rank and
  * mb are in range.  PL_EINVAL with a message otherwise.
  */
-static int pl__check_rows(const pl_plan *plan, int64_t dp_rank, int64_t mb,
+static int check_rows(const pl_plan *plan, int64_t dp_rank, int64_t mb,
                           char *err, size_t errcap) {
     const int64_t rows = plan->micro_batch_size, n = plan->n_sequences;
     if (rows <= 0 || n <= 0 || plan->n_chunks < 0 || !plan->rank_sequences ||
@@ -474,13 +528,13 @@ static int pl__check_rows(const pl_plan *plan, int64_t dp_rank, int64_t mb,
     return PL_OK;
 }
 
-static int pl__plan_reads_impl(const pl_plan *plan, int64_t dp_rank, int64_t mb,
+static int plan_reads_impl(const pl_plan *plan, int64_t dp_rank, int64_t mb,
                   pl_read *out, int64_t cap, int64_t *n) {
     if (!plan || dp_rank < 0 || dp_rank >= plan->dp || mb < 0 ||
         mb >= plan->micro_batches_per_rank || !n)
         return PL_ERANGE;
     char err[PL__ERRMSG_CAP];
-    if (pl__check_rows(plan, dp_rank, mb, err, sizeof err)) return PL_EINVAL;
+    if (check_rows(plan, dp_rank, mb, err, sizeof err)) return PL_EINVAL;
     int64_t k = 0;
     const int64_t rows = plan->micro_batch_size;
     for (int64_t row = 0; row < rows; row++) {
@@ -511,7 +565,7 @@ struct pl_constructor {
     pl__build_ctx ctx;
 };
 
-static int pl__constructor_create_impl(const pl_config *cfg, pl_constructor **out) {
+static int constructor_create_impl(const pl_config *cfg, pl_constructor **out) {
     *out = NULL;
     pl_constructor *k = pl__calloc(1, sizeof *k);
     if (!k) return PL_ENOMEM;
@@ -520,10 +574,10 @@ static int pl__constructor_create_impl(const pl_config *cfg, pl_constructor **ou
     if (!k->cfg) goto oom;
     const pl_config *c = k->cfg;
     int64_t cp = c->topology.cp;
-    if (pl__pool_create(c->micro_batch_size, c->seq_length / cp, c->seq_length,
+    if (pl__pool_create(pl__mb_rows(c), pl__row_tokens(c) / cp, pl__row_tokens(c),
                         c->dtype, &k->pool))
         goto oom;
-    if (pl__build_ctx_init(&k->ctx, c, pl__read_from_payloads, k->errmsg,
+    if (pl__build_ctx_init(&k->ctx, c, read_from_payloads, k->errmsg,
                            sizeof k->errmsg))
         goto oom;
     return PL_OK;
@@ -544,7 +598,7 @@ const char *pl_constructor_errmsg(const pl_constructor *k) {
     return k ? k->errmsg : "out of memory";
 }
 
-static int pl__constructor_build_impl(pl_constructor *k, const pl_plan *plan, int64_t rank,
+static int constructor_build_impl(pl_constructor *k, const pl_plan *plan, int64_t rank,
                          int64_t mb, const int64_t *const *payloads,
                          const int64_t *payload_lengths, int64_t n_payloads,
                          pl_batch **out) {
@@ -560,8 +614,8 @@ static int pl__constructor_build_impl(pl_constructor *k, const pl_plan *plan, in
                 (long long)rank);
         return rc;
     }
-    if (plan->dp != k->cfg->topology.dp || plan->seq_length != k->cfg->seq_length ||
-        plan->micro_batch_size != k->cfg->micro_batch_size) {
+    if (plan->dp != k->cfg->topology.dp || plan->seq_length != pl__row_tokens(k->cfg) ||
+        plan->micro_batch_size != pl__mb_rows(k->cfg)) {
         pl__fmt(k->errmsg, sizeof k->errmsg,
                 "constructor: the plan's dp/seq_length/micro_batch_size differ "
                 "from the config's");
@@ -574,7 +628,7 @@ static int pl__constructor_build_impl(pl_constructor *k, const pl_plan *plan, in
         return PL_ERANGE;
     }
     /* A plan may come from another process: check what the build indexes. */
-    if ((rc = pl__check_rows(plan, ri.dp_rank, mb, k->errmsg, sizeof k->errmsg)))
+    if ((rc = check_rows(plan, ri.dp_rank, mb, k->errmsg, sizeof k->errmsg)))
         return rc;
     for (int64_t row = 0; row < plan->micro_batch_size; row++) {
         int64_t q = plan->rank_sequences[(ri.dp_rank * plan->micro_batches_per_rank +
@@ -617,13 +671,14 @@ static int pl__constructor_build_impl(pl_constructor *k, const pl_plan *plan, in
     rc = pl__construct(&k->ctx, plan, ri.dp_rank, mb, buf);
     if (!rc) rc = pl__view_create(buf, ri.fields, out);
     pl__buf_release(buf); /* the view holds its own reference */
+    if (rc == PL_ENOMEM) pl__fmt(k->errmsg, sizeof k->errmsg, "constructor: out of memory");
     return rc;
 }
 
 /* ------------------------------------------------ per-thread messages */
 
 int pl_constructor_create(const pl_config *cfg, pl_constructor **out) {
-    int rc = pl__constructor_create_impl(cfg, out);
+    int rc = constructor_create_impl(cfg, out);
     if (rc < 0) pl__thread_err(*out ? pl_constructor_errmsg(*out) : "constructor: out of memory");
     return rc;
 }
@@ -631,14 +686,14 @@ int pl_constructor_create(const pl_config *cfg, pl_constructor **out) {
 int pl_constructor_build(pl_constructor *k, const pl_plan *plan, int64_t rank, int64_t micro_batch,
                          const int64_t *const *payloads, const int64_t *payload_lengths,
                          int64_t n_payloads, pl_batch **out) {
-    int rc = pl__constructor_build_impl(k, plan, rank, micro_batch, payloads, payload_lengths, n_payloads, out);
+    int rc = constructor_build_impl(k, plan, rank, micro_batch, payloads, payload_lengths, n_payloads, out);
     if (rc < 0) pl__thread_err(pl_constructor_errmsg(k));
     return rc;
 }
 
 int pl_plan_reads(const pl_plan *plan, int64_t dp_rank, int64_t mb, pl_read *out, int64_t cap,
                   int64_t *n) {
-    int rc = pl__plan_reads_impl(plan, dp_rank, mb, out, cap, n);
+    int rc = plan_reads_impl(plan, dp_rank, mb, out, cap, n);
     if (rc < 0) pl__thread_err("plan: bad plan, rank, micro-batch or capacity");
     return rc;
 }

@@ -26,15 +26,15 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int pl__grow_images(pl__batchbuf *buf, int64_t n, size_t bytes) {
+static int grow_images(pl__batchbuf *buf, int64_t n, size_t bytes) {
     pl_batch *b = &buf->b;
     if (n > buf->img_cap) {
         int64_t nc = buf->img_cap ? buf->img_cap : 8;
         while (nc < n) nc *= 2;
-        int64_t *g = realloc(b->image_grid_thw, (size_t)nc * 3 * sizeof *g);
+        int64_t *g = pl__realloc(b->image_grid_thw, (size_t)nc * 3 * sizeof *g);
         if (!g) return PL_ENOMEM;
         b->image_grid_thw = g;
-        int64_t *p = realloc(b->image_positions, (size_t)nc * 2 * sizeof *p);
+        int64_t *p = pl__realloc(b->image_positions, (size_t)nc * 2 * sizeof *p);
         if (!p) return PL_ENOMEM;
         b->image_positions = p;
         buf->img_cap = nc;
@@ -42,7 +42,7 @@ static int pl__grow_images(pl__batchbuf *buf, int64_t n, size_t bytes) {
     if (bytes > buf->pix_cap) {
         size_t nc = buf->pix_cap ? buf->pix_cap : (size_t)1 << 20;
         while (nc < bytes) nc *= 2;
-        uint8_t *px = realloc(b->pixel_values, nc);
+        uint8_t *px = pl__realloc(b->pixel_values, nc);
         if (!px) return PL_ENOMEM;
         b->pixel_values = px;
         buf->pix_cap = nc;
@@ -57,7 +57,7 @@ static int pl__grow_images(pl__batchbuf *buf, int64_t n, size_t bytes) {
  * process decide nothing but pixel values.  *rec NULL: the chunk holds no
  * image (caption only).
  */
-static int pl__package_image(pl__build_ctx *x, int64_t ordinal, const pl_chunk *c,
+static int package_image(pl__build_ctx *x, int64_t ordinal, const pl_chunk *c,
                              pl_image_info *in, const pl_payload_image **rec) {
     const pl__source_cfg *sc = &x->cfg->sources[c->source];
     *rec = NULL;
@@ -118,7 +118,7 @@ int pl__construct_images(pl__build_ctx *x, const pl_plan *plan, int64_t dp_rank,
             pl_image_info in;
             int rc;
             if (!x->sources && x->image_of) {
-                if ((rc = pl__package_image(x, ord, c, &in, &rec))) return rc;
+                if ((rc = package_image(x, ord, c, &in, &rec))) return rc;
                 if (!rec) continue;
             } else if (!x->sources) {
                 pl__fmt(x->err, x->errcap,
@@ -127,7 +127,7 @@ int pl__construct_images(pl__build_ctx *x, const pl_plan *plan, int64_t dp_rank,
                         "int64 payloads carry no pixels (use packages)",
                         cfg->sources[c->source].name);
                 return PL_EINVAL;
-            } else if ((rc = pl__wds_image_info(x->sources[c->source], c->index, &in, x->err,
+            } else if ((rc = pl__source_image_info(x->sources[c->source], c->index, &in, x->err,
                                                 x->errcap))) {
                 return rc;
             }
@@ -157,15 +157,16 @@ int pl__construct_images(pl__build_ctx *x, const pl_plan *plan, int64_t dp_rank,
                 return PL_EINVAL;
             }
             b->image_mode = (int32_t)in.mode;
-            if ((rc = pl__grow_images(buf, n + 1, used + in.bytes))) {
+            if ((rc = grow_images(buf, n + 1, used + in.bytes))) {
                 pl__fmt(x->err, x->errcap, "constructor: out of memory for images");
                 return rc;
             }
+            int blank = 0;
             if (rec)
-                memcpy(b->pixel_values + used, rec->data, in.bytes);
-            else if ((rc = pl__wds_read_image(x->sources[c->source], c->index,
-                                              b->pixel_values + used, in.bytes, NULL, x->err,
-                                              x->errcap)))
+                memcpy(b->pixel_values + used, rec->data, in.bytes), blank = rec->reserved;
+            else if ((rc = pl__source_read_image_or_blank(x->sources[c->source], c->index,
+                                                       b->pixel_values + used, in.bytes,
+                                                       &blank, x->err, x->errcap)))
                 return rc;
             used += in.bytes;
             b->image_grid_thw[3 * n] = in.grid_t;
@@ -179,8 +180,11 @@ int pl__construct_images(pl__build_ctx *x, const pl_plan *plan, int64_t dp_rank,
             b->image_height = in.out_height;
             b->image_width = in.out_width;
             b->patch_dim = in.patch_dim;
+            /* A blank image in place of one that did not decode (on_error: skip):
+               the sample stays (same batch layout) and none of it is learned. */
+            const int64_t mute = blank ? c->length : N - 1;
             /* Image placeholders predict nothing but the first caption token. */
-            for (int64_t t = 0; t + 1 < N; t++) {
+            for (int64_t t = 0; t < mute; t++) {
                 b->loss_mask[at + t] = 0.0f;
                 if (es == 8)
                     ((int64_t *)b->labels)[at + t] = -100;

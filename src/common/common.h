@@ -8,6 +8,7 @@
 #define POLYLOAD_COMMON_H
 
 #include "polyload/polyload.h"
+#include "polyload/polyload_experimental.h"
 
 #include <pthread.h>
 #include <stdarg.h>
@@ -15,7 +16,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define PL__ERRMSG_CAP 512
+#define PL__ERRMSG_CAP PL_ERRMSG_MAX
 
 /* A mutex for short critical sections that threads on other cores take at
  * a high rate (the pipeline's, the batch pool's): glibc's adaptive kind
@@ -43,14 +44,50 @@ void pl__vfmt(char *buf, size_t cap, const char *fmt, va_list ap);
 /* Record msg as the calling thread's last error (pl_last_errmsg). */
 void pl__thread_err(const char *msg);
 
-/* Allocation helpers that never abort: NULL on failure. */
+/*
+ * Allocation (alloc.c): every allocation of the library goes through these,
+ * which never abort (NULL on failure) and call one set of hooks, libc's
+ * unless a test installed others (pl__set_alloc_hooks).  A size of 0
+ * allocates 1 byte, so NULL always means failure.  Memory is released with
+ * free(), or pl__free.
+ */
+typedef struct pl__alloc_hooks {
+    void *(*malloc_fn)(size_t n);
+    void *(*calloc_fn)(size_t n, size_t size);
+    void *(*realloc_fn)(void *p, size_t n);
+} pl__alloc_hooks;
+/* Install hooks that wrap libc's allocator (they must hand out memory that
+ * free() releases), e.g. to count allocations and fail the n-th one
+ * (tests/c/test_oom.c); NULL, or a set with a NULL member, puts libc's back.
+ * For tests: call it while no other call into the library runs. */
+void pl__set_alloc_hooks(const pl__alloc_hooks *h);
+void *pl__malloc(size_t n);
 void *pl__calloc(size_t n, size_t size);
+void *pl__realloc(void *p, size_t n);
+/* n * size bytes, NULL when the product overflows. */
 void *pl__realloc_array(void *p, size_t n, size_t size);
 char *pl__strdup(const char *s);
+/* At most n bytes of s, NUL-terminated. */
+char *pl__strndup(const char *s, size_t n);
+void pl__free(void *p);
 
 /* Read a whole file into a malloc'd buffer.  PL_OK, PL_ENOENT, PL_EIO (errno
  * in *err_no) or PL_ENOMEM. */
 int pl__read_file(const char *path, void **data, size_t *len, int *err_no);
+
+/* CPUs and `threads: auto` (common/cpus.c).  pl__cpu_max_parse: the CPUs
+ * of a cgroup v2 `cpu.max` line ("QUOTA PERIOD": ceil(QUOTA / PERIOD), at
+ * least 1; "max PERIOD" or unreadable: 0, no quota).  pl__cpus_from: the
+ * CPUs of an affinity mask of `affinity` CPUs under a quota of quota_cpus
+ * (0: none), at least 1.  pl__threads_auto: cpus less `reserve` (the
+ * threads that need a CPU of their own), at least 1. */
+int pl__cpu_max_parse(const char *line);
+int pl__cpus_from(int affinity, int quota_cpus);
+int pl__threads_auto(int cpus, int reserve);
+/* Lower the calling thread's priority (Linux nice PL__YIELD_NICE): a thread
+ * past the CPUs then runs on what the others leave idle. */
+#define PL__YIELD_NICE 10
+void pl__thread_yield_priority(void);
 
 /* 64-bit hash of bytes with a seed (xxHash XXH3). */
 uint64_t pl__hash64(const void *data, size_t len, uint64_t seed);

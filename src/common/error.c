@@ -1,7 +1,8 @@
 /*
  * error.c -- status codes, their names and descriptions (generated from
  * PL_STATUS_MAP), version numbers, and small helpers every module uses:
- * bounded formatting, allocation that reports failure, hashing and CRC.
+ * bounded formatting, the thread's last message, hashing, CRC and reading a
+ * file (allocation: alloc.c).
  */
 #include "common/common.h"
 
@@ -87,37 +88,19 @@ void pl__vfmt(char *buf, size_t cap, const char *fmt, va_list ap) {
 }
 
 /* The calling thread's last error message (pl_last_errmsg). */
-static _Thread_local char pl__tls_err[PL__ERRMSG_CAP];
+static _Thread_local char tls_err[PL__ERRMSG_CAP];
 
 void pl__thread_err(const char *msg) {
-    if (msg != pl__tls_err) pl__fmt(pl__tls_err, sizeof pl__tls_err, "%s", msg ? msg : "");
+    if (msg != tls_err) pl__fmt(tls_err, sizeof tls_err, "%s", msg ? msg : "");
 }
 
-const char *pl_last_errmsg(void) { return pl__tls_err; }
+const char *pl_last_errmsg(void) { return tls_err; }
 
 void pl__fmt(char *buf, size_t cap, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     pl__vfmt(buf, cap, fmt, ap);
     va_end(ap);
-}
-
-void *pl__calloc(size_t n, size_t size) {
-    if (n == 0 || size == 0) return calloc(1, 1);
-    return calloc(n, size);
-}
-
-void *pl__realloc_array(void *p, size_t n, size_t size) {
-    if (size != 0 && n > SIZE_MAX / size) return NULL;
-    return realloc(p, (n != 0 && size != 0) ? n * size : 1);
-}
-
-char *pl__strdup(const char *s) {
-    if (!s) return NULL;
-    size_t n = strlen(s) + 1;
-    char *d = malloc(n);
-    if (d) memcpy(d, s, n);
-    return d;
 }
 
 uint64_t pl__hash64(const void *data, size_t len, uint64_t seed) {
@@ -147,11 +130,11 @@ int pl__read_file(const char *path, void **data, size_t *len, int *err_no) {
         return errno == ENOENT ? PL_ENOENT : PL_EIO;
     }
     size_t cap = 1 << 16, n = 0;
-    unsigned char *buf = malloc(cap);
+    unsigned char *buf = pl__malloc(cap);
     int rc = buf ? PL_OK : PL_ENOMEM;
     while (!rc) {
         if (n == cap) {
-            unsigned char *nb = realloc(buf, cap * 2);
+            unsigned char *nb = pl__realloc(buf, cap * 2);
             if (!nb) {
                 rc = PL_ENOMEM;
                 break;

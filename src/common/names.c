@@ -25,7 +25,7 @@ void pl__names_free(pl__names *x) {
 }
 
 /* The slot of (s, n): an equal entry's, or the empty one where it goes. */
-static pl__name_slot *pl__names_find(const pl__names *x, const char *s,
+static pl__name_slot *names_find(const pl__names *x, const char *s,
                                      size_t n) {
     uint64_t h = pl__hash64(s, n, 0x6e616d6573ULL), i = h & x->mask;
     for (;;) {
@@ -40,13 +40,13 @@ static pl__name_slot *pl__names_find(const pl__names *x, const char *s,
 
 int64_t pl__names_get(const pl__names *x, const char *s, size_t n) {
     if (!x->slot) return -1;
-    const pl__name_slot *e = pl__names_find(x, s, n);
+    const pl__name_slot *e = names_find(x, s, n);
     return e->s ? e->value : -1;
 }
 
 int64_t pl__names_put(pl__names *x, const char *s, size_t n, int64_t value) {
     if (x->used + 1 > (x->mask + 1) / 2) return -2; /* beyond the capacity */
-    pl__name_slot *e = pl__names_find(x, s, n);
+    pl__name_slot *e = names_find(x, s, n);
     if (e->s) return e->value;
     e->s = s;
     e->n = n;

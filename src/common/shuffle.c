@@ -16,7 +16,7 @@
 #include <string.h>
 
 /* The 64-bit finalizer of MurmurHash3 (Appleby), used as the round function. */
-static inline uint64_t pl__mix64(uint64_t x) {
+static inline uint64_t mix64(uint64_t x) {
     x ^= x >> 33;
     x *= 0xff51afd7ed558ccdULL;
     x ^= x >> 33;
@@ -42,12 +42,12 @@ void pl__perm_init(pl__perm *p, uint64_t n, uint64_t seed, const char *name,
     }
 }
 
-static inline uint64_t pl__feistel(const pl__perm *p, uint64_t x) {
+static inline uint64_t feistel(const pl__perm *p, uint64_t x) {
     uint64_t h = p->half_bits, m = p->mask;
     uint64_t l = (x >> h) & m, r = x & m;
     for (int i = 0; i < 4; i++) {
         uint64_t nl = r;
-        r = l ^ (pl__mix64(r ^ p->keys[i]) & m);
+        r = l ^ (mix64(r ^ p->keys[i]) & m);
         l = nl;
     }
     return (l << h) | r;
@@ -55,7 +55,7 @@ static inline uint64_t pl__feistel(const pl__perm *p, uint64_t x) {
 
 uint64_t pl__perm_apply(const pl__perm *p, uint64_t i) {
     if (p->n <= 1) return i;
-    uint64_t x = pl__feistel(p, i);
-    while (x >= p->n) x = pl__feistel(p, x);
+    uint64_t x = feistel(p, i);
+    while (x >= p->n) x = feistel(p, x);
     return x;
 }

@@ -1,11 +1,14 @@
 /*
- * config.h -- the config object (config.c), its validation, splits and the
- * topology order (topology.c).  Depends on common/ only.
+ * config.h -- the config object (config.c), its key table (keys.h, keys.c),
+ * the YAML walk (yaml.c), validation and defaults (validate.c), the
+ * mixture's weights over steps (schedule.c), train/valid/test splits
+ * (split.c) and the topology order (topology.c).  Depends on common/ only.
  */
 #ifndef POLYLOAD_CONFIG_H
 #define POLYLOAD_CONFIG_H
 
 #include "common/common.h"
+#include "config/keys.h"
 
 /* ------------------------------------------------------------ config */
 /* The most micro-batches a run may count (per rank, at any dp): steps times
@@ -19,7 +22,8 @@
 
 enum { PL__LONGDOC_SPLIT = 0, PL__LONGDOC_TRUNCATE = 1 };
 enum { PL__PACK_BEST_FIT = 0, PL__PACK_CONCAT_CHUNK = 1 };
-enum { PL__BALANCE_NONE = 0, PL__BALANCE_GREEDY = 1, PL__BALANCE_KK = 2 };
+enum { PL__BALANCE_NONE = 0, PL__BALANCE_GREEDY = 1, PL__BALANCE_KK = 2,
+       PL__BALANCE_VLEN = 3 };
 enum { PL__ONERR_FAIL = 0, PL__ONERR_SKIP = 1 };
 enum { PL__INTERP_LINEAR = 0, PL__INTERP_STEP = 1 };
 
@@ -31,8 +35,9 @@ typedef struct pl__tok_cfg {
     char *path;     /* malloc'd; NULL for bytes */
     char *pat_str;  /* tiktoken: the pre-tokenizer regex, or NULL (malloc'd) */
     char *encoding; /* tiktoken: a published encoding's name, or NULL (malloc'd) */
+    char *backend;  /* hf: the library that encodes (`backend`), NULL: auto (malloc'd) */
     int add_eos;    /* default 1 */
-    int threads;    /* tokenizer threads of the source; default 1 */
+    int threads;    /* tokenizer threads of the source; 0: auto (default) */
     int line;
 } pl__tok_cfg;
 /* Deep copy (dst's strings are overwritten, not freed) and release. */
@@ -47,6 +52,7 @@ void pl__tok_cfg_free(pl__tok_cfg *t);
  * none). */
 typedef struct pl__source_ext {
     pl_image_options image; /* webdataset: image, caption (config keys) */
+    int verify_images;      /* webdataset: image.verify */
     /* jsonl/text */
     char *text_key;       /* malloc'd; NULL = "text" */
     char *prompt_key;     /* malloc'd; instruction data when set (with */
@@ -98,6 +104,8 @@ struct pl_config {
     int long_documents;
     int packing;
     int balance;
+    int64_t max_tokens;     /* balance: variable_length: tokens of a row; 0: auto */
+    int64_t balance_window; /* steps planned together (1: each step alone) */
     struct {
         char preset[32];
         double a, b, c;
@@ -115,9 +123,10 @@ struct pl_config {
         int64_t dp, pp, cp, tp;
         char order[64];
         int dp_auto; /* topology.dp: auto, until pl_config_set_world_size */
+        int line;    /* of the `topology` key (0: not written) */
     } topology;
     int64_t vocab_size; /* 0: unknown */
-    int threads;
+    int threads;        /* builder threads; 0: auto (default) */
     int prefetch;
     int64_t max_lag_steps; /* lag policy of the pipeline */
     int sidecar_index;     /* PL_INDEX_* policy of llmc/flat sources */
@@ -176,10 +185,43 @@ void pl__config_weights(const pl_config *cfg, int64_t step, double *w);
 /* Open source i of cfg (options from the config). *out as pl_source_open. */
 int pl__config_open_source(const pl_config *cfg, int64_t i, pl_source **out);
 
-/* Raw text sources: lengths come from tokenizing (jsonl, text, parquet). */
+/* Raw text sources: lengths come from tokenizing (raw_text in
+ * PL_SOURCE_TYPE_MAP: jsonl, text, parquet). */
 static inline int pl__is_text_type(pl_source_type t) {
-    return t == PL_SOURCE_JSONL || t == PL_SOURCE_TEXT || t == PL_SOURCE_PARQUET;
+    switch (t) {
+#define PL__RAW(code, name, raw, index, doc) \
+    case code: return raw;
+        PL_SOURCE_TYPE_MAP(PL__RAW)
+#undef PL__RAW
+    }
+    return 0;
 }
+
+/* ------------------------------------------------------------ shared by config/ */
+/* Set cfg's message ("origin:line: ..." for line > 0, "origin: ..." for 0,
+ * the bare message for line < 0) and return code. */
+__attribute__((format(printf, 4, 5))) int
+pl__cfg_err(pl_config *cfg, int code, int line, const char *fmt, ...);
+/* Append a warning (formatted as pl__cfg_err's messages); PL_ENOMEM when it
+ * cannot be stored. */
+__attribute__((format(printf, 3, 4))) int
+pl__cfg_warn(pl_config *cfg, int line, const char *fmt, ...);
+
+/* Lines of keys that cross-key validation reports (0 when absent, -1 from
+ * pl_config_set). */
+typedef struct pl__vlines {
+    int seq_length, global_batch_size, order, cost, sources;
+} pl__vlines;
+/* A new config with every default (NULL: no memory); origin NULL: "<string>". */
+pl_config *pl__config_new(const char *origin);
+/* The checks that involve several keys, after a parse and every
+ * pl_config_set (validate.c). */
+int pl__config_validate(pl_config *cfg, const pl__vlines *ln);
+/* The sum of the sources' raw weights. */
+double pl__source_weight_sum(const pl_config *cfg);
+/* "969,30,1" into out[3], normalized fractions of train, valid, test. */
+int pl__split_parse(pl_config *cfg, const char *key, const pl__sval *v,
+                    double *out);
 
 /* ------------------------------------------------------------ topology */
 /*
@@ -192,5 +234,22 @@ static inline int pl__is_text_type(pl_source_type t) {
 enum { PL__AXIS_TP = 0, PL__AXIS_CP, PL__AXIS_EP, PL__AXIS_DP, PL__AXIS_PP };
 int pl__topology_parse_order(const char *order, int *axes, int *n_axes,
                              char *err, size_t errcap);
+
+/* The rows of a micro-batch and their length in tokens: micro_batch_size
+ * rows of seq_length tokens, or under balance: variable_length one packed
+ * row of max_tokens tokens. */
+static inline int64_t pl__mb_rows(const pl_config *c) {
+    return c->balance == PL__BALANCE_VLEN ? 1 : c->micro_batch_size;
+}
+static inline int64_t pl__vlen_max_tokens(const pl_config *c) {
+    if (c->max_tokens > 0) return c->max_tokens;
+    /* auto: a quarter more than micro_batch_size sequences, CP-aligned */
+    int64_t t = c->micro_batch_size * c->seq_length, al = 2 * c->topology.cp;
+    t += t / 4;
+    return c->topology.cp > 1 ? (t + al - 1) / al * al : t;
+}
+static inline int64_t pl__row_tokens(const pl_config *c) {
+    return c->balance == PL__BALANCE_VLEN ? pl__vlen_max_tokens(c) : c->seq_length;
+}
 
 #endif

@@ -1,6 +1,12 @@
 /*
  * balance.c -- cost-aware arrangement of a step across DP ranks and
- * micro-batches (balance: greedy | karmarkar_karp).
+ * micro-batches (balance: greedy | karmarkar_karp | variable_length).
+ *
+ * The balancer returns an arrangement (the chunks' sequences and the slots
+ * of the sequences); pack.c builds the plan from it once.  variable_length
+ * is described at balance_vlen below: it deals chunks, not sequences,
+ * so ranks carry unequal token counts.  What follows is greedy and
+ * karmarkar_karp.
  *
  * Balancing changes where a step's member chunks go, never which chunks are
  * members (SPEC section 1): every DP rank keeps exactly global_batch_size/dp
@@ -48,7 +54,7 @@ typedef struct pl__ci {
     int64_t i;
 } pl__ci;
 
-static int pl__cmp_ci_desc(const void *a, const void *b) {
+static int cmp_ci_desc(const void *a, const void *b) {
     const pl__ci *x = a, *y = b;
     if (x->w != y->w) return x->w > y->w ? -1 : 1;
     return x->i < y->i ? -1 : (x->i > y->i);
@@ -59,9 +65,9 @@ static int pl__cmp_ci_desc(const void *a, const void *b) {
  * step of a few micro-batches has (32 sequences, groups of 4..8), an
  * insertion sort with the comparison inlined; qsort's call per comparison
  * was 5 % of such a step's planning. */
-static void pl__sort_ci_desc(pl__ci *v, int64_t n) {
+static void sort_ci_desc(pl__ci *v, int64_t n) {
     if (n > 32) {
-        qsort(v, (size_t)n, sizeof *v, pl__cmp_ci_desc);
+        qsort(v, (size_t)n, sizeof *v, cmp_ci_desc);
         return;
     }
     for (int64_t j = 1; j < n; j++) {
@@ -82,12 +88,12 @@ typedef struct pl__heap {
     int64_t n;
 } pl__heap;
 
-static int pl__heap_less(const pl__heap *h, int64_t a, int64_t b) {
+static int heap_less(const pl__heap *h, int64_t a, int64_t b) {
     if (h->key[a] != h->key[b]) return h->key[a] < h->key[b];
     return h->id[a] < h->id[b];
 }
 
-static void pl__heap_swap(pl__heap *h, int64_t a, int64_t b) {
+static void heap_swap(pl__heap *h, int64_t a, int64_t b) {
     double k = h->key[a];
     int64_t i = h->id[a];
     h->key[a] = h->key[b];
@@ -96,19 +102,19 @@ static void pl__heap_swap(pl__heap *h, int64_t a, int64_t b) {
     h->id[b] = i;
 }
 
-static void pl__heap_push(pl__heap *h, double key, int64_t id) {
+static void heap_push(pl__heap *h, double key, int64_t id) {
     int64_t c = h->n++;
     h->key[c] = key;
     h->id[c] = id;
     while (c > 0) {
         int64_t p = (c - 1) / 2;
-        if (!pl__heap_less(h, c, p)) break;
-        pl__heap_swap(h, c, p);
+        if (!heap_less(h, c, p)) break;
+        heap_swap(h, c, p);
         c = p;
     }
 }
 
-static void pl__heap_pop(pl__heap *h, double *key, int64_t *id) {
+static void heap_pop(pl__heap *h, double *key, int64_t *id) {
     *key = h->key[0];
     *id = h->id[0];
     h->n--;
@@ -117,10 +123,10 @@ static void pl__heap_pop(pl__heap *h, double *key, int64_t *id) {
     int64_t c = 0;
     for (;;) {
         int64_t l = 2 * c + 1, r = l + 1, m = c;
-        if (l < h->n && pl__heap_less(h, l, m)) m = l;
-        if (r < h->n && pl__heap_less(h, r, m)) m = r;
+        if (l < h->n && heap_less(h, l, m)) m = l;
+        if (r < h->n && heap_less(h, r, m)) m = r;
         if (m == c) break;
-        pl__heap_swap(h, c, m);
+        heap_swap(h, c, m);
         c = m;
     }
 }
@@ -132,7 +138,7 @@ static void pl__heap_pop(pl__heap *h, double *key, int64_t *id) {
  * (k divides n), minimizing the largest group sum.  group[i] receives the
  * group of item i.  method: PL__BALANCE_GREEDY or PL__BALANCE_KK.
  */
-static int pl__partition_equal(const double *w, int64_t n, int64_t k,
+static int partition_equal(const double *w, int64_t n, int64_t k,
                                int method, int64_t *group) {
     if (k <= 1) {
         for (int64_t i = 0; i < n; i++) group[i] = 0;
@@ -142,7 +148,7 @@ static int pl__partition_equal(const double *w, int64_t n, int64_t k,
     pl__ci *order = pl__calloc((size_t)n, sizeof *order);
     if (!order) return PL_ENOMEM;
     for (int64_t i = 0; i < n; i++) order[i] = (pl__ci){w[i], i};
-    pl__sort_ci_desc(order, n);
+    sort_ci_desc(order, n);
     int rc = PL_OK;
     if (method == PL__BALANCE_GREEDY || per == 1) {
         /* LPT: each item to the lightest group that is not full. */
@@ -152,13 +158,13 @@ static int pl__partition_equal(const double *w, int64_t n, int64_t k,
         if (!h.key || !h.id || !count) {
             rc = PL_ENOMEM;
         } else {
-            for (int64_t g = 0; g < k; g++) pl__heap_push(&h, 0, g);
+            for (int64_t g = 0; g < k; g++) heap_push(&h, 0, g);
             for (int64_t j = 0; j < n; j++) {
                 double s;
                 int64_t g;
-                pl__heap_pop(&h, &s, &g);
+                heap_pop(&h, &s, &g);
                 group[order[j].i] = g;
-                if (++count[g] < per) pl__heap_push(&h, s + order[j].w, g);
+                if (++count[g] < per) heap_push(&h, s + order[j].w, g);
             }
         }
         free(h.key);
@@ -201,19 +207,19 @@ static int pl__partition_equal(const double *w, int64_t n, int64_t k,
         }
         mx = sum[j * k];
         mn = sum[j * k + k - 1];
-        pl__heap_push(&h, -(mx - mn), j); /* min-heap on -spread */
+        heap_push(&h, -(mx - mn), j); /* min-heap on -spread */
     }
     while (h.n > 1) {
         double ka, kb;
         int64_t a, b;
-        pl__heap_pop(&h, &ka, &a);
-        pl__heap_pop(&h, &kb, &b);
+        heap_pop(&h, &ka, &a);
+        heap_pop(&h, &kb, &b);
         for (int64_t t = 0; t < k; t++) {
             tmp_a[t] = (pl__ci){sum[a * k + t], t};
             tmp_b[t] = (pl__ci){sum[b * k + t], t};
         }
-        pl__sort_ci_desc(tmp_a, k); /* heavy first */
-        pl__sort_ci_desc(tmp_b, k);
+        sort_ci_desc(tmp_a, k); /* heavy first */
+        sort_ci_desc(tmp_b, k);
         for (int64_t t = 0; t < k; t++) {
             int64_t sa = a * k + tmp_a[t].i, sb = b * k + tmp_b[k - 1 - t].i;
             nsum[t] = sum[sa] + sum[sb];
@@ -229,12 +235,12 @@ static int pl__partition_equal(const double *w, int64_t n, int64_t k,
             if (nsum[t] > mx) mx = nsum[t];
             if (nsum[t] < mn) mn = nsum[t];
         }
-        pl__heap_push(&h, -(mx - mn), a);
+        heap_push(&h, -(mx - mn), a);
     }
     {
         double kr;
         int64_t r;
-        pl__heap_pop(&h, &kr, &r);
+        heap_pop(&h, &kr, &r);
         for (int64_t t = 0; t < k; t++)
             for (int64_t it = head[r * k + t]; it >= 0; it = next[it]) group[it] = t;
     }
@@ -257,7 +263,7 @@ out:
 /* ------------------------------------------------------------ costs */
 
 /* Cost of every bin (sequence) under a bin assignment. */
-static void pl__bin_costs(const pl_planner *p, const pl_chunk *placed,
+static void bin_costs(const pl_planner *p, const pl_chunk *placed,
                           int64_t n, const int32_t *bin_of, int64_t G,
                           double *tok, double *attn, double *cost) {
     const pl_config *c = p->cfg;
@@ -276,7 +282,7 @@ static void pl__bin_costs(const pl_planner *p, const pl_chunk *placed,
  * sequences into micro-batches and write the arrangement.  Returns the
  * largest rank cost in *max_rank and the largest micro-batch cost in *max_mb.
  */
-static int pl__arrange(const pl_planner *p, const double *cost,
+static int arrange(const pl_planner *p, int method, const double *cost,
                        const int64_t *rank_of, int64_t *arrangement,
                        double *max_rank, double *max_mb) {
     const pl_config *c = p->cfg;
@@ -306,7 +312,7 @@ static int pl__arrange(const pl_planner *p, const double *cost,
             rc_sum += w[j];
         }
         if (rc_sum > *max_rank) *max_rank = rc_sum;
-        if ((rc = pl__partition_equal(w, per, nmb, c->balance, grp))) goto out;
+        if ((rc = partition_equal(w, per, nmb, method, grp))) goto out;
         for (int64_t g = 0; g < nmb; g++) {
             slot[g] = 0;
             mbcost[g] = 0;
@@ -351,7 +357,7 @@ typedef struct pl__rtree {
     int64_t *room;  /* [2 * size] most free space of one sequence */
 } pl__rtree;
 
-static void pl__rtree_set(pl__rtree *t, int64_t r, double load, int64_t room) {
+static void rtree_set(pl__rtree *t, int64_t r, double load, int64_t room) {
     int64_t i = t->size + r;
     t->load[i] = room > 0 ? load : HUGE_VAL;
     t->room[i] = room;
@@ -365,7 +371,7 @@ static void pl__rtree_set(pl__rtree *t, int64_t r, double load, int64_t room) {
 
 /* The least loaded leaf with room >= need under node i, into best and
  * best_load. */
-static void pl__rtree_find(const pl__rtree *t, int64_t i, int64_t need,
+static void rtree_find(const pl__rtree *t, int64_t i, int64_t need,
                            int64_t *best, double *best_load) {
     if (t->room[i] < need) return;
     if (*best >= 0 && !(t->load[i] < *best_load)) return;
@@ -374,12 +380,12 @@ static void pl__rtree_find(const pl__rtree *t, int64_t i, int64_t need,
         *best_load = t->load[i];
         return;
     }
-    pl__rtree_find(t, 2 * i, need, best, best_load);
-    pl__rtree_find(t, 2 * i + 1, need, best, best_load);
+    rtree_find(t, 2 * i, need, best, best_load);
+    rtree_find(t, 2 * i + 1, need, best, best_load);
 }
 
 /* Chunk order for B: decreasing cost, ties by index. */
-static int pl__regroup_order(const pl_planner *p, const pl_chunk *placed,
+static int regroup_order(const pl_planner *p, const pl_chunk *placed,
                              int64_t n, pl__ci *order) {
     const pl_config *c = p->cfg;
     const int64_t maxlen = p->max_chunk;
@@ -393,7 +399,7 @@ static int pl__regroup_order(const pl_planner *p, const pl_chunk *placed,
             order[i] = (pl__ci){pl__chunk_cost(c, placed[i].length) - c->cost.c +
                                     pl__chunk_encoder_cost(p, &placed[i]),
                                 i};
-        pl__sort_ci_desc(order, n);
+        sort_ci_desc(order, n);
         return PL_OK;
     }
     /* Cost strictly increases with length: a stable counting sort by
@@ -412,25 +418,29 @@ static int pl__regroup_order(const pl_planner *p, const pl_chunk *placed,
     return PL_OK;
 }
 
-static int pl__regroup(const pl_planner *p, const pl_chunk *placed, int64_t n,
-                       double cap, int32_t *bin_of) {
+static int b_regroup(const pl_planner *p, const pl_chunk *placed, int64_t n,
+                       int64_t G, int64_t per, int64_t S, double cap,
+                       int least_cost, int32_t *bin_of) {
     const pl_config *c = p->cfg;
-    const int64_t G = c->global_batch_size, dp = c->topology.dp, S = c->seq_length;
-    const int64_t per = G / dp, thr = c->long_short_threshold;
+    /* variable_length rows hold micro_batch_size sequences' tokens: long_short
+       decides the packing (membership) but not the dealing. */
+    const int64_t dp = G / per, thr = least_cost ? 0 : c->long_short_threshold;
     int64_t size = 1;
     while (size < dp) size *= 2;
     pl__ci *order = pl__calloc((size_t)(n ? n : 1), sizeof *order);
     int64_t *space = pl__calloc((size_t)G, sizeof *space);
     double *load = pl__calloc((size_t)dp, sizeof *load);
     int64_t *hist = pl__calloc((size_t)S + 1, sizeof *hist);
+    double *bcost = least_cost ? pl__calloc((size_t)G, sizeof *bcost) : NULL;
     pl__rtree t = {size, pl__calloc((size_t)(2 * size), sizeof(double)),
                    pl__calloc((size_t)(2 * size), sizeof(int64_t))};
     int rc = 1;
-    if (!order || !space || !load || !hist || !t.load || !t.room) {
+    if (!order || !space || !load || !hist || !t.load || !t.room ||
+        (least_cost && !bcost)) {
         rc = PL_ENOMEM;
         goto out;
     }
-    if ((rc = pl__regroup_order(p, placed, n, order))) goto out;
+    if ((rc = regroup_order(p, placed, n, order))) goto out;
     rc = 1;
     for (int64_t b = 0; b < G; b++) space[b] = S;
     hist[S] = G;
@@ -439,7 +449,7 @@ static int pl__regroup(const pl_planner *p, const pl_chunk *placed, int64_t n,
         t.load[i] = HUGE_VAL;
         t.room[i] = -1;
     }
-    for (int64_t r = 0; r < dp; r++) pl__rtree_set(&t, r, 0, S);
+    for (int64_t r = 0; r < dp; r++) rtree_set(&t, r, 0, S);
     for (int64_t j = 0; j < n; j++) {
         const pl_chunk *ch = &placed[order[j].i];
         int64_t len = pl__padded(p, ch->length);
@@ -452,7 +462,7 @@ static int pl__regroup(const pl_planner *p, const pl_chunk *placed, int64_t n,
         }
         int64_t r = -1;
         double best_load = 0;
-        pl__rtree_find(&t, 1, need, &r, &best_load);
+        rtree_find(&t, 1, need, &r, &best_load);
         if (r < 0) {
             rc = 0;
             break;
@@ -461,10 +471,14 @@ static int pl__regroup(const pl_planner *p, const pl_chunk *placed, int64_t n,
         for (int64_t q = 0; q < per; q++) {
             int64_t sp = space[r * per + q];
             if (is_long ? sp == S : sp >= len) {
-                if (best < 0 || sp < space[r * per + best]) best = q;
+                if (best < 0 ||
+                    (least_cost ? bcost[r * per + q] < bcost[r * per + best]
+                                : sp < space[r * per + best]))
+                    best = q;
             }
         }
         const int64_t found = r * per + best;
+        if (least_cost) bcost[found] += order[j].w;
         hist[space[found]]--;
         space[found] = is_long ? 0 : space[found] - len;
         hist[space[found]]++;
@@ -475,7 +489,7 @@ static int pl__regroup(const pl_planner *p, const pl_chunk *placed, int64_t n,
             rc = 0;
             break;
         }
-        pl__rtree_set(&t, r, load[r], room);
+        rtree_set(&t, r, load[r], room);
         bin_of[order[j].i] = (int32_t)found;
     }
 out:
@@ -483,32 +497,37 @@ out:
     free(space);
     free(load);
     free(hist);
+    free(bcost);
     free(t.load);
     free(t.room);
     return rc;
 }
 
-int pl__balance(pl_planner *p, const pl_chunk *placed, int64_t n,
-                const int32_t *bin_of, pl_plan **out) {
+/* The packed step's arrangement by balance greedy or karmarkar_karp: A or B
+ * above.  bin_of is replaced by B's bins when B is kept. */
+static int balance_packed(pl_planner *p, const pl_chunk *placed, int64_t n,
+                              int32_t *bin_of, int64_t *arrangement) {
     const pl_config *c = p->cfg;
     const int64_t G = c->global_batch_size, dp = c->topology.dp, per = G / dp;
+    /* variable_length falls back on karmarkar_karp's arrangement. */
+    const int method = c->balance == PL__BALANCE_GREEDY ? PL__BALANCE_GREEDY : PL__BALANCE_KK;
     double *tok = pl__calloc((size_t)G, sizeof *tok);
     double *attn = pl__calloc((size_t)G, sizeof *attn);
     double *cost = pl__calloc((size_t)G, sizeof *cost);
     int64_t *rank_of = pl__calloc((size_t)G, sizeof *rank_of);
-    int64_t *arr_a = pl__calloc((size_t)G, sizeof *arr_a);
     int64_t *arr_b = pl__calloc((size_t)G, sizeof *arr_b);
     int32_t *bin_b = pl__calloc((size_t)(n ? n : 1), sizeof *bin_b);
     int rc = PL_OK;
-    if (!tok || !attn || !cost || !rank_of || !arr_a || !arr_b || !bin_b) {
+    if (!tok || !attn || !cost || !rank_of || !arr_b || !bin_b) {
         rc = PL_ENOMEM;
         goto out;
     }
     /* A: pack-then-balance. */
     double max_a, mb_a, max_b = 0, mb_b = 0;
-    pl__bin_costs(p, placed, n, bin_of, G, tok, attn, cost);
-    if ((rc = pl__partition_equal(cost, G, dp, c->balance, rank_of))) goto out;
-    if ((rc = pl__arrange(p, cost, rank_of, arr_a, &max_a, &mb_a))) goto out;
+    bin_costs(p, placed, n, bin_of, G, tok, attn, cost);
+    if ((rc = partition_equal(cost, G, dp, method, rank_of))) goto out;
+    if ((rc = arrange(p, method, cost, rank_of, arrangement, &max_a, &mb_a)))
+        goto out;
     /* The lower bound of pl_plan (pack.c computes the same). */
     double total = 0, worst = 0;
     for (int64_t q = 0; q < G; q++) total += cost[q];
@@ -523,27 +542,82 @@ int pl__balance(pl_planner *p, const pl_chunk *placed, int64_t n,
      * so its cap is A's largest without it. */
     int ok = 0;
     if (max_a > lb * (1 + PL__GOOD_ENOUGH))
-        ok = pl__regroup(p, placed, n, max_a - (double)per * c->cost.c, bin_b);
+        ok = b_regroup(p, placed, n, G, per, c->seq_length,
+                         max_a - (double)per * c->cost.c, 0, bin_b);
     if (ok < 0) {
         rc = ok;
         goto out;
     }
     if (ok) {
-        pl__bin_costs(p, placed, n, bin_b, G, tok, attn, cost);
+        bin_costs(p, placed, n, bin_b, G, tok, attn, cost);
         for (int64_t q = 0; q < G; q++) rank_of[q] = q / per;
-        if ((rc = pl__arrange(p, cost, rank_of, arr_b, &max_b, &mb_b))) goto out;
+        if ((rc = arrange(p, method, cost, rank_of, arr_b, &max_b, &mb_b))) goto out;
     }
-    if (ok && (max_b < max_a || (max_b == max_a && mb_b < mb_a)))
-        rc = pl__make_plan(p, placed, n, bin_b, arr_b, out);
-    else
-        rc = pl__make_plan(p, placed, n, bin_of, arr_a, out);
+    if (ok && (max_b < max_a || (max_b == max_a && mb_b < mb_a))) {
+        memcpy(bin_of, bin_b, (size_t)n * sizeof *bin_of);
+        memcpy(arrangement, arr_b, (size_t)G * sizeof *arrangement);
+    }
 out:
     free(tok);
     free(attn);
     free(cost);
     free(rank_of);
-    free(arr_a);
     free(arr_b);
     free(bin_b);
     return rc;
+}
+
+/*
+ * balance: variable_length.  The step's chunks (the packing's, unchanged)
+ * are dealt to dp * nmb micro-batch rows of max_tokens tokens, nmb per rank:
+ * most costly first, to the least loaded rank that has a row with room, and
+ * in it to the row of least cost with room (so that pipeline stages see even
+ * micro-batches).  Ranks end with unequal token counts and near-equal costs.
+ * The per-row constant c is the same on every rank (nmb rows each), so the
+ * dealing ignores it.  When some chunk fits in no row (max_tokens close to
+ * micro_batch_size * seq_length) the step falls back on karmarkar_karp's
+ * arrangement of the packed sequences, micro_batch_size of them per row.
+ */
+static int balance_vlen(pl_planner *p, const pl_chunk *placed, int64_t n,
+                            int32_t *bin_of, int64_t *arrangement) {
+    const pl_config *c = p->cfg;
+    const int64_t G = c->global_batch_size, dp = c->topology.dp;
+    const int64_t mbs = c->micro_batch_size, nmb = G / (dp * mbs), R = dp * nmb;
+    const int64_t M = pl__row_tokens(c);
+    int32_t *row_of = pl__calloc((size_t)(n ? n : 1), sizeof *row_of);
+    if (!row_of) return PL_ENOMEM;
+    int ok = b_regroup(p, placed, n, R, nmb, M, HUGE_VAL, 1, row_of);
+    if (ok < 0) {
+        free(row_of);
+        return ok;
+    }
+    if (ok) {
+        memcpy(bin_of, row_of, (size_t)n * sizeof *bin_of);
+    } else { /* karmarkar_karp's sequences, mbs to a row */
+        int64_t *arr = pl__calloc((size_t)G, sizeof *arr);
+        int32_t *row_of_seq = pl__calloc((size_t)G, sizeof *row_of_seq);
+        int rc = arr && row_of_seq ? balance_packed(p, placed, n, bin_of, arr)
+                                   : PL_ENOMEM;
+        if (rc == PL_OK) {
+            for (int64_t slot = 0; slot < G; slot++)
+                row_of_seq[arr[slot]] = (int32_t)(slot / mbs);
+            for (int64_t i = 0; i < n; i++) bin_of[i] = row_of_seq[bin_of[i]];
+        }
+        free(arr);
+        free(row_of_seq);
+        if (rc) {
+            free(row_of);
+            return rc;
+        }
+    }
+    for (int64_t q = 0; q < R; q++) arrangement[q] = q;
+    free(row_of);
+    return PL_OK;
+}
+
+int pl__balance(pl_planner *p, const pl_chunk *placed, int64_t n,
+                int32_t *bin_of, int64_t *arrangement) {
+    if (p->cfg->balance == PL__BALANCE_VLEN)
+        return balance_vlen(p, placed, n, bin_of, arrangement);
+    return balance_packed(p, placed, n, bin_of, arrangement);
 }

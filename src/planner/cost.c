@@ -4,7 +4,7 @@
  *     cost = a * tokens + b * sum over its chunks of attn(len) + c,
  * where attn(len) = len^2 for causal attention within a document and
  * len * min(len, window) for sliding-window attention.  The presets belong
- * to config.c.  pl_cost_fit fits a, b, c to measured step times by ordinary
+ * to the key table (config/keys.c).  pl_cost_fit fits a, b, c to measured step times by ordinary
  * least squares (the calibrate command): the columns are scaled to unit
  * largest magnitude, the 3x3 normal equations are formed and solved in long
  * double by Gaussian elimination with partial pivoting, and a pivot below a
@@ -14,7 +14,7 @@
 
 #include <math.h>
 
-static inline double pl__attn(const pl_config *cfg, int64_t len) {
+static inline double attn_term(const pl_config *cfg, int64_t len) {
     double l = (double)len;
     if (cfg->cost.window > 0 && len > cfg->cost.window)
         return l * (double)cfg->cost.window;
@@ -22,7 +22,7 @@ static inline double pl__attn(const pl_config *cfg, int64_t len) {
 }
 
 double pl__chunk_cost(const pl_config *cfg, int64_t len) {
-    return cfg->cost.a * (double)len + cfg->cost.b * pl__attn(cfg, len) +
+    return cfg->cost.a * (double)len + cfg->cost.b * attn_term(cfg, len) +
            cfg->cost.c;
 }
 
@@ -30,7 +30,7 @@ double pl__sequence_cost(const pl_config *cfg, const pl_chunk *c, int64_t n) {
     double tokens = 0, attn = 0;
     for (int64_t i = 0; i < n; i++) {
         tokens += (double)c[i].length;
-        attn += pl__attn(cfg, c[i].length);
+        attn += attn_term(cfg, c[i].length);
     }
     return cfg->cost.a * tokens + cfg->cost.b * attn + cfg->cost.c;
 }
@@ -48,7 +48,7 @@ int pl__has_encoder_cost(const pl_planner *p) {
  * balancing"): a_e * N + b_e * N^2 for the image of a chunk that holds its
  * sample's placeholder run (offset 0), N its patches (the encoder's
  * sequence, before merging).  N comes from the source's index
- * (pl__wds_image_info): no pixel is read.
+ * (pl__source_image_info): no pixel is read.
  */
 double pl__chunk_encoder_cost(const pl_planner *p, const pl_chunk *ch) {
     const pl_config *c = p->cfg;
@@ -57,7 +57,7 @@ double pl__chunk_encoder_cost(const pl_planner *p, const pl_chunk *ch) {
         return 0;
     pl_image_info in;
     char err[PL__ERRMSG_CAP];
-    if (pl__wds_image_info(p->sources[ch->source], ch->index, &in, err, sizeof err))
+    if (pl__source_image_info(p->sources[ch->source], ch->index, &in, err, sizeof err))
         return 0; /* the length lookup reported it when the chunk was drawn */
     const double N = (double)in.patches;
     return c->cost.enc_a * N + c->cost.enc_b * N * N;
@@ -69,7 +69,7 @@ double pl_cost_sequence(const pl_config *cfg, const int64_t *doc_lengths,
     double tokens = 0, attn = 0;
     for (int64_t i = 0; i < n; i++) {
         tokens += (double)doc_lengths[i];
-        attn += pl__attn(cfg, doc_lengths[i]);
+        attn += attn_term(cfg, doc_lengths[i]);
     }
     return cfg->cost.a * tokens + cfg->cost.b * attn + cfg->cost.c;
 }

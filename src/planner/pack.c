@@ -78,18 +78,18 @@ void pl__pack_free(void *v) {
     free(k);
 }
 
-static int pl__pack_alloc_into(pl__pack *k, int64_t bins, int64_t space);
+static int pack_alloc_into(pl__pack *k, int64_t bins, int64_t space);
 
 /* Scratch for `bins` sequences of `space` tokens; on failure p->pack is
  * NULL, so a later call starts over. */
-static int pl__pack_alloc(pl_planner *p, int64_t bins, int64_t space) {
+static int pack_alloc(pl_planner *p, int64_t bins, int64_t space) {
     pl__pack *k = p->pack;
     if (k && k->bins == bins && k->space == space) return PL_OK;
     pl__pack_free(k);
     p->pack = NULL;
     k = pl__calloc(1, sizeof *k);
     if (!k) return PL_ENOMEM;
-    int rc = pl__pack_alloc_into(k, bins, space);
+    int rc = pack_alloc_into(k, bins, space);
     if (rc) {
         pl__pack_free(k);
         return rc;
@@ -98,7 +98,7 @@ static int pl__pack_alloc(pl_planner *p, int64_t bins, int64_t space) {
     return PL_OK;
 }
 
-static int pl__pack_alloc_into(pl__pack *k, int64_t bins, int64_t space) {
+static int pack_alloc_into(pl__pack *k, int64_t bins, int64_t space) {
     k->bins = bins;
     k->space = space;
     k->free_space = pl__calloc((size_t)bins, sizeof(int64_t));
@@ -120,7 +120,7 @@ static int pl__pack_alloc_into(pl__pack *k, int64_t bins, int64_t space) {
     return PL_OK;
 }
 
-static void pl__bit_set(pl__pack *k, int64_t v) {
+static void bit_set(pl__pack *k, int64_t v) {
     for (int l = 0; l < k->levels; l++) {
         uint64_t *w = &k->bits[l][v >> 6];
         int was = *w != 0;
@@ -130,7 +130,7 @@ static void pl__bit_set(pl__pack *k, int64_t v) {
     }
 }
 
-static void pl__bit_clear(pl__pack *k, int64_t v) {
+static void bit_clear(pl__pack *k, int64_t v) {
     for (int l = 0; l < k->levels; l++) {
         uint64_t *w = &k->bits[l][v >> 6];
         *w &= ~(1ULL << (v & 63));
@@ -140,7 +140,7 @@ static void pl__bit_clear(pl__pack *k, int64_t v) {
 }
 
 /* Smallest set value >= v, or -1. */
-static int64_t pl__bit_next(const pl__pack *k, int64_t v) {
+static int64_t bit_next(const pl__pack *k, int64_t v) {
     int l = 0;
     for (;;) {
         if ((v >> 6) >= k->nwords[l]) return -1;
@@ -162,36 +162,36 @@ static int64_t pl__bit_next(const pl__pack *k, int64_t v) {
     return v;
 }
 
-static void pl__bucket_insert(pl__pack *k, int32_t b, int64_t space) {
+static void bucket_insert(pl__pack *k, int32_t b, int64_t space) {
     k->free_space[b] = space;
     k->prev[b] = -1;
     k->next[b] = k->head[space];
     if (k->head[space] >= 0) k->prev[k->head[space]] = b;
-    else pl__bit_set(k, space);
+    else bit_set(k, space);
     k->head[space] = b;
 }
 
-static void pl__bucket_remove(pl__pack *k, int32_t b) {
+static void bucket_remove(pl__pack *k, int32_t b) {
     int64_t space = k->free_space[b];
     if (k->prev[b] >= 0) k->next[k->prev[b]] = k->next[b];
     else k->head[space] = k->next[b];
     if (k->next[b] >= 0) k->prev[k->next[b]] = k->prev[b];
-    if (k->head[space] < 0) pl__bit_clear(k, space);
+    if (k->head[space] < 0) bit_clear(k, space);
 }
 
-static int pl__place_at(pl__pack *k, int32_t b, const pl_chunk *c);
+static int place_at(pl__pack *k, int32_t b, const pl_chunk *c);
 
 /* Place chunk c (padded length len) best-fit; 1 if placed, 0 if not. */
-static int pl__best_fit(pl__pack *k, const pl_chunk *c, int64_t len, int *err) {
+static int best_fit_place(pl__pack *k, const pl_chunk *c, int64_t len, int *err) {
     /* long_short: a long document takes an empty sequence for itself. */
     int is_long = k->long_threshold > 0 && c->length > k->long_threshold;
     int64_t s = is_long ? (k->head[k->space] >= 0 ? k->space : -1)
-                        : pl__bit_next(k, len);
+                        : bit_next(k, len);
     if (s < 0) return 0;
     int32_t b = k->head[s];
-    pl__bucket_remove(k, b);
-    pl__bucket_insert(k, b, is_long ? 0 : s - len);
-    if (pl__place_at(k, b, c)) {
+    bucket_remove(k, b);
+    bucket_insert(k, b, is_long ? 0 : s - len);
+    if (place_at(k, b, c)) {
         *err = PL_ENOMEM;
         return 0;
     }
@@ -216,7 +216,7 @@ typedef struct pl__sort_key {
  * half the key's bits each, least significant first (few chunks: a step of
  * 2 x 2048 micro-batches draws ~100-200, where the one pass's 2,049 counts
  * were 10 % of planning; qsort before that, 5-7 % of the loader's CPU). */
-static int pl__sort_desc(pl__pack *k, const pl_planner *p, const pl_chunk *c,
+static int sort_desc(pl__pack *k, const pl_planner *p, const pl_chunk *c,
                          int64_t n) {
     if (n > k->order_cap) {
         pl__sort_key *v = pl__realloc_array(k->order, (size_t)n, sizeof *v);
@@ -289,21 +289,21 @@ static int pl__sort_desc(pl__pack *k, const pl_planner *p, const pl_chunk *c,
 
 #define PL__FILL_MISSES 4
 
-static int pl__pack_best_fit(pl_planner *p, pl__pack *k) {
+static int pack_best_fit(pl_planner *p, pl__pack *k) {
     const int64_t G = p->cfg->global_batch_size, S = p->cfg->seq_length;
     int err = 0, rc;
     for (int64_t s = 0; s <= S; s++) k->head[s] = -1;
     for (int l = 0; l < k->levels; l++)
         memset(k->bits[l], 0, (size_t)k->nwords[l] * sizeof(uint64_t));
-    for (int64_t b = G - 1; b >= 0; b--) pl__bucket_insert(k, (int32_t)b, S);
+    for (int64_t b = G - 1; b >= 0; b--) bucket_insert(k, (int32_t)b, S);
     int64_t free_total = G * S;
 
     /* 1. Carried-in chunks first, longest first. */
-    if ((rc = pl__sort_desc(k, p, p->carry.v, p->carry.n))) return rc;
+    if ((rc = sort_desc(k, p, p->carry.v, p->carry.n))) return rc;
     for (int64_t j = 0; j < p->carry.n; j++) {
         const pl_chunk *c = &p->carry.v[k->order[j].idx];
         int64_t len = pl__padded(p, c->length);
-        if (pl__best_fit(k, c, len, &err)) free_total -= k->last_used;
+        if (best_fit_place(k, c, len, &err)) free_total -= k->last_used;
         else if (err || (err = pl__chunks_push(&k->newcarry, c))) return err;
     }
     /* 2. Draw until the capacity is covered; best-fit decreasing.  An
@@ -321,11 +321,11 @@ static int pl__pack_best_fit(pl_planner *p, pl__pack *k) {
         if ((rc = pl__chunks_push(&k->drawn, &c))) return rc;
         want -= pl__padded(p, c.length);
     }
-    if ((rc = pl__sort_desc(k, p, k->drawn.v, k->drawn.n))) return rc;
+    if ((rc = sort_desc(k, p, k->drawn.v, k->drawn.n))) return rc;
     for (int64_t j = 0; j < k->drawn.n; j++) {
         const pl_chunk *c = &k->drawn.v[k->order[j].idx];
         int64_t len = pl__padded(p, c->length);
-        if (pl__best_fit(k, c, len, &err)) free_total -= k->last_used;
+        if (best_fit_place(k, c, len, &err)) free_total -= k->last_used;
         else if (err || (err = pl__chunks_push(&k->newcarry, c))) return err;
     }
     /* 3. Offer the gaps to more chunks until a few in a row do not fit. */
@@ -335,7 +335,7 @@ static int pl__pack_best_fit(pl_planner *p, pl__pack *k) {
         if ((rc = pl__planner_draw(p, &c)) == PL_DONE) break;
         if (rc) return rc;
         int64_t len = pl__padded(p, c.length);
-        if (pl__best_fit(k, &c, len, &err)) {
+        if (best_fit_place(k, &c, len, &err)) {
             free_total -= k->last_used;
             misses = 0;
         } else {
@@ -346,7 +346,7 @@ static int pl__pack_best_fit(pl_planner *p, pl__pack *k) {
     return PL_OK;
 }
 
-static int pl__place_at(pl__pack *k, int32_t b, const pl_chunk *c) {
+static int place_at(pl__pack *k, int32_t b, const pl_chunk *c) {
     if (k->placed.n == k->bin_of_cap) {
         int64_t nc = k->bin_of_cap ? k->bin_of_cap * 2 : 1024;
         int32_t *v = pl__realloc_array(k->bin_of, (size_t)nc, sizeof *v);
@@ -358,7 +358,7 @@ static int pl__place_at(pl__pack *k, int32_t b, const pl_chunk *c) {
     return pl__chunks_push(&k->placed, c);
 }
 
-static int pl__pack_concat(pl_planner *p, pl__pack *k) {
+static int pack_concat(pl_planner *p, pl__pack *k) {
     const int64_t G = p->cfg->global_batch_size, S = p->cfg->seq_length;
     int rc;
     int64_t ci = 0; /* next carried chunk */
@@ -385,7 +385,7 @@ static int pl__pack_concat(pl_planner *p, pl__pack *k) {
                 last->offset + last->length == piece.offset) {
                 last->length += piece.length; /* the same document goes on */
                 last->flags = piece.flags;
-            } else if ((rc = pl__place_at(k, (int32_t)b, &piece))) {
+            } else if ((rc = place_at(k, (int32_t)b, &piece))) {
                 return rc;
             }
             pend.offset += piece.length;
@@ -418,8 +418,9 @@ int pl__make_plan(pl_planner *p, const pl_chunk *placed, int64_t n,
                   const int32_t *bin_of, const int64_t *arrangement,
                   pl_plan **out) {
     const pl_config *c = p->cfg;
-    const int64_t G = c->global_batch_size, dp = c->topology.dp;
-    const int64_t mbs = c->micro_batch_size, nmb = G / (dp * mbs);
+    const int64_t dp = c->topology.dp;
+    const int64_t nmb = c->global_batch_size / (dp * c->micro_batch_size);
+    const int64_t mbs = pl__mb_rows(c), G = dp * nmb * mbs; /* sequences */
     pl__plan_impl *m = pl__calloc(1, sizeof *m);
     if (!m) return PL_ENOMEM;
     m->chunks = pl__calloc((size_t)n, sizeof *m->chunks);
@@ -480,10 +481,10 @@ int pl__make_plan(pl_planner *p, const pl_chunk *placed, int64_t n,
     pl_plan *pub = &m->pub;
     pub->step = p->step;
     pub->dp = dp;
-    pub->global_batch_size = G;
+    pub->global_batch_size = c->global_batch_size;
     pub->micro_batch_size = mbs;
     pub->micro_batches_per_rank = nmb;
-    pub->seq_length = c->seq_length;
+    pub->seq_length = pl__row_tokens(c);
     pub->n_sequences = G;
     pub->n_chunks = n;
     pub->chunks = m->chunks;
@@ -500,8 +501,10 @@ int pl__make_plan(pl_planner *p, const pl_chunk *placed, int64_t n,
     return PL_OK;
 }
 
-int pl__pack_step(pl_planner *p, pl_plan **out) {
-    int rc = pl__pack_alloc(p, p->cfg->global_batch_size, p->cfg->seq_length);
+/* Pack one step into k->placed / k->bin_of; the chunks that fit nowhere
+ * become the carry.  PL_DONE when an evaluation pass has nothing left. */
+static int pl__pack_collect(pl_planner *p) {
+    int rc = pack_alloc(p, p->cfg->global_batch_size, p->cfg->seq_length);
     if (rc) {
         pl__fmt(p->errmsg, sizeof p->errmsg, "packing: out of memory");
         return rc;
@@ -509,21 +512,50 @@ int pl__pack_step(pl_planner *p, pl_plan **out) {
     pl__pack *k = p->pack;
     k->placed.n = k->drawn.n = k->newcarry.n = 0;
     k->long_threshold = p->cfg->long_short_threshold;
-    if (p->cfg->packing == PL__PACK_CONCAT_CHUNK) rc = pl__pack_concat(p, k);
-    else rc = pl__pack_best_fit(p, k);
+    if (p->cfg->packing == PL__PACK_CONCAT_CHUNK) rc = pack_concat(p, k);
+    else rc = pack_best_fit(p, k);
     if (rc == PL_ENOMEM) pl__fmt(p->errmsg, sizeof p->errmsg, "packing: out of memory");
     if (rc) return rc;
     if (k->placed.n == 0 && p->cfg->eval) return PL_DONE; /* the pass is over */
-    if (p->cfg->balance == PL__BALANCE_NONE)
-        rc = pl__make_plan(p, k->placed.v, k->placed.n, k->bin_of, NULL, out);
-    else
-        rc = pl__balance(p, k->placed.v, k->placed.n, k->bin_of, out);
-    if (rc == PL_ENOMEM) pl__fmt(p->errmsg, sizeof p->errmsg, "planning: out of memory");
-    if (rc) return rc;
     /* The chunks that fit nowhere are the next step's carry. */
     pl__chunks tmp = p->carry;
     p->carry = k->newcarry;
     k->newcarry = tmp;
     k->newcarry.n = 0;
+    return PL_OK;
+}
+
+int pl__pack_plan(pl_planner *p, const pl_chunk *placed, int64_t n,
+                  int32_t *bin_of, pl_plan **out) {
+    int rc;
+    if (p->cfg->balance == PL__BALANCE_NONE) {
+        rc = pl__make_plan(p, placed, n, bin_of, NULL, out);
+    } else {
+        const pl_config *c = p->cfg;
+        const int64_t nseq = c->global_batch_size / c->micro_batch_size * pl__mb_rows(c);
+        int64_t *arr = pl__calloc((size_t)nseq, sizeof *arr);
+        rc = arr ? pl__balance(p, placed, n, bin_of, arr) : PL_ENOMEM;
+        if (rc == PL_OK) rc = pl__make_plan(p, placed, n, bin_of, arr, out);
+        free(arr);
+    }
+    if (rc == PL_ENOMEM) pl__fmt(p->errmsg, sizeof p->errmsg, "planning: out of memory");
+    return rc;
+}
+
+int pl__pack_step(pl_planner *p, pl_plan **out) {
+    int rc = pl__pack_collect(p);
+    if (rc) return rc;
+    pl__pack *k = p->pack;
+    return pl__pack_plan(p, k->placed.v, k->placed.n, k->bin_of, out);
+}
+
+int pl__pack_window_step(pl_planner *p, pl__chunks *into, pl__bins *bins) {
+    int rc = pl__pack_collect(p);
+    if (rc) return rc;
+    pl__pack *k = p->pack;
+    for (int64_t i = 0; i < k->placed.n; i++) {
+        if ((rc = pl__chunks_push(into, &k->placed.v[i]))) return rc;
+        if ((rc = pl__bins_push(bins, k->bin_of[i]))) return rc;
+    }
     return PL_OK;
 }

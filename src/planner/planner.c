@@ -81,6 +81,12 @@ uint64_t pl__mixture_hash(const pl_config *cfg) {
 uint64_t pl__arrangement_hash(const pl_config *cfg) {
     uint64_t h = pl__hash64("arrangement", 11, (uint64_t)cfg->balance);
     h = pl__hash64(&cfg->long_short_threshold, sizeof cfg->long_short_threshold, h);
+    if (cfg->balance == PL__BALANCE_VLEN) {
+        const int64_t m = pl__row_tokens(cfg);
+        h = pl__hash64(&m, sizeof m, h);
+    }
+    if (cfg->balance_window > 1) /* the steps' membership within a window */
+        h = pl__hash64(&cfg->balance_window, sizeof cfg->balance_window, h);
     if (cfg->balance != PL__BALANCE_NONE) { /* the cost model only arranges then */
         const double cost[6] = {cfg->cost.a,     cfg->cost.b,     cfg->cost.c,
                                 (double)cfg->cost.window, cfg->cost.enc_a, cfg->cost.enc_b};
@@ -102,12 +108,12 @@ uint64_t pl__arrangement_hash(const pl_config *cfg) {
  * docs/internals/decisions/0002-exact-targets-and-a-kinetic-tournament.md). */
 #define PL__TN_SCAN_MAX 8
 
-static void pl__planner_perm(pl_planner *p, int64_t i) {
+static void planner_perm(pl_planner *p, int64_t i) {
     pl__perm_init(&p->perm[i], (uint64_t)p->num_docs[i], p->cfg->seed,
                   p->cfg->sources[i].name, (uint64_t)p->src[i].epoch);
 }
 
-static int pl__planner_create_impl(const pl_config *cfg, pl_source *const *sources,
+static int planner_create_impl(const pl_config *cfg, pl_source *const *sources,
                       int64_t n_sources, pl_planner **out) {
     *out = NULL;
     pl_planner *p = pl__calloc(1, sizeof *p);
@@ -127,6 +133,7 @@ static int pl__planner_create_impl(const pl_config *cfg, pl_source *const *sourc
     p->weights = pl__calloc((size_t)n_sources, sizeof *p->weights);
     p->pin_w = pl__calloc((size_t)(n_sources > 0 ? n_sources : 1), sizeof *p->pin_w);
     p->pin_step = -1;
+    p->win_start = p->win_skip_to = -1;
     p->act = pl__calloc((size_t)n_sources, sizeof *p->act);
     p->act_w = pl__calloc((size_t)n_sources, sizeof *p->act_w);
     p->doc_lo = pl__calloc((size_t)n_sources, sizeof *p->doc_lo);
@@ -174,7 +181,7 @@ static int pl__planner_create_impl(const pl_config *cfg, pl_source *const *sourc
         p->ahead[i].at = -1;
         /* Records left out at open count as skipped (on_error: skip). */
         p->src[i].skipped = pl_source_num_skipped(sources[i]);
-        pl__planner_perm(p, i);
+        planner_perm(p, i);
         int used = c->has_schedule ? 0 : c->sources[i].weight > 0;
         for (int64_t k = 0; k < c->n_points && !used; k++)
             used = c->points[k].weights[i] > 0;
@@ -198,6 +205,7 @@ static int pl__planner_create_impl(const pl_config *cfg, pl_source *const *sourc
 void pl_planner_free(pl_planner *p) {
     if (!p) return;
     pl__pack_free(p->pack);
+    pl__window_free(p);
     pl__chunks_free(&p->carry);
     pl__chunks_free(&p->items);
     free(p->weights);
@@ -230,7 +238,7 @@ const char *pl_planner_errmsg(const pl_planner *p) {
 
 /* The document at position pos of source i's order in its current epoch
  * (an evaluation pass reads its documents in index order). */
-static inline int64_t pl__planner_doc_at(const pl_planner *p, int64_t i, int64_t pos) {
+static inline int64_t planner_doc_at(const pl_planner *p, int64_t i, int64_t pos) {
     return p->doc_lo[i] + (p->cfg->eval ? pos
                                         : (int64_t)pl__perm_apply(&p->perm[i], (uint64_t)pos));
 }
@@ -238,7 +246,7 @@ static inline int64_t pl__planner_doc_at(const pl_planner *p, int64_t i, int64_t
 /* Move source i to its next usable document.  PL_OK, PL_DONE when the
  * source has been read max_epochs times, or an error.  A capped source counts
  * its last epoch as completed as soon as its last document is drawn, so that
- * epochs_completed says so and pl__exhausted needs no lookahead. */
+ * epochs_completed says so and source_exhausted needs no lookahead. */
 static int pl__next_document(pl_planner *p, int64_t i) {
     pl__src_state *s = &p->src[i];
     const pl__source_cfg *sc = &p->cfg->sources[i];
@@ -247,7 +255,7 @@ static int pl__next_document(pl_planner *p, int64_t i) {
         if (s->drawn_in_epoch >= p->num_docs[i]) {
             s->epoch++;
             s->drawn_in_epoch = 0;
-            pl__planner_perm(p, i);
+            planner_perm(p, i);
         }
         if (s->since_yield > p->num_docs[i]) {
             pl__fmt(p->errmsg, sizeof p->errmsg,
@@ -263,14 +271,14 @@ static int pl__next_document(pl_planner *p, int64_t i) {
         pl__ahead *ah = &p->ahead[i];
         int64_t idx = ah->at == s->drawn_in_epoch && ah->epoch == s->epoch
                           ? ah->doc
-                          : pl__planner_doc_at(p, i, s->drawn_in_epoch);
+                          : planner_doc_at(p, i, s->drawn_in_epoch);
         s->drawn_in_epoch++;
         s->since_yield++;
         /* The next document of this epoch: its index entry is in cache by
            the time this source is drawn again. */
         ah->at = -1;
         if (s->drawn_in_epoch < p->num_docs[i]) {
-            ah->doc = pl__planner_doc_at(p, i, s->drawn_in_epoch);
+            ah->doc = planner_doc_at(p, i, s->drawn_in_epoch);
             ah->at = s->drawn_in_epoch;
             ah->epoch = s->epoch;
             pl__source_prefetch(p->sources[i], ah->doc);
@@ -308,7 +316,7 @@ static int pl__next_document(pl_planner *p, int64_t i) {
 
 /* A normalized weight (0 <= w <= 1) in units of 2^-48: the nearest, and at
  * least 1 for a positive weight, so that it is still drawn. */
-static int64_t pl__weight_fixed(double w) {
+static int64_t weight_fixed(double w) {
     if (!(w > 0)) return 0; /* NaN too */
     if (!(w < 1)) return PL__WONE;
     int64_t x = (int64_t)llround(w * (double)PL__WONE); /* w * 2^48 is exact */
@@ -317,15 +325,15 @@ static int64_t pl__weight_fixed(double w) {
 
 /* ------------------------------------------------------------ classes */
 
-static int pl__exhausted(const pl_planner *p, int64_t i);
+static int source_exhausted(const pl_planner *p, int64_t i);
 
 /* Heap order within a class: fewer drawn tokens first (the larger deficit,
  * the targets being equal), then the lower index. */
-static inline int pl__hless(pl__hent a, pl__hent b) {
+static inline int hless(pl__hent a, pl__hent b) {
     return a.d < b.d || (a.d == b.d && a.i < b.i);
 }
 
-static inline void pl__hset(pl_planner *p, int64_t q, pl__hent e) {
+static inline void hset(pl_planner *p, int64_t q, pl__hent e) {
     p->heap[q] = e;
     p->hpos[e.i] = q;
 }
@@ -335,7 +343,7 @@ static inline void pl__hset(pl_planner *p, int64_t q, pl__hent e) {
 #define PL__HARITY 4
 
 /* Move the source at position q (absolute) of class c's heap down. */
-static void pl__hdown(pl_planner *p, int64_t c, int64_t q) {
+static void hdown(pl_planner *p, int64_t c, int64_t q) {
     const int64_t off = p->cls_off[c], hs = p->cls_hs[c];
     pl__hent *h = p->heap + off, x = h[q - off];
     int64_t r = q - off;
@@ -344,27 +352,27 @@ static void pl__hdown(pl_planner *p, int64_t c, int64_t q) {
         if (l >= hs) break;
         int64_t end = l + PL__HARITY < hs ? l + PL__HARITY : hs;
         for (int64_t j = l + 1; j < end; j++)
-            if (pl__hless(h[j], h[m])) m = j;
-        if (!pl__hless(h[m], x)) break;
-        pl__hset(p, off + r, h[m]);
+            if (hless(h[j], h[m])) m = j;
+        if (!hless(h[m], x)) break;
+        hset(p, off + r, h[m]);
         r = m;
     }
-    pl__hset(p, off + r, x);
+    hset(p, off + r, x);
 }
 
 /* Restore the heap of class c around position q (absolute). */
-static void pl__hfix(pl_planner *p, int64_t c, int64_t q) {
+static void hfix(pl_planner *p, int64_t c, int64_t q) {
     const int64_t off = p->cls_off[c];
     pl__hent *h = p->heap + off, x = h[q - off];
     int64_t r = q - off;
     while (r > 0) { /* up */
         int64_t up = (r - 1) / PL__HARITY;
-        if (!pl__hless(x, h[up])) break;
-        pl__hset(p, off + r, h[up]);
+        if (!hless(x, h[up])) break;
+        hset(p, off + r, h[up]);
         r = up;
     }
-    pl__hset(p, off + r, x);
-    pl__hdown(p, c, off + r);
+    hset(p, off + r, x);
+    hdown(p, c, off + r);
 }
 
 /* ------------------------------------------------------------ tournament */
@@ -382,13 +390,13 @@ static void pl__hfix(pl_planner *p, int64_t c, int64_t q) {
  * early keeps its winner and gets a later certificate); winners are always
  * decided by exact comparisons, so the result is the exact argmax.  With
  * at most PL__TN_SCAN_MAX classes (tn_scan) the tree is not kept: the leaves
- * hold the lines and the draw scans them (pl__tn_scan_argmax).
+ * hold the lines and the draw scans them (tn_scan_argmax).
  */
 #define PL__NEVER INT64_MAX
 
 /* x >= 0 (below 2^103) as a double, within a relative 2^-52: two exact
  * conversions, no branch. */
-static inline double pl__gap_double(pl__i128 x) {
+static inline double gap_double(pl__i128 x) {
     return (double)(int64_t)(x >> 40) * 0x1p40 +
            (double)(int64_t)(x & (((pl__i128)1 << 40) - 1));
 }
@@ -398,9 +406,9 @@ static inline double pl__gap_double(pl__i128 x) {
  * more tokens (a lower bound: the doubles are within a relative 2^-51, less
  * a margin of 2^-40 and one token; at least one token on).  PL__NEVER when
  * dw <= 0.  Free of branches: it is computed on every level of a path. */
-static inline int64_t pl__tn_due(pl__i128 gap, int64_t dw, int64_t g) {
+static inline int64_t tn_due(pl__i128 gap, int64_t dw, int64_t g) {
     const int64_t dws = dw > 0 ? dw : 1;
-    double t = pl__gap_double(gap) / (double)dws * (1 - 0x1p-40) - 1;
+    double t = gap_double(gap) / (double)dws * (1 - 0x1p-40) - 1;
     t = t < 0x1p61 ? t : 0x1p61; /* minsd; integers from here */
     int64_t ti = (int64_t)t;
     ti = ti < 1 ? 1 : ti;
@@ -411,7 +419,7 @@ static inline int64_t pl__tn_due(pl__i128 gap, int64_t dw, int64_t g) {
 /* Recompute internal node v at g from its children's winners.  Written to
  * compile to conditional moves: which child wins is a coin toss to the
  * branch predictor. */
-static inline void pl__tn_pull(pl_planner *p, int64_t v, int64_t g) {
+static inline void tn_pull(pl_planner *p, int64_t v, int64_t g) {
     pl__tnode *n = p->tn_node, *kid = n + 2 * v;
     const int32_t a = kid[0].win, b = kid[1].win;
     int64_t due = PL__NEVER;
@@ -423,7 +431,7 @@ static inline void pl__tn_pull(pl_planner *p, int64_t v, int64_t g) {
         const int a_wins = diff > 0 || (diff == 0 && la->key < lb->key);
         w = a_wins ? a : b;
         pl__i128 gap = a_wins ? diff : -diff;
-        due = pl__tn_due(gap, a_wins ? wb - wa : wa - wb, g);
+        due = tn_due(gap, a_wins ? wb - wa : wa - wb, g);
     }
     n[v].win = w;
     int64_t m = kid[0].min < kid[1].min ? kid[0].min : kid[1].min;
@@ -431,15 +439,15 @@ static inline void pl__tn_pull(pl_planner *p, int64_t v, int64_t g) {
 }
 
 /* Bring the subtree of v up to date at g (its certificates come due). */
-static void pl__tn_fix(pl_planner *p, int64_t v, int64_t g) {
+static void tn_fix(pl_planner *p, int64_t v, int64_t g) {
     if (v >= p->tn_m) return;
-    if (p->tn_node[2 * v].min <= g) pl__tn_fix(p, 2 * v, g);
-    if (p->tn_node[2 * v + 1].min <= g) pl__tn_fix(p, 2 * v + 1, g);
-    pl__tn_pull(p, v, g);
+    if (p->tn_node[2 * v].min <= g) tn_fix(p, 2 * v, g);
+    if (p->tn_node[2 * v + 1].min <= g) tn_fix(p, 2 * v + 1, g);
+    tn_pull(p, v, g);
 }
 
 /* Class c's leaf from its heap: its line, or empty. */
-static inline void pl__tn_leaf(pl_planner *p, int64_t c) {
+static inline void tn_leaf(pl_planner *p, int64_t c) {
     pl__tnode *leaf = &p->tn_node[p->tn_m + c];
     leaf->min = PL__NEVER;
     if (c < p->n_cls && p->cls_hs[c] > 0) {
@@ -461,8 +469,8 @@ static inline void pl__tn_leaf(pl_planner *p, int64_t c) {
  * the siblings' lines do not depend on it, so the levels' comparisons and
  * certificate divisions overlap instead of forming one chain through
  * memory. */
-static void pl__tn_update(pl_planner *p, int64_t c, int64_t g) {
-    pl__tn_leaf(p, c);
+static void tn_update(pl_planner *p, int64_t c, int64_t g) {
+    tn_leaf(p, c);
     if (p->tn_scan) return; /* the draw scans the lines */
     pl__tnode *n = p->tn_node;
     int64_t v = p->tn_m + c;
@@ -477,7 +485,7 @@ static void pl__tn_update(pl_planner *p, int64_t c, int64_t g) {
     }
     for (; v > 1; v >>= 1) {
         const int64_t sib = v ^ 1;
-        if (n[sib].min <= g) pl__tn_fix(p, sib, g);
+        if (n[sib].min <= g) tn_fix(p, sib, g);
         const int32_t sw = n[sib].win;
         int64_t due = PL__NEVER;
         if (sw >= 0) {
@@ -497,7 +505,7 @@ static void pl__tn_update(pl_planner *p, int64_t c, int64_t g) {
                 const int64_t mask = -keep;
                 const pl__i128 m128 = (pl__i128)mask; /* sign-extended */
                 const pl__i128 gap = (diff ^ ~m128) + (1 - keep); /* |diff| */
-                due = pl__tn_due(gap, ((sw_w - cwt) & mask) | ((cwt - sw_w) & ~mask), g);
+                due = tn_due(gap, ((sw_w - cwt) & mask) | ((cwt - sw_w) & ~mask), g);
                 cw = (int32_t)((cw & (int32_t)mask) | (sw & ~(int32_t)mask));
                 cd = (cd & m128) | (sd & ~m128);
                 cwt = (cwt & mask) | (sw_w & ~mask);
@@ -512,20 +520,20 @@ static void pl__tn_update(pl_planner *p, int64_t c, int64_t g) {
     }
 }
 
-static void pl__tn_build(pl_planner *p) {
+static void tn_build(pl_planner *p) {
     int64_t m = 1;
     while (m < p->n_cls) m *= 2;
     p->tn_m = m;
     p->tn_scan = p->n_cls <= p->tn_scan_max;
-    for (int64_t c = 0; c < m; c++) pl__tn_leaf(p, c);
+    for (int64_t c = 0; c < m; c++) tn_leaf(p, c);
     if (!p->tn_scan)
-        for (int64_t v = m - 1; v >= 1; v--) pl__tn_pull(p, v, 0);
+        for (int64_t v = m - 1; v >= 1; v--) tn_pull(p, v, 0);
 }
 
 /* Few classes: the largest deficit at g by a scan, with the tournament's
  * rule (the larger deficit; ties to the lower member index); -1 when every
  * class is empty. */
-static int64_t pl__tn_scan_argmax(const pl_planner *p, int64_t g) {
+static int64_t tn_scan_argmax(const pl_planner *p, int64_t g) {
     const pl__tnode *leaf = p->tn_node + p->tn_m;
     int64_t best = -1, bkey = 0;
     pl__i128 bd = 0;
@@ -543,28 +551,28 @@ static int64_t pl__tn_scan_argmax(const pl_planner *p, int64_t g) {
 }
 
 /* The class with the largest deficit at p->g, -1 when every heap is empty. */
-static int64_t pl__tn_argmax(pl_planner *p) {
-    if (p->tn_scan) return pl__tn_scan_argmax(p, p->g);
-    if (p->tn_m > 1 && p->tn_node[1].min <= p->g) pl__tn_fix(p, 1, p->g);
+static int64_t tn_argmax(pl_planner *p) {
+    if (p->tn_scan) return tn_scan_argmax(p, p->g);
+    if (p->tn_m > 1 && p->tn_node[1].min <= p->g) tn_fix(p, 1, p->g);
     return p->tn_node[1].win;
 }
 
 /* Take source i out of its class's heap (it stays a member: its target
  * still rises with the class's). */
-static void pl__cls_remove(pl_planner *p, int64_t i) {
+static void cls_remove(pl_planner *p, int64_t i) {
     int64_t c = p->cls_of[i], q = p->hpos[i];
     int64_t last = p->cls_off[c] + p->cls_hs[c] - 1;
     if (q > last) return; /* already out */
     pl__hent y = p->heap[last], me = p->heap[q];
-    pl__hset(p, last, me);
+    hset(p, last, me);
     p->cls_hs[c]--;
     if (q < last) {
-        pl__hset(p, q, y);
-        pl__hfix(p, c, q);
+        hset(p, q, y);
+        hfix(p, c, q);
     }
 }
 
-static uint64_t pl__cls_key(int64_t w, pl__i128 t) {
+static uint64_t cls_key(int64_t w, pl__i128 t) {
     uint64_t a = (uint64_t)w, b = (uint64_t)t, c = (uint64_t)(t >> 64);
     uint64_t h = a * 0x9E3779B97F4A7C15ULL ^ (b + 0x632BE59BD9B4E019ULL + (a << 6) + (a >> 2));
     h ^= c * 0xC2B2AE3D27D4EB4FULL;
@@ -575,14 +583,14 @@ static uint64_t pl__cls_key(int64_t w, pl__i128 t) {
 
 /* Group the act[] sources into classes of equal (weight, target), in the
  * order of their lowest member, with their heaps and the tournament. */
-static void pl__cls_build(pl_planner *p) {
+static void cls_build(pl_planner *p) {
     const int64_t cap = p->cls_hash_cap, mask = cap - 1;
     for (int64_t h = 0; h < cap; h++) p->cls_hash[h] = -1;
     int64_t g = 0;
     for (int64_t k = 0; k < p->n_act; k++) {
         int64_t w = p->act_w[k];
         pl__i128 t = p->src[p->act[k]].target;
-        int64_t h = (int64_t)(pl__cls_key(w, t) & (uint64_t)mask), c;
+        int64_t h = (int64_t)(cls_key(w, t) & (uint64_t)mask), c;
         for (;;) {
             c = p->cls_hash[h];
             if (c < 0) {
@@ -609,8 +617,8 @@ static void pl__cls_build(pl_planner *p) {
      * heap part. */
     for (int64_t k = 0; k < p->n_act; k++) {
         int64_t i = p->act[k], c = p->cls_of[i];
-        if (p->has_caps && pl__exhausted(p, i)) continue;
-        pl__hset(p, p->cls_off[c] + p->cls_hs[c]++,
+        if (p->has_caps && source_exhausted(p, i)) continue;
+        hset(p, p->cls_off[c] + p->cls_hs[c]++,
                  (pl__hent){p->src[i].drawn_tokens, i});
     }
     if (p->has_caps) {
@@ -618,22 +626,22 @@ static void pl__cls_build(pl_planner *p) {
         for (int64_t c = 0; c < g; c++) out[c] = 0;
         for (int64_t k = 0; k < p->n_act; k++) {
             int64_t i = p->act[k], c = p->cls_of[i];
-            if (pl__exhausted(p, i))
-                pl__hset(p, p->cls_off[c] + p->cls_hs[c] + out[c]++,
+            if (source_exhausted(p, i))
+                hset(p, p->cls_off[c] + p->cls_hs[c] + out[c]++,
                          (pl__hent){p->src[i].drawn_tokens, i});
         }
     }
     for (int64_t c = 0; c < g; c++)
         if (p->cls_hs[c] > 1)
             for (int64_t r = (p->cls_hs[c] - 2) / PL__HARITY; r >= 0; r--)
-                pl__hdown(p, c, p->cls_off[c] + r);
-    pl__tn_build(p);
+                hdown(p, c, p->cls_off[c] + r);
+    tn_build(p);
 }
 
 void pl__planner_draw_begin(pl_planner *p) {
     int64_t k = 0;
     for (int64_t i = 0; i < p->n_sources; i++) {
-        int64_t w = pl__weight_fixed(p->weights[i]);
+        int64_t w = weight_fixed(p->weights[i]);
         if (w == 0) continue; /* never drawn; its target stays */
         p->act[k] = i;
         p->act_w[k] = w;
@@ -656,7 +664,7 @@ void pl__planner_draw_begin(pl_planner *p) {
     p->open_src = p->open_act >= 0 ? p->act[p->open_act] : -1;
     /* One source: the plain draw is the rule at no cost. */
     p->use_cls = !p->draw_linear && p->n_act > 1;
-    if (p->use_cls) pl__cls_build(p);
+    if (p->use_cls) cls_build(p);
 }
 
 void pl__planner_draw_end(pl_planner *p) {
@@ -668,12 +676,12 @@ void pl__planner_draw_end(pl_planner *p) {
 
 /* The reference: the first k of the largest deficit over the sources not
  * exhausted, O(sources); -1 when every one is. */
-static int64_t pl__draw_linear(pl_planner *p) {
+static int64_t pick_linear(pl_planner *p) {
     int64_t best = -1;
     pl__i128 best_deficit = 0;
     for (int64_t k = 0; k < p->n_act; k++) {
         const pl__src_state *s = &p->src[p->act[k]];
-        if (p->has_caps && pl__exhausted(p, p->act[k])) continue;
+        if (p->has_caps && source_exhausted(p, p->act[k])) continue;
         pl__i128 x = s->target + (pl__i128)p->act_w[k] * p->g -
                      ((pl__i128)s->drawn_tokens << PL__TBITS);
         if (best < 0 || x > best_deficit) {
@@ -686,7 +694,7 @@ static int64_t pl__draw_linear(pl_planner *p) {
 
 /* A source with max_epochs that has completed them (and holds no partly
  * drawn document) is drawn no more; the others share its weight. */
-static int pl__exhausted(const pl_planner *p, int64_t i) {
+static int source_exhausted(const pl_planner *p, int64_t i) {
     int64_t cap = p->cfg->sources[i].max_epochs;
     const pl__src_state *s = &p->src[i];
     return cap > 0 && s->cur_index < 0 && s->epoch >= cap;
@@ -704,7 +712,7 @@ int pl__planner_draw(pl_planner *p, pl_chunk *out) {
     }
     int64_t k, best;
 again:
-    k = p->use_cls ? pl__tn_argmax(p) : pl__draw_linear(p);
+    k = p->use_cls ? tn_argmax(p) : pick_linear(p);
     if (k < 0 && p->cfg->eval) {
         p->spent = 1;
         return PL_DONE;
@@ -729,8 +737,8 @@ again:
     int rc = pl__next_document(p, best);
     if (rc == PL_DONE) { /* spent its max_epochs: now exhausted */
         if (p->use_cls) {
-            pl__cls_remove(p, best);
-            pl__tn_update(p, p->cls_of[best], p->g);
+            cls_remove(p, best);
+            tn_update(p, p->cls_of[best], p->g);
         }
         goto again;
     }
@@ -762,9 +770,9 @@ again:
         p->open_src = open ? best : -1;
         p->heap[p->hpos[best]].d = s->drawn_tokens;
         if (p->cls_hs[c] > 1)
-            pl__hdown(p, c, p->hpos[best]); /* more drawn: down its heap */
-        if (p->has_caps && pl__exhausted(p, best)) pl__cls_remove(p, best);
-        pl__tn_update(p, c, p->g);
+            hdown(p, c, p->hpos[best]); /* more drawn: down its heap */
+        if (p->has_caps && source_exhausted(p, best)) cls_remove(p, best);
+        tn_update(p, c, p->g);
     } else {
         p->open_act = open ? k : -1;
     }
@@ -772,9 +780,9 @@ again:
     return PL_OK;
 }
 
-static int pl__planner_next_impl(pl_planner *p, pl_plan **out) {
-    *out = NULL;
-    if (p->failed) return p->failed;
+/* The weights of p->step into p->weights, and the checks of the sources it
+ * draws from (once per step). */
+int pl__planner_step_weights(pl_planner *p) {
     const int pinned = p->pin_step == p->step;
     if (pinned) /* resumed in this step's middle: the weights it began with */
         memcpy(p->weights, p->pin_w, (size_t)p->n_sources * sizeof *p->weights);
@@ -789,33 +797,55 @@ static int pl__planner_next_impl(pl_planner *p, pl_plan **out) {
         if (rc) {
             pl__fmt(p->errmsg, sizeof p->errmsg, "source '%s': %s",
                     p->cfg->sources[i].name, err);
-            return p->failed = rc;
+            return rc;
         }
     }
     if (p->cfg->eval) /* sources without documents in the split: none */
         for (int64_t i = 0; i < p->n_sources; i++)
             if (p->num_docs[i] == 0) p->weights[i] = 0;
+    return PL_OK;
+}
+
+/* After p->step's draws: a pinned step's new weights apply from the next. */
+void pl__planner_step_done(pl_planner *p) {
+    if (p->pin_step == p->step) { /* targets restart */
+        for (int64_t i = 0; i < p->n_sources; i++)
+            p->src[i].target = (pl__i128)p->src[i].drawn_tokens << PL__TBITS;
+        p->pin_step = -1;
+    }
+}
+
+static int planner_next_impl(pl_planner *p, pl_plan **out) {
+    *out = NULL;
+    if (p->failed) return p->failed;
+    int rc;
+    if (p->cfg->balance_window > 1 && !p->cfg->eval) { /* window.c */
+        rc = pl__window_next(p, out);
+        if (rc) return p->failed = rc;
+        p->step++;
+        return PL_OK;
+    }
+    if ((rc = pl__planner_step_weights(p))) return p->failed = rc;
     pl__planner_draw_begin(p);
-    int rc = pl__pack_step(p, out);
+    rc = pl__pack_step(p, out);
     pl__planner_draw_end(p);
     if (rc) {
         p->failed = rc;
         return rc;
     }
-    if (pinned) { /* the new weights apply from the next step: targets restart */
-        for (int64_t i = 0; i < p->n_sources; i++)
-            p->src[i].target = (pl__i128)p->src[i].drawn_tokens << PL__TBITS;
-        p->pin_step = -1;
-    }
+    pl__planner_step_done(p);
     p->step++;
     return PL_OK;
 }
 
-static int pl__planner_get_state_impl(pl_planner *p, void *buf, size_t cap, size_t *len) {
+static int planner_get_state_impl(pl_planner *p, void *buf, size_t cap, size_t *len) {
     void *blob = NULL;
     size_t n = 0;
     int rc = pl__state_encode(p, 0, &blob, &n);
-    if (rc) return rc;
+    if (rc) {
+        pl__fmt(p->errmsg, sizeof p->errmsg, "planner: out of memory encoding the state");
+        return rc;
+    }
     *len = n;
     if (buf) {
         if (cap < n) {
@@ -830,7 +860,7 @@ static int pl__planner_get_state_impl(pl_planner *p, void *buf, size_t cap, size
     return PL_OK;
 }
 
-static int pl__planner_set_state_impl(pl_planner *p, const void *buf, size_t len) {
+static int planner_set_state_impl(pl_planner *p, const void *buf, size_t len) {
     /* The planner stands at the start of the blob's step; a mid-step cursor
        is the loader's business. */
     int64_t mb = 0;
@@ -841,25 +871,25 @@ static int pl__planner_set_state_impl(pl_planner *p, const void *buf, size_t len
 
 int pl_planner_create(const pl_config *cfg, pl_source *const *sources, int64_t n_sources,
                       pl_planner **out) {
-    int rc = pl__planner_create_impl(cfg, sources, n_sources, out);
+    int rc = planner_create_impl(cfg, sources, n_sources, out);
     if (rc < 0) pl__thread_err(*out ? pl_planner_errmsg(*out) : "planner: out of memory");
     return rc;
 }
 
 int pl_planner_next(pl_planner *p, pl_plan **out) {
-    int rc = pl__planner_next_impl(p, out);
+    int rc = planner_next_impl(p, out);
     if (rc < 0) pl__thread_err(pl_planner_errmsg(p));
     return rc;
 }
 
 int pl_planner_get_state(pl_planner *p, void *buf, size_t cap, size_t *len) {
-    int rc = pl__planner_get_state_impl(p, buf, cap, len);
+    int rc = planner_get_state_impl(p, buf, cap, len);
     if (rc < 0) pl__thread_err(pl_planner_errmsg(p));
     return rc;
 }
 
 int pl_planner_set_state(pl_planner *p, const void *buf, size_t len) {
-    int rc = pl__planner_set_state_impl(p, buf, len);
+    int rc = planner_set_state_impl(p, buf, len);
     if (rc < 0) pl__thread_err(pl_planner_errmsg(p));
     return rc;
 }

@@ -155,7 +155,24 @@ struct pl_planner {
     int64_t pin_step;
     double *pin_w;           /* [n_sources] */
     uint64_t pin_hash;
+    /* balance_window (window.c): the window of steps [win_start, win_start +
+       win_steps) packed at its start (-1: none); the counters and carry at
+       its start (for state blobs of its later steps); its chunks, their
+       sequence within their step, their order by step (win_order, step j at
+       [win_off[j], win_off[j+1])); scratch.  win_skip_to: a state loaded
+       inside a window (the planner stands at the window's start and serves
+       this step first), -1 if none. */
+    int64_t win_start, win_steps, win_skip_to;
+    pl__src_state *win_src;
+    pl__chunks win_carry;
+    pl__chunks win_chunks;
+    struct pl__bins { int32_t *v; int64_t n, cap; } win_bins;
+    int64_t *win_order, *win_off;
+    pl_chunk *win_scratch;
+    int32_t *win_scratch_bins;
 };
+typedef struct pl__bins pl__bins;
+int pl__bins_push(pl__bins *b, int32_t v);
 
 /* Padded length of a chunk of `len` tokens in a sequence. */
 static inline int64_t pl__padded(const pl_planner *p, int64_t len) {
@@ -172,19 +189,34 @@ void pl__planner_draw_end(pl_planner *p);
 
 /* Packing: turn carry + drawn chunks into a plan (pack.c). */
 int pl__pack_step(pl_planner *p, pl_plan **out);
+/* The plan of packed chunks (balance and pl__make_plan); bin_of is scratch. */
+int pl__pack_plan(pl_planner *p, const pl_chunk *placed, int64_t n,
+                  int32_t *bin_of, pl_plan **out);
+/* Pack one step and append its chunks and their sequences (0..G-1). */
+int pl__pack_window_step(pl_planner *p, pl__chunks *into, pl__bins *bins);
+/* The weights of p->step and its source checks; after its draws. */
+int pl__planner_step_weights(pl_planner *p);
+void pl__planner_step_done(pl_planner *p);
+/* balance_window > 1: plan p->step from its window (window.c). */
+int pl__window_next(pl_planner *p, pl_plan **out);
+void pl__window_free(pl_planner *p);
 void pl__pack_free(void *pack);
 
 /*
- * Build a plan from placed chunks and their bins (sequences 0..G-1).
- * arrangement[r * G/dp + mb * mbs + row] = sequence of that slot, or NULL for
- * round-robin (sequence q to rank q % dp).
+ * Build a plan from placed chunks and their bins: the plan's sequences
+ * 0..N-1, N = dp * nmb * rows with the rows of pl__mb_rows (N = G but under
+ * balance: variable_length, where a sequence is a micro-batch's one row).
+ * arrangement[r * N/dp + mb * rows + row] = sequence of that slot, or NULL
+ * for round-robin (sequence q to rank q % dp).
  */
 int pl__make_plan(pl_planner *p, const pl_chunk *placed, int64_t n,
                   const int32_t *bin_of, const int64_t *arrangement,
                   pl_plan **out);
-/* Cost-aware arrangement of a packed step (balance.c). */
+/* Cost-aware arrangement of a packed step (balance.c): bin_of[0..n) holds
+ * the packed sequences of the chunks and receives the plan's sequences
+ * (pl__make_plan); arrangement [N] receives the slots. */
 int pl__balance(pl_planner *p, const pl_chunk *placed, int64_t n,
-                const int32_t *bin_of, pl_plan **out);
+                int32_t *bin_of, int64_t *arrangement);
 
 /* Cost model (cost.c). */
 double pl__chunk_cost(const pl_config *cfg, int64_t len);

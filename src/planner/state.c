@@ -22,7 +22,11 @@
  *     another mixture than the one after it, see "Weights at resume"),
  *   u64 arrangement hash (pl__arrangement_hash: balance, long_short, cost,
  *     max_epochs; they may change only at a step boundary),
+ *   version 4 only: i64 window start (balance_window: the blob's step lies
+ *     inside a window that began at this earlier step; the counters and
+ *     the carry are those of the window's start, see window.c),
  *   u32 CRC-32 of everything before it.
+ * Version 4 is written only inside a window; every other blob is version 3.
  * Version 2 is the same with the target as one f64 (the targets of the
  * floating-point draw before 2026-12-02); it loads with each target
  * converted to the nearest multiple of 2^-48 token at or below it, at a
@@ -61,7 +65,7 @@
 
 #include <zlib.h>
 
-#define PL__STATE_VERSION 3u
+#define PL__STATE_VERSION 4u
 #define PL__STATE_PINNED 1u /* flags bit 0 */
 
 typedef struct pl__wbuf {
@@ -70,12 +74,12 @@ typedef struct pl__wbuf {
     int oom;
 } pl__wbuf;
 
-static void pl__put(pl__wbuf *w, const void *v, size_t n) {
+static void put(pl__wbuf *w, const void *v, size_t n) {
     if (w->oom) return;
     if (w->n + n > w->cap) {
         size_t nc = w->cap ? w->cap * 2 : 256;
         while (nc < w->n + n) nc *= 2;
-        unsigned char *q = realloc(w->p, nc);
+        unsigned char *q = pl__realloc(w->p, nc);
         if (!q) {
             w->oom = 1;
             return;
@@ -86,77 +90,90 @@ static void pl__put(pl__wbuf *w, const void *v, size_t n) {
     memcpy(w->p + w->n, v, n);
     w->n += n;
 }
-static void pl__put_u32(pl__wbuf *w, uint32_t v) { pl__put(w, &v, 4); }
-static void pl__put_i32(pl__wbuf *w, int32_t v) { pl__put(w, &v, 4); }
-static void pl__put_i64(pl__wbuf *w, int64_t v) { pl__put(w, &v, 8); }
-static void pl__put_u64(pl__wbuf *w, uint64_t v) { pl__put(w, &v, 8); }
-static void pl__put_f64(pl__wbuf *w, double v) { pl__put(w, &v, 8); }
-static void pl__put_str(pl__wbuf *w, const char *s) {
+static void put_u32(pl__wbuf *w, uint32_t v) { put(w, &v, 4); }
+static void put_i32(pl__wbuf *w, int32_t v) { put(w, &v, 4); }
+static void put_i64(pl__wbuf *w, int64_t v) { put(w, &v, 8); }
+static void put_u64(pl__wbuf *w, uint64_t v) { put(w, &v, 8); }
+static void put_f64(pl__wbuf *w, double v) { put(w, &v, 8); }
+static void put_str(pl__wbuf *w, const char *s) {
     size_t n = strlen(s);
-    pl__put_u32(w, (uint32_t)n);
-    pl__put(w, s, n);
+    put_u32(w, (uint32_t)n);
+    put(w, s, n);
 }
 
 int pl__state_encode(const pl_planner *p, int64_t mb_cursor, void **buf,
                      size_t *len) {
     const pl_config *c = p->cfg;
     pl__wbuf w = {0};
+    /* Inside a window (window.c): the counters and carry of its start. */
+    int64_t step = p->step, ws = p->step;
+    const pl__src_state *src = p->src;
+    const pl__chunks *carry = &p->carry;
+    if (p->win_skip_to > p->step) { /* loaded inside a window, not yet planned */
+        step = p->win_skip_to;
+    } else if (p->win_start >= 0 && p->win_start < p->step &&
+               p->step < p->win_start + p->win_steps) {
+        ws = p->win_start;
+        src = p->win_src;
+        carry = &p->win_carry;
+    }
     /* The weights p->step is planned with (pl__planner_next_impl). */
-    const int pinned = p->pin_step == p->step;
+    const int pinned = p->pin_step == step && ws == step;
     double *wts = pl__calloc((size_t)(p->n_sources > 0 ? p->n_sources : 1), sizeof *wts);
     if (!wts) return PL_ENOMEM;
     if (pinned)
         memcpy(wts, p->pin_w, (size_t)p->n_sources * sizeof *wts);
     else
-        pl__config_weights(c, p->step, wts);
-    pl__put(&w, "PLST", 4);
-    pl__put_u32(&w, PL__STATE_VERSION);
-    pl__put_u64(&w, 0); /* length, patched below */
-    pl__put_u64(&w, c->seed);
-    pl__put_i64(&w, p->step);
-    pl__put_i64(&w, mb_cursor);
-    pl__put_i64(&w, c->topology.dp);
-    pl__put_i64(&w, c->seq_length);
-    pl__put_i64(&w, c->global_batch_size);
-    pl__put_i64(&w, c->micro_batch_size);
-    pl__put_i32(&w, c->packing);
-    pl__put_i32(&w, c->long_documents);
-    pl__put_i64(&w, c->topology.cp);
-    pl__put_u64(&w, pinned ? p->pin_hash : p->mixture_hash);
-    pl__put_u32(&w, (uint32_t)p->n_sources);
+        pl__config_weights(c, step, wts);
+    put(&w, "PLST", 4);
+    put_u32(&w, ws < step ? 4u : 3u);
+    put_u64(&w, 0); /* length, patched below */
+    put_u64(&w, c->seed);
+    put_i64(&w, step);
+    put_i64(&w, mb_cursor);
+    put_i64(&w, c->topology.dp);
+    put_i64(&w, c->seq_length);
+    put_i64(&w, c->global_batch_size);
+    put_i64(&w, c->micro_batch_size);
+    put_i32(&w, c->packing);
+    put_i32(&w, c->long_documents);
+    put_i64(&w, c->topology.cp);
+    put_u64(&w, pinned ? p->pin_hash : p->mixture_hash);
+    put_u32(&w, (uint32_t)p->n_sources);
     for (int64_t i = 0; i < p->n_sources; i++) {
-        const pl__src_state *s = &p->src[i];
-        pl__put_str(&w, c->sources[i].name);
-        pl__put_str(&w, c->sources[i].path);
-        pl__put_i64(&w, p->num_docs[i]);
-        pl__put_i64(&w, s->epoch);
-        pl__put_i64(&w, s->drawn_in_epoch);
-        pl__put_i64(&w, s->cur_index);
-        pl__put_i64(&w, s->cur_offset);
-        pl__put_i64(&w, s->cur_length);
-        pl__put_i64(&w, s->drawn_tokens);
-        pl__put_i64(&w, (int64_t)(s->target >> PL__TBITS));
-        pl__put_u64(&w, (uint64_t)(s->target & (PL__WONE - 1)) << (64 - PL__TBITS));
-        pl__put_i64(&w, s->documents);
-        pl__put_i64(&w, s->since_yield);
-        pl__put_i64(&w, s->skipped);
-        pl__put_f64(&w, wts[i]);
+        const pl__src_state *s = &src[i];
+        put_str(&w, c->sources[i].name);
+        put_str(&w, c->sources[i].path);
+        put_i64(&w, p->num_docs[i]);
+        put_i64(&w, s->epoch);
+        put_i64(&w, s->drawn_in_epoch);
+        put_i64(&w, s->cur_index);
+        put_i64(&w, s->cur_offset);
+        put_i64(&w, s->cur_length);
+        put_i64(&w, s->drawn_tokens);
+        put_i64(&w, (int64_t)(s->target >> PL__TBITS));
+        put_u64(&w, (uint64_t)(s->target & (PL__WONE - 1)) << (64 - PL__TBITS));
+        put_i64(&w, s->documents);
+        put_i64(&w, s->since_yield);
+        put_i64(&w, s->skipped);
+        put_f64(&w, wts[i]);
     }
     free(wts);
-    pl__put_u32(&w, (uint32_t)p->carry.n);
-    for (int64_t j = 0; j < p->carry.n; j++) {
-        const pl_chunk *ch = &p->carry.v[j];
-        pl__put_i32(&w, ch->source);
-        pl__put_i32(&w, ch->flags);
-        pl__put_i64(&w, ch->index);
-        pl__put_i64(&w, ch->offset);
-        pl__put_i64(&w, ch->length);
+    put_u32(&w, (uint32_t)carry->n);
+    for (int64_t j = 0; j < carry->n; j++) {
+        const pl_chunk *ch = &carry->v[j];
+        put_i32(&w, ch->source);
+        put_i32(&w, ch->flags);
+        put_i64(&w, ch->index);
+        put_i64(&w, ch->offset);
+        put_i64(&w, ch->length);
     }
-    pl__put_u32(&w, pinned ? PL__STATE_PINNED : 0u);
-    pl__put_u64(&w, p->arrangement_hash);
+    put_u32(&w, pinned ? PL__STATE_PINNED : 0u);
+    put_u64(&w, p->arrangement_hash);
+    if (ws < step) put_i64(&w, ws);
     uint64_t total = (uint64_t)w.n + 4;
     if (!w.oom) memcpy(w.p + 8, &total, 8);
-    if (!w.oom) pl__put_u32(&w, pl__crc32(0, w.p, w.n));
+    if (!w.oom) put_u32(&w, pl__crc32(0, w.p, w.n));
     if (w.oom) {
         free(w.p);
         return PL_ENOMEM;
@@ -172,7 +189,7 @@ typedef struct pl__rbuf {
     int bad;
 } pl__rbuf;
 
-static void pl__get(pl__rbuf *r, void *v, size_t n) {
+static void get(pl__rbuf *r, void *v, size_t n) {
     if (r->bad || r->off + n > r->n) {
         r->bad = 1;
         memset(v, 0, n);
@@ -181,14 +198,14 @@ static void pl__get(pl__rbuf *r, void *v, size_t n) {
     memcpy(v, r->p + r->off, n);
     r->off += n;
 }
-static uint32_t pl__get_u32(pl__rbuf *r) { uint32_t v; pl__get(r, &v, 4); return v; }
-static int32_t pl__get_i32(pl__rbuf *r) { int32_t v; pl__get(r, &v, 4); return v; }
-static int64_t pl__get_i64(pl__rbuf *r) { int64_t v; pl__get(r, &v, 8); return v; }
-static uint64_t pl__get_u64(pl__rbuf *r) { uint64_t v; pl__get(r, &v, 8); return v; }
-static double pl__get_f64(pl__rbuf *r) { double v; pl__get(r, &v, 8); return v; }
+static uint32_t get_u32(pl__rbuf *r) { uint32_t v; get(r, &v, 4); return v; }
+static int32_t get_i32(pl__rbuf *r) { int32_t v; get(r, &v, 4); return v; }
+static int64_t get_i64(pl__rbuf *r) { int64_t v; get(r, &v, 8); return v; }
+static uint64_t get_u64(pl__rbuf *r) { uint64_t v; get(r, &v, 8); return v; }
+static double get_f64(pl__rbuf *r) { double v; get(r, &v, 8); return v; }
 /* A length-prefixed string, borrowed from the blob (not NUL-terminated). */
-static const char *pl__get_str(pl__rbuf *r, uint32_t *n) {
-    *n = pl__get_u32(r);
+static const char *get_str(pl__rbuf *r, uint32_t *n) {
+    *n = get_u32(r);
     if (r->bad || r->off + *n > r->n) {
         r->bad = 1;
         return "";
@@ -198,7 +215,7 @@ static const char *pl__get_str(pl__rbuf *r, uint32_t *n) {
     return s;
 }
 
-static int pl__streq(const char *a, uint32_t na, const char *b) {
+static int streq(const char *a, uint32_t na, const char *b) {
     return strlen(b) == na && memcmp(a, b, na) == 0;
 }
 
@@ -234,13 +251,13 @@ int pl__state_decode(pl_planner *p, const void *buf, size_t len, int64_t nmb,
                 "state: blob of %zu bytes is too short", len);
         return PL_ESTATE;
     }
-    pl__get(&r, magic, 4);
+    get(&r, magic, 4);
     if (memcmp(magic, "PLST", 4) != 0) {
         pl__fmt(p->errmsg, sizeof p->errmsg,
                 "state: bad magic at offset 0, expected PLST");
         return PL_ESTATE;
     }
-    uint32_t version = pl__get_u32(&r);
+    uint32_t version = get_u32(&r);
     if (version < 1 || version > PL__STATE_VERSION) {
         pl__fmt(p->errmsg, sizeof p->errmsg,
                 "state: unsupported version %u at offset 4 (this library "
@@ -248,7 +265,7 @@ int pl__state_decode(pl_planner *p, const void *buf, size_t len, int64_t nmb,
                 version, PL__STATE_VERSION);
         return PL_ESTATE;
     }
-    uint64_t total = pl__get_u64(&r);
+    uint64_t total = get_u64(&r);
     if (total != len) {
         pl__fmt(p->errmsg, sizeof p->errmsg,
                 "state: length field says %llu bytes, blob has %zu",
@@ -263,20 +280,20 @@ int pl__state_decode(pl_planner *p, const void *buf, size_t len, int64_t nmb,
         return PL_ESTATE;
     }
     r.n = len - 4;
-    uint64_t seed = pl__get_u64(&r);
-    int64_t step = pl__get_i64(&r);
-    int64_t mb = pl__get_i64(&r);
-    int64_t state_dp = pl__get_i64(&r);
+    uint64_t seed = get_u64(&r);
+    int64_t step = get_i64(&r);
+    int64_t mb = get_i64(&r);
+    int64_t state_dp = get_i64(&r);
     PL__FP_CHECK("seed", seed, c->seed);
-    PL__FP_CHECK("seq_length", pl__get_i64(&r), c->seq_length);
-    PL__FP_CHECK("global_batch_size", pl__get_i64(&r), c->global_batch_size);
-    PL__FP_CHECK("micro_batch_size", pl__get_i64(&r), c->micro_batch_size);
+    PL__FP_CHECK("seq_length", get_i64(&r), c->seq_length);
+    PL__FP_CHECK("global_batch_size", get_i64(&r), c->global_batch_size);
+    PL__FP_CHECK("micro_batch_size", get_i64(&r), c->micro_batch_size);
     {   /* enum fields: name the values */
         static const char *const packing[] = {"best_fit", "concat_chunk"};
         static const char *const longdoc[] = {"split", "truncate"};
         int32_t have[2];
-        have[0] = pl__get_i32(&r); /* in this order: two separate reads */
-        have[1] = pl__get_i32(&r);
+        have[0] = get_i32(&r); /* in this order: two separate reads */
+        have[1] = get_i32(&r);
         const int want[2] = {c->packing, c->long_documents};
         const char *const *names[2] = {packing, longdoc};
         const char *field[2] = {"packing", "long_documents"};
@@ -290,7 +307,7 @@ int pl__state_decode(pl_planner *p, const void *buf, size_t len, int64_t nmb,
             goto out;
         }
     }
-    PL__FP_CHECK("topology.cp", pl__get_i64(&r), c->topology.cp);
+    PL__FP_CHECK("topology.cp", get_i64(&r), c->topology.cp);
     if (step < 0 || step > PL__STATE_MAX || state_dp <= 0) goto corrupt;
     /* step * micro-batches per rank must not overflow, for any dp. */
     if (step > PL__MAX_MICRO_BATCHES / (c->global_batch_size / c->micro_batch_size)) {
@@ -317,14 +334,15 @@ int pl__state_decode(pl_planner *p, const void *buf, size_t len, int64_t nmb,
         rc = PL_ESTATE;
         goto out;
     }
-    uint64_t mix = pl__get_u64(&r);
-    uint32_t ns = pl__get_u32(&r);
+    uint64_t mix = get_u64(&r);
+    uint32_t ns = get_u32(&r);
     if (r.bad || ns > r.n) goto corrupt;
     src = pl__calloc((size_t)p->n_sources, sizeof *src);
     map = pl__calloc(ns ? ns : 1, sizeof *map);
     seen = pl__calloc((size_t)p->n_sources, sizeof *seen);
     pin_w = pl__calloc((size_t)(p->n_sources > 0 ? p->n_sources : 1), sizeof *pin_w);
     if (!src || !map || !seen || !pin_w || pl__names_init(&by_name, p->n_sources)) {
+        pl__fmt(p->errmsg, sizeof p->errmsg, "state: out of memory loading a state blob");
         rc = PL_ENOMEM;
         goto out;
     }
@@ -334,8 +352,8 @@ int pl__state_decode(pl_planner *p, const void *buf, size_t len, int64_t nmb,
     for (int64_t i = 0; i < p->n_sources; i++) src[i].cur_index = -1;
     for (uint32_t j = 0; j < ns; j++) {
         uint32_t nl, np;
-        const char *name = pl__get_str(&r, &nl);
-        const char *path = pl__get_str(&r, &np);
+        const char *name = get_str(&r, &nl);
+        const char *path = get_str(&r, &np);
         if (r.bad) goto corrupt;
         int64_t i = pl__names_get(&by_name, name, nl);
         if (i < 0) {
@@ -345,7 +363,7 @@ int pl__state_decode(pl_planner *p, const void *buf, size_t len, int64_t nmb,
             rc = PL_ESTATE;
             goto out;
         }
-        if (!pl__streq(path, np, c->sources[i].path)) {
+        if (!streq(path, np, c->sources[i].path)) {
             pl__fmt(p->errmsg, sizeof p->errmsg,
                     "state: fingerprint field 'sources.%s.path' differs "
                     "(state '%.*s', config '%s')",
@@ -355,7 +373,7 @@ int pl__state_decode(pl_planner *p, const void *buf, size_t len, int64_t nmb,
         }
         if (seen[i]++) goto corrupt; /* a source named twice */
         map[j] = i;
-        int64_t nd = pl__get_i64(&r);
+        int64_t nd = get_i64(&r);
         if (!r.bad && nd != p->num_docs[i]) {
             pl__fmt(p->errmsg, sizeof p->errmsg,
                     "state: source '%s' had %lld documents, now %lld",
@@ -365,16 +383,16 @@ int pl__state_decode(pl_planner *p, const void *buf, size_t len, int64_t nmb,
             goto out;
         }
         pl__src_state *s = &src[i];
-        s->epoch = pl__get_i64(&r);
-        s->drawn_in_epoch = pl__get_i64(&r);
-        s->cur_index = pl__get_i64(&r);
-        s->cur_offset = pl__get_i64(&r);
-        s->cur_length = pl__get_i64(&r);
-        s->drawn_tokens = pl__get_i64(&r);
+        s->epoch = get_i64(&r);
+        s->drawn_in_epoch = get_i64(&r);
+        s->cur_index = get_i64(&r);
+        s->cur_offset = get_i64(&r);
+        s->cur_length = get_i64(&r);
+        s->drawn_tokens = get_i64(&r);
         int bad_target = 0;
         if (version >= 3) {
-            int64_t whole = pl__get_i64(&r);
-            uint64_t frac = pl__get_u64(&r);
+            int64_t whole = get_i64(&r);
+            uint64_t frac = get_u64(&r);
             bad_target = whole < 0 || whole > PL__STATE_MAX ||
                          (whole == PL__STATE_MAX && frac != 0) || /* as v2 */
                          (frac & ((UINT64_C(1) << (64 - PL__TBITS)) - 1)) != 0;
@@ -382,15 +400,15 @@ int pl__state_decode(pl_planner *p, const void *buf, size_t len, int64_t nmb,
                 s->target = ((pl__i128)whole << PL__TBITS) |
                             (pl__i128)(frac >> (64 - PL__TBITS));
         } else { /* a double target: at or below it, exactly */
-            double t = pl__get_f64(&r);
+            double t = get_f64(&r);
             bad_target = !(t >= 0 && t <= (double)PL__STATE_MAX);
             if (!bad_target) s->target = (pl__i128)(t * (double)PL__WONE);
         }
-        s->documents = pl__get_i64(&r);
-        s->since_yield = pl__get_i64(&r);
-        s->skipped = pl__get_i64(&r);
+        s->documents = get_i64(&r);
+        s->since_yield = get_i64(&r);
+        s->skipped = get_i64(&r);
         if (version >= 2) { /* its weight in the blob's step (0 <= w <= 1) */
-            pin_w[i] = pl__get_f64(&r);
+            pin_w[i] = get_f64(&r);
             if (!(pin_w[i] >= 0 && pin_w[i] <= 1)) goto corrupt;
         }
         if (s->epoch < 0 || s->epoch > PL__STATE_MAX || s->drawn_in_epoch < 0 ||
@@ -415,7 +433,8 @@ int pl__state_decode(pl_planner *p, const void *buf, size_t len, int64_t nmb,
                         "state: source '%s': current document %lld cannot be "
                         "checked: %s",
                         c->sources[i].name, (long long)s->cur_index, err);
-                rc = PL_ESTATE;
+                /* Out of memory says nothing about the state. */
+                rc = lrc == PL_ENOMEM ? PL_ENOMEM : PL_ESTATE;
                 goto out;
             }
             if (dlen != s->cur_length) {
@@ -429,15 +448,15 @@ int pl__state_decode(pl_planner *p, const void *buf, size_t len, int64_t nmb,
             }
         }
     }
-    uint32_t nc = pl__get_u32(&r);
+    uint32_t nc = get_u32(&r);
     if (r.bad || nc > r.n) goto corrupt;
     for (uint32_t j = 0; j < nc; j++) {
         pl_chunk ch;
-        int32_t si = pl__get_i32(&r);
-        ch.flags = pl__get_i32(&r);
-        ch.index = pl__get_i64(&r);
-        ch.offset = pl__get_i64(&r);
-        ch.length = pl__get_i64(&r);
+        int32_t si = get_i32(&r);
+        ch.flags = get_i32(&r);
+        ch.index = get_i64(&r);
+        ch.offset = get_i64(&r);
+        ch.length = get_i64(&r);
         if (r.bad || si < 0 || (uint32_t)si >= ns || ch.length <= 0 ||
             ch.length > p->max_chunk)
             goto corrupt;
@@ -453,11 +472,31 @@ int pl__state_decode(pl_planner *p, const void *buf, size_t len, int64_t nmb,
                 ch.offset > dlen || ch.length > dlen - ch.offset)
                 goto corrupt;
         }
-        if ((rc = pl__chunks_push(&carry, &ch))) goto out;
+        if ((rc = pl__chunks_push(&carry, &ch))) {
+            pl__fmt(p->errmsg, sizeof p->errmsg, "state: out of memory loading a state blob");
+            goto out;
+        }
     }
-    uint32_t flags = version >= 2 ? pl__get_u32(&r) : 0;
-    uint64_t arr = version >= 2 ? pl__get_u64(&r) : p->arrangement_hash;
-    if (r.bad || r.off != r.n || (flags & ~PL__STATE_PINNED)) goto corrupt;
+    uint32_t flags = version >= 2 ? get_u32(&r) : 0;
+    uint64_t arr = version >= 2 ? get_u64(&r) : p->arrangement_hash;
+    int64_t ws = version >= 4 ? get_i64(&r) : step;
+    if (r.bad || r.off != r.n || (flags & ~PL__STATE_PINNED) || ws < 0 || ws > step)
+        goto corrupt;
+    if (ws < step && (c->balance_window <= 1 || step - ws >= c->balance_window ||
+                      arr != p->arrangement_hash || mix != p->mixture_hash ||
+                      (flags & PL__STATE_PINNED))) {
+        /* The window's steps would hold other sequences than the ones its
+           first steps were served from. */
+        pl__fmt(p->errmsg, sizeof p->errmsg,
+                "state: saved at step %lld inside a balance_window window that "
+                "began at step %lld; balance_window, the mixture and the "
+                "arrangement settings may change only at a window boundary "
+                "(resume with the saving config up to step %lld)",
+                (long long)step, (long long)ws,
+                (long long)(ws + (c->balance_window > 1 ? c->balance_window : 1)));
+        rc = PL_ESTATE;
+        goto out;
+    }
     if (mb != 0 && arr != p->arrangement_hash) {
         /* The step's plan (which sequence, micro-batch and rank a chunk lands
            in, or which chunks it holds) would differ from the one the cursor
@@ -519,7 +558,9 @@ int pl__state_decode(pl_planner *p, const void *buf, size_t len, int64_t nmb,
     pl__chunks_free(&p->carry);
     p->carry = carry;
     carry.v = NULL;
-    p->step = step;
+    p->step = ws;
+    p->win_skip_to = ws < step ? step : -1; /* window.c */
+    p->win_start = -1;
     p->failed = 0;
     *mb_cursor = mb;
     p->pin_step = -1;
@@ -560,22 +601,22 @@ out:
  */
 
 /* The 8-byte fields of a source record after its name and path. */
-static int pl__state_fields(uint32_t version) {
+static int state_fields(uint32_t version) {
     return version >= 3 ? 13 : version == 2 ? 12 : 11;
 }
 
 /* Check the envelope; on success r is positioned after the length field and
  * r->n excludes the CRC. */
-static int pl__state_open(const void *buf, size_t len, pl__rbuf *r,
+static int state_open(const void *buf, size_t len, pl__rbuf *r,
                           uint32_t *version) {
     if (!buf || len < 24 + 4) return PL_ESTATE;
     *r = (pl__rbuf){buf, len, 0, 0};
     char magic[4];
-    pl__get(r, magic, 4);
+    get(r, magic, 4);
     if (memcmp(magic, "PLST", 4) != 0) return PL_ESTATE;
-    *version = pl__get_u32(r);
+    *version = get_u32(r);
     if (*version < 1 || *version > PL__STATE_VERSION) return PL_EVERSION;
-    if (pl__get_u64(r) != len) return PL_ESTATE;
+    if (get_u64(r) != len) return PL_ESTATE;
     uint32_t crc;
     memcpy(&crc, (const unsigned char *)buf + len - 4, 4);
     if (crc != pl__crc32(0, buf, len - 4)) return PL_ESTATE;
@@ -587,36 +628,37 @@ int pl_state_inspect(const void *buf, size_t len, pl_state_info *out) {
     if (!out) return PL_EINVAL;
     pl__rbuf r;
     uint32_t version;
-    int rc = pl__state_open(buf, len, &r, &version);
+    int rc = state_open(buf, len, &r, &version);
     if (rc) return rc;
     pl_state_info s;
     memset(&s, 0, sizeof s);
     s.version = version;
-    s.seed = pl__get_u64(&r);
-    s.step = pl__get_i64(&r);
-    s.micro_batch = pl__get_i64(&r);
-    s.dp = pl__get_i64(&r);
-    s.seq_length = pl__get_i64(&r);
-    s.global_batch_size = pl__get_i64(&r);
-    s.micro_batch_size = pl__get_i64(&r);
-    (void)pl__get_i32(&r);
-    (void)pl__get_i32(&r);
-    s.cp = pl__get_i64(&r);
-    (void)pl__get_u64(&r);
-    uint32_t ns = pl__get_u32(&r);
+    s.seed = get_u64(&r);
+    s.step = get_i64(&r);
+    s.micro_batch = get_i64(&r);
+    s.dp = get_i64(&r);
+    s.seq_length = get_i64(&r);
+    s.global_batch_size = get_i64(&r);
+    s.micro_batch_size = get_i64(&r);
+    (void)get_i32(&r);
+    (void)get_i32(&r);
+    s.cp = get_i64(&r);
+    (void)get_u64(&r);
+    uint32_t ns = get_u32(&r);
     if (r.bad || s.step < 0 || s.step > PL__STATE_MAX || s.micro_batch < 0 ||
         s.dp <= 0 || ns > r.n)
         return PL_ESTATE;
     s.n_sources = ns;
     for (uint32_t j = 0; j < ns && !r.bad; j++) {
         uint32_t n;
-        (void)pl__get_str(&r, &n);
-        (void)pl__get_str(&r, &n);
-        r.off += 8 * (size_t)pl__state_fields(version);
+        (void)get_str(&r, &n);
+        (void)get_str(&r, &n);
+        r.off += 8 * (size_t)state_fields(version);
         if (r.off > r.n) r.bad = 1;
     }
-    uint32_t nc = pl__get_u32(&r);
-    if (r.bad || (uint64_t)nc * 32 + (version >= 2 ? 12 : 0) != r.n - r.off)
+    uint32_t nc = get_u32(&r);
+    if (r.bad ||
+        (uint64_t)nc * 32 + (version >= 2 ? 12 : 0) + (version >= 4 ? 8 : 0) != r.n - r.off)
         return PL_ESTATE;
     s.carried_chunks = nc;
     *out = s;
@@ -628,19 +670,19 @@ int pl_state_source(const void *buf, size_t len, int64_t i,
     if (!out) return PL_EINVAL;
     pl__rbuf r;
     uint32_t version;
-    int rc = pl__state_open(buf, len, &r, &version);
+    int rc = state_open(buf, len, &r, &version);
     if (rc) return rc;
     r.off = 96;
-    uint32_t ns = pl__get_u32(&r);
+    uint32_t ns = get_u32(&r);
     if (r.bad) return PL_ESTATE;
     if (i < 0 || i >= (int64_t)ns) return PL_ERANGE;
     for (uint32_t j = 0; j <= (uint32_t)i; j++) {
         uint32_t nl, np;
-        const char *name = pl__get_str(&r, &nl);
-        const char *path = pl__get_str(&r, &np);
+        const char *name = get_str(&r, &nl);
+        const char *path = get_str(&r, &np);
         int64_t v[13];
-        const int nf = pl__state_fields(version), x = version >= 3;
-        for (int t = 0; t < nf; t++) v[t] = pl__get_i64(&r);
+        const int nf = state_fields(version), x = version >= 3;
+        for (int t = 0; t < nf; t++) v[t] = get_i64(&r);
         if (r.bad) return PL_ESTATE;
         if (j == (uint32_t)i) {
             pl_state_source_info s;

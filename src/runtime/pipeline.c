@@ -158,15 +158,15 @@ struct pl_pipeline {
 
 /* ------------------------------------------------------------- helpers */
 
-static double pl__now_us(void) {
+static double now_us(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return (double)t.tv_sec * 1e6 + (double)t.tv_nsec / 1e3;
 }
 
-static void pl__msg(char *err, size_t cap, const char *fmt, ...)
+static void set_msg(char *err, size_t cap, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
-static void pl__msg(char *err, size_t cap, const char *fmt, ...) {
+static void set_msg(char *err, size_t cap, const char *fmt, ...) {
     if (!err || !cap) return;
     va_list ap;
     va_start(ap, fmt);
@@ -174,38 +174,38 @@ static void pl__msg(char *err, size_t cap, const char *fmt, ...) {
     va_end(ap);
 }
 
-static int64_t pl__unit_of(const pl_pipeline *p, int64_t k) {
+static int64_t unit_of(const pl_pipeline *p, int64_t k) {
     return (k / p->nmb) * p->ups + (k % p->nmb) / p->unit;
 }
-static int64_t pl__unit_k0(const pl_pipeline *p, int64_t u) {
+static int64_t unit_k0(const pl_pipeline *p, int64_t u) {
     return (u / p->ups) * p->nmb + (u % p->ups) * p->unit;
 }
-static int64_t pl__unit_n(const pl_pipeline *p, int64_t u) {
+static int64_t unit_n(const pl_pipeline *p, int64_t u) {
     int64_t first = (u % p->ups) * p->unit;
     return p->nmb - first < p->unit ? p->nmb - first : p->unit;
 }
-static pl__uslot *pl__slot(pl_pipeline *p, pl__pgroup *g, int64_t u) {
+static pl__uslot *slot(pl_pipeline *p, pl__pgroup *g, int64_t u) {
     return &g->slots[u % p->cap];
 }
-static pl__pentry *pl__entry(pl_pipeline *p, int64_t step) {
+static pl__pentry *entry_of(pl_pipeline *p, int64_t step) {
     int64_t i = step - p->first_step;
     return i >= 0 && i < p->n_entries ? p->entries[i] : NULL;
 }
 
 /* Condition variables that count their waiters, so that a wake-up costs no
  * system call when nobody waits (the common case once the rings are full).
- * A wake-up is only noted under the mutex and sent by pl__unlock once the
+ * A wake-up is only noted under the mutex and sent by pipe_unlock once the
  * mutex is free (or before the caller itself waits): a thread woken while
  * the waker still held the mutex would run only to block on it again, two
  * more context switches per hand-off.  Waiters re-check their conditions
  * under the mutex, so a broadcast after the unlock loses nothing. */
-#define pl__wake(cv) pl__wake_(&p->cv##_n, &p->pend_##cv)
-#define pl__wait(cv, mu, dl) pl__wait_(p, &p->cv, (mu), (dl), &p->cv##_n)
-static void pl__wake_(const int64_t *waiters, int *pending) {
+#define wake_cv(cv) wake_waiters(&p->cv##_n, &p->pend_##cv)
+#define wait_cv(cv, mu, dl) wait_until(p, &p->cv, (mu), (dl), &p->cv##_n)
+static void wake_waiters(const int64_t *waiters, int *pending) {
     if (*waiters > 0) *pending = 1;
 }
 
-static void pl__unlock(pl_pipeline *p) {
+static void pipe_unlock(pl_pipeline *p) {
     int w = p->pend_work_cv, r = p->pend_ready_cv;
     p->pend_work_cv = p->pend_ready_cv = 0;
     pthread_mutex_unlock(&p->mu);
@@ -215,7 +215,7 @@ static void pl__unlock(pl_pipeline *p) {
 
 /* Wait with an absolute deadline (NULL: none); PL_ETIMEDOUT when it passed.
  * The wake-ups noted so far go out first (they cannot wait for an unlock). */
-static int pl__wait_(pl_pipeline *p, pthread_cond_t *cv, pthread_mutex_t *mu,
+static int wait_until(pl_pipeline *p, pthread_cond_t *cv, pthread_mutex_t *mu,
                      const struct timespec *deadline, int64_t *waiters) {
     if (p->pend_work_cv) pthread_cond_broadcast(&p->work_cv);
     if (p->pend_ready_cv) pthread_cond_broadcast(&p->ready_cv);
@@ -231,7 +231,7 @@ static int pl__wait_(pl_pipeline *p, pthread_cond_t *cv, pthread_mutex_t *mu,
 }
 
 /* Deadline for timeout_ms (< 0: none, *use = 0). */
-static void pl__deadline(int64_t timeout_ms, struct timespec *ts, int *use) {
+static void deadline_from(int64_t timeout_ms, struct timespec *ts, int *use) {
     *use = timeout_ms >= 0;
     if (!*use) return;
     clock_gettime(CLOCK_REALTIME, ts);
@@ -242,14 +242,14 @@ static void pl__deadline(int64_t timeout_ms, struct timespec *ts, int *use) {
         ts->tv_nsec -= 1000000000L;
     }
 }
-static int pl__past(const struct timespec *ts) {
+static int deadline_passed(const struct timespec *ts) {
     struct timespec now;
     clock_gettime(CLOCK_REALTIME, &now);
     return now.tv_sec > ts->tv_sec ||
            (now.tv_sec == ts->tv_sec && now.tv_nsec >= ts->tv_nsec);
 }
 
-static void pl__slot_clear(pl_pipeline *p, pl__uslot *s) {
+static void slot_clear(pl_pipeline *p, pl__uslot *s) {
     if (s->item && p->release) p->release(s->item, p->release_ctx);
     free(s->msg);
     int64_t *t = s->tokens, *pd = s->padding;
@@ -259,7 +259,7 @@ static void pl__slot_clear(pl_pipeline *p, pl__uslot *s) {
     s->u = -1;
 }
 
-static void pl__entry_free(pl__pentry *e) {
+static void entry_free(pl__pentry *e) {
     if (!e) return;
     pl_plan_free(e->plan);
     free(e->blob);
@@ -270,7 +270,7 @@ static void pl__entry_free(pl__pentry *e) {
 
 /* Least cursor of the group's ranks that were not dropped (and, with
  * attached_only, that asked for a batch); -1 if none. */
-static int64_t pl__group_min(const pl_pipeline *p, const pl__pgroup *g,
+static int64_t group_min(const pl_pipeline *p, const pl__pgroup *g,
                              int attached_only) {
     int64_t m = -1;
     for (int64_t j = 0; j < g->n_members; j++) {
@@ -282,14 +282,14 @@ static int64_t pl__group_min(const pl_pipeline *p, const pl__pgroup *g,
 }
 
 /* Does a consumer of group g wait for unit u? */
-static int pl__group_waits(const pl_pipeline *p, const pl__pgroup *g, int64_t u) {
+static int group_waits(const pl_pipeline *p, const pl__pgroup *g, int64_t u) {
     for (int64_t j = 0; j < g->n_members; j++)
         if (p->ranks[p->members[g->first_member + j]].wait_u == u) return 1;
     return 0;
 }
 
 /* Consumed position: least cursor of every rank not dropped. */
-static int64_t pl__position(const pl_pipeline *p) {
+static int64_t consumed_position(const pl_pipeline *p) {
     int64_t m = -1;
     for (int64_t i = 0; i < p->n_ranks; i++)
         if (!p->ranks[i].lagged && (m < 0 || p->ranks[i].cursor < m))
@@ -299,24 +299,24 @@ static int64_t pl__position(const pl_pipeline *p) {
 
 /* The unit the group's window admits next (ignoring whether its step is
  * planned and train_steps): whether unit next_u may be built. */
-static int pl__window_admits(const pl_pipeline *p, const pl__pgroup *g) {
+static int window_admits(const pl_pipeline *p, const pl__pgroup *g) {
     int64_t u = g->next_u;
     if (u - g->lo_u >= p->cap) return 0;
-    int64_t a = pl__group_min(p, g, 1);
-    if (a < 0) a = pl__group_min(p, g, 0);
+    int64_t a = group_min(p, g, 1);
+    if (a < 0) a = group_min(p, g, 0);
     if (a < 0) return 0; /* every rank dropped */
-    return u < pl__unit_of(p, a) + p->depth_u || u <= g->demand_u;
+    return u < unit_of(p, a) + p->depth_u || u <= g->demand_u;
 }
 
-static int pl__units_done(const pl_pipeline *p, const pl__pgroup *g) {
+static int units_done(const pl_pipeline *p, const pl__pgroup *g) {
     return p->total_steps >= 0 && g->next_u / p->ups >= p->total_steps;
 }
 
 /* Fold the imbalance of steps the position passed. */
-static void pl__fold(pl_pipeline *p) {
-    int64_t pos_step = pl__position(p) / p->nmb;
+static void fold(pl_pipeline *p) {
+    int64_t pos_step = consumed_position(p) / p->nmb;
     while (p->folded_step < pos_step) {
-        pl__pentry *e = pl__entry(p, p->folded_step);
+        pl__pentry *e = entry_of(p, p->folded_step);
         if (!e) break;
         if (e->plan) {
             const pl_plan *pl = e->plan;
@@ -334,8 +334,8 @@ static void pl__fold(pl_pipeline *p) {
 }
 
 /* Retire entries no group and no position needs. */
-static void pl__retire(pl_pipeline *p) {
-    int64_t keep = pl__position(p) / p->nmb;
+static void retire_entries(pl_pipeline *p) {
+    int64_t keep = consumed_position(p) / p->nmb;
     for (int64_t g = 0; g < p->n_groups; g++) {
         int64_t s = p->groups[g].lo_u / p->ups;
         if (s < keep) keep = s;
@@ -343,7 +343,7 @@ static void pl__retire(pl_pipeline *p) {
     if (p->folded_step < keep) keep = p->folded_step;
     int64_t drop = 0;
     while (drop < p->n_entries && p->entries[drop]->step < keep) {
-        pl__entry_free(p->entries[drop]);
+        entry_free(p->entries[drop]);
         drop++;
     }
     if (drop) {
@@ -356,14 +356,14 @@ static void pl__retire(pl_pipeline *p) {
 
 /* After a cursor of group g moved (or a rank was dropped): count statistics,
  * release units, retire entries, wake drivers. */
-static void pl__advance(pl_pipeline *p, pl__pgroup *g) {
-    int64_t m = pl__group_min(p, g, 0);
+static void advance(pl_pipeline *p, pl__pgroup *g) {
+    int64_t m = group_min(p, g, 0);
     if (m < 0) m = g->lead_k;
     for (int64_t k = g->counted_k; k < m; k++) {
-        int64_t u = pl__unit_of(p, k);
-        pl__uslot *s = pl__slot(p, g, u);
+        int64_t u = unit_of(p, k);
+        pl__uslot *s = slot(p, g, u);
         if (s->u == u && s->state == PL__U_READY) {
-            int64_t i = k - pl__unit_k0(p, u);
+            int64_t i = k - unit_k0(p, u);
             p->st_tokens += s->tokens[i];
             p->st_padding += s->padding[i];
         }
@@ -372,35 +372,35 @@ static void pl__advance(pl_pipeline *p, pl__pgroup *g) {
     int64_t lo0 = g->lo_u;
     while (g->lo_u < g->next_u) {
         int64_t u = g->lo_u;
-        pl__uslot *s = pl__slot(p, g, u);
+        pl__uslot *s = slot(p, g, u);
         if (s->u == u && (s->state == PL__U_BUILDING || s->pins > 0)) break;
-        if (pl__unit_k0(p, u) + pl__unit_n(p, u) > m) break;
-        if (s->u == u) pl__slot_clear(p, s);
+        if (unit_k0(p, u) + unit_n(p, u) > m) break;
+        if (s->u == u) slot_clear(p, s);
         g->lo_u++;
     }
-    if (g->lo_u != lo0) pl__wake(work_cv);
-    pl__fold(p);
-    pl__retire(p);
+    if (g->lo_u != lo0) wake_cv(work_cv);
+    fold(p);
+    retire_entries(p);
 }
 
 /* Drop the ranks of g that are more than lag_k behind its lead. */
-static void pl__apply_lag(pl_pipeline *p, pl__pgroup *g) {
+static void apply_lag(pl_pipeline *p, pl__pgroup *g) {
     for (int64_t j = 0; j < g->n_members; j++) {
         pl__prank *r = &p->ranks[p->members[g->first_member + j]];
         if (r->lagged || g->lead_k - r->cursor <= p->lag_k) continue;
         r->lagged = 1;
         if (r->pin >= 0) {
-            pl__uslot *s = pl__slot(p, g, r->pin);
+            pl__uslot *s = slot(p, g, r->pin);
             if (s->u == r->pin) s->pins--;
             r->pin = -1;
         }
-        pl__wake(ready_cv); /* it may be waiting */
+        wake_cv(ready_cv); /* it may be waiting */
     }
 }
 
 /* ------------------------------------------------------------ lifecycle */
 
-static int pl__cmp_rank(const void *a, const void *b) {
+static int cmp_rank(const void *a, const void *b) {
     int64_t x = ((const pl__prank *)a)->info.rank, y = ((const pl__prank *)b)->info.rank;
     return (x > y) - (x < y);
 }
@@ -408,16 +408,16 @@ static int pl__cmp_rank(const void *a, const void *b) {
 typedef struct pl__pkey {
     int64_t dp, cp, idx;
 } pl__pkey;
-static int pl__cmp_key(const void *a, const void *b) {
+static int cmp_key(const void *a, const void *b) {
     const pl__pkey *x = a, *y = b;
     if (x->dp != y->dp) return x->dp < y->dp ? -1 : 1;
     if (x->cp != y->cp) return x->cp < y->cp ? -1 : 1;
     return (x->idx > y->idx) - (x->idx < y->idx);
 }
 
-static int pl__pfail(pl_pipeline *p, int rc, const char *fmt, ...)
+static int pfail(pl_pipeline *p, int rc, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
-static int pl__pfail(pl_pipeline *p, int rc, const char *fmt, ...) {
+static int pfail(pl_pipeline *p, int rc, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
     pl__vfmt(p->errmsg, sizeof p->errmsg, fmt, ap);
@@ -432,12 +432,12 @@ int pl_pipeline_create(const pl_config *cfg, const pl_pipeline_options *o,
     pl_pipeline *p = pl__calloc(1, sizeof *p);
     if (!p) return PL_ENOMEM;
     *out = p;
-    if (!cfg) return pl__pfail(p, PL_EINVAL, "pipeline: config is NULL");
+    if (!cfg) return pfail(p, PL_EINVAL, "pipeline: config is NULL");
     if (o && o->version != PL_PIPELINE_OPTIONS_VERSION)
-        return pl__pfail(p, PL_EINVAL, "pipeline: options version %d, expected %d",
+        return pfail(p, PL_EINVAL, "pipeline: options version %d, expected %d",
                          o->version, PL_PIPELINE_OPTIONS_VERSION);
     p->cfg = pl__config_share(cfg);
-    if (!p->cfg) return pl__pfail(p, PL_ENOMEM, "pipeline: out of memory");
+    if (!p->cfg) return pfail(p, PL_ENOMEM, "pipeline: out of memory");
     const pl_config *c = p->cfg;
     p->nmb = c->global_batch_size / (c->topology.dp * c->micro_batch_size);
     p->unit = o && o->unit > 0 ? o->unit : 1;
@@ -458,39 +458,39 @@ int pl_pipeline_create(const pl_config *cfg, const pl_pipeline_options *o,
     p->retain = o ? o->retain : NULL;
     if (prefetch > ((int64_t)1 << 20) || lag_steps > ((int64_t)1 << 20) ||
         p->cap > ((int64_t)1 << 24))
-        return pl__pfail(p, PL_EINVAL,
+        return pfail(p, PL_EINVAL,
                          "pipeline: prefetch %lld or max_lag_steps %lld above the limit 2^20",
                          (long long)prefetch, (long long)lag_steps);
     if (pl__mutex_init_busy(&p->mu))
-        return pl__pfail(p, PL_ENOMEM, "pipeline: cannot create mutex");
+        return pfail(p, PL_ENOMEM, "pipeline: cannot create mutex");
     if (pthread_cond_init(&p->work_cv, NULL)) {
         pthread_mutex_destroy(&p->mu);
-        return pl__pfail(p, PL_ENOMEM, "pipeline: cannot create condition variable");
+        return pfail(p, PL_ENOMEM, "pipeline: cannot create condition variable");
     }
     if (pthread_cond_init(&p->ready_cv, NULL)) {
         pthread_cond_destroy(&p->work_cv);
         pthread_mutex_destroy(&p->mu);
-        return pl__pfail(p, PL_ENOMEM, "pipeline: cannot create condition variable");
+        return pfail(p, PL_ENOMEM, "pipeline: cannot create condition variable");
     }
     p->sync_inited = 1;
 
     int64_t world = pl_config_world_size(c);
     p->n_ranks = o && o->ranks ? o->n_ranks : world;
-    if (p->n_ranks <= 0) return pl__pfail(p, PL_EINVAL, "pipeline: no ranks to serve");
+    if (p->n_ranks <= 0) return pfail(p, PL_EINVAL, "pipeline: no ranks to serve");
     p->ranks = pl__calloc((size_t)p->n_ranks, sizeof *p->ranks);
     p->groups = pl__calloc((size_t)p->n_ranks, sizeof *p->groups);
     p->members = pl__calloc((size_t)p->n_ranks, sizeof *p->members);
     pl__pkey *keys = pl__calloc((size_t)p->n_ranks, sizeof *keys);
     if (!p->ranks || !p->groups || !p->members || !keys) {
         free(keys);
-        return pl__pfail(p, PL_ENOMEM, "pipeline: out of memory");
+        return pfail(p, PL_ENOMEM, "pipeline: out of memory");
     }
     for (int64_t i = 0; i < p->n_ranks; i++) {
         int64_t rank = o && o->ranks ? o->ranks[i] : i;
         int rc = pl_config_rank_info(c, rank, &p->ranks[i].info);
         if (rc) {
             free(keys);
-            return pl__pfail(p, rc, "pipeline: rank %lld out of range [0, %lld) of topology "
+            return pfail(p, rc, "pipeline: rank %lld out of range [0, %lld) of topology "
                              "dp=%lld pp=%lld cp=%lld tp=%lld",
                              (long long)rank, (long long)world, (long long)c->topology.dp,
                              (long long)c->topology.pp, (long long)c->topology.cp,
@@ -499,17 +499,17 @@ int pl_pipeline_create(const pl_config *cfg, const pl_pipeline_options *o,
         p->ranks[i].pin = -1;
         p->ranks[i].wait_u = -1;
     }
-    qsort(p->ranks, (size_t)p->n_ranks, sizeof *p->ranks, pl__cmp_rank);
+    qsort(p->ranks, (size_t)p->n_ranks, sizeof *p->ranks, cmp_rank);
     for (int64_t i = 1; i < p->n_ranks; i++)
         if (p->ranks[i].info.rank == p->ranks[i - 1].info.rank) {
             free(keys);
-            return pl__pfail(p, PL_EINVAL, "pipeline: rank %lld given twice",
+            return pfail(p, PL_EINVAL, "pipeline: rank %lld given twice",
                              (long long)p->ranks[i].info.rank);
         }
     for (int64_t i = 0; i < p->n_ranks; i++)
         keys[i] = (pl__pkey){p->ranks[i].info.dp_rank,
                              p->group_by_cp ? p->ranks[i].info.cp_rank : 0, i};
-    qsort(keys, (size_t)p->n_ranks, sizeof *keys, pl__cmp_key);
+    qsort(keys, (size_t)p->n_ranks, sizeof *keys, cmp_key);
     for (int64_t j = 0; j < p->n_ranks; j++) {
         p->members[j] = keys[j].idx;
         pl__pgroup *last = p->n_groups ? &p->groups[p->n_groups - 1] : NULL;
@@ -521,7 +521,7 @@ int pl_pipeline_create(const pl_config *cfg, const pl_pipeline_options *o,
             last->slots = pl__calloc((size_t)p->cap, sizeof *last->slots);
             if (!last->slots) {
                 free(keys);
-                return pl__pfail(p, PL_ENOMEM, "pipeline: out of memory");
+                return pfail(p, PL_ENOMEM, "pipeline: out of memory");
             }
             for (int64_t t = 0; t < p->cap; t++) {
                 last->slots[t].u = -1;
@@ -529,7 +529,7 @@ int pl_pipeline_create(const pl_config *cfg, const pl_pipeline_options *o,
                 last->slots[t].padding = pl__calloc((size_t)p->unit, 8);
                 if (!last->slots[t].tokens || !last->slots[t].padding) {
                     free(keys);
-                    return pl__pfail(p, PL_ENOMEM, "pipeline: out of memory");
+                    return pfail(p, PL_ENOMEM, "pipeline: out of memory");
                 }
             }
         }
@@ -542,17 +542,17 @@ int pl_pipeline_create(const pl_config *cfg, const pl_pipeline_options *o,
     return PL_OK;
 }
 
-static void pl__clear(pl_pipeline *p) {
+static void clear(pl_pipeline *p) {
     for (int64_t g = 0; g < p->n_groups; g++)
         for (int64_t t = 0; p->groups[g].slots && t < p->cap; t++)
-            pl__slot_clear(p, &p->groups[g].slots[t]);
-    for (int64_t i = 0; i < p->n_entries; i++) pl__entry_free(p->entries[i]);
+            slot_clear(p, &p->groups[g].slots[t]);
+    for (int64_t i = 0; i < p->n_entries; i++) entry_free(p->entries[i]);
     p->n_entries = 0;
 }
 
 void pl_pipeline_free(pl_pipeline *p) {
     if (!p) return;
-    pl__clear(p);
+    clear(p);
     for (int64_t g = 0; g < p->n_groups; g++) {
         for (int64_t t = 0; p->groups[g].slots && t < p->cap; t++) {
             free(p->groups[g].slots[t].tokens);
@@ -579,27 +579,27 @@ const char *pl_pipeline_errmsg(const pl_pipeline *p) {
     return p ? p->errmsg : "out of memory";
 }
 
-static int pl__pipeline_reset_impl(pl_pipeline *p, const void *blob, size_t len, char *err,
+static int pipeline_reset_impl(pl_pipeline *p, const void *blob, size_t len, char *err,
                       size_t errcap) {
     pl_state_info si;
     int rc = pl_state_inspect(blob, len, &si);
     if (rc) {
-        pl__msg(err, errcap, "pipeline: the state blob is corrupt or of another version");
+        set_msg(err, errcap, "pipeline: the state blob is corrupt or of another version");
         return PL_ESTATE;
     }
     if (si.micro_batch >= p->nmb) {
-        pl__msg(err, errcap, "state: micro-batch cursor %lld out of range [0, %lld)",
+        set_msg(err, errcap, "state: micro-batch cursor %lld out of range [0, %lld)",
                 (long long)si.micro_batch, (long long)p->nmb);
         return PL_ESTATE;
     }
-    void *copy = malloc(len);
+    void *copy = pl__malloc(len);
     if (!copy) {
-        pl__msg(err, errcap, "pipeline: out of memory");
+        set_msg(err, errcap, "pipeline: out of memory");
         return PL_ENOMEM;
     }
     memcpy(copy, blob, len);
     pthread_mutex_lock(&p->mu);
-    pl__clear(p);
+    clear(p);
     free(p->base_blob);
     free(p->loose_blob);
     p->loose_blob = NULL;
@@ -617,7 +617,7 @@ static int pl__pipeline_reset_impl(pl_pipeline *p, const void *blob, size_t len,
         r->attached = r->lagged = 0;
         r->failed_reported = 0;
     }
-    int64_t u = pl__unit_of(p, k);
+    int64_t u = unit_of(p, k);
     for (int64_t g = 0; g < p->n_groups; g++) {
         pl__pgroup *gr = &p->groups[g];
         gr->next_u = gr->lo_u = u;
@@ -633,9 +633,9 @@ static int pl__pipeline_reset_impl(pl_pipeline *p, const void *blob, size_t len,
     p->folded_step = si.step;
     p->st_micro_batches = p->st_tokens = p->st_padding = p->st_folded = 0;
     p->st_mom_sum = p->st_molb_sum = 0;
-    pl__wake(work_cv);
-    pl__wake(ready_cv);
-    pl__unlock(p);
+    wake_cv(work_cv);
+    wake_cv(ready_cv);
+    pipe_unlock(p);
     return PL_OK;
 }
 
@@ -644,22 +644,22 @@ void pl_pipeline_close(pl_pipeline *p) {
     pthread_mutex_lock(&p->mu);
     p->closed = 1;
     p->held = 0; /* everybody is woken */
-    pl__wake(work_cv);
-    pl__wake(ready_cv);
-    pl__unlock(p);
+    wake_cv(work_cv);
+    wake_cv(ready_cv);
+    pipe_unlock(p);
 }
 
 uint64_t pl_pipeline_generation(pl_pipeline *p) {
     pthread_mutex_lock(&p->mu);
     uint64_t g = p->generation;
-    pl__unlock(p);
+    pipe_unlock(p);
     return g;
 }
 
 void pl__pipeline_reopen(pl_pipeline *p) {
     pthread_mutex_lock(&p->mu);
     p->closed = 0;
-    pl__unlock(p);
+    pipe_unlock(p);
 }
 
 void pl__pipeline_end_at(pl_pipeline *p, int64_t step) {
@@ -667,10 +667,10 @@ void pl__pipeline_end_at(pl_pipeline *p, int64_t step) {
     if (p->total_steps < 0 || step < p->total_steps) {
         p->total_steps = step;
         p->total_k = step * p->nmb;
-        pl__wake(work_cv);
-        pl__wake(ready_cv);
+        wake_cv(work_cv);
+        wake_cv(ready_cv);
     }
-    pl__unlock(p);
+    pipe_unlock(p);
 }
 
 size_t pl_pipeline_sizeof(const pl_pipeline *p) {
@@ -687,11 +687,11 @@ size_t pl_pipeline_sizeof(const pl_pipeline *p) {
 /* --------------------------------------------------------------- driver */
 
 /* A group that may build a unit whose step is added; -1 if none. */
-static int64_t pl__pick(pl_pipeline *p) {
+static int64_t pick(pl_pipeline *p) {
     int64_t best = -1;
     for (int64_t g = 0; g < p->n_groups; g++) {
         pl__pgroup *gr = &p->groups[g];
-        if (pl__units_done(p, gr) || !pl__window_admits(p, gr)) continue;
+        if (units_done(p, gr) || !window_admits(p, gr)) continue;
         if (gr->next_u / p->ups >= p->next_plan_step) continue;
         if (best < 0 || gr->next_u < p->groups[best].next_u) best = g;
     }
@@ -704,33 +704,33 @@ static int64_t pl__pick(pl_pipeline *p) {
  * driver waiting for the plan once the window admits s+1; and a transport
  * that pushes steps in bursts (plan_low < plan_ahead, pl__pipeline_grant)
  * is woken once per burst, not per step. */
-static int pl__needs_plan(pl_pipeline *p) {
+static int needs_plan(pl_pipeline *p) {
     if (p->asked) return 0;
     if (p->total_steps >= 0 && p->next_plan_step > p->total_steps) return 0;
     for (int64_t g = 0; g < p->n_groups; g++) {
         pl__pgroup *gr = &p->groups[g];
         int64_t ns = gr->next_u / p->ups;
-        if (ns >= p->next_plan_step && pl__window_admits(p, gr)) return 1;
+        if (ns >= p->next_plan_step && window_admits(p, gr)) return 1;
         if (p->plan_ahead > 0 && ns + p->plan_low >= p->next_plan_step &&
-            pl__group_min(p, gr, 0) >= 0)
+            group_min(p, gr, 0) >= 0)
             return 1;
     }
     return 0;
 }
 
 /* A held consumer wake-up goes out. mu held. */
-static void pl__release_held(pl_pipeline *p) {
+static void release_held(pl_pipeline *p) {
     if (p->held) {
         p->held = 0;
-        pl__wake(ready_cv);
+        wake_cv(ready_cv);
     }
 }
 
 void pl__pipeline_defer_wakes(pl_pipeline *p, int64_t units) {
     pthread_mutex_lock(&p->mu);
     p->defer_units = units > 1 ? units : 0;
-    pl__release_held(p);
-    pl__unlock(p);
+    release_held(p);
+    pipe_unlock(p);
 }
 
 void pl__pipeline_plan_ahead(pl_pipeline *p, int64_t steps) {
@@ -747,9 +747,9 @@ void pl__pipeline_plan_window(pl_pipeline *p, int64_t ahead, int64_t low) {
     if (p->plan_ahead != ahead || p->plan_low != low) {
         p->plan_ahead = ahead;
         p->plan_low = low;
-        pl__wake(work_cv);
+        wake_cv(work_cv);
     }
-    pl__unlock(p);
+    pipe_unlock(p);
 }
 
 int64_t pl__pipeline_grant(pl_pipeline *p, int64_t step, int64_t ahead) {
@@ -757,15 +757,15 @@ int64_t pl__pipeline_grant(pl_pipeline *p, int64_t step, int64_t ahead) {
     int64_t n = 0;
     if (ahead > PL__AHEAD_MAX) ahead = PL__AHEAD_MAX;
     /* Granted even when closed meanwhile: the step was handed out, and the
-       transport pushes it (pl__add takes it) or is stopped; refusing would
+       transport pushes it (add_step takes it) or is stopped; refusing would
        leave `asked` set and a reopened pipeline waiting for a push. */
     if (p->asked == 1 && step == p->next_plan_step) {
-        /* the least step a group builds next, over the groups pl__needs_plan
+        /* the least step a group builds next, over the groups needs_plan
            looks at (not done, some rank not dropped) */
         int64_t ns = -1;
         for (int64_t g = 0; g < p->n_groups; g++) {
             pl__pgroup *gr = &p->groups[g];
-            if (pl__units_done(p, gr) || pl__group_min(p, gr, 0) < 0) continue;
+            if (units_done(p, gr) || group_min(p, gr, 0) < 0) continue;
             int64_t s = gr->next_u / p->ups;
             if (ns < 0 || s < ns) ns = s;
         }
@@ -776,14 +776,14 @@ int64_t pl__pipeline_grant(pl_pipeline *p, int64_t step, int64_t ahead) {
         if (n < 1) n = 1;
         p->asked = n;
     }
-    pl__unlock(p);
+    pipe_unlock(p);
     return n;
 }
 
-static int pl__all_built(pl_pipeline *p) {
+static int all_built(pl_pipeline *p) {
     if (p->total_steps < 0) return 0;
     for (int64_t g = 0; g < p->n_groups; g++)
-        if (!pl__units_done(p, &p->groups[g])) return 0;
+        if (!units_done(p, &p->groups[g])) return 0;
     return 1;
 }
 
@@ -792,7 +792,7 @@ int pl_pipeline_get_work(pl_pipeline *p, unsigned kinds, int64_t timeout_ms,
     memset(w, 0, sizeof *w);
     struct timespec ts;
     int use;
-    pl__deadline(timeout_ms, &ts, &use);
+    deadline_from(timeout_ms, &ts, &use);
     pthread_mutex_lock(&p->mu);
     int rc = PL_OK;
     for (;;) {
@@ -802,8 +802,8 @@ int pl_pipeline_get_work(pl_pipeline *p, unsigned kinds, int64_t timeout_ms,
         }
         /* Planning ahead goes first: the planner is serial, so the step after
            the one being built is planned while the other drivers build. */
-        if ((kinds & PL_WORK_PLAN) && p->plan_ahead > 0 && pl__needs_plan(p)) {
-            pl__release_held(p);
+        if ((kinds & PL_WORK_PLAN) && p->plan_ahead > 0 && needs_plan(p)) {
+            release_held(p);
             p->asked = 1;
             w->kind = PL_WORK_PLAN;
             w->step = p->next_plan_step;
@@ -811,27 +811,29 @@ int pl_pipeline_get_work(pl_pipeline *p, unsigned kinds, int64_t timeout_ms,
             break;
         }
         if (kinds & PL_WORK_BUILD) {
-            int64_t g = pl__pick(p);
+            int64_t g = pick(p);
             if (g >= 0) {
                 pl__pgroup *gr = &p->groups[g];
                 int64_t u = gr->next_u++;
-                pl__uslot *s = pl__slot(p, gr, u);
-                pl__slot_clear(p, s);
+                pl__uslot *s = slot(p, gr, u);
+                slot_clear(p, s);
                 s->u = u;
-                pl__pentry *e = pl__entry(p, u / p->ups);
+                pl__pentry *e = entry_of(p, u / p->ups);
                 if (!e || e->rc || !e->plan) {
                     s->state = PL__U_ERROR;
                     s->rc = e && e->rc ? e->rc : PL_ESTATE;
-                    s->msg = pl__strdup(e && e->msg ? e->msg : "pipeline: no plan for this step");
-                    pl__wake(ready_cv);
+                    s->msg = pl__strdup(e && e->msg ? e->msg
+                                        : e && e->rc ? pl_strerror(e->rc)
+                                                     : "pipeline: no plan for this step");
+                    wake_cv(ready_cv);
                     continue;
                 }
                 s->state = PL__U_BUILDING;
                 if (p->defer_units) {
-                    s->t_given = pl__now_us();
+                    s->t_given = now_us();
                     /* a wake-up held too long goes out before another unit */
                     if (p->held && s->t_given - p->held_since >= PL__DEFER_MAX_US)
-                        pl__release_held(p);
+                        release_held(p);
                 }
                 w->kind = PL_WORK_BUILD;
                 w->step = u / p->ups;
@@ -839,8 +841,8 @@ int pl_pipeline_get_work(pl_pipeline *p, unsigned kinds, int64_t timeout_ms,
                 w->group = g;
                 w->dp_rank = gr->dp;
                 w->cp_rank = gr->cp;
-                w->micro_batch = pl__unit_k0(p, u) - w->step * p->nmb;
-                w->n_micro_batches = pl__unit_n(p, u);
+                w->micro_batch = unit_k0(p, u) - w->step * p->nmb;
+                w->n_micro_batches = unit_n(p, u);
                 w->plan = e->plan;
                 w->aux = e->aux;
                 w->blob = e->blob;
@@ -851,61 +853,61 @@ int pl_pipeline_get_work(pl_pipeline *p, unsigned kinds, int64_t timeout_ms,
                    pl_loader_want_step), which nothing else would wake while
                    the consumers stand still (a lost wake-up: a trainer's
                    client stopped 1-3 steps short of its prefetch window). */
-                if (pl__needs_plan(p)) pl__wake(work_cv);
+                if (needs_plan(p)) wake_cv(work_cv);
                 break;
             }
         }
-        if ((kinds & PL_WORK_PLAN) && pl__needs_plan(p)) {
-            pl__release_held(p);
+        if ((kinds & PL_WORK_PLAN) && needs_plan(p)) {
+            release_held(p);
             p->asked = 1;
             w->kind = PL_WORK_PLAN;
             w->step = p->next_plan_step;
             w->generation = p->generation;
             break;
         }
-        int done_build = pl__all_built(p);
+        int done_build = all_built(p);
         int done_plan = p->total_steps >= 0 && p->next_plan_step > p->total_steps;
         if ((!(kinds & PL_WORK_BUILD) || done_build) &&
             (!(kinds & PL_WORK_PLAN) || done_plan)) {
             rc = PL_DONE;
             break;
         }
-        if (use && (timeout_ms == 0 || pl__past(&ts))) {
+        if (use && (timeout_ms == 0 || deadline_passed(&ts))) {
             rc = PL_ETIMEDOUT;
             break;
         }
-        pl__release_held(p); /* this driver has nothing to build: nothing to wait for */
-        pl__wait(work_cv, &p->mu, use ? &ts : NULL);
+        release_held(p); /* this driver has nothing to build: nothing to wait for */
+        wait_cv(work_cv, &p->mu, use ? &ts : NULL);
     }
-    if (rc != PL_OK) pl__release_held(p);
-    pl__unlock(p);
+    if (rc != PL_OK) release_held(p);
+    pipe_unlock(p);
     return rc;
 }
 
 /* A step that cannot be stored fails the pipeline (nobody would ask again). */
-static void pl__fail_oom(pl_pipeline *p, int64_t step) {
+static void fail_oom(pl_pipeline *p, int64_t step) {
     pthread_mutex_lock(&p->mu);
     if (p->asked && step == p->next_plan_step && !p->failed) {
         p->failed = PL_ENOMEM;
         pl__fmt(p->fail_msg, sizeof p->fail_msg,
                 "pipeline: out of memory adding step %lld", (long long)step);
-        pl__wake(work_cv);
-        pl__wake(ready_cv);
+        wake_cv(work_cv);
+        wake_cv(ready_cv);
     }
-    pl__unlock(p);
+    pipe_unlock(p);
 }
 
-static int pl__add(pl_pipeline *p, int64_t step, pl_plan *plan, const void *blob,
+static int add_step(pl_pipeline *p, int64_t step, pl_plan *plan, const void *blob,
                    size_t blob_len, void *aux, void (*aux_free)(void *), int status,
                    const char *message) {
     pl__pentry *e = pl__calloc(1, sizeof *e);
-    void *b = blob_len ? malloc(blob_len) : NULL;
+    void *b = blob_len ? pl__malloc(blob_len) : NULL;
     if (!e || (blob_len && !b)) {
         free(e);
         free(b);
         pl_plan_free(plan);
         if (aux && aux_free) aux_free(aux);
-        pl__fail_oom(p, step);
+        fail_oom(p, step);
         return PL_ENOMEM;
     }
     if (b) memcpy(b, blob, blob_len);
@@ -919,17 +921,17 @@ static int pl__add(pl_pipeline *p, int64_t step, pl_plan *plan, const void *blob
     e->msg = message ? pl__strdup(message) : NULL;
     pthread_mutex_lock(&p->mu);
     if (!p->asked || step != p->next_plan_step) {
-        pl__unlock(p);
-        pl__entry_free(e);
+        pipe_unlock(p);
+        entry_free(e);
         return PL_EINVAL;
     }
     if (p->n_entries == p->cap_entries) {
         int64_t nc = p->cap_entries ? p->cap_entries * 2 : 8;
         pl__pentry **v = pl__realloc_array(p->entries, (size_t)nc, sizeof *v);
         if (!v) {
-            pl__unlock(p);
-            pl__entry_free(e);
-            pl__fail_oom(p, step);
+            pipe_unlock(p);
+            entry_free(e);
+            fail_oom(p, step);
             return PL_ENOMEM;
         }
         p->entries = v;
@@ -939,11 +941,11 @@ static int pl__add(pl_pipeline *p, int64_t step, pl_plan *plan, const void *blob
     p->entries[p->n_entries++] = e;
     p->next_plan_step++;
     p->asked--;
-    pl__wake(work_cv);
+    wake_cv(work_cv);
     /* Consumers wait for units, not steps: a new step concerns the state and
        statistics calls that wait for its blob, and a failed one everybody. */
-    if (status != PL_OK || p->ready_other_n > 0) pl__wake(ready_cv);
-    pl__unlock(p);
+    if (status != PL_OK || p->ready_other_n > 0) wake_cv(ready_cv);
+    pipe_unlock(p);
     return PL_OK;
 }
 
@@ -960,12 +962,12 @@ int pl_pipeline_add_step(pl_pipeline *p, int64_t step, pl_plan *plan,
         if (aux && aux_free) aux_free(aux);
         return PL_EINVAL;
     }
-    return pl__add(p, step, plan, blob, blob_len, aux, aux_free, PL_OK, NULL);
+    return add_step(p, step, plan, blob, blob_len, aux, aux_free, PL_OK, NULL);
 }
 
 int pl_pipeline_fail_step(pl_pipeline *p, int64_t step, int status,
                           const char *message) {
-    return pl__add(p, step, NULL, NULL, 0, NULL, NULL, status ? status : PL_EIO,
+    return add_step(p, step, NULL, NULL, 0, NULL, NULL, status ? status : PL_EIO,
                    message ? message : "step failed");
 }
 
@@ -976,12 +978,12 @@ int pl_pipeline_complete(pl_pipeline *p, const pl_work *w, int status,
     pl__uslot *s = NULL;
     if (w->kind == PL_WORK_BUILD && w->generation == p->generation && w->group >= 0 &&
         w->group < p->n_groups) {
-        s = pl__slot(p, &p->groups[w->group], w->unit);
+        s = slot(p, &p->groups[w->group], w->unit);
         if (s->u != w->unit || s->state != PL__U_BUILDING) s = NULL;
     }
     if (!s) { /* reset meanwhile: drop it */
         if (item && p->release) p->release(item, p->release_ctx);
-        pl__unlock(p);
+        pipe_unlock(p);
         return PL_ECLOSED;
     }
     if (status == PL_OK) {
@@ -1002,25 +1004,25 @@ int pl_pipeline_complete(pl_pipeline *p, const pl_work *w, int status,
        unit's wake-up may be held (header comment). */
     if (status != PL_OK || p->ready_other_n > 0) {
         p->held = 0;
-        pl__wake(ready_cv);
-    } else if (p->held || pl__group_waits(p, &p->groups[w->group], w->unit)) {
-        double now = p->defer_units ? pl__now_us() : 0;
+        wake_cv(ready_cv);
+    } else if (p->held || group_waits(p, &p->groups[w->group], w->unit)) {
+        double now = p->defer_units ? now_us() : 0;
         if (p->defer_units && now - s->t_given < PL__DEFER_UNIT_US &&
             (!p->held || now - p->held_since < PL__DEFER_MAX_US) &&
             p->held + 1 < p->defer_units) {
             if (!p->held++) p->held_since = now;
         } else {
             p->held = 0;
-            pl__wake(ready_cv);
+            wake_cv(ready_cv);
         }
     }
-    pl__unlock(p);
+    pipe_unlock(p);
     return PL_OK;
 }
 
 /* ------------------------------------------------------------- consumer */
 
-static pl__prank *pl__find(pl_pipeline *p, int64_t rank) {
+static pl__prank *find_rank(pl_pipeline *p, int64_t rank) {
     int64_t lo = 0, hi = p->n_ranks;
     while (lo < hi) {
         int64_t mid = lo + (hi - lo) / 2;
@@ -1031,42 +1033,42 @@ static pl__prank *pl__find(pl_pipeline *p, int64_t rank) {
 }
 
 /* The failure, once with its status, then PL_ECLOSED. mu held. */
-static int pl__report_failure(pl_pipeline *p, char *err, size_t errcap) {
-    pl__msg(err, errcap, "%s", p->fail_msg);
+static int report_failure(pl_pipeline *p, char *err, size_t errcap) {
+    set_msg(err, errcap, "%s", p->fail_msg);
     int rc = p->failed_reported ? PL_ECLOSED : p->failed;
     p->failed_reported = 1;
     return rc;
 }
 
-static int pl__pipeline_next_impl(pl_pipeline *p, int64_t rank, int64_t max_count,
+static int pipeline_next_impl(pl_pipeline *p, int64_t rank, int64_t max_count,
                      int64_t timeout_ms, pl_pipeline_item *out, char *err,
                      size_t errcap) {
     memset(out, 0, sizeof *out);
     if (max_count < 1) max_count = 1;
-    pl__prank *r = pl__find(p, rank);
+    pl__prank *r = find_rank(p, rank);
     if (!r) {
-        pl__msg(err, errcap, "pipeline: rank %lld is not served here", (long long)rank);
+        set_msg(err, errcap, "pipeline: rank %lld is not served here", (long long)rank);
         return PL_ERANGE;
     }
     struct timespec ts;
     int use;
-    pl__deadline(timeout_ms, &ts, &use);
+    deadline_from(timeout_ms, &ts, &use);
     pthread_mutex_lock(&p->mu);
     pl__pgroup *g = &p->groups[r->group];
     if (r->pin >= 0) {
-        pl__uslot *s = pl__slot(p, g, r->pin);
+        pl__uslot *s = slot(p, g, r->pin);
         if (s->u == r->pin) s->pins--;
         r->pin = -1;
-        pl__advance(p, g);
+        advance(p, g);
     }
     int rc = PL_OK;
     int64_t k = r->cursor;
     if (!r->attached) {
         r->attached = 1;
-        pl__wake(work_cv);
+        wake_cv(work_cv);
     }
-    int64_t u = pl__unit_of(p, k);
-    pl__uslot *s = pl__slot(p, g, u);
+    int64_t u = unit_of(p, k);
+    pl__uslot *s = slot(p, g, u);
     for (;;) {
         /* A failed unit: its status to each rank that reaches it (once; then
            PL_ECLOSED), so TP/PP/CP peers sharing it all get it at the same
@@ -1077,22 +1079,23 @@ static int pl__pipeline_next_impl(pl_pipeline *p, int64_t rank, int64_t max_coun
         if (s->u == u && s->state == PL__U_ERROR && !r->lagged) {
             if (!p->failed) {
                 p->failed = s->rc;
-                pl__fmt(p->fail_msg, sizeof p->fail_msg, "%s", s->msg ? s->msg : "");
-                pl__wake(ready_cv);
-                pl__wake(work_cv);
+                pl__fmt(p->fail_msg, sizeof p->fail_msg, "%s",
+                        s->msg ? s->msg : pl_strerror(s->rc)); /* copy failed: ENOMEM */
+                wake_cv(ready_cv);
+                wake_cv(work_cv);
             }
-            pl__msg(err, errcap, "%s", s->msg ? s->msg : "");
+            set_msg(err, errcap, "%s", s->msg ? s->msg : pl_strerror(s->rc));
             rc = r->failed_reported ? PL_ECLOSED : s->rc;
             r->failed_reported = 1;
             p->failed_reported = 1;
             goto out;
         }
         if (p->failed && !(s->u == u && s->state == PL__U_READY)) {
-            rc = pl__report_failure(p, err, errcap);
+            rc = report_failure(p, err, errcap);
             goto out;
         }
         if (r->lagged) {
-            pl__msg(err, errcap,
+            set_msg(err, errcap,
                     "rank %lld (DP rank %lld) stands at step %lld, micro-batch %lld, more "
                     "than max_lag_steps=%lld steps behind the most advanced rank of its "
                     "group (step %lld); its batches were dropped so that the others do "
@@ -1108,17 +1111,17 @@ static int pl__pipeline_next_impl(pl_pipeline *p, int64_t rank, int64_t max_coun
             goto out;
         }
         if (p->closed) {
-            pl__msg(err, errcap, "pipeline: closed");
+            set_msg(err, errcap, "pipeline: closed");
             rc = PL_ECLOSED;
             goto out;
         }
         if (u > g->demand_u) {
             g->demand_u = u;
-            pl__wake(work_cv);
+            wake_cv(work_cv);
         }
         if (s->u == u && s->state == PL__U_READY) break;
-        if (use && (timeout_ms == 0 || pl__past(&ts))) {
-            pl__msg(err, errcap,
+        if (use && (timeout_ms == 0 || deadline_passed(&ts))) {
+            set_msg(err, errcap,
                     "pipeline: rank %lld waited %lld ms for step %lld, micro-batch %lld",
                     (long long)rank, (long long)timeout_ms, (long long)(k / p->nmb),
                     (long long)(k % p->nmb));
@@ -1126,10 +1129,10 @@ static int pl__pipeline_next_impl(pl_pipeline *p, int64_t rank, int64_t max_coun
             goto out;
         }
         r->wait_u = u;
-        pl__wait(ready_cv, &p->mu, use ? &ts : NULL);
+        wait_cv(ready_cv, &p->mu, use ? &ts : NULL);
         r->wait_u = -1;
     }
-    int64_t k0 = pl__unit_k0(p, u), n = pl__unit_n(p, u);
+    int64_t k0 = unit_k0(p, u), n = unit_n(p, u);
     int64_t take = k0 + n - k < max_count ? k0 + n - k : max_count;
     out->item = s->item;
     out->step = k / p->nmb;
@@ -1141,28 +1144,28 @@ static int pl__pipeline_next_impl(pl_pipeline *p, int64_t rank, int64_t max_coun
     if (p->retain) p->retain(s->item, out->index, p->release_ctx);
     s->pins++;
     r->pin = u;
-    int64_t a0 = pl__group_min(p, g, 1);
+    int64_t a0 = group_min(p, g, 1);
     r->cursor = k + take;
     /* The group's window moves when its least attached cursor enters another
-       unit (released units wake drivers in pl__advance). */
-    if (pl__unit_of(p, pl__group_min(p, g, 1)) != pl__unit_of(p, a0 < 0 ? 0 : a0))
-        pl__wake(work_cv);
+       unit (released units wake drivers in advance). */
+    if (unit_of(p, group_min(p, g, 1)) != unit_of(p, a0 < 0 ? 0 : a0))
+        wake_cv(work_cv);
     p->st_micro_batches += take;
     if (r->cursor > g->lead_k) {
         g->lead_k = r->cursor;
-        pl__apply_lag(p, g);
+        apply_lag(p, g);
     }
-    pl__advance(p, g);
+    advance(p, g);
 out:
-    pl__unlock(p);
+    pipe_unlock(p);
     return rc;
 }
 
 /* ---------------------------------------------------- state, statistics */
 
 /* The blob of `step`'s start (entry or base); NULL if not there. mu held. */
-static const void *pl__blob_of(pl_pipeline *p, int64_t step, size_t *len) {
-    pl__pentry *e = pl__entry(p, step);
+static const void *blob_of(pl_pipeline *p, int64_t step, size_t *len) {
+    pl__pentry *e = entry_of(p, step);
     if (e && e->blob) {
         *len = e->blob_len;
         return e->blob;
@@ -1181,10 +1184,10 @@ static const void *pl__blob_of(pl_pipeline *p, int64_t step, size_t *len) {
 int pl_pipeline_position(pl_pipeline *p, int64_t *step, int64_t *micro_batch,
                          int *have_blob) {
     pthread_mutex_lock(&p->mu);
-    int64_t k = pl__position(p);
+    int64_t k = consumed_position(p);
     size_t n = 0;
-    int have = p->base_step >= 0 && pl__blob_of(p, k / p->nmb, &n) != NULL;
-    pl__unlock(p);
+    int have = p->base_step >= 0 && blob_of(p, k / p->nmb, &n) != NULL;
+    pipe_unlock(p);
     if (step) *step = k / p->nmb;
     if (micro_batch) *micro_batch = k % p->nmb;
     if (have_blob) *have_blob = have;
@@ -1195,31 +1198,31 @@ int pl_pipeline_attach_state(pl_pipeline *p, const void *blob, size_t len, char 
                              size_t errcap) {
     pl_state_info si;
     if (!blob || pl_state_inspect(blob, len, &si) != PL_OK) {
-        pl__msg(err, errcap, "pipeline: the state blob is corrupt or of another version");
+        set_msg(err, errcap, "pipeline: the state blob is corrupt or of another version");
         return PL_ESTATE;
     }
     if (si.micro_batch != 0 || si.step < 0 || si.dp != p->cfg->topology.dp) {
-        pl__msg(err, errcap,
+        set_msg(err, errcap,
                 "pipeline: attach_state takes the blob of a step's start for dp %lld "
                 "(got step %lld, micro-batch %lld, dp %lld)",
                 (long long)p->cfg->topology.dp, (long long)si.step,
                 (long long)si.micro_batch, (long long)si.dp);
         return PL_ESTATE;
     }
-    void *copy = malloc(len);
+    void *copy = pl__malloc(len);
     if (!copy) {
-        pl__msg(err, errcap, "pipeline: out of memory");
+        set_msg(err, errcap, "pipeline: out of memory");
         return PL_ENOMEM;
     }
     memcpy(copy, blob, len);
     pthread_mutex_lock(&p->mu);
     size_t n = 0;
-    if (pl__blob_of(p, si.step, &n)) { /* already held: keep it */
-        pl__unlock(p);
+    if (blob_of(p, si.step, &n)) { /* already held: keep it */
+        pipe_unlock(p);
         free(copy);
         return PL_OK;
     }
-    pl__pentry *e = pl__entry(p, si.step);
+    pl__pentry *e = entry_of(p, si.step);
     if (e) {
         e->blob = copy;
         e->blob_len = len;
@@ -1229,28 +1232,28 @@ int pl_pipeline_attach_state(pl_pipeline *p, const void *blob, size_t len, char 
         p->loose_len = len;
         p->loose_step = si.step;
     }
-    pl__wake(ready_cv);
-    pl__unlock(p);
+    wake_cv(ready_cv);
+    pipe_unlock(p);
     return PL_OK;
 }
 
-static int pl__pipeline_get_state_impl(pl_pipeline *p, int64_t timeout_ms, void *buf,
+static int pipeline_get_state_impl(pl_pipeline *p, int64_t timeout_ms, void *buf,
                           size_t cap, size_t *len, char *err, size_t errcap) {
     struct timespec ts;
     int use;
-    pl__deadline(timeout_ms, &ts, &use);
+    deadline_from(timeout_ms, &ts, &use);
     pthread_mutex_lock(&p->mu);
     int rc = PL_OK;
     const void *blob = NULL;
     size_t n = 0;
     int64_t k = 0;
     for (;;) {
-        k = pl__position(p);
-        blob = pl__blob_of(p, k / p->nmb, &n);
+        k = consumed_position(p);
+        blob = blob_of(p, k / p->nmb, &n);
         if (blob) break;
-        pl__pentry *e = pl__entry(p, k / p->nmb);
+        pl__pentry *e = entry_of(p, k / p->nmb);
         if (e || p->failed || p->closed || p->base_step < 0) {
-            pl__msg(err, errcap, "pipeline: no state for step %lld (%s)",
+            set_msg(err, errcap, "pipeline: no state for step %lld (%s)",
                     (long long)(k / p->nmb),
                     p->base_step < 0 ? "never reset"
                     : e && e->msg ? e->msg
@@ -1259,40 +1262,41 @@ static int pl__pipeline_get_state_impl(pl_pipeline *p, int64_t timeout_ms, void 
             rc = PL_ESTATE;
             break;
         }
-        if (use && (timeout_ms == 0 || pl__past(&ts))) {
-            pl__msg(err, errcap, "pipeline: the state of step %lld is not there yet",
+        if (use && (timeout_ms == 0 || deadline_passed(&ts))) {
+            set_msg(err, errcap, "pipeline: the state of step %lld is not there yet",
                     (long long)(k / p->nmb));
             rc = PL_ETIMEDOUT;
             break;
         }
         p->ready_other_n++;
-        pl__wait(ready_cv, &p->mu, use ? &ts : NULL);
+        wait_cv(ready_cv, &p->mu, use ? &ts : NULL);
         p->ready_other_n--;
     }
     if (!rc) {
         *len = n;
         if (buf) {
             if (cap < n) {
-                pl__msg(err, errcap, "state buffer too small: %zu bytes, need %zu", cap, n);
+                set_msg(err, errcap, "state buffer too small: %zu bytes, need %zu", cap, n);
                 rc = PL_EINVAL;
             } else {
                 rc = pl_state_retarget(blob, n, k % p->nmb, p->cfg->topology.dp, buf, cap,
                                        len);
-                if (rc) pl__msg(err, errcap, "pipeline: corrupt state blob");
+                if (rc) set_msg(err, errcap, "pipeline: corrupt state blob");
             }
         }
     }
-    pl__unlock(p);
+    pipe_unlock(p);
     return rc;
 }
 
-static int pl__name_is(const pl_state_source_info *si, const char *name) {
+static int name_is(const pl_state_source_info *si, const char *name) {
     return strlen(name) == si->name_len && memcmp(si->name, name, si->name_len) == 0;
 }
 
 int pl_pipeline_get_stats(pl_pipeline *p, int64_t timeout_ms, pl_loader_stats *stats,
                           pl_source_summary *sources, int64_t cap) {
-    if (!stats || stats->size < sizeof(pl_loader_stats) || (!sources && cap > 0)) {
+    if (!stats || stats->size < offsetof(pl_loader_stats, data_wait_s) ||
+        (!sources && cap > 0)) {
         pl__thread_err("pipeline: pl_pipeline_get_stats needs stats->size = "
                        "sizeof(pl_loader_stats) and a sources array of cap entries");
         return PL_EINVAL;
@@ -1304,31 +1308,31 @@ int pl_pipeline_get_stats(pl_pipeline *p, int64_t timeout_ms, pl_loader_stats *s
     out->size = sizeof *out;
     struct timespec ts;
     int use;
-    pl__deadline(timeout_ms, &ts, &use);
+    deadline_from(timeout_ms, &ts, &use);
     pthread_mutex_lock(&p->mu);
-    int64_t k = pl__position(p);
+    int64_t k = consumed_position(p);
     int64_t step = k / p->nmb;
     size_t blen = 0;
     const void *blob = NULL;
     /* The per-source counters are those of the blob of the position's step
        (the planner's counters when the step began): wait for it. */
     for (;;) {
-        k = pl__position(p);
+        k = consumed_position(p);
         step = k / p->nmb;
-        blob = pl__blob_of(p, step, &blen);
+        blob = blob_of(p, step, &blen);
         if (blob || p->failed || p->closed || p->base_step < 0) break;
-        pl__pentry *e = pl__entry(p, step);
+        pl__pentry *e = entry_of(p, step);
         if (e && e->rc == PL_OK && !p->failed) { /* added without its blob */
-            pl__unlock(p);
+            pipe_unlock(p);
             return PL_ESTATE;
         }
         if (e) break;
-        if (use && (timeout_ms == 0 || pl__past(&ts))) {
-            pl__unlock(p);
+        if (use && (timeout_ms == 0 || deadline_passed(&ts))) {
+            pipe_unlock(p);
             return PL_ETIMEDOUT;
         }
         p->ready_other_n++;
-        pl__wait(ready_cv, &p->mu, use ? &ts : NULL);
+        wait_cv(ready_cv, &p->mu, use ? &ts : NULL);
         p->ready_other_n--;
     }
     out->steps = step - p->start_k / p->nmb;
@@ -1356,9 +1360,9 @@ int pl_pipeline_get_stats(pl_pipeline *p, int64_t timeout_ms, pl_loader_stats *s
     for (int64_t j = 0; have && target && j < info.n_sources; j++) {
         pl_state_source_info si;
         if (pl_state_source(blob, blen, j, &si)) break;
-        int64_t i = j < ns && pl__name_is(&si, c->sources[j].name) ? j : -1;
+        int64_t i = j < ns && name_is(&si, c->sources[j].name) ? j : -1;
         for (int64_t t = 0; i < 0 && t < ns; t++)
-            if (pl__name_is(&si, c->sources[t].name)) i = t;
+            if (name_is(&si, c->sources[t].name)) i = t;
         drawn_all += (double)si.drawn_tokens;
         target_all += si.target_tokens;
         if (i < 0) continue;
@@ -1378,8 +1382,10 @@ int pl_pipeline_get_stats(pl_pipeline *p, int64_t timeout_ms, pl_loader_stats *s
     free(target);
     out->n_sources = ns;
     out->sources = sources;
-    pl__unlock(p);
-    memcpy(stats, out, sizeof *out);
+    pipe_unlock(p);
+    size_t given = stats->size; /* an older caller's struct ends before the newer fields */
+    memcpy(stats, out, given < sizeof *out ? given : sizeof *out);
+    stats->size = given;
     return PL_OK;
 }
 
@@ -1393,7 +1399,7 @@ int pl_pipeline_reset(pl_pipeline *p, const void *blob, size_t len, char *err,
         errcap = sizeof local;
     }
     err[0] = '\0';
-    int rc = pl__pipeline_reset_impl(p, blob, len, err, errcap);
+    int rc = pipeline_reset_impl(p, blob, len, err, errcap);
     if (rc < 0) pl__thread_err(err);
     return rc;
 }
@@ -1407,7 +1413,7 @@ int pl_pipeline_next(pl_pipeline *p, int64_t rank, int64_t max_count,
         errcap = sizeof local;
     }
     err[0] = '\0';
-    int rc = pl__pipeline_next_impl(p, rank, max_count, timeout_ms, out, err, errcap);
+    int rc = pipeline_next_impl(p, rank, max_count, timeout_ms, out, err, errcap);
     if (rc < 0) pl__thread_err(err);
     return rc;
 }
@@ -1420,7 +1426,7 @@ int pl_pipeline_get_state(pl_pipeline *p, int64_t timeout_ms, void *buf,
         errcap = sizeof local;
     }
     err[0] = '\0';
-    int rc = pl__pipeline_get_state_impl(p, timeout_ms, buf, cap, len, err, errcap);
+    int rc = pipeline_get_state_impl(p, timeout_ms, buf, cap, len, err, errcap);
     if (rc < 0) pl__thread_err(err);
     return rc;
 }

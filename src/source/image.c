@@ -218,7 +218,7 @@ pl__imgtls *pl__image_tls(void) {
     if (!pl__tls_ok) return NULL;
     pl__imgtls *t = pthread_getspecific(pl__tls_key);
     if (t) return t;
-    t = calloc(1, sizeof *t);
+    t = pl__calloc(1, sizeof *t);
     if (t && pthread_setspecific(pl__tls_key, t) != 0) {
         free(t);
         t = NULL;
@@ -235,7 +235,7 @@ pl__imgtls *pl__image_tls(void) {
 static int pl__grow(uint8_t **buf, size_t *cap, size_t need) {
     need += PL__SWS_PAD;
     if (need <= *cap) return PL_OK;
-    uint8_t *nb = realloc(*buf, need);
+    uint8_t *nb = pl__realloc_array(*buf, need, 1);
     if (!nb) return PL_ENOMEM;
     *buf = nb;
     *cap = need;
@@ -424,7 +424,7 @@ static int pl__resize(const uint8_t *src, int64_t sstride, int64_t sx, int64_t s
         return PL_OK;
     }
     if (pl__image_resizer == 1) {
-        uint8_t *hwc = malloc((size_t)n * 3);
+        uint8_t *hwc = pl__malloc((size_t)n * 3);
         if (!hwc || !stbir_resize_uint8(s0, (int)sw, (int)sh, (int)sstride, hwc, (int)dw,
                                         (int)dh, (int)(dw * 3), 3)) {
             free(hwc);

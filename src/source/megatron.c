@@ -23,31 +23,53 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+/* A Megatron file: the common record, then the .idx arrays (in idx_map). */
+typedef struct pl__mfile {
+    pl__sfile base;
+    const uint8_t *tokens; /* byte 0 of the .bin (NULL: empty) */
+    int64_t token_bytes;   /* bytes of the .bin */
+    int64_t seq_count;
+    int64_t docidx_count;
+    const uint8_t *lengths;  /* int32[seq_count], unaligned */
+    const uint8_t *pointers; /* int64[seq_count], unaligned */
+    const uint8_t *docidx;   /* int64[docidx_count], unaligned; only while
+                                open checks it (unmapped after) */
+} pl__mfile;
+
 static const unsigned char pl__mm_magic[9] = {'M', 'M', 'I', 'D', 'I',
                                               'D', 'X', 0,   0};
 
 /* Byte offsets of the arrays inside the .idx. */
-static int64_t pl__off_length(const pl__sfile *f, int64_t r) {
+static int64_t pl__off_length(const pl__mfile *f, int64_t r) {
     (void)f;
     return PL__MEGATRON_HEADER + 4 * r;
 }
-static int64_t pl__off_pointer(const pl__sfile *f, int64_t r) {
+static int64_t pl__off_pointer(const pl__mfile *f, int64_t r) {
     return PL__MEGATRON_HEADER + 4 * f->seq_count + 8 * r;
 }
-static int64_t pl__off_docidx(const pl__sfile *f, int64_t i) {
+static int64_t pl__off_docidx(const pl__mfile *f, int64_t i) {
     return PL__MEGATRON_HEADER + 12 * f->seq_count + 8 * i;
 }
 
 /* Does record r end past the .bin (or point at nonsense)? */
-static int pl__past_end(const pl__sfile *f, int64_t r) {
+static int pl__past_end(const pl__mfile *f, int64_t r) {
     int64_t ptr = pl__ld_i64(f->pointers + 8 * r);
     int64_t len = pl__ld_i32(f->lengths + 4 * r);
     if (ptr < 0 || len < 0 || ptr > f->token_bytes) return 1;
-    return len > (f->token_bytes - ptr) / (int64_t)f->width;
+    return len > (f->token_bytes - ptr) / (int64_t)f->base.width;
 }
 
-int pl__megatron_open(pl__sfile *f, int skip_trailing, char *err,
-                      size_t errcap) {
+static int pl__megatron_check_docidx(const pl__mfile *f, char *err, size_t errcap);
+
+/* Open f->path + ".idx" / ".bin"; checks are O(1) in the document count.
+ * skip_trailing: records at the end that point past the end of the .bin
+ * (a truncated .bin) are left out and counted in f->skipped instead of
+ * refusing the file (PL_ETRUNC). */
+static int pl__megatron_open(pl_source *src, pl__sfile *bf, int skip_trailing,
+                             char *err, size_t errcap) {
+    (void)src;
+    pl__mfile *mf = (pl__mfile *)bf;
+    pl__sfile *f = bf;
     char path[4096];
     struct stat st;
     int rc;
@@ -85,6 +107,15 @@ int pl__megatron_open(pl__sfile *f, int skip_trailing, char *err,
                 code);
         return PL_EDTYPE;
     }
+    if (code == PL_DTYPE_FLOAT64 || code == PL_DTYPE_FLOAT32) {
+        /* megatron-core allows float arrays; token ids are integers, and a
+           float read as one would be truncated into a wrong id. */
+        pl__fmt(err, errcap,
+                "%s: dtype code %u (%s) at offset 17 is not a token dtype; "
+                "expected an integer code (1-5 or 8)",
+                path, code, pl_dtype_name((int)code));
+        return PL_EDTYPE;
+    }
     f->dtype = (pl_dtype)code;
     f->width = pl_dtype_size((int)code);
 
@@ -106,12 +137,12 @@ int pl__megatron_open(pl__sfile *f, int skip_trailing, char *err,
                 (long long)size);
         return PL_ECOUNT;
     }
-    f->seq_count = (int64_t)s;
-    f->docidx_count = (int64_t)d;
-    f->lengths = m + PL__MEGATRON_HEADER;
-    f->pointers = m + pl__off_pointer(f, 0);
-    f->docidx = m + pl__off_docidx(f, 0);
-    f->n_docs = f->seq_count;
+    mf->seq_count = (int64_t)s;
+    mf->docidx_count = (int64_t)d;
+    mf->lengths = m + PL__MEGATRON_HEADER;
+    mf->pointers = m + pl__off_pointer(mf, 0);
+    mf->docidx = m + pl__off_docidx(mf, 0);
+    f->n_docs = mf->seq_count;
 
     if (d == 0) {
         pl__fmt(err, errcap,
@@ -120,24 +151,24 @@ int pl__megatron_open(pl__sfile *f, int skip_trailing, char *err,
                 path);
         return PL_EDOCIDX;
     }
-    int64_t first = pl__ld_i64(f->docidx);
+    int64_t first = pl__ld_i64(mf->docidx);
     if (first != 0) {
         pl__fmt(err, errcap,
                 "%s: document_indices[0] is %lld at offset %lld, expected 0",
-                path, (long long)first, (long long)pl__off_docidx(f, 0));
+                path, (long long)first, (long long)pl__off_docidx(mf, 0));
         return PL_EDOCIDX;
     }
-    int64_t last = pl__ld_i64(f->docidx + 8 * (d - 1));
-    if (last != f->seq_count) {
+    int64_t last = pl__ld_i64(mf->docidx + 8 * (d - 1));
+    if (last != mf->seq_count) {
         pl__fmt(err, errcap,
                 "%s: document_indices[%llu] is %lld at offset %lld, expected "
                 "sequence_count %lld",
                 path, (unsigned long long)(d - 1), (long long)last,
-                (long long)pl__off_docidx(f, (int64_t)d - 1),
-                (long long)f->seq_count);
+                (long long)pl__off_docidx(mf, (int64_t)d - 1),
+                (long long)mf->seq_count);
         return PL_EDOCIDX;
     }
-    rc = pl__megatron_check_docidx(f, err, errcap);
+    rc = pl__megatron_check_docidx(mf, err, errcap);
     if (rc) return rc;
     /* Reads need only the lengths and pointers: unmap the whole pages after
      * them (document_indices, checked above, and the multimodal modes), so
@@ -146,12 +177,12 @@ int pl__megatron_open(pl__sfile *f, int skip_trailing, char *err,
      * process that reads (8 of every 20 bytes per record). */
     {
         long pg = sysconf(_SC_PAGESIZE);
-        size_t keep = (size_t)pl__off_docidx(f, 0);
+        size_t keep = (size_t)pl__off_docidx(mf, 0);
         if (pg > 0) keep = (keep + (size_t)pg - 1) / (size_t)pg * (size_t)pg;
         if (pg > 0 && keep < f->idx_len &&
             munmap((uint8_t *)f->idx_map + keep, f->idx_len - keep) == 0)
             f->idx_map_len = keep;
-        f->docidx = NULL;
+        mf->docidx = NULL;
     }
 
     pl__fmt(path, sizeof path, "%s.bin", f->path);
@@ -159,30 +190,30 @@ int pl__megatron_open(pl__sfile *f, int skip_trailing, char *err,
     rc = pl__map_any(f, path, 0, &f->data_map, &f->data_len, &st, &fd, err, errcap);
     if (rc) return rc;
     pl__fwatch_keep(&f->data_w, fd, &st);
-    f->tokens = f->data_map;
-    f->token_bytes = (int64_t)f->data_len;
+    mf->tokens = f->data_map;
+    mf->token_bytes = (int64_t)f->data_len;
 
     /* The .bin must reach the end of the last sequence.  A pointer or length
      * that is nonsense on its own is left to the per-document check. */
-    if (f->seq_count > 0) {
-        int64_t r = f->seq_count - 1;
-        int64_t ptr = pl__ld_i64(f->pointers + 8 * r);
-        int64_t len = pl__ld_i32(f->lengths + 4 * r);
+    if (mf->seq_count > 0) {
+        int64_t r = mf->seq_count - 1;
+        int64_t ptr = pl__ld_i64(mf->pointers + 8 * r);
+        int64_t len = pl__ld_i32(mf->lengths + 4 * r);
         if (ptr >= 0 && len >= 0 && ptr <= INT64_MAX / 2) {
             int64_t end = ptr + len * (int64_t)f->width;
-            if (end > f->token_bytes && skip_trailing) {
+            if (end > mf->token_bytes && skip_trailing) {
                 /* A truncated .bin: leave out the records at the end that
                    point past it, the same on every rank. */
-                while (r >= 0 && pl__past_end(f, r)) r--;
+                while (r >= 0 && pl__past_end(mf, r)) r--;
                 f->n_docs = r + 1;
-                f->skipped = f->seq_count - f->n_docs;
-            } else if (end > f->token_bytes) {
+                f->skipped = mf->seq_count - f->n_docs;
+            } else if (end > mf->token_bytes) {
                 pl__fmt(err, errcap,
                         "%s: truncated at offset %lld: the last sequence "
                         "(record %lld, pointer at %s.idx offset %lld) ends at "
                         "byte %lld",
-                        path, (long long)f->token_bytes, (long long)r,
-                        f->path, (long long)pl__off_pointer(f, r),
+                        path, (long long)mf->token_bytes, (long long)r,
+                        f->path, (long long)pl__off_pointer(mf, r),
                         (long long)end);
                 return PL_ETRUNC;
             }
@@ -191,27 +222,32 @@ int pl__megatron_open(pl__sfile *f, int skip_trailing, char *err,
     return PL_OK;
 }
 
-int pl__megatron_doc(const pl__sfile *f, int64_t r, const uint8_t **tokens,
-                     int64_t *length, char *err, size_t errcap) {
+/* Local document r: pointer to its first token and its length, with the
+ * PL_EBOUNDS checks of that record. */
+static int pl__megatron_doc(const pl_source *src, const pl__sfile *bf, int64_t r,
+                            const uint8_t **tokens, int64_t *length, char *err,
+                            size_t errcap) {
+    (void)src;
+    const pl__mfile *f = (const pl__mfile *)bf;
     int64_t len = pl__ld_i32(f->lengths + 4 * r);
     int64_t ptr = pl__ld_i64(f->pointers + 8 * r);
     if (len < 0) {
         pl__fmt(err, errcap,
                 "%s.idx: record %lld: negative sequence length %lld at "
                 "offset %lld",
-                f->path, (long long)r, (long long)len,
+                f->base.path, (long long)r, (long long)len,
                 (long long)pl__off_length(f, r));
         return PL_EBOUNDS;
     }
     if (ptr < 0 || ptr > f->token_bytes ||
-        len > (f->token_bytes - ptr) / (int64_t)f->width) {
+        len > (f->token_bytes - ptr) / (int64_t)f->base.width) {
         pl__fmt(err, errcap,
                 "%s.idx: record %lld: sequence pointer %lld (offset %lld) "
                 "with length %lld (offset %lld) is past the end of %s.bin "
                 "(%lld bytes)",
-                f->path, (long long)r, (long long)ptr,
+                f->base.path, (long long)r, (long long)ptr,
                 (long long)pl__off_pointer(f, r), (long long)len,
-                (long long)pl__off_length(f, r), f->path,
+                (long long)pl__off_length(f, r), f->base.path,
                 (long long)f->token_bytes);
         return PL_EBOUNDS;
     }
@@ -223,7 +259,8 @@ int pl__megatron_doc(const pl__sfile *f, int64_t r, const uint8_t **tokens,
     return PL_OK;
 }
 
-int pl__megatron_check_docidx(const pl__sfile *f, char *err, size_t errcap) {
+/* Full scan of the document index (non-decreasing); PL_EDOCIDX. */
+static int pl__megatron_check_docidx(const pl__mfile *f, char *err, size_t errcap) {
     int64_t prev = 0;
     for (int64_t i = 0; i < f->docidx_count; i++) {
         int64_t v = pl__ld_i64(f->docidx + 8 * i);
@@ -232,7 +269,7 @@ int pl__megatron_check_docidx(const pl__sfile *f, char *err, size_t errcap) {
                     "%s.idx: document_indices[%lld] is %lld at offset %lld "
                     "(previous %lld, sequence_count %lld): not "
                     "non-decreasing within [0, sequence_count]",
-                    f->path, (long long)i, (long long)v,
+                    f->base.path, (long long)i, (long long)v,
                     (long long)pl__off_docidx(f, i), (long long)prev,
                     (long long)f->seq_count);
             return PL_EDOCIDX;
@@ -241,3 +278,39 @@ int pl__megatron_check_docidx(const pl__sfile *f, char *err, size_t errcap) {
     }
     return PL_OK;
 }
+
+static void pl__megatron_prefetch(const pl__sfile *bf, int64_t r) {
+    const pl__mfile *f = (const pl__mfile *)bf;
+    if (f->lengths) __builtin_prefetch(f->lengths + 4 * r);
+    if (f->pointers) __builtin_prefetch(f->pointers + 8 * r);
+}
+
+static int pl__megatron_init(pl_source *src, const pl_source_options *opts,
+                             int skip_damaged, char *err, size_t errcap) {
+    (void)skip_damaged;
+    int rc = pl__source_init_common(src, opts, 0, 1, err, errcap);
+    src->dtype = PL_DTYPE_INT32;
+    return rc;
+}
+
+static int pl__megatron_expand(const pl_source *src, const char *path, pl__paths *out,
+                               char *err, size_t errcap) {
+    (void)src;
+    return pl__expand_paths(path, 1, out, err, errcap);
+}
+
+const pl__source_ops pl__megatron_ops = {
+    .version = PL__SOURCE_OPS_VERSION,
+    .type = PL_SOURCE_MEGATRON,
+    .name = "megatron",
+    .flags = PL__SRC_GUARD_INDEX,
+    .file_size = sizeof(pl__mfile),
+    .data_suffix = ".bin",
+    .index_suffix = ".idx",
+    .unit = "record",
+    .init = pl__megatron_init,
+    .expand = pl__megatron_expand,
+    .open_file = pl__megatron_open,
+    .doc = pl__megatron_doc,
+    .prefetch = pl__megatron_prefetch,
+};

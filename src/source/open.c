@@ -82,9 +82,19 @@ static int pl__config_tokenizer(const pl_config *cfg, const pl__tok_cfg *t,
     if (t->type == PL__TOK_SENTENCEPIECE) fn = NULL, spec_fn = NULL; /* built in */
 #endif
     err[0] = '\0';
-    rc = pl__tokref_create(t->type, t->path ? t->path : "", t->pat_str, t->encoding, fn,
+    rc = pl__tokref_create(t->type, t->path ? t->path : "", t->pat_str, t->encoding,
+                           t->backend, fn,
                            spec_fn, cfg->tok_factory_ctx, tok, err, sizeof err);
     if (rc == PL_OK) return PL_OK;
+    /* Name the config file and the tokenizer's line: the path came from there. */
+    char msg[PL__ERRMSG_CAP];
+    if (t->line > 0)
+        pl__fmt(msg, sizeof msg, "%s:%d: tokenizer: %s", cfg->origin ? cfg->origin : "<string>",
+                t->line, err);
+    else
+        pl__fmt(msg, sizeof msg, "%s: tokenizer: %s", cfg->origin ? cfg->origin : "<string>",
+                err);
+    pl__fmt(err, sizeof err, "%s", msg);
     /* A handle for the message, as pl_source_open leaves one. */
     pl_source_options o;
     memset(&o, 0, sizeof o);
@@ -92,6 +102,12 @@ static int pl__config_tokenizer(const pl_config *cfg, const pl__tok_cfg *t,
     pl__source_open(&o, 0, out);
     if (*out) pl__source_set_err(*out, err);
     return rc;
+}
+
+/* A source's tokenizer threads: its `threads`, or for `auto` (0) the CPUs
+ * this process may use less one for the threads that read the tokens. */
+static int tok_threads(const pl__tok_cfg *t) {
+    return t->threads > 0 ? t->threads : pl__threads_auto(pl_cpus_available(), 1);
 }
 
 int pl__config_open_source(const pl_config *cfg, int64_t i, pl_source **out) {
@@ -110,6 +126,7 @@ int pl__config_open_source(const pl_config *cfg, int64_t i, pl_source **out) {
     o.eos_id = s->eos_id;
     o.write_index = s->write_index ? s->write_index : cfg->sidecar_index;
     o.image = s->type == PL_SOURCE_WEBDATASET ? &sx->image : NULL;
+    o.verify_images = sx->verify_images;
     o.cache_dir = cfg->cache_dir[0] ? cfg->cache_dir : NULL;
     o.cache_max_bytes = cfg->cache_max_bytes;
     o.cache_chunk_bytes = cfg->cache_chunk_bytes;
@@ -122,7 +139,7 @@ int pl__config_open_source(const pl_config *cfg, int64_t i, pl_source **out) {
         o.lengths_fn = cfg->lengths_fn;
         o.lengths_ctx = cfg->lengths_ctx;
         o.lengths_source = i;
-        o.tokenizer_threads = sx->tok.threads;
+        o.tokenizer_threads = tok_threads(&sx->tok);
         o.lookahead = sx->lookahead;
     } else if (pl__is_text_type(s->type)) {
         o.write_index = 0; /* record offsets in memory (1: write .plrec) */
@@ -135,7 +152,7 @@ int pl__config_open_source(const pl_config *cfg, int64_t i, pl_source **out) {
         for (int q = 0; q < 3; q++) o.chat_template[q] = sx->chat[q];
         o.response_key = sx->response_key;
         o.add_eos = sx->tok.add_eos;
-        o.tokenizer_threads = sx->tok.threads;
+        o.tokenizer_threads = tok_threads(&sx->tok);
         o.lookahead = sx->lookahead;
     }
     int rc = pl__source_open(&o, cfg->on_error == PL__ONERR_SKIP, out);

@@ -4,8 +4,10 @@
  * Opening expands the configured path into a sorted list of files (a single
  * file or Megatron prefix, every matching file of a directory, or the matches
  * of a glob(3) pattern; sorted by strcmp so the order does not depend on the
- * locale), opens each through its format module and numbers documents across
- * files: file i holds global documents [first_doc, first_doc + n_docs).  A
+ * locale), opens each through its format's method table (source.h) and
+ * numbers documents across files: file i holds global documents
+ * [first_doc, first_doc + n_docs).  Everything a format does is reached
+ * through that table; nothing here tests a source's type.  A
  * lookup is a binary search over that small per-file table, so the heap cost
  * is one record and one path per file and nothing per document.
  *
@@ -28,10 +30,12 @@
  * tokens; it halves the loader's tokens/s;
  * docs/internals/decisions/0003-file-size-trusted-for-10-ms.md), so a size
  * seen by fstat serves the reads of the next 10 ms (CLOCK_MONOTONIC_COARSE, a
- * few ns): a file that shrinks is reported from then on, and only a read in
- * the 10 ms after the truncation can still fault.  Index files (.idx, .plidx) are watched the same way: every
- * document lookup checks that the index is still as long as it was mapped
- * (PL_ETRUNC otherwise).
+ * few ns): a file that shrinks is reported from then on.  A read in the
+ * 10 ms after the truncation faults: the copy out of the mapping runs under
+ * a guard (source/guard.h) whose SIGBUS handler returns it as PL_ETRUNC.
+ * Index files (.idx, .plidx) are watched the same way: every document lookup
+ * checks that the index is still as long as it was mapped (PL_ETRUNC
+ * otherwise), and reads it under the guard.
  *
  * Descriptor budget: one per data file and one per index file (not for an
  * in-memory index), for the life of the handle, while the process holds
@@ -41,6 +45,7 @@
  * (device and inode differ).
  */
 #include "source/source.h"
+#include "source/guard.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -163,12 +168,8 @@ static void pl__fwatch_release(pl__fwatch *w) {
 /* The path of f's data file (idx 0) or index file (idx 1). */
 static void pl__file_path(const pl_source *src, const pl__sfile *f, int idx,
                           char *path, size_t cap) {
-    if (src->type == PL_SOURCE_MEGATRON)
-        pl__fmt(path, cap, "%s.%s", f->path, idx ? "idx" : "bin");
-    else if (src->type == PL_SOURCE_WEBDATASET)
-        pl__fmt(path, cap, "%s%s", f->path, idx ? ".plwds" : "");
-    else
-        pl__fmt(path, cap, "%s%s", f->path, idx ? ".plidx" : "");
+    pl__fmt(path, cap, "%s%s", f->path,
+            idx ? src->ops->index_suffix : src->ops->data_suffix);
 }
 
 static void pl__data_path(const pl_source *src, const pl__sfile *f, char *path,
@@ -287,9 +288,27 @@ static inline int pl__fwatch_check(const pl_source *src, const pl__sfile *f,
     return pl__fwatch_stat(src, f, idx, end, what, arg, now, err, errcap);
 }
 
-void pl__sfile_unmap(pl__sfile *f) {
-    if (f->wds_fd1 > 0) close(f->wds_fd1 - 1);
-    f->wds_fd1 = 0;
+/* A guarded read of f's data file (idx 0) or index (idx 1) faulted: the
+ * file shrank under it.  PL_ETRUNC with the message pl__fwatch_stat writes
+ * (or, if the file has grown back since, one saying what happened). */
+__attribute__((noinline)) static int
+pl__fault_err(const pl_source *src, const pl__sfile *f, int idx, int64_t end,
+              const char *what, long long arg, char *err, size_t errcap) {
+    int rc = pl__fwatch_stat(src, f, idx, end, what, arg, pl__coarse_now(), err, errcap);
+    if (rc != PL_OK) return rc == PL_EIO ? PL_ETRUNC : rc;
+    char path[4096], need[160];
+    pl__file_path(src, f, idx, path, sizeof path);
+    pl__fmt(need, sizeof need, what, arg);
+    pl__fmt(err, errcap, "%s: truncated during a read (the mapping faulted); %s needs "
+                         "bytes up to %lld",
+            path, need, (long long)end);
+    return PL_ETRUNC;
+}
+
+/* Release a file: the format's own state, then the watched descriptors and
+ * the common mappings (not its path). */
+static void pl__file_close(pl_source *src, pl__sfile *f) {
+    if (src->ops->close_file) src->ops->close_file(src, f);
     pl__fwatch_release(&f->data_w);
     pl__fwatch_release(&f->idx_w);
     if (f->data_map) munmap(f->data_map, f->data_len);
@@ -298,22 +317,6 @@ void pl__sfile_unmap(pl__sfile *f) {
     f->idx_map = NULL;
     f->idx_anon = 0;
     f->data_len = f->idx_len = f->idx_map_len = 0;
-    f->tokens = NULL;
-    f->ends = NULL;
-    f->lengths = f->pointers = f->docidx = NULL;
-    pl__pq_file_free(f);
-    free(f->spans_owned); /* jsonl/text */
-    free(f->text);
-    free(f->line_ck);
-    f->line_ck = NULL;
-    if (f->len_map) munmap(f->len_map, f->len_map_len);
-    f->len_map = NULL;
-    f->len_map_len = 0;
-    f->cached_len = NULL;
-    f->spans_owned = NULL;
-    f->spans = NULL;
-    f->text = NULL;
-    f->text_len = 0;
     pl__rfile_free(f->rdata);
     pl__rfile_free(f->ridx);
     f->rdata = f->ridx = NULL;
@@ -329,7 +332,7 @@ int pl__paths_add(pl__paths *p, const char *s, size_t len) {
         p->v = nv;
         p->cap = ncap;
     }
-    char *d = malloc(len + 1);
+    char *d = pl__malloc(len + 1);
     if (!d) return PL_ENOMEM;
     memcpy(d, s, len);
     d[len] = '\0';
@@ -447,10 +450,9 @@ static int pl__list_dir(pl__paths *p, const char *dir, int megatron,
     return rc;
 }
 
-/* Expand opts->path into the sorted list of files (Megatron: prefixes). */
 /* A remote path's objects (source/remote/). */
-static int pl__expand_remote(const char *path, int megatron, pl__paths *p, char *err,
-                             size_t errcap) {
+static int expand_remote(const char *path, int megatron, pl__paths *p, char *err,
+                         size_t errcap) {
     char **urls;
     int64_t n;
     int rc = pl__remote_expand(path, megatron, &urls, &n, err, errcap);
@@ -464,10 +466,11 @@ static int pl__expand_remote(const char *path, int megatron, pl__paths *p, char 
     return rc;
 }
 
-static int pl__expand(const char *path, int megatron, pl__paths *p, char *err,
-                      size_t errcap) {
+/* Expand opts->path into the sorted list of files (Megatron: prefixes). */
+int pl__expand_paths(const char *path, int megatron, pl__paths *p, char *err,
+                     size_t errcap) {
     if (pl__remote_is_url(path)) {
-        int rrc = pl__expand_remote(path, megatron, p, err, errcap);
+        int rrc = expand_remote(path, megatron, p, err, errcap);
         if (rrc == PL_OK) pl__paths_sort_unique(p);
         return rrc;
     }
@@ -531,21 +534,50 @@ static void pl__release_files(pl_source *src) {
     pl__rprefetch_free(src->prefetch); /* before the files it fetches into */
     src->prefetch = NULL;
     for (int64_t i = 0; i < src->n_files; i++) {
-        pl__sfile_unmap(&src->files[i]);
-        free(src->files[i].path);
+        pl__sfile *f = pl__src_file(src, i);
+        pl__file_close(src, f);
+        free(f->path);
     }
-    free(src->files);
-    src->files = NULL;
+    free(src->filev);
+    src->filev = NULL;
     src->n_files = 0;
     src->n_docs = 0;
+}
+
+/* The format of a type, from PL__SOURCE_FORMATS; NULL for an unknown one. */
+static const pl__source_ops *pl__format_of(pl_source_type type) {
+#define PL__FORMAT_REF(n) &pl__##n##_ops,
+    static const pl__source_ops *const formats[] = {PL__SOURCE_FORMATS(PL__FORMAT_REF)};
+#undef PL__FORMAT_REF
+    for (size_t i = 0; i < sizeof formats / sizeof formats[0]; i++)
+        if (formats[i]->type == type && formats[i]->version >= 1) return formats[i];
+    return NULL;
+}
+
+int pl__source_init_common(pl_source *src, const pl_source_options *opts,
+                           int64_t default_eos, int check_eos, char *err,
+                           size_t errcap) {
+    src->eos_id = opts->eos_id;
+    if (src->eos_id == -1) src->eos_id = default_eos;
+    if (src->eos_id < 0 && check_eos) {
+        pl__fmt(err, errcap, "source %s: eos_id %lld is negative", src->name,
+                (long long)opts->eos_id);
+        return PL_EINVAL;
+    }
+    src->write_index = opts->write_index == 1 ? PL_INDEX_WRITE : opts->write_index;
+    if (src->write_index != PL_INDEX_WRITE && src->write_index != PL_INDEX_READ &&
+        src->write_index != PL_INDEX_MEMORY) {
+        pl__fmt(err, errcap, "source %s: write_index %d is not a PL_INDEX_* policy",
+                src->name, opts->write_index);
+        return PL_EINVAL;
+    }
+    return PL_OK;
 }
 
 /* Open the files of a remote token source with up to 16 threads; the error
  * of the first file (in order) that fails is the source's. */
 typedef struct open_job {
     pl_source *src;
-    pl_source_type type;
-    pl_dtype flat;
     int skip_damaged;
     atomic_llong next;
     pthread_mutex_t mu;
@@ -564,11 +596,8 @@ static void *open_worker(void *arg) {
         int stop = i > j->failed;
         pthread_mutex_unlock(&j->mu);
         if (stop) break;
-        pl__sfile *f = &j->src->files[i];
-        int rc = j->type == PL_SOURCE_MEGATRON
-                     ? pl__megatron_open(f, j->skip_damaged, err, sizeof err)
-                     : pl__tokens_open(f, j->type, j->flat, j->src->eos_id,
-                                       j->src->write_index, err, sizeof err);
+        pl__sfile *f = pl__src_file(j->src, i);
+        int rc = j->src->ops->open_file(j->src, f, j->skip_damaged, err, sizeof err);
         if (rc) {
             pthread_mutex_lock(&j->mu);
             if (i < j->failed) {
@@ -582,17 +611,17 @@ static void *open_worker(void *arg) {
     return NULL;
 }
 
-static int open_remote_parallel(pl_source *src, pl_source_type type, pl_dtype flat,
-                                int skip_damaged, char *err, size_t cap) {
+static int open_remote_parallel(pl_source *src, int skip_damaged, char *err, size_t cap) {
     open_job j;
     memset(&j, 0, sizeof j);
     j.src = src;
-    j.type = type;
-    j.flat = flat;
     j.skip_damaged = skip_damaged;
     j.failed = src->n_files;
     atomic_init(&j.next, 0);
-    pthread_mutex_init(&j.mu, NULL);
+    if (pthread_mutex_init(&j.mu, NULL) != 0) {
+        pl__fmt(err, cap, "out of memory");
+        return PL_ENOMEM;
+    }
     pthread_t th[16];
     int nt = src->n_files < 16 ? (int)src->n_files : 16, started = 0;
     for (int t = 0; t < nt; t++)
@@ -604,6 +633,28 @@ static int open_remote_parallel(pl_source *src, pl_source_type type, pl_dtype fl
         pl__fmt(err, cap, "%s", j.err);
         return j.rc;
     }
+    return PL_OK;
+}
+
+/* Remote paths: the source's cache settings (options version >= 5) and its
+ * prefetcher, given to every file. */
+static int remote_setup(pl_source *src, const pl_source_options *opts, char *err,
+                        size_t cap) {
+    int v5 = opts->version >= 5;
+    if (v5 && opts->cache_dir && !(src->cache_dir = pl__strdup(opts->cache_dir))) {
+        pl__fmt(err, cap, "out of memory");
+        return PL_ENOMEM;
+    }
+    src->rconf.dir = src->cache_dir;
+    src->rconf.max_bytes = v5 ? opts->cache_max_bytes : 0;
+    src->rconf.chunk = v5 ? opts->cache_chunk_bytes : 0;
+    if (!src->rconf.chunk) src->rconf.chunk = (int64_t)1 << 20;
+    int rc = pl__rprefetch_create(0, &src->prefetch);
+    if (rc) {
+        pl__fmt(err, cap, "out of memory");
+        return rc;
+    }
+    for (int64_t i = 0; i < src->n_files; i++) pl__src_file(src, i)->rconf = &src->rconf;
     return PL_OK;
 }
 
@@ -623,7 +674,7 @@ static int pl__source_open_impl(const pl_source_options *opts, int skip_damaged,
                                 pl_source **out) {
     if (!out) return PL_EINVAL;
     *out = NULL;
-    pl_source *src = calloc(1, sizeof *src);
+    pl_source *src = pl__calloc(1, sizeof *src);
     if (!src) return PL_ENOMEM;
     if (pthread_mutex_init(&src->mu, NULL) != 0) {
         free(src);
@@ -632,6 +683,9 @@ static int pl__source_open_impl(const pl_source_options *opts, int skip_damaged,
     *out = src;
     char *err = src->errmsg;
     size_t cap = sizeof src->errmsg;
+    /* Reads through a mapping of a file that shrinks fault: the handler
+       turns such a fault into PL_ETRUNC (source/guard.h). */
+    (void)pl__guard_install();
 
     if (!opts || opts->version < 1 || opts->version > PL_SOURCE_OPTIONS_VERSION) {
         pl__fmt(err, cap, "source options missing or of version %d, "
@@ -639,10 +693,11 @@ static int pl__source_open_impl(const pl_source_options *opts, int skip_damaged,
                 opts ? opts->version : 0, PL_SOURCE_OPTIONS_VERSION);
         return PL_EINVAL;
     }
+    const pl__source_ops *ops = pl__format_of(opts->type);
+    src->ops = ops;
     /* A text source owns its tokenizer from here on, even on failure. */
-    int rc0 = pl__is_text_type(opts->type) ? pl__text_init(src, opts, err, cap)
-                                           : PL_OK;
-    if (rc0) return rc0;
+    int rc = ops && ops->setup ? ops->setup(src, opts, err, cap) : PL_OK;
+    if (rc) return rc;
     if (!opts->path || !opts->path[0]) {
         pl__fmt(err, cap, "source %s: no path given",
                 opts->name ? opts->name : "(unnamed)");
@@ -655,6 +710,11 @@ static int pl__source_open_impl(const pl_source_options *opts, int skip_damaged,
         return PL_ENOMEM;
     }
     src->type = opts->type;
+    if (!ops) {
+        pl__fmt(err, cap, "source %s: unknown source type %d", src->name,
+                (int)opts->type);
+        return PL_EINVAL;
+    }
     if (pl__remote_is_url(opts->path) && opts->type != PL_SOURCE_MEGATRON &&
         opts->type != PL_SOURCE_LLMC && opts->type != PL_SOURCE_FLAT) {
         pl__fmt(err, cap,
@@ -663,80 +723,35 @@ static int pl__source_open_impl(const pl_source_options *opts, int skip_damaged,
                 src->name, opts->path);
         return PL_EINVAL;
     }
-    if (opts->type == PL_SOURCE_WEBDATASET)
-        return pl__wds_open(src, opts, skip_damaged);
-    if (opts->type != PL_SOURCE_MEGATRON && opts->type != PL_SOURCE_LLMC &&
-        opts->type != PL_SOURCE_FLAT && !pl__is_text_type(opts->type)) {
-        pl__fmt(err, cap, "source %s: unknown source type %d", src->name,
-                (int)opts->type);
-        return PL_EINVAL;
-    }
-    src->eos_id = opts->eos_id;
-    if (src->eos_id == -1)
-        src->eos_id = opts->type == PL_SOURCE_LLMC ? 50256 : 0;
-    if (src->eos_id < 0 && !src->text) {
-        pl__fmt(err, cap, "source %s: eos_id %lld is negative", src->name,
-                (long long)opts->eos_id);
-        return PL_EINVAL;
-    }
-    src->write_index = opts->write_index == 1 ? PL_INDEX_WRITE : opts->write_index;
-    if (src->write_index != PL_INDEX_WRITE && src->write_index != PL_INDEX_READ &&
-        src->write_index != PL_INDEX_MEMORY) {
-        pl__fmt(err, cap, "source %s: write_index %d is not a PL_INDEX_* policy", src->name,
-                opts->write_index);
-        return PL_EINVAL;
-    }
-    pl_dtype flat = opts->token_dtype ? opts->token_dtype : PL_DTYPE_UINT16;
-    if (opts->type == PL_SOURCE_FLAT && flat != PL_DTYPE_UINT16 &&
-        flat != PL_DTYPE_UINT32) {
-        pl__fmt(err, cap,
-                "source %s: token_dtype %s is not supported for flat files "
-                "(uint16 or uint32)",
-                src->name, pl_dtype_name(flat));
-        return PL_EINVAL;
-    }
-    src->dtype = opts->type == PL_SOURCE_MEGATRON || src->text ? PL_DTYPE_INT32
-                                                               : flat;
+    if ((rc = ops->init(src, opts, skip_damaged, err, cap))) return rc;
 
     pl__paths paths = {0};
-    int rc = pl__expand(opts->path, opts->type == PL_SOURCE_MEGATRON, &paths,
-                        err, cap);
+    rc = ops->expand ? ops->expand(src, opts->path, &paths, err, cap)
+                     : pl__expand_paths(opts->path, 0, &paths, err, cap);
     if (rc) {
         pl__paths_free(&paths);
         return rc;
     }
-    src->files = pl__calloc((size_t)paths.n, sizeof *src->files);
-    if (!src->files) {
+    src->file_size = ops->file_size;
+    src->filev = pl__calloc((size_t)paths.n, ops->file_size);
+    if (!src->filev) {
         pl__paths_free(&paths);
         pl__fmt(err, cap, "out of memory");
         return PL_ENOMEM;
     }
     src->n_files = paths.n;
-    for (int64_t i = 0; i < paths.n; i++) src->files[i].path = paths.v[i];
+    for (int64_t i = 0; i < paths.n; i++) pl__src_file(src, i)->path = paths.v[i];
     free(paths.v); /* the strings now belong to the files */
-    if (pl__remote_is_url(opts->path)) {
-        if (opts->version >= 4 && opts->cache_dir &&
-            !(src->cache_dir = pl__strdup(opts->cache_dir))) {
-            pl__fmt(err, cap, "out of memory");
-            return PL_ENOMEM;
-        }
-        src->rconf.dir = src->cache_dir;
-        src->rconf.max_bytes = opts->version >= 4 ? opts->cache_max_bytes : 0;
-        src->rconf.chunk = opts->version >= 4 ? opts->cache_chunk_bytes : 0;
-        if (!src->rconf.chunk) src->rconf.chunk = (int64_t)1 << 20;
-        rc = pl__rprefetch_create(0, &src->prefetch);
-        if (rc) {
-            pl__fmt(err, cap, "out of memory");
-            return rc;
-        }
-        for (int64_t i = 0; i < src->n_files; i++) src->files[i].rconf = &src->rconf;
+    if (pl__remote_is_url(opts->path) && (rc = remote_setup(src, opts, err, cap))) {
+        pl__release_files(src);
+        return rc;
     }
 
     /* Remote files open in parallel (each a HEAD, a Megatron .idx fetched):
        a source of many objects starts in the time of a few requests. */
     int remote_done = 0;
-    if (src->prefetch && src->n_files > 1 && !src->text) {
-        rc = open_remote_parallel(src, opts->type, flat, skip_damaged, err, cap);
+    if (src->prefetch && src->n_files > 1 && !(ops->flags & PL__SRC_LAZY)) {
+        rc = open_remote_parallel(src, skip_damaged, err, cap);
         if (rc) {
             pl__release_files(src);
             return rc;
@@ -744,16 +759,8 @@ static int pl__source_open_impl(const pl_source_options *opts, int skip_damaged,
         remote_done = 1;
     }
     for (int64_t i = 0; i < src->n_files; i++) {
-        pl__sfile *f = &src->files[i];
-        if (remote_done)
-            rc = PL_OK;
-        else if (opts->type == PL_SOURCE_MEGATRON)
-            rc = pl__megatron_open(f, skip_damaged, err, cap);
-        else if (src->text)
-            rc = pl__text_open_file(src, f, skip_damaged, err, cap);
-        else
-            rc = pl__tokens_open(f, opts->type, flat, src->eos_id,
-                                 src->write_index, err, cap);
+        pl__sfile *f = pl__src_file(src, i);
+        rc = remote_done ? PL_OK : ops->open_file(src, f, skip_damaged, err, cap);
         if (rc) {
             pl__release_files(src);
             return rc;
@@ -762,16 +769,17 @@ static int pl__source_open_impl(const pl_source_options *opts, int skip_damaged,
         src->n_docs += f->n_docs;
         src->skipped += f->skipped;
     }
-    src->dtype = src->files[0].dtype;
-    if (src->text) return pl__text_start(src, err, cap);
+    src->dtype = pl__src_file(src, 0)->dtype;
+    if (ops->start) return ops->start(src, err, cap);
     return PL_OK;
 }
 
 void pl_source_free(pl_source *src) {
     if (!src) return;
-    pl__text_free(src); /* joins its threads before the files go */
+    /* The format's state first: raw text joins its threads (and writes its
+     * length caches) while the files are still there. */
+    if (src->ops && src->ops->free) src->ops->free(src);
     pl__release_files(src);
-    pl__wds_free(src);
     free(src->cache_dir);
     free(src->name);
     pthread_mutex_destroy(&src->mu);
@@ -809,8 +817,7 @@ int64_t pl_source_num_skipped(const pl_source *src) {
 /* madvise(MADV_DONTNEED) over a file mapping's whole pages: the mapping
  * stays, its pages leave this process and fault back in from the page cache
  * (or the file) on the next touch. */
-static int release_map(pl_source *src, const char *path, void *map,
-                       size_t len) {
+int pl__release_map(pl_source *src, const char *path, void *map, size_t len) {
     if (!map || !len) return PL_OK;
     if (madvise(map, len, MADV_DONTNEED) == 0) return PL_OK;
     char msg[PL__ERRMSG_CAP];
@@ -823,12 +830,12 @@ static int release_map(pl_source *src, const char *path, void *map,
 int pl_source_release_pages(pl_source *src) {
     if (!src) return PL_EINVAL;
     for (int64_t i = 0; i < src->n_files; i++) {
-        pl__sfile *f = &src->files[i];
-        int rc = release_map(src, f->path, f->data_map, f->data_len);
+        pl__sfile *f = pl__src_file(src, i);
+        int rc = pl__release_map(src, f->path, f->data_map, f->data_len);
         if (!rc && !f->idx_anon)
-            rc = release_map(src, f->path, f->idx_map,
-                             f->idx_map_len ? f->idx_map_len : f->idx_len);
-        if (!rc) rc = release_map(src, f->path, f->len_map, f->len_map_len);
+            rc = pl__release_map(src, f->path, f->idx_map,
+                                 f->idx_map_len ? f->idx_map_len : f->idx_len);
+        if (!rc && src->ops->release_pages) rc = src->ops->release_pages(src, f);
         if (rc) return rc;
     }
     return PL_OK;
@@ -837,10 +844,10 @@ int pl_source_release_pages(pl_source *src) {
 size_t pl_source_sizeof(const pl_source *src) {
     if (!src) return 0;
     size_t n = sizeof *src + (src->name ? strlen(src->name) + 1 : 0);
-    n += (size_t)src->n_files * sizeof *src->files;
+    n += (size_t)src->n_files * src->file_size;
     for (int64_t i = 0; i < src->n_files; i++)
-        n += strlen(src->files[i].path) + 1;
-    return n + pl__text_sizeof(src);
+        n += strlen(pl__src_file(src, i)->path) + 1;
+    return n + (src->ops && src->ops->size_of ? src->ops->size_of(src) : 0);
 }
 
 /* ------------------------------------------------------------ lookup */
@@ -852,51 +859,72 @@ static const pl__sfile *pl__locate(const pl_source *src, int64_t index) {
     int64_t lo = 0, hi = src->n_files; /* answer in [lo, hi) */
     while (hi - lo > 1) {
         int64_t mid = lo + (hi - lo) / 2;
-        if (src->files[mid].first_doc <= index)
+        if (pl__src_file(src, mid)->first_doc <= index)
             lo = mid;
         else
             hi = mid;
     }
-    return &src->files[lo];
+    return pl__src_file(src, lo);
 }
 
-static int pl__file_doc(const pl_source *src, const pl__sfile *f, int64_t r,
-                        const uint8_t **tokens, int64_t *length, char *err,
-                        size_t errcap) {
-    if (src->type == PL_SOURCE_MEGATRON)
-        return pl__megatron_doc(f, r, tokens, length, err, errcap);
-    if (src->type == PL_SOURCE_WEBDATASET) {
-        *tokens = NULL;
-        return pl__wds_doc_length(src, f, r, length, err, errcap);
-    }
-    if (src->text) {
-        *tokens = NULL;
-        return pl__text_length((pl_source *)src, f, r, length, err, errcap);
-    }
-    return pl__tokens_doc(f, r, tokens, length, err, errcap);
+const pl__sfile *pl__source_locate(const pl_source *src, int64_t index, int64_t *r) {
+    const pl__sfile *f = pl__locate(src, index);
+    *r = index - f->first_doc;
+    return f;
+}
+
+static inline int pl__file_doc(const pl_source *src, const pl__sfile *f, int64_t r,
+                               const uint8_t **tokens, int64_t *length, char *err,
+                               size_t errcap) {
+    return src->ops->doc(src, f, r, tokens, length, err, errcap);
+}
+
+/* Is document index in range?  PL_ERANGE with a message otherwise. */
+static inline int pl__in_range(const pl_source *src, int64_t index, char *err,
+                               size_t errcap) {
+    if (index >= 0 && index < src->n_docs) return PL_OK;
+    pl__fmt(err, errcap, "source %s: document index %lld out of range [0, %lld)",
+            src->name ? src->name : "", (long long)index, (long long)src->n_docs);
+    return PL_ERANGE;
+}
+
+/* The file of document index, its index checked not to have shrunk when
+ * check_index (it is read through its mapping). */
+static int pl__find_file(const pl_source *src, int64_t index, int check_index,
+                         const pl__sfile **file, char *err, size_t errcap) {
+    int rc = pl__in_range(src, index, err, errcap);
+    if (rc) return rc;
+    const pl__sfile *f = pl__locate(src, index);
+    *file = f;
+    if (check_index && f->idx_map && !f->index_in_memory)
+        return pl__fwatch_check(src, f, 1, (int64_t)f->idx_len,
+                                "the index lookup of document %lld",
+                                (long long)index, err, errcap);
+    return PL_OK;
 }
 
 static int pl__doc_ex(const pl_source *src, int64_t index, int check_index,
                       const pl__sfile **file, const uint8_t **tokens,
                       int64_t *length, char *err, size_t errcap) {
-    if (index < 0 || index >= src->n_docs) {
-        pl__fmt(err, errcap,
-                "source %s: document index %lld out of range [0, %lld)",
-                src->name ? src->name : "", (long long)index,
-                (long long)src->n_docs);
-        return PL_ERANGE;
+    int rc = pl__find_file(src, index, check_index, file, err, errcap);
+    if (rc) return rc;
+    const pl__sfile *f = *file;
+    if (!f->idx_map || f->index_in_memory || !(src->ops->flags & PL__SRC_GUARD_INDEX))
+        return pl__file_doc(src, f, index - f->first_doc, tokens, length, err, errcap);
+    /* The lookup reads the index through its mapping: guarded, so an index
+       that shrank under it is PL_ETRUNC (source/guard.h). */
+    pl__guard g;
+    pl__guard_enter(&g, f->idx_map, f->idx_map_len ? f->idx_map_len : f->idx_len);
+    if (sigsetjmp(g.jb, 0)) {
+        pl__guard_leave(&g);
+        pl__guard_recover();
+        return pl__fault_err(src, f, 1, (int64_t)f->idx_len,
+                             "the index lookup of document %lld", (long long)index, err,
+                             errcap);
     }
-    const pl__sfile *f = pl__locate(src, index);
-    *file = f;
-    /* The index is read through its mapping: it must not have shrunk. */
-    if (check_index && f->idx_map && !f->index_in_memory) {
-        int rc = pl__fwatch_check(src, f, 1, (int64_t)f->idx_len,
-                                  "the index lookup of document %lld",
-                                  (long long)index, err, errcap);
-        if (rc) return rc;
-    }
-    return pl__file_doc(src, f, index - f->first_doc, tokens, length, err,
-                        errcap);
+    rc = pl__file_doc(src, f, index - f->first_doc, tokens, length, err, errcap);
+    pl__guard_leave(&g);
+    return rc;
 }
 
 static int pl__doc(const pl_source *src, int64_t index,
@@ -906,15 +934,9 @@ static int pl__doc(const pl_source *src, int64_t index,
 }
 
 void pl__source_prefetch(const pl_source *src, int64_t index) {
-    if (!src || index < 0 || index >= src->n_docs) return;
+    if (!src || index < 0 || index >= src->n_docs || !src->ops->prefetch) return;
     const pl__sfile *f = pl__locate(src, index);
-    int64_t r = index - f->first_doc;
-    if (src->type == PL_SOURCE_MEGATRON) {
-        if (f->lengths) __builtin_prefetch(f->lengths + 4 * r);
-        if (f->pointers) __builtin_prefetch(f->pointers + 8 * r);
-    } else if (!src->text && src->type != PL_SOURCE_WEBDATASET && f->ends) {
-        __builtin_prefetch(f->ends + (r > 0 ? r - 1 : 0));
-    }
+    src->ops->prefetch(f, index - f->first_doc);
 }
 
 void pl__source_fetch_ahead(pl_source *src, int64_t index, int64_t offset,
@@ -1023,17 +1045,19 @@ static int pl__source_read_impl(pl_source *src, int64_t index, int64_t offset,
                 pl_dtype_name(out_dtype));
         return PL_EINVAL;
     }
-    if (src->text)
-        return pl__text_read(src, index, offset, count, out, out_dtype, marked, err,
-                             errcap);
+    const pl__source_ops *ops = src->ops;
+    /* Lengths that come from tokenizing: the read tokenizes (once). */
+    if (ops->flags & PL__SRC_LAZY)
+        return ops->read(src, NULL, index, offset, count, out, out_dtype, marked, err,
+                         errcap);
     const pl__sfile *f;
     const uint8_t *tok;
     int64_t len;
     int rc = pl__doc(src, index, &f, &tok, &len, err, errcap);
     if (rc) return rc;
-    if (src->type == PL_SOURCE_WEBDATASET)
-        return pl__wds_read(src, f, index - f->first_doc, offset, count, out, out_dtype,
-                            err, errcap);
+    if (ops->read)
+        return ops->read(src, f, index, offset, count, out, out_dtype, marked, err,
+                         errcap);
     if (offset < 0 || count < 0 || offset > len || count > len - offset) {
         pl__fmt(err, errcap,
                 "source %s: document %lld: tokens [%lld, %lld + %lld) are "
@@ -1053,8 +1077,18 @@ static int pl__source_read_impl(pl_source *src, int64_t index, int64_t offset,
         return rc;
     if ((rc = pl__source_ensure(f, at, end - at, err, errcap))) return rc;
     pl__conv_fn fn = pl__conv_table[f->dtype][out_dtype == PL_DTYPE_INT32];
-
+    /* The size seen above may be up to 10 ms old: the copy runs guarded, so
+       a file truncated since faults into PL_ETRUNC (source/guard.h). */
+    pl__guard g;
+    pl__guard_enter(&g, f->data_map, f->data_len);
+    if (sigsetjmp(g.jb, 0)) {
+        pl__guard_leave(&g);
+        pl__guard_recover();
+        return pl__fault_err(src, f, 0, end, "document %lld", (long long)index, err,
+                             errcap);
+    }
     fn(tok + (size_t)offset * f->width, out, count);
+    pl__guard_leave(&g);
     return PL_OK;
 }
 
@@ -1078,8 +1112,8 @@ int pl_source_read(pl_source *src, int64_t index, int64_t offset,
 /* ------------------------------------------------------------ stats */
 
 /* The index of f, read through its mapping, has not shrunk since open. */
-static int pl__index_intact(const pl_source *src, const pl__sfile *f,
-                            char *err, size_t errcap) {
+static int pl__index_intact(const pl_source *src, const pl__sfile *f, char *err,
+                            size_t errcap) {
     if (!f->idx_map || f->index_in_memory) return PL_OK;
     return pl__fwatch_check(src, f, 1, (int64_t)f->idx_len, "a scan of %lld documents",
                             (long long)f->n_docs, err, errcap);
@@ -1087,7 +1121,7 @@ static int pl__index_intact(const pl_source *src, const pl__sfile *f,
 
 int pl__source_check_index(pl_source *src, char *err, size_t errcap) {
     for (int64_t i = 0; i < src->n_files; i++) {
-        int rc = pl__index_intact(src, &src->files[i], err, errcap);
+        int rc = pl__index_intact(src, pl__src_file(src, i), err, errcap);
         if (rc) return rc;
     }
     return PL_OK;
@@ -1109,7 +1143,7 @@ static int pl__kth_length(const pl_source *src, int64_t k, int bits,
         size_t nb = (size_t)(span >> shift) + 1;
         memset(hist, 0, nb * sizeof *hist);
         for (int64_t i = 0; i < src->n_files; i++) {
-            const pl__sfile *f = &src->files[i];
+            const pl__sfile *f = pl__src_file(src, i);
             int irc = pl__index_intact(src, f, err, errcap);
             if (irc) return irc;
             for (int64_t r = 0; r < f->n_docs; r++) {
@@ -1145,7 +1179,7 @@ int pl_source_get_stats(pl_source *src, pl_source_stats *out) {
     out->documents = src->n_docs;
     int64_t maxlen = 0, total = 0;
     for (int64_t i = 0; i < src->n_files; i++) {
-        const pl__sfile *f = &src->files[i];
+        const pl__sfile *f = pl__src_file(src, i);
         int irc = pl__index_intact(src, f, err, sizeof err);
         if (irc) {
             pl__set_err(src, err);
@@ -1229,7 +1263,7 @@ static int pl__pread_range(const pl_source *src, pl__preader *r,
     }
     size_t bytes = (size_t)count * f->width;
     if (!raw && bytes > r->cap) {
-        uint8_t *nb = realloc(r->buf, bytes);
+        uint8_t *nb = pl__realloc_array(r->buf, bytes, 1);
         if (!nb) {
             pl__fmt(err, errcap, "pl_source_read_many: out of memory");
             return PL_ENOMEM;
@@ -1263,26 +1297,24 @@ void pl__tokens_convert(const void *src, pl_dtype src_dtype, void *dst,
     pl__conv_table[src_dtype][dst_dtype == PL_DTYPE_INT32](src, dst, n);
 }
 
-/* pl_source_read_many (raw 0: int64 tokens) and pl_source_read_raw (raw 1:
- * stored width, at most cap bytes). */
 /* Remote files: make every range of reads present at once (up to the
  * policy's concurrency in flight) before they are read one by one.  Errors
  * of lookups are left to the reads. */
-typedef struct pl__rr {
+typedef struct rrange {
     pl__rfile *f;
     int64_t at, len;
-} pl__rr;
+} rrange;
 
-static int pl__rr_cmp(const void *a, const void *b) {
-    const pl__rr *x = a, *y = b;
+static int rrange_cmp(const void *a, const void *b) {
+    const rrange *x = a, *y = b;
     if (x->f != y->f) return (uintptr_t)x->f < (uintptr_t)y->f ? -1 : 1;
     return x->at < y->at ? -1 : x->at > y->at;
 }
 
-static int pl__ensure_reads(pl_source *src, const pl_read *reads, int64_t n, int32_t only,
-                            char *err, size_t errcap) {
-    if (!src->prefetch || n <= 0) return PL_OK;
-    pl__rr *v = pl__calloc((size_t)n, sizeof *v);
+static int ensure_reads(pl_source *src, const pl_read *reads, int64_t n, int32_t only,
+                        char *err, size_t errcap) {
+    if (!src->prefetch || n <= 0 || (src->ops->flags & PL__SRC_LAZY)) return PL_OK;
+    rrange *v = pl__calloc((size_t)n, sizeof *v);
     int64_t *off = pl__calloc((size_t)n, sizeof *off), *len = pl__calloc((size_t)n, sizeof *len);
     int rc = PL_OK;
     if (!v || !off || !len) {
@@ -1301,11 +1333,11 @@ static int pl__ensure_reads(pl_source *src, const pl_read *reads, int64_t n, int
             continue;
         int64_t o = reads[i].offset, c = reads[i].count;
         if (o < 0 || c <= 0 || o > dl || c > dl - o) continue;
-        v[m++] = (pl__rr){f->rdata,
+        v[m++] = (rrange){f->rdata,
                           (int64_t)(tok - (const uint8_t *)f->data_map) + o * (int64_t)f->width,
                           c * (int64_t)f->width};
     }
-    qsort(v, (size_t)m, sizeof *v, pl__rr_cmp);
+    qsort(v, (size_t)m, sizeof *v, rrange_cmp);
     for (int64_t i = 0; i < m && rc == PL_OK;) {
         int64_t j = i;
         for (; j < m && v[j].f == v[i].f && j - i < INT32_MAX; j++) {
@@ -1324,9 +1356,11 @@ static int pl__ensure_reads(pl_source *src, const pl_read *reads, int64_t n, int
 void pl__source_ensure_reads(pl_source *src, const pl_read *reads, int64_t n,
                              int32_t only) {
     char err[PL__ERRMSG_CAP];
-    if (src) (void)pl__ensure_reads(src, reads, n, only, err, sizeof err);
+    if (src) (void)ensure_reads(src, reads, n, only, err, sizeof err);
 }
 
+/* pl_source_read_many (raw 0: int64 tokens) and pl_source_read_raw (raw 1:
+ * stored width, at most cap bytes). */
 static int pl__read_ranges(pl_source *src, const pl_read *reads, int64_t n,
                            void *out, size_t cap, int raw) {
     if (!src || (n > 0 && (!reads || !out)) || n < 0) return PL_EINVAL;
@@ -1347,15 +1381,14 @@ static int pl__read_ranges(pl_source *src, const pl_read *reads, int64_t n,
         }
     }
     pl__preader r = {NULL, -1, 0, NULL, 0};
-    int rc = pl__ensure_reads(src, reads, n, -1, err, sizeof err);
+    int rc = ensure_reads(src, reads, n, -1, err, sizeof err);
     for (int64_t i = 0; i < n && rc == PL_OK; i++) {
         const pl__sfile *f;
         const uint8_t *tok;
         int64_t len, off = reads[i].offset, count = reads[i].count;
-        if (src->text) {
-            rc = pl__text_read(src, reads[i].index, off, count, out,
-                               raw ? PL_DTYPE_INT32 : PL_DTYPE_INT64, 1, err,
-                               sizeof err);
+        if (src->ops->flags & PL__SRC_LAZY) {
+            rc = src->ops->read(src, NULL, reads[i].index, off, count, out,
+                                raw ? src->dtype : PL_DTYPE_INT64, 1, err, sizeof err);
             if (rc) break;
             out = (uint8_t *)out + (size_t)count * es;
             continue;
@@ -1371,9 +1404,9 @@ static int pl__read_ranges(pl_source *src, const pl_read *reads, int64_t n,
             rc = PL_ERANGE;
             break;
         }
-        if (count > 0 && src->type == PL_SOURCE_WEBDATASET)
-            rc = pl__wds_read(src, f, reads[i].index - f->first_doc, off, count, out,
-                              raw ? PL_DTYPE_UINT32 : PL_DTYPE_INT64, err, sizeof err);
+        if (count > 0 && src->ops->read)
+            rc = src->ops->read(src, f, reads[i].index, off, count, out,
+                                raw ? src->dtype : PL_DTYPE_INT64, 1, err, sizeof err);
         else if (count > 0)
             rc = pl__pread_range(src, &r, f, tok, off, count, out, raw, err, sizeof err);
         out = (uint8_t *)out + (size_t)count * es;
@@ -1392,4 +1425,111 @@ int pl_source_read_many(pl_source *src, const pl_read *reads, int64_t n,
 int pl_source_read_raw(pl_source *src, const pl_read *reads, int64_t n,
                        void *out, size_t cap) {
     return pl__read_ranges(src, reads, n, out, cap, 1);
+}
+
+/* ------------------------------------------------------------ per format */
+
+/* The file and local sample of an image source's sample index. */
+static int pl__image_locate(pl_source *src, int64_t index, const pl__sfile **file,
+                            int64_t *r, char *err, size_t errcap) {
+    if (!src || !src->ops || !src->ops->image_info) {
+        pl__fmt(err, errcap, "not a webdataset source");
+        return PL_EINVAL;
+    }
+    if (index < 0 || index >= src->n_docs) {
+        pl__fmt(err, errcap, "source %s: sample %lld out of range [0, %lld)", src->name,
+                (long long)index, (long long)src->n_docs);
+        return PL_ERANGE;
+    }
+    *file = pl__source_locate(src, index, r);
+    return PL_OK;
+}
+
+int pl__source_image_info(pl_source *src, int64_t index, pl_image_info *out, char *err,
+                          size_t errcap) {
+    const pl__sfile *f;
+    int64_t r;
+    int rc = pl__image_locate(src, index, &f, &r, err, errcap);
+    if (rc) return rc;
+    return src->ops->image_info(src, f, r, out, err, errcap);
+}
+
+int pl__source_read_image(pl_source *src, int64_t index, uint8_t *out, size_t cap,
+                          pl_image_info *info, char *err, size_t errcap) {
+    const pl__sfile *f;
+    int64_t r;
+    int rc = pl__image_locate(src, index, &f, &r, err, errcap);
+    if (rc) return rc;
+    return src->ops->read_image(src, f, r, index, out, cap, info, err, errcap);
+}
+
+int pl_source_image_info(pl_source *src, int64_t index, pl_image_info *out) {
+    char err[PL__ERRMSG_CAP];
+    if (!out) return PL_EINVAL;
+    int rc = pl__source_image_info(src, index, out, err, sizeof err);
+    if (rc && src) pl__set_err(src, err);
+    return rc;
+}
+
+int pl_source_read_image(pl_source *src, int64_t index, void *out, size_t cap,
+                         pl_image_info *info) {
+    char err[PL__ERRMSG_CAP];
+    int rc = pl__source_read_image(src, index, out, cap, info, err, sizeof err);
+    if (rc && src) pl__set_err(src, err);
+    return rc;
+}
+
+int pl_source_lengths(pl_source *src, const int64_t *index, int64_t n,
+                      int64_t *lengths) {
+    if (!src || n < 0 || (n > 0 && (!index || !lengths))) return PL_EINVAL;
+    char err[PL__ERRMSG_CAP];
+    for (int64_t i = 0; i < n; i++)
+        if (pl__in_range(src, index[i], err, sizeof err)) {
+            pl__set_err(src, err);
+            return PL_ERANGE;
+        }
+    if (src->ops->lengths) return src->ops->lengths(src, index, n, lengths);
+    for (int64_t i = 0; i < n; i++) {
+        int64_t len = 0;
+        int rc = pl__source_length(src, index[i], &len, err, sizeof err);
+        if (rc == PL_ENOMEM) return rc;
+        lengths[i] = rc ? rc : len;
+    }
+    return PL_OK;
+}
+
+int pl__source_is_lazy(const pl_source *src) {
+    return src && src->ops && (src->ops->flags & PL__SRC_LAZY);
+}
+
+void pl__source_lookahead(pl_source *src, const pl__perm *perm, int64_t lo,
+                          int64_t n, int64_t epoch, int64_t pos) {
+    if (src->ops->lookahead) src->ops->lookahead(src, perm, lo, n, epoch, pos);
+}
+
+static pl__format_stats pl__stats_of(const pl_source *src) {
+    pl__format_stats st = {0, 0};
+    if (src && src->ops && src->ops->stats) src->ops->stats(src, &st);
+    return st;
+}
+
+int64_t pl_source_num_tokenized(const pl_source *src) {
+    return pl__stats_of(src).tokenized;
+}
+
+int64_t pl_source_tokenize_cpu_ns(const pl_source *src) {
+    return pl__stats_of(src).tokenize_cpu_ns;
+}
+
+int pl_source_release_tokenizer(pl_source *src) {
+    if (!src) return PL_EINVAL;
+    if (!src->ops || !src->ops->release_tokenizer) return PL_OK;
+    return src->ops->release_tokenizer(src);
+}
+
+int pl_source_tokenizer_state(const pl_source *src, int64_t *loads, int64_t *shared_by) {
+    if (loads) *loads = 0;
+    if (shared_by) *shared_by = 0;
+    if (!src || !src->ops || !src->ops->tokenizer_state) return -1;
+    return src->ops->tokenizer_state(src, loads, shared_by);
 }

@@ -43,6 +43,15 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+/* An llm.c shard or flat file: the common record, then its tokens and the
+ * document end offsets (in idx_map: a .plidx sidecar or anonymous memory). */
+typedef struct pl__kfile {
+    pl__sfile base;
+    const uint8_t *tokens; /* token 0 (llm.c: byte 1024 of the shard) */
+    int64_t n_tokens;
+    const uint64_t *ends; /* [n_docs] exclusive end offsets, in tokens */
+} pl__kfile;
+
 /* ------------------------------------------------------------ the scan */
 
 /* A growable array of u64 in anonymous memory (never the malloc heap). */
@@ -160,7 +169,8 @@ static int64_t pl__plidx_check(const uint8_t *m, size_t len,
 }
 
 /* Map an existing sidecar if it fits.  1 when f now uses it, 0 otherwise. */
-static int pl__plidx_load(pl__sfile *f, const char *ipath, const pl__want *w) {
+static int pl__plidx_load(pl__kfile *kf, const char *ipath, const pl__want *w) {
+    pl__sfile *f = &kf->base;
     int fd = open(ipath, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return 0;
     struct stat st;
@@ -180,7 +190,7 @@ static int pl__plidx_load(pl__sfile *f, const char *ipath, const pl__want *w) {
     pl__fwatch_keep(&f->idx_w, fd, &st); /* watched for shrinking */
     f->idx_map = m;
     f->idx_len = (size_t)st.st_size;
-    f->ends = (const uint64_t *)((const uint8_t *)m + PL__PLIDX_HEADER);
+    kf->ends = (const uint64_t *)((const uint8_t *)m + PL__PLIDX_HEADER);
     f->n_docs = count;
     f->index_in_memory = 0;
     return 1;
@@ -249,9 +259,13 @@ static int pl__looks_like_text(const uint8_t *m, int64_t size) {
     return 1;
 }
 
-int pl__tokens_open(pl__sfile *f, pl_source_type type, pl_dtype flat_dtype,
-                    int64_t eos_id, int write_index, char *err,
-                    size_t errcap) {
+/* Open an llm.c shard (llmc 1) or a flat file (0) and find its documents. */
+static int pl__tokens_open(pl_source *src, pl__sfile *f, int llmc, char *err,
+                           size_t errcap) {
+    pl__kfile *kf = (pl__kfile *)f;
+    const pl_dtype flat_dtype = src->dtype; /* the configured dtype (flat) */
+    const int64_t eos_id = src->eos_id;
+    int write_index = src->write_index;
     struct stat st;
     int fd = -1;
     int rc = pl__map_any(f, f->path, 0, &f->data_map, &f->data_len, &st, &fd, err,
@@ -269,7 +283,7 @@ int pl__tokens_open(pl__sfile *f, pl_source_type type, pl_dtype flat_dtype,
     const uint8_t *m = f->data_map;
     int64_t size = (int64_t)f->data_len;
 
-    if (type == PL_SOURCE_LLMC) {
+    if (llmc) {
         if (size < PL__LLMC_HEADER) {
             pl__fmt(err, errcap,
                     "%s: truncated at offset %lld: the llm.c header needs %d "
@@ -319,8 +333,8 @@ int pl__tokens_open(pl__sfile *f, pl_source_type type, pl_dtype flat_dtype,
                     f->path, (int)count, (long long)size, (long long)need);
             return PL_ECOUNT;
         }
-        f->tokens = m + PL__LLMC_HEADER;
-        f->n_tokens = count;
+        kf->tokens = m + PL__LLMC_HEADER;
+        kf->n_tokens = count;
     } else {
         f->dtype = flat_dtype;
         f->width = pl_dtype_size(flat_dtype);
@@ -346,23 +360,21 @@ int pl__tokens_open(pl__sfile *f, pl_source_type type, pl_dtype flat_dtype,
                     f->path, (long long)size, pl_dtype_name(flat_dtype));
             return PL_ETRUNC;
         }
-        f->tokens = m;
-        f->n_tokens = size / (int64_t)f->width;
+        kf->tokens = m;
+        kf->n_tokens = size / (int64_t)f->width;
     }
-    f->token_bytes = f->n_tokens * (int64_t)f->width;
-
     pl__want w = {
         .width = (uint32_t)f->width,
-        .type = (uint32_t)type,
+        .type = (uint32_t)src->ops->type,
         .eos = eos_id,
         .size = (uint64_t)st.st_size,
         .mtime_ns = (int64_t)st.st_mtim.tv_sec * 1000000000 +
                     (int64_t)st.st_mtim.tv_nsec,
-        .n_tokens = f->n_tokens,
+        .n_tokens = kf->n_tokens,
     };
     char ipath[4096];
     pl__fmt(ipath, sizeof ipath, "%s.plidx", f->path);
-    if (write_index != PL_INDEX_MEMORY && pl__plidx_load(f, ipath, &w)) return PL_OK;
+    if (write_index != PL_INDEX_MEMORY && pl__plidx_load(kf, ipath, &w)) return PL_OK;
     /* One writer at a time: lock the data file, then look again (another
        process may have written the sidecar while this one waited). */
     int lockfd = -1;
@@ -375,7 +387,7 @@ int pl__tokens_open(pl__sfile *f, pl_source_type type, pl_dtype flat_dtype,
             if (lrc != 0) { /* no locks here (some network file systems) */
                 close(lockfd);
                 lockfd = -1;
-            } else if (pl__plidx_load(f, ipath, &w)) {
+            } else if (pl__plidx_load(kf, ipath, &w)) {
                 close(lockfd); /* releases the lock */
                 return PL_OK;
             }
@@ -385,11 +397,11 @@ int pl__tokens_open(pl__sfile *f, pl_source_type type, pl_dtype flat_dtype,
     /* Build: one scan of the tokens. */
     pl__ends e = {0};
     if (f->width == 2)
-        rc = pl__scan_u16(f->tokens, f->n_tokens, (uint64_t)eos_id,
-                          type == PL_SOURCE_LLMC, &e);
+        rc = pl__scan_u16(kf->tokens, kf->n_tokens, (uint64_t)eos_id,
+                          llmc, &e);
     else
-        rc = pl__scan_u32(f->tokens, f->n_tokens, (uint64_t)eos_id,
-                          type == PL_SOURCE_LLMC, &e);
+        rc = pl__scan_u32(kf->tokens, kf->n_tokens, (uint64_t)eos_id,
+                          llmc, &e);
     if (rc) {
         if (lockfd >= 0) close(lockfd);
         if (e.a) munmap(e.a, e.cap * 8);
@@ -398,7 +410,7 @@ int pl__tokens_open(pl__sfile *f, pl_source_type type, pl_dtype flat_dtype,
         return rc;
     }
     int written = write_index == PL_INDEX_WRITE && pl__plidx_write(ipath, &w, &e) == 0 &&
-                  pl__plidx_load(f, ipath, &w);
+                  pl__plidx_load(kf, ipath, &w);
     if (lockfd >= 0) close(lockfd);
     if (written) {
         if (e.a) munmap(e.a, e.cap * 8);
@@ -408,15 +420,18 @@ int pl__tokens_open(pl__sfile *f, pl_source_type type, pl_dtype flat_dtype,
     f->idx_map = e.a;
     f->idx_len = e.cap * 8;
     f->idx_anon = 1;
-    f->ends = e.a;
+    kf->ends = e.a;
     f->n_docs = (int64_t)e.n;
     f->index_in_memory = 1;
     if (e.a) mprotect(e.a, e.cap * 8, PROT_READ);
     return PL_OK;
 }
 
-int pl__tokens_doc(const pl__sfile *f, int64_t r, const uint8_t **tokens,
-                   int64_t *length, char *err, size_t errcap) {
+static int pl__tokens_doc(const pl_source *src, const pl__sfile *bf, int64_t r,
+                          const uint8_t **tokens, int64_t *length, char *err,
+                          size_t errcap) {
+    (void)src;
+    const pl__kfile *f = (const pl__kfile *)bf;
     uint64_t start = r > 0 ? f->ends[r - 1] : 0;
     uint64_t end = f->ends[r];
     if (end <= start || end > (uint64_t)f->n_tokens) {
@@ -424,13 +439,85 @@ int pl__tokens_doc(const pl__sfile *f, int64_t r, const uint8_t **tokens,
                 "%s%s: record %lld: document end offset %llu (offset %lld) "
                 "is not after its start %llu or is past the end of %s "
                 "(%lld tokens)",
-                f->path, f->index_in_memory ? " (in-memory index)" : ".plidx",
+                f->base.path, f->base.index_in_memory ? " (in-memory index)" : ".plidx",
                 (long long)r, (unsigned long long)end,
                 (long long)(PL__PLIDX_HEADER + 8 * r),
-                (unsigned long long)start, f->path, (long long)f->n_tokens);
+                (unsigned long long)start, f->base.path, (long long)f->n_tokens);
         return PL_EBOUNDS;
     }
-    *tokens = f->tokens + start * f->width;
+    *tokens = f->tokens + start * f->base.width;
     *length = (int64_t)(end - start);
     return PL_OK;
 }
+
+static int pl__llmc_open(pl_source *src, pl__sfile *f, int skip_damaged, char *err,
+                         size_t errcap) {
+    (void)skip_damaged;
+    return pl__tokens_open(src, f, 1, err, errcap);
+}
+
+static int pl__flat_open(pl_source *src, pl__sfile *f, int skip_damaged, char *err,
+                         size_t errcap) {
+    (void)skip_damaged;
+    return pl__tokens_open(src, f, 0, err, errcap);
+}
+
+static void pl__tokens_prefetch(const pl__sfile *bf, int64_t r) {
+    const pl__kfile *f = (const pl__kfile *)bf;
+    if (f->ends) __builtin_prefetch(f->ends + (r > 0 ? r - 1 : 0));
+}
+
+static int pl__llmc_init(pl_source *src, const pl_source_options *opts,
+                         int skip_damaged, char *err, size_t errcap) {
+    (void)skip_damaged;
+    int rc = pl__source_init_common(src, opts, 50256, 1, err, errcap);
+    src->dtype = opts->token_dtype ? opts->token_dtype : PL_DTYPE_UINT16;
+    return rc;
+}
+
+static int pl__flat_init(pl_source *src, const pl_source_options *opts,
+                         int skip_damaged, char *err, size_t errcap) {
+    (void)skip_damaged;
+    int rc = pl__source_init_common(src, opts, 0, 1, err, errcap);
+    if (rc) return rc;
+    pl_dtype flat = opts->token_dtype ? opts->token_dtype : PL_DTYPE_UINT16;
+    if (flat != PL_DTYPE_UINT16 && flat != PL_DTYPE_UINT32) {
+        pl__fmt(err, errcap,
+                "source %s: token_dtype %s is not supported for flat files "
+                "(uint16 or uint32)",
+                src->name, pl_dtype_name(flat));
+        return PL_EINVAL;
+    }
+    src->dtype = flat;
+    return PL_OK;
+}
+
+const pl__source_ops pl__llmc_ops = {
+    .version = PL__SOURCE_OPS_VERSION,
+    .type = PL_SOURCE_LLMC,
+    .name = "llmc",
+    .flags = PL__SRC_GUARD_INDEX,
+    .file_size = sizeof(pl__kfile),
+    .data_suffix = "",
+    .index_suffix = ".plidx",
+    .unit = "record",
+    .init = pl__llmc_init,
+    .open_file = pl__llmc_open,
+    .doc = pl__tokens_doc,
+    .prefetch = pl__tokens_prefetch,
+};
+
+const pl__source_ops pl__flat_ops = {
+    .version = PL__SOURCE_OPS_VERSION,
+    .type = PL_SOURCE_FLAT,
+    .name = "flat",
+    .flags = PL__SRC_GUARD_INDEX,
+    .file_size = sizeof(pl__kfile),
+    .data_suffix = "",
+    .index_suffix = ".plidx",
+    .unit = "record",
+    .init = pl__flat_init,
+    .open_file = pl__flat_open,
+    .doc = pl__tokens_doc,
+    .prefetch = pl__tokens_prefetch,
+};

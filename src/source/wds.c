@@ -23,7 +23,10 @@
  *
  * Bad samples: an image member whose header is not an image of its
  * extension, a truncated header, dimensions above limit_pixels, a sample
- * without caption or without image.  With on_error: fail the open fails
+ * without caption or without image, a sample with a second image or caption
+ * member (webdataset refuses a repeated extension), a member whose key held
+ * a dot (img.0002.jpg: key img, extension 0002.jpg, neither an image nor the
+ * caption) in a sample left without image or caption.  With on_error: fail the open fails
  * with a message naming shard, member and byte offset; with skip (the
  * config's on_error: skip) the sample is left out and counted
  * (pl_source_num_skipped).  A damaged tar (bad checksum, size field, a
@@ -53,10 +56,21 @@
 
 /* ------------------------------------------------------------ options */
 
+/* The source's state (src->state). */
 typedef struct pl__wds {
     pl_image_options o;
-    int skip; /* on_error: skip */
+    int skip;   /* on_error: skip */
+    int verify; /* decode every image when the index is built */
+    atomic_llong replaced; /* images replaced by blank ones at decode time */
 } pl__wds;
+
+/* A shard: the common record (the index is idx_map: records, then caption
+ * tokens), its descriptor and its caption token count. */
+typedef struct pl__wfile {
+    pl__sfile base;
+    int fd1;          /* the shard's descriptor + 1 */
+    int64_t n_tokens; /* caption tokens in the index */
+} pl__wfile;
 
 int pl__wds_defaults(pl_image_options *o, char *err, size_t errcap, const char *name) {
     if (!o->mode) o->mode = PL_IMAGE_FIXED;
@@ -96,8 +110,9 @@ int pl__wds_defaults(pl_image_options *o, char *err, size_t errcap, const char *
 }
 
 static uint64_t pl__wds_opthash(const pl__wds *w) {
-    int64_t v[3] = {w->o.caption_token_offset, w->o.limit_pixels, w->skip};
-    uint64_t h = pl__hash64(v, sizeof v, 0x706c776473ULL);
+    int64_t v[4] = {w->o.caption_token_offset, w->o.limit_pixels, w->skip, 1};
+    /* verify joins the hash only when set: sidecars built without it stay valid */
+    uint64_t h = pl__hash64(v, (w->verify ? 4 : 3) * sizeof v[0], 0x706c776473ULL);
     return pl__hash64(w->o.caption_key, strlen(w->o.caption_key), h);
 }
 
@@ -124,7 +139,7 @@ static int pl__brace(const char *pat, pl__paths *out, size_t *budget) {
     body[inner] = '\0';
     const char *rest = rb + 1;
     size_t cap = strlen(pat) + 64;
-    char *buf = malloc(cap + 256);
+    char *buf = pl__malloc(cap + 256);
     if (!buf) return PL_ENOMEM;
     int rc = PL_OK;
     char *dots = strstr(body, "..");
@@ -300,7 +315,7 @@ typedef struct pl__wb {
 
 static int pl__wb_buf(pl__wb *b, size_t n) {
     if (n <= b->bufcap) return PL_OK;
-    uint8_t *nb = realloc(b->buf, n);
+    uint8_t *nb = pl__realloc_array(b->buf, n, 1);
     if (!nb) {
         pl__fmt(b->err, b->errcap, "%s: out of memory for %zu bytes", b->path, n);
         return PL_ENOMEM;
@@ -450,7 +465,9 @@ typedef struct pl__sample {
     char key[4096];
     size_t keylen;
     int has_image, has_caption, fmt;
+    int has_repeat, has_dotted; /* a second image or caption; see pl__dotted */
     pl__member image, caption;
+    pl__member repeat, dotted, *first; /* first: the member repeat repeats */
     int64_t first_off; /* header of the sample's first member */
 } pl__sample;
 
@@ -560,9 +577,54 @@ static int pl__caption(pl__wb *b, const pl__sample *s, size_t *ntok, int *bad) {
     return PL_OK;
 }
 
+/* An extension that holds a dot and ends in an image extension or the
+ * caption's: the member's key was meant to hold a dot (img.0002.jpg gives
+ * key img, extension 0002.jpg under webdataset's rule). */
+static int pl__dotted(const char *ext, const char *cext) {
+    const char *last = strrchr(ext, '.');
+    if (!last) return 0;
+    last++;
+    return pl__image_ext_format(last, strlen(last)) || !strcmp(last, cext);
+}
+
+/* Decode image member im in full (image.verify): PL_EIMAGE with the
+ * decoder's message in b->err for a corrupt or truncated body. */
+static int pl__verify_image(pl__wb *b, int fmt, const pl__member *im) {
+    int rc = pl__wb_buf(b, (size_t)im->size);
+    if (rc) return rc;
+    if ((rc = pl__pread_all(b->fd, b->buf, (size_t)im->size, im->data_off, b->path, b->err,
+                            b->errcap)))
+        return rc;
+    uint8_t px[3 * 14 * 14];
+    uint8_t *tmp = NULL;
+    size_t tmpcap = 0;
+    rc = pl__image_decode_resize(fmt, b->buf, (size_t)im->size, 14, 14, 1,
+                                 b->w->o.limit_pixels, px, &tmp, &tmpcap, b->err, b->errcap);
+    free(tmp);
+    return rc;
+}
+
 /* Close a sample: probe the image, tokenize the caption, append a record. */
 static int pl__finish(pl__wb *b, pl__sample *s) {
     if (!s->keylen) return PL_OK;
+    if (s->has_repeat)
+        return pl__bad(b, PL_ERECORD,
+                       "%s: sample %s: member %s at offset %lld repeats the %s of member "
+                       "%s at offset %lld (a sample holds one image and one caption)",
+                       b->path, s->key, s->repeat.name, (long long)s->repeat.hdr_off,
+                       s->first == &s->image ? "image" : "caption", s->first->name,
+                       (long long)s->first->hdr_off);
+    if ((!s->has_image || !s->has_caption) && s->has_dotted) {
+        size_t kl;
+        const char *ext;
+        pl__split_key(s->dotted.name, &kl, &ext);
+        return pl__bad(b, PL_ERECORD,
+                       "%s: member %s at offset %lld: key '%s', extension '%s' (the key "
+                       "ends at the first dot of the file name, as in webdataset), so it "
+                       "is neither the image nor the caption of its sample; keys must "
+                       "not contain dots",
+                       b->path, s->dotted.name, (long long)s->dotted.hdr_off, s->key, ext);
+    }
     if (!s->has_image && !s->has_caption) return PL_OK; /* nothing of ours */
     if (!s->has_image)
         return pl__bad(b, PL_ERECORD, "%s: sample %s (member %s at offset %lld): no image",
@@ -602,6 +664,11 @@ static int pl__finish(pl__wb *b, pl__sample *s) {
                        "limit_pixels %lld",
                        b->path, im->name, (long long)im->hdr_off, w, h,
                        (long long)b->w->o.limit_pixels);
+    if (b->w->verify && (rc = pl__verify_image(b, s->fmt, im)) != PL_OK)
+        return rc == PL_EIMAGE ? pl__bad(b, PL_EIMAGE, "%s: member %s at offset %lld: %s "
+                                         "(image verification)", b->path, im->name,
+                                         (long long)im->hdr_off, b->err)
+                               : rc;
     size_t first = b->ntok, ntok = 0;
     int bad = 0;
     if ((rc = pl__caption(b, s, &ntok, &bad)) || bad) return rc;
@@ -660,13 +727,21 @@ static int pl__wds_scan(pl__wb *b) {
             s->first_off = m->hdr_off;
         }
         int fmt = pl__image_ext_format(ext, strlen(ext));
+        int cap = !strcmp(ext, cext);
         if (fmt && !s->has_image) {
             s->has_image = 1;
             s->fmt = fmt;
             s->image = *m;
-        } else if (!strcmp(ext, cext) && !s->has_caption) {
+        } else if (cap && !s->has_caption) {
             s->has_caption = 1;
             s->caption = *m;
+        } else if ((fmt || cap) && !s->has_repeat) {
+            s->has_repeat = 1; /* webdataset refuses a repeated extension too */
+            s->repeat = *m;
+            s->first = fmt ? &s->image : &s->caption;
+        } else if (!s->has_dotted && pl__dotted(ext, cext)) {
+            s->has_dotted = 1;
+            s->dotted = *m;
         }
     }
     if (rc == PL_DONE) rc = pl__finish(b, s);
@@ -746,8 +821,11 @@ static inline const uint8_t *pl__rec(const pl__sfile *f, int64_t r) {
     return (const uint8_t *)f->idx_map + PL__WDS_HEADER + (size_t)r * PL__WDS_REC;
 }
 
-static int pl__wds_open_file(pl_source *src, pl__sfile *f, char *err, size_t errcap) {
-    const pl__wds *w = src->wds;
+static int pl__wds_open_file(pl_source *src, pl__sfile *f, int skip_damaged, char *err,
+                             size_t errcap) {
+    (void)skip_damaged; /* in the options (pl__wds.skip) */
+    pl__wfile *wf = (pl__wfile *)f;
+    const pl__wds *w = src->state;
     int fd = open(f->path, O_RDONLY | O_CLOEXEC);
     struct stat st;
     if (fd < 0 || fstat(fd, &st) != 0) {
@@ -756,7 +834,7 @@ static int pl__wds_open_file(pl_source *src, pl__sfile *f, char *err, size_t err
         pl__fmt(err, errcap, "%s: cannot open: %s", f->path, strerror(e));
         return e == ENOENT ? PL_ENOENT : PL_EIO;
     }
-    f->wds_fd1 = fd + 1;
+    wf->fd1 = fd + 1;
     f->dtype = PL_DTYPE_UINT32;
     f->width = 4;
     uint64_t oh = pl__wds_opthash(w);
@@ -774,7 +852,7 @@ static int pl__wds_open_file(pl_source *src, pl__sfile *f, char *err, size_t err
                 f->idx_len = len;
                 pl__fwatch_keep(&f->idx_w, ifd, &ist);
                 f->n_docs = (int64_t)pl__ld_u64((uint8_t *)m + 40);
-                f->n_tokens = (int64_t)pl__ld_u64((uint8_t *)m + 48);
+                wf->n_tokens = (int64_t)pl__ld_u64((uint8_t *)m + 48);
                 f->skipped = pl__ld_u32((uint8_t *)m + 56);
                 return PL_OK;
             }
@@ -814,7 +892,7 @@ static int pl__wds_open_file(pl_source *src, pl__sfile *f, char *err, size_t err
     f->idx_anon = 1;
     f->index_in_memory = 1;
     f->n_docs = (int64_t)b.nrec;
-    f->n_tokens = (int64_t)b.ntok;
+    wf->n_tokens = (int64_t)b.ntok;
     f->skipped = b.skipped;
     if (src->write_index != -1) {
         /* Atomic: temporary file + rename; a read-only directory keeps the
@@ -832,9 +910,8 @@ static int pl__wds_open_file(pl_source *src, pl__sfile *f, char *err, size_t err
     return PL_OK;
 }
 
-int pl__wds_open(pl_source *src, const pl_source_options *opts, int skip_damaged) {
-    char *err = src->errmsg;
-    size_t cap = sizeof src->errmsg;
+static int pl__wds_init(pl_source *src, const pl_source_options *opts, int skip_damaged,
+                        char *err, size_t cap) {
     if (opts->version < 2 || !opts->image) {
         pl__fmt(err, cap, "source %s: a webdataset source needs image options", src->name);
         return PL_EINVAL;
@@ -844,9 +921,10 @@ int pl__wds_open(pl_source *src, const pl_source_options *opts, int skip_damaged
         pl__fmt(err, cap, "out of memory");
         return PL_ENOMEM;
     }
-    src->wds = w;
+    src->state = w;
     w->o = *opts->image;
     w->skip = skip_damaged;
+    w->verify = opts->version >= 4 && opts->verify_images;
     int rc = pl__wds_defaults(&w->o, err, cap, src->name);
     if (rc) return rc;
     src->eos_id = opts->eos_id; /* -1: none appended */
@@ -857,33 +935,25 @@ int pl__wds_open(pl_source *src, const pl_source_options *opts, int skip_damaged
     }
     src->write_index = opts->write_index == -1 ? -1 : 1;
     src->dtype = PL_DTYPE_UINT32;
-    pl__paths files = {0};
-    if ((rc = pl__wds_expand(opts->path, &files, err, cap))) {
-        pl__paths_free(&files);
-        return rc;
-    }
-    src->files = pl__calloc((size_t)files.n, sizeof *src->files);
-    if (!src->files) {
-        pl__paths_free(&files);
-        pl__fmt(err, cap, "out of memory");
-        return PL_ENOMEM;
-    }
-    src->n_files = (int64_t)files.n;
-    for (int64_t i = 0; i < files.n; i++) src->files[i].path = files.v[i];
-    free(files.v);
-    for (int64_t i = 0; i < src->n_files; i++) {
-        pl__sfile *f = &src->files[i];
-        if ((rc = pl__wds_open_file(src, f, err, cap))) return rc;
-        f->first_doc = src->n_docs;
-        src->n_docs += f->n_docs;
-        src->skipped += f->skipped;
-    }
     return PL_OK;
 }
 
-void pl__wds_free(pl_source *src) {
-    free(src->wds);
-    src->wds = NULL;
+static int pl__wds_expand_op(const pl_source *src, const char *path, pl__paths *out,
+                             char *err, size_t errcap) {
+    (void)src;
+    return pl__wds_expand(path, out, err, errcap);
+}
+
+static void pl__wds_close_file(pl_source *src, pl__sfile *f) {
+    (void)src;
+    pl__wfile *wf = (pl__wfile *)f;
+    if (wf->fd1 > 0) close(wf->fd1 - 1);
+    wf->fd1 = 0;
+}
+
+static void pl__wds_free(pl_source *src) {
+    free(src->state);
+    src->state = NULL;
 }
 
 /* ------------------------------------------------------------ documents */
@@ -918,11 +988,12 @@ void pl__image_geometry(const pl_image_options *o, int64_t out_h, int64_t out_w,
     out->bytes = (size_t)out->patches * (size_t)out->patch_dim;
 }
 
-int pl__wds_doc_length(const pl_source *src, const pl__sfile *f, int64_t r,
-                       int64_t *length, char *err, size_t errcap) {
+/* Local sample r: its length in tokens (visual tokens + caption + eos). */
+static int pl__wds_doc_length(const pl_source *src, const pl__sfile *f, int64_t r,
+                              int64_t *length, char *err, size_t errcap) {
     pl_image_info in;
     const uint8_t *rec = pl__rec(f, r);
-    int rc = pl__info(src->wds, rec, &in, err, errcap);
+    int rc = pl__info(src->state, rec, &in, err, errcap);
     if (rc) {
         char m[PL__ERRMSG_CAP];
         pl__fmt(m, sizeof m, "%s: sample %lld (image at offset %lld): %s", f->path,
@@ -934,8 +1005,21 @@ int pl__wds_doc_length(const pl_source *src, const pl__sfile *f, int64_t r,
     return PL_OK;
 }
 
-int pl__wds_read(const pl_source *src, const pl__sfile *f, int64_t r, int64_t offset,
-                 int64_t count, void *out, pl_dtype dt, char *err, size_t errcap) {
+static int pl__wds_doc(const pl_source *src, const pl__sfile *f, int64_t r,
+                       const uint8_t **tokens, int64_t *length, char *err,
+                       size_t errcap) {
+    *tokens = NULL;
+    return pl__wds_doc_length(src, f, r, length, err, errcap);
+}
+
+/* Tokens [offset, offset + count) of sample index (local r in f) as dt
+ * (INT64, INT32 or UINT32). */
+static int pl__wds_read(pl_source *src, const pl__sfile *f, int64_t index, int64_t offset,
+                        int64_t count, void *out, pl_dtype dt, int marked, char *err,
+                        size_t errcap) {
+    (void)marked;
+    const int64_t r = index - f->first_doc;
+    const pl__wds *w = src->state;
     int64_t len;
     int rc = pl__wds_doc_length(src, f, r, &len, err, errcap);
     if (rc) return rc;
@@ -951,7 +1035,7 @@ int pl__wds_read(const pl_source *src, const pl__sfile *f, int64_t r, int64_t of
     const int64_t nvis = len - ncap - (src->eos_id >= 0 ? 1 : 0);
     const uint8_t *tok = (const uint8_t *)f->idx_map + PL__WDS_HEADER +
                          (size_t)f->n_docs * PL__WDS_REC + pl__ld_u64(rec + 40) * 4;
-    const int64_t img = src->wds->o.token_id;
+    const int64_t img = w->o.token_id;
     for (int64_t i = 0; i < count; i++) {
         int64_t p = offset + i, t;
         if (p < nvis)
@@ -976,56 +1060,20 @@ int pl__wds_read(const pl_source *src, const pl__sfile *f, int64_t r, int64_t of
 
 /* ------------------------------------------------------------ images */
 
-static int pl__wds_locate(pl_source *src, int64_t index, const pl__sfile **file,
-                          int64_t *r, char *err, size_t errcap) {
-    if (!src || src->type != PL_SOURCE_WEBDATASET) {
-        pl__fmt(err, errcap, "not a webdataset source");
-        return PL_EINVAL;
-    }
-    if (index < 0 || index >= src->n_docs) {
-        pl__fmt(err, errcap, "source %s: sample %lld out of range [0, %lld)", src->name,
-                (long long)index, (long long)src->n_docs);
-        return PL_ERANGE;
-    }
-    int64_t lo = 0, hi = src->n_files;
-    while (hi - lo > 1) {
-        int64_t mid = lo + (hi - lo) / 2;
-        if (src->files[mid].first_doc <= index)
-            lo = mid;
-        else
-            hi = mid;
-    }
-    *file = &src->files[lo];
-    *r = index - src->files[lo].first_doc;
-    return PL_OK;
+static int pl__wds_image_info(pl_source *src, const pl__sfile *f, int64_t r,
+                              pl_image_info *out, char *err, size_t errcap) {
+    return pl__info(src->state, pl__rec(f, r), out, err, errcap);
 }
 
-int pl__wds_image_info(pl_source *src, int64_t index, pl_image_info *out, char *err,
-                       size_t errcap) {
-    const pl__sfile *f;
-    int64_t r;
-    int rc = pl__wds_locate(src, index, &f, &r, err, errcap);
-    if (rc) return rc;
-    return pl__info(src->wds, pl__rec(f, r), out, err, errcap);
-}
-
-int pl_source_image_info(pl_source *src, int64_t index, pl_image_info *out) {
-    char err[PL__ERRMSG_CAP];
-    if (!out) return PL_EINVAL;
-    int rc = pl__wds_image_info(src, index, out, err, sizeof err);
-    if (rc && src) pl__source_set_err(src, err);
-    return rc;
-}
-
-int pl__wds_read_image(pl_source *src, int64_t index, uint8_t *out, size_t cap,
-                       pl_image_info *info, char *err, size_t errcap) {
-    const pl__sfile *f;
-    int64_t r;
-    int rc = pl__wds_locate(src, index, &f, &r, err, errcap);
-    if (rc) return rc;
+static int pl__wds_read_image(pl_source *src, const pl__sfile *f, int64_t r, int64_t index,
+                              uint8_t *out, size_t cap, pl_image_info *info, char *err,
+                              size_t errcap) {
+    const pl__wds *w = src->state;
+    const int fd = ((const pl__wfile *)f)->fd1 - 1;
     const uint8_t *rec = pl__rec(f, r);
     pl_image_info in;
-    if ((rc = pl__info(src->wds, rec, &in, err, errcap))) return rc;
+    int rc;
+    if ((rc = pl__info(w, rec, &in, err, errcap))) return rc;
     if (info) *info = in;
     if (!out || cap < in.bytes) {
         pl__fmt(err, errcap, "pl_source_read_image: %zu bytes given, the image needs %zu",
@@ -1036,7 +1084,7 @@ int pl__wds_read_image(pl_source *src, int64_t index, uint8_t *out, size_t cap,
     const int64_t size = (int64_t)pl__ld_u64(rec + 16);
     pl__imgtls *b = pl__image_tls();
     if (b && (size_t)size > b->datacap) {
-        uint8_t *nd = realloc(b->data, (size_t)size);
+        uint8_t *nd = pl__realloc_array(b->data, (size_t)size, 1);
         if (nd) {
             b->data = nd;
             b->datacap = (size_t)size;
@@ -1047,7 +1095,7 @@ int pl__wds_read_image(pl_source *src, int64_t index, uint8_t *out, size_t cap,
                 (long long)size);
         return PL_ENOMEM;
     }
-    rc = pl__pread_all(f->wds_fd1 - 1, b->data, (size_t)size, at, f->path, err, errcap);
+    rc = pl__pread_all(fd, b->data, (size_t)size, at, f->path, err, errcap);
     if (rc == PL_OK) {
         char derr[400];
         /* Fixed mode resizes straight into out (CHW); native mode into the
@@ -1055,7 +1103,7 @@ int pl__wds_read_image(pl_source *src, int64_t index, uint8_t *out, size_t cap,
         const int fixed = in.mode == PL_IMAGE_FIXED;
         const size_t planes = (size_t)(in.out_width * in.out_height * 3);
         if (!fixed && planes > b->rgbcap) {
-            uint8_t *nr = realloc(b->rgb, planes);
+            uint8_t *nr = pl__realloc_array(b->rgb, planes, 1);
             if (nr) {
                 b->rgb = nr;
                 b->rgbcap = planes;
@@ -1067,13 +1115,13 @@ int pl__wds_read_image(pl_source *src, int64_t index, uint8_t *out, size_t cap,
         } else {
             rc = pl__image_decode_resize((int)pl__ld_u32(rec + 32), b->data, (size_t)size,
                                          in.out_width, in.out_height, fixed,
-                                         src->wds->o.limit_pixels, fixed ? out : b->rgb,
+                                         w->o.limit_pixels, fixed ? out : b->rgb,
                                          &b->tmp, &b->tmpcap, derr, sizeof derr);
         }
         if (rc) {
             char name[101];
             uint8_t h[100];
-            if (pl__pread_all(f->wds_fd1 - 1, h, 100, hdr, f->path, err, errcap) == PL_OK) {
+            if (pl__pread_all(fd, h, 100, hdr, f->path, err, errcap) == PL_OK) {
                 memcpy(name, h, 100);
                 name[100] = '\0';
             } else {
@@ -1084,8 +1132,8 @@ int pl__wds_read_image(pl_source *src, int64_t index, uint8_t *out, size_t cap,
         }
     }
     if (rc == PL_OK && in.mode == PL_IMAGE_NATIVE)
-        pl__image_patchify(b->rgb, in.out_height, in.out_width, src->wds->o.patch_size,
-                           src->wds->o.merge_size, out);
+        pl__image_patchify(b->rgb, in.out_height, in.out_width, w->o.patch_size,
+                           w->o.merge_size, out);
     /* Keep what a usual photo needs; give back what an outlier grew. */
     const size_t keep = (size_t)64 << 20;
     if (b->datacap > keep || b->tmpcap > keep || b->rgbcap > keep) {
@@ -1098,12 +1146,24 @@ int pl__wds_read_image(pl_source *src, int64_t index, uint8_t *out, size_t cap,
     return rc;
 }
 
-int pl_source_read_image(pl_source *src, int64_t index, void *out, size_t cap,
-                         pl_image_info *info) {
-    char err[PL__ERRMSG_CAP];
-    int rc = pl__wds_read_image(src, index, out, cap, info, err, sizeof err);
-    if (rc && src) pl__source_set_err(src, err);
-    return rc;
+int pl__source_read_image_or_blank(pl_source *src, int64_t index, uint8_t *out, size_t cap,
+                                   int *replaced, char *err, size_t errcap) {
+    *replaced = 0;
+    pl_image_info in;
+    memset(&in, 0, sizeof in);
+    int rc = pl__source_read_image(src, index, out, cap, &in, err, errcap);
+    if (rc != PL_EIMAGE || src->ops != &pl__webdataset_ops) return rc;
+    pl__wds *w = src->state;
+    if (!w->skip || !out || in.bytes == 0 || cap < in.bytes) return rc;
+    memset(out, 0, in.bytes);
+    atomic_fetch_add(&w->replaced, 1);
+    *replaced = 1;
+    return PL_OK;
+}
+
+int64_t pl_source_num_images_replaced(const pl_source *src) {
+    if (!src || src->ops != &pl__webdataset_ops || !src->state) return 0;
+    return (int64_t)atomic_load(&((pl__wds *)src->state)->replaced);
 }
 
 int pl_image_probe(const void *data, size_t len, int64_t *width, int64_t *height,
@@ -1134,6 +1194,25 @@ int pl_image_probe(const void *data, size_t len, int64_t *width, int64_t *height
     }
     return rc;
 }
+
+const pl__source_ops pl__webdataset_ops = {
+    .version = PL__SOURCE_OPS_VERSION,
+    .type = PL_SOURCE_WEBDATASET,
+    .name = "webdataset",
+    .file_size = sizeof(pl__wfile),
+    .data_suffix = "",
+    .index_suffix = ".plwds",
+    .unit = "sample",
+    .init = pl__wds_init,
+    .expand = pl__wds_expand_op,
+    .open_file = pl__wds_open_file,
+    .close_file = pl__wds_close_file,
+    .free = pl__wds_free,
+    .doc = pl__wds_doc,
+    .read = pl__wds_read,
+    .image_info = pl__wds_image_info,
+    .read_image = pl__wds_read_image,
+};
 
 int pl_image_smart_resize(int64_t h, int64_t w, int64_t factor, int64_t min_pixels,
                           int64_t max_pixels, int64_t *out_h, int64_t *out_w) {

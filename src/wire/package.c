@@ -16,6 +16,10 @@
  *   n_images x { i64 read, i64 tokens, i64 height, i64 width, i32 status,
  *     i32 0, u64 bytes } (pl_payload_image, reads increasing), then the
  *     images' data back to back,
+ *   the whole step's loss tokens by source (version 3): ns x { i64 chunks,
+ *     i64 tokens but each document's last } for config source indexes
+ *     0..ns-1, then u64 ns (the receiving loader's step_loss_tokens: the
+ *     plan above holds only this DP rank's chunks),
  *   u64 XXH3-64 of everything before it.
  * Tokens are not aligned; readers convert with unaligned loads.
  */
@@ -24,7 +28,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define PL__PACKAGE_VERSION 2u
+#define PL__PACKAGE_VERSION 3u
 #define PL__PACKAGE_HEADER (4 + 4 + 8 + 6 * 8)
 #define PL__PACKAGE_IMAGE 48
 
@@ -44,7 +48,7 @@ int pl_plan_step_reads(const pl_plan *plan, int64_t dp_rank, pl_read *out,
 }
 
 /* The plan with only dp_rank's sequences' chunks. */
-static int pl__plan_subset(const pl_plan *p, int64_t dp_rank, pl_plan **out) {
+static int plan_subset(const pl_plan *p, int64_t dp_rank, pl_plan **out) {
     *out = NULL;
     size_t n = (size_t)p->n_sequences;
     pl__plan_impl *m = pl__calloc(1, sizeof *m);
@@ -96,7 +100,7 @@ static int pl__plan_subset(const pl_plan *p, int64_t dp_rank, pl_plan **out) {
     return PL_OK;
 }
 
-static int pl__token_dtype_ok(int32_t dt) {
+static int token_dtype_ok(int32_t dt) {
     return dt >= PL_DTYPE_UINT8 && dt <= PL_DTYPE_UINT32;
 }
 
@@ -118,7 +122,8 @@ int pl_package_encode_v2(const pl_plan *plan, int64_t dp_rank, const void *state
     for (int64_t k = 0; k < n_images; k++) {
         const pl_payload_image *im = &images[k];
         if (im->read < 0 || im->read >= n_payloads || (k && im->read <= images[k - 1].read) ||
-            (im->bytes && !im->data) || im->status > 0)
+            (im->bytes && !im->data) || im->status > 0 ||
+            (im->reserved != 0 && im->reserved != PL_IMAGE_BLANK))
             return PL_EINVAL;
         image_bytes += PL__PACKAGE_IMAGE + im->bytes;
     }
@@ -132,7 +137,7 @@ int pl_package_encode_v2(const pl_plan *plan, int64_t dp_rank, const void *state
     rc = pl_plan_step_reads(plan, dp_rank, reads, n_reads, &n_reads);
     size_t token_bytes = 0;
     for (int64_t i = 0; !rc && i < n_reads; i++) {
-        if (!pl__token_dtype_ok(payloads[i].dtype) || payloads[i].count < reads[i].count ||
+        if (!token_dtype_ok(payloads[i].dtype) || payloads[i].count < reads[i].count ||
             (!payloads[i].data && reads[i].count > 0))
             rc = PL_EINVAL;
         else
@@ -140,10 +145,22 @@ int pl_package_encode_v2(const pl_plan *plan, int64_t dp_rank, const void *state
     }
     pl_plan *sub = NULL;
     size_t plan_len = 0;
-    if (!rc) rc = pl__plan_subset(plan, dp_rank, &sub);
+    if (!rc) rc = plan_subset(plan, dp_rank, &sub);
     if (!rc) rc = pl_plan_encode(sub, NULL, 0, &plan_len);
+    /* The whole step's loss tokens by source. */
+    int64_t ns = 0;
+    for (int64_t j = 0; j < plan->n_chunks; j++)
+        if (plan->chunks[j].source >= ns) ns = (int64_t)plan->chunks[j].source + 1;
+    int64_t *loss = pl__calloc((size_t)(2 * ns + 1), sizeof *loss);
+    if (!rc && !loss) rc = PL_ENOMEM;
+    for (int64_t j = 0; !rc && j < plan->n_chunks; j++) {
+        const pl_chunk *c = &plan->chunks[j];
+        if (c->source < 0) continue;
+        loss[2 * c->source]++;
+        loss[2 * c->source + 1] += c->length - ((c->flags & PL_CHUNK_DOC_END) != 0);
+    }
     size_t total = PL__PACKAGE_HEADER + state_len + plan_len +
-                   (size_t)n_reads * 16 + token_bytes + image_bytes + 8;
+                   (size_t)n_reads * 16 + token_bytes + image_bytes + 16 * (size_t)ns + 8 + 8;
     if (!rc) *len = total;
     if (!rc && buf) {
         if (cap < total) {
@@ -179,7 +196,7 @@ int pl_package_encode_v2(const pl_plan *plan, int64_t dp_rank, const void *state
             for (int64_t k = 0; k < n_images; k++) {
                 const pl_payload_image *im = &images[k];
                 int64_t rec[4] = {im->read, im->tokens, im->height, im->width};
-                int32_t st[2] = {im->status, 0};
+                int32_t st[2] = {im->status, im->reserved};
                 uint64_t nb = im->bytes;
                 memcpy(w, rec, 32);
                 memcpy(w + 32, st, 8);
@@ -190,17 +207,23 @@ int pl_package_encode_v2(const pl_plan *plan, int64_t dp_rank, const void *state
                 if (images[k].bytes) memcpy(w, images[k].data, images[k].bytes);
                 w += images[k].bytes;
             }
+            uint64_t uns = (uint64_t)ns;
+            if (ns) memcpy(w, loss, 16 * (size_t)ns);
+            w += 16 * (size_t)ns;
+            memcpy(w, &uns, 8);
+            w += 8;
             uint64_t h = pl__hash64(b, (size_t)(w - b), 0);
             memcpy(w, &h, 8);
         }
     }
     pl_plan_free(sub);
     free(reads);
+    free(loss);
     return rc;
 }
 
 /* Envelope check; fills the header fields. */
-static int pl__package_open(const void *buf, size_t len, int64_t hdr[4],
+static int package_open(const void *buf, size_t len, int64_t hdr[4],
                             uint64_t *state_len, uint64_t *plan_len) {
     const unsigned char *b = buf;
     if (!b || len < PL__PACKAGE_HEADER + 8 || memcmp(b, "PLPK", 4) != 0)
@@ -217,7 +240,11 @@ static int pl__package_open(const void *buf, size_t len, int64_t hdr[4],
     memcpy(state_len, b + 40, 8);
     memcpy(plan_len, b + 48, 8);
     memcpy(&hdr[3], b + 56, 8);
-    size_t room = len - PL__PACKAGE_HEADER - 8;
+    if (len < PL__PACKAGE_HEADER + 16) return PL_EINVAL;
+    uint64_t ns;
+    memcpy(&ns, b + len - 16, 8);
+    if (ns > (len - PL__PACKAGE_HEADER - 16) / 16) return PL_EINVAL;
+    size_t room = len - PL__PACKAGE_HEADER - 16 - 16 * (size_t)ns;
     if (hdr[0] < 0 || hdr[1] < 0 || hdr[2] < 0 || hdr[3] < 0 || hdr[3] > hdr[2] ||
         *state_len > room ||
         *plan_len > room - *state_len ||
@@ -230,7 +257,7 @@ int pl_package_inspect(const void *buf, size_t len, int64_t *step,
                        int64_t *dp_rank) {
     int64_t hdr[4];
     uint64_t sl, pl;
-    int rc = pl__package_open(buf, len, hdr, &sl, &pl);
+    int rc = package_open(buf, len, hdr, &sl, &pl);
     if (rc) return rc;
     if (step) *step = hdr[0];
     if (dp_rank) *dp_rank = hdr[1];
@@ -253,17 +280,17 @@ int pl__package_decode(const void *buf, size_t len, pl__package **out,
     *out = NULL;
     int64_t hdr[4];
     uint64_t sl, plen;
-    int rc = pl__package_open(buf, len, hdr, &sl, &plen);
+    int rc = package_open(buf, len, hdr, &sl, &plen);
     if (rc) {
         pl__fmt(err, errcap, "package: %zu bytes are not a valid package (%s)",
                 len, rc == PL_EVERSION ? "unsupported version" : "corrupt");
         return PL_EINVAL;
     }
     pl__package *k = pl__calloc(1, sizeof *k);
-    if (!k) return PL_ENOMEM;
-    k->buf = malloc(len ? len : 1);
-    if (!k->buf) {
+    if (k) k->buf = pl__malloc(len ? len : 1);
+    if (!k || !k->buf) {
         free(k);
+        pl__fmt(err, errcap, "package of %zu bytes: out of memory", len);
         return PL_ENOMEM;
     }
     memcpy(k->buf, buf, len);
@@ -276,10 +303,10 @@ int pl__package_decode(const void *buf, size_t len, pl__package **out,
     k->state_len = (size_t)sl;
     rc = pl_plan_decode(b + PL__PACKAGE_HEADER + sl, (size_t)plen, &k->plan);
     if (rc) {
-        pl__fmt(err, errcap, "package of step %lld: its plan is corrupt",
-                (long long)k->step);
+        pl__fmt(err, errcap, "package of step %lld: %s", (long long)k->step,
+                rc == PL_ENOMEM ? "out of memory decoding its plan" : "its plan is corrupt");
         pl__package_free(k);
-        return PL_EINVAL;
+        return rc == PL_ENOMEM ? PL_ENOMEM : PL_EINVAL;
     }
     if (k->plan->step != k->step || k->dp_rank >= k->plan->dp) {
         pl__fmt(err, errcap, "package: step %lld / DP rank %lld disagree with its plan",
@@ -309,13 +336,17 @@ int pl__package_decode(const void *buf, size_t len, pl__package **out,
     }
     const unsigned char *tab = b + PL__PACKAGE_HEADER + sl + plen;
     const unsigned char *tok = tab + (size_t)k->n_reads * 16;
-    const unsigned char *end = b + len - 8;
+    uint64_t ns;
+    memcpy(&ns, b + len - 16, 8); /* checked by pl__package_open */
+    const unsigned char *end = b + len - 16 - 16 * (size_t)ns;
+    k->n_step_loss = (int64_t)ns;
+    k->step_loss = ns ? (const void *)end : NULL;
     for (int64_t i = 0; !rc && i < k->n_reads; i++) {
         int32_t d[2];
         int64_t count;
         memcpy(d, tab + 16 * i, 8);
         memcpy(&count, tab + 16 * i + 8, 8);
-        size_t es = pl__token_dtype_ok(d[0]) ? pl_dtype_size(d[0]) : 0;
+        size_t es = token_dtype_ok(d[0]) ? pl_dtype_size(d[0]) : 0;
         if (!es || count != reads[i].count || count < 0 ||
             (uint64_t)count > (uint64_t)(end - tok) / es) {
             rc = PL_EINVAL;
@@ -336,12 +367,13 @@ int pl__package_decode(const void *buf, size_t len, pl__package **out,
         memcpy(st, itab + (size_t)j * PL__PACKAGE_IMAGE + 32, 8);
         memcpy(&nb, itab + (size_t)j * PL__PACKAGE_IMAGE + 40, 8);
         if (rec[0] < 0 || rec[0] >= k->n_reads || (j && rec[0] <= k->images[j - 1].read) ||
-            rec[1] <= 0 || rec[2] <= 0 || rec[3] <= 0 || st[0] > 0 || st[1] ||
+            rec[1] <= 0 || rec[2] <= 0 || rec[3] <= 0 || st[0] > 0 ||
+            (st[1] != 0 && st[1] != PL_IMAGE_BLANK) ||
             nb > (uint64_t)(end - idata)) {
             rc = PL_EINVAL;
             break;
         }
-        k->images[j] = (pl_payload_image){rec[0], rec[1], rec[2], rec[3], st[0], 0,
+        k->images[j] = (pl_payload_image){rec[0], rec[1], rec[2], rec[3], st[0], st[1],
                                           nb ? idata : NULL, (size_t)nb};
         k->image_of[rec[0]] = j;
         idata += nb;
@@ -355,6 +387,8 @@ int pl__package_decode(const void *buf, size_t len, pl__package **out,
                     "package of step %lld, DP rank %lld: its read table does not "
                     "match its plan",
                     (long long)k->step, (long long)k->dp_rank);
+        else if (rc == PL_ENOMEM)
+            pl__fmt(err, errcap, "package of step %lld: out of memory", (long long)k->step);
         pl__package_free(k);
         return rc;
     }

@@ -17,15 +17,15 @@
 #define PL__PLAN_VERSION 1u
 #define PL__PLAN_HEADER (4 + 4 + 8 + 9 * 8 + 8)
 
-static size_t pl__plan_size(const pl_plan *p) {
+static size_t plan_size(const pl_plan *p) {
     size_t n = (size_t)p->n_sequences;
     return PL__PLAN_HEADER + (size_t)p->n_chunks * sizeof(pl_chunk) +
            (n + 1) * 8 + n * 8 * 3 + (size_t)p->dp * 8 + 4;
 }
 
-int pl_plan_encode(const pl_plan *p, void *buf, size_t cap, size_t *len) {
+static int plan_encode_impl(const pl_plan *p, void *buf, size_t cap, size_t *len) {
     if (!p || !len) return PL_EINVAL;
-    size_t total = pl__plan_size(p);
+    size_t total = plan_size(p);
     *len = total;
     if (!buf) return PL_OK;
     if (cap < total) return PL_EINVAL;
@@ -58,7 +58,7 @@ int pl_plan_encode(const pl_plan *p, void *buf, size_t cap, size_t *len) {
     return PL_OK;
 }
 
-int pl_plan_decode(const void *buf, size_t len, pl_plan **out) {
+static int plan_decode_impl(const void *buf, size_t len, pl_plan **out) {
     *out = NULL;
     const unsigned char *b = buf;
     if (!b || len < PL__PLAN_HEADER + 4 || memcmp(b, "PLPN", 4) != 0) return PL_EINVAL;
@@ -90,7 +90,7 @@ int pl_plan_decode(const void *buf, size_t len, pl_plan **out) {
         hdr.n_sequences / hdr.dp / hdr.micro_batch_size != hdr.micro_batches_per_rank ||
         hdr.n_chunks > (int64_t)(len / sizeof(pl_chunk)) ||
         hdr.n_sequences > (int64_t)(len / 8) || hdr.dp > (int64_t)(len / 8) ||
-        pl__plan_size(&hdr) != len)
+        plan_size(&hdr) != len)
         return PL_EINVAL;
     pl__plan_impl *m = pl__calloc(1, sizeof *m);
     if (!m) return PL_ENOMEM;
@@ -149,4 +149,33 @@ int pl_plan_decode(const void *buf, size_t len, pl_plan **out) {
     m->pub = hdr;
     *out = &m->pub;
     return PL_OK;
+}
+
+/* ------------------------------------------------ per-thread messages */
+
+int pl_plan_encode(const pl_plan *p, void *buf, size_t cap, size_t *len) {
+    int rc = plan_encode_impl(p, buf, cap, len);
+    if (rc == PL_EINVAL) {
+        char err[PL__ERRMSG_CAP];
+        if (!p || !len)
+            pl__fmt(err, sizeof err, "pl_plan_encode: NULL plan or length");
+        else
+            pl__fmt(err, sizeof err, "pl_plan_encode: the plan needs %zu bytes, the buffer holds %zu",
+                    *len, cap);
+        pl__thread_err(err);
+    }
+    return rc;
+}
+
+int pl_plan_decode(const void *buf, size_t len, pl_plan **out) {
+    int rc = plan_decode_impl(buf, len, out);
+    if (rc) {
+        char err[PL__ERRMSG_CAP];
+        if (rc == PL_ENOMEM)
+            pl__fmt(err, sizeof err, "pl_plan_decode: out of memory decoding %zu bytes", len);
+        else
+            pl__fmt(err, sizeof err, "pl_plan_decode: %zu bytes are not a valid plan", len);
+        pl__thread_err(err);
+    }
+    return rc;
 }

@@ -32,7 +32,7 @@ typedef struct pl__rimg {
 } pl__rimg;
 
 /* The images of the reads and the layout's sizes. */
-static int pl__reply_plan(pl_source *const *sources, int64_t n_sources,
+static int reply_plan(pl_source *const *sources, int64_t n_sources,
                           const pl_read *reads, int64_t n, pl__rimg **imgs,
                           int64_t *n_imgs, size_t *token_bytes, size_t *pixel_bytes,
                           char *err, size_t errcap) {
@@ -51,13 +51,16 @@ static int pl__reply_plan(pl_source *const *sources, int64_t n_sources,
         n_wds += pl_source_get_type(sources[s]) == PL_SOURCE_WEBDATASET;
     }
     pl__rimg *v = pl__calloc(n_wds ? (size_t)n_wds : 1, sizeof *v);
-    if (!v) return PL_ENOMEM;
+    if (!v) {
+        pl__fmt(err, errcap, "pl_reply_encode: out of memory");
+        return PL_ENOMEM;
+    }
     int64_t k = 0;
     for (int64_t i = 0; i < n; i++) {
         pl_source *src = sources[reads[i].source];
         if (pl_source_get_type(src) != PL_SOURCE_WEBDATASET) continue;
         pl_image_info in;
-        int rc = pl__wds_image_info(src, reads[i].index, &in, err, errcap);
+        int rc = pl__source_image_info(src, reads[i].index, &in, err, errcap);
         if (rc) {
             free(v);
             return rc;
@@ -79,7 +82,7 @@ static int pl__reply_plan(pl_source *const *sources, int64_t n_sources,
     return PL_OK;
 }
 
-static int64_t pl__mono_ns(void) {
+static int64_t mono_ns(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
@@ -99,7 +102,7 @@ int pl_reply_encode_timed(pl_source *const *sources, int64_t n_sources,
     int64_t n_imgs = 0;
     size_t tb = 0, pb = 0;
     err[0] = '\0';
-    int rc = pl__reply_plan(sources, n_sources, reads, n, &imgs, &n_imgs, &tb, &pb, err,
+    int rc = reply_plan(sources, n_sources, reads, n, &imgs, &n_imgs, &tb, &pb, err,
                             sizeof err);
     if (rc) {
         pl__thread_err(err);
@@ -142,7 +145,7 @@ int pl_reply_encode_timed(pl_source *const *sources, int64_t n_sources,
        per source; a no-op for local files), then read one by one. */
     for (int64_t s = 0; s < n_sources; s++)
         pl__source_ensure_reads(sources[s], reads, n, (int32_t)s);
-    int64_t t_prev = source_ns ? pl__mono_ns() : 0;
+    int64_t t_prev = source_ns ? mono_ns() : 0;
     for (int64_t i = 0; i < n && rc == PL_OK; i++) {
         pl_source *src = sources[reads[i].source];
         size_t nb = (size_t)reads[i].count * pl_dtype_size(pl_source_token_dtype(src));
@@ -150,7 +153,7 @@ int pl_reply_encode_timed(pl_source *const *sources, int64_t n_sources,
         if (rc) pl__fmt(err, sizeof err, "%s", pl_last_errmsg());
         w += nb;
         if (source_ns && (i + 1 == n || reads[i + 1].source != reads[i].source)) {
-            int64_t t = pl__mono_ns();
+            int64_t t = mono_ns();
             source_ns[reads[i].source] += t - t_prev;
             t_prev = t;
         }
@@ -159,12 +162,14 @@ int pl_reply_encode_timed(pl_source *const *sources, int64_t n_sources,
     for (int64_t k = 0; k < n_imgs && rc == PL_OK; k++) {
         pl__rimg *m = &imgs[k];
         int32_t status = PL_OK;
+        int blank = 0;
         size_t bytes = m->bytes;
-        if (source_ns) t_prev = pl__mono_ns();
+        if (source_ns) t_prev = mono_ns();
         if (bytes) {
             char derr[PL__ERRMSG_CAP];
-            status = pl__wds_read_image(sources[reads[m->row].source], m->index,
-                                        pix + m->offset, m->bytes, NULL, derr, sizeof derr);
+            status = pl__source_read_image_or_blank(sources[reads[m->row].source], m->index,
+                                                 pix + m->offset, m->bytes, &blank, derr,
+                                                 sizeof derr);
             if (status) { /* the message takes the slot's place (truncated to it) */
                 size_t ml = strlen(derr);
                 bytes = ml < m->bytes ? ml : m->bytes;
@@ -172,9 +177,9 @@ int pl_reply_encode_timed(pl_source *const *sources, int64_t n_sources,
                 memcpy(pix + m->offset, derr, bytes);
             }
         }
-        if (source_ns) source_ns[reads[m->row].source] += pl__mono_ns() - t_prev;
+        if (source_ns) source_ns[reads[m->row].source] += mono_ns() - t_prev;
         int64_t rec[4] = {m->row, m->tokens, m->height, m->width};
-        int32_t st[2] = {status, 0};
+        int32_t st[2] = {status, blank ? PL_IMAGE_BLANK : 0};
         uint64_t ob[2] = {m->offset, bytes};
         unsigned char *r = itab + (size_t)k * PL__REPLY_IMAGE;
         memcpy(r, rec, 32);
@@ -192,7 +197,7 @@ int pl_reply_encode_timed(pl_source *const *sources, int64_t n_sources,
     return PL_OK;
 }
 
-static int pl__token_dtype(int32_t d) { return d >= PL_DTYPE_UINT8 && d <= PL_DTYPE_UINT32; }
+static int token_dtype(int32_t d) { return d >= PL_DTYPE_UINT8 && d <= PL_DTYPE_UINT32; }
 
 int pl_reply_decode(const void *buf, size_t len, pl_payload *rows, int64_t rows_cap,
                     pl_payload_image *images, int64_t images_cap, int64_t *n_rows,
@@ -210,8 +215,11 @@ int pl_reply_decode(const void *buf, size_t len, pl_payload *rows, int64_t rows_
     if (h != pl__hash64(b, len - 8, 0)) return PL_EINVAL;
     memcpy(counts, b + 16, 16);
     const size_t room = len - PL__REPLY_HEADER - 8;
+    /* The tables fit in the buffer: every row has its record, every image
+     * its own (a reply of many short rows and no image is valid). */
     if (counts[0] < 0 || counts[1] < 0 || counts[1] > counts[0] ||
-        (uint64_t)counts[0] > room / (PL__REPLY_ROW + PL__REPLY_IMAGE))
+        (uint64_t)counts[0] > room / PL__REPLY_ROW ||
+        (uint64_t)counts[1] > (room - (size_t)counts[0] * PL__REPLY_ROW) / PL__REPLY_IMAGE)
         return PL_EINVAL;
     const int64_t nr = counts[0], ni = counts[1];
     const unsigned char *rtab = b + PL__REPLY_HEADER;
@@ -223,7 +231,7 @@ int pl_reply_decode(const void *buf, size_t len, pl_payload *rows, int64_t rows_
         int64_t count;
         memcpy(d, rtab + (size_t)i * PL__REPLY_ROW, 8);
         memcpy(&count, rtab + (size_t)i * PL__REPLY_ROW + 8, 8);
-        size_t es = pl__token_dtype(d[0]) ? pl_dtype_size((pl_dtype)d[0]) : 0;
+        size_t es = token_dtype(d[0]) ? pl_dtype_size((pl_dtype)d[0]) : 0;
         if (!es || count < 0 || (uint64_t)count > (uint64_t)(end - tok) / es) return PL_EINVAL;
         if (rows && i < rows_cap) rows[i] = (pl_payload){tok, d[0], 0, count};
         tok += (size_t)count * es;
@@ -240,13 +248,13 @@ int pl_reply_decode(const void *buf, size_t len, pl_payload *rows, int64_t rows_
         memcpy(st, r + 32, 8);
         memcpy(ob, r + 40, 16);
         if (rec[0] <= last || rec[0] >= nr || rec[1] <= 0 || rec[2] <= 0 || rec[3] <= 0 ||
-            st[0] > 0 || st[1] != 0 || ob[0] > pixlen || ob[1] > pixlen - ob[0] ||
+            st[0] > 0 || (st[1] != 0 && st[1] != PL_IMAGE_BLANK) || ob[0] > pixlen || ob[1] > pixlen - ob[0] ||
             (st[0] == 0 && ob[1] &&
              (rec[2] > 65536 || rec[3] > 65536 || ob[1] != (uint64_t)(3 * rec[2] * rec[3]))))
             return PL_EINVAL;
         last = rec[0];
         if (images && k < images_cap)
-            images[k] = (pl_payload_image){rec[0], rec[1], rec[2], rec[3], st[0], 0,
+            images[k] = (pl_payload_image){rec[0], rec[1], rec[2], rec[3], st[0], st[1],
                                            ob[1] ? pix + ob[0] : NULL, (size_t)ob[1]};
     }
     if (n_rows) *n_rows = nr;

@@ -18,6 +18,10 @@ typedef struct pl__package {
     pl_payload_image *images; /* [n_images], data into buf */
     int64_t *image_of;   /* [n_reads]: index into images, -1 for none */
     int64_t *mb_first;   /* [nmb + 1]: first read of each micro-batch */
+    /* The whole step's {chunks, loss tokens} by config source index (into
+       buf, unaligned: [n_step_loss] pairs of i64). */
+    const void *step_loss;
+    int64_t n_step_loss;
     void *buf;           /* owned copy of the package */
 } pl__package;
 

@@ -12,6 +12,7 @@
 #define PL_FIXTURES_H
 
 #include "polyload/polyload.h"
+#include "polyload/polyload_experimental.h"
 
 #include <stdint.h>
 #include <stdio.h>

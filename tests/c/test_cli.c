@@ -335,6 +335,39 @@ static void test_inspect(void) {
         CHECK(strstr(r->out, "f (flat): 1 files, 2 documents") != NULL);
         r = cli("index");
         CHECK_CODE(r, 2);
+        /* Every source type is named, with what the index leaves for it. */
+        write_text("d.jsonl", "{\"text\": \"ab\"}\n{\"text\": \"cd\"}\n");
+        write_text("d.txt", "one document\n");
+        write_text("raw.yaml", "seq_length: 8\nglobal_batch_size: 2\nmicro_batch_size: 1\n"
+                               "tokenizer: {type: bytes}\n"
+                               "sources:\n"
+                               "  - {name: f, type: flat, path: f32.bin, token_dtype: uint32}\n"
+                               "  - {name: j, type: jsonl, path: d.jsonl}\n"
+                               "  - {name: t, type: text, path: d.txt}\n");
+        r = cli("index raw.yaml");
+        CHECK_CODE(r, 0);
+        CHECK(strstr(r->out, "f (flat): 1 files, 2 documents, .plidx written or current") != NULL);
+        CHECK(strstr(r->out, "j (jsonl): 1 files, 2 documents, no index file") != NULL);
+        CHECK(strstr(r->out, "t (text): 1 files, 1 documents, no index file") != NULL);
+        CHECK(strstr(r->out, "?") == NULL);
+        r = cli("index raw.yaml --json");
+        CHECK_CODE(r, 0);
+        CHECK(json_valid(r->out));
+        CHECK(strstr(r->out, "\"j\": {\"type\": \"jsonl\", \"files\": 1, \"documents\": 2}") != NULL);
+    }
+    /* The key table. */
+    {
+        result *k = cli("keys --json");
+        CHECK_CODE(k, 0);
+        CHECK(json_valid(k->out));
+        CHECK(strstr(k->out, "{\"name\": \"seq_length\", \"type\": \"integer\", "
+                             "\"default\": \"8192\", \"min\": 1, \"max\": 2147483647") != NULL);
+        CHECK(strstr(k->out, "{\"name\": \"parquet\", \"code\": 7, \"raw_text\": true") != NULL);
+        k = cli("keys");
+        CHECK_CODE(k, 0);
+        CHECK(strstr(k->out, "sources[].image.token_id") != NULL);
+        k = cli("keys extra");
+        CHECK_CODE(k, 2);
     }
     r = cli("inspect web");
     CHECK_CODE(r, 0);

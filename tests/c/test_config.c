@@ -98,7 +98,7 @@ static void test_defaults(void) {
     CHECK_EQ_I64(cfg->topology.cp, 1);
     CHECK_EQ_I64(cfg->topology.tp, 1);
     CHECK(strcmp(cfg->topology.order, "tp-cp-ep-dp-pp") == 0);
-    CHECK_EQ_I64(cfg->threads, 2);
+    CHECK_EQ_I64(cfg->threads, 0); /* auto */
     CHECK_EQ_I64(cfg->prefetch, 4);
     CHECK_EQ_I64(cfg->has_schedule, 0);
     CHECK_EQ_I64(pl_config_num_sources(cfg), 1);
@@ -157,7 +157,7 @@ static void test_full(void) {
     CHECK_EQ_I64(cfg->long_documents, PL__LONGDOC_TRUNCATE);
     CHECK_EQ_I64(cfg->packing, PL__PACK_CONCAT_CHUNK);
     CHECK_EQ_I64(cfg->balance, PL__BALANCE_KK);
-    CHECK(cfg->cost.a == 6 * 6.7e9 && cfg->cost.b == 6.0 * 32 * 4096);
+    CHECK(cfg->cost.a == 6 * 6.7e9 && cfg->cost.b == 1.952 * 6.0 * 32 * 4096);
     CHECK(cfg->cost.c == 5.0);
     CHECK_EQ_I64(cfg->long_short_threshold, 2048);
     CHECK_EQ_I64(cfg->on_error, PL__ONERR_SKIP);
@@ -196,6 +196,10 @@ static void test_full(void) {
     CHECK(strcmp(c->sources[2].name, "logs") == 0);
     CHECK_OK(pl_config_set(c, "threads", "9"));
     CHECK_EQ_I64(c->threads, 9);
+    CHECK_OK(pl_config_set(c, "threads", "auto"));
+    CHECK_EQ_I64(c->threads, 0);
+    CHECK(pl_config_set(c, "threads", "0") == PL_ECONFIG);
+    CHECK(strstr(pl_config_errmsg(c), "auto") != NULL);
     pl_config_free(c);
 }
 
@@ -215,8 +219,11 @@ static void test_presets(void) {
     check_preset("cost: {preset: causal}\n" SRC1, 0, 1, 0, 0);
     check_preset("cost: {preset: sliding_window, window: 512}\n" SRC1, 0, 1, 0,
                  512);
-    check_preset("cost: {preset: llama-1b}\n" SRC1, 7.2e9, 196608, 0, 0);
-    check_preset("cost: {preset: llama-7b}\n" SRC1, 4.02e10, 786432, 0, 0);
+    /* llama-1b: measured on an H200 (seconds); llama-7b: FLOPs, attention
+       scaled by the 1B shape's measured ratio. */
+    check_preset("cost: {preset: llama-1b}\n" SRC1, 1.4592835e-5, 7.7854614e-10,
+                 6.0745961e-3, 0);
+    check_preset("cost: {preset: llama-7b}\n" SRC1, 4.02e10, 1.952 * 786432, 0, 0);
     /* Explicit coefficients override the preset wherever they appear. */
     check_preset("cost: {a: 2, preset: llama-1b, b: 3.5, c: 1e3}\n" SRC1, 2,
                  3.5, 1000, 0);
@@ -718,6 +725,149 @@ static void test_vocab_and_world(void) {
                "topology.dp: expected an integer", NULL);
 }
 
+/* The key table: every row described, every settable key's default read
+ * back as written and set back to the same config, values and ranges as
+ * the parser applies them. */
+static void test_key_table(void) {
+    const int64_t n = pl_config_key_count();
+    CHECK(n > 40);
+    pl_config *cfg = NULL;
+    CHECK_OK(parse(SRC1, &cfg));
+    int64_t settable = 0;
+    for (int64_t i = 0; i < n; i++) {
+        pl_config_key_row k;
+        memset(&k, 0, sizeof k);
+        k.size = sizeof k;
+        CHECK_OK(pl_config_key_info(i, &k));
+        CHECK(k.name && k.name[0] && k.type && k.doc && k.doc[0]);
+        for (int64_t j = 0; j < i; j++) { /* names are unique */
+            pl_config_key_row o;
+            memset(&o, 0, sizeof o);
+            o.size = sizeof o;
+            CHECK_OK(pl_config_key_info(j, &o));
+            CHECK(strcmp(o.name, k.name) != 0);
+        }
+        if (!k.settable) {
+            char buf[64];
+            CHECK(pl_config_get(cfg, k.name, buf, sizeof buf) == PL_EINVAL);
+            continue;
+        }
+        settable++;
+        char got[128];
+        CHECK_OK(pl_config_get(cfg, k.name, got, sizeof got));
+        if (k.default_value && strcmp(k.type, "number") != 0)
+            CHECK(strcmp(got, k.default_value) == 0);
+        /* What get writes, set takes, and the config stays the same. */
+        uint64_t fp = pl_config_fingerprint(cfg);
+        if (strcmp(got, "null") != 0 || strcmp(k.type, "integer or null") == 0) {
+            if (pl_config_set(cfg, k.name, got) != PL_OK)
+                fprintf(stderr, "set %s %s: %s\n", k.name, got, pl_config_errmsg(cfg));
+            CHECK(pl_config_set(cfg, k.name, got) == PL_OK);
+        }
+        CHECK(pl_config_fingerprint(cfg) == fp);
+        /* A value outside an integer range, or not among the values, fails. */
+        if (strcmp(k.type, "integer") == 0 && k.max < INT64_MAX) {
+            char big[32];
+            snprintf(big, sizeof big, "%lld", (long long)k.max + 1);
+            CHECK(pl_config_set(cfg, k.name, big) == PL_ECONFIG);
+            CHECK(strstr(pl_config_errmsg(cfg), k.name) != NULL);
+        }
+        if (k.values) {
+            CHECK(pl_config_set(cfg, k.name, "no_such_value") == PL_ECONFIG);
+            CHECK(strstr(pl_config_errmsg(cfg), "expected one of: ") != NULL);
+            CHECK(strstr(pl_config_errmsg(cfg), k.values[0]) != NULL);
+        }
+    }
+    CHECK(settable >= 30);
+    int64_t v = 0;
+    CHECK_OK(pl_config_get_int(cfg, "threads", &v));
+    CHECK_EQ_I64(v, 0); /* auto */
+    CHECK_OK(pl_config_get_int(cfg, "sidecar_index", &v));
+    CHECK_EQ_I64(v, PL_INDEX_WRITE);
+    CHECK_OK(pl_config_get_int(cfg, "dtype", &v));
+    CHECK_EQ_I64(v, PL_DTYPE_INT64);
+    CHECK(pl_config_get_int(cfg, "cost.a", &v) == PL_EINVAL);
+    CHECK(pl_config_get_int(cfg, "sources", &v) == PL_EINVAL);
+    char small[4];
+    CHECK(pl_config_get(cfg, "topology.order", small, sizeof small) == PL_ERANGE);
+    CHECK_OK(pl_config_set(cfg, "topology.dp", "auto"));
+    char got[32];
+    CHECK_OK(pl_config_get(cfg, "topology.dp", got, sizeof got));
+    CHECK(strcmp(got, "auto") == 0);
+    CHECK_OK(pl_config_set(cfg, "split", "98,1,1"));
+    CHECK_OK(pl_config_get(cfg, "split", got, sizeof got));
+    CHECK(strncmp(got, "0.97999", 7) == 0);
+    pl_config_free(cfg);
+    pl_config_key_row k;
+    memset(&k, 0, sizeof k);
+    k.size = sizeof k;
+    CHECK(pl_config_key_info(n, &k) == PL_ERANGE);
+    CHECK(pl_config_key_info(-1, &k) == PL_ERANGE);
+    k.size = 1;
+    CHECK(pl_config_key_info(0, &k) == PL_EINVAL);
+
+    /* Source types: names both ways, raw text as the sources treat it. */
+    int types = 0;
+    for (int t = 1; t < 64; t++) {
+        pl_source_type_row r;
+        memset(&r, 0, sizeof r);
+        r.size = sizeof r;
+        if (pl_source_type_info((pl_source_type)t, &r) != PL_OK) break;
+        types++;
+        CHECK(strcmp(pl_source_type_name((pl_source_type)t), r.name) == 0);
+        CHECK(pl_source_type_from_name(r.name) == (pl_source_type)t);
+        CHECK(r.raw_text == pl__is_text_type((pl_source_type)t));
+        CHECK(r.index && r.doc);
+    }
+    CHECK_EQ_I64(types, PL_SOURCE_PARQUET);
+    CHECK(pl_source_type_name((pl_source_type)0) == NULL);
+    CHECK(pl_source_type_from_name("jsonlines") == (pl_source_type)0);
+    CHECK(pl_source_type_from_name(NULL) == (pl_source_type)0);
+}
+
+/* Unknown keys name the closest known one beside them. */
+static void test_did_you_mean(void) {
+    EXPECT_ERR("seq_lenght: 64\n" SRC1, PL_ECONFIG,
+               "test.yaml:1: unknown key 'seq_lenght' (did you mean 'seq_length'?)", NULL);
+    EXPECT_ERR("sorces:\n  - {name: web, type: megatron, path: $D/web}\n", PL_ECONFIG,
+               "unknown key 'sorces' (did you mean 'sources'?)", NULL);
+    EXPECT_ERR("topolgy: {dp: 1}\n" SRC1, PL_ECONFIG,
+               "unknown key 'topolgy' (did you mean 'topology'?)", NULL);
+    EXPECT_ERR("topology: {dpp: 1}\n" SRC1, PL_ECONFIG,
+               "unknown key 'topology.dpp' (did you mean 'topology.dp'?)", NULL);
+    EXPECT_ERR("long_short: {thresh: 1}\n" SRC1, PL_ECONFIG,
+               "(did you mean 'long_short.threshold'?)", NULL);
+    EXPECT_ERR("sources:\n  - {name: web, type: megatron, path: $D/web, wieght: 1}\n",
+               PL_ECONFIG,
+               "unknown key 'sources[0].wieght' (did you mean 'sources[0].weight'? "
+               "expected name, type, path, weight, token_dtype, eos_id, max_epochs, "
+               "split, image, caption, index, text_key, prompt_key, response_key, "
+               "messages_key, chat_template, tokenizer, lookahead)",
+               NULL);
+    EXPECT_ERR(SRC1 "schedule:\n  points:\n    - {step: 0, weight: {web: 1}}\n",
+               PL_ECONFIG, "(did you mean 'schedule.points[0].weights'? expected step, "
+               "weights)", NULL);
+    EXPECT_ERR("tokenizer: {tpye: bytes}\n" SRC1, PL_ECONFIG,
+               "unknown key 'tokenizer.tpye' (did you mean 'tokenizer.type'? expected type",
+               NULL);
+    /* Nothing close: no suggestion. */
+    pl_config *cfg = NULL;
+    CHECK(parse("foo: 1\n" SRC1, &cfg) == PL_ECONFIG);
+    CHECK(strstr(pl_config_errmsg(cfg), "did you mean") == NULL);
+    pl_config_free(cfg);
+    CHECK_OK(parse(SRC1, &cfg));
+    CHECK(pl_config_set(cfg, "max_lag_step", "3") == PL_ECONFIG);
+    CHECK(strcmp(pl_config_errmsg(cfg),
+                 "unknown key 'max_lag_step' (did you mean 'max_lag_steps'?)") == 0);
+    CHECK(pl_config_set(cfg, "cost.windw", "3") == PL_ECONFIG);
+    CHECK(strstr(pl_config_errmsg(cfg), "(did you mean 'cost.window'?)") != NULL);
+    pl_config_free(cfg);
+    /* A missing type lists every source type. */
+    EXPECT_ERR("sources:\n  - {name: web, path: $D/web}\n", PL_ECONFIG,
+               "missing key 'type' (megatron, llmc, flat, jsonl, text, webdataset, "
+               "parquet)", NULL);
+}
+
 int main(void) {
     snprintf(g_dir, sizeof g_dir, "%s", pl_test_tmpdir());
     char p[512];
@@ -739,5 +889,7 @@ int main(void) {
     test_file();
     test_warnings();
     test_vocab_and_world();
+    test_key_table();
+    test_did_you_mean();
     TEST_END();
 }

@@ -116,10 +116,11 @@ static void test_presets(void) {
         /* window 2048: 100^2 + 3000*2048 + 8000*2048 + 1 */
         {"cost: {preset: sliding_window, window: 2048}",
          100.0 * 100 + 3000.0 * 2048 + 8000.0 * 2048 + 1},
-        {"cost: {preset: llama-1b}", 6 * 1.2e9 * tokens + 6.0 * 16 * 2048 * sq},
-        {"cost: {preset: llama-7b}", 6 * 6.7e9 * tokens + 6.0 * 32 * 4096 * sq},
+        {"cost: {preset: llama-1b}",
+         1.4592835e-5 * tokens + 7.7854614e-10 * sq + 6.0745961e-3},
+        {"cost: {preset: llama-7b}", 6 * 6.7e9 * tokens + 1.952 * 6.0 * 32 * 4096 * sq},
         {"cost: {preset: llama-7b, c: 5e9}",
-         6 * 6.7e9 * tokens + 6.0 * 32 * 4096 * sq + 5e9},
+         6 * 6.7e9 * tokens + 1.952 * 6.0 * 32 * 4096 * sq + 5e9},
         {"cost: {a: 2, b: 0.5, c: 7}", 2 * tokens + 0.5 * sq + 7},
     };
     for (size_t k = 0; k < sizeof cases / sizeof cases[0]; k++) {
@@ -151,7 +152,8 @@ static void test_presets(void) {
     if (cfg) {
         CHECK_OK(pl_config_set(cfg, "cost.preset", "llama-1b"));
         CHECK(close_rel(pl_cost_sequence(cfg, docs, 4),
-                        6 * 1.2e9 * tokens + 6.0 * 16 * 2048 * sq, 1e-12));
+                        1.4592835e-5 * tokens + 7.7854614e-10 * sq + 6.0745961e-3,
+                        1e-12));
         pl_config_free(cfg);
     }
 }

@@ -10,7 +10,8 @@
 static int same_batch(const pl_batch *a, const pl_batch *b) {
     if (a->rows != b->rows || a->cols != b->cols || a->fields != b->fields ||
         a->n_cu_seqlens != b->n_cu_seqlens || a->max_seqlen != b->max_seqlen ||
-        a->tokens != b->tokens || a->step != b->step || a->micro_batch != b->micro_batch)
+        a->tokens != b->tokens || a->step != b->step || a->micro_batch != b->micro_batch ||
+        a->step_loss_tokens != b->step_loss_tokens || a->rank_loss_tokens != b->rank_loss_tokens)
         return 0;
     size_t n = (size_t)(a->rows * a->cols), es = pl_dtype_size(a->dtype);
     if ((a->input_ids == NULL) != (b->input_ids == NULL)) return 0;
@@ -24,10 +25,12 @@ static int same_batch(const pl_batch *a, const pl_batch *b) {
 int main(void) {
     corpus c;
     corpus_make(&c, 64);
-    const char *cfgs[2] = {
+    const char *cfgs[3] = {
         "seq_length: 64\nglobal_batch_size: 8\nmicro_batch_size: 2\ntopology: {dp: 2, cp: 2}\nbalance: greedy\nseed: 2",
-        "seq_length: 64\nglobal_batch_size: 8\nmicro_batch_size: 1\ntopology: {dp: 4, pp: 2}\ndtype: int32\nseed: 8"};
-    for (int ci = 0; ci < 2; ci++) {
+        "seq_length: 64\nglobal_batch_size: 8\nmicro_batch_size: 1\ntopology: {dp: 4, pp: 2}\ndtype: int32\nseed: 8",
+        "seq_length: 64\nglobal_batch_size: 8\nmicro_batch_size: 2\ntopology: {dp: 2, cp: 2}\n"
+        "balance: variable_length\nbalance_window: 2\ncost: {preset: causal, a: 64}\nseed: 3"};
+    for (int ci = 0; ci < 3; ci++) {
         pl_config *cfg = corpus_config(&c, cfgs[ci], NULL);
         int64_t world = pl_config_world_size(cfg);
         pl_loader *l = NULL;

@@ -90,8 +90,7 @@ static void check_positions(pl_source *s, int64_t base, int64_t ndocs,
 static void test_dtypes(void) {
     static const int dtypes[] = {PL_DTYPE_UINT8,   PL_DTYPE_INT8,
                                  PL_DTYPE_INT16,   PL_DTYPE_INT32,
-                                 PL_DTYPE_INT64,   PL_DTYPE_FLOAT64,
-                                 PL_DTYPE_FLOAT32, PL_DTYPE_UINT16};
+                                 PL_DTYPE_INT64,   PL_DTYPE_UINT16};
     const int64_t lengths[] = {3, 0, 7, 1, 20};
     for (size_t t = 0; t < sizeof dtypes / sizeof *dtypes; t++) {
         char prefix[512];
@@ -116,24 +115,24 @@ static void test_dtypes(void) {
     }
 }
 
-static void test_float_truncation(void) {
-    char prefix[512];
-    snprintf(prefix, sizeof prefix, "%s/ftrunc", g_dir);
-    const int64_t lengths[] = {3};
-    CHECK(plf_write_megatron(prefix, PL_DTYPE_FLOAT32, 1, lengths, 0) == 0);
-    char bin[600];
-    snprintf(bin, sizeof bin, "%s.bin", prefix);
-    float v[3] = {2.7f, -3.9f, 65535.5f};
-    CHECK(plf_patch(bin, 0, v, sizeof v) == 0);
-    int rc;
-    pl_source *s = open_megatron(prefix, &rc);
-    CHECK_OK(rc);
-    int64_t out[3];
-    CHECK_OK(pl_source_read(s, 0, 0, 3, out, PL_DTYPE_INT64));
-    CHECK_EQ_I64(out[0], 2);
-    CHECK_EQ_I64(out[1], -3);
-    CHECK_EQ_I64(out[2], 65535);
-    pl_source_free(s);
+/* Float arrays (megatron-core's codes 6 and 7) hold no token ids: refused at
+ * open, not truncated into ids. */
+static void expect_open_error(const char *prefix, int code, const char *file,
+                              const char *offset);
+static void test_float_refused(void) {
+    const int codes[2] = {PL_DTYPE_FLOAT64, PL_DTYPE_FLOAT32};
+    for (int c = 0; c < 2; c++) {
+        char prefix[512];
+        snprintf(prefix, sizeof prefix, "%s/float_%d", g_dir, codes[c]);
+        const int64_t lengths[] = {3};
+        CHECK(plf_write_megatron(prefix, codes[c], 1, lengths, 0) == 0);
+        expect_open_error(prefix, PL_EDTYPE, "not a token dtype", "offset 17");
+        int rc;
+        pl_source *s = open_megatron(prefix, &rc);
+        CHECK_EQ_I64(rc, PL_EDTYPE);
+        CHECK(strstr(pl_source_errmsg(s), pl_dtype_name(codes[c])) != NULL);
+        pl_source_free(s);
+    }
 }
 
 static void test_multi_file(void) {
@@ -559,7 +558,7 @@ int main(void) {
     g_dir = pl_test_tmpdir();
     test_prefix_beside_directory();
     test_dtypes();
-    test_float_truncation();
+    test_float_refused();
     test_multi_file();
     test_stats_large();
     test_empty();

@@ -345,6 +345,16 @@ static void test_bad_records(void) {
     CHECK_EQ_I64(pl_source_document_length(src, 0, &len), PL_ERECORD);
     CHECK(strstr(pl_source_errmsg(src), "bad.txt: invalid UTF-8 at byte offset 6") != NULL);
     pl_source_free(src);
+    /* JSONL: the offset of the bad byte itself, in the file (record 1 starts at
+       byte 15; its 0xff is byte 12 of the record: 27). */
+    snprintf(p, sizeof p, "%s/badoff.jsonl", dir);
+    pl_test_write_file(p, "{\"text\": \"ok\"}\n{\"text\": \"ab\xff\"}\n", 31);
+    CHECK_OK(open_text(p, PL_SOURCE_JSONL, 0, 1, 0, &src));
+    CHECK_EQ_I64(pl_source_document_length(src, 1, &len), PL_ERECORD);
+    if (!strstr(pl_source_errmsg(src), "invalid UTF-8 at byte offset 27"))
+        fprintf(stderr, "message: %s\n", pl_source_errmsg(src));
+    CHECK(strstr(pl_source_errmsg(src), "invalid UTF-8 at byte offset 27") != NULL);
+    pl_source_free(src);
 }
 
 /* Plans through a config: the same for 1 and 3 tokenizer threads and for

@@ -6,7 +6,9 @@ not installed, the pure-Python modules are taken from the source tree.
 
 import importlib.util
 import os
+import re
 import sys
+import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -136,3 +138,110 @@ def write_vlm_corpus(out):
     items = mod.samples()
     mod.write_shards(items, str(out), 8)
     return items
+
+
+# ---------------------------------------------------------------- Ray fixtures
+# (used by tests/python/ray/; Ray is imported by the fixtures, not here)
+
+#: The Ray namespace of the test deployments.
+NS = "polyload_test"
+MiB = 1 << 20
+
+
+def _own_tree():
+    """Pids of this process and its descendants."""
+    parent = {}
+    for d in os.listdir("/proc"):
+        if d.isdigit():
+            try:
+                with open(f"/proc/{d}/stat") as f:
+                    parent[int(d)] = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                pass
+    tree, grew = {os.getpid()}, True
+    while grew:
+        grew = False
+        for pid, pp in parent.items():
+            if pp in tree and pid not in tree:
+                tree.add(pid)
+                grew = True
+    return tree
+
+
+# Segments of torch.multiprocessing / multiprocessing (psm_*, sem.mp-*) and of MosaicML
+# Streaming (NNNNNN_*): other jobs on a shared machine create (and leak) them in numbers
+# while this test runs, and nothing of Ray or polyload is named so.
+_FOREIGN_SHM = re.compile(r"^(psm_[0-9a-f]+|sem\.mp-.*|\d{6}_\w+)$")
+
+
+def shm_leftover(before):
+    """/dev/shm entries created since `before` that are ours: the machine's /dev/shm is
+    shared with other processes (other jobs' DataLoader workers and benchmarks), so an
+    entry that vanishes within a second, that a process outside this test's process
+    tree holds open or mapped, or that is named as torch/multiprocessing segments are
+    (_FOREIGN_SHM) is not counted as a leak of Ray or polyload."""
+    new = {n for n in set(os.listdir("/dev/shm")) - before if not _FOREIGN_SHM.match(n)}
+    if not new:
+        return new
+    time.sleep(1.0)
+    new &= set(os.listdir("/dev/shm"))
+    tree = _own_tree()
+    foreign = set()
+    for d in os.listdir("/proc"):
+        if not d.isdigit() or int(d) in tree:
+            continue
+        try:
+            held = {os.path.basename(os.readlink(f"/proc/{d}/fd/{fd}"))
+                    for fd in os.listdir(f"/proc/{d}/fd")}
+            with open(f"/proc/{d}/maps") as f:
+                held |= {line.rsplit("/", 1)[-1].strip() for line in f if "/dev/shm/" in line}
+        except OSError:
+            continue
+        foreign |= new & held
+    return new - foreign
+
+
+@pytest.fixture(scope="session")
+def cluster():
+    """Three Ray nodes on this machine: the head (planner, drivers), a "loader" node and a
+    "constructor" node, told apart by custom resources.  The nodes and this process run
+    with polyload.ray.FAILURE_DETECTION_ENV (set before Ray starts, as launch does)."""
+    ray = pytest.importorskip("ray")
+    pr = pytest.importorskip("polyload.ray")
+    from ray.cluster_utils import Cluster
+
+    pr.set_failure_detection_env()
+
+    shm_before = set(os.listdir("/dev/shm"))
+    node = {"num_cpus": 8, "object_store_memory": 256 * MiB}
+    c = Cluster(initialize_head=True,
+                head_node_args={**node, "include_dashboard": False, "resources": {"head_node": 1}})
+    c.add_node(**node, resources={"loader_node": 1})
+    c.add_node(**node, resources={"ctor_node": 1})
+    c.wait_for_nodes()
+    ray.init(address=c.address, namespace=NS, log_to_driver=False)
+    nodes = {}
+    for n in ray.nodes():
+        for key in ("head_node", "loader_node", "ctor_node"):
+            if key in n["Resources"]:
+                nodes[key] = n["NodeID"]
+    c.node_ids = nodes
+    yield c
+    # A Client a test left open keeps threads that would call the deployment after
+    # ray.shutdown(): such a call connects the process again, and removing the nodes then
+    # fails ("Removing a node that is connected to this Ray client").
+    import gc  # noqa: PLC0415
+
+    for obj in gc.get_objects():
+        if issubclass(type(obj), pr.Client):  # type(): no attribute lookups on obj
+            obj.close()
+    ray.shutdown()
+    c.shutdown()
+    time.sleep(0.5)
+    leftover = shm_leftover(shm_before)
+    assert not leftover, f"shared-memory segments left behind: {sorted(leftover)}"
+
+
+@pytest.fixture(scope="module")
+def corpus2(tmp_path_factory):
+    return Corpus(tmp_path_factory.mktemp("ray_corpus"), sizes=(120, 80, 160), seed=3)

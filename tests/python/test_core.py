@@ -311,8 +311,11 @@ def test_batch_memory_read_only(corpus, tmp_path):
         np.testing.assert_array_equal(np.asarray(arr), before)
     d = b.to_dict((np.asarray,))
     assert set(d) == {"input_ids", "labels", "loss_mask", "position_ids", "cu_seqlens",
-                      "max_seqlen"}
-    assert all(not v.flags.writeable for k, v in d.items() if k != "max_seqlen")
+                      "max_seqlen", "step_loss_tokens", "rank_loss_tokens",
+                      "non_padding_tokens"}
+    assert d["non_padding_tokens"] == b.tokens
+    assert d["step_loss_tokens"] == b.step_loss_tokens >= d["rank_loss_tokens"] > 0
+    assert all(not v.flags.writeable for k, v in d.items() if not isinstance(v, int))
     np.testing.assert_array_equal(d["input_ids"], np.asarray(b.input_ids))
     w = b.to_dict((np.asarray,), writable=True)
     assert w["input_ids"].flags.writeable
@@ -623,7 +626,7 @@ def test_pin_memory_without_cuda_warns_once(corpus):
 
 
 def test_numpy_without_torch(corpus, monkeypatch):
-    monkeypatch.setattr(polyload, "_import_torch", lambda: None)
+    monkeypatch.setattr(polyload.loader, "_import_torch", lambda: None)
     with polyload.Loader(corpus.config(train_steps=1), rank=1) as loader:
         b = next(loader)
     assert isinstance(b["input_ids"], np.ndarray) and b["input_ids"].dtype == np.int64

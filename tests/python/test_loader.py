@@ -49,8 +49,18 @@ def expected_micro_batch(corpus, plan, r, mb, pad_id=0):
             pos[row, p:] = np.arange(S - p)
             cu.append((row + 1) * S)
             max_seg = max(max_seg, S - p)
+    # Loss tokens: a chunk's tokens but its document's last, over the step and the rank.
+    def loss_tokens(cs):
+        return int(sum(c[3] - (c[4] & _core.CHUNK_DOC_END) for c in cs))
+
+    per = nmb * rows
+    rank_chunks = [c for q in rank_seq[r * per:(r + 1) * per] for c in chunks[offs[q]:offs[q + 1]]]
     return {"input_ids": ids, "labels": labels, "loss_mask": mask, "position_ids": pos,
-            "cu_seqlens": np.asarray(cu, dtype=np.int32), "max_seqlen": max_seg}
+            "cu_seqlens": np.asarray(cu, dtype=np.int32), "max_seqlen": max_seg,
+            "step_loss_tokens": loss_tokens(chunks), "rank_loss_tokens": loss_tokens(rank_chunks),
+            "non_padding_tokens": int(sum(
+                c[3] for q in rank_seq[(r * nmb + mb) * rows:(r * nmb + mb + 1) * rows]
+                for c in chunks[offs[q]:offs[q + 1]]))}
 
 
 @pytest.mark.parametrize("extra", [{}, {"long_documents": "truncate"},
@@ -75,7 +85,7 @@ def test_iteration_equals_plan(corpus, extra):
                     want = expected_micro_batch(corpus, plan, r, mb)
                     assert set(got) == set(want)
                     for k, v in want.items():
-                        g = got[k] if k == "max_seqlen" else got[k].numpy()
+                        g = got[k] if isinstance(got[k], int) else got[k].numpy()
                         np.testing.assert_array_equal(g, v, err_msg=f"step {step} r {r} mb {mb} {k}")
         assert loader.next_batch(0) is None and loader.next_batch(1) is None
         with pytest.raises(StopIteration):
@@ -241,7 +251,9 @@ def test_stats_fields(corpus):
         batches = list(loader)
         st = loader.stats()
     assert set(st) == {"steps", "tokens", "padding_fraction", "tokens_per_s", "seconds",
-                       "skipped", "imbalance", "sources"}
+                       "skipped", "data_wait_s", "images_replaced", "imbalance", "sources"}
+    assert isinstance(st["data_wait_s"], float) and st["data_wait_s"] >= 0
+    assert st["images_replaced"] == 0
     assert st["steps"] == steps and st["skipped"] == 0
     non_pad = sum(int((b["input_ids"].numpy() != 0).sum()) for b in batches)
     assert st["tokens"] == non_pad
@@ -255,6 +267,18 @@ def test_stats_fields(corpus):
     assert abs(st["sources"]["s0"]["scheduled_fraction"] - 0.5) < 1e-9
 
 
+def test_data_wait(corpus):
+    """The in-process loader reports its data wait; a rank's first request (the
+    pipeline filling) is left out, so one batch in it is exactly 0."""
+    with polyload.Loader(corpus.config(train_steps=3), rank=0) as loader:
+        next(iter(loader))
+        assert loader.stats()["data_wait_s"] == 0.0
+        for _ in loader:
+            pass
+        w = loader.stats()["data_wait_s"]
+    assert isinstance(w, float) and 0 <= w < 3600
+
+
 def test_pipeline_stage_fields(corpus):
     d = corpus.config(train_steps=1, topology={"dp": 1, "pp": 3, "tp": 1},
                       global_batch_size=2)
@@ -265,9 +289,12 @@ def test_pipeline_stage_fields(corpus):
         with polyload.Loader(d, rank=rank) as loader:
             by_stage[stage] = next(loader)
     first, middle, last = by_stage[0], by_stage[1], by_stage[2]
-    assert set(first) == {"input_ids", "position_ids", "cu_seqlens", "max_seqlen"}
+    assert set(first) == {"input_ids", "position_ids", "cu_seqlens", "max_seqlen",
+                          "non_padding_tokens"}
     assert set(middle) == {"cu_seqlens", "max_seqlen"}
-    assert set(last) == {"labels", "loss_mask", "cu_seqlens", "max_seqlen"}
+    assert set(last) == {"labels", "loss_mask", "cu_seqlens", "max_seqlen", "step_loss_tokens",
+                         "rank_loss_tokens"}  # with the loss mask: the stage with the loss
+    assert last["step_loss_tokens"] == last["rank_loss_tokens"] == int(last["loss_mask"].sum())
     assert torch.equal(first["cu_seqlens"], last["cu_seqlens"])
 
 
@@ -303,7 +330,7 @@ def _tp_worker(rank, world, init_file, cfg, result_dir):
             assert set(got) == set(want), (set(got), set(want))
             assert "segment_sources" in got and "step" in got
             for k, v in want.items():
-                if k in ("max_seqlen", "step", "micro_batch"):
+                if isinstance(v, int):
                     assert got[k] == v
                 else:
                     assert got[k].dtype == v.dtype and torch.equal(got[k], v), k

@@ -13,8 +13,10 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     idx = pytest.importorskip("megatron.core.datasets.indexed_dataset")
 
-# Every dtype megatron-core's DType enum allows (codes 1..8).
-DTYPES = [getattr(np, d.name) for d in idx.DType]
+# Every integer dtype megatron-core's DType enum allows (codes 1..5 and 8); its float
+# codes (6, 7) hold no token ids and are refused.
+DTYPES = [getattr(np, d.name) for d in idx.DType if not d.name.startswith("float")]
+FLOAT_DTYPES = [getattr(np, d.name) for d in idx.DType if d.name.startswith("float")]
 
 
 def test_dtype_codes_match_megatron():
@@ -93,3 +95,12 @@ def test_merged_with_add_index(tmp_path):
     assert src.num_documents == len(ref)
     for i in range(len(ref)):
         np.testing.assert_array_equal(np.asarray(src.read(i)), np.asarray(ref[i]).astype(np.int64))
+
+
+@pytest.mark.parametrize("dtype", FLOAT_DTYPES, ids=lambda d: d.__name__)
+def test_float_builder_files_refused(tmp_path, dtype):
+    prefix = str(tmp_path / f"data_{dtype.__name__}")
+    _build(prefix, dtype, seed=0)
+    with pytest.raises(Exception, match="not a token dtype") as e:
+        _core.Source.open("megatron", prefix)
+    assert "offset 17" in str(e.value) and dtype.__name__ in str(e.value)

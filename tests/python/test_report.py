@@ -66,6 +66,13 @@ def test_numbers_match_plan_json(corpus, tmp_path):
         total = sum(ln["rank_cost"] for ln in mine)
         bound = worst / data["max_over_lower_bound"][k]
         assert total / 2 - 1e-6 <= bound <= worst + 1e-6
+        # Mixture deviation and the chunk-bound flag, as the plan's JSON says them.
+        dev = max(abs(r - w) for r, w in zip(data["realized"][k], data["scheduled"][k]))
+        assert data["mixture_deviation"][k] == pytest.approx(dev)
+        assert mine[0]["step_mixture_deviation"] == pytest.approx(dev, abs=1e-9)
+        assert data["bound_by_chunk"][k] == mine[0]["step_bound_by_chunk"]
+        assert mine[0]["step_lower_bound"] == pytest.approx(
+            max(total / 2, mine[0]["step_costliest_chunk"]))
     # Cumulative fractions: token-weighted over the range.
     tok = np.asarray(data["tokens"], dtype=np.float64)
     np.testing.assert_allclose(data["cumulative_realized"][-1], tok.sum(0) / tok.sum())

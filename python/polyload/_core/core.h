@@ -1,10 +1,15 @@
 /*
  * core.h -- declarations shared by the files of the polyload._core extension.
  *
- * polyload._core mirrors the public C API (include/polyload/polyload.h) one
- * to one: a Python type per handle (Config, Source, Planner, Loader), Batch
- * for a retained pl_batch, and Array, a buffer-protocol view of C memory that
- * NumPy and PyTorch wrap without copying.  Status codes become exceptions in
+ * polyload._core mirrors the public C API (include/polyload/polyload.h and
+ * polyload_experimental.h; it includes no header of src/) one to one: a
+ * Python type per handle, each in its own file (config.c Config, source.c
+ * Source, planner.c Planner, loader.c Loader, plan.c Plan, constructor.c
+ * Constructor, pipeline.c Pipeline and its Work, batch.c Batch for a
+ * retained pl_batch), array.c Array, a buffer-protocol view of C memory that
+ * NumPy and PyTorch wrap without copying, state.c the module functions over
+ * state blobs and packages, tokenizer.c the tokenizer factory, module.c the
+ * module.  Status codes become exceptions in
  * one place (pypl_raise); the exception classes live in polyload._errors.
  *
  * Every call that reads files, waits or computes runs with the GIL released.
@@ -18,6 +23,7 @@
 #include <Python.h>
 
 #include "polyload/polyload.h"
+#include "polyload/polyload_experimental.h"
 
 #include <stdint.h>
 #include <sys/types.h>
@@ -62,6 +68,8 @@ int pypl_lengths_provider(void *ctx, int64_t source, int64_t n, const int64_t *i
 /* Raise the polyload exception for status `rc` (negative) with message
  * `msg` (the handle's errmsg; NULL or "" uses pl_strerror).  Returns NULL. */
 PyObject *pypl_raise(int rc, const char *msg);
+/* cli_main(argv: list[str]) -> int: the C CLI in this process (cli.c). */
+PyObject *pypl_cli_main(PyObject *self, PyObject *args);
 /* Import polyload._errors and keep its classes.  -1 with an exception set. */
 int pypl_errors_init(PyObject *module);
 
@@ -72,6 +80,8 @@ PyObject *pypl_no_reduce(PyObject *self, PyObject *unused);
 
 extern PyTypeObject PyPl_ArrayType;
 extern PyTypeObject PyPl_BatchType;
+/* A non-NULL address for empty arrays (buffers must not be NULL; array.c). */
+extern int64_t pypl_empty[1];
 
 /*
  * An Array over the memory of a retained batch: takes its own
@@ -108,10 +118,11 @@ typedef struct {
 } PyPlConfig;
 
 /* The pl_config of a Config for creating a C object that keeps it (loader,
- * planner, pipeline, constructor): the Config's own, marked frozen, so that
- * the object shares it (pl__config_share adds a holder) instead of keeping a
- * deep copy of ~450 bytes per source.  A later set() on the Config gives the
- * Config a private copy first (copy on write), so the object never sees it. */
+ * planner, pipeline, constructor): the Config's own, frozen
+ * (pl_config_freeze), so that the object holds a reference to it instead of
+ * keeping a deep copy of ~450 bytes per source.  A later set() on the Config
+ * gives the Config a private copy first (copy on write, pl_config_unshare),
+ * so the object never sees it. */
 pl_config *pypl_config_shared(PyPlConfig *o);
 
 typedef struct {
@@ -132,6 +143,11 @@ PyObject *pypl_source_wrap(pl_source *src);
 
 /* ------------------------------------------------------------- roles */
 
+typedef struct {
+    PyObject_HEAD
+    pl_plan *plan;
+} PyPlPlan;
+
 extern PyTypeObject PyPl_PlanType;
 extern PyTypeObject PyPl_ConstructorType;
 extern PyTypeObject PyPl_PipelineType;
@@ -145,8 +161,11 @@ typedef int (*pypl_sized_fn)(void *ctx, void *buf, size_t cap, size_t *len);
  * status (the caller raises), or NULL with *rc PL_OK and a Python error set. */
 PyObject *pypl_sized_bytes(pypl_sized_fn fn, void *ctx, int *rc);
 
-/* Module functions of pipeline.c. */
+/* Module functions of state.c (state blobs, packages) and source.c (reads). */
 PyObject *pypl_state_info(PyObject *self, PyObject *arg);
+/* The key and source type tables (config.c). */
+PyObject *pypl_config_keys(PyObject *self, PyObject *unused);
+PyObject *pypl_source_types(PyObject *self, PyObject *unused);
 PyObject *pypl_state_retarget(PyObject *self, PyObject *args);
 PyObject *pypl_state_pack(PyObject *self, PyObject *arg);
 PyObject *pypl_state_unpack(PyObject *self, PyObject *arg);

@@ -1,5 +1,5 @@
 /*
- * loader.c -- Planner (pl_planner) and Loader (pl_loader).
+ * loader.c -- Loader (pl_loader).
  *
  * The C loader allows concurrent pl_loader_next calls for different ranks and
  * nothing else at the same time.  Loader enforces that with a read-write lock
@@ -14,282 +14,8 @@
  */
 #include "core.h"
 
-#include "common/common.h" /* PL__ERRMSG_CAP */
-
 #include <pthread.h>
 #include <string.h>
-
-/* ============================================================ Planner */
-
-typedef struct {
-    PyObject_HEAD
-    pl_planner *p;
-    PyObject *config;  /* the Config (kept for the sources' config) */
-    PyObject *sources; /* tuple of Source: borrowed by the planner */
-    pl_source **arr;   /* their handles: the planner borrows the array too */
-    int busy;
-} PyPlPlanner;
-
-static PyObject *planner_create(PyTypeObject *cls, PyObject *args, PyObject *kw) {
-    (void)cls;
-    static char *kwlist[] = {"config", "sources", NULL};
-    PyObject *cfg_obj, *src_obj = Py_None;
-    if (!PyArg_ParseTupleAndKeywords(args, kw, "O!|O:create", kwlist, &PyPl_ConfigType,
-                                     &cfg_obj, &src_obj))
-        return NULL;
-    PyPlConfig *cfg = (PyPlConfig *)cfg_obj;
-    int64_t n = pl_config_num_sources(cfg->cfg);
-    PyObject *sources;
-    if (src_obj == Py_None) {
-        sources = PyTuple_New((Py_ssize_t)n);
-        if (!sources) return NULL;
-        for (int64_t i = 0; i < n; i++) {
-            PyObject *idx = PyLong_FromLongLong((long long)i);
-            PyObject *s = idx ? PyObject_CallMethod(cfg_obj, "open_source", "O", idx) : NULL;
-            Py_XDECREF(idx);
-            if (!s) {
-                Py_DECREF(sources);
-                return NULL;
-            }
-            PyTuple_SET_ITEM(sources, (Py_ssize_t)i, s);
-        }
-    } else {
-        sources = PySequence_Tuple(src_obj);
-        if (!sources) return NULL;
-        for (Py_ssize_t i = 0; i < PyTuple_GET_SIZE(sources); i++) {
-            if (!PyObject_TypeCheck(PyTuple_GET_ITEM(sources, i), &PyPl_SourceType)) {
-                Py_DECREF(sources);
-                PyErr_SetString(PyExc_TypeError, "Planner.create: sources must be Source objects");
-                return NULL;
-            }
-        }
-    }
-    Py_ssize_t ns = PyTuple_GET_SIZE(sources);
-    pl_source **arr = PyMem_Calloc(ns ? (size_t)ns : 1, sizeof *arr);
-    if (!arr) {
-        Py_DECREF(sources);
-        return PyErr_NoMemory();
-    }
-    for (Py_ssize_t i = 0; i < ns; i++)
-        arr[i] = ((PyPlSource *)PyTuple_GET_ITEM(sources, i))->src;
-    pl_planner *p = NULL;
-    int rc;
-    pl_config *shared = pypl_config_shared(cfg);
-    cfg->busy++;
-    Py_BEGIN_ALLOW_THREADS
-    rc = pl_planner_create(shared, arr, (int64_t)ns, &p);
-    Py_END_ALLOW_THREADS
-    cfg->busy--;
-    if (rc != PL_OK) {
-        pypl_raise(rc, p ? pl_planner_errmsg(p) : NULL);
-        pl_planner_free(p);
-        PyMem_Free(arr);
-        Py_DECREF(sources);
-        return NULL;
-    }
-    PyPlPlanner *o = PyObject_New(PyPlPlanner, &PyPl_PlannerType);
-    if (!o) {
-        pl_planner_free(p);
-        PyMem_Free(arr);
-        Py_DECREF(sources);
-        return NULL;
-    }
-    o->p = p;
-    o->arr = arr;
-    o->config = Py_NewRef(cfg_obj);
-    o->sources = sources;
-    o->busy = 0;
-    return (PyObject *)o;
-}
-
-static void planner_dealloc(PyPlPlanner *o) {
-    pl_planner_free(o->p); /* before the sources it borrows */
-    PyMem_Free(o->arr);
-    Py_XDECREF(o->sources);
-    Py_XDECREF(o->config);
-    PyObject_Free(o);
-}
-
-static int planner_enter(PyPlPlanner *o) {
-    if (o->busy) {
-        PyErr_SetString(PyExc_RuntimeError,
-                        "Planner is in use by another thread (it is not thread-safe)");
-        return -1;
-    }
-    o->busy = 1;
-    return 0;
-}
-
-/* Copy n elements of `es` bytes into a new owned Array. */
-static PyObject *owned_copy(const void *src, Py_ssize_t n, Py_ssize_t cols,
-                            const char *format, Py_ssize_t es) {
-    size_t bytes = (size_t)(n * (cols ? cols : 1)) * (size_t)es;
-    void *buf = malloc(bytes ? bytes : 1);
-    if (!buf) return PyErr_NoMemory();
-    if (bytes) memcpy(buf, src, bytes);
-    Py_ssize_t shape[2] = {n, cols};
-    return pypl_array_owned(buf, format, es, cols ? 2 : 1, shape);
-}
-
-PyObject *pypl_plan_to_dict(const pl_plan *pl) {
-    PyObject *d = Py_BuildValue(
-        "{s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:d}", "step", (long long)pl->step, "dp",
-        (long long)pl->dp, "global_batch_size", (long long)pl->global_batch_size,
-        "micro_batch_size", (long long)pl->micro_batch_size, "micro_batches_per_rank",
-        (long long)pl->micro_batches_per_rank, "seq_length", (long long)pl->seq_length,
-        "n_sequences", (long long)pl->n_sequences, "n_chunks", (long long)pl->n_chunks,
-        "tokens", (long long)pl->tokens, "lower_bound", pl->lower_bound);
-    if (!d) return NULL;
-    /* chunks: [n_chunks, 5] int64, columns (source, index, offset, length, flags) */
-    Py_ssize_t nc = (Py_ssize_t)pl->n_chunks;
-    int64_t *ch = malloc((size_t)(nc ? nc : 1) * 5 * sizeof(int64_t));
-    if (!ch) {
-        Py_DECREF(d);
-        return PyErr_NoMemory();
-    }
-    for (Py_ssize_t i = 0; i < nc; i++) {
-        ch[i * 5 + 0] = pl->chunks[i].source;
-        ch[i * 5 + 1] = pl->chunks[i].index;
-        ch[i * 5 + 2] = pl->chunks[i].offset;
-        ch[i * 5 + 3] = pl->chunks[i].length;
-        ch[i * 5 + 4] = pl->chunks[i].flags;
-    }
-    Py_ssize_t shape[2] = {nc, 5};
-    Py_ssize_t nq = (Py_ssize_t)pl->n_sequences;
-    if (pypl_dict_steal(d, "chunks", pypl_array_owned(ch, "q", 8, 2, shape)) ||
-        pypl_dict_steal(d, "seq_offsets", owned_copy(pl->seq_offsets, nq + 1, 0, "q", 8)) ||
-        pypl_dict_steal(d, "seq_tokens", owned_copy(pl->seq_tokens, nq, 0, "q", 8)) ||
-        pypl_dict_steal(d, "seq_cost", owned_copy(pl->seq_cost, nq, 0, "d", 8)) ||
-        pypl_dict_steal(d, "rank_sequences", owned_copy(pl->rank_sequences, nq, 0, "q", 8)) ||
-        pypl_dict_steal(d, "rank_cost",
-                        owned_copy(pl->rank_cost, (Py_ssize_t)pl->dp, 0, "d", 8))) {
-        Py_DECREF(d);
-        return NULL;
-    }
-    return d;
-}
-
-/* The next plan (the planner never ends: it returns no PL_DONE), or NULL
- * with an exception set. */
-static pl_plan *planner_next_raw(PyPlPlanner *o) {
-    if (planner_enter(o)) return NULL;
-    pl_plan *pl = NULL;
-    int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = pl_planner_next(o->p, &pl);
-    Py_END_ALLOW_THREADS
-    o->busy = 0;
-    if (rc != PL_OK) {
-        pypl_raise(rc, pl_planner_errmsg(o->p));
-        return NULL;
-    }
-    return pl;
-}
-
-static PyObject *planner_next(PyPlPlanner *o, PyObject *unused) {
-    (void)unused;
-    pl_plan *pl = planner_next_raw(o);
-    if (!pl) return NULL;
-    PyObject *d = pypl_plan_to_dict(pl);
-    pl_plan_free(pl);
-    return d;
-}
-
-static PyObject *planner_next_plan(PyPlPlanner *o, PyObject *unused) {
-    (void)unused;
-    pl_plan *pl = planner_next_raw(o);
-    return pl ? pypl_plan_wrap(pl) : NULL;
-}
-
-static PyObject *planner_get_state(PyPlPlanner *o, PyObject *unused) {
-    (void)unused;
-    if (planner_enter(o)) return NULL;
-    size_t n = 0;
-    int rc = pl_planner_get_state(o->p, NULL, 0, &n);
-    PyObject *b = NULL;
-    if (rc == PL_OK) {
-        b = PyBytes_FromStringAndSize(NULL, (Py_ssize_t)n);
-        if (b) rc = pl_planner_get_state(o->p, PyBytes_AS_STRING(b), n, &n);
-    }
-    o->busy = 0;
-    if (rc != PL_OK) {
-        Py_XDECREF(b);
-        return pypl_raise(rc, pl_planner_errmsg(o->p));
-    }
-    return b;
-}
-
-static PyObject *planner_set_state(PyPlPlanner *o, PyObject *arg) {
-    Py_buffer view;
-    if (PyObject_GetBuffer(arg, &view, PyBUF_SIMPLE) < 0) return NULL;
-    if (planner_enter(o)) {
-        PyBuffer_Release(&view);
-        return NULL;
-    }
-    int rc;
-    Py_BEGIN_ALLOW_THREADS
-    rc = pl_planner_set_state(o->p, view.buf, (size_t)view.len);
-    Py_END_ALLOW_THREADS
-    o->busy = 0;
-    PyBuffer_Release(&view);
-    if (rc != PL_OK) return pypl_raise(rc, pl_planner_errmsg(o->p));
-    Py_RETURN_NONE;
-}
-
-static PyObject *planner_get_sources(PyPlPlanner *o, void *c) {
-    (void)c;
-    return Py_NewRef(o->sources);
-}
-
-static PyObject *planner_get_errmsg(PyPlPlanner *o, void *c) {
-    (void)c;
-    return PyUnicode_FromString(pl_planner_errmsg(o->p));
-}
-
-static PyMethodDef planner_methods[] = {
-    {"create", (PyCFunction)(void (*)(void))planner_create,
-     METH_VARARGS | METH_KEYWORDS | METH_CLASS,
-     "Planner.create(config, sources=None) -> Planner\n\n"
-     "A planner over `sources` (Source objects in config order; None opens them from\n"
-     "the config).  The planner keeps the sources alive.  Raises ConfigError."},
-    {"next", (PyCFunction)planner_next, METH_NOARGS,
-     "next() -> dict\n\nPlan the next step: {'step', 'dp', 'global_batch_size',\n"
-     "'micro_batch_size', 'micro_batches_per_rank', 'seq_length', 'n_sequences',\n"
-     "'n_chunks', 'tokens', 'lower_bound',\n"
-     " 'chunks': Array [n_chunks, 5] int64 (source, index, offset, length, flags),\n"
-     " 'seq_offsets': Array [n_sequences+1] int64, 'seq_tokens': [n_sequences] int64,\n"
-     " 'seq_cost': [n_sequences] float64, 'rank_sequences': [n_sequences] int64,\n"
-     " 'rank_cost': [dp] float64}.  Sequence q holds chunks[seq_offsets[q]:"
-     "seq_offsets[q+1]];\nrow `row` of micro-batch `mb` of DP rank r is sequence\n"
-     "rank_sequences[(r * micro_batches_per_rank + mb) * micro_batch_size + row]."},
-    {"next_plan", (PyCFunction)planner_next_plan, METH_NOARGS,
-     "next_plan() -> Plan\n\nPlan the next step as a Plan handle (encode() to send it to\n"
-     "another process; reads() for a constructor; to_dict() as next() returns)."},
-    {"get_state", (PyCFunction)planner_get_state, METH_NOARGS,
-     "get_state() -> bytes\n\nThe state blob (SPEC section 4) at the current step."},
-    {"set_state", (PyCFunction)planner_set_state, METH_O,
-     "set_state(blob)\n\nContinue from a state blob.  Raises StateError."},
-    {"__reduce__", pypl_no_reduce, METH_NOARGS, NULL},
-    {NULL, NULL, 0, NULL},
-};
-
-static PyGetSetDef planner_getset[] = {
-    {"sources", (getter)planner_get_sources, NULL, "tuple of Source", NULL},
-    {"errmsg", (getter)planner_get_errmsg, NULL, "str: the last error message", NULL},
-    {NULL, NULL, NULL, NULL, NULL},
-};
-
-PyTypeObject PyPl_PlannerType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "polyload._core.Planner",
-    .tp_basicsize = sizeof(PyPlPlanner),
-    .tp_dealloc = (destructor)planner_dealloc,
-    .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "The planner alone (pl_planner): plans from metadata, never reading payloads.\n"
-              "Not thread-safe: concurrent calls raise RuntimeError.",
-    .tp_methods = planner_methods,
-    .tp_getset = planner_getset,
-};
 
 /* ============================================================= Loader */
 
@@ -476,7 +202,7 @@ static int loader_next_owned(PyPlLoader *o, PyObject *arg, pl_batch **out) {
     o->busy[k] = 1;
     const pl_batch *b = NULL;
     pl_batch *owned = NULL;
-    char err[PL__ERRMSG_CAP];
+    char err[PL_ERRMSG_MAX];
     err[0] = '\0';
     int rc;
     Py_BEGIN_ALLOW_THREADS
@@ -604,7 +330,7 @@ static PyObject *loader_stats(PyPlLoader *o, PyObject *unused) {
         goto done;
     }
     int rc;
-    char err[PL__ERRMSG_CAP];
+    char err[PL_ERRMSG_MAX];
     Py_BEGIN_ALLOW_THREADS
     rc = pl_loader_get_stats(o->l, &st, sums, ns);
     if (rc != PL_OK) snprintf(err, sizeof err, "%s", pl_last_errmsg());
@@ -613,11 +339,12 @@ static PyObject *loader_stats(PyPlLoader *o, PyObject *unused) {
         pypl_raise(rc, err);
         goto done;
     }
-    d = Py_BuildValue("{s:L,s:L,s:L,s:L,s:L,s:d,s:d}", "steps", (long long)st.steps,
+    d = Py_BuildValue("{s:L,s:L,s:L,s:L,s:L,s:d,s:d,s:d,s:L}", "steps", (long long)st.steps,
                       "micro_batches", (long long)st.micro_batches, "tokens",
                       (long long)st.tokens, "padding_tokens", (long long)st.padding_tokens,
                       "skipped", (long long)st.skipped, "max_over_mean", st.max_over_mean,
-                      "max_over_lower_bound", st.max_over_lower_bound);
+                      "max_over_lower_bound", st.max_over_lower_bound, "data_wait_s",
+                      st.data_wait_s, "images_replaced", (long long)st.images_replaced);
     srcs = d ? PyDict_New() : NULL;
     if (!srcs) goto fail;
     for (int64_t i = 0; i < st.n_sources; i++) {
@@ -651,7 +378,7 @@ static PyObject *loader_want_step(PyPlLoader *o, PyObject *args) {
     if (!PyArg_ParseTuple(args, "|L:want_step", &timeout)) return NULL;
     if (loader_rdlock(o)) return NULL;
     int64_t step = 0;
-    char err[PL__ERRMSG_CAP];
+    char err[PL_ERRMSG_MAX];
     err[0] = '\0';
     int rc;
     Py_BEGIN_ALLOW_THREADS
@@ -671,7 +398,7 @@ static PyObject *loader_want_steps(PyPlLoader *o, PyObject *args) {
     if (!PyArg_ParseTuple(args, "LLL:want_steps", &timeout, &ahead, &low)) return NULL;
     if (loader_rdlock(o)) return NULL;
     int64_t first = 0, count = 0;
-    char err[PL__ERRMSG_CAP];
+    char err[PL_ERRMSG_MAX];
     err[0] = '\0';
     int rc;
     Py_BEGIN_ALLOW_THREADS
@@ -692,7 +419,7 @@ static PyObject *loader_push_package(PyPlLoader *o, PyObject *arg) {
         PyBuffer_Release(&v);
         return NULL;
     }
-    char err[PL__ERRMSG_CAP];
+    char err[PL_ERRMSG_MAX];
     int rc;
     Py_BEGIN_ALLOW_THREADS
     rc = pl_loader_push_package(o->l, v.buf, (size_t)v.len);
@@ -721,7 +448,7 @@ static PyObject *loader_attach_state(PyPlLoader *o, PyObject *arg) {
         PyBuffer_Release(&v);
         return NULL;
     }
-    char err[PL__ERRMSG_CAP];
+    char err[PL_ERRMSG_MAX];
     int rc = pl_loader_attach_state(o->l, v.buf, (size_t)v.len);
     if (rc) snprintf(err, sizeof err, "%s", pl_loader_errmsg(o->l));
     pthread_rwlock_unlock(&o->lock);
@@ -820,7 +547,8 @@ static PyMethodDef loader_methods[] = {
      "StateError naming a changed fingerprint field or a corrupt blob."},
     {"stats", (PyCFunction)loader_stats, METH_NOARGS,
      "stats() -> dict\n\n{'steps', 'micro_batches', 'tokens', 'padding_tokens', "
-     "'skipped',\n'max_over_mean', 'max_over_lower_bound', 'sources': {name: {'documents',\n"
+     "'skipped',\n'max_over_mean', 'max_over_lower_bound', 'data_wait_s', 'images_replaced',\n"
+     "'sources': {name: {'documents',\n"
      "'tokens', 'epochs_completed', 'skipped', 'realized_fraction', "
      "'scheduled_fraction'}}}."},
     {"want_step", (PyCFunction)loader_want_step, METH_VARARGS,

@@ -5,6 +5,8 @@
  */
 #include "core.h"
 
+#include <ctype.h>
+
 #include <pthread.h>
 
 #include <errno.h>
@@ -311,7 +313,17 @@ static PyObject *mod_tokenize_threads(PyObject *self, PyObject *unused) {
     return PyLong_FromLong(pl_tokenize_threads());
 }
 
+static PyObject *mod_cpus_available(PyObject *self, PyObject *unused) {
+    (void)self;
+    (void)unused;
+    return PyLong_FromLong(pl_cpus_available());
+}
+
 static PyMethodDef module_methods[] = {
+    {"cli_main", pypl_cli_main, METH_VARARGS,
+     "cli_main(argv) -> int\n\nRun the polyload CLI (its arguments, without the program name) in "
+     "this\nprocess, with the package's tokenizers (type hf, tiktoken); returns the exit "
+     "status."},
     {"smart_resize", m_smart_resize, METH_VARARGS,
      "smart_resize(height, width, factor, min_pixels, max_pixels) -> (h, w)\n\n"
      "Qwen2-VL's smart_resize (pl_image_smart_resize)."},
@@ -337,6 +349,9 @@ static PyMethodDef module_methods[] = {
      "on n shared threads, each\ntokenizer file on one of them (0: on the threads that "
      "need the tokens, the\ndefault); what a Ray source loader actor sets "
      "(pl_set_tokenize_threads)."},
+    {"cpus_available", mod_cpus_available, METH_NOARGS,
+     "cpus_available() -> int\n\nCPUs this process may use: its affinity mask under its "
+     "cgroup's CPU quota\n(pl_cpus_available); `threads: auto` runs one less."},
     {"tokenize_threads", mod_tokenize_threads, METH_NOARGS,
      "tokenize_threads() -> int\n\nThe count last set (pl_tokenize_threads)."},
     {"read_rows_raw", pypl_read_rows_raw, METH_VARARGS,
@@ -362,6 +377,14 @@ static PyMethodDef module_methods[] = {
      "version_number() -> int\n\nThe C library's version, MAJOR*10000 + MINOR*100 + PATCH."},
     {"version_string", m_version_string, METH_NOARGS,
      "version_string() -> str\n\nThe C library's version as 'MAJOR.MINOR.PATCH'."},
+    {"config_keys", pypl_config_keys, METH_NOARGS,
+     "config_keys() -> list of dict\n\nThe config key table (pl_config_key_info): "
+     "{'name', 'type', 'default', 'min', 'max', 'values', 'settable', 'doc'} per key; "
+     "'default' is None when unset, 'min'/'max' are None except for integer keys, "
+     "'values' None except for keys that take one of a list."},
+    {"source_types", pypl_source_types, METH_NOARGS,
+     "source_types() -> list of dict\n\nThe source type table (pl_source_type_info): "
+     "{'name', 'code', 'raw_text', 'index', 'doc'} per type, in code order."},
     {"strerror", m_strerror, METH_O,
      "strerror(code) -> str\n\nStatic description of a status code (pl_strerror)."},
     {"err_name", m_err_name, METH_O,
@@ -378,8 +401,10 @@ static PyMethodDef module_methods[] = {
 static struct PyModuleDef core_module = {
     PyModuleDef_HEAD_INIT,
     "polyload._core",
-    "polyload._core: the C library libpolyload, one to one (see polyload.h).\n\n"
-    "Types: Config, Source, Planner, Loader, Batch, Array.  Status codes map to\n"
+    "polyload._core: the C library libpolyload, one to one (see polyload.h and\n"
+    "polyload_experimental.h).\n\n"
+    "Types: Config, Source, Loader, Batch, Array; Planner, Plan, Constructor,\n"
+    "Pipeline, Work (the roles, experimental).  Status codes map to\n"
     "the exceptions of polyload._errors.  Use the friendly layer `polyload`.",
     -1,
     module_methods,
@@ -411,8 +436,6 @@ static int add_constants(PyObject *m) {
         {"DTYPE_INT64", PL_DTYPE_INT64}, {"DTYPE_FLOAT64", PL_DTYPE_FLOAT64},
         {"DTYPE_FLOAT32", PL_DTYPE_FLOAT32}, {"DTYPE_UINT16", PL_DTYPE_UINT16},
         {"DTYPE_UINT32", PL_DTYPE_UINT32},
-        {"SOURCE_MEGATRON", PL_SOURCE_MEGATRON}, {"SOURCE_LLMC", PL_SOURCE_LLMC},
-        {"SOURCE_FLAT", PL_SOURCE_FLAT}, {"SOURCE_WEBDATASET", PL_SOURCE_WEBDATASET},
         {"IMAGE_FIXED", PL_IMAGE_FIXED}, {"IMAGE_NATIVE", PL_IMAGE_NATIVE},
         {"FIELD_INPUT_IDS", PL_FIELD_INPUT_IDS}, {"FIELD_LABELS", PL_FIELD_LABELS},
         {"FIELD_LOSS_MASK", PL_FIELD_LOSS_MASK},
@@ -425,6 +448,17 @@ static int add_constants(PyObject *m) {
     };
     for (size_t i = 0; i < sizeof tab / sizeof tab[0]; i++)
         if (PyModule_AddIntConstant(m, tab[i].name, tab[i].value) < 0) return -1;
+    /* SOURCE_<NAME> of every source type, from the source type table. */
+    for (int t = 1;; t++) {
+        pl_source_type_row r;
+        memset(&r, 0, sizeof r);
+        r.size = sizeof r;
+        if (pl_source_type_info((pl_source_type)t, &r) != PL_OK) break;
+        char name[64] = "SOURCE_";
+        for (size_t k = 0; r.name[k] && k + 8 < sizeof name; k++)
+            name[7 + k] = (char)toupper((unsigned char)r.name[k]);
+        if (PyModule_AddIntConstant(m, name, t) < 0) return -1;
+    }
     return PyModule_AddStringConstant(m, "VERSION", pl_version_string());
 }
 

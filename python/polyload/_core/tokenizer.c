@@ -4,6 +4,13 @@
  * tokenizer.json}`) and tiktoken (`{type: tiktoken, path: FILE.tiktoken,
  * encoding: NAME | pat_str: REGEX}`).
  *
+ * `type: hf` files are encoded by the library polyload._hfbackend.load
+ * picks (config `backend`: auto, fastokens or tokenizers): fastokens'
+ * Tokenizer.encode_batch_flat(texts, add_special_tokens=False) returns a
+ * batch's ids as one buffer of little-endian uint32 and n + 1 uint64
+ * offsets, read here without a Python object per token;
+ * tokenizers.Tokenizer.encode_batch_fast returns an Encoding per text.
+ *
  * Every Config this extension parses carries pypl_tokenizer_factory
  * (pl_config_set_tokenizer_factory_spec), so the loaders, planners and sources
  * made from it, in this process or in Ray actors, tokenize with
@@ -29,6 +36,7 @@ typedef struct pyhf {
     PyObject *encode; /* its encode_batch_fast (or encode_batch) */
     PyObject *kw;     /* {"add_special_tokens": False} */
     int tiktoken;     /* encode is Encoding.encode_ordinary, one text a call */
+    int flat;         /* encode is fastokens' encode_batch_flat: (ids, offsets) */
     char name[1100];
 } pyhf;
 
@@ -44,6 +52,57 @@ static void pyhf_errmsg(const char *what, char *err, size_t errcap) {
     Py_XDECREF(t);
     Py_XDECREF(v);
     Py_XDECREF(tb);
+}
+
+/* ids[i], counts[i] from encode_batch_flat's (ids: n_ids little-endian
+ * uint32, offsets: n + 1 little-endian uint64); GIL held.  On failure
+ * nothing is left allocated. */
+static int flat_ids(const pyhf *h, PyObject *res, int64_t n, int32_t **ids, int64_t *counts,
+                    char *err, size_t errcap) {
+    char *ib = NULL, *ob = NULL;
+    Py_ssize_t il = 0, ol = 0;
+    if (!PyTuple_Check(res) || PyTuple_GET_SIZE(res) != 2 ||
+        PyBytes_AsStringAndSize(PyTuple_GET_ITEM(res, 0), &ib, &il) < 0 ||
+        PyBytes_AsStringAndSize(PyTuple_GET_ITEM(res, 1), &ob, &ol) < 0) {
+        PyErr_Clear();
+        snprintf(err, errcap, "%s: encode_batch_flat returned no (ids, offsets) bytes", h->name);
+        return PL_EINVAL;
+    }
+    const uint64_t nid = (uint64_t)il / 4;
+    if ((uint64_t)ol != (uint64_t)(n + 1) * 8 || il % 4) {
+        snprintf(err, errcap, "%s: encode_batch_flat returned %zd offset bytes for %lld texts",
+                 h->name, ol, (long long)n);
+        return PL_EINVAL;
+    }
+    uint64_t prev = 0;
+    for (int64_t i = 0; i < n; i++) {
+        uint64_t a, b;
+        memcpy(&a, ob + 8 * i, 8);
+        memcpy(&b, ob + 8 * (i + 1), 8);
+        if (a != prev || b < a || b > nid) {
+            for (int64_t j = 0; j < i; j++) free(ids[j]);
+            snprintf(err, errcap, "%s: encode_batch_flat offsets out of order at text %lld",
+                     h->name, (long long)i);
+            return PL_EINVAL;
+        }
+        prev = b;
+        const size_t m = (size_t)(b - a);
+        int32_t *d = m ? malloc(m * sizeof *d) : NULL;
+        if (m && !d) {
+            for (int64_t j = 0; j < i; j++) free(ids[j]);
+            snprintf(err, errcap, "out of memory");
+            return PL_ENOMEM;
+        }
+        const unsigned char *s = (const unsigned char *)ib + 4 * a;
+        for (size_t j = 0; j < m; j++) {
+            uint32_t x = (uint32_t)s[4 * j] | (uint32_t)s[4 * j + 1] << 8 |
+                         (uint32_t)s[4 * j + 2] << 16 | (uint32_t)s[4 * j + 3] << 24;
+            d[j] = x > INT32_MAX ? -1 : (int32_t)x;
+        }
+        ids[i] = d;
+        counts[i] = (int64_t)m;
+    }
+    return PL_OK;
 }
 
 static int pyhf_encode(void *ctx, int64_t n, const char *const *texts,
@@ -63,6 +122,16 @@ static int pyhf_encode(void *ctx, int64_t n, const char *const *texts,
         PyObject *s = PyUnicode_DecodeUTF8(texts[i], (Py_ssize_t)lens[i], "strict");
         if (!s) goto pyerr;
         PyList_SET_ITEM(list, (Py_ssize_t)i, s);
+    }
+    if (h->flat) {
+        PyObject *args = PyTuple_Pack(1, list);
+        if (!args) goto pyerr;
+        res = PyObject_Call(h->encode, args, h->kw);
+        Py_DECREF(args);
+        if (!res) goto pyerr;
+        rc = flat_ids(h, res, n, ids, counts, err, errcap);
+        if (rc == PL_OK) done = n;
+        goto out;
     }
     if (h->tiktoken) {
         res = PyList_New((Py_ssize_t)n);
@@ -201,21 +270,38 @@ int pypl_tokenizer_factory(void *ctx, const pl_tokenizer_spec *spec, pl_tokenize
         rc = pytiktoken_create(h, spec, &eos, &vocab, err, errcap);
         goto out;
     }
-    mod = PyImport_ImportModule("tokenizers");
+    const char *backend =
+        spec->version >= 2 && spec->backend ? spec->backend : "auto";
+    mod = PyImport_ImportModule("polyload._hfbackend");
     if (!mod) goto pyerr;
-    cls = PyObject_GetAttrString(mod, "Tokenizer");
+    cls = PyObject_CallMethod(mod, "load", "ss", path, backend); /* (library, tok) */
     if (!cls) goto pyerr;
-    h->tok = PyObject_CallMethod(cls, "from_file", "s", path);
-    if (!h->tok) goto pyerr;
-    h->encode = PyObject_GetAttrString(h->tok, "encode_batch_fast");
-    if (!h->encode) {
-        PyErr_Clear();
-        h->encode = PyObject_GetAttrString(h->tok, "encode_batch");
+    if (!PyTuple_Check(cls) || PyTuple_GET_SIZE(cls) != 2 ||
+        !PyUnicode_Check(PyTuple_GET_ITEM(cls, 0))) {
+        snprintf(err, errcap, "%s: polyload._hfbackend.load gave no (library, tokenizer)",
+                 h->name);
+        rc = PL_ECONFIG;
+        goto out;
+    }
+    h->flat = strcmp(PyUnicode_AsUTF8(PyTuple_GET_ITEM(cls, 0)), "fastokens") == 0;
+    h->tok = PyTuple_GET_ITEM(cls, 1);
+    Py_INCREF(h->tok);
+    snprintf(h->name, sizeof h->name, "hf:%s", path);
+    if (h->flat) {
+        h->encode = PyObject_GetAttrString(h->tok, "encode_batch_flat");
         if (!h->encode) goto pyerr;
+    } else {
+        h->encode = PyObject_GetAttrString(h->tok, "encode_batch_fast");
+        if (!h->encode) {
+            PyErr_Clear();
+            h->encode = PyObject_GetAttrString(h->tok, "encode_batch");
+            if (!h->encode) goto pyerr;
+        }
     }
     h->kw = Py_BuildValue("{s:O}", "add_special_tokens", Py_False);
     if (!h->kw) goto pyerr;
-    PyObject *vs = PyObject_CallMethod(h->tok, "get_vocab_size", "O", Py_True);
+    PyObject *vs = h->flat ? PyObject_GetAttrString(h->tok, "vocab_size")
+                           : PyObject_CallMethod(h->tok, "get_vocab_size", "O", Py_True);
     if (!vs) goto pyerr;
     vocab = PyLong_AsLongLong(vs);
     Py_DECREF(vs);

@@ -24,8 +24,14 @@ import ray
 
 import polyload
 from polyload import _core
+from polyload._config import _make_config
+from polyload.loader import _state_blob
 
-from ._common import PROTOCOL, StoodDown, actor_lost, get, sources_digest, unwrap
+from . import _registry
+from ._calls import actor_lost, get, unwrap
+from ._config import sources_digest
+from ._failure import set_failure_detection_env
+from ._protocol import PROTOCOL, StoodDown, unpack_fetch
 
 
 _get = get  # ray.get with polyload's exceptions and a deadline
@@ -140,7 +146,9 @@ class Client(polyload.Loader):
         timeout: seconds any single wait on the deployment may take before it is an
             error naming the actor (PolyloadTimeoutError).
         address: Ray address for ``ray.init`` when Ray is not initialized in this
-            process (default: ``$RAY_ADDRESS`` or ``"auto"``).
+            process (default: ``$RAY_ADDRESS`` or ``"auto"``); the client then sets
+            ``FAILURE_DETECTION_ENV`` first (:func:`polyload.ray.set_failure_detection_env`).
+            A trainer that calls ``ray.init`` itself calls that function before it.
         stall_timeout: a fetch that takes longer than this many seconds asks the
             constructor for a sign of life; one that gives none within as long again
             (a stopped or hung process) counts as lost, and the fetches move to the
@@ -174,13 +182,14 @@ class Client(polyload.Loader):
                  prefetch_batches: Optional[int] = None) -> None:
         self._thread: Optional[threading.Thread] = None
         self._loader = None
-        cfg = polyload._make_config(config)
+        cfg = _make_config(config)
         if not ray.is_initialized():
             addr = address or os.environ.get("RAY_ADDRESS", "auto")
             _check_reachable(addr, min(float(timeout), 10.0))
+            set_failure_detection_env()  # read by Ray when it starts in this process
             ray.init(address=addr, namespace=namespace, include_dashboard=False,
                      log_to_driver=False)
-        planner = ray.get_actor(f"{name}.planner", namespace=namespace)
+        planner = ray.get_actor(_registry.planner(name), namespace=namespace)
         # The layout without per-source lists (source names as a digest): kept for the
         # client's life, in every trainer process.
         info = _get(planner.info.remote(True), timeout)
@@ -545,16 +554,13 @@ class Client(polyload.Loader):
                     if stop.is_set():
                         return
                     # DataConstructor.fetch: (packages, ends, final[, error])
-                    buf, ends, final = pkgs[:3]
-                    step_error = pkgs[3] if len(pkgs) > 3 else None
-                    start = 0
-                    for k, end in enumerate(ends.tolist()):
-                        ready[first + k] = buf[start:end]
-                        start = end
+                    packages, final, step_error = unpack_fetch(pkgs)
+                    for k, p in enumerate(packages):
+                        ready[first + k] = p
                     if final is not None:
-                        ready[first + len(ends)] = final
+                        ready[first + len(packages)] = final
                     elif step_error is not None:  # that step failed: its error, there
-                        ready[first + len(ends)] = _StepError(*step_error)
+                        ready[first + len(packages)] = _StepError(*step_error)
                 pkg = ready.pop(want)
                 if stop.is_set():
                     return
@@ -650,7 +656,7 @@ class Client(polyload.Loader):
             ValueError: an unknown ``version``.
         """
         self._handle()
-        blob = polyload._state_blob(state)
+        blob = _state_blob(state)
         step = _core.state_info(blob)["step"]
         gen, _ = _get(self._planner.restart.remote(blob, False), self._timeout)
         _, cursor = _get(self._ctor.sync.remote(gen, self.rank), self._timeout)

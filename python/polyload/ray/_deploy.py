@@ -1,9 +1,9 @@
-"""``launch()``: start the actors of a deployment; ``Deployment``: its handle."""
+"""``launch()``: start the actors of a deployment; ``attach()``: find a running one;
+``Deployment``: its handle."""
 
 from __future__ import annotations
 
 import os
-import re
 import time
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
@@ -12,22 +12,21 @@ import ray
 
 import polyload
 from polyload import _core
+from polyload.loader import _state_blob
 
-from ._actors import DataConstructor, Planner, SourceLoader
-from ._common import (PROTOCOL, config_payload, get, make_config, stored_payload,
-                      with_failure_detection)
-from ._scale import DEFAULTS as AUTOSCALE_DEFAULTS
-from ._scale import Autoscaler, ScalePolicy, autoscale_options
-
-ROLES = ("planner", "source_loader", "constructor")
-#: placement keys: the roles, and "shadow" for the source loaders' standbys (default:
-#: the source loaders' options, on another node than the primary where there is one)
-PLACEMENT_KEYS = ROLES + ("shadow",)
-
-#: CPUs each role asks Ray for, unless ``placement[role]["num_cpus"]`` says otherwise:
-#: source loaders read (and later tokenize and decode) and constructors route and pack
-#: payloads, so both are CPU work; the planner works once per step.
-DEFAULT_NUM_CPUS = {"planner": 0.25, "source_loader": 0.5, "constructor": 1.0, "shadow": 0.0}
+from . import _registry
+from ._autoscaler import Autoscaler
+from ._calls import actor_lost, get, unwrap
+from ._config import config_payload, make_config, stored_payload
+from ._constructor import DataConstructor
+from ._failure import set_failure_detection_env, with_failure_detection
+from ._placement import (ROLES, alive_nodes, check_cpus, node_affinity, role_options,
+                         standby_node)
+from ._planner import Planner
+from ._protocol import PROTOCOL
+from ._routing import RoutingTable, launch_partitions
+from ._scale_policy import ScalePolicy, autoscale_options
+from ._source_loader import SourceLoader
 
 #: Source-loader actors when ``num_source_loaders`` is not given: the partitions of all
 #: sources are packed onto at most this many actors, so 300 sources cost a few actors.
@@ -53,71 +52,6 @@ _AutoscalerActor = ray.remote(Autoscaler)
 _get = get  # ray.get with polyload's exceptions and a deadline
 
 
-def _role_options(placement: Optional[Mapping[str, Any]], role: str) -> Dict[str, Any]:
-    """Ray actor options of a role from ``placement[role]``: ``resources``, ``num_cpus``,
-    ``memory``, ``label_selector`` and other ``.options()`` keys pass through;
-    ``node_id`` pins the role to a node (NodeAffinitySchedulingStrategy, hard)."""
-    if not placement:
-        return {"num_cpus": DEFAULT_NUM_CPUS[role]}
-    unknown = set(placement) - set(PLACEMENT_KEYS)
-    if unknown:
-        raise ValueError(f"placement: unknown roles {sorted(unknown)} (roles: {PLACEMENT_KEYS})")
-    opts = dict(placement.get(role) or {})
-    opts.setdefault("num_cpus", DEFAULT_NUM_CPUS[role])
-    node_id = opts.pop("node_id", None)
-    if node_id is not None:
-        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
-
-        opts["scheduling_strategy"] = NodeAffinitySchedulingStrategy(node_id=node_id, soft=False)
-    return opts
-
-
-def _check_cpus(placement, n_ctors: int, num_source_loaders, max_actors,
-                n_sources: int) -> None:
-    """Refuse at once a deployment whose CPU requests exceed the cluster's CPUs (its
-    actors would wait forever to be scheduled), naming the numbers and the fix."""
-    total = ray.cluster_resources().get("CPU", 0.0)
-    if isinstance(num_source_loaders, Mapping):
-        parts = sum(int(num_source_loaders.get(n, 1)) for n in num_source_loaders) + max(
-            0, n_sources - len(num_source_loaders))
-    else:
-        parts = int(num_source_loaders) * n_sources
-    n_loaders = parts if max_actors is None else min(parts, int(max_actors))
-    cpus = {r: float(_role_options(placement, r).get("num_cpus", DEFAULT_NUM_CPUS[r]))
-            for r in ROLES}
-    need = (cpus["planner"] + n_ctors * cpus["constructor"]
-            + max(1, n_loaders) * cpus["source_loader"])
-    if need > total + 1e-9:
-        raise ValueError(
-            f"polyload.ray.launch: the roles ask for {need:g} CPUs (planner {cpus['planner']:g}, "
-            f"{n_ctors} constructor(s) x {cpus['constructor']:g}, source loaders x "
-            f"{cpus['source_loader']:g}) but the Ray cluster has {total:g}; pass smaller "
-            f"requests, e.g. placement={{'source_loader': {{'num_cpus': 0.25}}, "
-            f"'constructor': {{'num_cpus': 0.5}}}}, or start Ray with more CPUs")
-
-
-def _partitions(names: Sequence[str], num_documents: Sequence[int],
-                num_source_loaders: Union[int, Mapping[str, int]]) -> List[Tuple[int, int, int]]:
-    """Index-range partitions ``(source, first, end)``: ``num_source_loaders`` per source
-    (an int for every source, or a dict by source name, missing names 1), never more
-    partitions than documents."""
-    if isinstance(num_source_loaders, Mapping):
-        unknown = set(num_source_loaders) - set(names)
-        if unknown:
-            raise ValueError(f"num_source_loaders: unknown sources {sorted(unknown)}")
-        counts = [int(num_source_loaders.get(n, 1)) for n in names]
-    else:
-        counts = [int(num_source_loaders)] * len(names)
-    if any(c < 1 for c in counts):
-        raise ValueError("num_source_loaders must be at least 1 per source")
-    out = []
-    for s, (c, n) in enumerate(zip(counts, num_documents)):
-        c = max(1, min(c, n))
-        edges = np.linspace(0, n, c + 1).round().astype(np.int64)
-        out += [(s, int(edges[p]), int(edges[p + 1])) for p in range(c)]
-    return out
-
-
 class Deployment:
     """The handle :func:`launch` returns: the actors of one deployment.
 
@@ -136,9 +70,24 @@ class Deployment:
         self._shadows = list(shadows)
         self._ctor_shadows = list(constructor_shadows)  # by group, then standby index
         self._autoscaler = autoscaler
-        self.info = info
+        self._info = info
         #: seconds any call of this handle waits for the actors (PolyloadTimeoutError)
         self.timeout = 300.0
+
+    @property
+    def info(self) -> Dict[str, Any]:
+        """The layout (see the class doc); ``info["pids"]`` is asked of the actors at
+        each access (5 s at most), so an actor Ray restarted shows its new process; while
+        one cannot answer (mid-restart, or lost with its node) the last pids known stay."""
+        if self._planner is not None:
+            try:
+                self._info["pids"] = {
+                    role: [int(x) for x in ray.get([a.pid.remote() for a in handles],
+                                                   timeout=5.0)]
+                    for role, handles in self.actors.items() if role != "autoscaler"}
+            except Exception:  # noqa: BLE001 - the last pids known
+                pass
+        return self._info
 
     @property
     def actors(self) -> Dict[str, List[Any]]:
@@ -149,12 +98,11 @@ class Deployment:
         loaders, shadows = list(self._loaders), list(self._shadows)
         if self._autoscaler is not None and self._planner is not None:
             table = _get(self._autoscaler.table.remote(), self.timeout)
-            gone = set(table.get("retired", []))
-            live = [j for j in range(len(table["slots"])) if j not in gone]
-            loaders = [ray.get_actor(table["slots"][j][0], namespace=self.namespace)
+            live = table.live_slots()
+            loaders = [ray.get_actor(table.slots[j][0], namespace=self.namespace)
                        for j in live]
             shadows = [ray.get_actor(n, namespace=self.namespace)
-                       for j in live for n in table["slots"][j][1:]]
+                       for j in live for n in table.slots[j][1:]]
         out = {"planner": [self._planner], "source_loader": loaders,
                "constructor": list(self._constructors), "shadow": shadows,
                "constructor_shadow": list(self._ctor_shadows)}
@@ -199,7 +147,7 @@ class Deployment:
             raise polyload.PolyloadError(
                 _core.EINVAL, "EINVAL",
                 f"deployment {self.namespace}/{self.name} has no autoscaler actor "
-                f"({self.name}.autoscaler): it was launched by an older polyload")
+                f"({_registry.autoscaler(self.name)}): it was launched by an older polyload")
 
     def failovers(self) -> List[Dict[str, Any]]:
         """Every read a constructor moved to a standby: ``{"constructor", "slot",
@@ -214,8 +162,6 @@ class Deployment:
     def _ask(self, actors: Sequence[Any], method: str, *args) -> List[Any]:
         """``actor.method(*args)`` of every actor at once; None for one whose process is
         lost (a standby on a lost node, restarting): only standbys are asked this way."""
-        from ._common import actor_lost, unwrap  # noqa: PLC0415
-
         refs = [getattr(a, method).remote(*args) for a in actors]
         out = []
         for r in refs:
@@ -262,7 +208,7 @@ class Deployment:
         deployment stands at).  Clients then call their own ``load_state_dict`` with the
         same state (which joins this restart) to take up the position."""
         self._check_open()
-        gen, _ = _get(self._planner.restart.remote(polyload._state_blob(state), True),
+        gen, _ = _get(self._planner.restart.remote(_state_blob(state), True),
                       self.timeout)
         self._ask([c for grp in self._groups() for c in grp], "sync", gen)
 
@@ -290,8 +236,7 @@ class Deployment:
         try:
             from ray.util import list_named_actors  # noqa: PLC0415
 
-            mine = re.compile(re.escape(self.name) + r"\.(planner|autoscaler|"
-                              r"(constructor|source_loader)\.\d+(\.shadow\.\d+)?)$")
+            mine = _registry.actor_pattern(self.name)
             for a in list_named_actors(all_namespaces=True):
                 if a.get("namespace") == self.namespace and mine.match(a.get("name", "")):
                     try:
@@ -305,7 +250,7 @@ class Deployment:
                 ray.kill(h, no_restart=True)
             except Exception:  # noqa: BLE001
                 pass
-        _forget_checkpoint(self.namespace, self.name)
+        _registry.forget(self.namespace, self.name)
         self._planner, self._loaders, self._constructors, self._shadows = None, [], [], []
         self._ctor_shadows = []
         self._autoscaler = None
@@ -393,7 +338,7 @@ def launch(
             whose process dies) continues from it, and a restarted constructor rebuilds
             from the least step its ranks stand at: batches do not change.
         autoscale: size each source's pool of source loaders by its measured cost,
-            ahead of the mixture schedule (``polyload.ray._scale``: feed-forward from
+            ahead of the mixture schedule (``polyload.ray._scale_policy``: feed-forward from
             the schedule and the measured CPU-seconds per token, feedback from the
             trainers' data wait, bounds and a CPU budget).  True, or a dict of
             ``polyload.ray.AUTOSCALE_DEFAULTS`` keys (``horizon_steps``, ``headroom``,
@@ -403,10 +348,14 @@ def launch(
             :meth:`Deployment.scale` still resizes pools by hand.  Batches are the same
             for any pools and across every scaling event.
 
+    Ray: when it is not initialized in this process, ``launch`` starts it here
+    (``ray.init(namespace=namespace)``) after :func:`set_failure_detection_env`.
+
     Raises:
         ConfigError, FormatError, PolyloadIOError: as the embedded loader, from the actor
             that opened the source (unwrapped from Ray's errors).
-        ValueError: bad counts or placement.
+        ValueError: bad counts or placement, or CPU requests the cluster cannot meet.
+        PolyloadTimeoutError: an actor did not answer within ``timeout`` seconds.
     """
     payload = config_payload(config)
     cfg = make_config(payload)  # ConfigError here, before anything starts
@@ -430,13 +379,14 @@ def launch(
         if max_source_loader_actors is None:
             max_source_loader_actors = DEFAULT_SOURCE_LOADER_ACTORS
     if not ray.is_initialized():
+        set_failure_detection_env()  # read by Ray when it starts in this process
         ray.init(namespace=namespace, include_dashboard=False)
     cwd = os.getcwd()
     common = {"namespace": namespace}
     if detached:
         common["lifetime"] = "detached"
     for role in ROLES:
-        _role_options(placement, role)  # validate early
+        role_options(placement, role)  # validate early
 
     # Fast failure detection in every actor (FAILURE_DETECTION_ENV): through a
     # runtime_env only when the cluster's workers lack it (the planner, started first,
@@ -445,11 +395,12 @@ def launch(
 
     def opts(role, actor_name, **extra):
         o = {"name": actor_name, **common, **extra}
-        o.update(_role_options(placement, role))
+        o.update(role_options(placement, role))
         return with_failure_detection(o, env_needed[0])
 
-    _check_cpus(placement, int(num_constructors), num_source_loaders, max_source_loader_actors,
-                cfg.num_sources)
+    user_placement = placement  # (standbys go to other nodes unless the caller placed them)
+    placement = check_cpus(placement, int(num_constructors), num_source_loaders,
+                           max_source_loader_actors, cfg.num_sources)
     scale_opts = autoscale_options(autoscale if autoscale is not None else {})
     if autoscale is None:
         scale_opts["enabled"] = False
@@ -461,12 +412,13 @@ def launch(
     # Every role restarts when its process dies (a crash, a kill, a lost node); calls
     # to the planner are retried on the new process, which recovers from its checkpoint.
     restart = {"max_restarts": -1}
-    _forget_checkpoint(namespace, name)  # a checkpoint of an earlier deployment
+    _registry.forget(namespace, name)  # a checkpoint of an earlier deployment
     # The actors get the config as a key of Ray's internal KV store, not inline: Ray
     # keeps creation arguments in the GCS and in every handle to an actor.
-    payload = stored_payload(payload, _config_key(namespace, name))
+    payload = stored_payload(payload, _registry.config_key(namespace, name))
     try:
-        planner = _PlannerActor.options(**opts("planner", f"{name}.planner"), **restart,
+        planner_name = _registry.planner(name)
+        planner = _PlannerActor.options(**opts("planner", planner_name), **restart,
                                         max_task_retries=-1).remote(
             payload, cwd, int(num_constructors), int(max_lag_steps),
             # States a rank may still need: the constructors' lag limit plus what runs
@@ -477,7 +429,7 @@ def launch(
         env_needed[0] = not pinfo.get("failure_env", False)
         names = pinfo["names"]
         ScalePolicy(names, lambda s, t: 0.0, 1.0, scale_opts)  # bounds: ValueError now
-        parts = _partitions(names, pinfo["num_documents"], num_source_loaders)
+        parts = launch_partitions(names, pinfo["num_documents"], num_source_loaders)
         n_actors = len(parts) if not max_source_loader_actors else \
             max(1, min(len(parts), int(max_source_loader_actors)))
         shards: List[List[Tuple[int, int, int]]] = [[] for _ in range(n_actors)]
@@ -485,7 +437,7 @@ def launch(
         for j, p in enumerate(parts):
             shards[j % n_actors].append(p)
             owner.append(j % n_actors)
-        loader_names = [f"{name}.source_loader.{j}" for j in range(n_actors)]
+        loader_names = [_registry.source_loader(name, j) for j in range(n_actors)]
         loaders = []
         for j in range(n_actors):
             a = _SourceLoaderActor.options(**opts("source_loader", loader_names[j],
@@ -496,41 +448,37 @@ def launch(
         linfo = _get([a.setup.remote(True) for a in loaders], timeout)
         # Standbys, created now (not during an outage), on another node than their
         # primary where there is one.
-        alive = [n["NodeID"] for n in ray.nodes() if n.get("Alive")]
+        alive = alive_nodes()
         shadow_names: List[List[str]] = [[] for _ in range(n_actors)]
         shadow_actors = []
         for j in range(n_actors):
-            others = [n for n in alive if n != linfo[j]["node_id"]] or alive
             for k in range(int(shadows)):
                 role = "shadow" if placement and placement.get("shadow") else "source_loader"
-                o = {"name": f"{loader_names[j]}.shadow.{k}", **common, "max_concurrency": 2}
-                o.update(_role_options(placement, role) if role == "shadow" else
-                         _role_options(placement, "source_loader"))
+                sname = _registry.source_loader(name, j, k)
+                o = {"name": sname, **common, "max_concurrency": 2}
+                o.update(role_options(placement, role) if role == "shadow" else
+                         role_options(placement, "source_loader"))
                 o["num_cpus"] = 0
-                if not (placement and placement.get(role)) and others:
-                    from ray.util.scheduling_strategies import (  # noqa: PLC0415
-                        NodeAffinitySchedulingStrategy)
-                    o["scheduling_strategy"] = NodeAffinitySchedulingStrategy(
-                        node_id=others[(j + k) % len(others)], soft=True)
+                node = standby_node(alive, linfo[j]["node_id"], j + k)
+                if not (user_placement and user_placement.get(role)) and node is not None:
+                    o["scheduling_strategy"] = node_affinity(node, soft=True)
                 a = _SourceLoaderActor.options(**with_failure_detection(o, env_needed[0]),
                                                **restart).remote(
                     payload, cwd, shards[j])
                 created.append(a)
                 shadow_actors.append(a)
-                shadow_names[j].append(f"{loader_names[j]}.shadow.{k}")
+                shadow_names[j].append(sname)
         sinfo = _get([a.setup.remote(True, standby=True) for a in shadow_actors], timeout)
         # Raw text sources: the planner asks their lengths of these loaders.
-        table = {"sources": list(names),
-                 "partitions": [[names[s], lo, hi, owner[j]] for j, (s, lo, hi) in
-                                enumerate(parts)],
-                 "source_loaders": list(loader_names), "namespace": namespace, "version": 0,
-                 "slots": [[loader_names[j]] + shadow_names[j] for j in range(n_actors)],
-                 "dedicated": [None] * n_actors}
-        _get(planner.set_routing.remote(names, table["partitions"], loader_names, namespace,
-                                        0, table["slots"]), timeout)
+        table = RoutingTable(
+            sources=list(names),
+            partitions=[[names[s], lo, hi, owner[j]] for j, (s, lo, hi) in enumerate(parts)],
+            slots=[[loader_names[j]] + shadow_names[j] for j in range(n_actors)],
+            namespace=namespace, version=0)
+        _get(planner.set_routing.remote(table), timeout)
         groups = [list(map(int, g)) for g in np.array_split(np.arange(dp), int(num_constructors))]
-        ctor_names = [f"{name}.constructor.{g}" for g in range(len(groups))]
-        ctor_shadow_names = [[f"{ctor_names[g]}.shadow.{k}" for k in
+        ctor_names = [_registry.constructor(name, g) for g in range(len(groups))]
+        ctor_shadow_names = [[_registry.constructor(name, g, k) for k in
                               range(int(constructor_shadows))] for g in range(len(groups))]
         ctors, ctor_shadows = [], []
 
@@ -538,7 +486,7 @@ def launch(
             return _DataConstructorActor.options(**o, **restart).remote(
                 # the routing table comes from the planner (set above), not as
                 # arguments, which Ray keeps in every handle (every trainer's client)
-                payload, cwd, g, group, f"{name}.planner", [], None,
+                payload, cwd, g, group, planner_name, [], None,
                 pinfo["dtypes"], namespace, prefetch_steps,
                 # Delivery runs ahead of consumption by up to two Client calls: the
                 # constructor's lag limit leaves room for them.
@@ -551,15 +499,12 @@ def launch(
             ctors.append(a)
         cinfo = _get([a.setup.remote() for a in ctors], timeout)
         for g, group in enumerate(groups):
-            others = [n for n in alive if n != cinfo[g]["node_id"]] or alive
             for k, sname in enumerate(ctor_shadow_names[g]):
                 o = opts("constructor", sname)
                 o["num_cpus"] = 0  # builds only once its primary is gone
-                if not (placement and placement.get("constructor")) and others:
-                    from ray.util.scheduling_strategies import (  # noqa: PLC0415
-                        NodeAffinitySchedulingStrategy)
-                    o["scheduling_strategy"] = NodeAffinitySchedulingStrategy(
-                        node_id=others[(g + k) % len(others)], soft=True)
+                node = standby_node(alive, cinfo[g]["node_id"], g + k)
+                if not (user_placement and user_placement.get("constructor")) and node is not None:
+                    o["scheduling_strategy"] = node_affinity(node, soft=True)
                 a = make_ctor(g, group, sname, True, o)
                 created.append(a)
                 ctor_shadows.append(a)
@@ -567,11 +512,12 @@ def launch(
         # The scaling role: owns the routing table from now on (Deployment.scale, and
         # the policy when autoscale is given).
         autoscaler = _AutoscalerActor.options(
-            **with_failure_detection({"name": f"{name}.autoscaler", **common, "num_cpus": 0},
+            **with_failure_detection({"name": _registry.autoscaler(name), **common,
+                                      "num_cpus": 0},
                                      env_needed[0]),
             **restart, max_task_retries=-1).remote(
             payload, cwd, name, namespace, table, pinfo["num_documents"], scale_opts,
-            {**_role_options(placement, "source_loader"), "_failure_env": env_needed[0]},
+            {**role_options(placement, "source_loader"), "_failure_env": env_needed[0]},
             int(shadows),
             bool(detached),
             [[ctor_names[g]] + ctor_shadow_names[g] for g in range(len(groups))])
@@ -637,30 +583,32 @@ def attach(name: str = "polyload", namespace: str = "polyload", *,
     """A :class:`Deployment` handle on a running deployment started elsewhere (by
     ``launch(..., detached=True)``, ``polyload serve``, or another process of the
     cluster): found by its actors' names, so this process can scale it, read its
-    scaling view, take or load its state and shut it down.
+    scaling view, take or load its state and shut it down.  Starts Ray in this process
+    (after :func:`set_failure_detection_env`) when it is not initialized.
 
     Raises:
         ValueError: no deployment ``namespace``/``name`` (no actor ``NAME.planner``).
+        PolyloadTimeoutError: the planner did not answer within ``timeout`` seconds.
     """
     if not ray.is_initialized():
+        set_failure_detection_env()  # read by Ray when it starts in this process
         ray.init(namespace=namespace, include_dashboard=False)
     try:
-        planner = ray.get_actor(f"{name}.planner", namespace=namespace)
+        planner = ray.get_actor(_registry.planner(name), namespace=namespace)
     except ValueError:
         raise ValueError(f"polyload.ray.attach: no deployment {namespace}/{name} "
-                         f"(no actor {name}.planner)") from None
+                         f"(no actor {_registry.planner(name)})") from None
     info = _get(planner.info.remote(), timeout)
     ctors = [ray.get_actor(n, namespace=namespace) for n in info["constructors"]]
     try:
-        scaler = ray.get_actor(f"{name}.autoscaler", namespace=namespace)
+        scaler = ray.get_actor(_registry.autoscaler(name), namespace=namespace)
     except ValueError:
         scaler = None
     table = _get(planner.routing.remote(), timeout)
-    gone = set(table.get("retired", []))
-    live = [j for j in range(len(table["slots"])) if j not in gone]
-    loaders = [ray.get_actor(table["slots"][j][0], namespace=namespace) for j in live]
+    live = table.live_slots()
+    loaders = [ray.get_actor(table.slots[j][0], namespace=namespace) for j in live]
     shadows = [ray.get_actor(n, namespace=namespace) for j in live
-               for n in table["slots"][j][1:]]
+               for n in table.slots[j][1:]]
     ctor_shadows = [ray.get_actor(n, namespace=namespace)
                     for grp in info.get("constructor_shadows", []) for n in grp]
     dep = Deployment(namespace, name, planner, loaders, ctors, info, shadows, scaler,
@@ -668,19 +616,3 @@ def attach(name: str = "polyload", namespace: str = "polyload", *,
     if timeout is not None:
         dep.timeout = float(timeout)
     return dep
-
-
-def _config_key(namespace: str, name: str) -> bytes:
-    """Where a deployment's config payload lives in Ray's internal KV store."""
-    return f"polyload:{namespace}:{name}.config".encode()
-
-
-def _forget_checkpoint(namespace: str, name: str) -> None:
-    """Delete what a deployment keeps in Ray's internal KV store: the planner's
-    checkpoint, the source loaders' partitions and the config."""
-    from ray.experimental import internal_kv  # noqa: PLC0415
-
-    internal_kv._internal_kv_del(f"polyload:{namespace}:{name}.planner".encode())
-    internal_kv._internal_kv_del(_config_key(namespace, name))
-    internal_kv._internal_kv_del(f"polyload:{namespace}:{name}.source_loader.".encode(),
-                                 del_by_prefix=True)

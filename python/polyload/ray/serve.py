@@ -36,6 +36,10 @@ def _parser() -> argparse.ArgumentParser:
                    help="size source-loader pools by measured cost ahead of the schedule; "
                         "optional JSON of launch's autoscale keys, e.g. "
                         "'{\"max_loaders\": 4, \"cpu_budget\": 16}' (watch: polyload top)")
+    p.add_argument("--num-cpus", action="append", default=[], metavar="ROLE=N",
+                   help="CPUs a role asks Ray for (planner, source_loader, constructor; "
+                        "repeatable); by default the requests are scaled down to fit a "
+                        "small cluster")
     p.add_argument("--namespace", default="polyload")
     p.add_argument("--name", default="polyload")
     return p
@@ -59,7 +63,9 @@ def _serve(args, out) -> int:
     import polyload
 
     from ._deploy import launch
+    from ._failure import set_failure_detection_env
 
+    set_failure_detection_env()  # read by Ray when it starts in this process
     try:
         ray.init(address=args.ray_address, namespace=args.namespace, include_dashboard=False,
                  log_to_driver=False)
@@ -73,8 +79,16 @@ def _serve(args, out) -> int:
         except ValueError as e:
             sys.stderr.write(f"polyload serve: --autoscale: not JSON: {e}\n")
             return 2
+    placement = {}
+    for item in args.num_cpus:
+        role, _, n = item.partition("=")
+        try:
+            placement[role] = {"num_cpus": float(n)}
+        except ValueError:
+            sys.stderr.write(f"polyload serve: --num-cpus {item}: expected ROLE=N\n")
+            return 2
     try:
-        dep = launch(args.config, autoscale=autoscale, num_source_loaders=args.num_source_loaders,
+        dep = launch(args.config, autoscale=autoscale, placement=placement or None, num_source_loaders=args.num_source_loaders,
                      num_constructors=args.num_constructors, namespace=args.namespace,
                      name=args.name, max_source_loader_actors=args.max_source_loader_actors,
                      prefetch_steps=args.prefetch_steps,
@@ -88,8 +102,9 @@ def _serve(args, out) -> int:
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
+    info = dep.info
     print(json.dumps({"namespace": dep.namespace, "name": dep.name, **{
-        k: dep.info[k] for k in ("constructors", "dp_groups", "source_loaders", "nodes")}}),
+        k: info[k] for k in ("constructors", "dp_groups", "source_loaders", "nodes", "pids")}}),
         file=out, flush=True)
     try:
         while not stop.wait(0.5):

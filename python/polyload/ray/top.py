@@ -74,6 +74,10 @@ def top(argv: Optional[List[str]] = None) -> int:
     args = _parser().parse_args(argv)
     import ray
 
+    from . import _registry
+    from ._failure import set_failure_detection_env
+
+    set_failure_detection_env()  # read by Ray when it starts in this process
     try:
         ray.init(address=args.ray_address, namespace=args.namespace, include_dashboard=False,
                  log_to_driver=False)
@@ -82,10 +86,10 @@ def top(argv: Optional[List[str]] = None) -> int:
         return 1
     try:
         try:
-            scaler = ray.get_actor(f"{args.name}.autoscaler", namespace=args.namespace)
+            scaler = ray.get_actor(_registry.autoscaler(args.name), namespace=args.namespace)
         except ValueError:
             sys.stderr.write(f"polyload top: no deployment {args.namespace}/{args.name} "
-                             f"(no actor {args.name}.autoscaler)\n")
+                             f"(no actor {_registry.autoscaler(args.name)})\n")
             return 1
         tty = sys.stdout.isatty() and not args.json
         while True:

@@ -169,7 +169,7 @@ extern "C" int pl__pq_open(const char *path, const char *column, pl__pqfile **ou
         }
         h->max_def = c->max_definition_level();
         const int ng = h->md->num_row_groups();
-        rows = static_cast<int64_t *>(std::malloc((ng ? ng : 1) * sizeof(int64_t)));
+        rows = static_cast<int64_t *>(pl__calloc(ng ? (size_t)ng : 1, sizeof(int64_t)));
         if (!rows) {
             delete h;
             pl__fmt(err, errcap, "out of memory");
@@ -216,10 +216,10 @@ extern "C" int pl__pq_read_group(pl__pqfile *h, int64_t g, int64_t rows, char **
     *data = nullptr;
     *offsets = nullptr;
     *valid = nullptr;
-    uint64_t *o = static_cast<uint64_t *>(std::malloc((rows + 1) * sizeof(uint64_t)));
-    uint8_t *v = static_cast<uint8_t *>(std::malloc(rows ? rows : 1));
+    uint64_t *o = static_cast<uint64_t *>(pl__realloc_array(nullptr, (size_t)rows + 1, sizeof(uint64_t)));
+    uint8_t *v = static_cast<uint8_t *>(pl__malloc((size_t)rows));
     size_t cap = 1 << 16, len = 0;
-    char *d = static_cast<char *>(std::malloc(cap));
+    char *d = static_cast<char *>(pl__malloc(cap));
     if (!o || !v || !d) {
         std::free(o), std::free(v), std::free(d);
         pl__fmt(err, errcap, "%s: row group %lld: out of memory", h->path.c_str(),
@@ -265,7 +265,7 @@ extern "C" int pl__pq_read_group(pl__pqfile *h, int64_t g, int64_t rows, char **
                     if (vi >= got_vals) throw parquet::ParquetException("fewer values than levels");
                     const parquet::ByteArray &b = vals[vi++];
                     while (cap - len < b.len) {
-                        char *nd = static_cast<char *>(std::realloc(d, cap * 2));
+                        char *nd = static_cast<char *>(pl__realloc_array(d, cap, 2));
                         if (!nd) throw std::bad_alloc();
                         d = nd;
                         cap *= 2;

@@ -61,7 +61,7 @@
 
 typedef struct pl__tokkey {
     int type;
-    char *path, *pat_str, *encoding;
+    char *path, *pat_str, *encoding, *backend;
     pl_tokenizer_factory fn;
     pl_tokenizer_spec_factory spec_fn;
     void *ctx;
@@ -231,13 +231,15 @@ static int key_eq(const pl__tokkey *a, const pl__tokkey *b) {
            a->ctx == b->ctx && a->have_stat && b->have_stat && a->dev == b->dev &&
            a->ino == b->ino && a->size == b->size && a->mtime_s == b->mtime_s &&
            a->mtime_ns == b->mtime_ns && str_eq(a->path, b->path) &&
-           str_eq(a->pat_str, b->pat_str) && str_eq(a->encoding, b->encoding);
+           str_eq(a->pat_str, b->pat_str) && str_eq(a->encoding, b->encoding) &&
+           str_eq(a->backend, b->backend);
 }
 
 static void key_free(pl__tokkey *k) {
     free(k->path);
     free(k->pat_str);
     free(k->encoding);
+    free(k->backend);
     memset(k, 0, sizeof *k);
 }
 
@@ -246,8 +248,9 @@ static int key_dup(pl__tokkey *dst, const pl__tokkey *src) {
     dst->path = pl__strdup(src->path);
     dst->pat_str = pl__strdup(src->pat_str);
     dst->encoding = pl__strdup(src->encoding);
+    dst->backend = pl__strdup(src->backend);
     if ((src->path && !dst->path) || (src->pat_str && !dst->pat_str) ||
-        (src->encoding && !dst->encoding)) {
+        (src->encoding && !dst->encoding) || (src->backend && !dst->backend)) {
         key_free(dst);
         return PL_ENOMEM;
     }
@@ -286,6 +289,7 @@ static int build_here(const pl__tokkey *k, pl_tokenizer *tok, char *err, size_t 
         sp.path = k->path ? k->path : "";
         sp.pat_str = k->pat_str;
         sp.encoding = k->encoding;
+        sp.backend = k->backend;
         rc = k->spec_fn(k->ctx, &sp, tok, err, errcap);
     } else if (k->fn) {
         rc = k->fn(k->ctx, tok_type_names[k->type], k->path ? k->path : "", tok, err,
@@ -467,7 +471,7 @@ static void ref_destroy(void *ctx) {
 }
 
 int pl__tokref_create(int type, const char *path, const char *pat_str,
-                      const char *encoding, pl_tokenizer_factory fn,
+                      const char *encoding, const char *backend, pl_tokenizer_factory fn,
                       pl_tokenizer_spec_factory spec_fn, void *ctx, pl_tokenizer *out,
                       char *err, size_t errcap) {
     memset(out, 0, sizeof *out);
@@ -479,7 +483,8 @@ int pl__tokref_create(int type, const char *path, const char *pat_str,
     pthread_mutex_init(&r->mu, NULL);
     pthread_cond_init(&r->cv, NULL);
     pl__tokkey k = {.type = type, .path = (char *)path, .pat_str = (char *)pat_str,
-                    .encoding = (char *)encoding, .fn = fn, .spec_fn = spec_fn,
+                    .encoding = (char *)encoding, .backend = (char *)backend,
+                    .fn = fn, .spec_fn = spec_fn,
                     .ctx = ctx};
     key_stat(&k);
     int rc = key_dup(&r->key, &k);

@@ -43,7 +43,7 @@ int spm_encode(void *ctx, int64_t n, const char *const *texts, const size_t *len
             ids[done] = nullptr;
             counts[done] = static_cast<int64_t>(v.size());
             if (v.empty()) continue;
-            ids[done] = static_cast<int32_t *>(std::malloc(v.size() * sizeof(int32_t)));
+            ids[done] = static_cast<int32_t *>(pl__realloc_array(nullptr, v.size(), sizeof(int32_t)));
             if (!ids[done]) {
                 pl__fmt(err, errcap, "out of memory");
                 break;

@@ -12,7 +12,7 @@ int pl__spm_create(const char *path, pl_tokenizer *out, char *err, size_t errcap
 
 /* Shared, releasable tokenizers (source/tokenizer/share.c).  pl__tokref_create: a
  * wrapper pl_tokenizer (owning its ctx) over the process's one loaded
- * tokenizer of (type, path, pat_str, encoding, factory, file identity),
+ * tokenizer of (type, path, pat_str, encoding, backend, factory, file identity),
  * built now with fn/spec_fn (both NULL: built in); the strings are copied.
  * pl__tokref_release: drop the wrapper's reference (rebuilt by its next
  * encode_batch) and trim the heap; 1 if one was held, 0 if not, -1 for a
@@ -20,7 +20,7 @@ int pl__spm_create(const char *path, pl_tokenizer *out, char *err, size_t errcap
  * no wrapper; *builds: references taken so far, *shared_by: wrappers
  * holding the same loaded tokenizer (0 when released). */
 int pl__tokref_create(int type, const char *path, const char *pat_str,
-                      const char *encoding, pl_tokenizer_factory fn,
+                      const char *encoding, const char *backend, pl_tokenizer_factory fn,
                       pl_tokenizer_spec_factory spec_fn, void *ctx, pl_tokenizer *out,
                       char *err, size_t errcap);
 int pl__tokref_release(pl_tokenizer *tok);

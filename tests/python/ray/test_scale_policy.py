@@ -1,15 +1,53 @@
-"""The autoscaling policy alone (polyload.ray._scale.ScalePolicy; no Ray cluster): the
-feed-forward size follows the issue's formula and grows before the schedule moves
+"""The autoscaling policy alone (polyload.ray._scale_policy.ScalePolicy), without Ray:
+the feed-forward size follows the policy's formula and grows before the schedule moves
 weight, pools shrink one loader at a time after the down-scale delay, feedback adds one
-loader to the busiest pool, bounds and the CPU budget hold, and routing tables that
-lose or repeat a document are refused."""
+loader to the busiest pool, bounds and the CPU budget hold; and the routing table
+(polyload.ray._routing.RoutingTable) refuses tables that lose or repeat a document.
+Neither module imports Ray: a subprocess with Ray blocked from import runs them."""
 
 import math
+import os
+import subprocess
+import sys
 
 import pytest
 
-pytest.importorskip("ray")
-from polyload.ray import _scale  # noqa: E402
+from polyload.ray import _scale_policy as _scale
+from polyload.ray._routing import RoutingTable, split_ranges
+
+
+def test_policy_and_routing_import_no_ray():
+    """polyload.ray, its policy, routing table, registry and protocol import (and the
+    policy decides) with Ray blocked from import, and importing polyload.ray sets no
+    environment variable."""
+    code = """
+import os, sys
+sys.modules["ray"] = None  # any import of ray raises ImportError
+env = dict(os.environ)
+import polyload.ray as pr
+from polyload.ray import _scale_policy as sp
+from polyload.ray._routing import RoutingTable
+from polyload.ray import _protocol, _registry  # noqa: F401
+assert "ray" not in [m for m, v in sys.modules.items() if v is not None]
+assert dict(os.environ) == env, "importing polyload.ray changed the environment"
+p = sp.ScalePolicy(["a", "b"], lambda s, t: 0.5, 1024.0, sp.autoscale_options({}))
+t, d = p.decide(0.0, 0, 0.5, 0.0, [sp.SourceView(1e-3, 0.9, 0), sp.SourceView(None, 0.0, 0)],
+                {}, 100)
+assert t == [2, 0], t  # need 0.5 x 1024 x 1e-3 / 0.5 x 1.1 = 1.13 loaders
+RoutingTable(["a"], [["a", 0, 4, 0]], [["x"]], "ns").check([4])
+assert pr.ScalePolicy is sp.ScalePolicy and pr.AUTOSCALE_DEFAULTS is sp.DEFAULTS
+try:
+    pr.Client
+except ImportError:
+    pass
+else:
+    raise AssertionError("polyload.ray.Client imported without Ray")
+print("ok")
+"""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_")}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          env=env, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-3000:]
 
 
 def schedule(step):
@@ -185,23 +223,51 @@ def test_unmeasured_sources_stay():
     assert t == [0, 1, 2] and dec == []
 
 
+def _table(partitions, **kw):
+    return RoutingTable(sources=["a", "b"], partitions=partitions, slots=[["x"], ["y"]],
+                        namespace="ns", **kw)
+
+
 def test_routing_tables_cover_every_document_once():
-    ok = {"sources": ["a", "b"], "slots": [["x"], ["y"]],
-          "partitions": [["a", 0, 5, 0], ["a", 5, 10, 1], ["b", 0, 3, 1]]}
-    _scale.check_table(ok, [10, 3])
-    gap = dict(ok, partitions=[["a", 0, 4, 0], ["a", 5, 10, 1], ["b", 0, 3, 1]])
+    ok = [["a", 0, 5, 0], ["a", 5, 10, 1], ["b", 0, 3, 1]]
+    _table(ok).check([10, 3])
+    gap = [["a", 0, 4, 0], ["a", 5, 10, 1], ["b", 0, 3, 1]]
     with pytest.raises(ValueError, match="source a: documents 4..5 are owned by nobody"):
-        _scale.check_table(gap, [10, 3])
-    twice = dict(ok, partitions=[["a", 0, 6, 0], ["a", 5, 10, 1], ["b", 0, 3, 1]])
+        _table(gap).check([10, 3])
+    twice = [["a", 0, 6, 0], ["a", 5, 10, 1], ["b", 0, 3, 1]]
     with pytest.raises(ValueError, match="owned twice"):
-        _scale.check_table(twice, [10, 3])
-    short = dict(ok, partitions=[["a", 0, 10, 0], ["b", 0, 2, 1]])
+        _table(twice).check([10, 3])
+    short = [["a", 0, 10, 0], ["b", 0, 2, 1]]
     with pytest.raises(ValueError, match="source b: documents 2..3"):
-        _scale.check_table(short, [10, 3])
+        _table(short).check([10, 3])
     with pytest.raises(ValueError, match="bad partition"):
-        _scale.check_table(dict(ok, partitions=[["a", 0, 10, 7]]), [10, 3])
-    assert _scale.split_ranges(10, 3) == [(0, 3), (3, 7), (7, 10)]
-    assert _scale.split_ranges(2, 5) == [(0, 1), (1, 2)]
+        _table([["a", 0, 10, 7]]).check([10, 3])
+    with pytest.raises(ValueError, match="on retired slot 1"):
+        _table(ok, retired=[1]).check([10, 3])
+    assert split_ranges(10, 3) == [(0, 3), (3, 7), (7, 10)]
+    assert split_ranges(2, 5) == [(0, 1), (1, 2)]
+    assert split_ranges(0, 3) == [(0, 0)]
+
+
+def test_routing_table_views():
+    """What each role reads of a table: the slots of a source, each slot's partitions,
+    the owner of each document, and launch's partitions."""
+    from polyload.ray._routing import key_index, launch_partitions
+
+    t = RoutingTable(sources=["a", "b"], slots=[["x", "x.shadow.0"], ["y"], ["z"]],
+                     namespace="ns", version=3, retired=[2],
+                     partitions=[["a", 5, 10, 1], ["a", 0, 5, 0], ["b", 0, 3, 1]])
+    assert t.dedicated == [None, None, None] and t.source_loaders == ["x", "y", "z"]
+    assert t.live_slots() == [0, 1] and t.slots_of(0) == [0, 1] and t.slots_of(1) == [1]
+    assert t.slot_shards() == [[(0, 0, 5)], [(0, 5, 10), (1, 0, 3)], []]
+    assert t.owner_of(0, [0, 4, 5, 9]).tolist() == [0, 0, 1, 1]
+    starts, owners = key_index(t.for_constructors()[0])
+    assert starts.tolist() == [0, 5, 1 << 40] and owners.tolist() == [0, 1, 1]
+    assert launch_partitions(["a", "b"], [10, 1], {"a": 3}) == \
+        [(0, 0, 3), (0, 3, 7), (0, 7, 10), (1, 0, 1)]
+    assert launch_partitions(["a", "b"], [10, 1], 2) == [(0, 0, 5), (0, 5, 10), (1, 0, 1)]
+    with pytest.raises(ValueError, match="unknown sources"):
+        launch_partitions(["a"], [10], {"c": 2})
 
 
 def test_feedback_bias_counts_once():
@@ -229,11 +295,10 @@ def test_horizon_reaches_past_the_planning_frontier():
 
 
 def test_constructor_routing_skips_retired_slots():
-    from polyload.ray._common import routing_for_constructors
-
-    table = {"sources": ["a", "b"], "slots": [["x"], ["y", "y.shadow.0"], ["z"]],
-             "retired": [2], "partitions": [["a", 5, 10, 1], ["a", 0, 5, 0], ["b", 0, 3, 1]]}
-    routing, names = routing_for_constructors(table)
+    table = RoutingTable(sources=["a", "b"], slots=[["x"], ["y", "y.shadow.0"], ["z"]],
+                         namespace="ns", retired=[2],
+                         partitions=[["a", 5, 10, 1], ["a", 0, 5, 0], ["b", 0, 3, 1]])
+    routing, names = table.for_constructors()
     assert routing == [([0, 5], [0, 1]), ([0], [1])]
     assert names == [["x"], ["y", "y.shadow.0"], []]
 

@@ -1,8 +1,6 @@
 /*
- * roles.c -- the roles of the embedded loader one by one, for deployments that
- * put them in different processes (polyload.ray): Plan (pl_plan, with
- * encode/decode and the reads of a micro-batch) and Constructor
- * (pl_constructor).  Source.read_many lives here too.
+ * plan.c -- Plan (pl_plan): encode/decode, the reads of a micro-batch, the
+ * plan as a dict (Planner.next).
  *
  * Read lists cross the Python boundary as int64 arrays of shape [n, 4] with
  * columns (source, index, offset, count), the fields of pl_read.
@@ -12,11 +10,6 @@
 #include <string.h>
 
 /* ---------------------------------------------------------------- Plan */
-
-typedef struct {
-    PyObject_HEAD
-    pl_plan *plan;
-} PyPlPlan;
 
 PyObject *pypl_plan_wrap(pl_plan *pl) {
     PyPlPlan *o = PyObject_New(PyPlPlan, &PyPl_PlanType);
@@ -159,119 +152,52 @@ PyTypeObject PyPl_PlanType = {
     .tp_getset = plan_getset,
 };
 
-/* --------------------------------------------------------- Constructor */
 
-typedef struct {
-    PyObject_HEAD
-    pl_constructor *c;
-    int busy;
-} PyPlConstructor;
-
-static PyObject *ctor_create(PyTypeObject *cls, PyObject *arg) {
-    (void)cls;
-    if (!PyObject_TypeCheck(arg, &PyPl_ConfigType)) {
-        PyErr_SetString(PyExc_TypeError, "Constructor.create: expected a Config");
-        return NULL;
-    }
-    PyPlConfig *cfg = (PyPlConfig *)arg;
-    pl_constructor *c = NULL;
-    pl_config *shared = pypl_config_shared(cfg);
-    int rc = pl_constructor_create(shared, &c);
-    if (rc != PL_OK) {
-        pypl_raise(rc, c ? pl_constructor_errmsg(c) : NULL);
-        pl_constructor_free(c);
-        return NULL;
-    }
-    PyPlConstructor *o = PyObject_New(PyPlConstructor, &PyPl_ConstructorType);
-    if (!o) {
-        pl_constructor_free(c);
-        return NULL;
-    }
-    o->c = c;
-    o->busy = 0;
-    return (PyObject *)o;
+/* Copy n elements of `es` bytes into a new owned Array. */
+static PyObject *owned_copy(const void *src, Py_ssize_t n, Py_ssize_t cols,
+                            const char *format, Py_ssize_t es) {
+    size_t bytes = (size_t)(n * (cols ? cols : 1)) * (size_t)es;
+    void *buf = malloc(bytes ? bytes : 1);
+    if (!buf) return PyErr_NoMemory();
+    if (bytes) memcpy(buf, src, bytes);
+    Py_ssize_t shape[2] = {n, cols};
+    return pypl_array_owned(buf, format, es, cols ? 2 : 1, shape);
 }
 
-static void ctor_dealloc(PyPlConstructor *o) {
-    pl_constructor_free(o->c);
-    PyObject_Free(o);
-}
-
-static PyObject *ctor_build(PyPlConstructor *o, PyObject *args) {
-    PyObject *plan_obj, *payloads_obj;
-    long long rank, mb;
-    if (!PyArg_ParseTuple(args, "O!LLO:build", &PyPl_PlanType, &plan_obj, &rank, &mb,
-                          &payloads_obj))
+PyObject *pypl_plan_to_dict(const pl_plan *pl) {
+    PyObject *d = Py_BuildValue(
+        "{s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:L,s:d}", "step", (long long)pl->step, "dp",
+        (long long)pl->dp, "global_batch_size", (long long)pl->global_batch_size,
+        "micro_batch_size", (long long)pl->micro_batch_size, "micro_batches_per_rank",
+        (long long)pl->micro_batches_per_rank, "seq_length", (long long)pl->seq_length,
+        "n_sequences", (long long)pl->n_sequences, "n_chunks", (long long)pl->n_chunks,
+        "tokens", (long long)pl->tokens, "lower_bound", pl->lower_bound);
+    if (!d) return NULL;
+    /* chunks: [n_chunks, 5] int64, columns (source, index, offset, length, flags) */
+    Py_ssize_t nc = (Py_ssize_t)pl->n_chunks;
+    int64_t *ch = malloc((size_t)(nc ? nc : 1) * 5 * sizeof(int64_t));
+    if (!ch) {
+        Py_DECREF(d);
+        return PyErr_NoMemory();
+    }
+    for (Py_ssize_t i = 0; i < nc; i++) {
+        ch[i * 5 + 0] = pl->chunks[i].source;
+        ch[i * 5 + 1] = pl->chunks[i].index;
+        ch[i * 5 + 2] = pl->chunks[i].offset;
+        ch[i * 5 + 3] = pl->chunks[i].length;
+        ch[i * 5 + 4] = pl->chunks[i].flags;
+    }
+    Py_ssize_t shape[2] = {nc, 5};
+    Py_ssize_t nq = (Py_ssize_t)pl->n_sequences;
+    if (pypl_dict_steal(d, "chunks", pypl_array_owned(ch, "q", 8, 2, shape)) ||
+        pypl_dict_steal(d, "seq_offsets", owned_copy(pl->seq_offsets, nq + 1, 0, "q", 8)) ||
+        pypl_dict_steal(d, "seq_tokens", owned_copy(pl->seq_tokens, nq, 0, "q", 8)) ||
+        pypl_dict_steal(d, "seq_cost", owned_copy(pl->seq_cost, nq, 0, "d", 8)) ||
+        pypl_dict_steal(d, "rank_sequences", owned_copy(pl->rank_sequences, nq, 0, "q", 8)) ||
+        pypl_dict_steal(d, "rank_cost",
+                        owned_copy(pl->rank_cost, (Py_ssize_t)pl->dp, 0, "d", 8))) {
+        Py_DECREF(d);
         return NULL;
-    PyObject *seq = PySequence_Fast(payloads_obj, "build: payloads must be a sequence");
-    if (!seq) return NULL;
-    Py_ssize_t n = PySequence_Fast_GET_SIZE(seq);
-    Py_buffer *views = PyMem_Calloc((size_t)(n ? n : 1), sizeof *views);
-    const int64_t **ptrs = PyMem_Calloc((size_t)(n ? n : 1), sizeof *ptrs);
-    int64_t *lens = PyMem_Calloc((size_t)(n ? n : 1), sizeof *lens);
-    Py_ssize_t got = 0;
-    PyObject *result = NULL;
-    if (!views || !ptrs || !lens) {
-        PyErr_NoMemory();
-        goto done;
     }
-    for (; got < n; got++) {
-        Py_buffer *v = &views[got];
-        if (PyObject_GetBuffer(PySequence_Fast_GET_ITEM(seq, got), v,
-                               PyBUF_C_CONTIGUOUS | PyBUF_FORMAT) < 0)
-            goto done;
-        if (v->itemsize != 8 || !v->format || !*v->format ||
-            !strchr("qlQL", v->format[strlen(v->format) - 1])) {
-            PyErr_Format(PyExc_TypeError, "build: payload %zd is not an int64 buffer", got);
-            PyBuffer_Release(v);
-            goto done;
-        }
-        ptrs[got] = v->buf;
-        lens[got] = (int64_t)(v->len / 8);
-    }
-    if (o->busy) {
-        PyErr_SetString(PyExc_RuntimeError, "Constructor is in use by another thread");
-        goto done;
-    }
-    o->busy = 1;
-    pl_batch *b = NULL;
-    int rc;
-    const pl_plan *plan = ((PyPlPlan *)plan_obj)->plan;
-    Py_BEGIN_ALLOW_THREADS
-    rc = pl_constructor_build(o->c, plan, rank, mb, ptrs, lens, (int64_t)n, &b);
-    Py_END_ALLOW_THREADS
-    o->busy = 0;
-    if (rc != PL_OK) pypl_raise(rc, pl_constructor_errmsg(o->c));
-    else result = pypl_batch_new(b); /* takes the caller's reference */
-done:
-    for (Py_ssize_t i = 0; i < got; i++) PyBuffer_Release(&views[i]);
-    PyMem_Free(views);
-    PyMem_Free(ptrs);
-    PyMem_Free(lens);
-    Py_DECREF(seq);
-    return result;
+    return d;
 }
-
-static PyMethodDef ctor_methods[] = {
-    {"create", (PyCFunction)ctor_create, METH_O | METH_CLASS,
-     "Constructor.create(config) -> Constructor\n\nA data constructor for the config's "
-     "topology.  Not thread-safe."},
-    {"build", (PyCFunction)ctor_build, METH_VARARGS,
-     "build(plan, rank, micro_batch, payloads) -> Batch\n\nBuild micro-batch "
-     "`micro_batch` of `plan` for global `rank`.  payloads[j] is an\nint64 buffer of "
-     "reads[j] tokens, reads = plan.reads(dp_rank of rank, micro_batch)\n(e.g. "
-     "Source.read_many).  Bit for bit the Loader's batch.  RangeError, PolyloadError."},
-    {"__reduce__", pypl_no_reduce, METH_NOARGS, NULL},
-    {NULL, NULL, 0, NULL},
-};
-
-PyTypeObject PyPl_ConstructorType = {
-    PyVarObject_HEAD_INIT(NULL, 0)
-    .tp_name = "polyload._core.Constructor",
-    .tp_basicsize = sizeof(PyPlConstructor),
-    .tp_dealloc = (destructor)ctor_dealloc,
-    .tp_flags = Py_TPFLAGS_DEFAULT,
-    .tp_doc = "The data constructor alone (pl_constructor): micro-batches from a plan and\n"
-              "payloads.  Batches outlive it.",
-    .tp_methods = ctor_methods,
-};

@@ -1,0 +1,258 @@
+/*
+ * source/text/parquet.c -- Parquet sources (type parquet, PL_WITH_PARQUET):
+ * the records of a file are the rows of its string column text_key,
+ * numbered in row-group order from the footer's row counts (opening reads
+ * the footer only).  A row group is decoded (parquet_shim.cc) when the
+ * first of its documents is parsed, under pq_mu, and kept for its other
+ * documents; beyond PL__PQ_CACHE_BYTES of decoded text the least recently
+ * used groups leave memory.  A group that cannot be decoded keeps its
+ * error: each of its rows is PL_ERECORD with it.
+ */
+#include "source/text/text.h"
+
+#include <stdlib.h>
+#include <string.h>
+
+#ifdef PL_WITH_PARQUET
+#include "source/text/parquet_shim.h"
+#endif
+
+/* Decoded Parquet row groups kept per source (least recently used leave). */
+#define PL__PQ_CACHE_BYTES ((int64_t)1 << 30)
+
+/* A Parquet row group as decoded (NULL data: not in memory). */
+typedef struct pl__pqgroup {
+    char *data;
+    uint64_t *off; /* [rows + 1] */
+    uint8_t *valid; /* [rows]: 0 for a null */
+    int64_t bytes;
+    uint64_t last_use;
+    int rc;    /* the decode's error (kept), or 0 */
+    char *err;
+} pl__pqgroup;
+
+/* A Parquet file: a raw text file whose records are the rows of row groups;
+ * row group g holds local records [pq_first[g], pq_first[g + 1]), decoded
+ * lazily into pq_dec[g]. */
+typedef struct pl__pqsfile {
+    pl__tfile t;
+    struct pl__pqfile *pq; /* the reader (parquet_shim.h) */
+    int64_t pq_groups;
+    int64_t *pq_first;
+    pl__pqgroup *pq_dec;
+} pl__pqsfile;
+
+/* Release a parquet file's reader and decoded row groups. */
+static void pl__pq_file_free(pl__pqsfile *f) {
+    for (int64_t g = 0; f->pq_dec && g < f->pq_groups; g++) {
+        free(f->pq_dec[g].data);
+        free(f->pq_dec[g].off);
+        free(f->pq_dec[g].valid);
+        free(f->pq_dec[g].err);
+    }
+    free(f->pq_dec);
+    free(f->pq_first);
+#ifdef PL_WITH_PARQUET
+    if (f->pq) pl__pq_close(f->pq);
+#endif
+    f->pq = NULL;
+    f->pq_dec = NULL;
+    f->pq_first = NULL;
+    f->pq_groups = 0;
+}
+
+/* Open a Parquet file's footer: its rows are the records. */
+static int pl__pq_open_file(pl_source *src, pl__sfile *bf, int skip_damaged, char *err,
+                            size_t errcap) {
+    pl__pqsfile *pf = (pl__pqsfile *)bf;
+    pl__tfile *f = &pf->t;
+    f->base.dtype = PL_DTYPE_INT32;
+    f->base.width = 4;
+#ifndef PL_WITH_PARQUET
+    (void)skip_damaged, (void)pf;
+    pl__fmt(err, errcap,
+            "source %s: %s: parquet support not built (the library was compiled "
+            "without Apache Arrow's Parquet reader: install pyarrow, whose wheel ships "
+            "it, and rebuild)",
+            src->name, f->base.path);
+    return PL_ECONFIG;
+#else
+    pl__text *t = pl__text_of(src);
+    struct stat st;
+    if (stat(f->base.path, &st) == 0) {
+        f->st_size = (uint64_t)st.st_size;
+        f->st_mtime_ns = (uint64_t)st.st_mtim.tv_sec * 1000000000ull +
+                         (uint64_t)st.st_mtim.tv_nsec;
+    }
+    int64_t ng = 0, *rows = NULL;
+    pl__pqfile *h = NULL;
+    int rc = pl__pq_open(f->base.path, t->text_key, &h, &ng, &rows, err, errcap);
+    if (rc) {
+        if (skip_damaged && (rc == PL_ERECORD || rc == PL_ETRUNC)) {
+            f->base.n_docs = 0; /* the file is left out, counted as one record */
+            f->base.skipped = 1;
+            return PL_OK;
+        }
+        return rc;
+    }
+    pf->pq = h;
+    pf->pq_groups = ng;
+    pf->pq_first = pl__malloc((size_t)(ng + 1) * sizeof *pf->pq_first);
+    pf->pq_dec = pl__calloc((size_t)(ng ? ng : 1), sizeof *pf->pq_dec);
+    if (!pf->pq_first || !pf->pq_dec) {
+        free(rows);
+        pl__fmt(err, errcap, "%s: out of memory", f->base.path);
+        return PL_ENOMEM;
+    }
+    pf->pq_first[0] = 0;
+    for (int64_t g = 0; g < ng; g++) pf->pq_first[g + 1] = pf->pq_first[g] + rows[g];
+    free(rows);
+    f->base.n_docs = pf->pq_first[ng];
+    pl__len_load(t, f);
+    return PL_OK;
+#endif
+}
+
+#ifdef PL_WITH_PARQUET
+/* With pq_mu held: drop the least recently used decoded groups (not keep)
+ * while over the budget. */
+static void pl__pq_evict(pl_source *src, const pl__pqgroup *keep) {
+    pl__text *t = pl__text_of(src);
+    while (t->pq_bytes > PL__PQ_CACHE_BYTES) {
+        pl__pqgroup *lru = NULL;
+        for (int64_t i = 0; i < src->n_files; i++) {
+            pl__pqsfile *pf = (pl__pqsfile *)pl__src_file(src, i);
+            for (int64_t g = 0; g < pf->pq_groups; g++) {
+                pl__pqgroup *G = &pf->pq_dec[g];
+                if (G->data && G != keep && (!lru || G->last_use < lru->last_use)) lru = G;
+            }
+        }
+        if (!lru) return;
+        t->pq_bytes -= lru->bytes;
+        free(lru->data);
+        free(lru->off);
+        free(lru->valid);
+        lru->data = NULL;
+        lru->off = NULL;
+        lru->valid = NULL;
+        lru->bytes = 0;
+    }
+}
+#endif
+
+/* The text of local row r of Parquet file f as one (trained) segment. */
+static int pl__pq_record_text(pl_source *src, const pl__sfile *fc, int64_t r,
+                              pl__segv *v, char *err, size_t errcap) {
+#ifndef PL_WITH_PARQUET
+    (void)src, (void)r, (void)v;
+    pl__fmt(err, errcap, "%s: parquet support not built", fc->path);
+    return PL_ECONFIG;
+#else
+    pl__text *t = pl__text_of(src);
+    /* its decoded groups change, under pq_mu */
+    pl__pqsfile *pf = (pl__pqsfile *)fc;
+    pl__tfile *f = &pf->t;
+    int64_t lo = 0, hi = pf->pq_groups; /* the group g: pq_first[g] <= r */
+    while (hi - lo > 1) {
+        int64_t mid = lo + (hi - lo) / 2;
+        if (pf->pq_first[mid] <= r) lo = mid;
+        else hi = mid;
+    }
+    const int64_t g = lo, k = r - pf->pq_first[g], rows = pf->pq_first[g + 1] - pf->pq_first[g];
+    char where[200];
+    pthread_mutex_lock(&t->pq_mu);
+    pl__pqgroup *G = &pf->pq_dec[g];
+    if (!G->data && !G->rc) {
+        char e[PL__ERRMSG_CAP];
+        int rc = pl__pq_read_group(pf->pq, g, rows, &G->data, &G->off, &G->valid, e, sizeof e);
+        if (rc == PL_ENOMEM) {
+            pthread_mutex_unlock(&t->pq_mu);
+            pl__fmt(err, errcap, "%s", e);
+            return rc;
+        }
+        if (rc) {
+            G->rc = rc;
+            G->err = pl__strdup(e);
+        } else {
+            G->bytes = (int64_t)(G->off[rows] + (uint64_t)rows * 9 + 8);
+            t->pq_bytes += G->bytes;
+        }
+    }
+    G->last_use = ++t->pq_clock;
+    const uint64_t s = G->data ? G->off[k] : 0, e = G->data ? G->off[k + 1] : 0;
+    const size_t n = (size_t)(e - s);
+    if (G->rc || !G->valid[k] || (int64_t)n > t->max_record || n == 0) /* error paths */
+        pl__fmt(where, sizeof where,
+                "row %lld (row group %lld, row %lld of the group; column chunk at byte "
+                "offset %lld)",
+                (long long)r, (long long)g, (long long)k,
+                (long long)pl__pq_chunk_offset(pf->pq, g));
+    if (G->rc) {
+        int rc = G->rc;
+        pl__fmt(err, errcap, "%s: %s: %s", f->base.path, where, G->err ? G->err : "cannot decode");
+        pthread_mutex_unlock(&t->pq_mu);
+        return rc;
+    }
+    int rc = PL_OK;
+    size_t bad;
+    char *copy = NULL;
+    if (!G->valid[k])
+        pl__fmt(err, errcap, "%s: %s: column '%s' is null", f->base.path, where, t->text_key), rc = PL_ERECORD;
+    else if ((int64_t)n > t->max_record)
+        pl__fmt(err, errcap, "%s: %s: %zu bytes, over the limit of %lld (max_record_bytes)",
+                f->base.path, where, n, (long long)t->max_record), rc = PL_ERECORD;
+    else if (n == 0)
+        pl__fmt(err, errcap, "%s: %s: empty document (column '%s' is \"\")", f->base.path, where,
+                t->text_key), rc = PL_ERECORD;
+    else if ((bad = pl__utf8_check((const uint8_t *)G->data + s, n)) < n)
+        pl__fmt(err, errcap,
+                "%s: row %lld (row group %lld, row %lld of the group; column chunk at byte "
+                "offset %lld): invalid UTF-8 at byte %zu of the value",
+                f->base.path, (long long)r, (long long)g, (long long)k,
+                (long long)pl__pq_chunk_offset(pf->pq, g), bad),
+            rc = PL_ERECORD;
+    else if (!(copy = pl__malloc(n)))
+        pl__fmt(err, errcap, "%s: out of memory", f->base.path), rc = PL_ENOMEM;
+    else
+        memcpy(copy, G->data + s, n);
+    pl__pq_evict(src, G);
+    pthread_mutex_unlock(&t->pq_mu);
+    if (rc) return rc;
+    rc = pl__seg_push(v, copy, n, 1, 1);
+    if (rc) pl__fmt(err, errcap, "%s: out of memory", f->base.path);
+    return rc;
+#endif
+}
+
+
+static void pl__pq_close_file(pl_source *src, pl__sfile *f) {
+    pl__pq_file_free((pl__pqsfile *)f);
+    pl__text_close_file(src, f);
+}
+
+const pl__source_ops pl__parquet_ops = {
+    .version = PL__SOURCE_OPS_VERSION,
+    .type = PL_SOURCE_PARQUET,
+    .name = "parquet",
+    .flags = PL__SRC_LAZY,
+    .file_size = sizeof(pl__pqsfile),
+    .data_suffix = "",
+    .index_suffix = "",
+    .unit = "row",
+    .setup = pl__text_init,
+    .init = pl__text_init_common,
+    .open_file = pl__pq_open_file,
+    .start = pl__text_start,
+    .close_file = pl__pq_close_file,
+    .free = pl__text_free,
+    .doc = pl__text_doc,
+    .read = pl__text_read,
+    .record = pl__pq_record_text,
+    .lengths = pl__text_lengths,
+    .lookahead = pl__text_lookahead,
+    .size_of = pl__text_sizeof,
+    .release_pages = pl__text_release_pages,
+    .stats = pl__text_stats,
+    .release_tokenizer = pl__text_release_tokenizer,
+    .tokenizer_state = pl__text_tokenizer_state,
+};
