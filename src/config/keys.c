@@ -343,7 +343,8 @@ int pl__key_set(pl_config *cfg, const char *key, const pl__sval *v) {
     }
     char *field = (char *)cfg + k->off;
     if (k->kind == PL__K_STR && !k->dflt && pl__key_null(v)) {
-        field[0] = '\0'; /* a string without a default: null unsets it (cache.dir) */
+        field[0] = '\0'; /* a string without a default (cache.dir): null or "" unsets
+                            it, and an unset one reads back as "" */
         return PL_OK;
     }
     if (pl__key_null(v))
@@ -513,9 +514,7 @@ int pl_config_get(const pl_config *cfg, const char *key, char *buf, size_t cap) 
         break;
     }
     case PL__K_STR:
-    case PL__K_PRESET:
-        n = snprintf(buf, cap, "%s", !field[0] && !k->dflt ? "null" : field);
-        break;
+    case PL__K_PRESET: n = snprintf(buf, cap, "%s", field); break;
     case PL__K_SPLIT:
         n = cfg->has_split ? snprintf(buf, cap, "%.17g,%.17g,%.17g", cfg->split[0],
                                       cfg->split[1], cfg->split[2])
