@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Balancing where the imbalance is: long contexts, few sequences per rank, GPU costs.
 
-Sources with the Pile-like document lengths of ``../shared/gpu/README.md`` (lognormal:
+Sources with the Pile-like document lengths (lognormal:
 web mean 900 tokens sigma 1.1 weight 0.55; code 2,500 / 1.3 / 0.20; arxiv 14,000 / 0.6 /
 0.15; books 90,000 / 0.7 / 0.10), written as Megatron indexes whose ``.bin`` is sparse
 (the planner reads lengths only).  For seq_length 32,768, 1, 2 and 4 sequences per DP
@@ -50,7 +50,7 @@ from _common import machine_note  # noqa: E402
 import polyload  # noqa: E402,F401
 from polyload import _core  # noqa: E402
 
-GPU_JSON = os.path.join(ROOT, "..", "shared", "gpu", "h200_llama-3.2-1b_layer_cost.json")
+GPU_JSON = os.path.join(ROOT, "bench", "balance", "h200_llama-3.2-1b_layer_cost.json")
 SOURCES = (  # name, mean tokens, sigma, weight
     ("web", 900.0, 1.1, 0.55),
     ("code", 2500.0, 1.3, 0.20),
@@ -80,7 +80,7 @@ def write_source(prefix, mean, sigma, n, rng):
 
 
 def gpu_cost():
-    """(per-layer a, b, c; head slope, intercept) from the shared H200 measurements."""
+    """(per-layer a, b, c; head slope, intercept) from the H200 measurements (GPU_JSON)."""
     with open(GPU_JSON) as f:
         g = json.load(f)
     fit = g["fit_per_layer"]

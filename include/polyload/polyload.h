@@ -970,12 +970,15 @@ typedef struct pl_batch {
     int64_t visual_tokens; /* sum of image_positions[:, 1] */
     /* Loss tokens (loss_mask 1) of the whole step, over every DP rank and
      * micro-batch, and of this DP rank's micro-batches of the step (all CP
-     * ranks together).  A per-token mean loss that stays exact when ranks
-     * carry unequal tokens (balance: variable_length) divides each
-     * micro-batch's summed token loss by step_loss_tokens (times the DP
-     * size where DDP averages gradients).  -1 when the step holds a chunk
-     * whose mask depends on its tokens (instruction data, images): count
-     * loss_mask and all-reduce instead. */
+     * ranks together); the same in every micro-batch of the step.  The
+     * per-token mean loss of the step, exact when ranks carry unequal
+     * tokens (balance: variable_length), is the sum over the step's
+     * micro-batches (not divided by their number) of each one's summed
+     * token loss divided by step_loss_tokens; where the gradients are then
+     * averaged over the DP ranks (DDP), multiply each term by the DP size.
+     * Both are -1 when the step holds a chunk whose mask depends on its
+     * tokens (instruction data, images): count loss_mask over the step's
+     * micro-batches and all-reduce it instead. */
     int64_t step_loss_tokens;
     int64_t rank_loss_tokens;
 } pl_batch;
@@ -1089,7 +1092,8 @@ PL_API const char *pl_loader_errmsg(const pl_loader *loader);
  * PP and CP peers that share the batch each get it at the same micro-batch,
  * as from a loader of their own); the loader has then failed: batches built
  * before the failure are still returned, other calls (other ranks' waiting
- * calls too) return PL_ECLOSED until a successful pl_loader_set_state.  With on_error: skip, a bad document is skipped and
+ * calls too) return PL_ECLOSED until a successful pl_loader_set_state.
+ * With on_error: skip, a bad document is skipped and
  * counted instead.  A rank may run ahead of the other ranks of its DP group
  * (e.g. one thread serving TP peers in turn): the batches the lagging ranks
  * have not taken are kept, up to the lag policy (pl_pipeline): a rank more
@@ -1165,7 +1169,8 @@ typedef struct pl_loader_stats {
 /*
  * Statistics of what was consumed so far.  out->size must be set (PL_EINVAL
  * otherwise; a size that ends before data_wait_s, as a program built against
- * an older header passes, gets the fields it has); `sources` is caller owned with room for cap entries (the
+ * an older header passes, gets the fields it has); `sources` is caller
+ * owned with room for cap entries (the
  * config's number of sources; fewer: only the first cap are filled;
  * NULL with cap 0: none); names are borrowed from the loader's config.
  * Safe to call from many threads at once, and concurrently with

@@ -26,7 +26,8 @@
  *     (pl_state_retarget, pl_state_pack).
  *
  * The conventions of polyload.h (status codes, handles, messages,
- * ownership) apply here too; "SPEC section N" refers to docs/reference/spec.md.  The public .so exports the symbols of both
+ * ownership) apply here too; "SPEC section N" refers to
+ * docs/reference/spec.md.  The public .so exports the symbols of both
  * headers and nothing else.
  */
 #ifndef POLYLOAD_EXPERIMENTAL_H
@@ -326,7 +327,8 @@ typedef struct pl_payload_image {
  * order, at most one per read.  Without images (n_images 0) the package is
  * the one pl_package_encode makes.  Package layout after the tokens: per
  * image { i64 read, i64 tokens, i64 height, i64 width, i32 status, i32
- * flags (0 or PL_IMAGE_BLANK), u64 bytes }, then their data back to back.  The receiving loader checks
+ * flags (0 or PL_IMAGE_BLANK), u64 bytes }, then their data back to back.
+ * The receiving loader checks
  * every record against its config (the source's image options) before a
  * byte is copied.  PL_EINVAL for a bad image list.
  */
@@ -398,7 +400,8 @@ PL_API int pl_package_inspect(const void *buf, size_t len, int64_t *step,
 
 /* =============================================================== pipeline */
 /*
- * The step ledger both deployments drive (docs/internals/design.md, "One pipeline, many transports").
+ * The step ledger both deployments drive (docs/internals/design.md, "One
+ * pipeline, many transports").
  * It owns what is not transport:
  *
  *  - the ordered step entries: for each step its plan (owned), the state
@@ -713,7 +716,8 @@ PL_API int pl_source_release_tokenizer(pl_source *src);
  * either way.  Meant for a process that hosts many sources for others (a
  * Ray source loader actor sets it to the CPUs it requested, at least 1): a tokenizer used
  * from one thread keeps a smaller heap than from several
- * (docs/internals/decisions/0005-one-tokenizer-thread-per-file.md).  The threads live as long as the process; a smaller count
+ * (docs/internals/decisions/0005-one-tokenizer-thread-per-file.md).  The
+ * threads live as long as the process; a smaller count
  * leaves the others idle.  PL_OK; PL_EINVAL for a count outside 0..256;
  * PL_ENOMEM when a thread cannot start.  Thread-safe. */
 PL_API int pl_set_tokenize_threads(int threads);

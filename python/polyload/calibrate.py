@@ -11,7 +11,8 @@ an H200 for a Llama-3.2-1B-shaped layer).  Calibrate before turning balancing on
         out = model(**polyload.hf.causal_lm_batch(batch))
         return out.loss
 
-    rows = cal.measure(step, cal.micro_batches(seq_length=8192), vocab_size=32000)
+    rows = cal.measure(step, cal.micro_batches(seq_length=8192), vocab_size=32000,
+                       device="cuda")        # the batches on the model's device
     fit = cal.fit(rows)                   # {"a", "b", "c", "r2", "max_relative_error"}
     print(cal.cost_config(fit))           # paste into the polyload config
 
@@ -90,13 +91,21 @@ def measure(step: Callable[[Mapping[str, Any]], Any], shapes: Iterable[Sequence[
             warmup: int = 2) -> List[Dict[str, float]]:
     """Time forward+backward of ``step(batch)`` (returns a scalar loss) per micro-batch.
 
-    Returns rows ``{"tokens", "sum_sq", "seconds"}`` (best of ``repeats``).  On CUDA the
-    time is CUDA events around the call and ``backward()``; elsewhere wall time.
+    Returns rows ``{"tokens", "sum_sq", "seconds"}`` (best of ``repeats``).  With a CUDA
+    ``device`` the batches are built there and the time is CUDA events around the call and
+    ``backward()``; otherwise wall time, after waiting for the GPU when CUDA is in use (a
+    ``step`` that moves the batch to the GPU itself would else be timed by its kernel
+    launches only).
     """
     import torch
 
     dev = torch.device(device) if device is not None else None
     cuda = dev is not None and dev.type == "cuda"
+
+    def gpu_sync():
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            torch.cuda.synchronize()
+
     rows = []
     for lengths in shapes:
         lengths = [int(n) for n in lengths if int(n) > 0]
@@ -107,6 +116,7 @@ def measure(step: Callable[[Mapping[str, Any]], Any], shapes: Iterable[Sequence[
                 t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 t0.record()
             else:
+                gpu_sync()
                 s = time.perf_counter()
             loss = step(b)
             loss.backward()
@@ -115,6 +125,7 @@ def measure(step: Callable[[Mapping[str, Any]], Any], shapes: Iterable[Sequence[
                 torch.cuda.synchronize(dev)
                 secs = t0.elapsed_time(t1) / 1000.0
             else:
+                gpu_sync()
                 secs = time.perf_counter() - s
             if it >= warmup:
                 best = min(best, secs)

@@ -1,11 +1,12 @@
 /*
- * constructor.h -- internal interface of the data constructor (constructor.c)
- * and of the batch buffer pool, used by the loader.
+ * build/build.h -- internal interface of the data constructor
+ * (constructor.c, images.c) and of the batch buffer pool, used by the
+ * loader and the pipeline.
  */
 #ifndef POLYLOAD_CONSTRUCTOR_H
 #define POLYLOAD_CONSTRUCTOR_H
 
-#include "source/source.h"
+#include "planner/planner.h"
 
 #include <pthread.h>
 #include <stdatomic.h>

@@ -57,8 +57,8 @@ static const char *const kind_names[] = {
  * tokens, R^2 0.999, worst row 3.8 % off); the head 3.504e-6 s/token +
  * 4.1e-4 s (measured at 8,192 and 32,768 tokens).  b/a = 5.3e-5, twice the
  * FLOP count's 2.7e-5: attention kernels run at a lower fraction of peak
- * than the GEMMs.  Source: the shared H200 measurements
- * (h200_llama-3.2-1b_layer_cost.json, bench/balance/README.md).
+ * than the GEMMs.  Source: the H200 measurements in
+ * bench/balance/h200_llama-3.2-1b_layer_cost.json (bench/balance/README.md).
  * llama-7b: not measured; FLOPs (a = 6 * 6.7e9, b = 6 * 32 * 4096) with the
  * attention term scaled by the measured-over-FLOP ratio of the 1B shape on
  * the H200 (1.952), in FLOP units.  Both are starting points: measure your

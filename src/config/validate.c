@@ -76,6 +76,14 @@ int pl__config_validate(pl_config *cfg, const pl__vlines *ln) {
                                " is not divisible by 2 * topology.cp = %" PRId64,
                                m, 2 * cfg->topology.cp);
     }
+    /* window.c numbers a window's sequences in 32 bits. */
+    if (cfg->balance_window > 1 &&
+        cfg->global_batch_size > INT32_MAX / cfg->balance_window)
+        return pl__cfg_err(cfg, PL_ECONFIG, ln->global_batch_size,
+                           "balance_window %" PRId64 " x global_batch_size %" PRId64
+                           " sequences per window is above the limit %" PRId64,
+                           cfg->balance_window, cfg->global_batch_size,
+                           (int64_t)INT32_MAX);
     int sliding = strcmp(cfg->cost.preset, "sliding_window") == 0;
     if (sliding && cfg->cost.window <= 0)
         return pl__cfg_err(cfg, PL_ECONFIG, ln->cost,

@@ -1,7 +1,9 @@
 /*
  * planner/planner.h -- the planner's state, shared by planner.c (mixture,
- * chunking, step membership), pack.c (packing into sequences), cost.c and
- * state.c (the state blob of SPEC section 4).
+ * chunking, step membership), pack.c (packing into sequences), balance.c
+ * and window.c (arrangement by cost, within a step and over a window of
+ * steps), cost.c, state.c (the state blob of SPEC section 4) and reads.c
+ * (what a plan's micro-batch reads).
  */
 #ifndef POLYLOAD_PLANNER_INTERNAL_H
 #define POLYLOAD_PLANNER_INTERNAL_H
@@ -245,6 +247,13 @@ int pl__state_encode(const pl_planner *p, int64_t mb_cursor, void **buf,
  */
 int pl__state_decode(pl_planner *p, const void *buf, size_t len, int64_t nmb,
                      int64_t dp, int64_t *mb_cursor);
+
+/* Check that micro-batch mb of dp_rank (both in range) indexes only what
+ * the plan holds: rank_sequences slots, sequences, chunk ranges, chunk
+ * lengths in [1, seq_length] (reads.c; a plan may be built by hand).
+ * PL_EINVAL with a message in err otherwise. */
+int pl__plan_check_rows(const pl_plan *plan, int64_t dp_rank, int64_t mb, char *err,
+                        size_t errcap);
 
 /* The plan with the arrays it owns (pack.c allocates, pl_plan_free frees). */
 typedef struct pl__plan_impl {

@@ -1,6 +1,7 @@
 /*
- * package.h -- internal view of a decoded package (package.c), used by the
- * loader's external mode.
+ * wire/wire.h -- internal view of a decoded package (package.c), used by the
+ * loader's external mode.  Plans (plan.c) and replies (reply.c) have only
+ * their public functions.
  */
 #ifndef POLYLOAD_PACKAGE_H
 #define POLYLOAD_PACKAGE_H

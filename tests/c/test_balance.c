@@ -344,6 +344,21 @@ int main(void) {
         CHECK(pl_config_parse_string(y, strlen(y), "t", &bad) == PL_ECONFIG);
         CHECK(strstr(pl_config_errmsg(bad), "max_tokens 500") != NULL);
         pl_config_free(bad);
+        /* a window of more than 2^31 - 1 sequences is refused (window.c numbers
+           them in 32 bits); one step fewer is taken */
+        const char *yw = "seq_length: 256\nglobal_batch_size: 16777216\n"
+                         "balance: karmarkar_karp\nbalance_window: 128\n"
+                         "sources: [{name: a, type: megatron, path: x, weight: 1}]\n";
+        CHECK(pl_config_parse_string(yw, strlen(yw), "t", &bad) == PL_ECONFIG);
+        CHECK(strstr(pl_config_errmsg(bad), "balance_window 128 x global_batch_size "
+                                            "16777216") != NULL);
+        pl_config_free(bad);
+        const char *yok = "seq_length: 256\nglobal_batch_size: 16777216\n"
+                          "balance: karmarkar_karp\nbalance_window: 127\n"
+                          "sources: [{name: a, type: megatron, path: x, weight: 1}]\n";
+        bad = NULL;
+        CHECK(pl_config_parse_string(yok, strlen(yok), "t", &bad) == PL_OK);
+        pl_config_free(bad);
     }
     window_checks(&c);
     /* The loader with a window (its mid-step state at step 1 lies inside the

@@ -1,7 +1,7 @@
 /*
  * Hostile input: blobs, plans and configs that are well-formed enough to
  * pass their checksums but whose values would overflow, index out of bounds
- * or take unbounded time.  Each is refused with a clear status (issue 13).
+ * or take unbounded time.  Each is refused with a clear status.
  */
 #include "corpus.h"
 #include "planner/planner.h"

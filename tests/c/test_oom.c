@@ -8,7 +8,10 @@
  * (pl__set_alloc_hooks), here one that counts them.
  *
  * The sources are a Megatron dataset, an llm.c shard, a flat file and a
- * JSONL file tokenized online by the byte tokenizer.
+ * JSONL file tokenized online by the byte tokenizer.  The embedded run goes
+ * twice: with the default arrangement, and with balance: variable_length
+ * over a balance_window of 2 steps (the state is then saved inside a
+ * window).
  *
  * Each run must end in a clean error: a known negative status with a
  * message, from the call that met the failure, never a crash; every batch a
@@ -428,7 +431,8 @@ int main(void) {
                                "the quick brown fox jumps over the lazy dog, again and again");
     snprintf(path, sizeof path, "%s/t.jsonl", dir);
     CHECK(pl_test_write_file(path, text, tl) == 0);
-    snprintf(yaml, sizeof yaml,
+    char base[3072];
+    snprintf(base, sizeof base,
              "seq_length: 32\nglobal_batch_size: 8\nmicro_batch_size: 2\n"
              "train_steps: 20\nseed: 7\nthreads: 2\nprefetch: 2\n"
              "topology: {dp: 2}\nsidecar_index: memory\n"
@@ -440,8 +444,12 @@ int main(void) {
              "     tokenizer: {type: bytes, threads: 1}}\n",
              dir, dir, dir, dir);
 
-    for (int roles = 0; roles < 2; roles++) {
+    for (int variant = 0; variant < 3; variant++) {
+    const int roles = variant == 1, balanced = variant == 2;
     run_fn = roles ? run_roles : run_body;
+    snprintf(yaml, sizeof yaml, "%s%s", base,
+             balanced ? "balance: variable_length\nbalance_window: 2\n"
+                        "cost: {preset: causal}\n" : "");
     run_result ref;
     run(0, 0, &ref);
     CHECK_OK(ref.rc);
@@ -450,7 +458,9 @@ int main(void) {
      * step, and one from the constructor. */
     CHECK_EQ_I64(ref.n_batches, roles ? ROLE_STEPS * 2 + 1 : 9 * 2);
     fprintf(stderr, "%s, clean run: %ld allocations, %d batches\n",
-            roles ? "roles one by one" : "embedded loader", ref.allocations, ref.n_batches);
+            roles ? "roles one by one"
+                  : balanced ? "embedded loader, variable_length, window 2" : "embedded loader",
+            ref.allocations, ref.n_batches);
 
     for (int persist = 0; persist < 2; persist++) {
         long codes[3] = {0, 0, 0}, at[N_WHERE] = {0};

@@ -1,8 +1,8 @@
 /*
- * The mixture draw (issue 13, planning cost independent of the number of
- * sources): the classes, and over them the scan (up to PL__TN_SCAN_MAX
- * classes) or the kinetic tournament of planner.c, must give exactly the
- * largest-deficit rule with exact fixed-point targets.  Every comparison of
+ * The mixture draw (planning cost independent of the number of sources):
+ * the classes, and over them the scan (up to PL__TN_SCAN_MAX classes) or
+ * the kinetic tournament of planner.c, must give exactly the largest-deficit
+ * rule with exact fixed-point targets.  Every comparison of
  * 2 and 3 runs twice: as the library chooses, and with the tournament
  * forced (tn_scan_max 0), so the tree is checked with few classes too.
  * Checks:

@@ -30,6 +30,10 @@ static void test_tables(void) {
         else
             CHECK(!o->record && !o->lookahead);
         CHECK(o->type >= PL_SOURCE_MEGATRON && o->type <= PL_SOURCE_PARQUET);
+        /* The table's name is the type's name in PL_SOURCE_TYPE_MAP (configs,
+           the CLI, messages): the two lists cannot disagree. */
+        const char *tn = pl_source_type_name(o->type);
+        CHECK(tn && strcmp(o->name, tn) == 0);
         if (o->type >= 1 && o->type < 16) seen[o->type]++;
     }
     /* One table per source type, every type covered. */

@@ -1,4 +1,4 @@
-"""Silent mistakes become errors or warnings (issue 14): the topology against the
+"""Silent mistakes become errors or warnings: the topology against the
 trainer's world size, ``topology.dp: auto``, orders without size-1 axes, config warnings,
 ``pad_id`` outside a known vocabulary, text files given as flat token files."""
 

@@ -1,4 +1,4 @@
-"""Raw text sources of ``type: parquet`` (issue 10): a string column read through Apache
+"""Raw text sources of ``type: parquet``: a string column read through Apache
 Arrow's C++ Parquet reader inside the C library, on the fortunes corpus written to Parquet
 by pyarrow (the real writer).
 

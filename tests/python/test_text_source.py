@@ -1,4 +1,4 @@
-"""Raw text sources tokenized online (issue 10), on real text from Debian packages.
+"""Raw text sources tokenized online, on real text from Debian packages.
 
 - token ids of every document equal Hugging Face ``tokenizers``' own (fortunes, and
   German/French/Japanese manual pages from manpages-de/fr/ja);

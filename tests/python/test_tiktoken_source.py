@@ -1,4 +1,4 @@
-"""Raw text sources with ``tokenizer: {type: tiktoken}`` (issue 10), on the fortunes corpus.
+"""Raw text sources with ``tokenizer: {type: tiktoken}``, on the fortunes corpus.
 
 Nothing is downloaded: the ``.tiktoken`` file is made from the corpus' own byte-level BPE
 ``tokenizer.json`` by ``polyload prepare tiktoken``.

@@ -16,8 +16,8 @@ lifecycle, object transfer); polyload adds no cluster manager or RPC of its own.
   (``pl_plan_step_reads``, ``pl_source_read_raw``) and pack them with the rank's plan
   into one package per DP rank and step (``pl_package_encode``; packages carry no state
   blob: the planner keeps each step's state and a :class:`Client` fetches it when
-  ``state_dict()`` or ``stats()`` needs it), which every TP, PP and CP peer of that DP rank fetches as the result of its
-  own call.
+  ``state_dict()`` or ``stats()`` needs it), which every TP, PP and CP peer of that DP
+  rank fetches as the result of its own call.
 - The :class:`Autoscaler` actor owns the routing table (which source loader reads which
   documents) and sizes each source's pool of loaders (:class:`ScalePolicy`).
 - :class:`Client` is a trainer rank's iterator: the embedded loader in external mode

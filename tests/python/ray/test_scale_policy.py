@@ -352,7 +352,7 @@ def test_cost_after_a_change_waits_for_min_samples():
 
 def test_wait_fraction_of_a_look_without_a_step_is_no_stall():
     """Looks (every interval_s) are shorter than a step: one in which no step finished
-    and the ranks waited a few milliseconds is no evidence (bench s30c round 0: such a
+    and the ranks waited a few milliseconds is no evidence (in a measured run such a
     look read as "trainers waited 100 %", feedback took a loader and the budget cut
     the image pool); the trainers standing at one step for over two step times while
     waiting is a stall."""
