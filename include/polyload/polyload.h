@@ -299,6 +299,12 @@ typedef struct pl_source_options {
      * out and counted under skip_damaged) instead of when a batch needs it.
      * About one decode per image, once per index. */
     int verify_images;
+    /* Version 5: the node-local cache of remote paths (s3://, https://;
+     * megatron, llmc, flat).  NULL / 0: $POLYLOAD_CACHE_DIR or
+     * ~/.cache/polyload, 16 GiB, 1 MiB chunks. */
+    const char *cache_dir;
+    int64_t cache_max_bytes;
+    int64_t cache_chunk_bytes;
 } pl_source_options;
 
 /*
@@ -322,7 +328,7 @@ enum {
     PL_INDEX_READ = 2,
     PL_INDEX_MEMORY = -1
 };
-#define PL_SOURCE_OPTIONS_VERSION 4
+#define PL_SOURCE_OPTIONS_VERSION 5
 
 /*
  * Open a source.  On success returns PL_OK.  On error returns PL_ENOENT (no

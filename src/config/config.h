@@ -113,6 +113,11 @@ struct pl_config {
         double enc_a, enc_b; /* encoder: a_e * N + b_e * N^2 per image */
     } cost;
     int64_t long_short_threshold; /* 0: off */
+    /* cache: {dir, max_bytes, chunk_bytes}: the node-local cache of remote
+     * sources (docs/guide/object-storage.md); never decides a batch. */
+    char cache_dir[1024];          /* "": the default */
+    int64_t cache_max_bytes;       /* 0: the default */
+    int64_t cache_chunk_bytes;     /* 0: the default */
     int on_error;
     struct {
         int64_t dp, pp, cp, tp;

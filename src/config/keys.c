@@ -341,9 +341,14 @@ int pl__key_set(pl_config *cfg, const char *key, const pl__sval *v) {
         store_int(cfg, k, -1);
         return PL_OK;
     }
+    char *field = (char *)cfg + k->off;
+    if (k->kind == PL__K_STR && !k->dflt && pl__key_null(v)) {
+        field[0] = '\0'; /* a string without a default (cache.dir): null or "" unsets
+                            it, and an unset one reads back as "" */
+        return PL_OK;
+    }
     if (pl__key_null(v))
         return pl__cfg_err(cfg, PL_ECONFIG, v->line, "%s: missing value", key);
-    char *field = (char *)cfg + k->off;
     int64_t x = 0;
     int e = 0, rc;
     switch (k->kind) {

@@ -146,6 +146,14 @@
       "image encoder cost per squared visual-token count")                         \
     X("long_short.threshold", INT, F(long_short_threshold), "0", 0, INT64_MAX,     \
       NOV, "documents longer than this get a sequence of their own (0: off)")      \
+    X("cache.dir", STR, F(cache_dir), NULL, 0, 0, NOV,                              \
+      "node-local cache of remote (s3://, https://) sources; unset: "                \
+      "$POLYLOAD_CACHE_DIR or ~/.cache/polyload")                                    \
+    X("cache.max_bytes", INT, F(cache_max_bytes), NULL, 1, INT64_MAX, NOV,         \
+      "bytes the node cache may hold (least recently used chunks evicted); "       \
+      "unset: 16 GiB")                                                             \
+    X("cache.chunk_bytes", INT, F(cache_chunk_bytes), NULL, 4096, 1073741824, NOV, \
+      "bytes fetched per request into the node cache; unset: 1 MiB")              \
     X("topology.dp", INT_AUTO, F(topology.dp), "1", 1, INT32_MAX, NOV,             \
       "data-parallel size; auto: from the trainer's world size")                   \
     X("topology.pp", INT, F(topology.pp), "1", 1, INT32_MAX, NOV,                  \

@@ -150,6 +150,14 @@ static void do_plan(pl_loader *l, pl__worker *w, const pl_work *wk) {
             return;
         }
     }
+    /* Remote sources: the step's reads are requested now, ahead of the
+       builds (a no-op for local files). */
+    for (int64_t j = 0; plan && j < plan->n_chunks; j++) {
+        const pl_chunk *ch = &plan->chunks[j];
+        if (ch->source >= 0 && ch->source < l->n_sources)
+            pl__source_fetch_ahead(l->sources[ch->source], ch->index, ch->offset,
+                                   ch->length + 1);
+    }
     pl_pipeline_add_step(l->pipe, wk->step, plan, blob, len, NULL, NULL);
     free(blob);
 }

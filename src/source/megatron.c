@@ -76,7 +76,7 @@ static int pl__megatron_open(pl_source *src, pl__sfile *bf, int skip_trailing,
 
     pl__fmt(path, sizeof path, "%s.idx", f->path);
     int ifd = -1;
-    rc = pl__map_file(path, &f->idx_map, &f->idx_len, &st, &ifd, err, errcap);
+    rc = pl__map_any(f, path, 1, &f->idx_map, &f->idx_len, &st, &ifd, err, errcap);
     if (rc) return rc;
     pl__fwatch_keep(&f->idx_w, ifd, &st);
     const uint8_t *m = f->idx_map;
@@ -187,7 +187,7 @@ static int pl__megatron_open(pl_source *src, pl__sfile *bf, int skip_trailing,
 
     pl__fmt(path, sizeof path, "%s.bin", f->path);
     int fd = -1;
-    rc = pl__map_file(path, &f->data_map, &f->data_len, &st, &fd, err, errcap);
+    rc = pl__map_any(f, path, 0, &f->data_map, &f->data_len, &st, &fd, err, errcap);
     if (rc) return rc;
     pl__fwatch_keep(&f->data_w, fd, &st);
     mf->tokens = f->data_map;

@@ -127,6 +127,9 @@ int pl__config_open_source(const pl_config *cfg, int64_t i, pl_source **out) {
     o.write_index = s->write_index ? s->write_index : cfg->sidecar_index;
     o.image = s->type == PL_SOURCE_WEBDATASET ? &sx->image : NULL;
     o.verify_images = sx->verify_images;
+    o.cache_dir = cfg->cache_dir[0] ? cfg->cache_dir : NULL;
+    o.cache_max_bytes = cfg->cache_max_bytes;
+    o.cache_chunk_bytes = cfg->cache_chunk_bytes;
     pl_tokenizer tok;
     if (pl__is_text_type(s->type)) {
         o.length_cache_key = pl__length_cache_key(s);

@@ -102,6 +102,20 @@ int pl__map_file(const char *path, void **map, size_t *len, struct stat *st,
     return PL_OK;
 }
 
+int pl__map_any(pl__sfile *f, const char *path, int index, void **map, size_t *len,
+                struct stat *st, int *fd_out, char *err, size_t errcap) {
+    if (!pl__remote_is_url(path))
+        return pl__map_file(path, map, len, st, fd_out, err, errcap);
+    pl__rfile *r;
+    int rc = pl__rfile_open(path, f->rconf, index, &r, err, errcap);
+    if (rc) return rc;
+    if (index)
+        f->ridx = r;
+    else
+        f->rdata = r;
+    return pl__map_file(pl__rfile_path(r), map, len, st, fd_out, err, errcap);
+}
+
 /* ------------------------------------------------------------ descriptors */
 
 /* How long a size seen by fstat(2) is trusted (ns; -D to measure). */
@@ -303,6 +317,9 @@ static void pl__file_close(pl_source *src, pl__sfile *f) {
     f->idx_map = NULL;
     f->idx_anon = 0;
     f->data_len = f->idx_len = f->idx_map_len = 0;
+    pl__rfile_free(f->rdata);
+    pl__rfile_free(f->ridx);
+    f->rdata = f->ridx = NULL;
 }
 
 /* ------------------------------------------------------------ paths */
@@ -433,9 +450,30 @@ static int pl__list_dir(pl__paths *p, const char *dir, int megatron,
     return rc;
 }
 
+/* A remote path's objects (source/remote/). */
+static int expand_remote(const char *path, int megatron, pl__paths *p, char *err,
+                         size_t errcap) {
+    char **urls;
+    int64_t n;
+    int rc = pl__remote_expand(path, megatron, &urls, &n, err, errcap);
+    if (rc) return rc;
+    for (int64_t i = 0; i < n; i++) {
+        if (rc == PL_OK) rc = pl__paths_add(p, urls[i], strlen(urls[i]));
+        free(urls[i]);
+    }
+    free(urls);
+    if (rc) pl__fmt(err, errcap, "%s: out of memory expanding", path);
+    return rc;
+}
+
 /* Expand opts->path into the sorted list of files (Megatron: prefixes). */
 int pl__expand_paths(const char *path, int megatron, pl__paths *p, char *err,
                      size_t errcap) {
+    if (pl__remote_is_url(path)) {
+        int rrc = expand_remote(path, megatron, p, err, errcap);
+        if (rrc == PL_OK) pl__paths_sort_unique(p);
+        return rrc;
+    }
     int rc;
     if (strpbrk(path, "*?[")) {
         if (megatron) {
@@ -493,6 +531,8 @@ static void pl__set_err(pl_source *src, const char *msg) {
 }
 
 static void pl__release_files(pl_source *src) {
+    pl__rprefetch_free(src->prefetch); /* before the files it fetches into */
+    src->prefetch = NULL;
     for (int64_t i = 0; i < src->n_files; i++) {
         pl__sfile *f = pl__src_file(src, i);
         pl__file_close(src, f);
@@ -531,6 +571,90 @@ int pl__source_init_common(pl_source *src, const pl_source_options *opts,
                 src->name, opts->write_index);
         return PL_EINVAL;
     }
+    return PL_OK;
+}
+
+/* Open the files of a remote token source with up to 16 threads; the error
+ * of the first file (in order) that fails is the source's. */
+typedef struct open_job {
+    pl_source *src;
+    int skip_damaged;
+    atomic_llong next;
+    pthread_mutex_t mu;
+    int64_t failed; /* lowest failing file, or n_files */
+    int rc;
+    char err[PL__ERRMSG_CAP];
+} open_job;
+
+static void *open_worker(void *arg) {
+    open_job *j = arg;
+    char err[PL__ERRMSG_CAP];
+    for (;;) {
+        int64_t i = atomic_fetch_add(&j->next, 1);
+        if (i >= j->src->n_files) break;
+        pthread_mutex_lock(&j->mu);
+        int stop = i > j->failed;
+        pthread_mutex_unlock(&j->mu);
+        if (stop) break;
+        pl__sfile *f = pl__src_file(j->src, i);
+        int rc = j->src->ops->open_file(j->src, f, j->skip_damaged, err, sizeof err);
+        if (rc) {
+            pthread_mutex_lock(&j->mu);
+            if (i < j->failed) {
+                j->failed = i;
+                j->rc = rc;
+                pl__fmt(j->err, sizeof j->err, "%s", err);
+            }
+            pthread_mutex_unlock(&j->mu);
+        }
+    }
+    return NULL;
+}
+
+static int open_remote_parallel(pl_source *src, int skip_damaged, char *err, size_t cap) {
+    open_job j;
+    memset(&j, 0, sizeof j);
+    j.src = src;
+    j.skip_damaged = skip_damaged;
+    j.failed = src->n_files;
+    atomic_init(&j.next, 0);
+    if (pthread_mutex_init(&j.mu, NULL) != 0) {
+        pl__fmt(err, cap, "out of memory");
+        return PL_ENOMEM;
+    }
+    pthread_t th[16];
+    int nt = src->n_files < 16 ? (int)src->n_files : 16, started = 0;
+    for (int t = 0; t < nt; t++)
+        if (pthread_create(&th[t], NULL, open_worker, &j) == 0) started++;
+    if (!started) open_worker(&j); /* no thread: this one opens them all */
+    for (int t = 0; t < started; t++) pthread_join(th[t], NULL);
+    pthread_mutex_destroy(&j.mu);
+    if (j.failed < src->n_files) {
+        pl__fmt(err, cap, "%s", j.err);
+        return j.rc;
+    }
+    return PL_OK;
+}
+
+/* Remote paths: the source's cache settings (options version >= 5) and its
+ * prefetcher, given to every file. */
+static int remote_setup(pl_source *src, const pl_source_options *opts, char *err,
+                        size_t cap) {
+    int v5 = opts->version >= 5;
+    if (v5 && opts->cache_dir && !(src->cache_dir = pl__strdup(opts->cache_dir))) {
+        pl__fmt(err, cap, "out of memory");
+        return PL_ENOMEM;
+    }
+    src->rconf.dir = src->cache_dir;
+    src->rconf.max_bytes = v5 ? opts->cache_max_bytes : 0;
+    src->rconf.chunk = v5 ? opts->cache_chunk_bytes : 0;
+    if (!src->rconf.chunk) src->rconf.chunk = (int64_t)1 << 20;
+    int rc = pl__rprefetch_create(0, &src->prefetch);
+    if (rc) {
+        pl__fmt(err, cap, "out of memory");
+        return rc;
+    }
+    for (int64_t i = 0; i < src->n_files; i++) pl__src_file(src, i)->rconf = &src->rconf;
     return PL_OK;
 }
 
@@ -591,6 +715,14 @@ static int pl__source_open_impl(const pl_source_options *opts, int skip_damaged,
                 (int)opts->type);
         return PL_EINVAL;
     }
+    if (pl__remote_is_url(opts->path) && opts->type != PL_SOURCE_MEGATRON &&
+        opts->type != PL_SOURCE_LLMC && opts->type != PL_SOURCE_FLAT) {
+        pl__fmt(err, cap,
+                "source %s: %s: remote paths are read for megatron, llmc and flat "
+                "sources only (docs/guide/object-storage.md)",
+                src->name, opts->path);
+        return PL_EINVAL;
+    }
     if ((rc = ops->init(src, opts, skip_damaged, err, cap))) return rc;
 
     pl__paths paths = {0};
@@ -610,10 +742,25 @@ static int pl__source_open_impl(const pl_source_options *opts, int skip_damaged,
     src->n_files = paths.n;
     for (int64_t i = 0; i < paths.n; i++) pl__src_file(src, i)->path = paths.v[i];
     free(paths.v); /* the strings now belong to the files */
+    if (pl__remote_is_url(opts->path) && (rc = remote_setup(src, opts, err, cap))) {
+        pl__release_files(src);
+        return rc;
+    }
 
+    /* Remote files open in parallel (each a HEAD, a Megatron .idx fetched):
+       a source of many objects starts in the time of a few requests. */
+    int remote_done = 0;
+    if (src->prefetch && src->n_files > 1 && !(ops->flags & PL__SRC_LAZY)) {
+        rc = open_remote_parallel(src, skip_damaged, err, cap);
+        if (rc) {
+            pl__release_files(src);
+            return rc;
+        }
+        remote_done = 1;
+    }
     for (int64_t i = 0; i < src->n_files; i++) {
         pl__sfile *f = pl__src_file(src, i);
-        rc = ops->open_file(src, f, skip_damaged, err, cap);
+        rc = remote_done ? PL_OK : ops->open_file(src, f, skip_damaged, err, cap);
         if (rc) {
             pl__release_files(src);
             return rc;
@@ -633,6 +780,7 @@ void pl_source_free(pl_source *src) {
      * length caches) while the files are still there. */
     if (src->ops && src->ops->free) src->ops->free(src);
     pl__release_files(src);
+    free(src->cache_dir);
     free(src->name);
     pthread_mutex_destroy(&src->mu);
     free(src);
@@ -791,6 +939,21 @@ void pl__source_prefetch(const pl_source *src, int64_t index) {
     src->ops->prefetch(f, index - f->first_doc);
 }
 
+void pl__source_fetch_ahead(pl_source *src, int64_t index, int64_t offset,
+                            int64_t count) {
+    if (!src || !src->prefetch || index < 0 || index >= src->n_docs) return;
+    const pl__sfile *f;
+    const uint8_t *tok;
+    int64_t len;
+    char err[PL__ERRMSG_CAP];
+    if (pl__doc(src, index, &f, &tok, &len, err, sizeof err) || !f->rdata || !tok) return;
+    if (offset < 0 || offset > len) return;
+    if (count > len - offset) count = len - offset;
+    int64_t at = (int64_t)(tok - (const uint8_t *)f->data_map) + offset * (int64_t)f->width;
+    if (pl__rfile_present(f->rdata, at, count * (int64_t)f->width)) return;
+    pl__rprefetch_post(src->prefetch, f->rdata, at, count * (int64_t)f->width);
+}
+
 int pl__source_length_unchecked(pl_source *src, int64_t index,
                                 int64_t *length, char *err, size_t errcap) {
     const pl__sfile *f;
@@ -912,6 +1075,7 @@ static int pl__source_read_impl(pl_source *src, int64_t index, int64_t offset,
     if ((rc = pl__fwatch_check(src, f, 0, end, "document %lld", (long long)index,
                                err, errcap)))
         return rc;
+    if ((rc = pl__source_ensure(f, at, end - at, err, errcap))) return rc;
     pl__conv_fn fn = pl__conv_table[f->dtype][out_dtype == PL_DTYPE_INT32];
     /* The size seen above may be up to 10 ms old: the copy runs guarded, so
        a file truncated since faults into PL_ETRUNC (source/guard.h). */
@@ -1109,6 +1273,8 @@ static int pl__pread_range(const pl_source *src, pl__preader *r,
     }
     uint8_t *dst = raw ? out : r->buf;
     off_t at = (off_t)((tok - (const uint8_t *)f->data_map) + offset * (int64_t)f->width);
+    int erc = pl__source_ensure(f, (int64_t)at, (int64_t)bytes, err, errcap);
+    if (erc) return erc;
     size_t got = 0;
     while (got < bytes) {
         ssize_t k = pread(r->fd, dst + got, bytes - got, at + (off_t)got);
@@ -1129,6 +1295,68 @@ static int pl__pread_range(const pl_source *src, pl__preader *r,
 void pl__tokens_convert(const void *src, pl_dtype src_dtype, void *dst,
                         pl_dtype dst_dtype, int64_t n) {
     pl__conv_table[src_dtype][dst_dtype == PL_DTYPE_INT32](src, dst, n);
+}
+
+/* Remote files: make every range of reads present at once (up to the
+ * policy's concurrency in flight) before they are read one by one.  Errors
+ * of lookups are left to the reads. */
+typedef struct rrange {
+    pl__rfile *f;
+    int64_t at, len;
+} rrange;
+
+static int rrange_cmp(const void *a, const void *b) {
+    const rrange *x = a, *y = b;
+    if (x->f != y->f) return (uintptr_t)x->f < (uintptr_t)y->f ? -1 : 1;
+    return x->at < y->at ? -1 : x->at > y->at;
+}
+
+static int ensure_reads(pl_source *src, const pl_read *reads, int64_t n, int32_t only,
+                        char *err, size_t errcap) {
+    if (!src->prefetch || n <= 0 || (src->ops->flags & PL__SRC_LAZY)) return PL_OK;
+    rrange *v = pl__calloc((size_t)n, sizeof *v);
+    int64_t *off = pl__calloc((size_t)n, sizeof *off), *len = pl__calloc((size_t)n, sizeof *len);
+    int rc = PL_OK;
+    if (!v || !off || !len) {
+        free(v);
+        free(off);
+        free(len);
+        return PL_OK; /* the reads fetch for themselves */
+    }
+    int64_t m = 0;
+    for (int64_t i = 0; i < n; i++) {
+        const pl__sfile *f;
+        const uint8_t *tok;
+        int64_t dl;
+        if (only >= 0 && reads[i].source != only) continue;
+        if (pl__doc(src, reads[i].index, &f, &tok, &dl, err, errcap) || !f->rdata || !tok)
+            continue;
+        int64_t o = reads[i].offset, c = reads[i].count;
+        if (o < 0 || c <= 0 || o > dl || c > dl - o) continue;
+        v[m++] = (rrange){f->rdata,
+                          (int64_t)(tok - (const uint8_t *)f->data_map) + o * (int64_t)f->width,
+                          c * (int64_t)f->width};
+    }
+    qsort(v, (size_t)m, sizeof *v, rrange_cmp);
+    for (int64_t i = 0; i < m && rc == PL_OK;) {
+        int64_t j = i;
+        for (; j < m && v[j].f == v[i].f && j - i < INT32_MAX; j++) {
+            off[j - i] = v[j].at;
+            len[j - i] = v[j].len;
+        }
+        rc = pl__rfile_ensure_many(v[i].f, off, len, (int)(j - i), err, errcap);
+        i = j;
+    }
+    free(v);
+    free(off);
+    free(len);
+    return rc;
+}
+
+void pl__source_ensure_reads(pl_source *src, const pl_read *reads, int64_t n,
+                             int32_t only) {
+    char err[PL__ERRMSG_CAP];
+    if (src) (void)ensure_reads(src, reads, n, only, err, sizeof err);
 }
 
 /* pl_source_read_many (raw 0: int64 tokens) and pl_source_read_raw (raw 1:
@@ -1153,7 +1381,7 @@ static int pl__read_ranges(pl_source *src, const pl_read *reads, int64_t n,
         }
     }
     pl__preader r = {NULL, -1, 0, NULL, 0};
-    int rc = PL_OK;
+    int rc = ensure_reads(src, reads, n, -1, err, sizeof err);
     for (int64_t i = 0; i < n && rc == PL_OK; i++) {
         const pl__sfile *f;
         const uint8_t *tok;

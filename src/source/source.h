@@ -18,6 +18,7 @@
 #define POLYLOAD_SOURCE_H
 
 #include "config/config.h"
+#include "source/remote/remote.h"
 #include "source/tokenizer/tokenizer.h"
 
 #include <string.h>
@@ -74,6 +75,12 @@ void pl__paths_free(pl__paths *p);
  */
 typedef struct pl__sfile {
     char *path;        /* megatron: the prefix; others: the data file */
+    /* A remote file (s3://, https://; source/remote/): its data and index
+     * objects through the node cache, whose local files are what is mapped
+     * below (pl__map_any); NULL for local files.  rconf: the source's cache
+     * settings. */
+    pl__rfile *rdata, *ridx;
+    const pl__rcache_conf *rconf;
     int64_t first_doc; /* global index of local document 0 */
     int64_t n_docs;
     int64_t skipped;   /* records left out at open (on_error: skip) */
@@ -222,6 +229,11 @@ struct pl_source {
     int64_t skipped;  /* records left out at open (on_error: skip) */
     void *filev;      /* n_files records of ops->file_size bytes: pl__src_file */
     size_t file_size; /* ops->file_size */
+    /* Remote paths (megatron, llmc, flat): the cache settings and the
+     * prefetcher (NULL when every file is local). */
+    pl__rcache_conf rconf;
+    char *cache_dir;
+    pl__rprefetch *prefetch;
 };
 
 /* File i of src. */
@@ -235,6 +247,26 @@ static inline pl__sfile *pl__src_file(const pl_source *src, int64_t i) {
  * fd_out, the descriptor is returned open instead (-1 on error). */
 int pl__map_file(const char *path, void **map, size_t *len, struct stat *st,
                  int *fd_out, char *err, size_t errcap);
+/* pl__map_file, or for a remote path (s3://, https://) its object opened
+ * through the node cache (f->rconf) and the cache's file mapped: index 1
+ * fetches the object whole and keeps it (f->ridx), index 0 maps it lazily
+ * (f->rdata; reads call pl__source_ensure first).  Format drivers map their
+ * data and index files through this. */
+int pl__map_any(pl__sfile *f, const char *path, int index, void **map, size_t *len,
+                struct stat *st, int *fd_out, char *err, size_t errcap);
+/* Make bytes [offset, offset + len) of f's data file present before they are
+ * read through its mapping or descriptor (no-op for a local file). */
+static inline int pl__source_ensure(const pl__sfile *f, int64_t offset, int64_t len,
+                                    char *err, size_t errcap) {
+    return f->rdata ? pl__rfile_ensure(f->rdata, offset, len, err, errcap) : PL_OK;
+}
+/* Post the byte range of tokens [offset, offset + count] of global document
+ * index to the source's prefetcher (remote files only; never blocks on I/O). */
+void pl__source_fetch_ahead(pl_source *src, int64_t index, int64_t offset, int64_t count);
+/* Make the ranges of reads[i] with reads[i].source == only (every read: -1)
+ * present at once, concurrently (remote files only; errors are left to the
+ * reads). */
+void pl__source_ensure_reads(pl_source *src, const pl_read *reads, int64_t n, int32_t only);
 /* Record the identity of a mapped file (st, from pl__map_file or fstat) and
  * keep its descriptor fd if the budget allows, else close it. */
 void pl__fwatch_keep(pl__fwatch *w, int fd, const struct stat *st);

@@ -265,12 +265,20 @@ static int pl__tokens_open(pl_source *src, pl__sfile *f, int llmc, char *err,
     pl__kfile *kf = (pl__kfile *)f;
     const pl_dtype flat_dtype = src->dtype; /* the configured dtype (flat) */
     const int64_t eos_id = src->eos_id;
-    const int write_index = src->write_index;
+    int write_index = src->write_index;
     struct stat st;
     int fd = -1;
-    int rc = pl__map_file(f->path, &f->data_map, &f->data_len, &st, &fd, err,
-                          errcap);
+    int rc = pl__map_any(f, f->path, 0, &f->data_map, &f->data_len, &st, &fd, err,
+                         errcap);
     if (rc) return rc;
+    if (f->rdata) {
+        /* A remote shard: its boundaries are found by reading it once (then
+           it stays in the cache), and held in memory (no sidecar is written
+           into a bucket). */
+        rc = pl__source_ensure(f, 0, (int64_t)f->data_len, err, errcap);
+        if (rc) return rc;
+        write_index = PL_INDEX_MEMORY;
+    }
     pl__fwatch_keep(&f->data_w, fd, &st);
     const uint8_t *m = f->data_map;
     int64_t size = (int64_t)f->data_len;

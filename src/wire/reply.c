@@ -141,6 +141,10 @@ int pl_reply_encode_timed(pl_source *const *sources, int64_t n_sources,
     w += (size_t)n_imgs * PL__REPLY_IMAGE;
     /* With source_ns, the clock is read where the source changes (a run of
        one source's rows costs one reading) and after each image. */
+    /* Remote sources: every range of the reply requested at once (one call
+       per source; a no-op for local files), then read one by one. */
+    for (int64_t s = 0; s < n_sources; s++)
+        pl__source_ensure_reads(sources[s], reads, n, (int32_t)s);
     int64_t t_prev = source_ns ? mono_ns() : 0;
     for (int64_t i = 0; i < n && rc == PL_OK; i++) {
         pl_source *src = sources[reads[i].source];

@@ -1,0 +1,120 @@
+/*
+ * remote_tool -- drives src/source/remote/ from the command line for
+ * tests/python/test_remote.py, which starts the S3-compatible server and the
+ * fault-injecting proxy.  Prints what it read to stdout and the request
+ * counters as JSON on the last line of stderr; exits 1 with the library's
+ * message on error.
+ *
+ *   remote_tool head URL                 size and ETag
+ *   remote_tool get URL [--wait FILE] OFF:LEN...
+ *                                        the ranges' bytes, read concurrently
+ *                                        (after FILE exists, with --wait)
+ *   remote_tool list PREFIX              one URL a line
+ *   remote_tool cached DIR MAX CHUNK URL OFF:LEN...
+ *                                        the ranges through the cache (ensure,
+ *                                        then pread of the cache file)
+ */
+#include "source/remote/remote.h"
+
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+static void stats(void) {
+    pl__rstats s;
+    pl__remote_stats(&s);
+    fprintf(stderr, "{\"requests\": %lld, \"bytes\": %lld, \"retries\": %lld, \"heads\": %lld, \"lists\": %lld}\n",
+            (long long)s.requests, (long long)s.bytes, (long long)s.retries,
+            (long long)s.heads, (long long)s.lists);
+}
+
+static int fail(const char *msg) {
+    fprintf(stderr, "error: %s\n", msg);
+    stats();
+    return 1;
+}
+
+static int parse_range(const char *s, int64_t *off, int64_t *len) {
+    char *end;
+    *off = strtoll(s, &end, 10);
+    if (*end != ':') return -1;
+    *len = strtoll(end + 1, &end, 10);
+    return *end ? -1 : 0;
+}
+
+int main(int argc, char **argv) {
+    char err[1024] = "";
+    if (argc < 3) return fail("usage: remote_tool head|get|list|cached ...");
+    const char *cmd = argv[1];
+    if (strcmp(cmd, "head") == 0) {
+        pl__robj *o;
+        if (pl__robj_open(argv[2], &o, err, sizeof err)) return fail(err);
+        printf("%lld %s\n", (long long)pl__robj_size(o), pl__robj_etag(o));
+        pl__robj_free(o);
+    } else if (strcmp(cmd, "get") == 0) {
+        pl__robj *o;
+        if (pl__robj_open(argv[2], &o, err, sizeof err)) return fail(err);
+        int first = 3;
+        if (argc > 4 && strcmp(argv[3], "--wait") == 0) {
+            fprintf(stderr, "opened\n");
+            while (access(argv[4], F_OK) != 0) usleep(10000);
+            first = 5;
+        }
+        int n = argc - first;
+        pl__rrange *r = calloc((size_t)n + 1, sizeof *r);
+        for (int i = 0; i < n; i++) {
+            int64_t off, len;
+            if (parse_range(argv[first + i], &off, &len)) return fail("bad range");
+            r[i] = (pl__rrange){off, (size_t)len, malloc((size_t)len + 1)};
+        }
+        if (pl__robj_read_many(o, r, n, err, sizeof err)) {
+            for (int i = 0; i < n; i++) free(r[i].dst);
+            free(r);
+            pl__robj_free(o);
+            return fail(err);
+        }
+        for (int i = 0; i < n; i++) {
+            fwrite(r[i].dst, 1, r[i].len, stdout);
+            free(r[i].dst);
+        }
+        free(r);
+        pl__robj_free(o);
+    } else if (strcmp(cmd, "list") == 0) {
+        char **urls;
+        int64_t n;
+        if (pl__remote_list(argv[2], &urls, &n, err, sizeof err)) return fail(err);
+        for (int64_t i = 0; i < n; i++) printf("%s\n", urls[i]), free(urls[i]);
+        free(urls);
+    } else if (strcmp(cmd, "cached") == 0 && argc >= 6) {
+        pl__rcache_conf c = {argv[2], strtoll(argv[3], NULL, 10), strtoll(argv[4], NULL, 10)};
+        pl__rfile *f;
+        if (pl__rfile_open(argv[5], &c, 0, &f, err, sizeof err)) return fail(err);
+        int n = argc - 6;
+        int64_t *off = calloc((size_t)n + 1, sizeof *off), *len = calloc((size_t)n + 1, sizeof *len);
+        for (int i = 0; i < n; i++)
+            if (parse_range(argv[6 + i], &off[i], &len[i])) return fail("bad range");
+        if (pl__rfile_ensure_many(f, off, len, n, err, sizeof err)) {
+            free(off);
+            free(len);
+            pl__rfile_free(f);
+            return fail(err);
+        }
+        int fd = open(pl__rfile_path(f), O_RDONLY);
+        for (int i = 0; i < n; i++) {
+            char *b = malloc((size_t)len[i] + 1);
+            if (pread(fd, b, (size_t)len[i], off[i]) != len[i]) return fail("short pread");
+            fwrite(b, 1, (size_t)len[i], stdout);
+            free(b);
+        }
+        close(fd);
+        free(off);
+        free(len);
+        pl__rfile_free(f);
+    } else {
+        return fail("unknown command");
+    }
+    stats();
+    return 0;
+}
