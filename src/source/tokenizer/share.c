@@ -299,7 +299,8 @@ static int build_here(const pl__tokkey *k, pl_tokenizer *tok, char *err, size_t 
                 "tokenizer type %s (%s) is not built into the C library (built "
                 "in: bytes, and sentencepiece where built with libsentencepiece); it "
                 "needs a host that provides it, e.g. the Python package "
-                "(polyload.Loader)",
+                "(polyload.Loader, or the polyload command it installs: "
+                "python -m polyload)",
                 tok_type_names[k->type], k->path ? k->path : "");
         return PL_ECONFIG;
     }
