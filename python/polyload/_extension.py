@@ -10,6 +10,11 @@ from __future__ import annotations
 
 from typing import Optional
 
+# OpenSSL first, as Python's own hashlib loads it: the pyarrow wheel's libparquet (linked
+# by the extension for Parquet sources) exports symbols of its own OpenSSL copy, which must
+# not be the ones the system libcrypto binds to (see CMakeLists.txt, OpenSSL).
+import hashlib  # noqa: F401,E402
+
 try:
     from . import _core
 
