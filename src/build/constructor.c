@@ -273,7 +273,7 @@ PL__DEFINE_ROW(pl__row32, int32_t, PL_DTYPE_INT32)
 /* Loss tokens of a chunk as the rows give them: its tokens but the
  * document's last (no label there); -1 when the mask depends on the tokens
  * (instruction data's prompts, images' placeholders). */
-static int64_t pl__chunk_loss_tokens(const pl__build_ctx *x, const pl_chunk *c) {
+static int64_t chunk_loss_tokens(const pl__build_ctx *x, const pl_chunk *c) {
     if (c->source < 0 || c->source >= x->cfg->n_sources) return -1;
     const pl__source_cfg *s = &x->cfg->sources[c->source];
     if (pl__type_has_images(s->type) ||
@@ -283,7 +283,7 @@ static int64_t pl__chunk_loss_tokens(const pl__build_ctx *x, const pl_chunk *c) 
 }
 
 /* step_loss_tokens and rank_loss_tokens of a batch (pl_batch). */
-static void pl__loss_tokens(pl__build_ctx *x, const pl_plan *plan,
+static void loss_tokens(pl__build_ctx *x, const pl_plan *plan,
                             int64_t dp_rank, pl_batch *b) {
     int64_t step = 0, rank = 0;
     if (x->step_loss) { /* a package: the whole step's count travels with it */
@@ -294,14 +294,14 @@ static void pl__loss_tokens(pl__build_ctx *x, const pl_plan *plan,
             pl_chunk probe = {0};
             probe.source = (int32_t)s;
             probe.length = 1;
-            step = pl__chunk_loss_tokens(x, &probe) < 0 ? -1 : step + v[1];
+            step = chunk_loss_tokens(x, &probe) < 0 ? -1 : step + v[1];
         }
     } else if (x->lt_plan == plan && x->lt_step == plan->step && x->lt_chunks == plan->n_chunks &&
         x->lt_tokens == plan->tokens) {
         step = x->lt_total; /* the same step's plan: counted already */
     } else {
         for (int64_t j = 0; j < plan->n_chunks && step >= 0; j++) {
-            int64_t t = pl__chunk_loss_tokens(x, &plan->chunks[j]);
+            int64_t t = chunk_loss_tokens(x, &plan->chunks[j]);
             step = t < 0 ? -1 : step + t;
         }
         x->lt_plan = plan;
@@ -314,7 +314,7 @@ static void pl__loss_tokens(pl__build_ctx *x, const pl_plan *plan,
     for (int64_t i = 0; i < per && step >= 0; i++) {
         int64_t q = plan->rank_sequences[dp_rank * per + i];
         for (int64_t j = plan->seq_offsets[q]; j < plan->seq_offsets[q + 1]; j++)
-            rank += pl__chunk_loss_tokens(x, &plan->chunks[j]);
+            rank += chunk_loss_tokens(x, &plan->chunks[j]);
     }
     b->step_loss_tokens = step;
     b->rank_loss_tokens = step < 0 ? -1 : rank;
@@ -406,7 +406,7 @@ int pl__construct(pl__build_ctx *x, const pl_plan *plan, int64_t dp_rank,
         base += cols;
     }
     b->n_cu_seqlens = ncu;
-    pl__loss_tokens(x, plan, dp_rank, b);
+    loss_tokens(x, plan, dp_rank, b);
     b->n_images = b->n_patches = b->visual_tokens = 0;
     return x->has_images ? pl__construct_images(x, plan, dp_rank, mb, buf) : PL_OK;
 }

@@ -143,7 +143,7 @@ const char *pl_config_errmsg(const pl_config *cfg) {
 
 /* ------------------------------------------------------------ set / get */
 
-static int pl__config_set_impl(pl_config *cfg, const char *key, const char *value) {
+static int config_set_impl(pl_config *cfg, const char *key, const char *value) {
     if (!cfg) return PL_EINVAL;
     if (!key || !value)
         return pl__cfg_err(cfg, PL_EINVAL, -1, "pl_config_set: NULL key or value");
@@ -231,7 +231,7 @@ const char *pl_config_warning(const pl_config *cfg, int64_t i) {
     return cfg->warnings[i];
 }
 
-static int pl__config_set_world_size_impl(pl_config *cfg, int64_t world_size) {
+static int config_set_world_size_impl(pl_config *cfg, int64_t world_size) {
     if (!cfg) return PL_EINVAL;
     const int64_t pp = cfg->topology.pp, cp = cfg->topology.cp,
                   tp = cfg->topology.tp;
@@ -465,13 +465,13 @@ uint64_t pl_config_fingerprint(const pl_config *c) {
 /* ------------------------------------------------ per-thread messages */
 
 int pl_config_set(pl_config *cfg, const char *key, const char *value) {
-    int rc = pl__config_set_impl(cfg, key, value);
+    int rc = config_set_impl(cfg, key, value);
     if (rc < 0) pl__thread_err(pl_config_errmsg(cfg));
     return rc;
 }
 
 int pl_config_set_world_size(pl_config *cfg, int64_t world_size) {
-    int rc = pl__config_set_world_size_impl(cfg, world_size);
+    int rc = config_set_world_size_impl(cfg, world_size);
     if (rc < 0) pl__thread_err(pl_config_errmsg(cfg));
     return rc;
 }

@@ -1053,7 +1053,7 @@ static int check_depth(pl_config *cfg, const char *yaml, size_t len) {
     return rc;
 }
 
-static int pl__config_parse_string_impl(const char *yaml, size_t len, const char *origin,
+static int config_parse_string_impl(const char *yaml, size_t len, const char *origin,
                            pl_config **out) {
     if (!out) return PL_EINVAL;
     *out = NULL;
@@ -1119,7 +1119,7 @@ static int pl__config_parse_string_impl(const char *yaml, size_t len, const char
     return rc;
 }
 
-static int pl__config_parse_file_impl(const char *path, pl_config **out) {
+static int config_parse_file_impl(const char *path, pl_config **out) {
     if (!out) return PL_EINVAL;
     *out = NULL;
     if (!path) return PL_EINVAL;
@@ -1156,13 +1156,13 @@ static int pl__config_parse_file_impl(const char *path, pl_config **out) {
 
 int pl_config_parse_string(const char *yaml, size_t len, const char *origin,
                            pl_config **out) {
-    int rc = pl__config_parse_string_impl(yaml, len, origin, out);
+    int rc = config_parse_string_impl(yaml, len, origin, out);
     if (rc < 0) pl__thread_err(*out ? pl_config_errmsg(*out) : "config: out of memory");
     return rc;
 }
 
 int pl_config_parse_file(const char *path, pl_config **out) {
-    int rc = pl__config_parse_file_impl(path, out);
+    int rc = config_parse_file_impl(path, out);
     if (rc < 0) pl__thread_err(*out ? pl_config_errmsg(*out) : "config: out of memory");
     return rc;
 }

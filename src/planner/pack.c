@@ -503,7 +503,7 @@ int pl__make_plan(pl_planner *p, const pl_chunk *placed, int64_t n,
 
 /* Pack one step into k->placed / k->bin_of; the chunks that fit nowhere
  * become the carry.  PL_DONE when an evaluation pass has nothing left. */
-static int pl__pack_collect(pl_planner *p) {
+static int pack_collect(pl_planner *p) {
     int rc = pack_alloc(p, p->cfg->global_batch_size, p->cfg->seq_length);
     if (rc) {
         pl__fmt(p->errmsg, sizeof p->errmsg, "packing: out of memory");
@@ -543,14 +543,14 @@ int pl__pack_plan(pl_planner *p, const pl_chunk *placed, int64_t n,
 }
 
 int pl__pack_step(pl_planner *p, pl_plan **out) {
-    int rc = pl__pack_collect(p);
+    int rc = pack_collect(p);
     if (rc) return rc;
     pl__pack *k = p->pack;
     return pl__pack_plan(p, k->placed.v, k->placed.n, k->bin_of, out);
 }
 
 int pl__pack_window_step(pl_planner *p, pl__chunks *into, pl__bins *bins) {
-    int rc = pl__pack_collect(p);
+    int rc = pack_collect(p);
     if (rc) return rc;
     pl__pack *k = p->pack;
     for (int64_t i = 0; i < k->placed.n; i++) {

@@ -247,7 +247,7 @@ static inline int64_t planner_doc_at(const pl_planner *p, int64_t i, int64_t pos
  * source has been read max_epochs times, or an error.  A capped source counts
  * its last epoch as completed as soon as its last document is drawn, so that
  * epochs_completed says so and source_exhausted needs no lookahead. */
-static int pl__next_document(pl_planner *p, int64_t i) {
+static int next_document(pl_planner *p, int64_t i) {
     pl__src_state *s = &p->src[i];
     const pl__source_cfg *sc = &p->cfg->sources[i];
     while (s->cur_index < 0) {
@@ -734,7 +734,7 @@ again:
         if (p->open_act >= 0) k = p->open_act;
         best = p->act[k];
     }
-    int rc = pl__next_document(p, best);
+    int rc = next_document(p, best);
     if (rc == PL_DONE) { /* spent its max_epochs: now exhausted */
         if (p->use_cls) {
             cls_remove(p, best);

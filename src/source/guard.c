@@ -23,17 +23,17 @@
 
 _Thread_local pl__guard *pl__guard_top __attribute__((tls_model("initial-exec")));
 
-static struct sigaction pl__guard_prev;
-static pthread_once_t pl__guard_once = PTHREAD_ONCE_INIT;
-static int pl__guard_rc = -1;
+static struct sigaction guard_prev;
+static pthread_once_t guard_once = PTHREAD_ONCE_INIT;
+static int guard_rc = -1;
 
-static void pl__guard_handler(int sig, siginfo_t *si, void *uc) {
+static void guard_handler(int sig, siginfo_t *si, void *uc) {
     pl__guard *g = pl__guard_top;
     uintptr_t a = si ? (uintptr_t)si->si_addr : 0;
     if (g && si && si->si_code > 0 && a >= g->lo && a < g->hi)
         siglongjmp(g->jb, 1);
     /* Not a fault of a guarded read: what would have happened without us. */
-    const struct sigaction *p = &pl__guard_prev;
+    const struct sigaction *p = &guard_prev;
     if (p->sa_flags & SA_SIGINFO) {
         if (p->sa_sigaction) p->sa_sigaction(sig, si, uc);
         return;
@@ -53,13 +53,13 @@ static void pl__guard_handler(int sig, siginfo_t *si, void *uc) {
     if (!si || si->si_code <= 0) raise(sig);
 }
 
-static void pl__guard_do_install(void) {
+static void guard_do_install(void) {
     struct sigaction sa;
     memset(&sa, 0, sizeof sa);
-    sa.sa_sigaction = pl__guard_handler;
+    sa.sa_sigaction = guard_handler;
     sa.sa_flags = SA_SIGINFO | SA_NODEFER | SA_ONSTACK;
     sigemptyset(&sa.sa_mask);
-    pl__guard_rc = sigaction(SIGBUS, &sa, &pl__guard_prev) == 0 ? 0 : -1;
+    guard_rc = sigaction(SIGBUS, &sa, &guard_prev) == 0 ? 0 : -1;
 }
 
 void pl__guard_recover(void) {
@@ -70,6 +70,6 @@ void pl__guard_recover(void) {
 }
 
 int pl__guard_install(void) {
-    pthread_once(&pl__guard_once, pl__guard_do_install);
-    return pl__guard_rc;
+    pthread_once(&guard_once, guard_do_install);
+    return guard_rc;
 }

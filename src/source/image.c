@@ -53,7 +53,7 @@ int pl__image_ext_format(const char *ext, size_t n) {
 
 /* ------------------------------------------------------------ headers */
 
-static int pl__jpeg_probe(const uint8_t *d, size_t n, uint32_t *w, uint32_t *h,
+static int jpeg_probe(const uint8_t *d, size_t n, uint32_t *w, uint32_t *h,
                           char *err, size_t errcap) {
     if (n < 2) return PL_ETRUNC;
     if (d[0] != 0xFF || d[1] != 0xD8) {
@@ -108,7 +108,7 @@ static int pl__jpeg_probe(const uint8_t *d, size_t n, uint32_t *w, uint32_t *h,
     }
 }
 
-static int pl__png_probe(const uint8_t *d, size_t n, uint32_t *w, uint32_t *h,
+static int png_probe(const uint8_t *d, size_t n, uint32_t *w, uint32_t *h,
                          char *err, size_t errcap) {
     static const uint8_t sig[8] = {0x89, 'P', 'N', 'G', '\r', '\n', 0x1A, '\n'};
     if (n < 8) return PL_ETRUNC;
@@ -130,7 +130,7 @@ static int pl__png_probe(const uint8_t *d, size_t n, uint32_t *w, uint32_t *h,
     return PL_OK;
 }
 
-static int pl__webp_probe(const uint8_t *d, size_t n, uint32_t *w, uint32_t *h,
+static int webp_probe(const uint8_t *d, size_t n, uint32_t *w, uint32_t *h,
                           char *err, size_t errcap) {
     if (n < 30) return PL_ETRUNC;
     if (memcmp(d, "RIFF", 4) || memcmp(d + 8, "WEBP", 4)) {
@@ -150,9 +150,9 @@ static int pl__webp_probe(const uint8_t *d, size_t n, uint32_t *w, uint32_t *h,
 int pl__image_probe(int format, const uint8_t *data, size_t len, uint32_t *w,
                     uint32_t *h, char *err, size_t errcap) {
     switch (format) {
-    case PL__IMG_JPEG: return pl__jpeg_probe(data, len, w, h, err, errcap);
-    case PL__IMG_PNG: return pl__png_probe(data, len, w, h, err, errcap);
-    case PL__IMG_WEBP: return pl__webp_probe(data, len, w, h, err, errcap);
+    case PL__IMG_JPEG: return jpeg_probe(data, len, w, h, err, errcap);
+    case PL__IMG_PNG: return png_probe(data, len, w, h, err, errcap);
+    case PL__IMG_WEBP: return webp_probe(data, len, w, h, err, errcap);
     default:
         pl__fmt(err, errcap, "unknown image format %d", format);
         return PL_EINVAL;
@@ -195,11 +195,11 @@ int pl__smart_resize(int64_t h, int64_t w, int64_t factor, int64_t min_pixels,
 
 /* ------------------------------------------------------------ buffers */
 
-static pthread_key_t pl__tls_key;
-static pthread_once_t pl__tls_once = PTHREAD_ONCE_INIT;
-static int pl__tls_ok;
+static pthread_key_t tls_key;
+static pthread_once_t tls_once = PTHREAD_ONCE_INIT;
+static int tls_ok;
 
-static void pl__tls_free(void *p) {
+static void tls_free(void *p) {
     pl__imgtls *t = p;
     if (!t) return;
     free(t->data);
@@ -209,17 +209,17 @@ static void pl__tls_free(void *p) {
     free(t);
 }
 
-static void pl__tls_init(void) {
-    pl__tls_ok = pthread_key_create(&pl__tls_key, pl__tls_free) == 0;
+static void tls_init(void) {
+    tls_ok = pthread_key_create(&tls_key, tls_free) == 0;
 }
 
 pl__imgtls *pl__image_tls(void) {
-    pthread_once(&pl__tls_once, pl__tls_init);
-    if (!pl__tls_ok) return NULL;
-    pl__imgtls *t = pthread_getspecific(pl__tls_key);
+    pthread_once(&tls_once, tls_init);
+    if (!tls_ok) return NULL;
+    pl__imgtls *t = pthread_getspecific(tls_key);
     if (t) return t;
     t = pl__calloc(1, sizeof *t);
-    if (t && pthread_setspecific(pl__tls_key, t) != 0) {
+    if (t && pthread_setspecific(tls_key, t) != 0) {
         free(t);
         t = NULL;
     }
@@ -232,7 +232,7 @@ pl__imgtls *pl__image_tls(void) {
  * (found by tests/fuzz/fuzz_image.c on a 1-pixel-wide image). */
 #define PL__SWS_PAD 256
 
-static int pl__grow(uint8_t **buf, size_t *cap, size_t need) {
+static int grow(uint8_t **buf, size_t *cap, size_t need) {
     need += PL__SWS_PAD;
     if (need <= *cap) return PL_OK;
     uint8_t *nb = pl__realloc_array(*buf, need, 1);
@@ -251,7 +251,7 @@ typedef struct pl__jerr {
     int warned;
 } pl__jerr;
 
-static void pl__jpeg_error_exit(j_common_ptr c) {
+static void jpeg_error_exit(j_common_ptr c) {
     pl__jerr *e = (pl__jerr *)c->err;
     c->err->format_message(c, e->msg);
     longjmp(e->jb, 1);
@@ -259,7 +259,7 @@ static void pl__jpeg_error_exit(j_common_ptr c) {
 
 /* Corrupt data libjpeg can recover from (it pads a truncated scan with
  * grey) is an error for us: a training image must be whole. */
-static void pl__jpeg_emit(j_common_ptr c, int level) {
+static void jpeg_emit(j_common_ptr c, int level) {
     pl__jerr *e = (pl__jerr *)c->err;
     if (level < 0 && !e->warned) {
         c->err->format_message(c, e->msg);
@@ -268,7 +268,7 @@ static void pl__jpeg_emit(j_common_ptr c, int level) {
 }
 
 /* Decode at the DCT scale M/8 closest above (need_w, need_h). */
-static int pl__jpeg_decode(const uint8_t *data, size_t len, int64_t need_w,
+static int jpeg_decode(const uint8_t *data, size_t len, int64_t need_w,
                            int64_t need_h, int64_t max_pixels, uint8_t **rgb,
                            size_t *cap, int64_t *ow, int64_t *oh, char *err,
                            size_t errcap) {
@@ -276,8 +276,8 @@ static int pl__jpeg_decode(const uint8_t *data, size_t len, int64_t need_w,
     pl__jerr jerr;
     memset(&jerr, 0, sizeof jerr);
     cinfo.err = jpeg_std_error(&jerr.pub);
-    jerr.pub.error_exit = pl__jpeg_error_exit;
-    jerr.pub.emit_message = pl__jpeg_emit;
+    jerr.pub.error_exit = jpeg_error_exit;
+    jerr.pub.emit_message = jpeg_emit;
     volatile int rc = PL_OK;
     if (setjmp(jerr.jb)) {
         pl__fmt(err, errcap, "JPEG: %s", jerr.msg);
@@ -309,7 +309,7 @@ static int pl__jpeg_decode(const uint8_t *data, size_t len, int64_t need_w,
     jpeg_start_decompress(&cinfo);
     int64_t w = cinfo.output_width, h = cinfo.output_height;
     size_t stride = (size_t)w * 3;
-    if (pl__grow(rgb, cap, stride * (size_t)h)) {
+    if (grow(rgb, cap, stride * (size_t)h)) {
         rc = PL_ENOMEM;
         pl__fmt(jerr.msg, sizeof jerr.msg, "out of memory");
         longjmp(jerr.jb, 1);
@@ -329,7 +329,7 @@ static int pl__jpeg_decode(const uint8_t *data, size_t len, int64_t need_w,
     return PL_OK;
 }
 
-static int pl__png_decode(const uint8_t *data, size_t len, int64_t max_pixels,
+static int png_decode(const uint8_t *data, size_t len, int64_t max_pixels,
                           uint8_t **rgb, size_t *cap, int64_t *ow, int64_t *oh,
                           char *err, size_t errcap) {
     spng_ctx *ctx = spng_ctx_new(0);
@@ -356,7 +356,7 @@ static int pl__png_decode(const uint8_t *data, size_t len, int64_t max_pixels,
         rc = PL_EIMAGE;
         goto fail;
     }
-    if (pl__grow(rgb, cap, need)) {
+    if (grow(rgb, cap, need)) {
         spng_ctx_free(ctx);
         pl__fmt(err, errcap, "PNG: out of memory for %zu bytes", need);
         return PL_ENOMEM;
@@ -375,7 +375,7 @@ fail:
     return rc;
 }
 
-static int pl__webp_decode(const uint8_t *data, size_t len, int64_t max_pixels,
+static int webp_decode(const uint8_t *data, size_t len, int64_t max_pixels,
                            uint8_t **rgb, size_t *cap, int64_t *ow, int64_t *oh,
                            char *err, size_t errcap) {
     int w = 0, h = 0;
@@ -389,7 +389,7 @@ static int pl__webp_decode(const uint8_t *data, size_t len, int64_t max_pixels,
         return PL_EIMAGE;
     }
     size_t need = (size_t)w * (size_t)h * 3;
-    if (pl__grow(rgb, cap, need)) {
+    if (grow(rgb, cap, need)) {
         pl__fmt(err, errcap, "WebP: out of memory for %zu bytes", need);
         return PL_ENOMEM;
     }
@@ -408,7 +408,7 @@ static int pl__webp_decode(const uint8_t *data, size_t len, int64_t max_pixels,
  * dw x dh CHW planes at dst.  libswscale converts packed RGB24 to planar
  * GBRP while it scales, about 3x faster than scaling to RGB24 (its packed
  * output path has no SIMD), and planar is the layout the batch wants. */
-static int pl__resize(const uint8_t *src, int64_t sstride, int64_t sx, int64_t sy,
+static int s_resize(const uint8_t *src, int64_t sstride, int64_t sx, int64_t sy,
                       int64_t sw, int64_t sh, uint8_t *dst, int64_t dw, int64_t dh,
                       char *err, size_t errcap) {
     const uint8_t *s0 = src + sy * sstride + sx * 3;
@@ -488,12 +488,12 @@ int pl__image_decode_resize(int format, const uint8_t *data, size_t len,
     }
     int64_t w = 0, h = 0;
     if (format == PL__IMG_JPEG)
-        rc = pl__jpeg_decode(data, len, need_w, need_h, max_pixels, tmp, tmpcap, &w, &h,
+        rc = jpeg_decode(data, len, need_w, need_h, max_pixels, tmp, tmpcap, &w, &h,
                              err, errcap);
     else if (format == PL__IMG_PNG)
-        rc = pl__png_decode(data, len, max_pixels, tmp, tmpcap, &w, &h, err, errcap);
+        rc = png_decode(data, len, max_pixels, tmp, tmpcap, &w, &h, err, errcap);
     else
-        rc = pl__webp_decode(data, len, max_pixels, tmp, tmpcap, &w, &h, err, errcap);
+        rc = webp_decode(data, len, max_pixels, tmp, tmpcap, &w, &h, err, errcap);
     if (rc) return rc;
     int64_t sx = 0, sy = 0, sw = w, sh = h;
     if (crop) {
@@ -508,7 +508,7 @@ int pl__image_decode_resize(int format, const uint8_t *data, size_t len,
             sy = (h - sh) / 2;
         }
     }
-    return pl__resize(*tmp, w * 3, sx, sy, sw, sh, out, out_w, out_h, err, errcap);
+    return s_resize(*tmp, w * 3, sx, sy, sw, sh, out, out_w, out_h, err, errcap);
 }
 
 void pl__image_hwc_to_chw(const uint8_t *hwc, int64_t h, int64_t w,

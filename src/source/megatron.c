@@ -36,36 +36,36 @@ typedef struct pl__mfile {
                                 open checks it (unmapped after) */
 } pl__mfile;
 
-static const unsigned char pl__mm_magic[9] = {'M', 'M', 'I', 'D', 'I',
+static const unsigned char mm_magic[9] = {'M', 'M', 'I', 'D', 'I',
                                               'D', 'X', 0,   0};
 
 /* Byte offsets of the arrays inside the .idx. */
-static int64_t pl__off_length(const pl__mfile *f, int64_t r) {
+static int64_t off_length(const pl__mfile *f, int64_t r) {
     (void)f;
     return PL__MEGATRON_HEADER + 4 * r;
 }
-static int64_t pl__off_pointer(const pl__mfile *f, int64_t r) {
+static int64_t off_pointer(const pl__mfile *f, int64_t r) {
     return PL__MEGATRON_HEADER + 4 * f->seq_count + 8 * r;
 }
-static int64_t pl__off_docidx(const pl__mfile *f, int64_t i) {
+static int64_t off_docidx(const pl__mfile *f, int64_t i) {
     return PL__MEGATRON_HEADER + 12 * f->seq_count + 8 * i;
 }
 
 /* Does record r end past the .bin (or point at nonsense)? */
-static int pl__past_end(const pl__mfile *f, int64_t r) {
+static int past_end(const pl__mfile *f, int64_t r) {
     int64_t ptr = pl__ld_i64(f->pointers + 8 * r);
     int64_t len = pl__ld_i32(f->lengths + 4 * r);
     if (ptr < 0 || len < 0 || ptr > f->token_bytes) return 1;
     return len > (f->token_bytes - ptr) / (int64_t)f->base.width;
 }
 
-static int pl__megatron_check_docidx(const pl__mfile *f, char *err, size_t errcap);
+static int megatron_check_docidx(const pl__mfile *f, char *err, size_t errcap);
 
 /* Open f->path + ".idx" / ".bin"; checks are O(1) in the document count.
  * skip_trailing: records at the end that point past the end of the .bin
  * (a truncated .bin) are left out and counted in f->skipped instead of
  * refusing the file (PL_ETRUNC). */
-static int pl__megatron_open(pl_source *src, pl__sfile *bf, int skip_trailing,
+static int megatron_open(pl_source *src, pl__sfile *bf, int skip_trailing,
                              char *err, size_t errcap) {
     (void)src;
     pl__mfile *mf = (pl__mfile *)bf;
@@ -88,7 +88,7 @@ static int pl__megatron_open(pl_source *src, pl__sfile *bf, int skip_trailing,
                 path, (long long)size, PL__MEGATRON_HEADER);
         return PL_ETRUNC;
     }
-    if (memcmp(m, pl__mm_magic, sizeof pl__mm_magic) != 0) {
+    if (memcmp(m, mm_magic, sizeof mm_magic) != 0) {
         pl__fmt(err, errcap, "%s: bad magic at offset 0, expected MMIDIDX",
                 path);
         return PL_EMAGIC;
@@ -140,8 +140,8 @@ static int pl__megatron_open(pl_source *src, pl__sfile *bf, int skip_trailing,
     mf->seq_count = (int64_t)s;
     mf->docidx_count = (int64_t)d;
     mf->lengths = m + PL__MEGATRON_HEADER;
-    mf->pointers = m + pl__off_pointer(mf, 0);
-    mf->docidx = m + pl__off_docidx(mf, 0);
+    mf->pointers = m + off_pointer(mf, 0);
+    mf->docidx = m + off_docidx(mf, 0);
     f->n_docs = mf->seq_count;
 
     if (d == 0) {
@@ -155,7 +155,7 @@ static int pl__megatron_open(pl_source *src, pl__sfile *bf, int skip_trailing,
     if (first != 0) {
         pl__fmt(err, errcap,
                 "%s: document_indices[0] is %lld at offset %lld, expected 0",
-                path, (long long)first, (long long)pl__off_docidx(mf, 0));
+                path, (long long)first, (long long)off_docidx(mf, 0));
         return PL_EDOCIDX;
     }
     int64_t last = pl__ld_i64(mf->docidx + 8 * (d - 1));
@@ -164,11 +164,11 @@ static int pl__megatron_open(pl_source *src, pl__sfile *bf, int skip_trailing,
                 "%s: document_indices[%llu] is %lld at offset %lld, expected "
                 "sequence_count %lld",
                 path, (unsigned long long)(d - 1), (long long)last,
-                (long long)pl__off_docidx(mf, (int64_t)d - 1),
+                (long long)off_docidx(mf, (int64_t)d - 1),
                 (long long)mf->seq_count);
         return PL_EDOCIDX;
     }
-    rc = pl__megatron_check_docidx(mf, err, errcap);
+    rc = megatron_check_docidx(mf, err, errcap);
     if (rc) return rc;
     /* Reads need only the lengths and pointers: unmap the whole pages after
      * them (document_indices, checked above, and the multimodal modes), so
@@ -177,7 +177,7 @@ static int pl__megatron_open(pl_source *src, pl__sfile *bf, int skip_trailing,
      * process that reads (8 of every 20 bytes per record). */
     {
         long pg = sysconf(_SC_PAGESIZE);
-        size_t keep = (size_t)pl__off_docidx(mf, 0);
+        size_t keep = (size_t)off_docidx(mf, 0);
         if (pg > 0) keep = (keep + (size_t)pg - 1) / (size_t)pg * (size_t)pg;
         if (pg > 0 && keep < f->idx_len &&
             munmap((uint8_t *)f->idx_map + keep, f->idx_len - keep) == 0)
@@ -204,7 +204,7 @@ static int pl__megatron_open(pl_source *src, pl__sfile *bf, int skip_trailing,
             if (end > mf->token_bytes && skip_trailing) {
                 /* A truncated .bin: leave out the records at the end that
                    point past it, the same on every rank. */
-                while (r >= 0 && pl__past_end(mf, r)) r--;
+                while (r >= 0 && past_end(mf, r)) r--;
                 f->n_docs = r + 1;
                 f->skipped = mf->seq_count - f->n_docs;
             } else if (end > mf->token_bytes) {
@@ -213,7 +213,7 @@ static int pl__megatron_open(pl_source *src, pl__sfile *bf, int skip_trailing,
                         "(record %lld, pointer at %s.idx offset %lld) ends at "
                         "byte %lld",
                         path, (long long)mf->token_bytes, (long long)r,
-                        f->path, (long long)pl__off_pointer(mf, r),
+                        f->path, (long long)off_pointer(mf, r),
                         (long long)end);
                 return PL_ETRUNC;
             }
@@ -224,7 +224,7 @@ static int pl__megatron_open(pl_source *src, pl__sfile *bf, int skip_trailing,
 
 /* Local document r: pointer to its first token and its length, with the
  * PL_EBOUNDS checks of that record. */
-static int pl__megatron_doc(const pl_source *src, const pl__sfile *bf, int64_t r,
+static int megatron_doc(const pl_source *src, const pl__sfile *bf, int64_t r,
                             const uint8_t **tokens, int64_t *length, char *err,
                             size_t errcap) {
     (void)src;
@@ -236,7 +236,7 @@ static int pl__megatron_doc(const pl_source *src, const pl__sfile *bf, int64_t r
                 "%s.idx: record %lld: negative sequence length %lld at "
                 "offset %lld",
                 f->base.path, (long long)r, (long long)len,
-                (long long)pl__off_length(f, r));
+                (long long)off_length(f, r));
         return PL_EBOUNDS;
     }
     if (ptr < 0 || ptr > f->token_bytes ||
@@ -246,8 +246,8 @@ static int pl__megatron_doc(const pl_source *src, const pl__sfile *bf, int64_t r
                 "with length %lld (offset %lld) is past the end of %s.bin "
                 "(%lld bytes)",
                 f->base.path, (long long)r, (long long)ptr,
-                (long long)pl__off_pointer(f, r), (long long)len,
-                (long long)pl__off_length(f, r), f->base.path,
+                (long long)off_pointer(f, r), (long long)len,
+                (long long)off_length(f, r), f->base.path,
                 (long long)f->token_bytes);
         return PL_EBOUNDS;
     }
@@ -260,7 +260,7 @@ static int pl__megatron_doc(const pl_source *src, const pl__sfile *bf, int64_t r
 }
 
 /* Full scan of the document index (non-decreasing); PL_EDOCIDX. */
-static int pl__megatron_check_docidx(const pl__mfile *f, char *err, size_t errcap) {
+static int megatron_check_docidx(const pl__mfile *f, char *err, size_t errcap) {
     int64_t prev = 0;
     for (int64_t i = 0; i < f->docidx_count; i++) {
         int64_t v = pl__ld_i64(f->docidx + 8 * i);
@@ -270,7 +270,7 @@ static int pl__megatron_check_docidx(const pl__mfile *f, char *err, size_t errca
                     "(previous %lld, sequence_count %lld): not "
                     "non-decreasing within [0, sequence_count]",
                     f->base.path, (long long)i, (long long)v,
-                    (long long)pl__off_docidx(f, i), (long long)prev,
+                    (long long)off_docidx(f, i), (long long)prev,
                     (long long)f->seq_count);
             return PL_EDOCIDX;
         }
@@ -279,13 +279,13 @@ static int pl__megatron_check_docidx(const pl__mfile *f, char *err, size_t errca
     return PL_OK;
 }
 
-static void pl__megatron_prefetch(const pl__sfile *bf, int64_t r) {
+static void megatron_prefetch(const pl__sfile *bf, int64_t r) {
     const pl__mfile *f = (const pl__mfile *)bf;
     if (f->lengths) __builtin_prefetch(f->lengths + 4 * r);
     if (f->pointers) __builtin_prefetch(f->pointers + 8 * r);
 }
 
-static int pl__megatron_init(pl_source *src, const pl_source_options *opts,
+static int megatron_init(pl_source *src, const pl_source_options *opts,
                              int skip_damaged, char *err, size_t errcap) {
     (void)skip_damaged;
     int rc = pl__source_init_common(src, opts, 0, 1, err, errcap);
@@ -293,7 +293,7 @@ static int pl__megatron_init(pl_source *src, const pl_source_options *opts,
     return rc;
 }
 
-static int pl__megatron_expand(const pl_source *src, const char *path, pl__paths *out,
+static int megatron_expand(const pl_source *src, const char *path, pl__paths *out,
                                char *err, size_t errcap) {
     (void)src;
     return pl__expand_paths(path, 1, out, err, errcap);
@@ -308,9 +308,9 @@ const pl__source_ops pl__megatron_ops = {
     .data_suffix = ".bin",
     .index_suffix = ".idx",
     .unit = "record",
-    .init = pl__megatron_init,
-    .expand = pl__megatron_expand,
-    .open_file = pl__megatron_open,
-    .doc = pl__megatron_doc,
-    .prefetch = pl__megatron_prefetch,
+    .init = megatron_init,
+    .expand = megatron_expand,
+    .open_file = megatron_open,
+    .doc = megatron_doc,
+    .prefetch = megatron_prefetch,
 };

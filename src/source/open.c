@@ -36,7 +36,7 @@ static int path_exists(pl_source_type type, const char *path) {
 /* The length-cache key of a raw text source: what decides its lengths (the
  * tokenizer's type and file bytes, add_eos, eos_id, the record keys).  0
  * (no cache) when the tokenizer file cannot be read. */
-static uint64_t pl__length_cache_key(const pl__source_cfg *sc) {
+static uint64_t s_length_cache_key(const pl__source_cfg *sc) {
     const pl__source_ext *s = pl__sx(sc);
     uint64_t h = pl__hash64("pllen1", 6, 0);
     int32_t ti[2] = {s->tok.type, s->tok.add_eos};
@@ -67,7 +67,7 @@ static uint64_t pl__length_cache_key(const pl__source_cfg *sc) {
 /* The tokenizer of a `tokenizer:` setting: built in, or the factory's, as a
  * shared releasable wrapper (source/tokenizer/share.c).  On failure *out is a source
  * handle carrying the message (as a failed open). */
-static int pl__config_tokenizer(const pl_config *cfg, const pl__tok_cfg *t,
+static int config_tokenizer(const pl_config *cfg, const pl__tok_cfg *t,
                                 pl_tokenizer *tok, pl_source **out) {
     memset(tok, 0, sizeof *tok);
     if (t->type == PL__TOK_BYTES) {
@@ -132,7 +132,7 @@ int pl__config_open_source(const pl_config *cfg, int64_t i, pl_source **out) {
     o.cache_chunk_bytes = cfg->cache_chunk_bytes;
     pl_tokenizer tok;
     if (pl__is_text_type(s->type)) {
-        o.length_cache_key = pl__length_cache_key(s);
+        o.length_cache_key = s_length_cache_key(s);
         o.length_cache = s->write_index ? s->write_index : cfg->sidecar_index;
     }
     if (pl__is_text_type(s->type) && cfg->lengths_fn) {
@@ -143,7 +143,7 @@ int pl__config_open_source(const pl_config *cfg, int64_t i, pl_source **out) {
         o.lookahead = sx->lookahead;
     } else if (pl__is_text_type(s->type)) {
         o.write_index = 0; /* record offsets in memory (1: write .plrec) */
-        int trc = pl__config_tokenizer(cfg, &sx->tok, &tok, out);
+        int trc = config_tokenizer(cfg, &sx->tok, &tok, out);
         if (trc) return trc;
         o.tokenizer = &tok;
         o.text_key = sx->text_key;

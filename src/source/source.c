@@ -123,11 +123,11 @@ int pl__map_any(pl__sfile *f, const char *path, int index, void **map, size_t *l
 #define PL__FWATCH_TRUST_NS 10000000LL
 #endif
 
-static atomic_long pl__fds_kept;  /* descriptors kept (data and index files) */
-static atomic_long pl__fds_limit; /* 0: not computed yet */
+static atomic_long fds_kept;  /* descriptors kept (data and index files) */
+static atomic_long fds_limit; /* 0: not computed yet */
 
-static long pl__fd_budget(void) {
-    long lim = atomic_load(&pl__fds_limit);
+static long fd_budget(void) {
+    long lim = atomic_load(&fds_limit);
     if (lim) return lim;
     struct rlimit rl;
     lim = 512;
@@ -135,14 +135,14 @@ static long pl__fd_budget(void) {
         lim = rl.rlim_cur == RLIM_INFINITY || rl.rlim_cur > (rlim_t)1 << 21
                   ? (long)1 << 20
                   : (long)(rl.rlim_cur / 2);
-    atomic_store(&pl__fds_limit, lim);
+    atomic_store(&fds_limit, lim);
     return lim;
 }
 
 /* Take one descriptor from the budget; 0 when none is left. */
-static int pl__fd_take(void) {
-    if (atomic_fetch_add(&pl__fds_kept, 1) < pl__fd_budget()) return 1;
-    atomic_fetch_sub(&pl__fds_kept, 1);
+static int fd_take(void) {
+    if (atomic_fetch_add(&fds_kept, 1) < fd_budget()) return 1;
+    atomic_fetch_sub(&fds_kept, 1);
     return 0;
 }
 
@@ -151,30 +151,30 @@ void pl__fwatch_keep(pl__fwatch *w, int fd, const struct stat *st) {
     w->ino = st->st_ino;
     atomic_store(&w->fd1, 0);
     if (fd < 0) return;
-    if (pl__fd_take())
+    if (fd_take())
         atomic_store(&w->fd1, fd + 1);
     else
         close(fd);
 }
 
-static void pl__fwatch_release(pl__fwatch *w) {
+static void fwatch_release(pl__fwatch *w) {
     int k = atomic_exchange(&w->fd1, 0);
     if (k > 0) {
         close(k - 1);
-        atomic_fetch_sub(&pl__fds_kept, 1);
+        atomic_fetch_sub(&fds_kept, 1);
     }
 }
 
 /* The path of f's data file (idx 0) or index file (idx 1). */
-static void pl__file_path(const pl_source *src, const pl__sfile *f, int idx,
+static void file_path(const pl_source *src, const pl__sfile *f, int idx,
                           char *path, size_t cap) {
     pl__fmt(path, cap, "%s%s", f->path,
             idx ? src->ops->index_suffix : src->ops->data_suffix);
 }
 
-static void pl__data_path(const pl_source *src, const pl__sfile *f, char *path,
+static void data_path(const pl_source *src, const pl__sfile *f, char *path,
                           size_t cap) {
-    pl__file_path(src, f, 0, path, cap);
+    file_path(src, f, 0, path, cap);
 }
 
 /*
@@ -182,7 +182,7 @@ static void pl__data_path(const pl_source *src, const pl__sfile *f, char *path,
  * budget, the path opened now and checked to be the file that was mapped
  * (*owned 1: the caller closes it).  PL_EIO with a message otherwise.
  */
-static int pl__fwatch_fd(pl__fwatch *w, const char *path, int *fd, int *owned,
+static int fwatch_fd(pl__fwatch *w, const char *path, int *fd, int *owned,
                          char *err, size_t errcap) {
     int k = atomic_load(&w->fd1);
     *owned = 0;
@@ -197,7 +197,7 @@ static int pl__fwatch_fd(pl__fwatch *w, const char *path, int *fd, int *owned,
         if (d >= 0) close(d);
         pl__fmt(err, errcap, "%s: cannot reopen (descriptor budget of %ld "
                              "spent): %s",
-                path, pl__fd_budget(), strerror(e));
+                path, fd_budget(), strerror(e));
         return PL_EIO;
     }
     if (st.st_dev != w->dev || st.st_ino != w->ino) {
@@ -205,7 +205,7 @@ static int pl__fwatch_fd(pl__fwatch *w, const char *path, int *fd, int *owned,
         pl__fmt(err, errcap,
                 "%s: replaced since the source was opened (descriptor budget "
                 "of %ld spent, so it is reopened by path)",
-                path, pl__fd_budget());
+                path, fd_budget());
         return PL_EIO;
     }
     *fd = d;
@@ -213,8 +213,8 @@ static int pl__fwatch_fd(pl__fwatch *w, const char *path, int *fd, int *owned,
     return PL_OK;
 }
 
-/* The data file's descriptor (see pl__fwatch_fd). */
-static int pl__data_fd(const pl_source *src, const pl__sfile *f, int *fd,
+/* The data file's descriptor (see fwatch_fd). */
+static int data_fd(const pl_source *src, const pl__sfile *f, int *fd,
                        int *owned, char *err, size_t errcap) {
     /* The kept descriptor needs no path: formatting it per read cost more
        than a small read (snprintf, ~5 % of a source loader's CPU). */
@@ -225,14 +225,14 @@ static int pl__data_fd(const pl_source *src, const pl__sfile *f, int *fd,
         return PL_OK;
     }
     char path[4096];
-    pl__data_path(src, f, path, sizeof path);
+    data_path(src, f, path, sizeof path);
     /* The file record is immutable but for its atomics: cast away const. */
-    return pl__fwatch_fd((pl__fwatch *)&f->data_w, path, fd, owned, err, errcap);
+    return fwatch_fd((pl__fwatch *)&f->data_w, path, fd, owned, err, errcap);
 }
 
 int pl__source_data_fd(const pl_source *src, const pl__sfile *f, int *fd,
                        int *owned, char *err, size_t errcap) {
-    return pl__data_fd(src, f, fd, owned, err, errcap);
+    return data_fd(src, f, fd, owned, err, errcap);
 }
 
 /*
@@ -241,22 +241,22 @@ int pl__source_data_fd(const pl_source *src, const pl__sfile *f, int *fd,
  * PL_OK, or PL_ETRUNC / PL_EIO with a message naming the file; what needed
  * the bytes is described by `what` (a printf format with one %lld, `arg`).
  */
-static long long pl__coarse_now(void) {
+static long long coarse_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC_COARSE, &ts);
     return (long long)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
-/* The slow path of pl__fwatch_check: fstat, and the message. */
+/* The slow path of fwatch_check: fstat, and the message. */
 __attribute__((noinline)) static int
 pl__fwatch_stat(const pl_source *src, const pl__sfile *f, int idx, int64_t end,
                 const char *what, long long arg, long long now, char *err,
                 size_t errcap) {
     pl__fwatch *w = (pl__fwatch *)(idx ? &f->idx_w : &f->data_w);
     char path[4096];
-    pl__file_path(src, f, idx, path, sizeof path);
+    file_path(src, f, idx, path, sizeof path);
     int fd, owned, rc;
-    if ((rc = pl__fwatch_fd(w, path, &fd, &owned, err, errcap))) return rc;
+    if ((rc = fwatch_fd(w, path, &fd, &owned, err, errcap))) return rc;
     struct stat st;
     int frc = fstat(fd, &st), e = errno;
     if (owned) close(fd);
@@ -277,11 +277,11 @@ pl__fwatch_stat(const pl_source *src, const pl__sfile *f, int idx, int64_t end,
     return PL_ETRUNC;
 }
 
-static inline int pl__fwatch_check(const pl_source *src, const pl__sfile *f,
+static inline int fwatch_check(const pl_source *src, const pl__sfile *f,
                                    int idx, int64_t end, const char *what,
                                    long long arg, char *err, size_t errcap) {
     const pl__fwatch *w = idx ? &f->idx_w : &f->data_w;
-    long long now = pl__coarse_now();
+    long long now = coarse_now();
     if (end <= atomic_load(&((pl__fwatch *)w)->seen_size) &&
         now < atomic_load(&((pl__fwatch *)w)->seen_until))
         return PL_OK;
@@ -294,10 +294,10 @@ static inline int pl__fwatch_check(const pl_source *src, const pl__sfile *f,
 __attribute__((noinline)) static int
 pl__fault_err(const pl_source *src, const pl__sfile *f, int idx, int64_t end,
               const char *what, long long arg, char *err, size_t errcap) {
-    int rc = pl__fwatch_stat(src, f, idx, end, what, arg, pl__coarse_now(), err, errcap);
+    int rc = pl__fwatch_stat(src, f, idx, end, what, arg, coarse_now(), err, errcap);
     if (rc != PL_OK) return rc == PL_EIO ? PL_ETRUNC : rc;
     char path[4096], need[160];
-    pl__file_path(src, f, idx, path, sizeof path);
+    file_path(src, f, idx, path, sizeof path);
     pl__fmt(need, sizeof need, what, arg);
     pl__fmt(err, errcap, "%s: truncated during a read (the mapping faulted); %s needs "
                          "bytes up to %lld",
@@ -307,10 +307,10 @@ pl__fault_err(const pl_source *src, const pl__sfile *f, int idx, int64_t end,
 
 /* Release a file: the format's own state, then the watched descriptors and
  * the common mappings (not its path). */
-static void pl__file_close(pl_source *src, pl__sfile *f) {
+static void file_close(pl_source *src, pl__sfile *f) {
     if (src->ops->close_file) src->ops->close_file(src, f);
-    pl__fwatch_release(&f->data_w);
-    pl__fwatch_release(&f->idx_w);
+    fwatch_release(&f->data_w);
+    fwatch_release(&f->idx_w);
     if (f->data_map) munmap(f->data_map, f->data_len);
     if (f->idx_map) munmap(f->idx_map, f->idx_map_len ? f->idx_map_len : f->idx_len);
     f->data_map = NULL;
@@ -347,13 +347,13 @@ void pl__paths_free(pl__paths *p) {
     p->n = p->cap = 0;
 }
 
-static int pl__cmp_str(const void *a, const void *b) {
+static int cmp_str(const void *a, const void *b) {
     return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
-static void pl__paths_sort_unique(pl__paths *p) {
+static void paths_sort_unique(pl__paths *p) {
     if (p->n == 0) return;
-    qsort(p->v, (size_t)p->n, sizeof *p->v, pl__cmp_str);
+    qsort(p->v, (size_t)p->n, sizeof *p->v, cmp_str);
     int64_t k = 1;
     for (int64_t i = 1; i < p->n; i++) {
         if (strcmp(p->v[i], p->v[k - 1]) == 0)
@@ -364,48 +364,48 @@ static void pl__paths_sort_unique(pl__paths *p) {
     p->n = k;
 }
 
-static int pl__ends_with(const char *s, const char *suffix) {
+static int ends_with(const char *s, const char *suffix) {
     size_t n = strlen(s), m = strlen(suffix);
     return n >= m && strcmp(s + n - m, suffix) == 0;
 }
 
 /* PATH.idx is a file. */
-static int pl__prefix_exists(const char *path) {
+static int prefix_exists(const char *path) {
     char idx[4096];
     pl__fmt(idx, sizeof idx, "%s.idx", path);
     struct stat st;
     return stat(idx, &st) == 0 && S_ISREG(st.st_mode);
 }
 
-static int pl__is_dir(const char *path) {
+static int is_dir(const char *path) {
     struct stat st;
     return stat(path, &st) == 0 && S_ISDIR(st.st_mode);
 }
 
-static int pl__is_file(const char *path) {
+static int is_file(const char *path) {
     struct stat st;
     return stat(path, &st) == 0 && S_ISREG(st.st_mode);
 }
 
 /* Our own sidecars and their temporaries are never data files. */
-static int pl__is_sidecar(const char *path) {
+static int is_sidecar(const char *path) {
     static const char *const ext[] = {".plidx", ".plrec", ".pllen", ".plwds"};
     char tmp[16];
     for (size_t i = 0; i < sizeof ext / sizeof ext[0]; i++) {
         snprintf(tmp, sizeof tmp, "%s.tmp.", ext[i]);
-        if (pl__ends_with(path, ext[i]) || strstr(path, tmp)) return 1;
+        if (ends_with(path, ext[i]) || strstr(path, tmp)) return 1;
     }
     return 0;
 }
 
 /* Add a match of a Megatron pattern or directory: "x.idx" or "x.bin" -> "x". */
-static int pl__add_megatron_match(pl__paths *p, const char *m) {
-    if (pl__ends_with(m, ".idx") || pl__ends_with(m, ".bin"))
+static int add_megatron_match(pl__paths *p, const char *m) {
+    if (ends_with(m, ".idx") || ends_with(m, ".bin"))
         return pl__paths_add(p, m, strlen(m) - 4);
     return PL_OK;
 }
 
-static int pl__glob_into(pl__paths *p, const char *pattern, int megatron) {
+static int glob_into(pl__paths *p, const char *pattern, int megatron) {
     glob_t g;
     memset(&g, 0, sizeof g);
     int grc = glob(pattern, 0, NULL, &g);
@@ -414,15 +414,15 @@ static int pl__glob_into(pl__paths *p, const char *pattern, int megatron) {
     for (size_t i = 0; grc == 0 && rc == PL_OK && i < g.gl_pathc; i++) {
         const char *m = g.gl_pathv[i];
         if (megatron)
-            rc = pl__add_megatron_match(p, m);
-        else if (!pl__is_sidecar(m) && pl__is_file(m))
+            rc = add_megatron_match(p, m);
+        else if (!is_sidecar(m) && is_file(m))
             rc = pl__paths_add(p, m, strlen(m));
     }
     globfree(&g);
     return rc;
 }
 
-static int pl__list_dir(pl__paths *p, const char *dir, int megatron,
+static int list_dir(pl__paths *p, const char *dir, int megatron,
                         char *err, size_t errcap) {
     DIR *d = opendir(dir);
     if (!d) {
@@ -440,9 +440,9 @@ static int pl__list_dir(pl__paths *p, const char *dir, int megatron,
         if (de->d_name[0] == '.') continue;
         pl__fmt(full, sizeof full, "%s%s%s", dir, sep, de->d_name);
         if (megatron) {
-            if (pl__ends_with(full, ".idx") && pl__is_file(full))
-                rc = pl__add_megatron_match(p, full);
-        } else if (!pl__is_sidecar(full) && pl__is_file(full)) {
+            if (ends_with(full, ".idx") && is_file(full))
+                rc = add_megatron_match(p, full);
+        } else if (!is_sidecar(full) && is_file(full)) {
             rc = pl__paths_add(p, full, strlen(full));
         }
     }
@@ -471,7 +471,7 @@ int pl__expand_paths(const char *path, int megatron, pl__paths *p, char *err,
                      size_t errcap) {
     if (pl__remote_is_url(path)) {
         int rrc = expand_remote(path, megatron, p, err, errcap);
-        if (rrc == PL_OK) pl__paths_sort_unique(p);
+        if (rrc == PL_OK) paths_sort_unique(p);
         return rrc;
     }
     int rc;
@@ -479,10 +479,10 @@ int pl__expand_paths(const char *path, int megatron, pl__paths *p, char *err,
         if (megatron) {
             char pat[4096];
             pl__fmt(pat, sizeof pat, "%s.idx", path);
-            rc = pl__glob_into(p, pat, 1);
-            if (rc == PL_OK) rc = pl__glob_into(p, path, 1);
+            rc = glob_into(p, pat, 1);
+            if (rc == PL_OK) rc = glob_into(p, path, 1);
         } else {
-            rc = pl__glob_into(p, path, 0);
+            rc = glob_into(p, path, 0);
         }
         if (rc) {
             pl__fmt(err, errcap, "%s: out of memory expanding the pattern",
@@ -493,10 +493,10 @@ int pl__expand_paths(const char *path, int megatron, pl__paths *p, char *err,
             pl__fmt(err, errcap, "%s: no file matches the pattern", path);
             return PL_ENOENT;
         }
-    } else if (pl__is_dir(path) && !(megatron && pl__prefix_exists(path))) {
+    } else if (is_dir(path) && !(megatron && prefix_exists(path))) {
         /* A Megatron prefix wins over a directory of the same name
            (megatron-core's GPTDataset keeps its index cache in PREFIX/cache). */
-        rc = pl__list_dir(p, path, megatron, err, errcap);
+        rc = list_dir(p, path, megatron, err, errcap);
         if (rc) return rc;
         if (p->n == 0) {
             pl__fmt(err, errcap, "%s: the directory holds no %s", path,
@@ -505,9 +505,9 @@ int pl__expand_paths(const char *path, int megatron, pl__paths *p, char *err,
         }
     } else {
         size_t n = strlen(path);
-        if (megatron && (pl__ends_with(path, ".idx") ||
-                         pl__ends_with(path, ".bin")) &&
-            pl__is_file(path))
+        if (megatron && (ends_with(path, ".idx") ||
+                         ends_with(path, ".bin")) &&
+            is_file(path))
             n -= 4; /* a file of the pair was named instead of the prefix */
         rc = pl__paths_add(p, path, n);
         if (rc) {
@@ -515,27 +515,27 @@ int pl__expand_paths(const char *path, int megatron, pl__paths *p, char *err,
             return rc;
         }
     }
-    pl__paths_sort_unique(p);
+    paths_sort_unique(p);
     return PL_OK;
 }
 
 /* ------------------------------------------------------------ handle */
 
-static void pl__set_err(pl_source *src, const char *msg);
-void pl__source_set_err(pl_source *src, const char *msg) { pl__set_err(src, msg); }
-static void pl__set_err(pl_source *src, const char *msg) {
+static void set_err(pl_source *src, const char *msg);
+void pl__source_set_err(pl_source *src, const char *msg) { set_err(src, msg); }
+static void set_err(pl_source *src, const char *msg) {
     pl__thread_err(msg);
     pthread_mutex_lock(&src->mu);
     pl__fmt(src->errmsg, sizeof src->errmsg, "%s", msg);
     pthread_mutex_unlock(&src->mu);
 }
 
-static void pl__release_files(pl_source *src) {
+static void release_files(pl_source *src) {
     pl__rprefetch_free(src->prefetch); /* before the files it fetches into */
     src->prefetch = NULL;
     for (int64_t i = 0; i < src->n_files; i++) {
         pl__sfile *f = pl__src_file(src, i);
-        pl__file_close(src, f);
+        file_close(src, f);
         free(f->path);
     }
     free(src->filev);
@@ -545,7 +545,7 @@ static void pl__release_files(pl_source *src) {
 }
 
 /* The format of a type, from PL__SOURCE_FORMATS; NULL for an unknown one. */
-static const pl__source_ops *pl__format_of(pl_source_type type) {
+static const pl__source_ops *format_of(pl_source_type type) {
 #define PL__FORMAT_REF(n) &pl__##n##_ops,
     static const pl__source_ops *const formats[] = {PL__SOURCE_FORMATS(PL__FORMAT_REF)};
 #undef PL__FORMAT_REF
@@ -662,15 +662,15 @@ int pl_source_open(const pl_source_options *opts, pl_source **out) {
     return pl__source_open(opts, 0, out);
 }
 
-static int pl__source_open_impl(const pl_source_options *opts, int skip_damaged,
+static int source_open_impl(const pl_source_options *opts, int skip_damaged,
                                 pl_source **out);
 int pl__source_open(const pl_source_options *opts, int skip_damaged, pl_source **out) {
-    int rc = pl__source_open_impl(opts, skip_damaged, out);
+    int rc = source_open_impl(opts, skip_damaged, out);
     if (rc < 0) pl__thread_err(out && *out ? (*out)->errmsg : "source: out of memory");
     return rc;
 }
 
-static int pl__source_open_impl(const pl_source_options *opts, int skip_damaged,
+static int source_open_impl(const pl_source_options *opts, int skip_damaged,
                                 pl_source **out) {
     if (!out) return PL_EINVAL;
     *out = NULL;
@@ -693,7 +693,7 @@ static int pl__source_open_impl(const pl_source_options *opts, int skip_damaged,
                 opts ? opts->version : 0, PL_SOURCE_OPTIONS_VERSION);
         return PL_EINVAL;
     }
-    const pl__source_ops *ops = pl__format_of(opts->type);
+    const pl__source_ops *ops = format_of(opts->type);
     src->ops = ops;
     /* A text source owns its tokenizer from here on, even on failure. */
     int rc = ops && ops->setup ? ops->setup(src, opts, err, cap) : PL_OK;
@@ -743,7 +743,7 @@ static int pl__source_open_impl(const pl_source_options *opts, int skip_damaged,
     for (int64_t i = 0; i < paths.n; i++) pl__src_file(src, i)->path = paths.v[i];
     free(paths.v); /* the strings now belong to the files */
     if (pl__remote_is_url(opts->path) && (rc = remote_setup(src, opts, err, cap))) {
-        pl__release_files(src);
+        release_files(src);
         return rc;
     }
 
@@ -753,7 +753,7 @@ static int pl__source_open_impl(const pl_source_options *opts, int skip_damaged,
     if (src->prefetch && src->n_files > 1 && !(ops->flags & PL__SRC_LAZY)) {
         rc = open_remote_parallel(src, skip_damaged, err, cap);
         if (rc) {
-            pl__release_files(src);
+            release_files(src);
             return rc;
         }
         remote_done = 1;
@@ -762,7 +762,7 @@ static int pl__source_open_impl(const pl_source_options *opts, int skip_damaged,
         pl__sfile *f = pl__src_file(src, i);
         rc = remote_done ? PL_OK : ops->open_file(src, f, skip_damaged, err, cap);
         if (rc) {
-            pl__release_files(src);
+            release_files(src);
             return rc;
         }
         f->first_doc = src->n_docs;
@@ -779,7 +779,7 @@ void pl_source_free(pl_source *src) {
     /* The format's state first: raw text joins its threads (and writes its
      * length caches) while the files are still there. */
     if (src->ops && src->ops->free) src->ops->free(src);
-    pl__release_files(src);
+    release_files(src);
     free(src->cache_dir);
     free(src->name);
     pthread_mutex_destroy(&src->mu);
@@ -823,7 +823,7 @@ int pl__release_map(pl_source *src, const char *path, void *map, size_t len) {
     char msg[PL__ERRMSG_CAP];
     pl__fmt(msg, sizeof msg, "%s: madvise(MADV_DONTNEED) failed: %s",
             path ? path : "?", strerror(errno));
-    pl__set_err(src, msg);
+    set_err(src, msg);
     return PL_EIO;
 }
 
@@ -855,7 +855,7 @@ size_t pl_source_sizeof(const pl_source *src) {
 /* The file holding global document `index` (0 <= index < n_docs): the last
  * file whose first_doc <= index (empty files share first_doc with the next
  * one, so the last is the one that holds it). */
-static const pl__sfile *pl__locate(const pl_source *src, int64_t index) {
+static const pl__sfile *locate(const pl_source *src, int64_t index) {
     int64_t lo = 0, hi = src->n_files; /* answer in [lo, hi) */
     while (hi - lo > 1) {
         int64_t mid = lo + (hi - lo) / 2;
@@ -868,19 +868,19 @@ static const pl__sfile *pl__locate(const pl_source *src, int64_t index) {
 }
 
 const pl__sfile *pl__source_locate(const pl_source *src, int64_t index, int64_t *r) {
-    const pl__sfile *f = pl__locate(src, index);
+    const pl__sfile *f = locate(src, index);
     *r = index - f->first_doc;
     return f;
 }
 
-static inline int pl__file_doc(const pl_source *src, const pl__sfile *f, int64_t r,
+static inline int file_doc(const pl_source *src, const pl__sfile *f, int64_t r,
                                const uint8_t **tokens, int64_t *length, char *err,
                                size_t errcap) {
     return src->ops->doc(src, f, r, tokens, length, err, errcap);
 }
 
 /* Is document index in range?  PL_ERANGE with a message otherwise. */
-static inline int pl__in_range(const pl_source *src, int64_t index, char *err,
+static inline int in_range(const pl_source *src, int64_t index, char *err,
                                size_t errcap) {
     if (index >= 0 && index < src->n_docs) return PL_OK;
     pl__fmt(err, errcap, "source %s: document index %lld out of range [0, %lld)",
@@ -890,27 +890,27 @@ static inline int pl__in_range(const pl_source *src, int64_t index, char *err,
 
 /* The file of document index, its index checked not to have shrunk when
  * check_index (it is read through its mapping). */
-static int pl__find_file(const pl_source *src, int64_t index, int check_index,
+static int find_file(const pl_source *src, int64_t index, int check_index,
                          const pl__sfile **file, char *err, size_t errcap) {
-    int rc = pl__in_range(src, index, err, errcap);
+    int rc = in_range(src, index, err, errcap);
     if (rc) return rc;
-    const pl__sfile *f = pl__locate(src, index);
+    const pl__sfile *f = locate(src, index);
     *file = f;
     if (check_index && f->idx_map && !f->index_in_memory)
-        return pl__fwatch_check(src, f, 1, (int64_t)f->idx_len,
+        return fwatch_check(src, f, 1, (int64_t)f->idx_len,
                                 "the index lookup of document %lld",
                                 (long long)index, err, errcap);
     return PL_OK;
 }
 
-static int pl__doc_ex(const pl_source *src, int64_t index, int check_index,
+static int doc_ex(const pl_source *src, int64_t index, int check_index,
                       const pl__sfile **file, const uint8_t **tokens,
                       int64_t *length, char *err, size_t errcap) {
-    int rc = pl__find_file(src, index, check_index, file, err, errcap);
+    int rc = find_file(src, index, check_index, file, err, errcap);
     if (rc) return rc;
     const pl__sfile *f = *file;
     if (!f->idx_map || f->index_in_memory || !(src->ops->flags & PL__SRC_GUARD_INDEX))
-        return pl__file_doc(src, f, index - f->first_doc, tokens, length, err, errcap);
+        return file_doc(src, f, index - f->first_doc, tokens, length, err, errcap);
     /* The lookup reads the index through its mapping: guarded, so an index
        that shrank under it is PL_ETRUNC (source/guard.h). */
     pl__guard g;
@@ -922,20 +922,20 @@ static int pl__doc_ex(const pl_source *src, int64_t index, int check_index,
                              "the index lookup of document %lld", (long long)index, err,
                              errcap);
     }
-    rc = pl__file_doc(src, f, index - f->first_doc, tokens, length, err, errcap);
+    rc = file_doc(src, f, index - f->first_doc, tokens, length, err, errcap);
     pl__guard_leave(&g);
     return rc;
 }
 
-static int pl__doc(const pl_source *src, int64_t index,
+static int s_doc(const pl_source *src, int64_t index,
                    const pl__sfile **file, const uint8_t **tokens,
                    int64_t *length, char *err, size_t errcap) {
-    return pl__doc_ex(src, index, 1, file, tokens, length, err, errcap);
+    return doc_ex(src, index, 1, file, tokens, length, err, errcap);
 }
 
 void pl__source_prefetch(const pl_source *src, int64_t index) {
     if (!src || index < 0 || index >= src->n_docs || !src->ops->prefetch) return;
-    const pl__sfile *f = pl__locate(src, index);
+    const pl__sfile *f = locate(src, index);
     src->ops->prefetch(f, index - f->first_doc);
 }
 
@@ -946,7 +946,7 @@ void pl__source_fetch_ahead(pl_source *src, int64_t index, int64_t offset,
     const uint8_t *tok;
     int64_t len;
     char err[PL__ERRMSG_CAP];
-    if (pl__doc(src, index, &f, &tok, &len, err, sizeof err) || !f->rdata || !tok) return;
+    if (s_doc(src, index, &f, &tok, &len, err, sizeof err) || !f->rdata || !tok) return;
     if (offset < 0 || offset > len) return;
     if (count > len - offset) count = len - offset;
     int64_t at = (int64_t)(tok - (const uint8_t *)f->data_map) + offset * (int64_t)f->width;
@@ -958,7 +958,7 @@ int pl__source_length_unchecked(pl_source *src, int64_t index,
                                 int64_t *length, char *err, size_t errcap) {
     const pl__sfile *f;
     const uint8_t *tok;
-    return pl__doc_ex(src, index, 0, &f, &tok, length, err, errcap);
+    return doc_ex(src, index, 0, &f, &tok, length, err, errcap);
 }
 
 int pl__source_length(pl_source *src, int64_t index, int64_t *length,
@@ -969,7 +969,7 @@ int pl__source_length(pl_source *src, int64_t index, int64_t *length,
     }
     const pl__sfile *f;
     const uint8_t *tok;
-    return pl__doc(src, index, &f, &tok, length, err, errcap);
+    return s_doc(src, index, &f, &tok, length, err, errcap);
 }
 
 /* ------------------------------------------------------------ conversion */
@@ -978,7 +978,7 @@ typedef void (*pl__conv_fn)(const uint8_t *src, void *dst, int64_t n);
 
 /* Float tokens are truncated toward zero; values no int64 can hold (and NaN)
  * become 0 instead of undefined behaviour. */
-static inline int64_t pl__f2i(double x) {
+static inline int64_t f2i(double x) {
     return x > -9.2e18 && x < 9.2e18 ? (int64_t)x : 0;
 }
 
@@ -1002,8 +1002,8 @@ PL__CONV_PAIR(i8, int8_t, v)
 PL__CONV_PAIR(i16, int16_t, v)
 PL__CONV_PAIR(i32, int32_t, v)
 PL__CONV_PAIR(i64, int64_t, v)
-PL__CONV_PAIR(f64, double, pl__f2i(v))
-PL__CONV_PAIR(f32, float, pl__f2i((double)v))
+PL__CONV_PAIR(f64, double, f2i(v))
+PL__CONV_PAIR(f32, float, f2i((double)v))
 PL__CONV_PAIR(u16, uint16_t, v)
 PL__CONV_PAIR(u32, uint32_t, v)
 #undef PL__CONV_PAIR
@@ -1022,17 +1022,17 @@ static const pl__conv_fn pl__conv_table[10][2] = {
     [PL_DTYPE_UINT32] = {pl__conv_u32_i64, pl__conv_u32_i32},
 };
 
-static int pl__source_read_impl(pl_source *src, int64_t index, int64_t offset,
+static int source_read_impl(pl_source *src, int64_t index, int64_t offset,
                                 int64_t count, void *out, pl_dtype out_dtype,
                                 int marked, char *err, size_t errcap);
 int pl__source_read(pl_source *src, int64_t index, int64_t offset,
                     int64_t count, void *out, pl_dtype out_dtype, char *err,
                     size_t errcap) {
-    return pl__source_read_impl(src, index, offset, count, out, out_dtype, 1, err,
+    return source_read_impl(src, index, offset, count, out, out_dtype, 1, err,
                                 errcap);
 }
 
-static int pl__source_read_impl(pl_source *src, int64_t index, int64_t offset,
+static int source_read_impl(pl_source *src, int64_t index, int64_t offset,
                                 int64_t count, void *out, pl_dtype out_dtype,
                                 int marked, char *err, size_t errcap) {
     if (!src || (!out && count > 0)) {
@@ -1053,7 +1053,7 @@ static int pl__source_read_impl(pl_source *src, int64_t index, int64_t offset,
     const pl__sfile *f;
     const uint8_t *tok;
     int64_t len;
-    int rc = pl__doc(src, index, &f, &tok, &len, err, errcap);
+    int rc = s_doc(src, index, &f, &tok, &len, err, errcap);
     if (rc) return rc;
     if (ops->read)
         return ops->read(src, f, index, offset, count, out, out_dtype, marked, err,
@@ -1072,7 +1072,7 @@ static int pl__source_read_impl(pl_source *src, int64_t index, int64_t offset,
     int64_t at = (int64_t)(tok - (const uint8_t *)f->data_map) +
                  offset * (int64_t)f->width;
     int64_t end = at + count * (int64_t)f->width;
-    if ((rc = pl__fwatch_check(src, f, 0, end, "document %lld", (long long)index,
+    if ((rc = fwatch_check(src, f, 0, end, "document %lld", (long long)index,
                                err, errcap)))
         return rc;
     if ((rc = pl__source_ensure(f, at, end - at, err, errcap))) return rc;
@@ -1096,32 +1096,32 @@ int pl_source_document_length(pl_source *src, int64_t index,
                               int64_t *length) {
     char err[PL__ERRMSG_CAP];
     int rc = pl__source_length(src, index, length, err, sizeof err);
-    if (rc && src) pl__set_err(src, err);
+    if (rc && src) set_err(src, err);
     return rc;
 }
 
 int pl_source_read(pl_source *src, int64_t index, int64_t offset,
                    int64_t count, void *out, pl_dtype out_dtype) {
     char err[PL__ERRMSG_CAP];
-    int rc = pl__source_read_impl(src, index, offset, count, out, out_dtype, 0, err,
+    int rc = source_read_impl(src, index, offset, count, out, out_dtype, 0, err,
                                   sizeof err);
-    if (rc && src) pl__set_err(src, err);
+    if (rc && src) set_err(src, err);
     return rc;
 }
 
 /* ------------------------------------------------------------ stats */
 
 /* The index of f, read through its mapping, has not shrunk since open. */
-static int pl__index_intact(const pl_source *src, const pl__sfile *f, char *err,
+static int index_intact(const pl_source *src, const pl__sfile *f, char *err,
                             size_t errcap) {
     if (!f->idx_map || f->index_in_memory) return PL_OK;
-    return pl__fwatch_check(src, f, 1, (int64_t)f->idx_len, "a scan of %lld documents",
+    return fwatch_check(src, f, 1, (int64_t)f->idx_len, "a scan of %lld documents",
                             (long long)f->n_docs, err, errcap);
 }
 
 int pl__source_check_index(pl_source *src, char *err, size_t errcap) {
     for (int64_t i = 0; i < src->n_files; i++) {
-        int rc = pl__index_intact(src, pl__src_file(src, i), err, errcap);
+        int rc = index_intact(src, pl__src_file(src, i), err, errcap);
         if (rc) return rc;
     }
     return PL_OK;
@@ -1132,7 +1132,7 @@ int pl__source_check_index(pl_source *src, char *err, size_t errcap) {
 /* The k-th smallest (1-based) document length, by narrowing a histogram:
  * each pass over the lengths keeps PL__HIST_BITS more bits of the answer.
  * Every length lies in [0, 2^bits). */
-static int pl__kth_length(const pl_source *src, int64_t k, int bits,
+static int kth_length(const pl_source *src, int64_t k, int bits,
                           uint64_t *hist, int64_t *value, char *err,
                           size_t errcap) {
     uint64_t lo = 0;
@@ -1144,12 +1144,12 @@ static int pl__kth_length(const pl_source *src, int64_t k, int bits,
         memset(hist, 0, nb * sizeof *hist);
         for (int64_t i = 0; i < src->n_files; i++) {
             const pl__sfile *f = pl__src_file(src, i);
-            int irc = pl__index_intact(src, f, err, errcap);
+            int irc = index_intact(src, f, err, errcap);
             if (irc) return irc;
             for (int64_t r = 0; r < f->n_docs; r++) {
                 const uint8_t *tok;
                 int64_t len;
-                int rc = pl__file_doc(src, f, r, &tok, &len, err, errcap);
+                int rc = file_doc(src, f, r, &tok, &len, err, errcap);
                 if (rc) return rc;
                 uint64_t v = (uint64_t)len;
                 if (v >= lo && v - lo <= span) hist[(v - lo) >> shift]++;
@@ -1169,7 +1169,7 @@ static int pl__kth_length(const pl_source *src, int64_t k, int bits,
 int pl_source_get_stats(pl_source *src, pl_source_stats *out) {
     if (!src || !out) return PL_EINVAL;
     if (out->size < sizeof *out) {
-        pl__set_err(src, "pl_source_get_stats: out->size must be sizeof(pl_source_stats)");
+        set_err(src, "pl_source_get_stats: out->size must be sizeof(pl_source_stats)");
         return PL_EINVAL;
     }
     char err[PL__ERRMSG_CAP];
@@ -1180,17 +1180,17 @@ int pl_source_get_stats(pl_source *src, pl_source_stats *out) {
     int64_t maxlen = 0, total = 0;
     for (int64_t i = 0; i < src->n_files; i++) {
         const pl__sfile *f = pl__src_file(src, i);
-        int irc = pl__index_intact(src, f, err, sizeof err);
+        int irc = index_intact(src, f, err, sizeof err);
         if (irc) {
-            pl__set_err(src, err);
+            set_err(src, err);
             return irc;
         }
         for (int64_t r = 0; r < f->n_docs; r++) {
             const uint8_t *tok;
             int64_t len;
-            int rc = pl__file_doc(src, f, r, &tok, &len, err, sizeof err);
+            int rc = file_doc(src, f, r, &tok, &len, err, sizeof err);
             if (rc) {
-                pl__set_err(src, err);
+                set_err(src, err);
                 return rc;
             }
             total += len;
@@ -1205,7 +1205,7 @@ int pl_source_get_stats(pl_source *src, pl_source_stats *out) {
     while (bits < 63 && ((uint64_t)maxlen >> bits) != 0) bits++;
     uint64_t *hist = pl__calloc((size_t)1 << PL__HIST_BITS, sizeof *hist);
     if (!hist) {
-        pl__set_err(src, "pl_source_get_stats: out of memory");
+        set_err(src, "pl_source_get_stats: out of memory");
         return PL_ENOMEM;
     }
     /* Nearest-rank percentiles: the ceil(p * n / 100)-th smallest length. */
@@ -1217,10 +1217,10 @@ int pl_source_get_stats(pl_source *src, pl_source_stats *out) {
         int64_t k = n / 100 * pct[j] + ((n % 100) * pct[j] + 99) / 100;
         if (k < 1) k = 1;
         if (k > n) k = n;
-        rc = pl__kth_length(src, k, bits, hist, dst[j], err, sizeof err);
+        rc = kth_length(src, k, bits, hist, dst[j], err, sizeof err);
     }
     free(hist);
-    if (rc) pl__set_err(src, err);
+    if (rc) set_err(src, err);
     return rc;
 }
 
@@ -1239,7 +1239,7 @@ typedef struct pl__preader {
     size_t cap;
 } pl__preader;
 
-static int pl__pread_range(const pl_source *src, pl__preader *r,
+static int pread_range(const pl_source *src, pl__preader *r,
                            const pl__sfile *f, const uint8_t *tok,
                            int64_t offset, int64_t count, void *out, int raw,
                            char *err, size_t errcap) {
@@ -1249,12 +1249,12 @@ static int pl__pread_range(const pl_source *src, pl__preader *r,
         r->file = NULL;
         r->fd = -1;
         r->owned = 0;
-        int rc = pl__data_fd(src, f, &r->fd, &r->owned, err, errcap);
+        int rc = data_fd(src, f, &r->fd, &r->owned, err, errcap);
         if (rc) return rc;
         r->file = f;
     }
     if (raw && f->dtype != src->dtype) {
-        pl__data_path(src, f, path, sizeof path);
+        data_path(src, f, path, sizeof path);
         pl__fmt(err, errcap,
                 "%s: token dtype %s differs from the source's %s (files of one "
                 "source read at stored width must share it)",
@@ -1280,7 +1280,7 @@ static int pl__pread_range(const pl_source *src, pl__preader *r,
         ssize_t k = pread(r->fd, dst + got, bytes - got, at + (off_t)got);
         if (k <= 0) {
             int e = errno;
-            pl__data_path(src, f, path, sizeof path);
+            data_path(src, f, path, sizeof path);
             pl__fmt(err, errcap, "%s: read of %zu bytes at offset %lld failed: %s",
                     path, bytes, (long long)at,
                     k == 0 ? "file shrank since open" : strerror(e));
@@ -1329,7 +1329,7 @@ static int ensure_reads(pl_source *src, const pl_read *reads, int64_t n, int32_t
         const uint8_t *tok;
         int64_t dl;
         if (only >= 0 && reads[i].source != only) continue;
-        if (pl__doc(src, reads[i].index, &f, &tok, &dl, err, errcap) || !f->rdata || !tok)
+        if (s_doc(src, reads[i].index, &f, &tok, &dl, err, errcap) || !f->rdata || !tok)
             continue;
         int64_t o = reads[i].offset, c = reads[i].count;
         if (o < 0 || c <= 0 || o > dl || c > dl - o) continue;
@@ -1361,7 +1361,7 @@ void pl__source_ensure_reads(pl_source *src, const pl_read *reads, int64_t n,
 
 /* pl_source_read_many (raw 0: int64 tokens) and pl_source_read_raw (raw 1:
  * stored width, at most cap bytes). */
-static int pl__read_ranges(pl_source *src, const pl_read *reads, int64_t n,
+static int read_ranges(pl_source *src, const pl_read *reads, int64_t n,
                            void *out, size_t cap, int raw) {
     if (!src || (n > 0 && (!reads || !out)) || n < 0) return PL_EINVAL;
     char err[PL__ERRMSG_CAP];
@@ -1376,7 +1376,7 @@ static int pl__read_ranges(pl_source *src, const pl_read *reads, int64_t n,
             pl__fmt(err, sizeof err,
                     "pl_source_read_raw: the reads need %zu bytes, the buffer holds %zu",
                     need, cap);
-            pl__set_err(src, err);
+            set_err(src, err);
             return PL_EINVAL;
         }
     }
@@ -1393,7 +1393,7 @@ static int pl__read_ranges(pl_source *src, const pl_read *reads, int64_t n,
             out = (uint8_t *)out + (size_t)count * es;
             continue;
         }
-        rc = pl__doc(src, reads[i].index, &f, &tok, &len, err, sizeof err);
+        rc = s_doc(src, reads[i].index, &f, &tok, &len, err, sizeof err);
         if (rc) break;
         if (off < 0 || count < 0 || off > len || count > len - off) {
             pl__fmt(err, sizeof err,
@@ -1408,29 +1408,29 @@ static int pl__read_ranges(pl_source *src, const pl_read *reads, int64_t n,
             rc = src->ops->read(src, f, reads[i].index, off, count, out,
                                 raw ? src->dtype : PL_DTYPE_INT64, 1, err, sizeof err);
         else if (count > 0)
-            rc = pl__pread_range(src, &r, f, tok, off, count, out, raw, err, sizeof err);
+            rc = pread_range(src, &r, f, tok, off, count, out, raw, err, sizeof err);
         out = (uint8_t *)out + (size_t)count * es;
     }
     if (r.owned) close(r.fd);
     free(r.buf);
-    if (rc) pl__set_err(src, err);
+    if (rc) set_err(src, err);
     return rc;
 }
 
 int pl_source_read_many(pl_source *src, const pl_read *reads, int64_t n,
                         int64_t *out) {
-    return pl__read_ranges(src, reads, n, out, 0, 0);
+    return read_ranges(src, reads, n, out, 0, 0);
 }
 
 int pl_source_read_raw(pl_source *src, const pl_read *reads, int64_t n,
                        void *out, size_t cap) {
-    return pl__read_ranges(src, reads, n, out, cap, 1);
+    return read_ranges(src, reads, n, out, cap, 1);
 }
 
 /* ------------------------------------------------------------ per format */
 
 /* The file and local sample of an image source's sample index. */
-static int pl__image_locate(pl_source *src, int64_t index, const pl__sfile **file,
+static int image_locate(pl_source *src, int64_t index, const pl__sfile **file,
                             int64_t *r, char *err, size_t errcap) {
     if (!src || !src->ops || !src->ops->image_info) {
         pl__fmt(err, errcap, "not a webdataset source");
@@ -1449,7 +1449,7 @@ int pl__source_image_info(pl_source *src, int64_t index, pl_image_info *out, cha
                           size_t errcap) {
     const pl__sfile *f;
     int64_t r;
-    int rc = pl__image_locate(src, index, &f, &r, err, errcap);
+    int rc = image_locate(src, index, &f, &r, err, errcap);
     if (rc) return rc;
     return src->ops->image_info(src, f, r, out, err, errcap);
 }
@@ -1458,7 +1458,7 @@ int pl__source_read_image(pl_source *src, int64_t index, uint8_t *out, size_t ca
                           pl_image_info *info, char *err, size_t errcap) {
     const pl__sfile *f;
     int64_t r;
-    int rc = pl__image_locate(src, index, &f, &r, err, errcap);
+    int rc = image_locate(src, index, &f, &r, err, errcap);
     if (rc) return rc;
     return src->ops->read_image(src, f, r, index, out, cap, info, err, errcap);
 }
@@ -1467,7 +1467,7 @@ int pl_source_image_info(pl_source *src, int64_t index, pl_image_info *out) {
     char err[PL__ERRMSG_CAP];
     if (!out) return PL_EINVAL;
     int rc = pl__source_image_info(src, index, out, err, sizeof err);
-    if (rc && src) pl__set_err(src, err);
+    if (rc && src) set_err(src, err);
     return rc;
 }
 
@@ -1475,7 +1475,7 @@ int pl_source_read_image(pl_source *src, int64_t index, void *out, size_t cap,
                          pl_image_info *info) {
     char err[PL__ERRMSG_CAP];
     int rc = pl__source_read_image(src, index, out, cap, info, err, sizeof err);
-    if (rc && src) pl__set_err(src, err);
+    if (rc && src) set_err(src, err);
     return rc;
 }
 
@@ -1484,8 +1484,8 @@ int pl_source_lengths(pl_source *src, const int64_t *index, int64_t n,
     if (!src || n < 0 || (n > 0 && (!index || !lengths))) return PL_EINVAL;
     char err[PL__ERRMSG_CAP];
     for (int64_t i = 0; i < n; i++)
-        if (pl__in_range(src, index[i], err, sizeof err)) {
-            pl__set_err(src, err);
+        if (in_range(src, index[i], err, sizeof err)) {
+            set_err(src, err);
             return PL_ERANGE;
         }
     if (src->ops->lengths) return src->ops->lengths(src, index, n, lengths);
@@ -1507,18 +1507,18 @@ void pl__source_lookahead(pl_source *src, const pl__perm *perm, int64_t lo,
     if (src->ops->lookahead) src->ops->lookahead(src, perm, lo, n, epoch, pos);
 }
 
-static pl__format_stats pl__stats_of(const pl_source *src) {
+static pl__format_stats stats_of(const pl_source *src) {
     pl__format_stats st = {0, 0};
     if (src && src->ops && src->ops->stats) src->ops->stats(src, &st);
     return st;
 }
 
 int64_t pl_source_num_tokenized(const pl_source *src) {
-    return pl__stats_of(src).tokenized;
+    return stats_of(src).tokenized;
 }
 
 int64_t pl_source_tokenize_cpu_ns(const pl_source *src) {
-    return pl__stats_of(src).tokenize_cpu_ns;
+    return stats_of(src).tokenize_cpu_ns;
 }
 
 int pl_source_release_tokenizer(pl_source *src) {

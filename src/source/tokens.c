@@ -61,7 +61,7 @@ typedef struct pl__ends {
     size_t cap; /* elements */
 } pl__ends;
 
-static int pl__ends_grow(pl__ends *e) {
+static int ends_grow(pl__ends *e) {
     size_t ncap = e->cap ? e->cap * 2 : (size_t)1 << 13;
     void *p;
     if (e->a)
@@ -75,9 +75,9 @@ static int pl__ends_grow(pl__ends *e) {
     return PL_OK;
 }
 
-static int pl__ends_push(pl__ends *e, uint64_t v) {
+static int ends_push(pl__ends *e, uint64_t v) {
     if (e->n == e->cap) {
-        int rc = pl__ends_grow(e);
+        int rc = ends_grow(e);
         if (rc) return rc;
     }
     e->a[e->n++] = v;
@@ -97,14 +97,14 @@ static int pl__ends_push(pl__ends *e, uint64_t v) {
             memcpy(&v, tok + (size_t)p * sizeof(T), sizeof(T));              \
             if (v != t) continue;                                            \
             if (llmc) {                                                      \
-                if (p > 0 && (rc = pl__ends_push(e, (uint64_t)p))) return rc; \
+                if (p > 0 && (rc = ends_push(e, (uint64_t)p))) return rc; \
             } else {                                                         \
-                if ((rc = pl__ends_push(e, (uint64_t)p + 1))) return rc;     \
+                if ((rc = ends_push(e, (uint64_t)p + 1))) return rc;     \
             }                                                                \
         }                                                                    \
     tail:                                                                    \
         if (n > 0 && (e->n == 0 || e->a[e->n - 1] != (uint64_t)n))           \
-            return pl__ends_push(e, (uint64_t)n);                            \
+            return ends_push(e, (uint64_t)n);                            \
         return PL_OK;                                                        \
     }
 PL__SCAN(pl__scan_u16, uint16_t)
@@ -122,7 +122,7 @@ typedef struct pl__want {
     int64_t n_tokens;
 } pl__want;
 
-static void pl__plidx_header(uint8_t h[PL__PLIDX_HEADER], const pl__want *w,
+static void plidx_header(uint8_t h[PL__PLIDX_HEADER], const pl__want *w,
                              uint64_t count) {
     memset(h, 0, PL__PLIDX_HEADER);
     memcpy(h, PL__PLIDX_MAGIC, 8);
@@ -138,7 +138,7 @@ static void pl__plidx_header(uint8_t h[PL__PLIDX_HEADER], const pl__want *w,
 
 /* Does a mapped sidecar fit the data file?  Returns the document count, or
  * -1 when it must be rebuilt. */
-static int64_t pl__plidx_check(const uint8_t *m, size_t len,
+static int64_t plidx_check(const uint8_t *m, size_t len,
                                const pl__want *w) {
     if (len < PL__PLIDX_HEADER) return -1;
     if (memcmp(m, PL__PLIDX_MAGIC, 8) != 0) return -1;
@@ -169,7 +169,7 @@ static int64_t pl__plidx_check(const uint8_t *m, size_t len,
 }
 
 /* Map an existing sidecar if it fits.  1 when f now uses it, 0 otherwise. */
-static int pl__plidx_load(pl__kfile *kf, const char *ipath, const pl__want *w) {
+static int plidx_load(pl__kfile *kf, const char *ipath, const pl__want *w) {
     pl__sfile *f = &kf->base;
     int fd = open(ipath, O_RDONLY | O_CLOEXEC);
     if (fd < 0) return 0;
@@ -181,7 +181,7 @@ static int pl__plidx_load(pl__kfile *kf, const char *ipath, const pl__want *w) {
         close(fd);
         return 0;
     }
-    int64_t count = pl__plidx_check(m, (size_t)st.st_size, w);
+    int64_t count = plidx_check(m, (size_t)st.st_size, w);
     if (count < 0) {
         close(fd);
         munmap(m, (size_t)st.st_size);
@@ -196,7 +196,7 @@ static int pl__plidx_load(pl__kfile *kf, const char *ipath, const pl__want *w) {
     return 1;
 }
 
-static int pl__write_all(int fd, const void *buf, size_t len) {
+static int write_all(int fd, const void *buf, size_t len) {
     const uint8_t *p = buf;
     while (len > 0) {
         ssize_t k = write(fd, p, len);
@@ -211,16 +211,16 @@ static int pl__write_all(int fd, const void *buf, size_t len) {
 }
 
 /* Write the sidecar atomically (temporary file + rename).  0 on success. */
-static int pl__plidx_write(const char *ipath, const pl__want *w,
+static int plidx_write(const char *ipath, const pl__want *w,
                            const pl__ends *e) {
     char tmp[4200];
     pl__fmt(tmp, sizeof tmp, "%s.tmp.XXXXXX", ipath);
     int fd = mkstemp(tmp);
     if (fd < 0) return -1;
     uint8_t h[PL__PLIDX_HEADER];
-    pl__plidx_header(h, w, e->n);
-    int bad = fchmod(fd, 0644) != 0 || pl__write_all(fd, h, sizeof h) != 0 ||
-              (e->n && pl__write_all(fd, e->a, e->n * 8) != 0);
+    plidx_header(h, w, e->n);
+    int bad = fchmod(fd, 0644) != 0 || write_all(fd, h, sizeof h) != 0 ||
+              (e->n && write_all(fd, e->a, e->n * 8) != 0);
     bad |= close(fd) != 0;
     if (!bad) bad = rename(tmp, ipath) != 0;
     if (bad) unlink(tmp);
@@ -236,7 +236,7 @@ static int pl__plidx_write(const char *ipath, const pl__want *w,
  * below 256 (or 65536) and, with eos_id 0, NULs at every document end, so
  * its first 4 KiB almost never pass.  At least 16 bytes are needed to judge.
  */
-static int pl__looks_like_text(const uint8_t *m, int64_t size) {
+static int looks_like_text(const uint8_t *m, int64_t size) {
     int64_t n = size < 4096 ? size : 4096;
     if (n < 16) return 0;
     for (int64_t i = 0; i < n;) {
@@ -260,7 +260,7 @@ static int pl__looks_like_text(const uint8_t *m, int64_t size) {
 }
 
 /* Open an llm.c shard (llmc 1) or a flat file (0) and find its documents. */
-static int pl__tokens_open(pl_source *src, pl__sfile *f, int llmc, char *err,
+static int tokens_open(pl_source *src, pl__sfile *f, int llmc, char *err,
                            size_t errcap) {
     pl__kfile *kf = (pl__kfile *)f;
     const pl_dtype flat_dtype = src->dtype; /* the configured dtype (flat) */
@@ -338,7 +338,7 @@ static int pl__tokens_open(pl_source *src, pl__sfile *f, int llmc, char *err,
     } else {
         f->dtype = flat_dtype;
         f->width = pl_dtype_size(flat_dtype);
-        if (pl__looks_like_text(m, size)) {
+        if (looks_like_text(m, size)) {
             char head[33];
             int64_t k = 0;
             for (; k < size && k < 32; k++)
@@ -374,7 +374,7 @@ static int pl__tokens_open(pl_source *src, pl__sfile *f, int llmc, char *err,
     };
     char ipath[4096];
     pl__fmt(ipath, sizeof ipath, "%s.plidx", f->path);
-    if (write_index != PL_INDEX_MEMORY && pl__plidx_load(kf, ipath, &w)) return PL_OK;
+    if (write_index != PL_INDEX_MEMORY && plidx_load(kf, ipath, &w)) return PL_OK;
     /* One writer at a time: lock the data file, then look again (another
        process may have written the sidecar while this one waited). */
     int lockfd = -1;
@@ -387,7 +387,7 @@ static int pl__tokens_open(pl_source *src, pl__sfile *f, int llmc, char *err,
             if (lrc != 0) { /* no locks here (some network file systems) */
                 close(lockfd);
                 lockfd = -1;
-            } else if (pl__plidx_load(kf, ipath, &w)) {
+            } else if (plidx_load(kf, ipath, &w)) {
                 close(lockfd); /* releases the lock */
                 return PL_OK;
             }
@@ -409,8 +409,8 @@ static int pl__tokens_open(pl_source *src, pl__sfile *f, int llmc, char *err,
                 f->path);
         return rc;
     }
-    int written = write_index == PL_INDEX_WRITE && pl__plidx_write(ipath, &w, &e) == 0 &&
-                  pl__plidx_load(kf, ipath, &w);
+    int written = write_index == PL_INDEX_WRITE && plidx_write(ipath, &w, &e) == 0 &&
+                  plidx_load(kf, ipath, &w);
     if (lockfd >= 0) close(lockfd);
     if (written) {
         if (e.a) munmap(e.a, e.cap * 8);
@@ -427,7 +427,7 @@ static int pl__tokens_open(pl_source *src, pl__sfile *f, int llmc, char *err,
     return PL_OK;
 }
 
-static int pl__tokens_doc(const pl_source *src, const pl__sfile *bf, int64_t r,
+static int tokens_doc(const pl_source *src, const pl__sfile *bf, int64_t r,
                           const uint8_t **tokens, int64_t *length, char *err,
                           size_t errcap) {
     (void)src;
@@ -450,24 +450,24 @@ static int pl__tokens_doc(const pl_source *src, const pl__sfile *bf, int64_t r,
     return PL_OK;
 }
 
-static int pl__llmc_open(pl_source *src, pl__sfile *f, int skip_damaged, char *err,
+static int llmc_open(pl_source *src, pl__sfile *f, int skip_damaged, char *err,
                          size_t errcap) {
     (void)skip_damaged;
-    return pl__tokens_open(src, f, 1, err, errcap);
+    return tokens_open(src, f, 1, err, errcap);
 }
 
-static int pl__flat_open(pl_source *src, pl__sfile *f, int skip_damaged, char *err,
+static int flat_open(pl_source *src, pl__sfile *f, int skip_damaged, char *err,
                          size_t errcap) {
     (void)skip_damaged;
-    return pl__tokens_open(src, f, 0, err, errcap);
+    return tokens_open(src, f, 0, err, errcap);
 }
 
-static void pl__tokens_prefetch(const pl__sfile *bf, int64_t r) {
+static void tokens_prefetch(const pl__sfile *bf, int64_t r) {
     const pl__kfile *f = (const pl__kfile *)bf;
     if (f->ends) __builtin_prefetch(f->ends + (r > 0 ? r - 1 : 0));
 }
 
-static int pl__llmc_init(pl_source *src, const pl_source_options *opts,
+static int llmc_init(pl_source *src, const pl_source_options *opts,
                          int skip_damaged, char *err, size_t errcap) {
     (void)skip_damaged;
     int rc = pl__source_init_common(src, opts, 50256, 1, err, errcap);
@@ -475,7 +475,7 @@ static int pl__llmc_init(pl_source *src, const pl_source_options *opts,
     return rc;
 }
 
-static int pl__flat_init(pl_source *src, const pl_source_options *opts,
+static int flat_init(pl_source *src, const pl_source_options *opts,
                          int skip_damaged, char *err, size_t errcap) {
     (void)skip_damaged;
     int rc = pl__source_init_common(src, opts, 0, 1, err, errcap);
@@ -501,10 +501,10 @@ const pl__source_ops pl__llmc_ops = {
     .data_suffix = "",
     .index_suffix = ".plidx",
     .unit = "record",
-    .init = pl__llmc_init,
-    .open_file = pl__llmc_open,
-    .doc = pl__tokens_doc,
-    .prefetch = pl__tokens_prefetch,
+    .init = llmc_init,
+    .open_file = llmc_open,
+    .doc = tokens_doc,
+    .prefetch = tokens_prefetch,
 };
 
 const pl__source_ops pl__flat_ops = {
@@ -516,8 +516,8 @@ const pl__source_ops pl__flat_ops = {
     .data_suffix = "",
     .index_suffix = ".plidx",
     .unit = "record",
-    .init = pl__flat_init,
-    .open_file = pl__flat_open,
-    .doc = pl__tokens_doc,
-    .prefetch = pl__tokens_prefetch,
+    .init = flat_init,
+    .open_file = flat_open,
+    .doc = tokens_doc,
+    .prefetch = tokens_prefetch,
 };

@@ -109,7 +109,7 @@ int pl__wds_defaults(pl_image_options *o, char *err, size_t errcap, const char *
     return PL_OK;
 }
 
-static uint64_t pl__wds_opthash(const pl__wds *w) {
+static uint64_t wds_opthash(const pl__wds *w) {
     int64_t v[4] = {w->o.caption_token_offset, w->o.limit_pixels, w->skip, 1};
     /* verify joins the hash only when set: sidecars built without it stay valid */
     uint64_t h = pl__hash64(v, (w->verify ? 4 : 3) * sizeof v[0], 0x706c776473ULL);
@@ -124,7 +124,7 @@ static uint64_t pl__wds_opthash(const pl__wds *w) {
  * Expand the first brace group of pat (numeric range {a..b}, zero padding
  * of the longer bound kept, or a list {x,y,z}) recursively into out.
  */
-static int pl__brace(const char *pat, pl__paths *out, size_t *budget) {
+static int s_brace(const char *pat, pl__paths *out, size_t *budget) {
     const char *lb = strchr(pat, '{');
     const char *rb = lb ? strchr(lb, '}') : NULL;
     if (!lb || !rb) {
@@ -153,7 +153,7 @@ static int pl__brace(const char *pat, pl__paths *out, size_t *budget) {
         long long step = a <= b ? 1 : -1;
         for (long long k = a; rc == PL_OK; k += step) {
             int n = snprintf(buf, cap + 256, "%.*s%0*lld%s", (int)pre, pat, width, k, rest);
-            rc = n < 0 || (size_t)n >= cap + 256 ? PL_ECONFIG : pl__brace(buf, out, budget);
+            rc = n < 0 || (size_t)n >= cap + 256 ? PL_ECONFIG : s_brace(buf, out, budget);
             if (k == b) break;
         }
     } else {
@@ -162,7 +162,7 @@ static int pl__brace(const char *pat, pl__paths *out, size_t *budget) {
             const char *c = strchr(s, ',');
             size_t len = c ? (size_t)(c - s) : strlen(s);
             int n = snprintf(buf, cap + 256, "%.*s%.*s%s", (int)pre, pat, (int)len, s, rest);
-            rc = n < 0 || (size_t)n >= cap + 256 ? PL_ECONFIG : pl__brace(buf, out, budget);
+            rc = n < 0 || (size_t)n >= cap + 256 ? PL_ECONFIG : s_brace(buf, out, budget);
             if (rc || !c) break;
             s = c + 1;
         }
@@ -171,26 +171,26 @@ static int pl__brace(const char *pat, pl__paths *out, size_t *budget) {
     return rc;
 }
 
-static int pl__ends(const char *s, const char *suf) {
+static int s_ends(const char *s, const char *suf) {
     size_t n = strlen(s), m = strlen(suf);
     return n >= m && strcmp(s + n - m, suf) == 0;
 }
 
-static int pl__is_shard(const char *p) {
+static int is_shard(const char *p) {
     struct stat st;
-    return !pl__ends(p, ".plwds") && !strstr(p, ".plwds.tmp.") && stat(p, &st) == 0 &&
+    return !s_ends(p, ".plwds") && !strstr(p, ".plwds.tmp.") && stat(p, &st) == 0 &&
            S_ISREG(st.st_mode);
 }
 
-static int pl__cmp(const void *a, const void *b) {
+static int cmp(const void *a, const void *b) {
     return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
 /* Shards of `path`, sorted and unique. */
-static int pl__wds_expand(const char *path, pl__paths *files, char *err, size_t errcap) {
+static int wds_expand(const char *path, pl__paths *files, char *err, size_t errcap) {
     pl__paths pats = {0};
     size_t budget = PL__MAX_BRACE;
-    int rc = pl__brace(path, &pats, &budget);
+    int rc = s_brace(path, &pats, &budget);
     if (rc) {
         pl__paths_free(&pats);
         pl__fmt(err, errcap, "%s: %s", path,
@@ -206,7 +206,7 @@ static int pl__wds_expand(const char *path, pl__paths *files, char *err, size_t 
             memset(&g, 0, sizeof g);
             if (glob(p, 0, NULL, &g) == 0)
                 for (size_t k = 0; k < g.gl_pathc && rc == PL_OK; k++)
-                    if (pl__is_shard(g.gl_pathv[k]))
+                    if (is_shard(g.gl_pathv[k]))
                         rc = pl__paths_add(files, g.gl_pathv[k], strlen(g.gl_pathv[k]));
             globfree(&g);
         } else if (stat(p, &st) == 0 && S_ISDIR(st.st_mode)) {
@@ -214,9 +214,9 @@ static int pl__wds_expand(const char *path, pl__paths *files, char *err, size_t 
             struct dirent *de;
             char full[4096];
             while (d && rc == PL_OK && (de = readdir(d)) != NULL) {
-                if (!pl__ends(de->d_name, ".tar")) continue;
+                if (!s_ends(de->d_name, ".tar")) continue;
                 pl__fmt(full, sizeof full, "%s/%s", p, de->d_name);
-                if (pl__is_shard(full)) rc = pl__paths_add(files, full, strlen(full));
+                if (is_shard(full)) rc = pl__paths_add(files, full, strlen(full));
             }
             if (d) closedir(d);
         } else if (stat(p, &st) == 0) {
@@ -233,7 +233,7 @@ static int pl__wds_expand(const char *path, pl__paths *files, char *err, size_t 
         pl__fmt(err, errcap, "%s: no shard matches", path);
         return PL_ENOENT;
     }
-    qsort(files->v, (size_t)files->n, sizeof *files->v, pl__cmp);
+    qsort(files->v, (size_t)files->n, sizeof *files->v, cmp);
     int64_t k = 1;
     for (int64_t i = 1; i < files->n; i++) {
         if (strcmp(files->v[i], files->v[k - 1]) == 0)
@@ -248,7 +248,7 @@ static int pl__wds_expand(const char *path, pl__paths *files, char *err, size_t 
 /* ------------------------------------------------------------ reading */
 
 /* Read len bytes at off exactly.  PL_ETRUNC on a short read, PL_EIO. */
-static int pl__pread_all(int fd, void *buf, size_t len, int64_t off,
+static int pread_all(int fd, void *buf, size_t len, int64_t off,
                          const char *path, char *err, size_t errcap) {
     size_t got = 0;
     while (got < len) {
@@ -268,7 +268,7 @@ static int pl__pread_all(int fd, void *buf, size_t len, int64_t off,
 /* ------------------------------------------------------------ tar */
 
 /* An octal (or GNU base-256) numeric field; -1 when malformed. */
-static int64_t pl__tar_num(const uint8_t *p, size_t n) {
+static int64_t tar_num(const uint8_t *p, size_t n) {
     if (p[0] & 0x80) { /* base-256, big-endian, positive only */
         if (p[0] != 0x80) return -1;
         uint64_t v = 0;
@@ -313,7 +313,7 @@ typedef struct pl__wb {
     size_t errcap;
 } pl__wb;
 
-static int pl__wb_buf(pl__wb *b, size_t n) {
+static int wb_buf(pl__wb *b, size_t n) {
     if (n <= b->bufcap) return PL_OK;
     uint8_t *nb = pl__realloc_array(b->buf, n, 1);
     if (!nb) {
@@ -329,7 +329,7 @@ static int pl__wb_buf(pl__wb *b, size_t n) {
  * The next regular-file member at *off (which moves past it).  PL_DONE at
  * the end of the archive; PL_ERECORD for a damaged header.
  */
-static int pl__tar_next(pl__wb *b, int64_t *off, pl__member *m) {
+static int tar_next(pl__wb *b, int64_t *off, pl__member *m) {
     char longname[4096];
     longname[0] = '\0';
     int64_t pax_size = -1;
@@ -343,12 +343,12 @@ static int pl__tar_next(pl__wb *b, int64_t *off, pl__member *m) {
                     b->path, (long long)*off, (long long)b->file_size);
             return PL_ETRUNC;
         }
-        int rc = pl__pread_all(b->fd, h, 512, *off, b->path, b->err, b->errcap);
+        int rc = pread_all(b->fd, h, 512, *off, b->path, b->err, b->errcap);
         if (rc) return rc;
         int zero = 1;
         for (int i = 0; i < 512 && zero; i++) zero = h[i] == 0;
         if (zero) return PL_DONE;
-        int64_t stored = pl__tar_num(h + 148, 8);
+        int64_t stored = tar_num(h + 148, 8);
         uint64_t sum = 0;
         int64_t ssum = 0;
         for (int i = 0; i < 512; i++) {
@@ -363,7 +363,7 @@ static int pl__tar_next(pl__wb *b, int64_t *off, pl__member *m) {
                     b->path, (long long)*off, (long long)stored, (unsigned long long)sum);
             return PL_ERECORD;
         }
-        int64_t size = pl__tar_num(h + 124, 12);
+        int64_t size = tar_num(h + 124, 12);
         if (pax_size >= 0) size = pax_size;
         if (size < 0) {
             pl__fmt(b->err, b->errcap, "%s: tar header at offset %lld: bad size field",
@@ -388,8 +388,8 @@ static int pl__tar_next(pl__wb *b, int64_t *off, pl__member *m) {
                         (long long)size);
                 return PL_ERECORD;
             }
-            if ((rc = pl__wb_buf(b, (size_t)size + 1))) return rc;
-            if ((rc = pl__pread_all(b->fd, b->buf, (size_t)size, data, b->path, b->err,
+            if ((rc = wb_buf(b, (size_t)size + 1))) return rc;
+            if ((rc = pread_all(b->fd, b->buf, (size_t)size, data, b->path, b->err,
                                     b->errcap)))
                 return rc;
             b->buf[size] = '\0';
@@ -446,7 +446,7 @@ static int pl__tar_next(pl__wb *b, int64_t *off, pl__member *m) {
 }
 
 /* Key and extension of a member name (webdataset's base_plus_ext). */
-static void pl__split_key(const char *name, size_t *keylen, const char **ext) {
+static void split_key(const char *name, size_t *keylen, const char **ext) {
     const char *base = strrchr(name, '/');
     base = base ? base + 1 : name;
     const char *dot = strchr(base, '.');
@@ -465,13 +465,13 @@ typedef struct pl__sample {
     char key[4096];
     size_t keylen;
     int has_image, has_caption, fmt;
-    int has_repeat, has_dotted; /* a second image or caption; see pl__dotted */
+    int has_repeat, has_dotted; /* a second image or caption; see s_dotted */
     pl__member image, caption;
     pl__member repeat, dotted, *first; /* first: the member repeat repeats */
     int64_t first_off; /* header of the sample's first member */
 } pl__sample;
 
-static int pl__push_tokens(pl__wb *b, const uint32_t *t, size_t n) {
+static int push_tokens(pl__wb *b, const uint32_t *t, size_t n) {
     if (b->ntok + n > b->tokcap) {
         size_t nc = b->tokcap ? b->tokcap : 4096;
         while (nc < b->ntok + n) nc *= 2;
@@ -486,13 +486,13 @@ static int pl__push_tokens(pl__wb *b, const uint32_t *t, size_t n) {
 }
 
 /* Byte tokens of UTF-8 text: the seam where a text tokenizer plugs in. */
-static int pl__tokenize_bytes(pl__wb *b, const uint8_t *s, size_t n) {
+static int tokenize_bytes(pl__wb *b, const uint8_t *s, size_t n) {
     uint32_t chunk[256];
     size_t k = 0;
     for (size_t i = 0; i < n; i++) {
         chunk[k++] = (uint32_t)b->w->o.caption_token_offset + s[i];
         if (k == 256 || i + 1 == n) {
-            if (pl__push_tokens(b, chunk, k)) return PL_ENOMEM;
+            if (push_tokens(b, chunk, k)) return PL_ENOMEM;
             k = 0;
         }
     }
@@ -500,9 +500,9 @@ static int pl__tokenize_bytes(pl__wb *b, const uint8_t *s, size_t n) {
 }
 
 /* A bad sample: an error (fail) or counted (skip).  PL_OK means skipped. */
-static int pl__bad(pl__wb *b, int code, const char *fmt, ...)
+static int s_bad(pl__wb *b, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
-static int pl__bad(pl__wb *b, int code, const char *fmt, ...) {
+static int s_bad(pl__wb *b, int code, const char *fmt, ...) {
     if (b->w->skip) {
         b->skipped++;
         return PL_OK;
@@ -514,31 +514,31 @@ static int pl__bad(pl__wb *b, int code, const char *fmt, ...) {
     return code;
 }
 
-static int pl__caption(pl__wb *b, const pl__sample *s, size_t *ntok, int *bad) {
+static int s_caption(pl__wb *b, const pl__sample *s, size_t *ntok, int *bad) {
     const pl__member *m = &s->caption;
     *bad = 0;
     if (m->size > PL__WDS_MAX_CAPTION) {
         *bad = 1;
-        return pl__bad(b, PL_ERECORD, "%s: member %s at offset %lld: caption of %lld bytes",
+        return s_bad(b, PL_ERECORD, "%s: member %s at offset %lld: caption of %lld bytes",
                        b->path, m->name, (long long)m->hdr_off, (long long)m->size);
     }
-    int rc = pl__wb_buf(b, (size_t)m->size + 1);
+    int rc = wb_buf(b, (size_t)m->size + 1);
     if (rc) return rc;
-    if ((rc = pl__pread_all(b->fd, b->buf, (size_t)m->size, m->data_off, b->path, b->err,
+    if ((rc = pread_all(b->fd, b->buf, (size_t)m->size, m->data_off, b->path, b->err,
                             b->errcap)))
         return rc;
     b->buf[m->size] = '\0';
     size_t before = b->ntok;
     const char *key = b->w->o.caption_key;
     if (!strcmp(key, "txt")) {
-        rc = pl__tokenize_bytes(b, b->buf, (size_t)m->size);
+        rc = tokenize_bytes(b, b->buf, (size_t)m->size);
     } else {
         json_error_t je;
         json_t *root = json_loadb((const char *)b->buf, (size_t)m->size, 0, &je);
         json_t *v = root && json_is_object(root) ? json_object_get(root, key + 5) : NULL;
         if (!root || !v || !(json_is_string(v) || json_is_array(v))) {
             *bad = 1;
-            rc = pl__bad(b, PL_ERECORD,
+            rc = s_bad(b, PL_ERECORD,
                          "%s: member %s at offset %lld: %s%s", b->path, m->name,
                          (long long)m->hdr_off,
                          !root ? "invalid JSON: " : "no caption field ",
@@ -547,7 +547,7 @@ static int pl__caption(pl__wb *b, const pl__sample *s, size_t *ntok, int *bad) {
             return rc;
         }
         if (json_is_string(v)) {
-            rc = pl__tokenize_bytes(b, (const uint8_t *)json_string_value(v),
+            rc = tokenize_bytes(b, (const uint8_t *)json_string_value(v),
                                     json_string_length(v));
         } else {
             size_t i;
@@ -557,14 +557,14 @@ static int pl__caption(pl__wb *b, const pl__sample *s, size_t *ntok, int *bad) {
                 if (t < 0 || t > (json_int_t)UINT32_MAX) {
                     *bad = 1;
                     b->ntok = before;
-                    rc = pl__bad(b, PL_ERECORD,
+                    rc = s_bad(b, PL_ERECORD,
                                  "%s: member %s at offset %lld: %s[%zu] is not a token id",
                                  b->path, m->name, (long long)m->hdr_off, key + 5, i);
                     json_decref(root);
                     return rc;
                 }
                 uint32_t u = (uint32_t)t;
-                if ((rc = pl__push_tokens(b, &u, 1))) break;
+                if ((rc = push_tokens(b, &u, 1))) break;
             }
         }
         json_decref(root);
@@ -580,7 +580,7 @@ static int pl__caption(pl__wb *b, const pl__sample *s, size_t *ntok, int *bad) {
 /* An extension that holds a dot and ends in an image extension or the
  * caption's: the member's key was meant to hold a dot (img.0002.jpg gives
  * key img, extension 0002.jpg under webdataset's rule). */
-static int pl__dotted(const char *ext, const char *cext) {
+static int s_dotted(const char *ext, const char *cext) {
     const char *last = strrchr(ext, '.');
     if (!last) return 0;
     last++;
@@ -589,10 +589,10 @@ static int pl__dotted(const char *ext, const char *cext) {
 
 /* Decode image member im in full (image.verify): PL_EIMAGE with the
  * decoder's message in b->err for a corrupt or truncated body. */
-static int pl__verify_image(pl__wb *b, int fmt, const pl__member *im) {
-    int rc = pl__wb_buf(b, (size_t)im->size);
+static int verify_image(pl__wb *b, int fmt, const pl__member *im) {
+    int rc = wb_buf(b, (size_t)im->size);
     if (rc) return rc;
-    if ((rc = pl__pread_all(b->fd, b->buf, (size_t)im->size, im->data_off, b->path, b->err,
+    if ((rc = pread_all(b->fd, b->buf, (size_t)im->size, im->data_off, b->path, b->err,
                             b->errcap)))
         return rc;
     uint8_t px[3 * 14 * 14];
@@ -605,10 +605,10 @@ static int pl__verify_image(pl__wb *b, int fmt, const pl__member *im) {
 }
 
 /* Close a sample: probe the image, tokenize the caption, append a record. */
-static int pl__finish(pl__wb *b, pl__sample *s) {
+static int finish(pl__wb *b, pl__sample *s) {
     if (!s->keylen) return PL_OK;
     if (s->has_repeat)
-        return pl__bad(b, PL_ERECORD,
+        return s_bad(b, PL_ERECORD,
                        "%s: sample %s: member %s at offset %lld repeats the %s of member "
                        "%s at offset %lld (a sample holds one image and one caption)",
                        b->path, s->key, s->repeat.name, (long long)s->repeat.hdr_off,
@@ -617,8 +617,8 @@ static int pl__finish(pl__wb *b, pl__sample *s) {
     if ((!s->has_image || !s->has_caption) && s->has_dotted) {
         size_t kl;
         const char *ext;
-        pl__split_key(s->dotted.name, &kl, &ext);
-        return pl__bad(b, PL_ERECORD,
+        split_key(s->dotted.name, &kl, &ext);
+        return s_bad(b, PL_ERECORD,
                        "%s: member %s at offset %lld: key '%s', extension '%s' (the key "
                        "ends at the first dot of the file name, as in webdataset), so it "
                        "is neither the image nor the caption of its sample; keys must "
@@ -627,54 +627,54 @@ static int pl__finish(pl__wb *b, pl__sample *s) {
     }
     if (!s->has_image && !s->has_caption) return PL_OK; /* nothing of ours */
     if (!s->has_image)
-        return pl__bad(b, PL_ERECORD, "%s: sample %s (member %s at offset %lld): no image",
+        return s_bad(b, PL_ERECORD, "%s: sample %s (member %s at offset %lld): no image",
                        b->path, s->key, s->caption.name, (long long)s->caption.hdr_off);
     if (!s->has_caption)
-        return pl__bad(b, PL_ERECORD,
+        return s_bad(b, PL_ERECORD,
                        "%s: sample %s (member %s at offset %lld): no caption (%s)",
                        b->path, s->key, s->image.name, (long long)s->image.hdr_off,
                        b->w->o.caption_key);
     const pl__member *im = &s->image;
     size_t want = im->size < PL__WDS_PROBE ? (size_t)im->size : PL__WDS_PROBE;
-    int rc = pl__wb_buf(b, want);
+    int rc = wb_buf(b, want);
     if (rc) return rc;
-    if ((rc = pl__pread_all(b->fd, b->buf, want, im->data_off, b->path, b->err, b->errcap)))
+    if ((rc = pread_all(b->fd, b->buf, want, im->data_off, b->path, b->err, b->errcap)))
         return rc;
     uint32_t w = 0, h = 0;
     char perr[256];
     perr[0] = '\0';
     rc = pl__image_probe(s->fmt, b->buf, want, &w, &h, perr, sizeof perr);
     if (rc == PL_ETRUNC && want < (size_t)im->size) {
-        if ((rc = pl__wb_buf(b, (size_t)im->size))) return rc;
-        if ((rc = pl__pread_all(b->fd, b->buf, (size_t)im->size, im->data_off, b->path,
+        if ((rc = wb_buf(b, (size_t)im->size))) return rc;
+        if ((rc = pread_all(b->fd, b->buf, (size_t)im->size, im->data_off, b->path,
                                 b->err, b->errcap)))
             return rc;
         rc = pl__image_probe(s->fmt, b->buf, (size_t)im->size, &w, &h, perr, sizeof perr);
     }
     if (rc == PL_ETRUNC)
-        return pl__bad(b, PL_EIMAGE,
+        return s_bad(b, PL_EIMAGE,
                        "%s: member %s at offset %lld: image header truncated (%lld bytes)",
                        b->path, im->name, (long long)im->hdr_off, (long long)im->size);
     if (rc)
-        return pl__bad(b, PL_EIMAGE, "%s: member %s at offset %lld: %s", b->path, im->name,
+        return s_bad(b, PL_EIMAGE, "%s: member %s at offset %lld: %s", b->path, im->name,
                        (long long)im->hdr_off, perr);
     if ((int64_t)w * h > b->w->o.limit_pixels)
-        return pl__bad(b, PL_EIMAGE,
+        return s_bad(b, PL_EIMAGE,
                        "%s: member %s at offset %lld: image of %ux%u pixels exceeds "
                        "limit_pixels %lld",
                        b->path, im->name, (long long)im->hdr_off, w, h,
                        (long long)b->w->o.limit_pixels);
-    if (b->w->verify && (rc = pl__verify_image(b, s->fmt, im)) != PL_OK)
-        return rc == PL_EIMAGE ? pl__bad(b, PL_EIMAGE, "%s: member %s at offset %lld: %s "
+    if (b->w->verify && (rc = verify_image(b, s->fmt, im)) != PL_OK)
+        return rc == PL_EIMAGE ? s_bad(b, PL_EIMAGE, "%s: member %s at offset %lld: %s "
                                          "(image verification)", b->path, im->name,
                                          (long long)im->hdr_off, b->err)
                                : rc;
     size_t first = b->ntok, ntok = 0;
     int bad = 0;
-    if ((rc = pl__caption(b, s, &ntok, &bad)) || bad) return rc;
+    if ((rc = s_caption(b, s, &ntok, &bad)) || bad) return rc;
     if (ntok > UINT32_MAX) {
         b->ntok = first;
-        return pl__bad(b, PL_ERECORD, "%s: sample %s: caption of %zu tokens", b->path,
+        return s_bad(b, PL_ERECORD, "%s: sample %s: caption of %zu tokens", b->path,
                        s->key, ntok);
     }
     if (b->nrec == b->reccap) {
@@ -699,7 +699,7 @@ static int pl__finish(pl__wb *b, pl__sample *s) {
     return PL_OK;
 }
 
-static int pl__wds_scan(pl__wb *b) {
+static int wds_scan(pl__wb *b) {
     int64_t off = 0;
     pl__sample *s = pl__calloc(1, sizeof *s);
     pl__member *m = pl__calloc(1, sizeof *m);
@@ -713,13 +713,13 @@ static int pl__wds_scan(pl__wb *b) {
     const char *ckey = b->w->o.caption_key;
     const char *cext = !strcmp(ckey, "txt") ? "txt" : "json";
     for (;;) {
-        rc = pl__tar_next(b, &off, m);
+        rc = tar_next(b, &off, m);
         if (rc) break;
         size_t kl;
         const char *ext;
-        pl__split_key(m->name, &kl, &ext);
+        split_key(m->name, &kl, &ext);
         if (!s->keylen || kl != s->keylen || memcmp(m->name, s->key, kl)) {
-            if ((rc = pl__finish(b, s))) break;
+            if ((rc = finish(b, s))) break;
             memset(s, 0, offsetof(pl__sample, image));
             memcpy(s->key, m->name, kl);
             s->key[kl] = '\0';
@@ -739,12 +739,12 @@ static int pl__wds_scan(pl__wb *b) {
             s->has_repeat = 1; /* webdataset refuses a repeated extension too */
             s->repeat = *m;
             s->first = fmt ? &s->image : &s->caption;
-        } else if (!s->has_dotted && pl__dotted(ext, cext)) {
+        } else if (!s->has_dotted && s_dotted(ext, cext)) {
             s->has_dotted = 1;
             s->dotted = *m;
         }
     }
-    if (rc == PL_DONE) rc = pl__finish(b, s);
+    if (rc == PL_DONE) rc = finish(b, s);
     free(s);
     free(m);
     return rc;
@@ -752,7 +752,7 @@ static int pl__wds_scan(pl__wb *b) {
 
 /* ------------------------------------------------------------ sidecar */
 
-static void pl__wds_header(uint8_t *h, const struct stat *st, uint64_t opthash,
+static void wds_header(uint8_t *h, const struct stat *st, uint64_t opthash,
                            uint64_t nrec, uint64_t ntok, int64_t skipped) {
     memset(h, 0, PL__WDS_HEADER);
     memcpy(h, PL__WDS_MAGIC, 8);
@@ -767,13 +767,13 @@ static void pl__wds_header(uint8_t *h, const struct stat *st, uint64_t opthash,
     pl__st_u32(h + 56, (uint32_t)skipped);
 }
 
-static uint32_t pl__wds_crc(const uint8_t *m, size_t len) {
+static uint32_t wds_crc(const uint8_t *m, size_t len) {
     uint32_t c = pl__crc32(0, m, 60);
     return pl__crc32(c, m + PL__WDS_HEADER, len - PL__WDS_HEADER);
 }
 
 /* Does the mapped sidecar m[0, len) fit the shard and options?  Then fill f. */
-static int pl__wds_valid(const uint8_t *m, size_t len, const struct stat *st,
+static int wds_valid(const uint8_t *m, size_t len, const struct stat *st,
                          uint64_t opthash) {
     if (len < PL__WDS_HEADER || memcmp(m, PL__WDS_MAGIC, 8) ||
         pl__ld_u32(m + 8) != PL__WDS_VERSION || pl__ld_u32(m + 12) != PL__WDS_REC)
@@ -783,9 +783,9 @@ static int pl__wds_valid(const uint8_t *m, size_t len, const struct stat *st,
     if (nrec > len / PL__WDS_REC || ntok > len / 4 ||
         PL__WDS_HEADER + nrec * PL__WDS_REC + ntok * 4 != len)
         return 0;
-    pl__wds_header(h, st, opthash, nrec, ntok, pl__ld_u32(m + 56));
+    wds_header(h, st, opthash, nrec, ntok, pl__ld_u32(m + 56));
     if (memcmp(h, m, 60)) return 0;
-    if (pl__wds_crc(m, len) != pl__ld_u32(m + 60)) return 0;
+    if (wds_crc(m, len) != pl__ld_u32(m + 60)) return 0;
     /* Records must point inside the shard and the token array, so that no
      * later read goes astray even for a sidecar written by someone else. */
     for (uint64_t i = 0; i < nrec; i++) {
@@ -802,7 +802,7 @@ static int pl__wds_valid(const uint8_t *m, size_t len, const struct stat *st,
     return 1;
 }
 
-static int pl__write_all(int fd, const void *p, size_t n) {
+static int write_all(int fd, const void *p, size_t n) {
     const uint8_t *q = p;
     while (n) {
         ssize_t k = write(fd, q, n);
@@ -816,12 +816,12 @@ static int pl__write_all(int fd, const void *p, size_t n) {
 
 /* ------------------------------------------------------------ open */
 
-/* Records and tokens of file f (valid after pl__wds_open_file). */
-static inline const uint8_t *pl__rec(const pl__sfile *f, int64_t r) {
+/* Records and tokens of file f (valid after wds_open_file). */
+static inline const uint8_t *s_rec(const pl__sfile *f, int64_t r) {
     return (const uint8_t *)f->idx_map + PL__WDS_HEADER + (size_t)r * PL__WDS_REC;
 }
 
-static int pl__wds_open_file(pl_source *src, pl__sfile *f, int skip_damaged, char *err,
+static int wds_open_file(pl_source *src, pl__sfile *f, int skip_damaged, char *err,
                              size_t errcap) {
     (void)skip_damaged; /* in the options (pl__wds.skip) */
     pl__wfile *wf = (pl__wfile *)f;
@@ -837,7 +837,7 @@ static int pl__wds_open_file(pl_source *src, pl__sfile *f, int skip_damaged, cha
     wf->fd1 = fd + 1;
     f->dtype = PL_DTYPE_UINT32;
     f->width = 4;
-    uint64_t oh = pl__wds_opthash(w);
+    uint64_t oh = wds_opthash(w);
     char ipath[4200];
     pl__fmt(ipath, sizeof ipath, "%s.plwds", f->path);
     if (src->write_index != -1) {
@@ -847,7 +847,7 @@ static int pl__wds_open_file(pl_source *src, pl__sfile *f, int skip_damaged, cha
         int ifd;
         char e2[64];
         if (pl__map_file(ipath, &m, &len, &ist, &ifd, e2, sizeof e2) == PL_OK) {
-            if (m && pl__wds_valid(m, len, &st, oh)) {
+            if (m && wds_valid(m, len, &st, oh)) {
                 f->idx_map = m;
                 f->idx_len = len;
                 pl__fwatch_keep(&f->idx_w, ifd, &ist);
@@ -862,7 +862,7 @@ static int pl__wds_open_file(pl_source *src, pl__sfile *f, int skip_damaged, cha
     }
     pl__wb b = {.path = f->path, .fd = fd, .file_size = st.st_size, .w = w,
                 .err = err, .errcap = errcap};
-    int rc = pl__wds_scan(&b);
+    int rc = wds_scan(&b);
     free(b.buf);
     if (rc) {
         free(b.rec);
@@ -870,7 +870,7 @@ static int pl__wds_open_file(pl_source *src, pl__sfile *f, int skip_damaged, cha
         return rc;
     }
     uint8_t h[PL__WDS_HEADER];
-    pl__wds_header(h, &st, oh, b.nrec, b.ntok, b.skipped);
+    wds_header(h, &st, oh, b.nrec, b.ntok, b.skipped);
     size_t len = PL__WDS_HEADER + b.nrec * PL__WDS_REC + b.ntok * 4;
     uint8_t *mem = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
                         -1, 0);
@@ -883,7 +883,7 @@ static int pl__wds_open_file(pl_source *src, pl__sfile *f, int skip_damaged, cha
     memcpy(mem, h, PL__WDS_HEADER);
     if (b.nrec) memcpy(mem + PL__WDS_HEADER, b.rec, b.nrec * PL__WDS_REC);
     if (b.ntok) memcpy(mem + PL__WDS_HEADER + b.nrec * PL__WDS_REC, b.tok, b.ntok * 4);
-    pl__st_u32(mem + 60, pl__wds_crc(mem, len));
+    pl__st_u32(mem + 60, wds_crc(mem, len));
     free(b.rec);
     free(b.tok);
     mprotect(mem, len, PROT_READ);
@@ -901,7 +901,7 @@ static int pl__wds_open_file(pl_source *src, pl__sfile *f, int skip_damaged, cha
         pl__fmt(tmp, sizeof tmp, "%s.tmp.XXXXXX", ipath);
         int tfd = mkstemp(tmp);
         if (tfd >= 0) {
-            int bad = fchmod(tfd, 0644) != 0 || pl__write_all(tfd, mem, len) != 0;
+            int bad = fchmod(tfd, 0644) != 0 || write_all(tfd, mem, len) != 0;
             bad |= close(tfd) != 0;
             if (!bad) bad = rename(tmp, ipath) != 0;
             if (bad) unlink(tmp);
@@ -910,7 +910,7 @@ static int pl__wds_open_file(pl_source *src, pl__sfile *f, int skip_damaged, cha
     return PL_OK;
 }
 
-static int pl__wds_init(pl_source *src, const pl_source_options *opts, int skip_damaged,
+static int wds_init(pl_source *src, const pl_source_options *opts, int skip_damaged,
                         char *err, size_t cap) {
     if (opts->version < 2 || !opts->image) {
         pl__fmt(err, cap, "source %s: a webdataset source needs image options", src->name);
@@ -938,27 +938,27 @@ static int pl__wds_init(pl_source *src, const pl_source_options *opts, int skip_
     return PL_OK;
 }
 
-static int pl__wds_expand_op(const pl_source *src, const char *path, pl__paths *out,
+static int wds_expand_op(const pl_source *src, const char *path, pl__paths *out,
                              char *err, size_t errcap) {
     (void)src;
-    return pl__wds_expand(path, out, err, errcap);
+    return wds_expand(path, out, err, errcap);
 }
 
-static void pl__wds_close_file(pl_source *src, pl__sfile *f) {
+static void wds_close_file(pl_source *src, pl__sfile *f) {
     (void)src;
     pl__wfile *wf = (pl__wfile *)f;
     if (wf->fd1 > 0) close(wf->fd1 - 1);
     wf->fd1 = 0;
 }
 
-static void pl__wds_free(pl_source *src) {
+static void wds_free(pl_source *src) {
     free(src->state);
     src->state = NULL;
 }
 
 /* ------------------------------------------------------------ documents */
 
-static int pl__info(const pl__wds *w, const uint8_t *r, pl_image_info *out, char *err,
+static int s_info(const pl__wds *w, const uint8_t *r, pl_image_info *out, char *err,
                     size_t errcap) {
     const pl_image_options *o = &w->o;
     memset(out, 0, sizeof *out);
@@ -989,11 +989,11 @@ void pl__image_geometry(const pl_image_options *o, int64_t out_h, int64_t out_w,
 }
 
 /* Local sample r: its length in tokens (visual tokens + caption + eos). */
-static int pl__wds_doc_length(const pl_source *src, const pl__sfile *f, int64_t r,
+static int wds_doc_length(const pl_source *src, const pl__sfile *f, int64_t r,
                               int64_t *length, char *err, size_t errcap) {
     pl_image_info in;
-    const uint8_t *rec = pl__rec(f, r);
-    int rc = pl__info(src->state, rec, &in, err, errcap);
+    const uint8_t *rec = s_rec(f, r);
+    int rc = s_info(src->state, rec, &in, err, errcap);
     if (rc) {
         char m[PL__ERRMSG_CAP];
         pl__fmt(m, sizeof m, "%s: sample %lld (image at offset %lld): %s", f->path,
@@ -1005,23 +1005,23 @@ static int pl__wds_doc_length(const pl_source *src, const pl__sfile *f, int64_t 
     return PL_OK;
 }
 
-static int pl__wds_doc(const pl_source *src, const pl__sfile *f, int64_t r,
+static int wds_doc(const pl_source *src, const pl__sfile *f, int64_t r,
                        const uint8_t **tokens, int64_t *length, char *err,
                        size_t errcap) {
     *tokens = NULL;
-    return pl__wds_doc_length(src, f, r, length, err, errcap);
+    return wds_doc_length(src, f, r, length, err, errcap);
 }
 
 /* Tokens [offset, offset + count) of sample index (local r in f) as dt
  * (INT64, INT32 or UINT32). */
-static int pl__wds_read(pl_source *src, const pl__sfile *f, int64_t index, int64_t offset,
+static int wds_read(pl_source *src, const pl__sfile *f, int64_t index, int64_t offset,
                         int64_t count, void *out, pl_dtype dt, int marked, char *err,
                         size_t errcap) {
     (void)marked;
     const int64_t r = index - f->first_doc;
     const pl__wds *w = src->state;
     int64_t len;
-    int rc = pl__wds_doc_length(src, f, r, &len, err, errcap);
+    int rc = wds_doc_length(src, f, r, &len, err, errcap);
     if (rc) return rc;
     if (offset < 0 || count < 0 || offset > len || count > len - offset) {
         pl__fmt(err, errcap,
@@ -1030,7 +1030,7 @@ static int pl__wds_read(pl_source *src, const pl__sfile *f, int64_t index, int64
                 (long long)offset, (long long)count, (long long)len);
         return PL_ERANGE;
     }
-    const uint8_t *rec = pl__rec(f, r);
+    const uint8_t *rec = s_rec(f, r);
     const int64_t ncap = pl__ld_u32(rec + 36);
     const int64_t nvis = len - ncap - (src->eos_id >= 0 ? 1 : 0);
     const uint8_t *tok = (const uint8_t *)f->idx_map + PL__WDS_HEADER +
@@ -1060,20 +1060,20 @@ static int pl__wds_read(pl_source *src, const pl__sfile *f, int64_t index, int64
 
 /* ------------------------------------------------------------ images */
 
-static int pl__wds_image_info(pl_source *src, const pl__sfile *f, int64_t r,
+static int wds_image_info(pl_source *src, const pl__sfile *f, int64_t r,
                               pl_image_info *out, char *err, size_t errcap) {
-    return pl__info(src->state, pl__rec(f, r), out, err, errcap);
+    return s_info(src->state, s_rec(f, r), out, err, errcap);
 }
 
-static int pl__wds_read_image(pl_source *src, const pl__sfile *f, int64_t r, int64_t index,
+static int wds_read_image(pl_source *src, const pl__sfile *f, int64_t r, int64_t index,
                               uint8_t *out, size_t cap, pl_image_info *info, char *err,
                               size_t errcap) {
     const pl__wds *w = src->state;
     const int fd = ((const pl__wfile *)f)->fd1 - 1;
-    const uint8_t *rec = pl__rec(f, r);
+    const uint8_t *rec = s_rec(f, r);
     pl_image_info in;
     int rc;
-    if ((rc = pl__info(w, rec, &in, err, errcap))) return rc;
+    if ((rc = s_info(w, rec, &in, err, errcap))) return rc;
     if (info) *info = in;
     if (!out || cap < in.bytes) {
         pl__fmt(err, errcap, "pl_source_read_image: %zu bytes given, the image needs %zu",
@@ -1095,7 +1095,7 @@ static int pl__wds_read_image(pl_source *src, const pl__sfile *f, int64_t r, int
                 (long long)size);
         return PL_ENOMEM;
     }
-    rc = pl__pread_all(fd, b->data, (size_t)size, at, f->path, err, errcap);
+    rc = pread_all(fd, b->data, (size_t)size, at, f->path, err, errcap);
     if (rc == PL_OK) {
         char derr[400];
         /* Fixed mode resizes straight into out (CHW); native mode into the
@@ -1121,7 +1121,7 @@ static int pl__wds_read_image(pl_source *src, const pl__sfile *f, int64_t r, int
         if (rc) {
             char name[101];
             uint8_t h[100];
-            if (pl__pread_all(fd, h, 100, hdr, f->path, err, errcap) == PL_OK) {
+            if (pread_all(fd, h, 100, hdr, f->path, err, errcap) == PL_OK) {
                 memcpy(name, h, 100);
                 name[100] = '\0';
             } else {
@@ -1203,15 +1203,15 @@ const pl__source_ops pl__webdataset_ops = {
     .data_suffix = "",
     .index_suffix = ".plwds",
     .unit = "sample",
-    .init = pl__wds_init,
-    .expand = pl__wds_expand_op,
-    .open_file = pl__wds_open_file,
-    .close_file = pl__wds_close_file,
-    .free = pl__wds_free,
-    .doc = pl__wds_doc,
-    .read = pl__wds_read,
-    .image_info = pl__wds_image_info,
-    .read_image = pl__wds_read_image,
+    .init = wds_init,
+    .expand = wds_expand_op,
+    .open_file = wds_open_file,
+    .close_file = wds_close_file,
+    .free = wds_free,
+    .doc = wds_doc,
+    .read = wds_read,
+    .image_info = wds_image_info,
+    .read_image = wds_read_image,
 };
 
 int pl_image_smart_resize(int64_t h, int64_t w, int64_t factor, int64_t min_pixels,

@@ -7,7 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-static int pl__bytes_encode(void *ctx, int64_t n, const char *const *texts,
+static int bytes_encode(void *ctx, int64_t n, const char *const *texts,
                             const size_t *lens, int32_t **ids,
                             int64_t *counts, char *err, size_t errcap) {
     (void)ctx;
@@ -31,7 +31,7 @@ void pl_tokenizer_bytes(pl_tokenizer *out) {
     if (!out) return;
     memset(out, 0, sizeof *out);
     out->version = PL_TOKENIZER_VERSION;
-    out->encode_batch = pl__bytes_encode;
+    out->encode_batch = bytes_encode;
     out->eos_id = 256;
     out->vocab_size = 257;
     out->name = "bytes";

@@ -18,7 +18,7 @@
 #define PL__LEN_VERSION 1u
 #define PL__LEN_HEADER 56
 
-static void pl__len_header(uint8_t *h, const pl__tfile *f, uint64_t key,
+static void len_header(uint8_t *h, const pl__tfile *f, uint64_t key,
                            uint32_t body_crc) {
     memset(h, 0, PL__LEN_HEADER);
     memcpy(h, PL__LEN_MAGIC, 8);
@@ -44,7 +44,7 @@ void pl__len_load(pl__text *t, pl__tfile *f) {
     uint8_t want[PL__LEN_HEADER];
     const size_t body = (size_t)f->base.n_docs * 8;
     if (map && len == PL__LEN_HEADER + body)
-        pl__len_header(want, f, t->lc_key,
+        len_header(want, f, t->lc_key,
                        pl__crc32(0, (const uint8_t *)map + PL__LEN_HEADER, body));
     if (len != PL__LEN_HEADER + body || !map ||
         memcmp(map, want, PL__LEN_HEADER) != 0) {
@@ -80,7 +80,7 @@ void pl__len_write(pl_source *src, const int64_t *known) {
         int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
         if (fd >= 0) {
             uint8_t h[PL__LEN_HEADER];
-            pl__len_header(h, f, pl__text_of(src)->lc_key,
+            len_header(h, f, pl__text_of(src)->lc_key,
                            pl__crc32(0, (const uint8_t *)v, (size_t)f->base.n_docs * 8));
             int ok = write(fd, h, sizeof h) == (ssize_t)sizeof h;
             size_t bytes = (size_t)f->base.n_docs * 8, done = 0;

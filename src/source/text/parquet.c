@@ -43,7 +43,7 @@ typedef struct pl__pqsfile {
 } pl__pqsfile;
 
 /* Release a parquet file's reader and decoded row groups. */
-static void pl__pq_file_free(pl__pqsfile *f) {
+static void pq_file_free(pl__pqsfile *f) {
     for (int64_t g = 0; f->pq_dec && g < f->pq_groups; g++) {
         free(f->pq_dec[g].data);
         free(f->pq_dec[g].off);
@@ -62,7 +62,7 @@ static void pl__pq_file_free(pl__pqsfile *f) {
 }
 
 /* Open a Parquet file's footer: its rows are the records. */
-static int pl__pq_open_file(pl_source *src, pl__sfile *bf, int skip_damaged, char *err,
+static int pq_open_file(pl_source *src, pl__sfile *bf, int skip_damaged, char *err,
                             size_t errcap) {
     pl__pqsfile *pf = (pl__pqsfile *)bf;
     pl__tfile *f = &pf->t;
@@ -116,7 +116,7 @@ static int pl__pq_open_file(pl_source *src, pl__sfile *bf, int skip_damaged, cha
 #ifdef PL_WITH_PARQUET
 /* With pq_mu held: drop the least recently used decoded groups (not keep)
  * while over the budget. */
-static void pl__pq_evict(pl_source *src, const pl__pqgroup *keep) {
+static void pq_evict(pl_source *src, const pl__pqgroup *keep) {
     pl__text *t = pl__text_of(src);
     while (t->pq_bytes > PL__PQ_CACHE_BYTES) {
         pl__pqgroup *lru = NULL;
@@ -141,7 +141,7 @@ static void pl__pq_evict(pl_source *src, const pl__pqgroup *keep) {
 #endif
 
 /* The text of local row r of Parquet file f as one (trained) segment. */
-static int pl__pq_record_text(pl_source *src, const pl__sfile *fc, int64_t r,
+static int pq_record_text(pl_source *src, const pl__sfile *fc, int64_t r,
                               pl__segv *v, char *err, size_t errcap) {
 #ifndef PL_WITH_PARQUET
     (void)src, (void)r, (void)v;
@@ -215,7 +215,7 @@ static int pl__pq_record_text(pl_source *src, const pl__sfile *fc, int64_t r,
         pl__fmt(err, errcap, "%s: out of memory", f->base.path), rc = PL_ENOMEM;
     else
         memcpy(copy, G->data + s, n);
-    pl__pq_evict(src, G);
+    pq_evict(src, G);
     pthread_mutex_unlock(&t->pq_mu);
     if (rc) return rc;
     rc = pl__seg_push(v, copy, n, 1, 1);
@@ -225,8 +225,8 @@ static int pl__pq_record_text(pl_source *src, const pl__sfile *fc, int64_t r,
 }
 
 
-static void pl__pq_close_file(pl_source *src, pl__sfile *f) {
-    pl__pq_file_free((pl__pqsfile *)f);
+static void pq_close_file(pl_source *src, pl__sfile *f) {
+    pq_file_free((pl__pqsfile *)f);
     pl__text_close_file(src, f);
 }
 
@@ -241,13 +241,13 @@ const pl__source_ops pl__parquet_ops = {
     .unit = "row",
     .setup = pl__text_init,
     .init = pl__text_init_common,
-    .open_file = pl__pq_open_file,
+    .open_file = pq_open_file,
     .start = pl__text_start,
-    .close_file = pl__pq_close_file,
+    .close_file = pq_close_file,
     .free = pl__text_free,
     .doc = pl__text_doc,
     .read = pl__text_read,
-    .record = pl__pq_record_text,
+    .record = pq_record_text,
     .lengths = pl__text_lengths,
     .lookahead = pl__text_lookahead,
     .size_of = pl__text_sizeof,

@@ -89,7 +89,7 @@ void pl__seg_pop_to(pl__segv *v, int64_t n) {
 }
 
 /* A malloc'd copy of a JSON string's bytes as a segment. */
-static int pl__seg_json(pl__segv *v, const json_t *str, int train) {
+static int seg_json(pl__segv *v, const json_t *str, int train) {
     size_t m = json_string_length(str);
     char *d = pl__malloc(m);
     if (!d) return PL_ENOMEM;
@@ -102,7 +102,7 @@ static int pl__seg_json(pl__segv *v, const json_t *str, int train) {
  * trained on for assistant messages (content and suffix).  A message that
  * is not {"role": system|user|assistant, "content": string} is refused in
  * why. */
-static int pl__seg_messages(const pl__text *t, const json_t *list, pl__segv *v,
+static int seg_messages(const pl__text *t, const json_t *list, pl__segv *v,
                             char *why, size_t cap) {
     static const char *const roles[3] = {"system", "user", "assistant"};
     size_t n = json_array_size(list);
@@ -135,7 +135,7 @@ static int pl__seg_messages(const pl__text *t, const json_t *list, pl__segv *v,
         int rc = PL_OK;
         if (t->chat_pre[k][0])
             rc = pl__seg_push(v, t->chat_pre[k], strlen(t->chat_pre[k]), 0, 0);
-        if (rc == PL_OK && json_string_length(content)) rc = pl__seg_json(v, content, tr);
+        if (rc == PL_OK && json_string_length(content)) rc = seg_json(v, content, tr);
         if (rc == PL_OK && t->chat_suf[k][0])
             rc = pl__seg_push(v, t->chat_suf[k], strlen(t->chat_suf[k]), 0, tr);
         if (rc) return rc;
@@ -256,7 +256,7 @@ int pl__text_record(pl_source *src, const pl__sfile *bf, int64_t r, pl__segv *v,
         else if (!json_is_array(list) || json_array_size(list) == 0)
             pl__fmt(why, sizeof why, "key '%s' is not a non-empty list", t->messages_key);
         else
-            rc = pl__seg_messages(t, list, v, why, sizeof why);
+            rc = seg_messages(t, list, v, why, sizeof why);
         if (rc == PL_ERECORD) rc = PL_OK; /* reported through why */
     } else {
         const char *keys[2] = {t->text_key, NULL};
@@ -271,7 +271,7 @@ int pl__text_record(pl_source *src, const pl__sfile *bf, int64_t r, pl__segv *v,
                 pl__fmt(why, sizeof why, "empty %s (key '%s' is \"\")",
                         parts == 2 ? "response" : "document", keys[k]);
             else if (json_string_length(jv) > 0 || parts == 1)
-                rc = pl__seg_json(v, jv, parts == 1 || k == 1);
+                rc = seg_json(v, jv, parts == 1 || k == 1);
         }
     }
     if (obj) json_decref(obj);

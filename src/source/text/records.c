@@ -27,7 +27,7 @@ typedef struct pl__spanv {
     uint64_t line; /* line of the scan's position */
 } pl__spanv;
 
-static int pl__ck_push(pl__spanv *v) {
+static int ck_push(pl__spanv *v) {
     if (v->nck == v->capck) {
         size_t nc = v->capck ? v->capck * 2 : 16;
         uint64_t *na = pl__realloc_array(v->ck, nc, sizeof *na);
@@ -39,7 +39,7 @@ static int pl__ck_push(pl__spanv *v) {
     return PL_OK;
 }
 
-static int pl__spanv_push(pl__spanv *v, uint64_t s, uint64_t e) {
+static int spanv_push(pl__spanv *v, uint64_t s, uint64_t e) {
     if (v->n == v->cap) {
         size_t nc = v->cap ? v->cap * 2 : 1024;
         uint64_t *na = pl__realloc_array(v->a, nc * 2, sizeof *na);
@@ -56,7 +56,7 @@ static int pl__spanv_push(pl__spanv *v, uint64_t s, uint64_t e) {
 /* Records of d[0, n) from byte `from` on; *done is where the scan stopped
  * (complete lines only when `partial`: the last line without a newline is
  * left for later). */
-static int pl__scan_lines(const uint8_t *d, size_t n, size_t from,
+static int scan_lines(const uint8_t *d, size_t n, size_t from,
                           int partial, pl__spanv *v, size_t *done) {
     size_t pos = from;
     if (!v->line) v->line = 1;
@@ -69,8 +69,8 @@ static int pl__scan_lines(const uint8_t *d, size_t n, size_t from,
         size_t s = pos;
         while (s < e && (d[s] == ' ' || d[s] == '\t' || d[s] == '\r')) s++;
         if (s < e) {
-            int rc = v->n % PL__LINE_CK == 0 ? pl__ck_push(v) : PL_OK;
-            if (rc == PL_OK) rc = pl__spanv_push(v, pos, e);
+            int rc = v->n % PL__LINE_CK == 0 ? ck_push(v) : PL_OK;
+            if (rc == PL_OK) rc = spanv_push(v, pos, e);
             if (rc) return rc;
         }
         pos = end + 1;
@@ -80,7 +80,7 @@ static int pl__scan_lines(const uint8_t *d, size_t n, size_t from,
     return PL_OK;
 }
 
-static int pl__has_suffix(const char *s, const char *suf) {
+static int has_suffix(const char *s, const char *suf) {
     size_t n = strlen(s), m = strlen(suf);
     return n >= m && strcmp(s + n - m, suf) == 0;
 }
@@ -89,7 +89,7 @@ static int pl__has_suffix(const char *s, const char *suf) {
  * buffer.  Damage: PL_ETRUNC / PL_ERECORD naming the compressed offset;
  * with keep_partial the bytes decoded before it are returned as well, with
  * *damaged set. */
-static int pl__decompress(const char *path, int kind, const uint8_t *in,
+static int decompress(const char *path, int kind, const uint8_t *in,
                           size_t n, char **out, size_t *out_len,
                           int *damaged, char *err, size_t errcap) {
     static const uint8_t empty[1];
@@ -222,11 +222,11 @@ oom:
 }
 
 /* The .plrec sidecar of a plain file: read (PL_OK when valid) or write. */
-static void pl__rec_path(const pl__tfile *f, char *p, size_t cap) {
+static void rec_path(const pl__tfile *f, char *p, size_t cap) {
     pl__fmt(p, cap, "%s.plrec", f->base.path);
 }
 
-static void pl__rec_header(uint8_t *h, const struct stat *st, uint64_t n) {
+static void rec_header(uint8_t *h, const struct stat *st, uint64_t n) {
     memset(h, 0, PL__REC_HEADER);
     memcpy(h, PL__REC_MAGIC, 8);
     pl__st_u32(h + 8, PL__REC_VERSION);
@@ -237,9 +237,9 @@ static void pl__rec_header(uint8_t *h, const struct stat *st, uint64_t n) {
     pl__st_u32(h + 44, pl__crc32(0, h, 44));
 }
 
-static int pl__rec_load(pl__tfile *f, const struct stat *st) {
+static int rec_load(pl__tfile *f, const struct stat *st) {
     char p[4200];
-    pl__rec_path(f, p, sizeof p);
+    rec_path(f, p, sizeof p);
     void *map;
     size_t len;
     struct stat rst;
@@ -249,7 +249,7 @@ static int pl__rec_load(pl__tfile *f, const struct stat *st) {
     const uint8_t *h = map;
     uint64_t n = pl__ld_u64(h + 32);
     uint8_t want[PL__REC_HEADER];
-    pl__rec_header(want, st, n);
+    rec_header(want, st, n);
     if (memcmp(h, want, PL__REC_HEADER) != 0) goto bad;
     if (n > (len - PL__REC_HEADER) / 16 || PL__REC_HEADER + n * 16 != len)
         goto bad;
@@ -269,15 +269,15 @@ bad:
     return -1;
 }
 
-static void pl__rec_write(const pl__tfile *f, const struct stat *st,
+static void rec_write(const pl__tfile *f, const struct stat *st,
                           const uint64_t *spans, uint64_t n) {
     char p[4200], tmp[4300];
-    pl__rec_path(f, p, sizeof p);
+    rec_path(f, p, sizeof p);
     pl__fmt(tmp, sizeof tmp, "%s.tmp.%ld", p, (long)getpid());
     int fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
     if (fd < 0) return; /* a read-only directory: stay in memory */
     uint8_t h[PL__REC_HEADER];
-    pl__rec_header(h, st, n);
+    rec_header(h, st, n);
     int ok = write(fd, h, sizeof h) == (ssize_t)sizeof h;
     size_t bytes = (size_t)n * 16, done = 0;
     while (ok && done < bytes) {
@@ -297,9 +297,9 @@ int pl__text_open_file(pl_source *src, pl__sfile *bf, int skip_damaged,
     pl__text *t = pl__text_of(src);
     f->base.dtype = PL_DTYPE_INT32;
     f->base.width = 4;
-    f->compression = pl__has_suffix(f->base.path, ".gz")    ? 1
-                     : pl__has_suffix(f->base.path, ".zst") ? 2
-                     : pl__has_suffix(f->base.path, ".zstd") ? 2
+    f->compression = has_suffix(f->base.path, ".gz")    ? 1
+                     : has_suffix(f->base.path, ".zst") ? 2
+                     : has_suffix(f->base.path, ".zstd") ? 2
                                                         : 0;
     void *map;
     size_t len;
@@ -318,7 +318,7 @@ int pl__text_open_file(pl_source *src, pl__sfile *bf, int skip_damaged,
         int damaged = 0;
         char *out = NULL;
         size_t out_len = 0;
-        rc = pl__decompress(f->base.path, f->compression, map, len, &out, &out_len,
+        rc = decompress(f->base.path, f->compression, map, len, &out, &out_len,
                             &damaged, err, errcap);
         if (map) munmap(map, len);
         map = NULL;
@@ -332,7 +332,7 @@ int pl__text_open_file(pl_source *src, pl__sfile *bf, int skip_damaged,
         size_t done = 0;
         /* A damaged stream keeps its complete lines; the partial one is
            counted as skipped. */
-        rc = pl__scan_lines(data, data_len, 0,
+        rc = scan_lines(data, data_len, 0,
                             damaged && lines, &v, &done);
         if (rc == PL_OK && damaged) {
             if (!lines || done < data_len) f->base.skipped = 1;
@@ -341,20 +341,20 @@ int pl__text_open_file(pl_source *src, pl__sfile *bf, int skip_damaged,
     } else {
         pl__fwatch_keep(&f->base.data_w, fd, &st);
         if (!lines) {
-            rc = pl__spanv_push(&v, 0, len);
-        } else if (t->write_index == 1 && pl__rec_load(f, &st) == 0) {
+            rc = spanv_push(&v, 0, len);
+        } else if (t->write_index == 1 && rec_load(f, &st) == 0) {
             if (map) munmap(map, len);
             pl__len_load(t, f);
             return PL_OK;
         } else {
             size_t done;
-            rc = pl__scan_lines(data, data_len, 0, 0, &v, &done);
+            rc = scan_lines(data, data_len, 0, 0, &v, &done);
         }
         if (map) munmap(map, len);
     }
     if (!lines && f->compression && rc == PL_OK &&
         v.n == 0 && !f->base.skipped)
-        rc = pl__spanv_push(&v, 0, data_len);
+        rc = spanv_push(&v, 0, data_len);
     if (rc) {
         free(v.a);
         free(v.ck);
@@ -367,7 +367,7 @@ int pl__text_open_file(pl_source *src, pl__sfile *bf, int skip_damaged,
     f->base.n_docs = (int64_t)v.n;
     t->spans_bytes += v.n * 16;
     if (!f->compression && lines && t->write_index == 1)
-        pl__rec_write(f, &st, v.a, v.n);
+        rec_write(f, &st, v.a, v.n);
     pl__len_load(t, f);
     return PL_OK;
 }

@@ -8,17 +8,17 @@
 #include <stdlib.h>
 #include <string.h>
 
-static uint64_t pl__hidx(const pl__text *t, int64_t index) {
+static uint64_t hidx(const pl__text *t, int64_t index) {
     return ((uint64_t)index * 0x9E3779B97F4A7C15ull) >> 17 & (t->nbuckets - 1);
 }
 
 pl__tentry *pl__tab_find(const pl__text *t, int64_t index) {
-    for (pl__tentry *e = t->buckets[pl__hidx(t, index)]; e; e = e->hnext)
+    for (pl__tentry *e = t->buckets[hidx(t, index)]; e; e = e->hnext)
         if (e->index == index) return e;
     return NULL;
 }
 
-static void pl__grow(pl__text *t) {
+static void grow(pl__text *t) {
     uint64_t nb = t->nbuckets * 2;
     pl__tentry **b = pl__calloc(nb, sizeof *b);
     if (!b) return; /* longer chains, still correct */
@@ -30,7 +30,7 @@ static void pl__grow(pl__text *t) {
         pl__tentry *e = old[i];
         while (e) {
             pl__tentry *nx = e->hnext;
-            uint64_t h = pl__hidx(t, e->index);
+            uint64_t h = hidx(t, e->index);
             e->hnext = b[h];
             b[h] = e;
             e = nx;
@@ -45,8 +45,8 @@ pl__tentry *pl__tab_insert(pl__text *t, int64_t index, int state) {
     e->index = index;
     e->state = state;
     e->cost = sizeof *e;
-    if ((uint64_t)t->n_entries >= t->nbuckets) pl__grow(t);
-    uint64_t h = pl__hidx(t, index);
+    if ((uint64_t)t->n_entries >= t->nbuckets) grow(t);
+    uint64_t h = hidx(t, index);
     e->hnext = t->buckets[h];
     t->buckets[h] = e;
     e->older = t->youngest;
@@ -59,7 +59,7 @@ pl__tentry *pl__tab_insert(pl__text *t, int64_t index, int state) {
 }
 
 void pl__tab_remove(pl__text *t, pl__tentry *e) {
-    pl__tentry **pp = &t->buckets[pl__hidx(t, e->index)];
+    pl__tentry **pp = &t->buckets[hidx(t, e->index)];
     while (*pp != e) pp = &(*pp)->hnext;
     *pp = e->hnext;
     if (e->older) e->older->younger = e->younger;

@@ -16,7 +16,7 @@ const pl__tfile *pl__text_locate(const pl_source *src, int64_t index, int64_t *r
 }
 
 /* Lengths-only: ask lengths_fn for idx[0..n). */
-static void pl__remote_lengths(pl_source *src, const int64_t *idx, int64_t n,
+static void remote_lengths(pl_source *src, const int64_t *idx, int64_t n,
                                pl__tres *res) {
     pl__text *t = pl__text_of(src);
     int64_t *lens = pl__calloc((size_t)n, sizeof *lens);
@@ -48,7 +48,7 @@ static void pl__remote_lengths(pl_source *src, const int64_t *idx, int64_t n,
  * the texts of every document (pl__record_text) go to one encode_batch
  * call, and a document's ids are its texts' ids joined.  Instruction data
  * keeps the ids of texts not trained on as -1 - id (the marked form). */
-static void pl__tokenize_here(pl_source *src, const int64_t *idx, int64_t n,
+static void tokenize_here(pl_source *src, const int64_t *idx, int64_t n,
                               pl__tres *res) {
     pl__text *t = pl__text_of(src);
     pl__segv v = {0};
@@ -194,33 +194,33 @@ typedef struct {
 
 /* CPU time of the calling thread in nanoseconds (0 where the clock is
  * missing). */
-static int64_t pl__thread_cpu_ns(void) {
+static int64_t thread_cpu_ns(void) {
     struct timespec ts;
     if (clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts) != 0) return 0;
     return (int64_t)ts.tv_sec * 1000000000LL + ts.tv_nsec;
 }
 
-static void pl__tokenize_job(void *arg) {
+static void tokenize_job(void *arg) {
     pl__tokjob_args *a = arg;
-    int64_t c0 = pl__thread_cpu_ns();
-    pl__tokenize_here(a->src, a->idx, a->n, a->res);
-    int64_t c1 = pl__thread_cpu_ns();
+    int64_t c0 = thread_cpu_ns();
+    tokenize_here(a->src, a->idx, a->n, a->res);
+    int64_t c1 = thread_cpu_ns();
     if (c1 > c0) atomic_fetch_add(&pl__text_of(a->src)->tokenize_cpu_ns, (long long)(c1 - c0));
 }
 
-/* pl__tokenize_here on the process's tokenize pool where it has one
+/* tokenize_here on the process's tokenize pool where it has one
  * (pl_set_tokenize_threads: on the thread of the source's tokenizer file),
  * else on this thread; lengths-only sources ask their lengths function. */
 void pl__text_tokenize(pl_source *src, const int64_t *idx, int64_t n, pl__tres *res) {
     if (pl__text_of(src)->lengths_fn) {
-        pl__remote_lengths(src, idx, n, res);
+        remote_lengths(src, idx, n, res);
         return;
     }
     pl__tokjob_args a = {src, idx, n, res};
-    pl__tokpool_run(pl__tokref_key(&pl__text_of(src)->tok), pl__tokenize_job, &a);
+    pl__tokpool_run(pl__tokref_key(&pl__text_of(src)->tok), tokenize_job, &a);
 }
 
-static void *pl__worker(void *arg) {
+static void *s_worker(void *arg) {
     pl_source *src = arg;
     pl__text *t = pl__text_of(src);
     pl__tentry *batch[PL__BATCH_DOCS];
@@ -287,7 +287,7 @@ int pl__text_start(pl_source *src, char *err, size_t errcap) {
         return PL_ENOMEM;
     }
     for (int i = 0; i < t->nthreads; i++) {
-        if (pthread_create(&t->threads[i], NULL, pl__worker, src) != 0) {
+        if (pthread_create(&t->threads[i], NULL, s_worker, src) != 0) {
             pl__fmt(err, errcap, "source %s: cannot start tokenizer thread",
                     src->name);
             return PL_ENOMEM;
@@ -374,7 +374,7 @@ pl__tentry *pl__text_acquire(pl_source *src, int64_t index) {
 }
 
 /* Length in tokens of local record r of f (tokenizing it if needed). */
-static int pl__text_length(pl_source *src, const pl__tfile *f, int64_t r,
+static int text_length(pl_source *src, const pl__tfile *f, int64_t r,
                            int64_t *length, char *err, size_t errcap) {
     pl__text *t = pl__text_of(src);
     if (f->cached_len && f->cached_len[r] >= 0) {
@@ -401,7 +401,7 @@ int pl__text_doc(const pl_source *src, const pl__sfile *f, int64_t r,
                  const uint8_t **tokens, int64_t *length, char *err, size_t errcap) {
     *tokens = NULL;
     /* The handle is immutable but for the table, under its lock. */
-    return pl__text_length((pl_source *)src, (const pl__tfile *)f, r, length, err,
+    return text_length((pl_source *)src, (const pl__tfile *)f, r, length, err,
                            errcap);
 }
 
