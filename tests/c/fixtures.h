@@ -129,4 +129,32 @@ static inline int plf_patch(const char *path, long offset, const void *data,
     return rc;
 }
 
+/* A ustar member `name` holding data[0, n), padded to 512 bytes (tar(5)). */
+static inline void plf_tar_add(FILE *f, const char *name, const void *data, size_t n) {
+    uint8_t h[512] = {0};
+    snprintf((char *)h, 100, "%s", name);
+    snprintf((char *)h + 100, 8, "%07o", 0644);
+    snprintf((char *)h + 108, 8, "%07o", 0);
+    snprintf((char *)h + 116, 8, "%07o", 0);
+    snprintf((char *)h + 124, 12, "%011zo", n);
+    snprintf((char *)h + 136, 12, "%011o", 0);
+    h[156] = '0';
+    memcpy(h + 257, "ustar\0" "00", 8);
+    memset(h + 148, ' ', 8);
+    unsigned sum = 0;
+    for (int i = 0; i < 512; i++) sum += h[i];
+    snprintf((char *)h + 148, 8, "%06o", sum);
+    fwrite(h, 1, 512, f);
+    fwrite(data, 1, n, f);
+    static const uint8_t zero[512];
+    fwrite(zero, 1, (512 - n % 512) % 512, f);
+}
+
+/* The two zero blocks that end a tar archive; closes f. */
+static inline void plf_tar_end(FILE *f) {
+    static const uint8_t zero[1024];
+    fwrite(zero, 1, 1024, f);
+    fclose(f);
+}
+
 #endif

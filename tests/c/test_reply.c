@@ -45,26 +45,6 @@ static size_t make_png(int w, int h, int k, void **out) {
     return len;
 }
 
-static void tar_add(FILE *f, const char *name, const void *data, size_t n) {
-    uint8_t h[512] = {0};
-    snprintf((char *)h, 100, "%s", name);
-    snprintf((char *)h + 100, 8, "%07o", 0644);
-    snprintf((char *)h + 108, 8, "%07o", 0);
-    snprintf((char *)h + 116, 8, "%07o", 0);
-    snprintf((char *)h + 124, 12, "%011zo", n);
-    snprintf((char *)h + 136, 12, "%011o", 0);
-    h[156] = '0';
-    memcpy(h + 257, "ustar\0" "00", 8);
-    memset(h + 148, ' ', 8);
-    unsigned sum = 0;
-    for (int i = 0; i < 512; i++) sum += h[i];
-    snprintf((char *)h + 148, 8, "%06o", sum);
-    fwrite(h, 1, 512, f);
-    fwrite(data, 1, n, f);
-    static const uint8_t zero[512];
-    fwrite(zero, 1, (512 - n % 512) % 512, f);
-}
-
 /* A shard of n samples of varied sizes; sample `bad` (if >= 0) has a PNG
  * whose header is right and whose pixel data is damaged. */
 static void write_shard(const char *path, int n, int bad) {
@@ -76,10 +56,10 @@ static void write_shard(const char *path, int n, int bad) {
             for (size_t i = 45; i < len - 12; i++) ((uint8_t *)png)[i] ^= 0x5a;
         char name[32], cap[64];
         snprintf(name, sizeof name, "s%03d.png", k);
-        tar_add(f, name, png, len);
+        plf_tar_add(f, name, png, len);
         snprintf(name, sizeof name, "s%03d.txt", k);
         int cl = snprintf(cap, sizeof cap, "caption number %d%s", k, k % 2 ? " and more" : "");
-        tar_add(f, name, cap, (size_t)cl);
+        plf_tar_add(f, name, cap, (size_t)cl);
         free(png);
     }
     static const uint8_t zero[1024];

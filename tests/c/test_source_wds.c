@@ -40,32 +40,6 @@ static size_t make_png(int w, int h, void **out) {
 }
 
 /* Append a ustar member. */
-static void tar_add(FILE *f, const char *name, const void *data, size_t n) {
-    uint8_t h[512] = {0};
-    snprintf((char *)h, 100, "%s", name);
-    snprintf((char *)h + 100, 8, "%07o", 0644);
-    snprintf((char *)h + 108, 8, "%07o", 0);
-    snprintf((char *)h + 116, 8, "%07o", 0);
-    snprintf((char *)h + 124, 12, "%011zo", n);
-    snprintf((char *)h + 136, 12, "%011o", 0);
-    h[156] = '0';
-    memcpy(h + 257, "ustar\0" "00", 8);
-    memset(h + 148, ' ', 8);
-    unsigned sum = 0;
-    for (int i = 0; i < 512; i++) sum += h[i];
-    snprintf((char *)h + 148, 8, "%06o", sum);
-    fwrite(h, 1, 512, f);
-    fwrite(data, 1, n, f);
-    static const uint8_t zero[512];
-    fwrite(zero, 1, (512 - n % 512) % 512, f);
-}
-
-static void tar_end(FILE *f) {
-    static const uint8_t zero[1024];
-    fwrite(zero, 1, 1024, f);
-    fclose(f);
-}
-
 static pl_source *open_wds(const char *path, int mode, int write_index, int *rc) {
     pl_image_options io = {0};
     io.mode = (pl_image_mode)mode;
@@ -88,14 +62,14 @@ int main(void) {
     snprintf(p0, sizeof p0, "%s/s-000.tar", dir);
     snprintf(p1, sizeof p1, "%s/s-001.tar", dir);
     FILE *f = fopen(p0, "wb");
-    tar_add(f, "a.png", png, n);
-    tar_add(f, "a.txt", "hi", 2);
-    tar_add(f, "a.cls", "7", 1); /* ignored member */
-    tar_end(f);
+    plf_tar_add(f, "a.png", png, n);
+    plf_tar_add(f, "a.txt", "hi", 2);
+    plf_tar_add(f, "a.cls", "7", 1); /* ignored member */
+    plf_tar_end(f);
     f = fopen(p1, "wb");
-    tar_add(f, "b.txt", "yo!", 3);
-    tar_add(f, "b.png", png2, n2);
-    tar_end(f);
+    plf_tar_add(f, "b.txt", "yo!", 3);
+    plf_tar_add(f, "b.png", png2, n2);
+    plf_tar_end(f);
     snprintf(pat, sizeof pat, "%s/s-{000..001}.tar", dir);
 
     int rc;
@@ -162,9 +136,9 @@ int main(void) {
     char bad[512];
     snprintf(bad, sizeof bad, "%s/bad.tar", dir);
     f = fopen(bad, "wb");
-    tar_add(f, "a.png", png, n);
-    tar_add(f, "a.txt", "hi", 2);
-    tar_end(f);
+    plf_tar_add(f, "a.png", png, n);
+    plf_tar_add(f, "a.txt", "hi", 2);
+    plf_tar_end(f);
     f = fopen(bad, "r+b");
     fseek(f, 3, SEEK_SET);
     fputc('Z', f);
@@ -177,10 +151,10 @@ int main(void) {
     /* Missing caption: an error naming the member; skipped and counted through a
      * config with on_error: skip. */
     f = fopen(bad, "wb");
-    tar_add(f, "a.png", png, n);
-    tar_add(f, "b.png", png, n);
-    tar_add(f, "b.txt", "ok", 2);
-    tar_end(f);
+    plf_tar_add(f, "a.png", png, n);
+    plf_tar_add(f, "b.png", png, n);
+    plf_tar_add(f, "b.txt", "ok", 2);
+    plf_tar_end(f);
     s = open_wds(bad, PL_IMAGE_FIXED, -1, &rc);
     CHECK_EQ_I64(rc, PL_ERECORD);
     CHECK(strstr(pl_source_errmsg(s), "member a.png at offset 0") != NULL);

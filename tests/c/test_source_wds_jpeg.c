@@ -47,26 +47,6 @@ static size_t make_jpeg(unsigned seed, unsigned char **out) {
     return (size_t)len;
 }
 
-static void tar_add(FILE *f, const char *name, const void *data, size_t n) {
-    uint8_t h[512] = {0};
-    snprintf((char *)h, 100, "%s", name);
-    snprintf((char *)h + 100, 8, "%07o", 0644);
-    snprintf((char *)h + 108, 8, "%07o", 0);
-    snprintf((char *)h + 116, 8, "%07o", 0);
-    snprintf((char *)h + 124, 12, "%011zo", n);
-    snprintf((char *)h + 136, 12, "%011o", 0);
-    h[156] = '0';
-    memcpy(h + 257, "ustar\0" "00", 8);
-    memset(h + 148, ' ', 8);
-    unsigned sum = 0;
-    for (int i = 0; i < 512; i++) sum += h[i];
-    snprintf((char *)h + 148, 8, "%06o", sum);
-    fwrite(h, 1, 512, f);
-    fwrite(data, 1, n, f);
-    static const uint8_t zero[512];
-    fwrite(zero, 1, (512 - n % 512) % 512, f);
-}
-
 static char shard[512];
 static int64_t bad_off; /* header offset of the bad member */
 
@@ -83,10 +63,10 @@ static void write_shard(const char *dir) {
         }
         char name[64];
         snprintf(name, sizeof name, "s%03d.jpg", i);
-        tar_add(f, name, j, n);
+        plf_tar_add(f, name, j, n);
         off += 512 + (int64_t)(n + 511) / 512 * 512;
         snprintf(name, sizeof name, "s%03d.txt", i);
-        tar_add(f, name, "caption", 7);
+        plf_tar_add(f, name, "caption", 7);
         off += 1024;
         free(j);
     }

@@ -27,32 +27,6 @@ static size_t make_png(int w, int h, void **out) {
     return len;
 }
 
-static void tar_add(FILE *f, const char *name, const void *data, size_t n) {
-    uint8_t h[512] = {0};
-    snprintf((char *)h, 100, "%s", name);
-    snprintf((char *)h + 100, 8, "%07o", 0644);
-    snprintf((char *)h + 108, 8, "%07o", 0);
-    snprintf((char *)h + 116, 8, "%07o", 0);
-    snprintf((char *)h + 124, 12, "%011zo", n);
-    snprintf((char *)h + 136, 12, "%011o", 0);
-    h[156] = '0';
-    memcpy(h + 257, "ustar\0" "00", 8);
-    memset(h + 148, ' ', 8);
-    unsigned sum = 0;
-    for (int i = 0; i < 512; i++) sum += h[i];
-    snprintf((char *)h + 148, 8, "%06o", sum);
-    fwrite(h, 1, 512, f);
-    fwrite(data, 1, n, f);
-    static const uint8_t zero[512];
-    fwrite(zero, 1, (512 - n % 512) % 512, f);
-}
-
-static void tar_end(FILE *f) {
-    static const uint8_t zero[1024];
-    fwrite(zero, 1, 1024, f);
-    fclose(f);
-}
-
 /* Open `path` through a config (on_error: fail or skip). */
 static pl_source *open_cfg(const char *path, int skip, int *rc) {
     char yaml[1024];
@@ -96,13 +70,13 @@ int main(void) {
     /* Keys with a dot: img.0001.* and img.0002.* are one key, "img". */
     snprintf(p, sizeof p, "%s/dots.tar", dir);
     FILE *f = fopen(p, "wb");
-    tar_add(f, "a.png", png, n);
-    tar_add(f, "a.txt", "ok", 2);
-    tar_add(f, "img.0001.png", png, n); /* offset 3 * 512 + 512 * ceil(n / 512) */
-    tar_add(f, "img.0001.txt", "x", 1);
-    tar_add(f, "img.0002.png", png, n);
-    tar_add(f, "img.0002.txt", "y", 1);
-    tar_end(f);
+    plf_tar_add(f, "a.png", png, n);
+    plf_tar_add(f, "a.txt", "ok", 2);
+    plf_tar_add(f, "img.0001.png", png, n); /* offset 3 * 512 + 512 * ceil(n / 512) */
+    plf_tar_add(f, "img.0001.txt", "x", 1);
+    plf_tar_add(f, "img.0002.png", png, n);
+    plf_tar_add(f, "img.0002.txt", "y", 1);
+    plf_tar_end(f);
     char off[64];
     snprintf(off, sizeof off, "member img.0001.png at offset %zu", 1536 + (n + 511) / 512 * 512);
     const char *dots[] = {p, off, "key 'img'", "extension '0001.png'", "first dot", NULL};
@@ -111,12 +85,12 @@ int main(void) {
     /* A second caption, and a second image, in one sample. */
     snprintf(p, sizeof p, "%s/repeat.tar", dir);
     f = fopen(p, "wb");
-    tar_add(f, "a.png", png, n);
-    tar_add(f, "a.txt", "one", 3);
-    tar_add(f, "a.txt", "two", 3);
-    tar_add(f, "b.png", png, n);
-    tar_add(f, "b.txt", "ok", 2);
-    tar_end(f);
+    plf_tar_add(f, "a.png", png, n);
+    plf_tar_add(f, "a.txt", "one", 3);
+    plf_tar_add(f, "a.txt", "two", 3);
+    plf_tar_add(f, "b.png", png, n);
+    plf_tar_add(f, "b.txt", "ok", 2);
+    plf_tar_end(f);
     size_t a_txt2 = 512 + (n + 511) / 512 * 512 + 1024;
     char o2[96];
     snprintf(o2, sizeof o2, "member a.txt at offset %zu repeats the caption", a_txt2);
@@ -125,10 +99,10 @@ int main(void) {
 
     snprintf(p, sizeof p, "%s/repeat_img.tar", dir);
     f = fopen(p, "wb");
-    tar_add(f, "a.png", png, n);
-    tar_add(f, "a.jpg", png, n);
-    tar_add(f, "a.txt", "one", 3);
-    tar_end(f);
+    plf_tar_add(f, "a.png", png, n);
+    plf_tar_add(f, "a.jpg", png, n);
+    plf_tar_add(f, "a.txt", "one", 3);
+    plf_tar_end(f);
     const char *rep2[] = {p, "member a.jpg", "repeats the image of member a.png at offset 0",
                           NULL};
     expect(p, rep2, 0, 1);
@@ -137,10 +111,10 @@ int main(void) {
        as other extra members are. */
     snprintf(p, sizeof p, "%s/extra.tar", dir);
     f = fopen(p, "wb");
-    tar_add(f, "a.png", png, n);
-    tar_add(f, "a.txt", "one", 3);
-    tar_add(f, "a.mask.png", png, n);
-    tar_end(f);
+    plf_tar_add(f, "a.png", png, n);
+    plf_tar_add(f, "a.txt", "one", 3);
+    plf_tar_add(f, "a.mask.png", png, n);
+    plf_tar_end(f);
     int rc;
     pl_source *s = open_cfg(p, 0, &rc);
     CHECK_OK(rc);
