@@ -177,8 +177,10 @@ static void evict(const pl__rfile *self, int64_t incoming) {
         memcpy(&chunk, h + 16, 8);
         memcpy(&n, h + 24, 8);
         memcpy(&keep, h + 32, 4);
-        if (memcmp(h, PL__RCACHE_MAGIC, 8) != 0 || chunk <= 0 ||
-            (size_t)st.st_size < PL__RCACHE_HEADER + (size_t)n * 4) {
+        /* A table another process left damaged is skipped, never read past its end:
+           n is checked against the file's size before n * 4 is formed. */
+        if (memcmp(h, PL__RCACHE_MAGIC, 8) != 0 || chunk <= 0 || size < 0 || n < 0 ||
+            n > (int64_t)(((size_t)st.st_size - PL__RCACHE_HEADER) / 4)) {
             munmap(t, (size_t)st.st_size);
             continue;
         }
