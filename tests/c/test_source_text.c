@@ -409,6 +409,63 @@ static void test_json_records(void) {
     check_bad("escape.jsonl", "{\"text\": \"a\\qb\"}", "malformed JSON", 0);
 }
 
+/* A tokenizer (vocabulary of 300) that gives the byte tokenizer's ids, except
+ * for a text starting "big" (one id 300 in the middle) or "neg" (id -5). */
+static int oov_encode(void *ctx, int64_t n, const char *const *texts, const size_t *lens,
+                      int32_t **ids, int64_t *counts, char *err, size_t errcap) {
+    pl_tokenizer *bytes = ctx;
+    int rc = bytes->encode_batch(bytes->ctx, n, texts, lens, ids, counts, err, errcap);
+    for (int64_t i = 0; i < n && rc == PL_OK; i++) {
+        if (lens[i] >= 4 && memcmp(texts[i], "big", 3) == 0) ids[i][2] = 300;
+        if (lens[i] >= 4 && memcmp(texts[i], "neg", 3) == 0) ids[i][lens[i] - 1] = -5;
+    }
+    return rc;
+}
+
+/* Ids outside the tokenizer's vocabulary refuse their record (named, with the
+ * id), never reach a batch; the other records keep their exact ids. */
+static void test_ids_outside_vocabulary(void) {
+    char p[512];
+    snprintf(p, sizeof p, "%s/oov.jsonl", dir);
+    const char *body = "{\"text\": \"good one\"}\n{\"text\": \"big one\"}\n"
+                       "{\"text\": \"neg one\"}\n{\"text\": \"fine\"}\n";
+    pl_test_write_file(p, body, strlen(body));
+    pl_tokenizer bytes, tok;
+    pl_tokenizer_bytes(&bytes);
+    tok = bytes;
+    tok.ctx = &bytes;
+    tok.encode_batch = oov_encode;
+    tok.destroy = NULL;
+    tok.vocab_size = 300;
+    tok.name = "oov";
+    pl_source_options o;
+    memset(&o, 0, sizeof o);
+    o.version = PL_SOURCE_OPTIONS_VERSION;
+    o.type = PL_SOURCE_JSONL;
+    o.path = p;
+    o.name = "t";
+    o.eos_id = -1;
+    o.tokenizer = &tok;
+    o.add_eos = 1;
+    o.tokenizer_threads = 1;
+    o.lookahead = 4;
+    pl_source *src;
+    CHECK_OK(pl_source_open(&o, &src));
+    int64_t len, out[16];
+    CHECK_OK(pl_source_document_length(src, 0, &len));
+    CHECK_EQ_I64(len, 9);
+    CHECK_OK(pl_source_read(src, 0, 0, len, out, PL_DTYPE_INT64));
+    CHECK(out[0] == 'g' && out[7] == 'e' && out[8] == 256);
+    CHECK_EQ_I64(pl_source_document_length(src, 1, &len), PL_ERECORD);
+    CHECK(strstr(pl_source_errmsg(src), "gave id 300 outside its vocabulary of 300") != NULL);
+    CHECK_EQ_I64(pl_source_document_length(src, 2, &len), PL_ERECORD);
+    CHECK(strstr(pl_source_errmsg(src), "gave id -5 outside its vocabulary of 300") != NULL);
+    CHECK_OK(pl_source_document_length(src, 3, &len));
+    CHECK_EQ_I64(len, 5);
+    pl_source_free(src);
+    if (bytes.destroy) bytes.destroy(bytes.ctx);
+}
+
 /* Plans through a config: the same for 1 and 3 tokenizer threads and for
  * any lookahead, and equal reads; on_error: skip counts bad records. */
 /* ... and with at most max_tokenized documents tokenized (each once per epoch
@@ -1408,6 +1465,7 @@ int main(void) {
     test_formats();
     test_bad_records();
     test_json_records();
+    test_ids_outside_vocabulary();
     test_line_numbers();
     test_plans();
     test_lengths_only();

@@ -128,19 +128,34 @@ static void tokenize_here(pl_source *src, const int64_t *idx, int64_t n,
         }
         c = 0;
         int last_train = 1;
-        for (int64_t x = a; x < b; x++) {
-            for (int64_t k = 0; k < counts[x] && !q->rc; k++) {
-                int32_t id = ids[x][k];
-                if (id < 0 || (t->tok.vocab_size > 0 && id >= t->tok.vocab_size)) {
-                    q->rc = PL_ERECORD;
-                    pl__fmt(q->err, sizeof q->err,
-                            "%s: record %lld: tokenizer %s gave id %d outside its "
-                            "vocabulary of %lld",
-                            f->base.path, (long long)r, t->tok.name ? t->tok.name : "",
-                            (int)id, (long long)t->tok.vocab_size);
-                }
-                w[c++] = v.train[x] || !t->masked ? id : -1 - id;
+        /* Ids are checked against the vocabulary in one pass without a
+           branch (ids as unsigned: a negative one is past any bound), then
+           copied whole (or marked, for texts not trained on). */
+        const uint32_t bound = t->tok.vocab_size > 0 && t->tok.vocab_size <= INT32_MAX
+                                   ? (uint32_t)t->tok.vocab_size
+                                   : (uint32_t)INT32_MAX + 1u;
+        for (int64_t x = a; x < b && !q->rc; x++) {
+            const int32_t *in = ids[x];
+            const int64_t k = counts[x];
+            uint32_t over = 0;
+            for (int64_t e = 0; e < k; e++) over |= (uint32_t)in[e] >= bound;
+            if (over) {
+                int64_t e = 0;
+                while ((uint32_t)in[e] < bound) e++;
+                q->rc = PL_ERECORD;
+                pl__fmt(q->err, sizeof q->err,
+                        "%s: record %lld: tokenizer %s gave id %d outside its "
+                        "vocabulary of %lld",
+                        f->base.path, (long long)r, t->tok.name ? t->tok.name : "",
+                        (int)in[e], (long long)t->tok.vocab_size);
+                break;
             }
+            if (v.train[x] || !t->masked) {
+                if (k) memcpy(w + c, in, (size_t)k * sizeof *w);
+            } else {
+                for (int64_t e = 0; e < k; e++) w[c + e] = -1 - in[e];
+            }
+            c += k;
             if (counts[x]) last_train = v.train[x];
             if (v.train[x]) trained += counts[x];
         }
