@@ -137,6 +137,9 @@ def main():
     ap.add_argument("--epochs", type=int, default=3)
     ap.add_argument("--no-pretrain", action="store_true")
     ap.add_argument("--no-scaling", action="store_true")
+    ap.add_argument("--fastokens-only", action="store_true",
+                    help="only fastokens' own call and the loader over it (the overhead "
+                         "figure; the tokenizers runs take most of a round)")
     ap.add_argument("--out", default=os.path.join(ROOT, "bench", "results", "raw", "tokenizer_speed.json"))
     a = ap.parse_args()
     command = "bench/text/tokenizer_speed.py " + " ".join(shlex.quote(x) for x in sys.argv[1:])
@@ -160,7 +163,7 @@ def main():
         for j, e in enumerate(hf.encode_batch_fast(b, add_special_tokens=False)):
             differ += ids[int(off[j]):int(off[j + 1])].tolist() != e.ids
     libs = {"tokenizers": hf_call(hf), "fastokens": fast_call(ft)}
-    total = lib_run(libs["tokenizers"], batches, 1)[0]
+    total = lib_run(libs["fastokens" if a.fastokens_only else "tokenizers"], batches, 1)[0]
     steps = max(1, a.epochs * total // (8 * 2048))
     batches = batches * a.epochs
     machine = {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
@@ -180,6 +183,8 @@ def main():
     ts = sorted({1, cpus})
     runs = [(f"lib:{k}", t) for k in libs for t in ts] + \
            [(f"loader:{b}", t) for b in ("tokenizers", "auto") for t in ts]
+    if a.fastokens_only:
+        runs = [r for r in runs if r[0] in ("lib:fastokens", "loader:auto")]
     res = {r: [] for r in runs}
     for rnd in range(a.rounds):
         order = runs if rnd % 2 == 0 else runs[::-1]
@@ -224,12 +229,16 @@ def main():
             ("loader tokenizers / tokenizers' encode_batch, per CPU-s", ("loader:tokenizers", t), ("lib:tokenizers", t), 0),
         ]
         for name, x, y, i in pairs:
+            if x not in res or y not in res:
+                continue
             r = ratio(x, y, i)
             rec(name, r, "x", threads=t)
             print(f"{name}, {t} thread{'s' if t > 1 else ''}: median {med(r):.2f} "
                   f"[{min(r):.2f}-{max(r):.2f}]", flush=True)
     if len(ts) > 1:
         for who in ("lib:tokenizers", "lib:fastokens", "loader:tokenizers", "loader:auto"):
+            if (who, ts[-1]) not in res:
+                continue
             r = ratio((who, ts[-1]), (who, 1), 1)
             rec(f"{who} wall scaling {ts[-1]} threads over 1", r, "x")
             print(f"{who} wall speed-up {ts[-1]} threads / 1: median {med(r):.2f} "
