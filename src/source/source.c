@@ -225,7 +225,9 @@ static int data_fd(const pl_source *src, const pl__sfile *f, int *fd,
         return PL_OK;
     }
     char path[4096];
-    data_path(src, f, path, sizeof path);
+    /* A remote file's descriptor is its cache file's. */
+    if (f->rdata) pl__fmt(path, sizeof path, "%s", pl__rfile_path(f->rdata));
+    else data_path(src, f, path, sizeof path);
     /* The file record is immutable but for its atomics: cast away const. */
     return fwatch_fd((pl__fwatch *)&f->data_w, path, fd, owned, err, errcap);
 }
@@ -715,14 +717,6 @@ static int source_open_impl(const pl_source_options *opts, int skip_damaged,
                 (int)opts->type);
         return PL_EINVAL;
     }
-    if (pl__remote_is_url(opts->path) && opts->type != PL_SOURCE_MEGATRON &&
-        opts->type != PL_SOURCE_LLMC && opts->type != PL_SOURCE_FLAT) {
-        pl__fmt(err, cap,
-                "source %s: %s: remote paths are read for megatron, llmc and flat "
-                "sources only (docs/guide/object-storage.md)",
-                src->name, opts->path);
-        return PL_EINVAL;
-    }
     if ((rc = ops->init(src, opts, skip_damaged, err, cap))) return rc;
 
     pl__paths paths = {0};
@@ -747,10 +741,11 @@ static int source_open_impl(const pl_source_options *opts, int skip_damaged,
         return rc;
     }
 
-    /* Remote files open in parallel (each a HEAD, a Megatron .idx fetched):
-       a source of many objects starts in the time of a few requests. */
+    /* Remote files open in parallel (each a HEAD, a Megatron .idx fetched,
+       a JSONL object scanned, a Parquet footer read): a source of many
+       objects starts in the time of a few requests. */
     int remote_done = 0;
-    if (src->prefetch && src->n_files > 1 && !(ops->flags & PL__SRC_LAZY)) {
+    if (src->prefetch && src->n_files > 1) {
         rc = open_remote_parallel(src, skip_damaged, err, cap);
         if (rc) {
             release_files(src);
@@ -941,7 +936,11 @@ void pl__source_prefetch(const pl_source *src, int64_t index) {
 
 void pl__source_fetch_ahead(pl_source *src, int64_t index, int64_t offset,
                             int64_t count) {
-    if (!src || !src->prefetch || index < 0 || index >= src->n_docs) return;
+    /* A raw text source posts its records from its lookahead instead (a
+       length lookup here could tokenize). */
+    if (!src || !src->prefetch || index < 0 || index >= src->n_docs ||
+        (src->ops->flags & PL__SRC_LAZY))
+        return;
     const pl__sfile *f;
     const uint8_t *tok;
     int64_t len;

@@ -229,8 +229,8 @@ struct pl_source {
     int64_t skipped;  /* records left out at open (on_error: skip) */
     void *filev;      /* n_files records of ops->file_size bytes: pl__src_file */
     size_t file_size; /* ops->file_size */
-    /* Remote paths (megatron, llmc, flat): the cache settings and the
-     * prefetcher (NULL when every file is local). */
+    /* Remote paths: the cache settings and the prefetcher (NULL when every
+     * file is local). */
     pl__rcache_conf rconf;
     char *cache_dir;
     pl__rprefetch *prefetch;
@@ -259,6 +259,13 @@ int pl__map_any(pl__sfile *f, const char *path, int index, void **map, size_t *l
 static inline int pl__source_ensure(const pl__sfile *f, int64_t offset, int64_t len,
                                     char *err, size_t errcap) {
     return f->rdata ? pl__rfile_ensure(f->rdata, offset, len, err, errcap) : PL_OK;
+}
+/* A message of source/remote/ (which starts with the object's URL) without
+ * that "URL: ", for a caller whose message names the object itself along
+ * with what was being read (a record, a member, a row group). */
+static inline const char *pl__remote_reason(const char *msg, const char *url) {
+    size_t n = strlen(url);
+    return !strncmp(msg, url, n) && msg[n] == ':' && msg[n + 1] == ' ' ? msg + n + 2 : msg;
 }
 /* Post the byte range of tokens [offset, offset + count] of global document
  * index to the source's prefetcher (remote files only; never blocks on I/O). */
