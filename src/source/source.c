@@ -116,6 +116,16 @@ int pl__map_any(pl__sfile *f, const char *path, int index, void **map, size_t *l
     return pl__map_file(pl__rfile_path(r), map, len, st, fd_out, err, errcap);
 }
 
+int pl__source_evicted_err(const pl__sfile *f, int64_t offset, int64_t len, char *err,
+                           size_t errcap) {
+    pl__fmt(err, errcap,
+            "%s: bytes [%lld, %lld) were evicted from the node cache while being read, "
+            "%d times: cache.max_bytes (%lld) is too small for the reads in flight",
+            f->path, (long long)offset, (long long)(offset + len), PL__REMOTE_REREADS,
+            (long long)(f->rconf ? f->rconf->max_bytes : 0));
+    return PL_EIO;
+}
+
 /* ------------------------------------------------------------ descriptors */
 
 /* How long a size seen by fstat(2) is trusted (ns; -D to measure). */

@@ -260,6 +260,19 @@ static inline int pl__source_ensure(const pl__sfile *f, int64_t offset, int64_t 
                                     char *err, size_t errcap) {
     return f->rdata ? pl__rfile_ensure(f->rdata, offset, len, err, errcap) : PL_OK;
 }
+/* A read of a remote file's cache file is checked after it is made: a chunk
+ * evicted between pl__source_ensure and the read (the cache clears a chunk's
+ * table entry before it frees its pages) leaves the range not present, and
+ * the bytes read are not used: the range is made present and read again, up
+ * to PL__REMOTE_REREADS times, then pl__source_evicted_err. */
+#define PL__REMOTE_REREADS 4
+static inline int pl__source_still(const pl__sfile *f, int64_t offset, int64_t len) {
+    return !f->rdata || pl__rfile_present(f->rdata, offset, len);
+}
+/* PL_EIO: bytes [offset, offset + len) of f's object evicted from the cache
+ * while being read, every time (a cache too small for the reads in flight). */
+int pl__source_evicted_err(const pl__sfile *f, int64_t offset, int64_t len, char *err,
+                           size_t errcap);
 /* A message of source/remote/ (which starts with the object's URL) without
  * that "URL: ", for a caller whose message names the object itself along
  * with what was being read (a record, a member, a row group). */

@@ -274,20 +274,9 @@ static int wds_expand(const char *path, pl__paths *files, char *err, size_t errc
 
 /* ------------------------------------------------------------ reading */
 
-/* Read len bytes at off exactly.  PL_ETRUNC on a short read, PL_EIO.  rf: a
- * remote shard, whose bytes are made present in its cache file (fd) first;
- * a failed fetch names the shard, the offset and the cache's reason. */
-static int pread_all(pl__rfile *rf, int fd, void *buf, size_t len, int64_t off,
-                         const char *path, char *err, size_t errcap) {
-    if (rf && len) {
-        char e[PL__ERRMSG_CAP];
-        int rc = pl__rfile_ensure(rf, off, (int64_t)len, e, sizeof e);
-        if (rc) {
-            pl__fmt(err, errcap, "%s: read of %zu bytes at offset %lld: %s", path, len,
-                    (long long)off, pl__remote_reason(e, path));
-            return rc;
-        }
-    }
+/* Read len bytes at off exactly.  PL_ETRUNC on a short read, PL_EIO. */
+static int pread_local(int fd, void *buf, size_t len, int64_t off, const char *path,
+                       char *err, size_t errcap) {
     size_t got = 0;
     while (got < len) {
         ssize_t k = pread(fd, (uint8_t *)buf + got, len - got, (off_t)(off + (int64_t)got));
@@ -301,6 +290,31 @@ static int pread_all(pl__rfile *rf, int fd, void *buf, size_t len, int64_t off,
         got += (size_t)k;
     }
     return PL_OK;
+}
+
+/* pread_local, or for a remote shard (rf) from its cache file (fd): the bytes
+ * made present first and read again if they were evicted meanwhile
+ * (pl__source_still); a failed fetch names the shard, the offset and the
+ * cache's reason. */
+static int pread_all(pl__rfile *rf, int fd, void *buf, size_t len, int64_t off,
+                         const char *path, char *err, size_t errcap) {
+    if (!rf || !len) return pread_local(fd, buf, len, off, path, err, errcap);
+    for (int attempt = 0; attempt < PL__REMOTE_REREADS; attempt++) {
+        char e[PL__ERRMSG_CAP];
+        int rc = pl__rfile_ensure(rf, off, (int64_t)len, e, sizeof e);
+        if (rc) {
+            pl__fmt(err, errcap, "%s: read of %zu bytes at offset %lld: %s", path, len,
+                    (long long)off, pl__remote_reason(e, path));
+            return rc;
+        }
+        if ((rc = pread_local(fd, buf, len, off, path, err, errcap))) return rc;
+        if (pl__rfile_present(rf, off, (int64_t)len)) return PL_OK;
+    }
+    pl__fmt(err, errcap,
+            "%s: read of %zu bytes at offset %lld: evicted from the node cache while "
+            "being read, %d times (cache.max_bytes is too small for the reads in flight)",
+            path, len, (long long)off, PL__REMOTE_REREADS);
+    return PL_EIO;
 }
 
 /* ------------------------------------------------------------ tar */

@@ -357,3 +357,30 @@ def test_webdataset_missing_shard_names_it(shards, s3_environ, tmp_path):
     with pytest.raises(polyload.PolyloadError) as e:
         _hashes(_wds_cfg(_remote("wds/shard-{000000..000009}.tar"), tmp_path / "c"))
     assert f"s3://{BUCKET}/wds/shard-000004.tar" in str(e.value)
+
+
+def test_every_type_through_a_small_cache_under_faults(corpus, shards, s3_environ, s3env,
+                                                       tmp_path, monkeypatch):
+    """Four types in one run through a cache of 16 chunks with a grace of 1 s (chunks
+    leave about as soon as a read has used them, images are larger than the cache),
+    connections cut: the batches of the files on disk."""
+    monkeypatch.setenv("POLYLOAD_CACHE_GRACE_S", "1")
+
+    def make(where, wds):
+        return [{"name": "j", "type": "jsonl", "path": where("jsonl/wit.jsonl"), "weight": 0.3},
+                {"name": "g", "type": "jsonl", "path": where("gz/tech.jsonl.gz"), "weight": 0.1},
+                {"name": "p", "type": "parquet", "path": where("parquet/tech.parquet"),
+                 "weight": 0.2},
+                {"name": "t", "type": "text", "path": where("text/"), "weight": 0.1},
+                {"name": "w", "type": "webdataset", "weight": 0.3, "index": "memory",
+                 "path": wds("shard-{000000..000003}.tar"),
+                 "image": {"mode": "fixed", "token_id": IMG}}]
+
+    kw = {"seq_length": 2048, "train_steps": 5, "topology": {"dp": 1}, "threads": 2}
+    local = _cfg(corpus, make(lambda r: _local(corpus, r), lambda r: str(shards / r)), **kw)
+    remote = _cfg(corpus, make(_remote, lambda r: _remote("wds/" + r)), **kw)
+    remote["cache"] = {"dir": str(tmp_path / "c"), "max_bytes": 16 * 4096, "chunk_bytes": 4096}
+    want = _hashes(local)
+    s3env.faults(reset=True, every=4, kind="cut")
+    assert _hashes(remote) == want
+    assert s3env.stats()["injected"] > 0

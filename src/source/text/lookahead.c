@@ -7,9 +7,10 @@
 #include "source/text/text.h"
 
 /* A remote record queued for tokenizing: its bytes requested ahead from the
- * object store (the source's prefetcher; never blocks on I/O). */
+ * object store (the source's prefetcher; never blocks on I/O).  Not for a
+ * lengths-only source, whose records are read by the source loaders. */
 static void fetch_ahead(pl_source *src, int64_t index) {
-    if (!src->prefetch) return;
+    if (!src->prefetch || pl__text_of(src)->lengths_fn) return;
     int64_t r;
     const pl__tfile *f = pl__text_locate(src, index, &r);
     if (!f->base.rdata || !f->spans || f->text) return;

@@ -209,31 +209,46 @@ static int pq_record_text(pl_source *src, const pl__sfile *fc, int64_t r,
     char where[200];
     pthread_mutex_lock(&t->pq_mu);
     pl__pqgroup *G = &pf->pq_dec[g];
-    int64_t coff, clen;
-    if (!G->data && !G->rc && f->base.rdata &&
-        pl__pq_chunk_range(pf->pq, g, &coff, &clen) == 0) {
-        /* A remote object: the column chunk made present before Arrow reads
-           it (fetched outside the lock, then looked at again under it: a
-           present chunk costs no request). */
+    int64_t coff = 0, clen = 0;
+    const int remote = f->base.rdata && pl__pq_chunk_range(pf->pq, g, &coff, &clen) == 0;
+    for (int attempt = 0; !G->data && !G->rc; attempt++) {
         char e[PL__ERRMSG_CAP];
-        pthread_mutex_unlock(&t->pq_mu);
-        int rc = pl__rfile_ensure(f->base.rdata, coff, clen, e, sizeof e);
-        pthread_mutex_lock(&t->pq_mu);
-        if (rc == PL_OK && !G->data && !G->rc)
-            rc = pl__rfile_ensure(f->base.rdata, coff, clen, e, sizeof e);
-        if (rc) {
+        int rc = PL_OK;
+        if (remote) {
+            /* A remote object: the column chunk made present before Arrow reads
+               it (fetched outside the lock, then looked at again under it: a
+               present chunk costs no request). */
             pthread_mutex_unlock(&t->pq_mu);
-            pl__fmt(err, errcap,
-                    "%s: row %lld (row group %lld, column chunk at byte offset %lld, %lld "
-                    "bytes): %s",
-                    f->base.path, (long long)r, (long long)g, (long long)coff,
-                    (long long)clen, pl__remote_reason(e, f->base.path));
-            return rc;
+            rc = pl__rfile_ensure(f->base.rdata, coff, clen, e, sizeof e);
+            pthread_mutex_lock(&t->pq_mu);
+            if (rc == PL_OK && !G->data && !G->rc)
+                rc = pl__rfile_ensure(f->base.rdata, coff, clen, e, sizeof e);
+            else if (rc == PL_OK)
+                break; /* another thread decoded it meanwhile */
+            if (rc == PL_OK && attempt == PL__REMOTE_REREADS)
+                rc = pl__source_evicted_err(&f->base, coff, clen, e, sizeof e);
+            if (rc) {
+                pthread_mutex_unlock(&t->pq_mu);
+                pl__fmt(err, errcap,
+                        "%s: row %lld (row group %lld, column chunk at byte offset %lld, "
+                        "%lld bytes): %s",
+                        f->base.path, (long long)r, (long long)g, (long long)coff,
+                        (long long)clen, pl__remote_reason(e, f->base.path));
+                return rc;
+            }
         }
-    }
-    if (!G->data && !G->rc) {
-        char e[PL__ERRMSG_CAP];
-        int rc = pl__pq_read_group(pf->pq, g, rows, &G->data, &G->off, &G->valid, e, sizeof e);
+        rc = pl__pq_read_group(pf->pq, g, rows, &G->data, &G->off, &G->valid, e, sizeof e);
+        if (remote && !pl__rfile_present(f->base.rdata, coff, clen)) {
+            /* Evicted while Arrow read it: neither the values nor an error of
+               these bytes is used; read again. */
+            free(G->data);
+            free(G->off);
+            free(G->valid);
+            G->data = NULL;
+            G->off = NULL;
+            G->valid = NULL;
+            continue;
+        }
         if (rc == PL_ENOMEM) {
             pthread_mutex_unlock(&t->pq_mu);
             pl__fmt(err, errcap, "%s", e);

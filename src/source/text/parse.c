@@ -207,35 +207,44 @@ int pl__text_record(pl_source *src, const pl__sfile *bf, int64_t r, pl__segv *v,
         }
         raw_owned = 1;
         int fd, fowned;
-        /* A remote object: the record's bytes present in the cache file first
-           (fetched again if they were evicted since the scan at open). */
-        if (f->base.rdata && (rc = pl__source_ensure(&f->base, (int64_t)s, (int64_t)n,
-                                                     err, errcap))) {
-            free(raw);
-            remote_err(f, r, s, n, err, errcap);
-            return rc;
-        }
-        rc = pl__source_data_fd(src, &f->base, &fd, &fowned, err, errcap);
-        if (rc) {
-            free(raw);
-            return rc;
-        }
-        size_t got = 0;
-        while (got < n) {
-            ssize_t k = pread(fd, raw + got, n - got, (off_t)(s + got));
-            if (k <= 0) {
-                int en = errno;
-                if (fowned) close(fd);
+        for (int attempt = 0;; attempt++) {
+            /* A remote object: the record's bytes present in the cache file first
+               (fetched again if they were evicted since the scan at open). */
+            if (f->base.rdata && (rc = pl__source_ensure(&f->base, (int64_t)s, (int64_t)n,
+                                                         err, errcap))) {
                 free(raw);
-                pl__fmt(err, errcap,
-                        "%s: read of %zu bytes at byte offset %llu failed: %s",
-                        f->base.path, n, (unsigned long long)s,
-                        k == 0 ? "file shrank since open" : strerror(en));
-                return k == 0 ? PL_ETRUNC : PL_EIO;
+                remote_err(f, r, s, n, err, errcap);
+                return rc;
             }
-            got += (size_t)k;
+            rc = pl__source_data_fd(src, &f->base, &fd, &fowned, err, errcap);
+            if (rc) {
+                free(raw);
+                return rc;
+            }
+            size_t got = 0;
+            while (got < n) {
+                ssize_t k = pread(fd, raw + got, n - got, (off_t)(s + got));
+                if (k <= 0) {
+                    int en = errno;
+                    if (fowned) close(fd);
+                    free(raw);
+                    pl__fmt(err, errcap,
+                            "%s: read of %zu bytes at byte offset %llu failed: %s",
+                            f->base.path, n, (unsigned long long)s,
+                            k == 0 ? "file shrank since open" : strerror(en));
+                    return k == 0 ? PL_ETRUNC : PL_EIO;
+                }
+                got += (size_t)k;
+            }
+            if (fowned) close(fd);
+            if (pl__source_still(&f->base, (int64_t)s, (int64_t)n)) break;
+            if (attempt + 1 == PL__REMOTE_REREADS) {
+                free(raw);
+                rc = pl__source_evicted_err(&f->base, (int64_t)s, (int64_t)n, err, errcap);
+                remote_err(f, r, s, n, err, errcap);
+                return rc;
+            }
         }
-        if (fowned) close(fd);
     }
     if (!json) {
         size_t bad = pl__utf8_check((const uint8_t *)raw, n);

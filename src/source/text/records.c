@@ -91,6 +91,10 @@ static int has_suffix(const char *s, const char *suf) {
  * scan reads them through the mapping while they are fresh in the cache). */
 #define PL__SCAN_WINDOW ((size_t)32 << 20)
 
+/* decompress: a remote object's chunk was evicted while the decoder read it
+ * (start again). */
+#define PL__EVICTED 1
+
 /* Make in[at, at + len) of remote file rf present (no-op for a local file). */
 static int window(pl__rfile *rf, size_t at, size_t len, char *err, size_t errcap) {
     return rf && len ? pl__rfile_ensure(rf, (int64_t)at, (int64_t)len, err, errcap)
@@ -142,6 +146,11 @@ static int decompress(const char *path, int kind, const uint8_t *in,
             z.next_out = (Bytef *)(buf + len);
             z.avail_out = (uInt)chunk_out;
             rc = inflate(&z, Z_NO_FLUSH);
+            if (rf && !pl__rfile_present(rf, (int64_t)at, (int64_t)(chunk_in - z.avail_in))) {
+                inflateEnd(&z);
+                free(buf);
+                return PL__EVICTED;
+            }
             at += chunk_in - z.avail_in;
             len += chunk_out - z.avail_out;
             if (rc == Z_STREAM_END) {
@@ -198,7 +207,13 @@ static int decompress(const char *path, int kind, const uint8_t *in,
                 cap = nc;
             }
             ZSTD_outBuffer ob = {buf + len, cap - len, 0};
+            const size_t p0 = ib.pos;
             last = ZSTD_decompressStream(zs, &ob, &ib);
+            if (rf && !pl__rfile_present(rf, (int64_t)p0, (int64_t)(ib.pos - p0))) {
+                ZSTD_freeDStream(zs);
+                free(buf);
+                return PL__EVICTED;
+            }
             len += ob.pos;
             if (ZSTD_isError(last)) {
                 pl__fmt(err, errcap,
@@ -354,8 +369,12 @@ int pl__text_open_file(pl_source *src, pl__sfile *bf, int skip_damaged,
         int damaged = 0;
         char *out = NULL;
         size_t out_len = 0;
-        rc = decompress(f->base.path, f->compression, map, len, rf, &out, &out_len,
-                            &damaged, err, errcap);
+        for (int attempt = 0; attempt < PL__REMOTE_REREADS; attempt++)
+            if ((rc = decompress(f->base.path, f->compression, map, len, rf, &out,
+                                 &out_len, &damaged, err, errcap)) != PL__EVICTED)
+                break;
+        if (rc == PL__EVICTED)
+            rc = pl__source_evicted_err(&f->base, 0, (int64_t)len, err, errcap);
         if (map) munmap(map, len);
         map = NULL;
         if (rc == PL_ENOMEM || (rc && !damaged)) return rc; /* a failed fetch too */
@@ -390,6 +409,7 @@ int pl__text_open_file(pl_source *src, pl__sfile *bf, int skip_damaged,
                rest is carried over to the next (a line longer than a window
                widens it). */
             size_t from = 0, hi = 0, done = 0;
+            int evicted = 0;
             while (rc == PL_OK && hi < data_len) {
                 hi = (hi > from ? hi : from) + PL__SCAN_WINDOW;
                 if (hi > data_len) hi = data_len;
@@ -400,7 +420,25 @@ int pl__text_open_file(pl_source *src, pl__sfile *bf, int skip_damaged,
                     free(v.ck);
                     return rc;
                 }
+                /* Lines found in a window whose chunk was evicted while it was
+                   scanned are found again. */
+                const size_t n0 = v.n, nck0 = v.nck;
+                const uint64_t line0 = v.line;
                 rc = scan_lines(data, hi, from, hi < data_len, &v, &done);
+                if (rc == PL_OK && !pl__source_still(&f->base, (int64_t)from,
+                                                     (int64_t)(hi - from))) {
+                    v.n = n0, v.nck = nck0, v.line = line0;
+                    if (++evicted == PL__REMOTE_REREADS) {
+                        if (map) munmap(map, len);
+                        free(v.a);
+                        free(v.ck);
+                        return pl__source_evicted_err(&f->base, (int64_t)from,
+                                                      (int64_t)(hi - from), err, errcap);
+                    }
+                    hi = from; /* the same window again */
+                    continue;
+                }
+                evicted = 0;
                 from = done;
             }
         }
