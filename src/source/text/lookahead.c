@@ -13,7 +13,11 @@ static void fetch_ahead(pl_source *src, int64_t index) {
     if (!src->prefetch || pl__text_of(src)->lengths_fn) return;
     int64_t r;
     const pl__tfile *f = pl__text_locate(src, index, &r);
-    if (!f->base.rdata || !f->spans || f->text) return;
+    if (!f->base.rdata || f->text) return;
+    if (!f->spans) { /* records without spans: a Parquet file's rows */
+        pl__pq_fetch_ahead(src, f, r);
+        return;
+    }
     const int64_t s = (int64_t)f->spans[2 * r], n = (int64_t)f->spans[2 * r + 1] - s;
     if (n > 0 && !pl__rfile_present(f->base.rdata, s, n))
         pl__rprefetch_post(src->prefetch, f->base.rdata, s, n);

@@ -38,6 +38,7 @@ typedef struct pl__pqgroup {
     uint64_t last_use;
     int rc;    /* the decode's error (kept), or 0 */
     char *err;
+    int posted; /* remote: its column chunk posted to the prefetcher */
 } pl__pqgroup;
 
 /* A Parquet file: a raw text file whose records are the rows of row groups;
@@ -183,9 +184,41 @@ static void pq_evict(pl_source *src, const pl__pqgroup *keep) {
         lru->off = NULL;
         lru->valid = NULL;
         lru->bytes = 0;
+        lru->posted = 0;
     }
 }
 #endif
+
+/* The row group of local row r of f. */
+static int64_t pq_group_of(const pl__pqsfile *pf, int64_t r) {
+    int64_t lo = 0, hi = pf->pq_groups; /* the group g: pq_first[g] <= r */
+    while (hi - lo > 1) {
+        int64_t mid = lo + (hi - lo) / 2;
+        if (pf->pq_first[mid] <= r) lo = mid;
+        else hi = mid;
+    }
+    return lo;
+}
+
+void pl__pq_fetch_ahead(pl_source *src, const pl__tfile *tf, int64_t r) {
+#ifdef PL_WITH_PARQUET
+    pl__text *t = pl__text_of(src);
+    const pl__pqsfile *pf = (const pl__pqsfile *)tf;
+    if (!tf->base.rdata || !pf->pq || r < 0 || r >= tf->base.n_docs) return;
+    const int64_t g = pq_group_of(pf, r);
+    int64_t off, len;
+    pthread_mutex_lock(&t->pq_mu);
+    pl__pqgroup *G = &pf->pq_dec[g];
+    const int post = !G->data && !G->rc && !G->posted &&
+                     pl__pq_chunk_range(pf->pq, g, &off, &len) == 0;
+    if (post) G->posted = 1;
+    pthread_mutex_unlock(&t->pq_mu);
+    if (post && !pl__rfile_present(tf->base.rdata, off, len))
+        pl__rprefetch_post(src->prefetch, tf->base.rdata, off, len);
+#else
+    (void)src, (void)tf, (void)r;
+#endif
+}
 
 /* The text of local row r of Parquet file f as one (trained) segment. */
 static int pq_record_text(pl_source *src, const pl__sfile *fc, int64_t r,
@@ -199,13 +232,8 @@ static int pq_record_text(pl_source *src, const pl__sfile *fc, int64_t r,
     /* its decoded groups change, under pq_mu */
     pl__pqsfile *pf = (pl__pqsfile *)fc;
     pl__tfile *f = &pf->t;
-    int64_t lo = 0, hi = pf->pq_groups; /* the group g: pq_first[g] <= r */
-    while (hi - lo > 1) {
-        int64_t mid = lo + (hi - lo) / 2;
-        if (pf->pq_first[mid] <= r) lo = mid;
-        else hi = mid;
-    }
-    const int64_t g = lo, k = r - pf->pq_first[g], rows = pf->pq_first[g + 1] - pf->pq_first[g];
+    const int64_t g = pq_group_of(pf, r), k = r - pf->pq_first[g],
+                  rows = pf->pq_first[g + 1] - pf->pq_first[g];
     char where[200];
     pthread_mutex_lock(&t->pq_mu);
     pl__pqgroup *G = &pf->pq_dec[g];
