@@ -944,6 +944,16 @@ void pl__source_prefetch(const pl_source *src, int64_t index) {
     src->ops->prefetch(f, index - f->first_doc);
 }
 
+/* ops->data_range of global document index in file f: 0 with a non-empty
+ * range, or -1. */
+static int data_range(const pl_source *src, const pl__sfile *f, int64_t index,
+                      int64_t *at, int64_t *n) {
+    if (src->ops->version < 2 || !src->ops->data_range ||
+        src->ops->data_range(src, f, index - f->first_doc, at, n) != 0)
+        return -1;
+    return *n > 0 ? 0 : -1;
+}
+
 void pl__source_fetch_ahead(pl_source *src, int64_t index, int64_t offset,
                             int64_t count) {
     /* A raw text source posts its records from its lookahead instead (a
@@ -955,10 +965,16 @@ void pl__source_fetch_ahead(pl_source *src, int64_t index, int64_t offset,
     const uint8_t *tok;
     int64_t len;
     char err[PL__ERRMSG_CAP];
-    if (s_doc(src, index, &f, &tok, &len, err, sizeof err) || !f->rdata || !tok) return;
+    if (s_doc(src, index, &f, &tok, &len, err, sizeof err) || !f->rdata) return;
+    int64_t at, n;
+    if (!tok) { /* the bytes of a document read apart from its tokens (an image) */
+        if (data_range(src, f, index, &at, &n) == 0 && !pl__rfile_present(f->rdata, at, n))
+            pl__rprefetch_post(src->prefetch, f->rdata, at, n);
+        return;
+    }
     if (offset < 0 || offset > len) return;
     if (count > len - offset) count = len - offset;
-    int64_t at = (int64_t)(tok - (const uint8_t *)f->data_map) + offset * (int64_t)f->width;
+    at = (int64_t)(tok - (const uint8_t *)f->data_map) + offset * (int64_t)f->width;
     if (pl__rfile_present(f->rdata, at, count * (int64_t)f->width)) return;
     pl__rprefetch_post(src->prefetch, f->rdata, at, count * (int64_t)f->width);
 }
@@ -1338,8 +1354,13 @@ static int ensure_reads(pl_source *src, const pl_read *reads, int64_t n, int32_t
         const uint8_t *tok;
         int64_t dl;
         if (only >= 0 && reads[i].source != only) continue;
-        if (s_doc(src, reads[i].index, &f, &tok, &dl, err, errcap) || !f->rdata || !tok)
+        if (s_doc(src, reads[i].index, &f, &tok, &dl, err, errcap) || !f->rdata) continue;
+        int64_t at, dn;
+        if (!tok) { /* bytes read apart from the tokens (an image) */
+            if (data_range(src, f, reads[i].index, &at, &dn) == 0)
+                v[m++] = (rrange){f->rdata, at, dn};
             continue;
+        }
         int64_t o = reads[i].offset, c = reads[i].count;
         if (o < 0 || c <= 0 || o > dl || c > dl - o) continue;
         v[m++] = (rrange){f->rdata,

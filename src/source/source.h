@@ -105,10 +105,10 @@ typedef struct pl__sfile {
 
 /* ------------------------------------------------------------ formats */
 
-/* The method table's version: every entry below is in version 1; a later
- * version appends entries, and callers test ops->version before using them
- * (as SQLite's sqlite3_io_methods.iVersion). */
-#define PL__SOURCE_OPS_VERSION 1
+/* The method table's version: the entries below are in version 1 unless
+ * marked; a later version appends entries, and callers test ops->version
+ * before using them (as SQLite's sqlite3_io_methods.iVersion). */
+#define PL__SOURCE_OPS_VERSION 2
 
 /* ops->flags */
 enum {
@@ -203,6 +203,12 @@ typedef struct pl__source_ops {
     /* Optional: pl_source_release_tokenizer / pl_source_tokenizer_state. */
     int (*release_tokenizer)(pl_source *src);
     int (*tokenizer_state)(const pl_source *src, int64_t *loads, int64_t *shared_by);
+    /* Version 2.  Optional: the bytes [*offset, *offset + *len) of f's data
+     * file that reading local document r needs beyond its tokens (a
+     * WebDataset sample's image member): a remote file's are requested
+     * ahead of the read.  0, or -1 when there are none. */
+    int (*data_range)(const pl_source *src, const pl__sfile *f, int64_t r,
+                      int64_t *offset, int64_t *len);
 } pl__source_ops;
 
 /* The formats (a new one: its file, with its table pl__<name>_ops, and its

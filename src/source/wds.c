@@ -1135,6 +1135,17 @@ static int wds_read(pl_source *src, const pl__sfile *f, int64_t index, int64_t o
 
 /* ------------------------------------------------------------ images */
 
+/* ops->data_range: sample r's image member. */
+static int wds_data_range(const pl_source *src, const pl__sfile *f, int64_t r,
+                          int64_t *offset, int64_t *len) {
+    (void)src;
+    if (r < 0 || r >= f->n_docs) return -1;
+    const uint8_t *rec = s_rec(f, r);
+    *offset = (int64_t)pl__ld_u64(rec + 8);
+    *len = (int64_t)pl__ld_u64(rec + 16);
+    return 0;
+}
+
 static int wds_image_info(pl_source *src, const pl__sfile *f, int64_t r,
                               pl_image_info *out, char *err, size_t errcap) {
     return s_info(src->state, s_rec(f, r), out, err, errcap);
@@ -1287,6 +1298,7 @@ const pl__source_ops pl__webdataset_ops = {
     .read = wds_read,
     .image_info = wds_image_info,
     .read_image = wds_read_image,
+    .data_range = wds_data_range,
 };
 
 int pl_image_smart_resize(int64_t h, int64_t w, int64_t factor, int64_t min_pixels,
