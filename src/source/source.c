@@ -120,9 +120,8 @@ int pl__source_evicted_err(const pl__sfile *f, int64_t offset, int64_t len, char
                            size_t errcap) {
     pl__fmt(err, errcap,
             "%s: bytes [%lld, %lld) were evicted from the node cache while being read, "
-            "%d times: cache.max_bytes (%lld) is too small for the reads in flight",
-            f->path, (long long)offset, (long long)(offset + len), PL__REMOTE_REREADS,
-            (long long)(f->rconf ? f->rconf->max_bytes : 0));
+            "%d times: cache.max_bytes is too small for the reads in flight",
+            f->path, (long long)offset, (long long)(offset + len), PL__REMOTE_REREADS);
     return PL_EIO;
 }
 

@@ -590,8 +590,8 @@ static int s_caption(pl__wb *b, const pl__sample *s, size_t *ntok, int *bad) {
     }
     int rc = wb_buf(b, (size_t)m->size + 1);
     if (rc) return rc;
-    if ((rc = pread_all(b->rf, b->fd, b->buf, (size_t)m->size, m->data_off, b->path, b->err,
-                            b->errcap)))
+    if ((rc = pread_all(b->rf, b->fd, b->buf, (size_t)m->size, m->data_off, b->path,
+                        b->err, b->errcap)))
         return rc;
     b->buf[m->size] = '\0';
     size_t before = b->ntok;
@@ -658,8 +658,8 @@ static int s_dotted(const char *ext, const char *cext) {
 static int verify_image(pl__wb *b, int fmt, const pl__member *im) {
     int rc = wb_buf(b, (size_t)im->size);
     if (rc) return rc;
-    if ((rc = pread_all(b->rf, b->fd, b->buf, (size_t)im->size, im->data_off, b->path, b->err,
-                            b->errcap)))
+    if ((rc = pread_all(b->rf, b->fd, b->buf, (size_t)im->size, im->data_off, b->path,
+                        b->err, b->errcap)))
         return rc;
     uint8_t px[3 * 14 * 14];
     uint8_t *tmp = NULL;
@@ -704,7 +704,8 @@ static int finish(pl__wb *b, pl__sample *s) {
     size_t want = im->size < PL__WDS_PROBE ? (size_t)im->size : PL__WDS_PROBE;
     int rc = wb_buf(b, want);
     if (rc) return rc;
-    if ((rc = pread_all(b->rf, b->fd, b->buf, want, im->data_off, b->path, b->err, b->errcap)))
+    if ((rc = pread_all(b->rf, b->fd, b->buf, want, im->data_off, b->path, b->err,
+                        b->errcap)))
         return rc;
     uint32_t w = 0, h = 0;
     char perr[256];
@@ -897,7 +898,8 @@ static int wds_open_file(pl_source *src, pl__sfile *f, int skip_damaged, char *e
        its index is built at open and kept in memory (no sidecar is written
        into a bucket). */
     const int remote = pl__remote_is_url(f->path);
-    int rc0 = remote ? pl__rfile_open(f->path, f->rconf, 0, &f->rdata, err, errcap) : PL_OK;
+    int rc0 = remote ? pl__rfile_open(f->path, f->rconf, 0, &f->rdata, err, errcap)
+                     : PL_OK;
     if (rc0) return rc0;
     const char *local = remote ? pl__rfile_path(f->rdata) : f->path;
     int fd = open(local, O_RDONLY | O_CLOEXEC);
@@ -905,8 +907,8 @@ static int wds_open_file(pl_source *src, pl__sfile *f, int skip_damaged, char *e
     if (fd < 0 || fstat(fd, &st) != 0) {
         int e = errno;
         if (fd >= 0) close(fd);
-        pl__fmt(err, errcap, "%s: cannot open%s%s: %s", f->path, remote ? " its cache file " : "",
-                remote ? local : "", strerror(e));
+        pl__fmt(err, errcap, "%s: cannot open%s%s: %s", f->path,
+                remote ? " its cache file " : "", remote ? local : "", strerror(e));
         return e == ENOENT && !remote ? PL_ENOENT : PL_EIO;
     }
     wf->fd1 = fd + 1;

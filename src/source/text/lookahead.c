@@ -2,7 +2,8 @@
  * source/text/lookahead.c -- the lookahead: the planner says which position
  * of its epoch's order it is about to ask for (pl__source_lookahead), and
  * the next documents of that order are queued for the tokenizer threads
- * (and a remote record's bytes requested ahead); the window opens gradually.  Also the source's tokenizing counters.
+ * (and a remote record's bytes requested ahead); the window opens
+ * gradually.  Also the source's tokenizing counters.
  */
 #include "source/text/text.h"
 

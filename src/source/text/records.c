@@ -146,7 +146,8 @@ static int decompress(const char *path, int kind, const uint8_t *in,
             z.next_out = (Bytef *)(buf + len);
             z.avail_out = (uInt)chunk_out;
             rc = inflate(&z, Z_NO_FLUSH);
-            if (rf && !pl__rfile_present(rf, (int64_t)at, (int64_t)(chunk_in - z.avail_in))) {
+            if (rf &&
+                !pl__rfile_present(rf, (int64_t)at, (int64_t)(chunk_in - z.avail_in))) {
                 inflateEnd(&z);
                 free(buf);
                 return PL__EVICTED;
