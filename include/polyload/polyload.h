@@ -300,8 +300,8 @@ typedef struct pl_source_options {
      * About one decode per image, once per index. */
     int verify_images;
     /* Version 5: the node-local cache of remote paths (s3://, https://;
-     * megatron, llmc, flat).  NULL / 0: $POLYLOAD_CACHE_DIR or
-     * ~/.cache/polyload, 16 GiB, 1 MiB chunks. */
+     * every type).  NULL / 0: $POLYLOAD_CACHE_DIR or ~/.cache/polyload,
+     * 16 GiB, 1 MiB chunks. */
     const char *cache_dir;
     int64_t cache_max_bytes;
     int64_t cache_chunk_bytes;

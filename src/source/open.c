@@ -164,7 +164,10 @@ int pl__config_open_source(const pl_config *cfg, int64_t i, pl_source **out) {
                     s->path_line);
         else
             at[0] = '\0';
-        if (s->type == PL_SOURCE_MEGATRON)
+        if (pl__remote_is_url(s->path)) /* the object that is missing, by its URL */
+            pl__fmt(msg, sizeof msg, "%ssource '%s': path '%s' not found: %s", at,
+                    s->name, s->path, pl_source_errmsg(*out));
+        else if (s->type == PL_SOURCE_MEGATRON)
             pl__fmt(msg, sizeof msg,
                     "%ssource '%s': path '%s' not found (no '%s.idx', directory or "
                     "matching glob)",

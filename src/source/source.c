@@ -116,6 +116,15 @@ int pl__map_any(pl__sfile *f, const char *path, int index, void **map, size_t *l
     return pl__map_file(pl__rfile_path(r), map, len, st, fd_out, err, errcap);
 }
 
+int pl__source_evicted_err(const pl__sfile *f, int64_t offset, int64_t len, char *err,
+                           size_t errcap) {
+    pl__fmt(err, errcap,
+            "%s: bytes [%lld, %lld) were evicted from the node cache while being read, "
+            "%d times: cache.max_bytes is too small for the reads in flight",
+            f->path, (long long)offset, (long long)(offset + len), PL__REMOTE_REREADS);
+    return PL_EIO;
+}
+
 /* ------------------------------------------------------------ descriptors */
 
 /* How long a size seen by fstat(2) is trusted (ns; -D to measure). */
@@ -225,7 +234,9 @@ static int data_fd(const pl_source *src, const pl__sfile *f, int *fd,
         return PL_OK;
     }
     char path[4096];
-    data_path(src, f, path, sizeof path);
+    /* A remote file's descriptor is its cache file's. */
+    if (f->rdata) pl__fmt(path, sizeof path, "%s", pl__rfile_path(f->rdata));
+    else data_path(src, f, path, sizeof path);
     /* The file record is immutable but for its atomics: cast away const. */
     return fwatch_fd((pl__fwatch *)&f->data_w, path, fd, owned, err, errcap);
 }
@@ -715,14 +726,6 @@ static int source_open_impl(const pl_source_options *opts, int skip_damaged,
                 (int)opts->type);
         return PL_EINVAL;
     }
-    if (pl__remote_is_url(opts->path) && opts->type != PL_SOURCE_MEGATRON &&
-        opts->type != PL_SOURCE_LLMC && opts->type != PL_SOURCE_FLAT) {
-        pl__fmt(err, cap,
-                "source %s: %s: remote paths are read for megatron, llmc and flat "
-                "sources only (docs/guide/object-storage.md)",
-                src->name, opts->path);
-        return PL_EINVAL;
-    }
     if ((rc = ops->init(src, opts, skip_damaged, err, cap))) return rc;
 
     pl__paths paths = {0};
@@ -747,10 +750,11 @@ static int source_open_impl(const pl_source_options *opts, int skip_damaged,
         return rc;
     }
 
-    /* Remote files open in parallel (each a HEAD, a Megatron .idx fetched):
-       a source of many objects starts in the time of a few requests. */
+    /* Remote files open in parallel (each a HEAD, a Megatron .idx fetched,
+       a JSONL object scanned, a Parquet footer read): a source of many
+       objects starts in the time of a few requests. */
     int remote_done = 0;
-    if (src->prefetch && src->n_files > 1 && !(ops->flags & PL__SRC_LAZY)) {
+    if (src->prefetch && src->n_files > 1) {
         rc = open_remote_parallel(src, skip_damaged, err, cap);
         if (rc) {
             release_files(src);
@@ -939,17 +943,37 @@ void pl__source_prefetch(const pl_source *src, int64_t index) {
     src->ops->prefetch(f, index - f->first_doc);
 }
 
+/* ops->data_range of global document index in file f: 0 with a non-empty
+ * range, or -1. */
+static int data_range(const pl_source *src, const pl__sfile *f, int64_t index,
+                      int64_t *at, int64_t *n) {
+    if (src->ops->version < 2 || !src->ops->data_range ||
+        src->ops->data_range(src, f, index - f->first_doc, at, n) != 0)
+        return -1;
+    return *n > 0 ? 0 : -1;
+}
+
 void pl__source_fetch_ahead(pl_source *src, int64_t index, int64_t offset,
                             int64_t count) {
-    if (!src || !src->prefetch || index < 0 || index >= src->n_docs) return;
+    /* A raw text source posts its records from its lookahead instead (a
+       length lookup here could tokenize). */
+    if (!src || !src->prefetch || index < 0 || index >= src->n_docs ||
+        (src->ops->flags & PL__SRC_LAZY))
+        return;
     const pl__sfile *f;
     const uint8_t *tok;
     int64_t len;
     char err[PL__ERRMSG_CAP];
-    if (s_doc(src, index, &f, &tok, &len, err, sizeof err) || !f->rdata || !tok) return;
+    if (s_doc(src, index, &f, &tok, &len, err, sizeof err) || !f->rdata) return;
+    int64_t at, n;
+    if (!tok) { /* the bytes of a document read apart from its tokens (an image) */
+        if (data_range(src, f, index, &at, &n) == 0 && !pl__rfile_present(f->rdata, at, n))
+            pl__rprefetch_post(src->prefetch, f->rdata, at, n);
+        return;
+    }
     if (offset < 0 || offset > len) return;
     if (count > len - offset) count = len - offset;
-    int64_t at = (int64_t)(tok - (const uint8_t *)f->data_map) + offset * (int64_t)f->width;
+    at = (int64_t)(tok - (const uint8_t *)f->data_map) + offset * (int64_t)f->width;
     if (pl__rfile_present(f->rdata, at, count * (int64_t)f->width)) return;
     pl__rprefetch_post(src->prefetch, f->rdata, at, count * (int64_t)f->width);
 }
@@ -1329,8 +1353,13 @@ static int ensure_reads(pl_source *src, const pl_read *reads, int64_t n, int32_t
         const uint8_t *tok;
         int64_t dl;
         if (only >= 0 && reads[i].source != only) continue;
-        if (s_doc(src, reads[i].index, &f, &tok, &dl, err, errcap) || !f->rdata || !tok)
+        if (s_doc(src, reads[i].index, &f, &tok, &dl, err, errcap) || !f->rdata) continue;
+        int64_t at, dn;
+        if (!tok) { /* bytes read apart from the tokens (an image) */
+            if (data_range(src, f, reads[i].index, &at, &dn) == 0)
+                v[m++] = (rrange){f->rdata, at, dn};
             continue;
+        }
         int64_t o = reads[i].offset, c = reads[i].count;
         if (o < 0 || c <= 0 || o > dl || c > dl - o) continue;
         v[m++] = (rrange){f->rdata,

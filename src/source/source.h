@@ -105,10 +105,10 @@ typedef struct pl__sfile {
 
 /* ------------------------------------------------------------ formats */
 
-/* The method table's version: every entry below is in version 1; a later
- * version appends entries, and callers test ops->version before using them
- * (as SQLite's sqlite3_io_methods.iVersion). */
-#define PL__SOURCE_OPS_VERSION 1
+/* The method table's version: the entries below are in version 1 unless
+ * marked; a later version appends entries, and callers test ops->version
+ * before using them (as SQLite's sqlite3_io_methods.iVersion). */
+#define PL__SOURCE_OPS_VERSION 2
 
 /* ops->flags */
 enum {
@@ -203,6 +203,12 @@ typedef struct pl__source_ops {
     /* Optional: pl_source_release_tokenizer / pl_source_tokenizer_state. */
     int (*release_tokenizer)(pl_source *src);
     int (*tokenizer_state)(const pl_source *src, int64_t *loads, int64_t *shared_by);
+    /* Version 2.  Optional: the bytes [*offset, *offset + *len) of f's data
+     * file that reading local document r needs beyond its tokens (a
+     * WebDataset sample's image member): a remote file's are requested
+     * ahead of the read.  0, or -1 when there are none. */
+    int (*data_range)(const pl_source *src, const pl__sfile *f, int64_t r,
+                      int64_t *offset, int64_t *len);
 } pl__source_ops;
 
 /* The formats (a new one: its file, with its table pl__<name>_ops, and its
@@ -229,8 +235,8 @@ struct pl_source {
     int64_t skipped;  /* records left out at open (on_error: skip) */
     void *filev;      /* n_files records of ops->file_size bytes: pl__src_file */
     size_t file_size; /* ops->file_size */
-    /* Remote paths (megatron, llmc, flat): the cache settings and the
-     * prefetcher (NULL when every file is local). */
+    /* Remote paths: the cache settings and the prefetcher (NULL when every
+     * file is local). */
     pl__rcache_conf rconf;
     char *cache_dir;
     pl__rprefetch *prefetch;
@@ -259,6 +265,26 @@ int pl__map_any(pl__sfile *f, const char *path, int index, void **map, size_t *l
 static inline int pl__source_ensure(const pl__sfile *f, int64_t offset, int64_t len,
                                     char *err, size_t errcap) {
     return f->rdata ? pl__rfile_ensure(f->rdata, offset, len, err, errcap) : PL_OK;
+}
+/* A read of a remote file's cache file is checked after it is made: a chunk
+ * evicted between pl__source_ensure and the read (the cache clears a chunk's
+ * table entry before it frees its pages) leaves the range not present, and
+ * the bytes read are not used: the range is made present and read again, up
+ * to PL__REMOTE_REREADS times, then pl__source_evicted_err. */
+#define PL__REMOTE_REREADS 4
+static inline int pl__source_still(const pl__sfile *f, int64_t offset, int64_t len) {
+    return !f->rdata || pl__rfile_present(f->rdata, offset, len);
+}
+/* PL_EIO: bytes [offset, offset + len) of f's object evicted from the cache
+ * while being read, every time (a cache too small for the reads in flight). */
+int pl__source_evicted_err(const pl__sfile *f, int64_t offset, int64_t len, char *err,
+                           size_t errcap);
+/* A message of source/remote/ (which starts with the object's URL) without
+ * that "URL: ", for a caller whose message names the object itself along
+ * with what was being read (a record, a member, a row group). */
+static inline const char *pl__remote_reason(const char *msg, const char *url) {
+    size_t n = strlen(url);
+    return !strncmp(msg, url, n) && msg[n] == ':' && msg[n + 1] == ' ' ? msg + n + 2 : msg;
 }
 /* Post the byte range of tokens [offset, offset + count] of global document
  * index to the source's prefetcher (remote files only; never blocks on I/O). */

@@ -51,6 +51,8 @@
 #define PL__WDS_HEADER 64
 #define PL__WDS_REC 48
 #define PL__WDS_PROBE 65536
+/* Bytes of a remote shard made present at once while its headers are read. */
+#define PL__WDS_WINDOW ((int64_t)16 << 20)
 /* Caption members and JSON objects larger than this are refused. */
 #define PL__WDS_MAX_CAPTION ((int64_t)1 << 24)
 
@@ -186,6 +188,29 @@ static int cmp(const void *a, const void *b) {
     return strcmp(*(char *const *)a, *(char *const *)b);
 }
 
+/* The shards of remote pattern p (one name of a brace expansion when braced):
+ * a name from braces is taken as one object (its HEAD at open says whether
+ * it exists: a range of a thousand shards costs no listing each), a glob's
+ * matches and a directory's .tar objects from a listing of the bucket. */
+static int remote_shards(const char *p, int braced, pl__paths *files, char *err,
+                         size_t errcap) {
+    size_t n = strlen(p);
+    const int glob = strpbrk(p, "*?[") != NULL;
+    if (braced && !glob && n && p[n - 1] != '/') return pl__paths_add(files, p, n);
+    char **urls;
+    int64_t nu;
+    int rc = pl__remote_expand(p, 0, &urls, &nu, err, errcap);
+    if (rc) return rc;
+    const int dir = !glob && !(nu == 1 && strcmp(urls[0], p) == 0);
+    for (int64_t i = 0; i < nu; i++) {
+        if (rc == PL_OK && (!dir || s_ends(urls[i], ".tar")))
+            rc = pl__paths_add(files, urls[i], strlen(urls[i]));
+        free(urls[i]);
+    }
+    free(urls);
+    return rc;
+}
+
 /* Shards of `path`, sorted and unique. */
 static int wds_expand(const char *path, pl__paths *files, char *err, size_t errcap) {
     pl__paths pats = {0};
@@ -201,7 +226,9 @@ static int wds_expand(const char *path, pl__paths *files, char *err, size_t errc
     for (int64_t i = 0; i < pats.n && rc == PL_OK; i++) {
         const char *p = pats.v[i];
         struct stat st;
-        if (strpbrk(p, "*?[")) {
+        if (pl__remote_is_url(p)) {
+            rc = remote_shards(p, strchr(path, '{') != NULL, files, err, errcap);
+        } else if (strpbrk(p, "*?[")) {
             glob_t g;
             memset(&g, 0, sizeof g);
             if (glob(p, 0, NULL, &g) == 0)
@@ -248,8 +275,8 @@ static int wds_expand(const char *path, pl__paths *files, char *err, size_t errc
 /* ------------------------------------------------------------ reading */
 
 /* Read len bytes at off exactly.  PL_ETRUNC on a short read, PL_EIO. */
-static int pread_all(int fd, void *buf, size_t len, int64_t off,
-                         const char *path, char *err, size_t errcap) {
+static int pread_local(int fd, void *buf, size_t len, int64_t off, const char *path,
+                       char *err, size_t errcap) {
     size_t got = 0;
     while (got < len) {
         ssize_t k = pread(fd, (uint8_t *)buf + got, len - got, (off_t)(off + (int64_t)got));
@@ -263,6 +290,31 @@ static int pread_all(int fd, void *buf, size_t len, int64_t off,
         got += (size_t)k;
     }
     return PL_OK;
+}
+
+/* pread_local, or for a remote shard (rf) from its cache file (fd): the bytes
+ * made present first and read again if they were evicted meanwhile
+ * (pl__source_still); a failed fetch names the shard, the offset and the
+ * cache's reason. */
+static int pread_all(pl__rfile *rf, int fd, void *buf, size_t len, int64_t off,
+                         const char *path, char *err, size_t errcap) {
+    if (!rf || !len) return pread_local(fd, buf, len, off, path, err, errcap);
+    for (int attempt = 0; attempt < PL__REMOTE_REREADS; attempt++) {
+        char e[PL__ERRMSG_CAP];
+        int rc = pl__rfile_ensure(rf, off, (int64_t)len, e, sizeof e);
+        if (rc) {
+            pl__fmt(err, errcap, "%s: read of %zu bytes at offset %lld: %s", path, len,
+                    (long long)off, pl__remote_reason(e, path));
+            return rc;
+        }
+        if ((rc = pread_local(fd, buf, len, off, path, err, errcap))) return rc;
+        if (pl__rfile_present(rf, off, (int64_t)len)) return PL_OK;
+    }
+    pl__fmt(err, errcap,
+            "%s: read of %zu bytes at offset %lld: evicted from the node cache while "
+            "being read, %d times (cache.max_bytes is too small for the reads in flight)",
+            path, len, (long long)off, PL__REMOTE_REREADS);
+    return PL_EIO;
 }
 
 /* ------------------------------------------------------------ tar */
@@ -300,6 +352,7 @@ typedef struct pl__member {
 typedef struct pl__wb {
     const char *path;
     int fd;
+    pl__rfile *rf; /* a remote shard's object in the node cache, or NULL */
     int64_t file_size;
     const pl__wds *w;
     uint8_t *rec;
@@ -343,7 +396,20 @@ static int tar_next(pl__wb *b, int64_t *off, pl__member *m) {
                     b->path, (long long)*off, (long long)b->file_size);
             return PL_ETRUNC;
         }
-        int rc = pread_all(b->fd, h, 512, *off, b->path, b->err, b->errcap);
+        int rc = PL_OK;
+        if (b->rf && !pl__rfile_present(b->rf, *off, 512)) {
+            /* A remote shard: the members ahead in one request, not a
+               request per header. */
+            int64_t w = b->file_size - *off < PL__WDS_WINDOW ? b->file_size - *off
+                                                             : PL__WDS_WINDOW;
+            char e[PL__ERRMSG_CAP];
+            if ((rc = pl__rfile_ensure(b->rf, *off, w, e, sizeof e))) {
+                pl__fmt(b->err, b->errcap, "%s: tar header at offset %lld: %s", b->path,
+                        (long long)*off, pl__remote_reason(e, b->path));
+                return rc;
+            }
+        }
+        rc = pread_all(b->rf, b->fd, h, 512, *off, b->path, b->err, b->errcap);
         if (rc) return rc;
         int zero = 1;
         for (int i = 0; i < 512 && zero; i++) zero = h[i] == 0;
@@ -389,7 +455,7 @@ static int tar_next(pl__wb *b, int64_t *off, pl__member *m) {
                 return PL_ERECORD;
             }
             if ((rc = wb_buf(b, (size_t)size + 1))) return rc;
-            if ((rc = pread_all(b->fd, b->buf, (size_t)size, data, b->path, b->err,
+            if ((rc = pread_all(b->rf, b->fd, b->buf, (size_t)size, data, b->path, b->err,
                                     b->errcap)))
                 return rc;
             b->buf[size] = '\0';
@@ -524,8 +590,8 @@ static int s_caption(pl__wb *b, const pl__sample *s, size_t *ntok, int *bad) {
     }
     int rc = wb_buf(b, (size_t)m->size + 1);
     if (rc) return rc;
-    if ((rc = pread_all(b->fd, b->buf, (size_t)m->size, m->data_off, b->path, b->err,
-                            b->errcap)))
+    if ((rc = pread_all(b->rf, b->fd, b->buf, (size_t)m->size, m->data_off, b->path,
+                        b->err, b->errcap)))
         return rc;
     b->buf[m->size] = '\0';
     size_t before = b->ntok;
@@ -592,8 +658,8 @@ static int s_dotted(const char *ext, const char *cext) {
 static int verify_image(pl__wb *b, int fmt, const pl__member *im) {
     int rc = wb_buf(b, (size_t)im->size);
     if (rc) return rc;
-    if ((rc = pread_all(b->fd, b->buf, (size_t)im->size, im->data_off, b->path, b->err,
-                            b->errcap)))
+    if ((rc = pread_all(b->rf, b->fd, b->buf, (size_t)im->size, im->data_off, b->path,
+                        b->err, b->errcap)))
         return rc;
     uint8_t px[3 * 14 * 14];
     uint8_t *tmp = NULL;
@@ -638,7 +704,8 @@ static int finish(pl__wb *b, pl__sample *s) {
     size_t want = im->size < PL__WDS_PROBE ? (size_t)im->size : PL__WDS_PROBE;
     int rc = wb_buf(b, want);
     if (rc) return rc;
-    if ((rc = pread_all(b->fd, b->buf, want, im->data_off, b->path, b->err, b->errcap)))
+    if ((rc = pread_all(b->rf, b->fd, b->buf, want, im->data_off, b->path, b->err,
+                        b->errcap)))
         return rc;
     uint32_t w = 0, h = 0;
     char perr[256];
@@ -646,7 +713,7 @@ static int finish(pl__wb *b, pl__sample *s) {
     rc = pl__image_probe(s->fmt, b->buf, want, &w, &h, perr, sizeof perr);
     if (rc == PL_ETRUNC && want < (size_t)im->size) {
         if ((rc = wb_buf(b, (size_t)im->size))) return rc;
-        if ((rc = pread_all(b->fd, b->buf, (size_t)im->size, im->data_off, b->path,
+        if ((rc = pread_all(b->rf, b->fd, b->buf, (size_t)im->size, im->data_off, b->path,
                                 b->err, b->errcap)))
             return rc;
         rc = pl__image_probe(s->fmt, b->buf, (size_t)im->size, &w, &h, perr, sizeof perr);
@@ -826,13 +893,23 @@ static int wds_open_file(pl_source *src, pl__sfile *f, int skip_damaged, char *e
     (void)skip_damaged; /* in the options (pl__wds.skip) */
     pl__wfile *wf = (pl__wfile *)f;
     const pl__wds *w = src->state;
-    int fd = open(f->path, O_RDONLY | O_CLOEXEC);
+    /* A remote shard (s3://, https://): its object through the node cache,
+       whose file is read here (every read making its bytes present first);
+       its index is built at open and kept in memory (no sidecar is written
+       into a bucket). */
+    const int remote = pl__remote_is_url(f->path);
+    int rc0 = remote ? pl__rfile_open(f->path, f->rconf, 0, &f->rdata, err, errcap)
+                     : PL_OK;
+    if (rc0) return rc0;
+    const char *local = remote ? pl__rfile_path(f->rdata) : f->path;
+    int fd = open(local, O_RDONLY | O_CLOEXEC);
     struct stat st;
     if (fd < 0 || fstat(fd, &st) != 0) {
         int e = errno;
         if (fd >= 0) close(fd);
-        pl__fmt(err, errcap, "%s: cannot open: %s", f->path, strerror(e));
-        return e == ENOENT ? PL_ENOENT : PL_EIO;
+        pl__fmt(err, errcap, "%s: cannot open%s%s: %s", f->path,
+                remote ? " its cache file " : "", remote ? local : "", strerror(e));
+        return e == ENOENT && !remote ? PL_ENOENT : PL_EIO;
     }
     wf->fd1 = fd + 1;
     f->dtype = PL_DTYPE_UINT32;
@@ -840,7 +917,7 @@ static int wds_open_file(pl_source *src, pl__sfile *f, int skip_damaged, char *e
     uint64_t oh = wds_opthash(w);
     char ipath[4200];
     pl__fmt(ipath, sizeof ipath, "%s.plwds", f->path);
-    if (src->write_index != -1) {
+    if (src->write_index != -1 && !remote) {
         void *m;
         size_t len;
         struct stat ist;
@@ -860,7 +937,7 @@ static int wds_open_file(pl_source *src, pl__sfile *f, int skip_damaged, char *e
             close(ifd);
         }
     }
-    pl__wb b = {.path = f->path, .fd = fd, .file_size = st.st_size, .w = w,
+    pl__wb b = {.path = f->path, .fd = fd, .rf = f->rdata, .file_size = st.st_size, .w = w,
                 .err = err, .errcap = errcap};
     int rc = wds_scan(&b);
     free(b.buf);
@@ -894,7 +971,7 @@ static int wds_open_file(pl_source *src, pl__sfile *f, int skip_damaged, char *e
     f->n_docs = (int64_t)b.nrec;
     wf->n_tokens = (int64_t)b.ntok;
     f->skipped = b.skipped;
-    if (src->write_index != -1) {
+    if (src->write_index != -1 && !remote) {
         /* Atomic: temporary file + rename; a read-only directory keeps the
          * index in memory. */
         char tmp[4300];
@@ -1060,6 +1137,17 @@ static int wds_read(pl_source *src, const pl__sfile *f, int64_t index, int64_t o
 
 /* ------------------------------------------------------------ images */
 
+/* ops->data_range: sample r's image member. */
+static int wds_data_range(const pl_source *src, const pl__sfile *f, int64_t r,
+                          int64_t *offset, int64_t *len) {
+    (void)src;
+    if (r < 0 || r >= f->n_docs) return -1;
+    const uint8_t *rec = s_rec(f, r);
+    *offset = (int64_t)pl__ld_u64(rec + 8);
+    *len = (int64_t)pl__ld_u64(rec + 16);
+    return 0;
+}
+
 static int wds_image_info(pl_source *src, const pl__sfile *f, int64_t r,
                               pl_image_info *out, char *err, size_t errcap) {
     return s_info(src->state, s_rec(f, r), out, err, errcap);
@@ -1095,7 +1183,7 @@ static int wds_read_image(pl_source *src, const pl__sfile *f, int64_t r, int64_t
                 (long long)size);
         return PL_ENOMEM;
     }
-    rc = pread_all(fd, b->data, (size_t)size, at, f->path, err, errcap);
+    rc = pread_all(f->rdata, fd, b->data, (size_t)size, at, f->path, err, errcap);
     if (rc == PL_OK) {
         char derr[400];
         /* Fixed mode resizes straight into out (CHW); native mode into the
@@ -1121,7 +1209,7 @@ static int wds_read_image(pl_source *src, const pl__sfile *f, int64_t r, int64_t
         if (rc) {
             char name[101];
             uint8_t h[100];
-            if (pread_all(fd, h, 100, hdr, f->path, err, errcap) == PL_OK) {
+            if (pread_all(f->rdata, fd, h, 100, hdr, f->path, err, errcap) == PL_OK) {
                 memcpy(name, h, 100);
                 name[100] = '\0';
             } else {
@@ -1212,6 +1300,7 @@ const pl__source_ops pl__webdataset_ops = {
     .read = wds_read,
     .image_info = wds_image_info,
     .read_image = wds_read_image,
+    .data_range = wds_data_range,
 };
 
 int pl_image_smart_resize(int64_t h, int64_t w, int64_t factor, int64_t min_pixels,

@@ -188,15 +188,6 @@ def test_source_loader_reads_equal_local(remote_corpus, s3_environ, s3env, tmp_p
     assert s3env.stats()["GET"] - opened <= 3 * 4
 
 
-def test_other_types_refuse_remote_paths(s3_environ, tmp_path):
-    cfg = {"seq_length": 64, "global_batch_size": 2, "micro_batch_size": 2, "train_steps": 1,
-           "tokenizer": {"type": "bytes"},
-           "sources": [{"name": "t", "type": "jsonl", "path": f"s3://{BUCKET}/x.jsonl"}]}
-    with pytest.raises(polyload.PolyloadError) as e:
-        _loader(cfg, rank=0)
-    assert "remote paths are read for megatron, llmc and flat sources only" in str(e.value)
-
-
 def test_ray_deployment_reads_remote_sources(remote_corpus, s3_environ, tmp_path):
     """Source loaders of a Ray deployment open the remote sources themselves, through
     their node's cache, and the batches equal the embedded loader's on the files on disk."""

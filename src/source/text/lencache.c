@@ -33,7 +33,8 @@ static void len_header(uint8_t *h, const pl__tfile *f, uint64_t key,
 
 /* Map f's <file>.pllen when it matches the file, its records and the key. */
 void pl__len_load(pl__text *t, pl__tfile *f) {
-    if (!t->lc_key || t->lc_policy == PL_INDEX_MEMORY) return;
+    /* A remote object has no sidecar (nothing is written into a bucket). */
+    if (!t->lc_key || t->lc_policy == PL_INDEX_MEMORY || f->base.rdata) return;
     char p[4200];
     pl__fmt(p, sizeof p, "%s.pllen", f->base.path);
     void *map = NULL;
@@ -61,7 +62,7 @@ void pl__len_load(pl__text *t, pl__tfile *f) {
 void pl__len_write(pl_source *src, const int64_t *known) {
     for (int64_t i = 0; i < src->n_files; i++) {
         const pl__tfile *f = pl__text_file(src, i);
-        if (!f->base.n_docs) continue;
+        if (!f->base.n_docs || f->base.rdata) continue;
         int news = 0;
         for (int64_t r = 0; r < f->base.n_docs && !news; r++)
             news = known[f->base.first_doc + r] >= 0 &&

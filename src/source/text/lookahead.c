@@ -1,10 +1,28 @@
 /*
  * source/text/lookahead.c -- the lookahead: the planner says which position
  * of its epoch's order it is about to ask for (pl__source_lookahead), and
- * the next documents of that order are queued for the tokenizer threads;
- * the window opens gradually.  Also the source's tokenizing counters.
+ * the next documents of that order are queued for the tokenizer threads
+ * (and a remote record's bytes requested ahead); the window opens
+ * gradually.  Also the source's tokenizing counters.
  */
 #include "source/text/text.h"
+
+/* A remote record queued for tokenizing: its bytes requested ahead from the
+ * object store (the source's prefetcher; never blocks on I/O).  Not for a
+ * lengths-only source, whose records are read by the source loaders. */
+static void fetch_ahead(pl_source *src, int64_t index) {
+    if (!src->prefetch || pl__text_of(src)->lengths_fn) return;
+    int64_t r;
+    const pl__tfile *f = pl__text_locate(src, index, &r);
+    if (!f->base.rdata || f->text) return;
+    if (!f->spans) { /* records without spans: a Parquet file's rows */
+        pl__pq_fetch_ahead(src, f, r);
+        return;
+    }
+    const int64_t s = (int64_t)f->spans[2 * r], n = (int64_t)f->spans[2 * r + 1] - s;
+    if (n > 0 && !pl__rfile_present(f->base.rdata, s, n))
+        pl__rprefetch_post(src->prefetch, f->base.rdata, s, n);
+}
 
 void pl__text_lookahead(pl_source *src, const pl__perm *perm, int64_t lo, int64_t n,
                         int64_t epoch, int64_t pos) {
@@ -47,6 +65,7 @@ void pl__text_lookahead(pl_source *src, const pl__perm *perm, int64_t lo, int64_
             else t->qhead = e;
             t->qtail = e;
             queued = 1;
+            fetch_ahead(src, idx);
         }
         if (queued) pthread_cond_broadcast(&t->work_cv);
     }

@@ -7,11 +7,20 @@
  * documents; beyond PL__PQ_CACHE_BYTES of decoded text the least recently
  * used groups leave memory.  A group that cannot be decoded keeps its
  * error: each of its rows is PL_ERECORD with it.
+ *
+ * A remote object (s3://, https://) is read by Arrow from its file in the
+ * node cache: opening makes the footer present (the tail Arrow reads first,
+ * and the rest of a longer footer), and decoding a row group makes its
+ * column chunk present first, so only the footer and the column chunks of
+ * the row groups read are fetched, and a chunk evicted since is fetched
+ * again.
  */
 #include "source/text/text.h"
 
+#include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #ifdef PL_WITH_PARQUET
 #include "source/text/parquet_shim.h"
@@ -29,6 +38,7 @@ typedef struct pl__pqgroup {
     uint64_t last_use;
     int rc;    /* the decode's error (kept), or 0 */
     char *err;
+    int posted; /* remote: its column chunk posted to the prefetcher */
 } pl__pqgroup;
 
 /* A Parquet file: a raw text file whose records are the rows of row groups;
@@ -61,6 +71,32 @@ static void pq_file_free(pl__pqsfile *f) {
     f->pq_groups = 0;
 }
 
+#ifdef PL_WITH_PARQUET
+/* Arrow's first read of a file: its last 64 KiB (parquet-cpp's
+ * kDefaultFooterReadSize), then the rest of a longer footer. */
+#define PL__PQ_FOOTER_READ ((int64_t)64 << 10)
+
+/* Make what opening a remote Parquet object reads present: the leading
+ * magic, the tail Arrow reads first and a footer longer than it. */
+static int pq_ensure_footer(pl__rfile *rf, char *err, size_t errcap) {
+    const int64_t size = pl__rfile_size(rf);
+    const int64_t tail = size < PL__PQ_FOOTER_READ ? size : PL__PQ_FOOTER_READ;
+    int64_t off[2] = {0, size - tail}, len[2] = {size < 4 ? size : 4, tail};
+    int rc = pl__rfile_ensure_many(rf, off, len, 2, err, errcap);
+    if (rc || size < 12) return rc;
+    /* The footer's length, in the 8 bytes before the end. */
+    uint8_t end[8];
+    int fd = open(pl__rfile_path(rf), O_RDONLY | O_CLOEXEC);
+    ssize_t k = fd >= 0 ? pread(fd, end, 8, (off_t)(size - 8)) : -1;
+    if (fd >= 0) close(fd);
+    if (k != 8) return PL_OK; /* pl__pq_open reports what it cannot read */
+    const int64_t flen = (int64_t)pl__ld_u32(end) + 8;
+    if (flen > tail && flen <= size)
+        rc = pl__rfile_ensure(rf, size - flen, flen - tail, err, errcap);
+    return rc;
+}
+#endif
+
 /* Open a Parquet file's footer: its rows are the records. */
 static int pq_open_file(pl_source *src, pl__sfile *bf, int skip_damaged, char *err,
                             size_t errcap) {
@@ -79,14 +115,26 @@ static int pq_open_file(pl_source *src, pl__sfile *bf, int skip_damaged, char *e
 #else
     pl__text *t = pl__text_of(src);
     struct stat st;
-    if (stat(f->base.path, &st) == 0) {
+    const char *local = f->base.path;
+    int rc;
+    if (pl__remote_is_url(f->base.path)) {
+        /* A remote object: Arrow reads its file in the node cache, the
+           footer made present now, each row group's column chunk before it
+           is decoded (pq_record_text). */
+        if ((rc = pl__rfile_open(f->base.path, f->base.rconf, 0, &f->base.rdata, err,
+                                 errcap)) ||
+            (rc = pq_ensure_footer(f->base.rdata, err, errcap)))
+            return rc;
+        local = pl__rfile_path(f->base.rdata);
+    } else if (stat(f->base.path, &st) == 0) {
         f->st_size = (uint64_t)st.st_size;
         f->st_mtime_ns = (uint64_t)st.st_mtim.tv_sec * 1000000000ull +
                          (uint64_t)st.st_mtim.tv_nsec;
     }
     int64_t ng = 0, *rows = NULL;
     pl__pqfile *h = NULL;
-    int rc = pl__pq_open(f->base.path, t->text_key, &h, &ng, &rows, err, errcap);
+    rc = pl__pq_open(local, f->base.path, f->base.rdata != NULL, t->text_key, &h, &ng,
+                     &rows, err, errcap);
     if (rc) {
         if (skip_damaged && (rc == PL_ERECORD || rc == PL_ETRUNC)) {
             f->base.n_docs = 0; /* the file is left out, counted as one record */
@@ -136,9 +184,41 @@ static void pq_evict(pl_source *src, const pl__pqgroup *keep) {
         lru->off = NULL;
         lru->valid = NULL;
         lru->bytes = 0;
+        lru->posted = 0;
     }
 }
 #endif
+
+/* The row group of local row r of f. */
+static int64_t pq_group_of(const pl__pqsfile *pf, int64_t r) {
+    int64_t lo = 0, hi = pf->pq_groups; /* the group g: pq_first[g] <= r */
+    while (hi - lo > 1) {
+        int64_t mid = lo + (hi - lo) / 2;
+        if (pf->pq_first[mid] <= r) lo = mid;
+        else hi = mid;
+    }
+    return lo;
+}
+
+void pl__pq_fetch_ahead(pl_source *src, const pl__tfile *tf, int64_t r) {
+#ifdef PL_WITH_PARQUET
+    pl__text *t = pl__text_of(src);
+    const pl__pqsfile *pf = (const pl__pqsfile *)tf;
+    if (!tf->base.rdata || !pf->pq || r < 0 || r >= tf->base.n_docs) return;
+    const int64_t g = pq_group_of(pf, r);
+    int64_t off, len;
+    pthread_mutex_lock(&t->pq_mu);
+    pl__pqgroup *G = &pf->pq_dec[g];
+    const int post = !G->data && !G->rc && !G->posted &&
+                     pl__pq_chunk_range(pf->pq, g, &off, &len) == 0;
+    if (post) G->posted = 1;
+    pthread_mutex_unlock(&t->pq_mu);
+    if (post && !pl__rfile_present(tf->base.rdata, off, len))
+        pl__rprefetch_post(src->prefetch, tf->base.rdata, off, len);
+#else
+    (void)src, (void)tf, (void)r;
+#endif
+}
 
 /* The text of local row r of Parquet file f as one (trained) segment. */
 static int pq_record_text(pl_source *src, const pl__sfile *fc, int64_t r,
@@ -152,19 +232,51 @@ static int pq_record_text(pl_source *src, const pl__sfile *fc, int64_t r,
     /* its decoded groups change, under pq_mu */
     pl__pqsfile *pf = (pl__pqsfile *)fc;
     pl__tfile *f = &pf->t;
-    int64_t lo = 0, hi = pf->pq_groups; /* the group g: pq_first[g] <= r */
-    while (hi - lo > 1) {
-        int64_t mid = lo + (hi - lo) / 2;
-        if (pf->pq_first[mid] <= r) lo = mid;
-        else hi = mid;
-    }
-    const int64_t g = lo, k = r - pf->pq_first[g], rows = pf->pq_first[g + 1] - pf->pq_first[g];
+    const int64_t g = pq_group_of(pf, r), k = r - pf->pq_first[g],
+                  rows = pf->pq_first[g + 1] - pf->pq_first[g];
     char where[200];
     pthread_mutex_lock(&t->pq_mu);
     pl__pqgroup *G = &pf->pq_dec[g];
-    if (!G->data && !G->rc) {
+    int64_t coff = 0, clen = 0;
+    const int remote = f->base.rdata && pl__pq_chunk_range(pf->pq, g, &coff, &clen) == 0;
+    for (int attempt = 0; !G->data && !G->rc; attempt++) {
         char e[PL__ERRMSG_CAP];
-        int rc = pl__pq_read_group(pf->pq, g, rows, &G->data, &G->off, &G->valid, e, sizeof e);
+        int rc = PL_OK;
+        if (remote) {
+            /* A remote object: the column chunk made present before Arrow reads
+               it (fetched outside the lock, then looked at again under it: a
+               present chunk costs no request). */
+            pthread_mutex_unlock(&t->pq_mu);
+            rc = pl__rfile_ensure(f->base.rdata, coff, clen, e, sizeof e);
+            pthread_mutex_lock(&t->pq_mu);
+            if (rc == PL_OK && !G->data && !G->rc)
+                rc = pl__rfile_ensure(f->base.rdata, coff, clen, e, sizeof e);
+            else if (rc == PL_OK)
+                break; /* another thread decoded it meanwhile */
+            if (rc == PL_OK && attempt == PL__REMOTE_REREADS)
+                rc = pl__source_evicted_err(&f->base, coff, clen, e, sizeof e);
+            if (rc) {
+                pthread_mutex_unlock(&t->pq_mu);
+                pl__fmt(err, errcap,
+                        "%s: row %lld (row group %lld, column chunk at byte offset %lld, "
+                        "%lld bytes): %s",
+                        f->base.path, (long long)r, (long long)g, (long long)coff,
+                        (long long)clen, pl__remote_reason(e, f->base.path));
+                return rc;
+            }
+        }
+        rc = pl__pq_read_group(pf->pq, g, rows, &G->data, &G->off, &G->valid, e, sizeof e);
+        if (remote && !pl__rfile_present(f->base.rdata, coff, clen)) {
+            /* Evicted while Arrow read it: neither the values nor an error of
+               these bytes is used; read again. */
+            free(G->data);
+            free(G->off);
+            free(G->valid);
+            G->data = NULL;
+            G->off = NULL;
+            G->valid = NULL;
+            continue;
+        }
         if (rc == PL_ENOMEM) {
             pthread_mutex_unlock(&t->pq_mu);
             pl__fmt(err, errcap, "%s", e);

@@ -46,7 +46,8 @@ struct pl__pqfile {
     std::shared_ptr<arrow::io::ReadableFile> file; /* the file opened (fstat) */
     std::unique_ptr<parquet::ParquetFileReader> reader;
     std::shared_ptr<parquet::FileMetaData> md;
-    std::string path;
+    std::string path; /* as messages name it */
+    int cached = 0;   /* a remote object's cache file (see pl__pq_open) */
     int column = -1;
     int16_t max_def = 0;
     int64_t size = 0;      /* at open */
@@ -72,14 +73,16 @@ int64_t chunk_offset(const pl__pqfile *h, int g) {
 
 } // namespace
 
-extern "C" int pl__pq_open(const char *path, const char *column, pl__pqfile **out,
-                           int64_t *n_groups, int64_t **group_rows, char *err,
-                           size_t errcap) {
+extern "C" int pl__pq_open(const char *local, const char *name, int cached,
+                           const char *column, pl__pqfile **out, int64_t *n_groups,
+                           int64_t **group_rows, char *err, size_t errcap) {
+    /* local: the file read; path: what messages call it */
+    const char *path = name ? name : local;
     *out = nullptr;
     *n_groups = 0;
     *group_rows = nullptr;
     struct stat st;
-    if (stat(path, &st) != 0) {
+    if (stat(local, &st) != 0) {
         pl__fmt(err, errcap, "%s: cannot open: %s", path, std::strerror(errno));
         return errno == ENOENT ? PL_ENOENT : PL_EIO;
     }
@@ -87,7 +90,7 @@ extern "C" int pl__pq_open(const char *path, const char *column, pl__pqfile **ou
     /* The format's frame: "PAR1" at both ends, the footer's length before the
        last one.  A file cut short loses its footer: say so plainly. */
     {
-        FILE *fp = std::fopen(path, "rb");
+        FILE *fp = std::fopen(local, "rb");
         unsigned char head[4] = {0}, tail[8] = {0};
         int ok = fp && size >= 12 && std::fread(head, 1, 4, fp) == 4 &&
                  std::fseek(fp, -8, SEEK_END) == 0 && std::fread(tail, 1, 8, fp) == 8;
@@ -124,7 +127,8 @@ extern "C" int pl__pq_open(const char *path, const char *column, pl__pqfile **ou
     int64_t *rows = nullptr;  // freed on every failure, the throwing ones included
     try {
         h->path = path;
-        h->file = arrow::io::ReadableFile::Open(path).ValueOrDie();
+        h->cached = cached;
+        h->file = arrow::io::ReadableFile::Open(local).ValueOrDie();
         {
             struct stat fst;
             if (fstat(h->file->file_descriptor(), &fst) == 0) {
@@ -231,7 +235,7 @@ extern "C" int pl__pq_read_group(pl__pqfile *h, int64_t g, int64_t rows, char **
        in place; one replaced by a rename is still the file opened) is not decoded as
        if it were damaged data. */
     struct stat st;
-    if (h->file && fstat(h->file->file_descriptor(), &st) == 0) {
+    if (h->file && !h->cached && fstat(h->file->file_descriptor(), &st) == 0) {
         const int64_t now = static_cast<int64_t>(st.st_size);
         const int64_t mt =
             static_cast<int64_t>(st.st_mtim.tv_sec) * 1000000000 + st.st_mtim.tv_nsec;
@@ -315,6 +319,25 @@ extern "C" int pl__pq_read_group(pl__pqfile *h, int64_t g, int64_t rows, char **
 
 extern "C" int64_t pl__pq_chunk_offset(const pl__pqfile *h, int64_t g) {
     return chunk_offset(h, static_cast<int>(g));
+}
+
+extern "C" int pl__pq_chunk_range(const pl__pqfile *h, int64_t g, int64_t *offset,
+                                  int64_t *len) {
+    try {
+        const int64_t off = chunk_offset(h, static_cast<int>(g));
+        int64_t n = h->md->RowGroup(static_cast<int>(g))->ColumnChunk(h->column)
+                        ->total_compressed_size();
+        if (off < 0 || n < 0 || off > h->size) return -1;
+        /* Arrow reads up to 100 bytes (its kMaxDictHeaderSize) past a chunk of
+           a file from an old parquet-mr (PARQUET-816); ask for them always. */
+        n += 100;
+        if (n > h->size - off) n = h->size - off;
+        *offset = off;
+        *len = n;
+        return 0;
+    } catch (...) {
+        return -1;
+    }
 }
 
 extern "C" void pl__pq_close(pl__pqfile *h) {

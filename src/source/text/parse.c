@@ -4,7 +4,8 @@
  * parsed into the texts to tokenize (pl__segv): a document's text, an
  * instruction record's prompt and response, a chat record's messages
  * rendered with the source's template.  Messages name the file, the line
- * and the byte offset.
+ * and the byte offset.  A remote object's record is made present in the
+ * node cache before it is read.
  */
 #include "source/text/text.h"
 #ifdef PL_WITH_SIMDJSON
@@ -45,6 +46,9 @@ int64_t pl__text_line_of(const pl_source *src, const pl__tfile *f, uint64_t at) 
     }
     int fd, owned;
     char e[PL__ERRMSG_CAP];
+    if (f->base.rdata && at > from &&
+        pl__source_ensure(&f->base, (int64_t)from, (int64_t)(at - from), e, sizeof e))
+        return 0; /* a remote object that cannot be read now: no line number */
     if (pl__source_data_fd(src, &f->base, &fd, &owned, e, sizeof e)) return 0;
     char buf[65536];
     uint64_t pos = from;
@@ -57,6 +61,16 @@ int64_t pl__text_line_of(const pl_source *src, const pl__tfile *f, uint64_t at) 
     }
     if (owned) close(fd);
     return line;
+}
+
+/* A failed fetch of record r of remote file f (bytes [s, s + n)): the cache's
+ * message in err, prefixed with the object, the record and its offset. */
+static void remote_err(const pl__tfile *f, int64_t r, uint64_t s, size_t n, char *err,
+                       size_t errcap) {
+    char inner[PL__ERRMSG_CAP];
+    pl__fmt(inner, sizeof inner, "%s", pl__remote_reason(err, f->base.path));
+    pl__fmt(err, errcap, "%s: record %lld (byte offset %llu, %zu bytes): %s", f->base.path,
+            (long long)r, (unsigned long long)s, n, inner);
 }
 
 int pl__seg_push(pl__segv *v, char *text, size_t len, int owned, int train) {
@@ -262,27 +276,44 @@ int pl__text_record(pl_source *src, const pl__sfile *bf, int64_t r, pl__segv *v,
         }
         raw_owned = 1;
         int fd, fowned;
-        rc = pl__source_data_fd(src, &f->base, &fd, &fowned, err, errcap);
-        if (rc) {
-            free(raw);
-            return rc;
-        }
-        size_t got = 0;
-        while (got < n) {
-            ssize_t k = pread(fd, raw + got, n - got, (off_t)(s + got));
-            if (k <= 0) {
-                int en = errno;
-                if (fowned) close(fd);
+        for (int attempt = 0;; attempt++) {
+            /* A remote object: the record's bytes present in the cache file first
+               (fetched again if they were evicted since the scan at open). */
+            if (f->base.rdata && (rc = pl__source_ensure(&f->base, (int64_t)s, (int64_t)n,
+                                                         err, errcap))) {
                 free(raw);
-                pl__fmt(err, errcap,
-                        "%s: read of %zu bytes at byte offset %llu failed: %s",
-                        f->base.path, n, (unsigned long long)s,
-                        k == 0 ? "file shrank since open" : strerror(en));
-                return k == 0 ? PL_ETRUNC : PL_EIO;
+                remote_err(f, r, s, n, err, errcap);
+                return rc;
             }
-            got += (size_t)k;
+            rc = pl__source_data_fd(src, &f->base, &fd, &fowned, err, errcap);
+            if (rc) {
+                free(raw);
+                return rc;
+            }
+            size_t got = 0;
+            while (got < n) {
+                ssize_t k = pread(fd, raw + got, n - got, (off_t)(s + got));
+                if (k <= 0) {
+                    int en = errno;
+                    if (fowned) close(fd);
+                    free(raw);
+                    pl__fmt(err, errcap,
+                            "%s: read of %zu bytes at byte offset %llu failed: %s",
+                            f->base.path, n, (unsigned long long)s,
+                            k == 0 ? "file shrank since open" : strerror(en));
+                    return k == 0 ? PL_ETRUNC : PL_EIO;
+                }
+                got += (size_t)k;
+            }
+            if (fowned) close(fd);
+            if (pl__source_still(&f->base, (int64_t)s, (int64_t)n)) break;
+            if (attempt + 1 == PL__REMOTE_REREADS) {
+                free(raw);
+                rc = pl__source_evicted_err(&f->base, (int64_t)s, (int64_t)n, err, errcap);
+                remote_err(f, r, s, n, err, errcap);
+                return rc;
+            }
         }
-        if (fowned) close(fd);
     }
     if (!json) {
         size_t bad = pl__utf8_check((const uint8_t *)raw, n);

@@ -2,7 +2,9 @@
  * source/text/records.c -- finding the records of a jsonl or text file at
  * open: a plain file is scanned for newlines (memchr), a .gz or .zst one is
  * decompressed once into memory; a plain JSONL file's spans are kept in its
- * .plrec sidecar.  No record is parsed here (parse.c).
+ * .plrec sidecar.  A remote object is read the same way through the node
+ * cache, window by window, and its spans are kept in memory only.  No record
+ * is parsed here (parse.c).
  */
 #include "source/text/text.h"
 
@@ -85,12 +87,27 @@ static int has_suffix(const char *s, const char *suf) {
     return n >= m && strcmp(s + n - m, suf) == 0;
 }
 
+/* Bytes of a remote object made present per step of a scan at open (the
+ * scan reads them through the mapping while they are fresh in the cache). */
+#define PL__SCAN_WINDOW ((size_t)32 << 20)
+
+/* decompress: a remote object's chunk was evicted while the decoder read it
+ * (start again). */
+#define PL__EVICTED 1
+
+/* Make in[at, at + len) of remote file rf present (no-op for a local file). */
+static int window(pl__rfile *rf, size_t at, size_t len, char *err, size_t errcap) {
+    return rf && len ? pl__rfile_ensure(rf, (int64_t)at, (int64_t)len, err, errcap)
+                     : PL_OK;
+}
+
 /* Decompress a whole .gz (every member) or .zst (every frame) into a malloc'd
  * buffer.  Damage: PL_ETRUNC / PL_ERECORD naming the compressed offset;
  * with keep_partial the bytes decoded before it are returned as well, with
- * *damaged set. */
+ * *damaged set.  rf: the mapped input is a remote object's cache file, whose
+ * compressed bytes are made present window by window as they are consumed. */
 static int decompress(const char *path, int kind, const uint8_t *in,
-                          size_t n, char **out, size_t *out_len,
+                          size_t n, pl__rfile *rf, char **out, size_t *out_len,
                           int *damaged, char *err, size_t errcap) {
     static const uint8_t empty[1];
     if (!in) in = empty; /* an empty file is mapped as NULL */
@@ -115,13 +132,26 @@ static int decompress(const char *path, int kind, const uint8_t *in,
                 buf = nb;
                 cap = nc;
             }
-            size_t chunk_in = n - at > (1u << 30) ? (1u << 30) : n - at;
+            const size_t max_in = rf ? PL__SCAN_WINDOW : (size_t)1 << 30;
+            size_t chunk_in = n - at > max_in ? max_in : n - at;
+            int wrc = window(rf, at, chunk_in, err, errcap);
+            if (wrc) {
+                inflateEnd(&z);
+                free(buf);
+                return wrc;
+            }
             size_t chunk_out = cap - len > (1u << 30) ? (1u << 30) : cap - len;
             z.next_in = (Bytef *)(in + at);
             z.avail_in = (uInt)chunk_in;
             z.next_out = (Bytef *)(buf + len);
             z.avail_out = (uInt)chunk_out;
             rc = inflate(&z, Z_NO_FLUSH);
+            if (rf &&
+                !pl__rfile_present(rf, (int64_t)at, (int64_t)(chunk_in - z.avail_in))) {
+                inflateEnd(&z);
+                free(buf);
+                return PL__EVICTED;
+            }
             at += chunk_in - z.avail_in;
             len += chunk_out - z.avail_out;
             if (rc == Z_STREAM_END) {
@@ -153,9 +183,20 @@ static int decompress(const char *path, int kind, const uint8_t *in,
     } else {
         ZSTD_DStream *zs = ZSTD_createDStream();
         if (!zs) goto oom;
-        ZSTD_inBuffer ib = {in, n, 0};
+        /* Remote: ib.size is the end of the window made present so far. */
+        ZSTD_inBuffer ib = {in, rf ? 0 : n, 0};
         size_t last = 0;
-        while (ib.pos < ib.size) {
+        while (ib.pos < ib.size || ib.size < n) {
+            if (ib.pos == ib.size) {
+                size_t w = n - ib.size > PL__SCAN_WINDOW ? PL__SCAN_WINDOW : n - ib.size;
+                int wrc = window(rf, ib.size, w, err, errcap);
+                if (wrc) {
+                    ZSTD_freeDStream(zs);
+                    free(buf);
+                    return wrc;
+                }
+                ib.size += w;
+            }
             if (len == cap) {
                 size_t nc = cap * 2;
                 char *nb = pl__realloc_array(buf, nc, 1);
@@ -167,7 +208,13 @@ static int decompress(const char *path, int kind, const uint8_t *in,
                 cap = nc;
             }
             ZSTD_outBuffer ob = {buf + len, cap - len, 0};
+            const size_t p0 = ib.pos;
             last = ZSTD_decompressStream(zs, &ob, &ib);
+            if (rf && !pl__rfile_present(rf, (int64_t)p0, (int64_t)(ib.pos - p0))) {
+                ZSTD_freeDStream(zs);
+                free(buf);
+                return PL__EVICTED;
+            }
             len += ob.pos;
             if (ZSTD_isError(last)) {
                 pl__fmt(err, errcap,
@@ -178,7 +225,7 @@ static int decompress(const char *path, int kind, const uint8_t *in,
                 *damaged = PL_ERECORD;
                 goto damaged;
             }
-            if (ob.pos == 0 && ib.pos == ib.size) break;
+            if (ob.pos == 0 && ib.pos == ib.size && ib.size == n) break;
         }
         /* Flush what the decoder still holds. */
         while (last != 0 && !ZSTD_isError(last)) {
@@ -305,9 +352,14 @@ int pl__text_open_file(pl_source *src, pl__sfile *bf, int skip_damaged,
     size_t len;
     struct stat st;
     int fd = -1;
-    int rc = pl__map_file(f->base.path, &map, &len, &st, f->compression ? NULL : &fd,
-                          err, errcap);
+    /* A remote object (s3://, https://) is opened through the node cache and
+       its cache file mapped (f->base.rdata): the scan below makes each window
+       present before it reads it, and every record read later makes its bytes
+       present first (parse.c), so a chunk evicted meanwhile is fetched again. */
+    int rc = pl__map_any(&f->base, f->base.path, 0, &map, &len, &st,
+                         f->compression ? NULL : &fd, err, errcap);
     if (rc) return rc;
+    pl__rfile *rf = f->base.rdata;
     f->st_size = (uint64_t)st.st_size;
     f->st_mtime_ns = (uint64_t)st.st_mtim.tv_sec * 1000000000ull +
                      (uint64_t)st.st_mtim.tv_nsec;
@@ -318,11 +370,15 @@ int pl__text_open_file(pl_source *src, pl__sfile *bf, int skip_damaged,
         int damaged = 0;
         char *out = NULL;
         size_t out_len = 0;
-        rc = decompress(f->base.path, f->compression, map, len, &out, &out_len,
-                            &damaged, err, errcap);
+        for (int attempt = 0; attempt < PL__REMOTE_REREADS; attempt++)
+            if ((rc = decompress(f->base.path, f->compression, map, len, rf, &out,
+                                 &out_len, &damaged, err, errcap)) != PL__EVICTED)
+                break;
+        if (rc == PL__EVICTED)
+            rc = pl__source_evicted_err(&f->base, 0, (int64_t)len, err, errcap);
         if (map) munmap(map, len);
         map = NULL;
-        if (rc == PL_ENOMEM) return rc;
+        if (rc == PL_ENOMEM || (rc && !damaged)) return rc; /* a failed fetch too */
         f->text = out;
         f->text_len = out_len;
         if (rc && !skip_damaged) return rc;
@@ -342,13 +398,50 @@ int pl__text_open_file(pl_source *src, pl__sfile *bf, int skip_damaged,
         pl__fwatch_keep(&f->base.data_w, fd, &st);
         if (!lines) {
             rc = spanv_push(&v, 0, len);
-        } else if (t->write_index == 1 && rec_load(f, &st) == 0) {
+        } else if (t->write_index == 1 && !rf && rec_load(f, &st) == 0) {
             if (map) munmap(map, len);
             pl__len_load(t, f);
             return PL_OK;
-        } else {
+        } else if (!rf) {
             size_t done;
             rc = scan_lines(data, data_len, 0, 0, &v, &done);
+        } else {
+            /* Window by window: the lines complete in a window are found, the
+               rest is carried over to the next (a line longer than a window
+               widens it). */
+            size_t from = 0, hi = 0, done = 0;
+            int evicted = 0;
+            while (rc == PL_OK && hi < data_len) {
+                hi = (hi > from ? hi : from) + PL__SCAN_WINDOW;
+                if (hi > data_len) hi = data_len;
+                rc = window(rf, from, hi - from, err, errcap);
+                if (rc) {
+                    if (map) munmap(map, len);
+                    free(v.a);
+                    free(v.ck);
+                    return rc;
+                }
+                /* Lines found in a window whose chunk was evicted while it was
+                   scanned are found again. */
+                const size_t n0 = v.n, nck0 = v.nck;
+                const uint64_t line0 = v.line;
+                rc = scan_lines(data, hi, from, hi < data_len, &v, &done);
+                if (rc == PL_OK && !pl__source_still(&f->base, (int64_t)from,
+                                                     (int64_t)(hi - from))) {
+                    v.n = n0, v.nck = nck0, v.line = line0;
+                    if (++evicted == PL__REMOTE_REREADS) {
+                        if (map) munmap(map, len);
+                        free(v.a);
+                        free(v.ck);
+                        return pl__source_evicted_err(&f->base, (int64_t)from,
+                                                      (int64_t)(hi - from), err, errcap);
+                    }
+                    hi = from; /* the same window again */
+                    continue;
+                }
+                evicted = 0;
+                from = done;
+            }
         }
         if (map) munmap(map, len);
     }
@@ -365,8 +458,12 @@ int pl__text_open_file(pl_source *src, pl__sfile *bf, int skip_damaged,
     f->spans = v.a;
     f->line_ck = v.ck;
     f->base.n_docs = (int64_t)v.n;
+    pthread_mutex_lock(&t->mu); /* remote files open in parallel */
     t->spans_bytes += v.n * 16;
-    if (!f->compression && lines && t->write_index == 1)
+    pthread_mutex_unlock(&t->mu);
+    /* No sidecar is written into a bucket: a remote object's spans stay in
+       memory (found again at the next open, from the cache). */
+    if (!f->compression && lines && t->write_index == 1 && !rf)
         rec_write(f, &st, v.a, v.n);
     pl__len_load(t, f);
     return PL_OK;

@@ -285,6 +285,12 @@ void pl__text_lookahead(pl_source *src, const pl__perm *perm, int64_t lo, int64_
                         int64_t epoch, int64_t pos);
 void pl__text_stats(const pl_source *src, pl__format_stats *out);
 
+/* ------------------------------------------------------------ parquet.c */
+/* A remote Parquet file (a raw text file without spans): the column chunk of
+ * the row group of local row r posted to the source's prefetcher, once per
+ * group until it is decoded (lock t->mu may be held; never blocks on I/O). */
+void pl__pq_fetch_ahead(pl_source *src, const pl__tfile *f, int64_t r);
+
 /* ------------------------------------------------------------ lengths.c */
 int pl__text_lengths(pl_source *src, const int64_t *index, int64_t n, int64_t *lengths);
 
