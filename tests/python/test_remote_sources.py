@@ -54,20 +54,28 @@ def _remote_cfg(c, cache, **kw):
     return cfg
 
 
-def test_megatron_batches_equal_local(remote_corpus, s3_environ, s3env, tmp_path):
+def test_megatron_batches_equal_local(remote_corpus, s3_environ, s3env, tmp_path,
+                                     monkeypatch):
     local = _hashes(remote_corpus.config(train_steps=8))
     remote = _hashes(_remote_cfg(remote_corpus, tmp_path / "c", train_steps=8))
     assert remote == local and len(local) == 8 * 2  # dp 2, 2 micro-batches per rank
     st = s3env.stats()
-    assert st["GET"] > 0 and st["HEAD"] >= 6  # .idx and .bin of three prefixes
-    # A second run with the warm cache: a LIST per source path and a HEAD per
-    # object, no GET of an object.
+    # Sizes and ETags come from the listing (one per source path): no HEAD.
+    k = st["kinds"]
+    assert k["LIST"]["n"] == 3 and k["GET .idx"]["n"] == 3 and k["GET .bin"]["n"] > 0
+    assert st["HEAD"] == 0
+    # A second run with the warm cache: a LIST per source path, nothing else.
     s3env.faults(reset=True)
     assert _hashes(_remote_cfg(remote_corpus, tmp_path / "c", train_steps=8)) == local
     st = s3env.stats()
-    assert st["GET"] == 3 and set(st["paths"]) == {f"/{BUCKET}/"} | {
-        f"/{BUCKET}/mega/src{s}.{e}" for s in range(3) for e in ("idx", "bin")}
-    assert st["HEAD"] == 6
+    assert st["GET"] == 3 and set(st["kinds"]) == {"LIST"} and st["HEAD"] == 0
+    assert set(st["paths"]) == {f"/{BUCKET}/"}
+    # With the listing's ETags not trusted, a HEAD per object instead.
+    s3env.faults(reset=True)
+    monkeypatch.setenv("POLYLOAD_REMOTE_LIST_ETAG", "0")
+    assert _hashes(_remote_cfg(remote_corpus, tmp_path / "c", train_steps=8)) == local
+    st = s3env.stats()
+    assert st["HEAD"] == 6 and set(st["kinds"]) == {"LIST", "HEAD .idx", "HEAD .bin"}
 
 
 def test_parsing_touches_nothing(remote_corpus, s3_environ, tmp_path):

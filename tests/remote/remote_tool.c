@@ -10,6 +10,8 @@
  *                                        the ranges' bytes, read concurrently
  *                                        (after FILE exists, with --wait)
  *   remote_tool list PREFIX              one URL a line
+ *   remote_tool listx PREFIX             URL, size and ETag a line, as the
+ *                                        listing gives them
  *   remote_tool cached DIR MAX CHUNK URL OFF:LEN...
  *                                        the ranges through the cache (ensure,
  *                                        then pread of the cache file)
@@ -87,8 +89,16 @@ int main(int argc, char **argv) {
         if (pl__remote_list(argv[2], &urls, &n, err, sizeof err)) return fail(err);
         for (int64_t i = 0; i < n; i++) printf("%s\n", urls[i]), free(urls[i]);
         free(urls);
+    } else if (strcmp(cmd, "listx") == 0) {
+        pl__rlisting *l;
+        if (pl__remote_list_entries(argv[2], &l, err, sizeof err)) return fail(err);
+        for (int64_t i = 0; i < l->n; i++)
+            printf("%s %lld %s\n", l->v[i].url, (long long)l->v[i].size,
+                   l->v[i].etag ? l->v[i].etag : "-");
+        pl__rlisting_free(l);
     } else if (strcmp(cmd, "cached") == 0 && argc >= 6) {
-        pl__rcache_conf c = {argv[2], strtoll(argv[3], NULL, 10), strtoll(argv[4], NULL, 10)};
+        pl__rcache_conf c = {argv[2], strtoll(argv[3], NULL, 10), strtoll(argv[4], NULL, 10),
+                             NULL};
         pl__rfile *f;
         if (pl__rfile_open(argv[5], &c, 0, &f, err, sizeof err)) return fail(err);
         int n = argc - 6;
