@@ -136,6 +136,35 @@ def test_resume_does_not_depend_on_the_cache(remote_corpus, s3_environ, tmp_path
     assert rest == full[5:]
 
 
+def test_dataset_replaced_between_runs_gives_the_new_batches(s3env, s3_environ, tmp_path):
+    """The cache is warm with a dataset; the dataset is then replaced in the
+    bucket (.bin and .idx): the next run's listing gives new ETags, so the new
+    files are fetched and the batches are those of the new files on disk."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    a, b = Corpus(tmp_path / "a", seed=7), Corpus(tmp_path / "b", seed=8)
+
+    def remote(c):
+        cfg = c.config(train_steps=4)
+        for s in cfg["sources"]:
+            s["path"] = f"s3://{BUCKET}/repl/" + os.path.basename(s["path"])
+        cfg["cache"] = {"dir": str(tmp_path / "cache"), "max_bytes": 1 << 30,
+                        "chunk_bytes": 4096}
+        return cfg
+
+    s3env.put_tree(BUCKET, "repl", a.dir)
+    assert _hashes(remote(a)) == _hashes(a.config(train_steps=4))
+    s3env.faults(reset=True)
+    assert _hashes(remote(a)) == _hashes(a.config(train_steps=4))
+    assert set(s3env.stats()["kinds"]) == {"LIST"}  # warm: nothing but the listings
+    s3env.put_tree(BUCKET, "repl", b.dir)
+    s3env.faults(reset=True)
+    new = _hashes(remote(b))
+    assert new == _hashes(b.config(train_steps=4)) != _hashes(a.config(train_steps=4))
+    k = s3env.stats()["kinds"]
+    assert k["GET .idx"]["n"] == 3 and "HEAD .idx" not in k
+
+
 def _write_tokens(path, tokens, dtype, llmc):
     if llmc:
         header = np.zeros(256, dtype=np.int32)

@@ -3,7 +3,7 @@
  *
  * Layout under the cache directory:
  *   lock                 flock(2)ed by whoever changes what the cache holds;
- *                        its first 16 bytes count the bytes present (usage_get)
+ *                        its first 24 bytes count the bytes present (usage_get)
  *   o/<h>.data           the object's bytes: a sparse file as long as the object
  *   o/<h>.tab            its chunk table: a 64-byte header (magic, size, chunk
  *                        bytes, chunk count, keep flag), then per chunk the
@@ -243,32 +243,37 @@ static int64_t evict(const pl__rfile *self, int64_t incoming) {
 }
 
 /*
- * The bytes present, as last counted, in the first 16 bytes of DIR/lock
- * ("PLUSAGE1", then an int64), read and written under the lock: a fetch
- * scans every table (evict) only when the count says the bound may be
- * passed, or when there is no count yet, instead of at every fetch (a scan
- * costs an open and a map per object in the cache).  The count errs high,
- * never low: fetched bytes are added before they are written (a process
- * killed in between leaves it high), a table started afresh leaves its old
- * chunks counted, and every scan sets it to what the tables say.  High only
- * brings the next scan sooner.
+ * The bytes present, as last counted, in the first 24 bytes of DIR/lock
+ * ("PLUSAGE1", an int64, then the time of the last scan in seconds), read and
+ * written under the lock: a fetch scans every table (evict) only when the
+ * count says the bound may be passed, when there is no count, or when the
+ * last scan is a minute old, instead of at every fetch (a scan costs an open
+ * and a map per object in the cache).  The count errs high: fetched bytes are
+ * added before they are written (a process killed in between leaves it high),
+ * a table started afresh leaves its old chunks counted, and every scan sets
+ * it to what the tables say; high only brings the next scan sooner.  A count
+ * left low (a damaged lock file, a writer that keeps none) is set right by
+ * the scan of the minute.
  */
 #define PL__RCACHE_USAGE_MAGIC "PLUSAGE1"
+#define PL__RCACHE_RESCAN_S 60
 
-static int usage_get(int lk, int64_t *used) {
-    uint8_t b[16];
+static int usage_get(int lk, int64_t *used, int64_t *scanned) {
+    uint8_t b[24];
     if (pread(lk, b, sizeof b, 0) != (ssize_t)sizeof b ||
         memcmp(b, PL__RCACHE_USAGE_MAGIC, 8) != 0)
         return -1;
     memcpy(used, b + 8, 8);
+    memcpy(scanned, b + 16, 8);
     return *used < 0 ? -1 : 0;
 }
 
-static void usage_set(int lk, int64_t used) {
-    uint8_t b[16];
+static void usage_set(int lk, int64_t used, int64_t scanned) {
+    uint8_t b[24];
     memcpy(b, PL__RCACHE_USAGE_MAGIC, 8);
     if (used < 0) used = 0;
     memcpy(b + 8, &used, 8);
+    memcpy(b + 16, &scanned, 8);
     if (pwrite(lk, b, sizeof b, 0) != (ssize_t)sizeof b) {
         /* Best effort: a count not written is rebuilt by the next scan. */
     }
@@ -530,10 +535,13 @@ static int fetch_runs(pl__rfile *f, pl__run *runs, int n, char *err, size_t errc
         if (lk < 0) {
             rc = PL_EIO;
         } else {
-            int64_t used, skipped = 0;
-            if (usage_get(lk, &used) != 0 || used + total > f->max_bytes)
+            int64_t used, scanned, skipped = 0, now_t = (int64_t)now_s();
+            if (usage_get(lk, &used, &scanned) != 0 || used + total > f->max_bytes ||
+                now_t - scanned >= PL__RCACHE_RESCAN_S || now_t < scanned) {
                 used = evict(f, total);
-            if (used >= 0) usage_set(lk, used + total);
+                scanned = now_t;
+            }
+            if (used >= 0) usage_set(lk, used + total, scanned);
             uint32_t *e = tab_entries(f), now = now_s();
             for (int i = 0; i < n && rc == PL_OK; i++)
                 for (int64_t c = runs[i].c0; c < runs[i].c1; c++) {
@@ -560,7 +568,8 @@ static int fetch_runs(pl__rfile *f, pl__run *runs, int n, char *err, size_t errc
                     if (rc == PL_OK) __atomic_store_n(&e[c], now, __ATOMIC_RELEASE);
                 }
             /* Chunks another process wrote meanwhile were counted by it. */
-            if (used >= 0 && rc == PL_OK && skipped) usage_set(lk, used + total - skipped);
+            if (used >= 0 && rc == PL_OK && skipped)
+                usage_set(lk, used + total - skipped, scanned);
             unlock(lk);
         }
     }
