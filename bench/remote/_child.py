@@ -2,6 +2,7 @@
 that every run starts with no connection, no client and no memory of the last.
 
     python bench/remote/_child.py JSON
+    python bench/remote/_child.py @FILE      (the JSON in a file)
 
 JSON names the reader and its arguments; the child prints one JSON line of
 figures on stdout.  Readers:
@@ -13,8 +14,8 @@ figures on stdout.  Readers:
                    ranged GETs of bin_chunk_nbytes): the same reads as polyload's
                    plan (one list of [prefix, document, offset, count] per batch)
   streaming        MosaicML Streaming's StreamingDataset over MDS shards in the
-                   bucket, with its local cache: `batches` batches of `batch`
-                   samples in the dataset's order
+                   bucket, with its local cache: batches of `batch` samples in
+                   the dataset's order, up to `batches` or `tokens_max` tokens
 """
 import json
 import os
@@ -113,12 +114,17 @@ def streaming(a):
     t1 = None
     first = 0
     for k in range(a["batches"]):
-        for _ in range(a["batch"]):
-            s = next(it)
-            tokens += np.frombuffer(s["tokens"], dtype=np.uint16).size
+        try:
+            for _ in range(a["batch"]):
+                s = next(it)
+                tokens += np.frombuffer(s["tokens"], dtype=np.uint16).size
+        except StopIteration:  # the epoch's end
+            break
         if t1 is None:
             t1 = time.perf_counter()
             first = tokens
+        if tokens >= a.get("tokens_max", float("inf")):
+            break
     t2 = time.perf_counter()
     rest = tokens - first
     return {"first_batch_s": t1 - t0, "seconds": t2 - t1, "tokens": rest,
@@ -127,7 +133,11 @@ def streaming(a):
 
 
 def main():
-    a = json.loads(sys.argv[1])
+    arg = sys.argv[1]
+    if arg.startswith("@"):  # long arguments (a plan) in a file
+        with open(arg[1:]) as f:
+            arg = f.read()
+    a = json.loads(arg)
     out = globals()[a["reader"]](a)
     sys.stdout.write(json.dumps(out) + "\n")
     sys.stdout.flush()

@@ -17,7 +17,8 @@ every request.  Every measured run is its own process (bench/remote/_child.py).
             sources, the demo corpus) from an empty cache: payload bytes of
             .bin GETs at the proxy per byte of tokens the plan reads (the
             union of the plan's reads, from `polyload plan`), for a short run
-            and for a run that reads most of the corpus, per chunk size.
+            (20 steps, 8 % of the corpus) and for a run that reads the corpus
+            about once (400 steps), per chunk size; counts, one run each.
   peers     on the same server and data: tokens/s, bytes moved and time to
             the first batch of polyload (the throughput config's first steps),
             megatron-core's S3 path (IndexedDataset with s3:// prefixes,
@@ -27,7 +28,11 @@ every request.  Every measured run is its own process (bench/remote/_child.py).
             megatron-core and Streaming.
 
 Usage: .venv/bin/python bench/remote/compare.py [--repeats 3] [--files 2000]
+       [--peer-steps 200] [--chunks 1048576,...] [--bytes-steps 20,400]
        [--no-write] [--only startup,bytes,peers]
+Needs boto3 and moto[server] (the test extra) and, for the Streaming column,
+mosaicml-streaming (.venv/bin/pip install mosaicml-streaming; its vision
+module is not loaded, see _child.py).
 Writes bench/results/remote_startup.json, remote_bytes.json and
 remote_peers.json.
 """
@@ -61,8 +66,13 @@ OLD_OPEN = {"POLYLOAD_REMOTE_LIST_ETAG": "0", "POLYLOAD_REMOTE_OPEN_THREADS": "1
 
 
 def child(args, env, timeout=1800):
-    p = subprocess.run([PY, CHILD, json.dumps(args)], capture_output=True, text=True,
-                       env=env, timeout=timeout, cwd=ROOT)
+    with tempfile.NamedTemporaryFile("w", suffix=".json", delete=False) as f:
+        json.dump(args, f)
+    try:
+        p = subprocess.run([PY, CHILD, "@" + f.name], capture_output=True, text=True,
+                           env=env, timeout=timeout, cwd=ROOT)
+    finally:
+        os.unlink(f.name)
     if p.returncode:
         raise RuntimeError(f"{args['reader']} exited {p.returncode}: {p.stderr[-3000:]}")
     return json.loads(p.stdout.strip().splitlines()[-1])
@@ -234,6 +244,169 @@ def bench_bytes(s3, env, local_cfg, repeats, chunks, step_counts):
     return rows
 
 
+# ---------------------------------------------------------------- peers
+
+def doc_tokens(prefix):
+    """(lengths, pointers) of a Megatron dataset and its .bin as bytes."""
+    with open(prefix + ".idx", "rb") as f:
+        b = f.read()
+    n = int(np.frombuffer(b[18:26], dtype="<u8")[0])
+    lens = np.frombuffer(b[34:34 + 4 * n], dtype="<i4")
+    ptrs = np.frombuffer(b[34 + 4 * n:34 + 12 * n], dtype="<i8")
+    with open(prefix + ".bin", "rb") as f:
+        data = f.read()
+    return lens, ptrs, data
+
+
+def write_mds(prefixes, out, size_limit):
+    """Every document of the datasets as one MDS sample {"tokens": bytes}."""
+    sys.modules.setdefault("streaming.vision", __import__("types").ModuleType("streaming.vision"))
+    from streaming import MDSWriter
+    with MDSWriter(out=out, columns={"tokens": "bytes"}, compression=None,
+                   size_limit=size_limit) as w:
+        for p in prefixes:
+            lens, ptrs, data = doc_tokens(p)
+            for ln, pt in zip(lens, ptrs):
+                w.write({"tokens": data[int(pt):int(pt) + 2 * int(ln)]})
+
+
+def tree_pairs(local_dir, prefix):
+    out = []
+    for root, _, files in os.walk(local_dir):
+        for fn in sorted(files):
+            p = os.path.join(root, fn)
+            out.append((p, f"{prefix}/{os.path.relpath(p, local_dir)}"))
+    return out
+
+
+def plan_batches(cfg, steps):
+    """The plan of steps [0, steps), as megatron-core reads it: per step a list
+    of [s3 prefix, document, offset, count]."""
+    p = subprocess.run([CLI, "plan", cfg, "--steps", f"0:{steps}", "--json"], cwd=ROOT,
+                       capture_output=True, text=True, check=True)
+    prefix = {name: f"s3://{BUCKET}/{path}" for name, path, _ in SOURCES}
+    out = {}
+    for line in p.stdout.splitlines():
+        j = json.loads(line)
+        b = out.setdefault(j["step"], [])
+        for s in j["sequences"]:
+            for src, doc, off, cnt in s["chunks"]:
+                b.append([prefix[src], doc, off, cnt])
+    return [out[k] for k in sorted(out)]
+
+
+def bench_peers(s3, env, local_cfg, many, repeats, steps, tmp):
+    """Tokens/s, bytes moved, first batch: polyload, megatron-core, Streaming,
+    each from an empty cache, paired in each repeat; then the 2,000-dataset
+    start of each peer, cold and warm."""
+    rows = {}
+    batches = plan_batches(local_cfg, steps)
+    plan_tokens = sum(c for b in batches for _, _, _, c in b)
+    notes = {}
+    menv = dict(env)
+    senv = dict(env, S3_ENDPOINT_URL=s3.proxy_url)
+    # MDS shards of the same documents (the throughput corpus; the 2,000 datasets).
+    mds_ok = True
+    try:
+        write_mds([os.path.join(ROOT, p) for _, p, _ in SOURCES], os.path.join(tmp, "mds"),
+                  8 << 20)
+        upload(s3, tree_pairs(os.path.join(tmp, "mds"), "mds/corpus"))
+        write_mds(many, os.path.join(tmp, "mds_many"), 8 << 20)
+        upload(s3, tree_pairs(os.path.join(tmp, "mds_many"), "mds/many"))
+    except Exception as e:  # noqa: BLE001 -- the reason goes into the record
+        mds_ok = False
+        notes["streaming"] = f"{type(e).__name__}: {e}"
+    for rep in range(repeats):
+        for lat in (0, 20):
+            # polyload: the CLI builds every micro-batch of every rank for `steps`
+            # steps; the first batch from the Python loader (rank 0).
+            cache = tempfile.mkdtemp(prefix="pl-rb-cache-")
+            cfg = remote_throughput_config(local_cfg, cache, 1 << 20, "throughput_s3_peers.yaml")
+            r, kinds = measured(s3, lat, lambda: cli_run(cfg, steps, env))
+            shutil.rmtree(cache, ignore_errors=True)
+            cache = tempfile.mkdtemp(prefix="pl-rb-cache-")
+            cfg = remote_throughput_config(local_cfg, cache, 1 << 20, "throughput_s3_peers.yaml")
+            f, _ = measured(s3, lat, lambda: child({"reader": "polyload_first",
+                                                     "config": os.path.join(ROOT, cfg)}, env))
+            shutil.rmtree(cache, ignore_errors=True)
+            rows.setdefault(("polyload", lat), []).append(
+                {"tokens_per_s": r["tokens"] / r["seconds"], "first_batch_s": f["first_batch_s"],
+                 "bytes": bytes_of(kinds, *kinds), "kinds": kinds, "tokens": r["tokens"]})
+            print(json.dumps({"peers": "polyload", "ms": lat, "rep": rep,
+                              "tokens_per_s": round(r["tokens"] / r["seconds"]),
+                              "first_batch_s": round(f["first_batch_s"], 3),
+                              "requests": kinds_line(kinds)}), flush=True)
+            # megatron-core: the same reads.
+            cache = tempfile.mkdtemp(prefix="pl-rb-mcore-")
+            try:
+                m, kinds = measured(s3, lat, lambda: child(
+                    {"reader": "megatron", "cache": cache, "batches": batches}, menv))
+                rows.setdefault(("megatron-core", lat), []).append(
+                    {"tokens_per_s": m["tokens_per_s"], "first_batch_s": m["first_batch_s"],
+                     "bytes": bytes_of(kinds, *kinds), "kinds": kinds,
+                     "tokens": m["tokens_total"]})
+                print(json.dumps({"peers": "megatron-core", "ms": lat, "rep": rep,
+                                  "tokens_per_s": round(m["tokens_per_s"] or 0),
+                                  "first_batch_s": round(m["first_batch_s"], 3),
+                                  "requests": kinds_line(kinds)}), flush=True)
+            except Exception as e:  # noqa: BLE001
+                notes["megatron-core"] = str(e)[-600:]
+            shutil.rmtree(cache, ignore_errors=True)
+            # Streaming: as many tokens, in its order (its shards whole).
+            if mds_ok:
+                cache = tempfile.mkdtemp(prefix="pl-rb-mds-")
+                nb = 1 << 30
+                try:
+                    m, kinds = measured(s3, lat, lambda: child(
+                        {"reader": "streaming", "remote": f"s3://{BUCKET}/mds/corpus",
+                         "cache": os.path.join(cache, "c"), "batch": 64, "batches": nb,
+                         "tokens_max": plan_tokens}, senv))
+                    rows.setdefault(("streaming", lat), []).append(
+                        {"tokens_per_s": m["tokens_per_s"], "first_batch_s": m["first_batch_s"],
+                         "bytes": bytes_of(kinds, *kinds), "kinds": kinds,
+                         "tokens": m["tokens_total"]})
+                    print(json.dumps({"peers": "streaming", "ms": lat, "rep": rep,
+                                      "tokens_per_s": round(m["tokens_per_s"] or 0),
+                                      "first_batch_s": round(m["first_batch_s"], 3),
+                                      "requests": kinds_line(kinds)}), flush=True)
+                except Exception as e:  # noqa: BLE001
+                    notes["streaming"] = str(e)[-600:]
+                shutil.rmtree(cache, ignore_errors=True)
+    # The 2,000 datasets: each peer's start, cold then warm, 0 ms (once).
+    first = [[f"s3://{BUCKET}/many/{os.path.basename(p)}", 0, 0, 16] for p in many[:8]]
+    cache = tempfile.mkdtemp(prefix="pl-rb-mcore-")
+    try:
+        for state in ("cold", "warm"):
+            m, kinds = measured(s3, 0, lambda: child(
+                {"reader": "megatron", "cache": cache, "batches": [first], "open_all": True,
+                 "prefixes": [f"s3://{BUCKET}/many/{os.path.basename(p)}" for p in many]},
+                menv, timeout=3600))
+            rows[("megatron-core startup", state)] = [{"first_batch_s": m["first_batch_s"],
+                                                       "kinds": kinds}]
+            print(json.dumps({"peers startup": "megatron-core", "cache": state,
+                              "s": round(m["first_batch_s"], 2),
+                              "requests": kinds_line(kinds)}), flush=True)
+    except Exception as e:  # noqa: BLE001
+        notes["megatron-core startup"] = str(e)[-600:]
+    shutil.rmtree(cache, ignore_errors=True)
+    if mds_ok:
+        cache = tempfile.mkdtemp(prefix="pl-rb-mds-")
+        try:
+            for state in ("cold", "warm"):
+                m, kinds = measured(s3, 0, lambda: child(
+                    {"reader": "streaming", "remote": f"s3://{BUCKET}/mds/many",
+                     "cache": os.path.join(cache, "c"), "batch": 8, "batches": 1}, senv))
+                rows[("streaming startup", state)] = [{"first_batch_s": m["first_batch_s"],
+                                                       "kinds": kinds}]
+                print(json.dumps({"peers startup": "streaming", "cache": state,
+                                  "s": round(m["first_batch_s"], 2),
+                                  "requests": kinds_line(kinds)}), flush=True)
+        except Exception as e:  # noqa: BLE001
+            notes["streaming startup"] = str(e)[-600:]
+        shutil.rmtree(cache, ignore_errors=True)
+    return rows, notes, plan_tokens
+
+
 # ---------------------------------------------------------------- main
 
 def med(v):
@@ -245,6 +418,11 @@ def main():
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--files", type=int, default=2000)
     ap.add_argument("--only", default="startup,bytes,peers")
+    ap.add_argument("--chunks", default="1048576,262144,65536,16384,4096",
+                    help="chunk_bytes of the bytes figures")
+    ap.add_argument("--bytes-steps", default="20,400", help="run lengths of the bytes figures")
+    ap.add_argument("--peer-steps", type=int, default=200,
+                    help="steps of the throughput config read by each peer")
     ap.add_argument("--no-write", action="store_true", help="print only")
     a = ap.parse_args()
     only = set(a.only.split(","))
@@ -278,9 +456,17 @@ def main():
                 rows = bench_startup(s3, env, a.files, a.repeats)
                 records["remote_startup"] = startup_records(rows, a.files, cmd, table)
             if "bytes" in only:
-                rows = bench_bytes(s3, env, local_cfg, a.repeats, (1 << 20, 256 << 10, 64 << 10),
-                                   (20, 400))
+                # Counts, not timings: one run each (they vary only by what the
+                # prefetcher requests ahead of the last step).
+                rows = bench_bytes(s3, env, local_cfg, 1,
+                                   [int(x) for x in a.chunks.split(",")],
+                                   [int(x) for x in a.bytes_steps.split(",")])
                 records["remote_bytes"] = bytes_records(rows, cmd, table)
+            if "peers" in only:
+                rows, notes, ptok = bench_peers(s3, env, local_cfg, many, a.repeats,
+                                                a.peer_steps, tmp)
+                records["remote_peers"] = peer_records(rows, notes, ptok, a.peer_steps,
+                                                       a.files, cmd, table)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
     print()
@@ -312,6 +498,70 @@ def startup_records(rows, files, cmd, table):
                 note=f"median of {len(new)} paired runs, each a new process; requests of a "
                      f"start: {kinds_line(k)} (a HEAD per object: {kinds_line(ok)}); "
                      "moto_server behind tests/remote/faultproxy.py on the same machine"))
+    return recs
+
+
+def peer_records(rows, notes, plan_tokens, steps, files, cmd, table):
+    recs = []
+    for lat in (0, 20):
+        pl = rows.get(("polyload", lat))
+        for name in ("polyload", "megatron-core", "streaming"):
+            v = rows.get((name, lat))
+            if not v:
+                table.append((f"{name}, {lat} ms", f"did not run: {notes.get(name, '?')}"))
+                continue
+            tps = med([x["tokens_per_s"] for x in v if x["tokens_per_s"]] or [0])
+            fb = med([x["first_batch_s"] for x in v])
+            by = v[-1]["bytes"]
+            tok = v[-1]["tokens"]
+            table.append((f"{name}, {lat} ms, cache cold",
+                          f"{tps / 1e6:.2f} M tokens/s, first batch {fb:.2f} s, "
+                          f"{by / 1e6:.1f} MB moved for {tok * 2 / 1e6:.1f} MB of tokens "
+                          f"({kinds_line(v[-1]['kinds'])})"))
+            extra = {}
+            if name != "polyload" and pl:
+                extra = {"peer": f"polyload, the same server and data",
+                         "peer_value": med([x["tokens_per_s"] for x in pl])}
+            what = {"polyload": f"the CLI building every micro-batch of the throughput "
+                                f"config (4 ranks) for {steps} steps",
+                    "megatron-core": "IndexedDataset with s3:// prefixes (ObjectStorageConfig: "
+                                     ".idx downloaded to a local cache, .bin in 256 MiB ranged "
+                                     "GETs kept in memory), reading the documents of the "
+                                     f"same {steps}-step plan",
+                    "streaming": "StreamingDataset over the same documents written as MDS "
+                                 "shards of 8 MB (its local cache, shards downloaded whole, "
+                                 "its own order), as many tokens"}[name]
+            recs.append(bench_results.record(
+                f"remote peers: tokens/s of {name} from a local S3 server, {lat} ms added, "
+                "cache cold", tps, "tokens/s", command=cmd,
+                note=f"{what}; median of {len(v)} runs; first batch {fb:.2f} s; "
+                     f"{by} bytes moved ({kinds_line(v[-1]['kinds'])}) for {tok} tokens "
+                     f"({tok * 2} bytes); moto_server behind tests/remote/faultproxy.py on "
+                     "the same machine", **extra))
+    for name in ("megatron-core", "streaming"):
+        for state in ("cold", "warm"):
+            v = rows.get((f"{name} startup", state))
+            if not v:
+                msg = notes.get(f"{name} startup", notes.get(name, "?"))
+                table.append((f"{name}: first batch, {files} datasets, cache {state}",
+                              f"did not run: {msg}"))
+                continue
+            table.append((f"{name}: first batch, {files} datasets, cache {state}",
+                          f"{v[0]['first_batch_s']:.2f} s ({kinds_line(v[0]['kinds'])})"))
+            what = ("IndexedDataset opened for every prefix (its .idx downloaded each time, "
+                    "a boto3 client per dataset and per .bin), then 8 documents read"
+                    if name == "megatron-core" else
+                    "StreamingDataset over the same documents as MDS shards of 8 MB, "
+                    "its first 8 samples")
+            recs.append(bench_results.record(
+                f"remote peers: seconds to the first batch of {name}, {files} Megatron "
+                f"datasets, 0 ms added, cache {state}", v[0]["first_batch_s"], "s",
+                command=cmd, lower_is_better=True,
+                note=f"{what}; one run; requests: {kinds_line(v[0]['kinds'])}; compare "
+                     "the polyload figures of the same name"))
+    for name, msg in notes.items():
+        if not any(r["figure"].find(name) >= 0 for r in recs):
+            print(f"note: {name}: {msg}", file=sys.stderr)
     return recs
 
 
