@@ -317,6 +317,16 @@ def bench_peers(s3, env, local_cfg, many, repeats, steps, tmp):
         mds_ok = False
         notes["streaming"] = f"{type(e).__name__}: {e}"
     for rep in range(repeats):
+        # The same polyload run from the files on disk: what the remote runs are
+        # compared with.
+        r = cli_run(local_cfg, steps, env)
+        f = child({"reader": "polyload_first", "config": os.path.join(ROOT, local_cfg)}, env)
+        rows.setdefault(("polyload, local disk", 0), []).append(
+            {"tokens_per_s": r["tokens"] / r["seconds"], "first_batch_s": f["first_batch_s"],
+             "bytes": 0, "kinds": {}, "tokens": r["tokens"]})
+        print(json.dumps({"peers": "polyload, local disk", "rep": rep,
+                          "tokens_per_s": round(r["tokens"] / r["seconds"]),
+                          "first_batch_s": round(f["first_batch_s"], 3)}), flush=True)
         for lat in (0, 20):
             # polyload: the CLI builds every micro-batch of every rank for `steps`
             # steps; the first batch from the Python loader (rank 0).
@@ -503,6 +513,17 @@ def startup_records(rows, files, cmd, table):
 
 def peer_records(rows, notes, plan_tokens, steps, files, cmd, table):
     recs = []
+    loc = rows.get(("polyload, local disk", 0))
+    if loc:
+        tps = med([x["tokens_per_s"] for x in loc])
+        fb = med([x["first_batch_s"] for x in loc])
+        table.append(("polyload, local disk", f"{tps / 1e6:.2f} M tokens/s, first batch {fb:.2f} s"))
+        recs.append(bench_results.record(
+            "remote peers: tokens/s of polyload from the same files on local disk", tps,
+            "tokens/s", command=cmd,
+            note=f"the CLI building every micro-batch of the throughput config (4 ranks) for "
+                 f"{steps} steps, as the remote polyload rows; median of {len(loc)} runs; "
+                 f"first batch {fb:.2f} s"))
     for lat in (0, 20):
         pl = rows.get(("polyload", lat))
         for name in ("polyload", "megatron-core", "streaming"):
@@ -519,18 +540,23 @@ def peer_records(rows, notes, plan_tokens, steps, files, cmd, table):
                           f"{by / 1e6:.1f} MB moved for {tok * 2 / 1e6:.1f} MB of tokens "
                           f"({kinds_line(v[-1]['kinds'])})"))
             extra = {}
+            if name == "polyload" and loc:
+                extra = {"peer": "polyload, the same files on local disk",
+                         "peer_value": med([x["tokens_per_s"] for x in loc])}
             if name != "polyload" and pl:
-                extra = {"peer": f"polyload, the same server and data",
+                extra = {"peer": "polyload, the same server and data",
                          "peer_value": med([x["tokens_per_s"] for x in pl])}
             what = {"polyload": f"the CLI building every micro-batch of the throughput "
                                 f"config (4 ranks) for {steps} steps",
                     "megatron-core": "IndexedDataset with s3:// prefixes (ObjectStorageConfig: "
                                      ".idx downloaded to a local cache, .bin in 256 MiB ranged "
                                      "GETs kept in memory), reading the documents of the "
-                                     f"same {steps}-step plan",
+                                     f"same {steps}-step plan as numpy arrays (no packing, no "
+                                     "batches built: polyload's figure builds them)",
                     "streaming": "StreamingDataset over the same documents written as MDS "
                                  "shards of 8 MB (its local cache, shards downloaded whole, "
-                                 "its own order), as many tokens"}[name]
+                                 "its own order), as many tokens, samples as they come (no "
+                                 "packing, no batches built)"}[name]
             recs.append(bench_results.record(
                 f"remote peers: tokens/s of {name} from a local S3 server, {lat} ms added, "
                 "cache cold", tps, "tokens/s", command=cmd,
