@@ -117,7 +117,10 @@ int main(int argc, char **argv) {
             }
         }
         pl__rfile *f;
-        if (pl__rfile_open(argv[at], &c, 0, &f, err, sizeof err)) return fail(err);
+        if (pl__rfile_open(argv[at], &c, 0, &f, err, sizeof err)) {
+            pl__rlisting_free(l);
+            return fail(err);
+        }
         int first = at + 1, n = argc - first;
         int64_t *off = calloc((size_t)n + 1, sizeof *off), *len = calloc((size_t)n + 1, sizeof *len);
         for (int i = 0; i < n; i++)
@@ -126,6 +129,7 @@ int main(int argc, char **argv) {
             free(off);
             free(len);
             pl__rfile_free(f);
+            pl__rlisting_free(l);
             return fail(err);
         }
         int fd = open(pl__rfile_path(f), O_RDONLY);

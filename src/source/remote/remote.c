@@ -970,7 +970,7 @@ int pl__remote_list_entries(const char *prefix_url, pl__rlisting **out, char *er
         return rc;
     }
     /* Byte order, as S3 gives it (and as pl__rlisting_find needs). */
-    qsort(l->v, (size_t)l->n, sizeof *l->v, rentry_cmp);
+    if (l->n > 1) qsort(l->v, (size_t)l->n, sizeof *l->v, rentry_cmp);
     *out = l;
     return PL_OK;
 }
