@@ -34,6 +34,7 @@ SUBJECTS = [("embedded", "Embedded loader (`bench/embedded/`)"),
             ("text", "Raw text sources (`bench/text/`)"),
             ("image", "Image-text sources (`bench/images/`)"),
             ("ray", "Ray deployment (`bench/ray/`)"),
+            ("remote", "Object storage (`bench/remote/`)"),
             ("peers", "Side by side with every peer (`bench/peers/`)")]
 
 

@@ -356,6 +356,8 @@ void pl__paths_free(pl__paths *p) {
     free(p->v);
     p->v = NULL;
     p->n = p->cap = 0;
+    pl__rlisting_free(p->listed);
+    p->listed = NULL;
 }
 
 static int cmp_str(const void *a, const void *b) {
@@ -466,8 +468,11 @@ static int expand_remote(const char *path, int megatron, pl__paths *p, char *err
                          size_t errcap) {
     char **urls;
     int64_t n;
-    int rc = pl__remote_expand(path, megatron, &urls, &n, err, errcap);
+    pl__rlisting *listed = NULL;
+    int rc = pl__remote_expand_listed(path, megatron, &urls, &n, &listed, err, errcap);
     if (rc) return rc;
+    pl__rlisting_free(p->listed);
+    p->listed = listed; /* opens the objects without a HEAD each */
     for (int64_t i = 0; i < n; i++) {
         if (rc == PL_OK) rc = pl__paths_add(p, urls[i], strlen(urls[i]));
         free(urls[i]);
@@ -585,8 +590,17 @@ int pl__source_init_common(pl_source *src, const pl_source_options *opts,
     return PL_OK;
 }
 
-/* Open the files of a remote token source with up to 16 threads; the error
- * of the first file (in order) that fails is the source's. */
+/* Open the files of a remote token source with up to 64 threads
+ * ($POLYLOAD_REMOTE_OPEN_THREADS, 1 to 256): a file's open is a request or
+ * two (a Megatron .idx fetched; the sizes and ETags come from the listing),
+ * so a source of many small objects opens in the time of n / 64 round trips.
+ * The error of the first file (in order) that fails is the source's. */
+#define PL__OPEN_THREADS_MAX 256
+static int open_threads(void) {
+    const char *v = getenv("POLYLOAD_REMOTE_OPEN_THREADS");
+    long x = v && *v ? strtol(v, NULL, 10) : 64;
+    return x < 1 ? 1 : x > PL__OPEN_THREADS_MAX ? PL__OPEN_THREADS_MAX : (int)x;
+}
 typedef struct open_job {
     pl_source *src;
     int skip_damaged;
@@ -633,8 +647,10 @@ static int open_remote_parallel(pl_source *src, int skip_damaged, char *err, siz
         pl__fmt(err, cap, "out of memory");
         return PL_ENOMEM;
     }
-    pthread_t th[16];
-    int nt = src->n_files < 16 ? (int)src->n_files : 16, started = 0;
+    pthread_t th[PL__OPEN_THREADS_MAX];
+    int nt = open_threads();
+    if (src->n_files < nt) nt = (int)src->n_files;
+    int started = 0;
     for (int t = 0; t < nt; t++)
         if (pthread_create(&th[t], NULL, open_worker, &j) == 0) started++;
     if (!started) open_worker(&j); /* no thread: this one opens them all */
@@ -657,6 +673,7 @@ static int remote_setup(pl_source *src, const pl_source_options *opts, char *err
         return PL_ENOMEM;
     }
     src->rconf.dir = src->cache_dir;
+    src->rconf.listed = src->listed;
     src->rconf.max_bytes = v5 ? opts->cache_max_bytes : 0;
     src->rconf.chunk = v5 ? opts->cache_chunk_bytes : 0;
     if (!src->rconf.chunk) src->rconf.chunk = (int64_t)1 << 20;
@@ -745,14 +762,16 @@ static int source_open_impl(const pl_source_options *opts, int skip_damaged,
     src->n_files = paths.n;
     for (int64_t i = 0; i < paths.n; i++) pl__src_file(src, i)->path = paths.v[i];
     free(paths.v); /* the strings now belong to the files */
+    src->listed = paths.listed;
     if (pl__remote_is_url(opts->path) && (rc = remote_setup(src, opts, err, cap))) {
         release_files(src);
         return rc;
     }
 
-    /* Remote files open in parallel (each a HEAD, a Megatron .idx fetched,
-       a JSONL object scanned, a Parquet footer read): a source of many
-       objects starts in the time of a few requests. */
+    /* Remote files open in parallel (a HEAD each only for objects no listing
+       described; a Megatron .idx fetched, a JSONL object scanned, a Parquet
+       footer read): a source of many objects starts in the time of a few
+       requests. */
     int remote_done = 0;
     if (src->prefetch && src->n_files > 1) {
         rc = open_remote_parallel(src, skip_damaged, err, cap);
@@ -784,6 +803,7 @@ void pl_source_free(pl_source *src) {
      * length caches) while the files are still there. */
     if (src->ops && src->ops->free) src->ops->free(src);
     release_files(src);
+    pl__rlisting_free(src->listed);
     free(src->cache_dir);
     free(src->name);
     pthread_mutex_destroy(&src->mu);

@@ -61,6 +61,9 @@ typedef struct pl__fwatch {
 typedef struct pl__paths {
     char **v;
     int64_t n, cap;
+    /* A remote (s3://) path's listing: the objects' sizes and ETags, or NULL
+     * (owned; pl__paths_free frees it). */
+    pl__rlisting *listed;
 } pl__paths;
 /* Append a copy of s[0..len); PL_ENOMEM. */
 int pl__paths_add(pl__paths *p, const char *s, size_t len);
@@ -239,6 +242,7 @@ struct pl_source {
      * file is local). */
     pl__rcache_conf rconf;
     char *cache_dir;
+    pl__rlisting *listed; /* the listing that found the files (rconf.listed) */
     pl__rprefetch *prefetch;
 };
 

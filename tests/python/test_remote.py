@@ -185,3 +185,87 @@ def test_cache_shared_by_concurrent_processes(s3env, bucket, s3_environ, tmp_pat
         t.join()
     assert all(o == DATA for o in outs)
     assert _cached_bytes(cache) <= len(DATA) + 64 * 1024
+
+
+def test_listing_gives_the_size_and_etag_of_head(s3env, bucket, s3_environ):
+    # A multipart object too: its ETag ("...-2") is not an MD5, and the listing
+    # must give the same one as HEAD (ranged GETs compare it).
+    c = s3env.client()
+    key = "data/multi.bin"
+    up = c.create_multipart_upload(Bucket=bucket, Key=key)
+    part = DATA[: 5 * 1024 * 1024] if len(DATA) >= 5 << 20 else (DATA * 2)[: 5 << 20]
+    parts = []
+    for n, body in ((1, part), (2, b"tail")):
+        r = c.upload_part(Bucket=bucket, Key=key, UploadId=up["UploadId"], PartNumber=n,
+                          Body=body)
+        parts.append({"ETag": r["ETag"], "PartNumber": n})
+    c.complete_multipart_upload(Bucket=bucket, Key=key, UploadId=up["UploadId"],
+                                MultipartUpload={"Parts": parts})
+    r, st = run(s3_environ, "listx", f"s3://{bucket}/data/")
+    listed = {u: (int(n), e) for u, n, e in (ln.rsplit(" ", 2) for ln in
+                                             r.stdout.decode().splitlines())}
+    assert st["lists"] == 1 and st["heads"] == 0
+    assert f"s3://{bucket}/data/multi.bin" in listed
+    assert listed[f"s3://{bucket}/data/multi.bin"][1].endswith('-2"')
+    for url, (size, etag) in listed.items():
+        h, _ = run(s3_environ, "head", url)
+        hsize, hetag = h.stdout.decode().split()
+        assert (size, etag) == (int(hsize), hetag), url
+
+
+def test_cache_count_rebuilt_from_the_tables(s3env, bucket, s3_environ, tmp_path):
+    """The bytes-present count in the lock file only spares scans of the
+    tables: a cache whose count is missing, damaged or left low by a scan a
+    minute old still keeps its bound."""
+    cache = tmp_path / "c"
+    env = dict(s3_environ, POLYLOAD_CACHE_GRACE_S="0")
+    url = f"s3://{bucket}/data/a.bin"
+    bound = 2 * (1 << 20) + 1000
+    run(env, "cached", str(cache), str(bound), str(1 << 20), url, "0:100", f"{1 << 20}:100")
+    lock = (cache / "lock").read_bytes()
+    assert lock[:8] == b"PLUSAGE1" and int.from_bytes(lock[8:16], "little") == 2 << 20
+    i64 = lambda x: x.to_bytes(8, "little", signed=True)  # noqa: E731
+    for k, damaged in enumerate((b"", b"PLUSAGE1" + i64(-5) + lock[16:24], b"garbage!" * 3,
+                                 b"PLUSAGE1" + i64(0) + i64(0))):
+        (cache / "lock").write_bytes(damaged)
+        off = (2, 0, 1, 2)[k] << 20  # each a chunk the cache no longer holds: a fetch
+        r, _ = run(env, "cached", str(cache), str(bound), str(1 << 20), url, f"{off}:100")
+        assert r.stdout == DATA[off:off + 100]
+        assert _cached_bytes(cache) <= bound + 64 * 1024, damaged
+        n = int.from_bytes((cache / "lock").read_bytes()[8:16], "little")
+        assert n >= _cached_bytes(cache) - 64 * 1024  # errs high, never low
+
+
+def test_object_replaced_after_the_listing_is_an_error(s3env, bucket, s3_environ, tmp_path):
+    """An object opened with the listing's size and ETag (no HEAD) that is
+    replaced between the listing and its first read is an error, never read
+    as the new bytes nor mixed (the ranged GET carries the listed ETag)."""
+    s3env.put(bucket, "data/relisted.bin", DATA[:100000])
+    go = tmp_path / "go"
+    url = f"s3://{bucket}/data/relisted.bin"
+    p = subprocess.Popen([TOOL, "listed", str(tmp_path / "c"), str(1 << 30), str(1 << 16),
+                          f"s3://{bucket}/data/", "--wait", str(go), url, "0:1000"],
+                         env=s3_environ, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert p.stderr.readline().strip() == b"listed"
+    s3env.put(bucket, "data/relisted.bin", DATA[1:100001])
+    go.write_text("")
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 1 and out == b""
+    assert b"replaced since it was opened" in err and b"[0, 65536)" in err
+    assert json.loads(err.decode().strip().splitlines()[-1])["heads"] == 0
+
+
+def test_object_replaced_between_runs_is_read_anew(s3env, bucket, s3_environ, tmp_path):
+    """A warm cache holds the old version; a new listing gives the new ETag,
+    so the new bytes are fetched, never the old ones served."""
+    cache = str(tmp_path / "c")
+    url = f"s3://{bucket}/data/between.bin"
+    s3env.put(bucket, "data/between.bin", DATA[:50000])
+    args = ["listed", cache, str(1 << 30), str(1 << 16), f"s3://{bucket}/data/", url, "0:50000"]
+    r, st = run(s3_environ, *args)
+    assert r.stdout == DATA[:50000] and st["heads"] == 0 and st["requests"] == 2  # LIST, GET
+    r, st = run(s3_environ, *args)
+    assert r.stdout == DATA[:50000] and st["requests"] == 1  # the LIST only
+    s3env.put(bucket, "data/between.bin", DATA[7:50007])
+    r, st = run(s3_environ, *args)
+    assert r.stdout == DATA[7:50007] and st["requests"] == 2 and st["heads"] == 0

@@ -54,20 +54,28 @@ def _remote_cfg(c, cache, **kw):
     return cfg
 
 
-def test_megatron_batches_equal_local(remote_corpus, s3_environ, s3env, tmp_path):
+def test_megatron_batches_equal_local(remote_corpus, s3_environ, s3env, tmp_path,
+                                     monkeypatch):
     local = _hashes(remote_corpus.config(train_steps=8))
     remote = _hashes(_remote_cfg(remote_corpus, tmp_path / "c", train_steps=8))
     assert remote == local and len(local) == 8 * 2  # dp 2, 2 micro-batches per rank
     st = s3env.stats()
-    assert st["GET"] > 0 and st["HEAD"] >= 6  # .idx and .bin of three prefixes
-    # A second run with the warm cache: a LIST per source path and a HEAD per
-    # object, no GET of an object.
+    # Sizes and ETags come from the listing (one per source path): no HEAD.
+    k = st["kinds"]
+    assert k["LIST"]["n"] == 3 and k["GET .idx"]["n"] == 3 and k["GET .bin"]["n"] > 0
+    assert st["HEAD"] == 0
+    # A second run with the warm cache: a LIST per source path, nothing else.
     s3env.faults(reset=True)
     assert _hashes(_remote_cfg(remote_corpus, tmp_path / "c", train_steps=8)) == local
     st = s3env.stats()
-    assert st["GET"] == 3 and set(st["paths"]) == {f"/{BUCKET}/"} | {
-        f"/{BUCKET}/mega/src{s}.{e}" for s in range(3) for e in ("idx", "bin")}
-    assert st["HEAD"] == 6
+    assert st["GET"] == 3 and set(st["kinds"]) == {"LIST"} and st["HEAD"] == 0
+    assert set(st["paths"]) == {f"/{BUCKET}/"}
+    # With the listing's ETags not trusted, a HEAD per object instead.
+    s3env.faults(reset=True)
+    monkeypatch.setenv("POLYLOAD_REMOTE_LIST_ETAG", "0")
+    assert _hashes(_remote_cfg(remote_corpus, tmp_path / "c", train_steps=8)) == local
+    st = s3env.stats()
+    assert st["HEAD"] == 6 and set(st["kinds"]) == {"LIST", "HEAD .idx", "HEAD .bin"}
 
 
 def test_parsing_touches_nothing(remote_corpus, s3_environ, tmp_path):
@@ -126,6 +134,35 @@ def test_resume_does_not_depend_on_the_cache(remote_corpus, s3_environ, tmp_path
     # Resumed in another process with another, empty cache: the same batches.
     rest = _hashes(_remote_cfg(remote_corpus, tmp_path / "b", train_steps=8), state=state)
     assert rest == full[5:]
+
+
+def test_dataset_replaced_between_runs_gives_the_new_batches(s3env, s3_environ, tmp_path):
+    """The cache is warm with a dataset; the dataset is then replaced in the
+    bucket (.bin and .idx): the next run's listing gives new ETags, so the new
+    files are fetched and the batches are those of the new files on disk."""
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    a, b = Corpus(tmp_path / "a", seed=7), Corpus(tmp_path / "b", seed=8)
+
+    def remote(c):
+        cfg = c.config(train_steps=4)
+        for s in cfg["sources"]:
+            s["path"] = f"s3://{BUCKET}/repl/" + os.path.basename(s["path"])
+        cfg["cache"] = {"dir": str(tmp_path / "cache"), "max_bytes": 1 << 30,
+                        "chunk_bytes": 4096}
+        return cfg
+
+    s3env.put_tree(BUCKET, "repl", a.dir)
+    assert _hashes(remote(a)) == _hashes(a.config(train_steps=4))
+    s3env.faults(reset=True)
+    assert _hashes(remote(a)) == _hashes(a.config(train_steps=4))
+    assert set(s3env.stats()["kinds"]) == {"LIST"}  # warm: nothing but the listings
+    s3env.put_tree(BUCKET, "repl", b.dir)
+    s3env.faults(reset=True)
+    new = _hashes(remote(b))
+    assert new == _hashes(b.config(train_steps=4)) != _hashes(a.config(train_steps=4))
+    k = s3env.stats()["kinds"]
+    assert k["GET .idx"]["n"] == 3 and "HEAD .idx" not in k
 
 
 def _write_tokens(path, tokens, dtype, llmc):

@@ -10,7 +10,8 @@ and spoil the next N replies to GETs: ``http503`` (a 503 SlowDown reply),
 headers promise the whole body, fewer bytes come, then the connection
 closes), ``stall`` (no reply for ``stall_ms``).  ``every`` spoils one GET in
 that many instead of the next N.  GET /__stats__ returns the requests seen by
-method and the faults injected.  It runs as its own process, so the client
+method, by kind (``kinds``: LIST, HEAD, GET by extension, each with its count
+and payload bytes) and the faults injected.  It runs as its own process, so the client
 under test and the proxy do not share an interpreter.
 """
 
@@ -38,7 +39,7 @@ class State:
         self.stall_ms = 0
         self.seen = 0
         self.stats = {"GET": 0, "HEAD": 0, "PUT": 0, "other": 0, "injected": 0,
-                      "bytes": 0, "paths": {}}
+                      "bytes": 0, "paths": {}, "kinds": {}}
 
     def pick(self, method):
         """The fault for this request, or None."""
@@ -57,6 +58,18 @@ class State:
                     self.stats["injected"] += 1
                     return k
         return None
+
+
+def request_kind(method, path):
+    """What a request is, for the counts by kind: "LIST" (a bucket listing),
+    "GET .idx" / "GET .bin" / ... (a GET by the object's extension), "HEAD"."""
+    u = urllib.parse.urlsplit(path)
+    if method == "GET" and "list-type=" in u.query:
+        return "LIST"
+    if method in ("GET", "HEAD"):
+        ext = u.path.rsplit("/", 1)[-1].rpartition(".")[2]
+        return method + (" ." + ext if ext and "." in u.path.rsplit("/", 1)[-1] else "")
+    return method
 
 
 STATE = State()
@@ -117,6 +130,9 @@ class Handler(BaseHTTPRequestHandler):
             STATE.stats[key] += 1
             p = urllib.parse.urlsplit(self.path).path
             STATE.stats["paths"][p] = STATE.stats["paths"].get(p, 0) + 1
+            kind = request_kind(method, self.path)
+            k = STATE.stats["kinds"].setdefault(kind, {"n": 0, "bytes": 0})
+            k["n"] += 1
             latency = STATE.latency_ms
             stall = STATE.stall_ms
         if latency:
@@ -157,6 +173,9 @@ class Handler(BaseHTTPRequestHandler):
             self.send_header("Content-Length", str(len(data)))
             self.end_headers()
             self.wfile.write(data)
+            with STATE.lock:
+                STATE.stats["bytes"] += len(data)
+                STATE.stats["kinds"][kind]["bytes"] += len(data)
             return
         full = int(full)
         self.end_headers()
@@ -189,6 +208,7 @@ class Handler(BaseHTTPRequestHandler):
             return
         with STATE.lock:
             STATE.stats["bytes"] += sent
+            STATE.stats["kinds"][kind]["bytes"] += sent
 
     def do_GET(self):
         self._forward("GET")

@@ -10,9 +10,15 @@
  *                                        the ranges' bytes, read concurrently
  *                                        (after FILE exists, with --wait)
  *   remote_tool list PREFIX              one URL a line
+ *   remote_tool listx PREFIX             URL, size and ETag a line, as the
+ *                                        listing gives them
  *   remote_tool cached DIR MAX CHUNK URL OFF:LEN...
  *                                        the ranges through the cache (ensure,
  *                                        then pread of the cache file)
+ *   remote_tool listed DIR MAX CHUNK PREFIX [--wait FILE] URL OFF:LEN...
+ *                                        the same, URL opened with the size and
+ *                                        ETag of a listing of PREFIX (made
+ *                                        before FILE exists, with --wait)
  */
 #include "source/remote/remote.h"
 
@@ -87,18 +93,43 @@ int main(int argc, char **argv) {
         if (pl__remote_list(argv[2], &urls, &n, err, sizeof err)) return fail(err);
         for (int64_t i = 0; i < n; i++) printf("%s\n", urls[i]), free(urls[i]);
         free(urls);
-    } else if (strcmp(cmd, "cached") == 0 && argc >= 6) {
-        pl__rcache_conf c = {argv[2], strtoll(argv[3], NULL, 10), strtoll(argv[4], NULL, 10)};
+    } else if (strcmp(cmd, "listx") == 0) {
+        pl__rlisting *l;
+        if (pl__remote_list_entries(argv[2], &l, err, sizeof err)) return fail(err);
+        for (int64_t i = 0; i < l->n; i++)
+            printf("%s %lld %s\n", l->v[i].url, (long long)l->v[i].size,
+                   l->v[i].etag ? l->v[i].etag : "-");
+        pl__rlisting_free(l);
+    } else if ((strcmp(cmd, "cached") == 0 && argc >= 6) ||
+               (strcmp(cmd, "listed") == 0 && argc >= 7)) {
+        pl__rcache_conf c = {argv[2], strtoll(argv[3], NULL, 10), strtoll(argv[4], NULL, 10),
+                             NULL};
+        int at = 5;
+        pl__rlisting *l = NULL;
+        if (strcmp(cmd, "listed") == 0) {
+            if (pl__remote_list_entries(argv[at++], &l, err, sizeof err)) return fail(err);
+            c.listed = l;
+            if (argc > at + 1 && strcmp(argv[at], "--wait") == 0) {
+                fprintf(stderr, "listed\n");
+                fflush(stderr);
+                while (access(argv[at + 1], F_OK) != 0) usleep(10000);
+                at += 2;
+            }
+        }
         pl__rfile *f;
-        if (pl__rfile_open(argv[5], &c, 0, &f, err, sizeof err)) return fail(err);
-        int n = argc - 6;
+        if (pl__rfile_open(argv[at], &c, 0, &f, err, sizeof err)) {
+            pl__rlisting_free(l);
+            return fail(err);
+        }
+        int first = at + 1, n = argc - first;
         int64_t *off = calloc((size_t)n + 1, sizeof *off), *len = calloc((size_t)n + 1, sizeof *len);
         for (int i = 0; i < n; i++)
-            if (parse_range(argv[6 + i], &off[i], &len[i])) return fail("bad range");
+            if (parse_range(argv[first + i], &off[i], &len[i])) return fail("bad range");
         if (pl__rfile_ensure_many(f, off, len, n, err, sizeof err)) {
             free(off);
             free(len);
             pl__rfile_free(f);
+            pl__rlisting_free(l);
             return fail(err);
         }
         int fd = open(pl__rfile_path(f), O_RDONLY);
@@ -112,6 +143,7 @@ int main(int argc, char **argv) {
         free(off);
         free(len);
         pl__rfile_free(f);
+        pl__rlisting_free(l);
     } else {
         return fail("unknown command");
     }

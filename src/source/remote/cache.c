@@ -2,7 +2,8 @@
  * cache.c -- the node-local cache of remote objects.
  *
  * Layout under the cache directory:
- *   lock                 flock(2)ed by whoever changes what the cache holds
+ *   lock                 flock(2)ed by whoever changes what the cache holds;
+ *                        its first 24 bytes count the bytes present (usage_get)
  *   o/<h>.data           the object's bytes: a sparse file as long as the object
  *   o/<h>.tab            its chunk table: a 64-byte header (magic, size, chunk
  *                        bytes, chunk count, keep flag), then per chunk the
@@ -18,7 +19,8 @@
  * Bounded: when the bytes present pass max_bytes, the least recently used
  * chunks of objects not kept (index files are kept) are evicted, their
  * table entry cleared, then their pages freed with fallocate(PUNCH_HOLE), down
- * to 90 % of the bound.  A chunk used in the last 10 seconds ($POLYLOAD_CACHE_GRACE_S) is
+ * to 90 % of the bound (the tables are scanned only when the count in the
+ * lock file says the bound may be passed).  A chunk used in the last 10 seconds ($POLYLOAD_CACHE_GRACE_S) is
  * not evicted, so that a read that ensured it and is copying from the mapping
  * does not see the hole: while every chunk is that fresh the cache may pass
  * its bound.  The eviction scan recounts the bytes present from the tables,
@@ -141,12 +143,13 @@ static int victim_cmp(const void *a, const void *b) {
 }
 
 /* Under the lock: bytes present over every table; evict down to target
- * when they pass max.  Best effort (a table that cannot be read is left). */
-static void evict(const pl__rfile *self, int64_t incoming) {
+ * when they pass max.  Best effort (a table that cannot be read is left).
+ * The bytes present after it, or -1 when the directory cannot be read. */
+static int64_t evict(const pl__rfile *self, int64_t incoming) {
     char odir[4096];
     pl__fmt(odir, sizeof odir, "%s/o", self->dir);
     DIR *d = opendir(odir);
-    if (!d) return;
+    if (!d) return -1;
     pl__scanned *sc = NULL;
     int nsc = 0, capsc = 0;
     pl__victim *v = NULL;
@@ -236,6 +239,44 @@ static void evict(const pl__rfile *self, int64_t incoming) {
     }
     free(sc);
     free(v);
+    return present;
+}
+
+/*
+ * The bytes present, as last counted, in the first 24 bytes of DIR/lock
+ * ("PLUSAGE1", an int64, then the time of the last scan in seconds), read and
+ * written under the lock: a fetch scans every table (evict) only when the
+ * count says the bound may be passed, when there is no count, or when the
+ * last scan is a minute old, instead of at every fetch (a scan costs an open
+ * and a map per object in the cache).  The count errs high: fetched bytes are
+ * added before they are written (a process killed in between leaves it high),
+ * a table started afresh leaves its old chunks counted, and every scan sets
+ * it to what the tables say; high only brings the next scan sooner.  A count
+ * left low (a damaged lock file, a writer that keeps none) is set right by
+ * the scan of the minute.
+ */
+#define PL__RCACHE_USAGE_MAGIC "PLUSAGE1"
+#define PL__RCACHE_RESCAN_S 60
+
+static int usage_get(int lk, int64_t *used, int64_t *scanned) {
+    uint8_t b[24];
+    if (pread(lk, b, sizeof b, 0) != (ssize_t)sizeof b ||
+        memcmp(b, PL__RCACHE_USAGE_MAGIC, 8) != 0)
+        return -1;
+    memcpy(used, b + 8, 8);
+    memcpy(scanned, b + 16, 8);
+    return *used < 0 ? -1 : 0;
+}
+
+static void usage_set(int lk, int64_t used, int64_t scanned) {
+    uint8_t b[24];
+    memcpy(b, PL__RCACHE_USAGE_MAGIC, 8);
+    if (used < 0) used = 0;
+    memcpy(b + 8, &used, 8);
+    memcpy(b + 16, &scanned, 8);
+    if (pwrite(lk, b, sizeof b, 0) != (ssize_t)sizeof b) {
+        /* Best effort: a count not written is rebuilt by the next scan. */
+    }
 }
 
 /* ------------------------------------------------------------ open */
@@ -259,6 +300,13 @@ static void rcache_resolve(const pl__rcache_conf *conf, char *dir, size_t cap,
         *max_bytes = x > 0 ? (int64_t)x : (int64_t)16 << 30;
     }
     *chunk = conf && conf->chunk > 0 ? conf->chunk : (int64_t)4 << 20;
+}
+
+/* The listing's size and ETag stand for a HEAD ($POLYLOAD_REMOTE_LIST_ETAG=0:
+ * they do not, for a store whose listing and HEAD disagree). */
+static int list_etag_trusted(void) {
+    const char *v = getenv("POLYLOAD_REMOTE_LIST_ETAG");
+    return !(v && strcmp(v, "0") == 0);
 }
 
 void pl__rfile_free(pl__rfile *f) {
@@ -333,6 +381,50 @@ static int rfile_files(pl__rfile *f, char *err, size_t errcap) {
     return rc;
 }
 
+/* Without the lock: the data file and a table the cache already holds for
+ * this object version (its header as rfile_files writes it, and kept when
+ * keep is asked), mapped; 1 when so, else 0 and nothing open.  A warm start
+ * opens each object this way: no lock taken, no directory made.  Tables are
+ * only ever created whole under the lock (rfile_files), so a header that
+ * reads right is a table in use. */
+static int rfile_files_held(pl__rfile *f) {
+    int tfd = open(f->tab_path, O_RDWR | O_CLOEXEC);
+    if (tfd < 0) return 0;
+    size_t tab_len = PL__RCACHE_HEADER + (size_t)f->n_chunks * 4;
+    struct stat st;
+    uint8_t h[PL__RCACHE_HEADER];
+    int64_t size, chunk, n;
+    uint32_t keep;
+    int ok = fstat(tfd, &st) == 0 && (size_t)st.st_size == tab_len &&
+             pread(tfd, h, sizeof h, 0) == (ssize_t)sizeof h &&
+             memcmp(h, PL__RCACHE_MAGIC, 8) == 0;
+    if (ok) {
+        memcpy(&size, h + 8, 8);
+        memcpy(&chunk, h + 16, 8);
+        memcpy(&n, h + 24, 8);
+        memcpy(&keep, h + 32, 4);
+        ok = size == f->size && chunk == f->chunk && n == f->n_chunks && (keep || !f->keep);
+    }
+    if (ok) {
+        f->data_fd = open(f->data_path, O_RDWR | O_CLOEXEC);
+        ok = f->data_fd >= 0 && fstat(f->data_fd, &st) == 0 && st.st_size == f->size;
+    }
+    if (ok) {
+        void *m = mmap(NULL, tab_len, PROT_READ | PROT_WRITE, MAP_SHARED, tfd, 0);
+        ok = m != MAP_FAILED;
+        if (ok) {
+            f->tab = m;
+            f->tab_len = tab_len;
+        }
+    }
+    close(tfd);
+    if (!ok && f->data_fd >= 0) {
+        close(f->data_fd);
+        f->data_fd = -1;
+    }
+    return ok;
+}
+
 int pl__rfile_open(const char *url, const pl__rcache_conf *conf, int keep,
                    pl__rfile **out, char *err, size_t errcap) {
     *out = NULL;
@@ -343,7 +435,12 @@ int pl__rfile_open(const char *url, const pl__rcache_conf *conf, int keep,
     }
     f->data_fd = -1;
     f->keep = keep;
-    int rc = pl__robj_open(url, &f->obj, err, errcap);
+    const pl__rentry *le = conf ? pl__rlisting_find(conf->listed, url) : NULL;
+    int rc;
+    if (le && le->size >= 0 && le->etag && *le->etag && list_etag_trusted())
+        rc = pl__robj_open_known(url, le->size, le->etag, &f->obj, err, errcap);
+    else
+        rc = pl__robj_open(url, &f->obj, err, errcap);
     if (rc) {
         free(f);
         return rc;
@@ -379,19 +476,21 @@ int pl__rfile_open(const char *url, const pl__rcache_conf *conf, int keep,
     pl__fmt(f->tab_path, dl, "%s/o/%016llx.tab", dir, (unsigned long long)h);
     pl__fmt(f->lock_path, dl, "%s/lock", dir);
     pl__fmt(p, sizeof p, "%s/o", dir);
-    if (mkdirs(p) != 0) {
-        pl__fmt(err, errcap, "%s: cannot create the cache directory %s: %s", url, p,
-                strerror(errno));
-        pl__rfile_free(f);
-        return PL_EIO;
+    if (!rfile_files_held(f)) {
+        if (mkdirs(p) != 0) {
+            pl__fmt(err, errcap, "%s: cannot create the cache directory %s: %s", url, p,
+                    strerror(errno));
+            pl__rfile_free(f);
+            return PL_EIO;
+        }
+        int lk = lock(f, err, errcap);
+        if (lk < 0) {
+            pl__rfile_free(f);
+            return PL_EIO;
+        }
+        rc = rfile_files(f, err, errcap);
+        unlock(lk);
     }
-    int lk = lock(f, err, errcap);
-    if (lk < 0) {
-        pl__rfile_free(f);
-        return PL_EIO;
-    }
-    rc = rfile_files(f, err, errcap);
-    unlock(lk);
     if (rc == PL_OK && keep && f->size > 0) rc = pl__rfile_ensure(f, 0, f->size, err, errcap);
     if (rc) {
         pl__rfile_free(f);
@@ -436,11 +535,20 @@ static int fetch_runs(pl__rfile *f, pl__run *runs, int n, char *err, size_t errc
         if (lk < 0) {
             rc = PL_EIO;
         } else {
-            evict(f, total);
+            int64_t used, scanned, skipped = 0, now_t = (int64_t)now_s();
+            if (usage_get(lk, &used, &scanned) != 0 || used + total > f->max_bytes ||
+                now_t - scanned >= PL__RCACHE_RESCAN_S || now_t < scanned) {
+                used = evict(f, total);
+                scanned = now_t;
+            }
+            if (used >= 0) usage_set(lk, used + total, scanned);
             uint32_t *e = tab_entries(f), now = now_s();
             for (int i = 0; i < n && rc == PL_OK; i++)
                 for (int64_t c = runs[i].c0; c < runs[i].c1; c++) {
-                    if (__atomic_load_n(&e[c], __ATOMIC_ACQUIRE)) continue;
+                    if (__atomic_load_n(&e[c], __ATOMIC_ACQUIRE)) {
+                        skipped += chunk_bytes(f->size, f->chunk, c);
+                        continue;
+                    }
                     int64_t b = chunk_bytes(f->size, f->chunk, c);
                     const unsigned char *src = runs[i].buf + (c - runs[i].c0) * f->chunk;
                     int64_t w = 0;
@@ -459,6 +567,9 @@ static int fetch_runs(pl__rfile *f, pl__run *runs, int n, char *err, size_t errc
                     }
                     if (rc == PL_OK) __atomic_store_n(&e[c], now, __ATOMIC_RELEASE);
                 }
+            /* Chunks another process wrote meanwhile were counted by it. */
+            if (used >= 0 && rc == PL_OK && skipped)
+                usage_set(lk, used + total - skipped, scanned);
             unlock(lk);
         }
     }

@@ -562,7 +562,9 @@ static int robj_new(const char *url, pl__robj **out, char *err, size_t errcap) {
     return PL_OK;
 }
 
-int pl__robj_open(const char *url, pl__robj **out, char *err, size_t errcap) {
+/* A new object of url with its request URL (s3:// path-style or virtual
+ * hosted); nothing requested. */
+static int robj_addressed(const char *url, pl__robj **out, char *err, size_t errcap) {
     pl__robj *o;
     int rc = robj_new(url, &o, err, errcap);
     if (rc) return rc;
@@ -576,6 +578,14 @@ int pl__robj_open(const char *url, pl__robj **out, char *err, size_t errcap) {
             return PL_EINVAL;
         }
     }
+    *out = o;
+    return PL_OK;
+}
+
+int pl__robj_open(const char *url, pl__robj **out, char *err, size_t errcap) {
+    pl__robj *o;
+    int rc = robj_addressed(url, &o, err, errcap);
+    if (rc) return rc;
     pl__xfer x;
     memset(&x, 0, sizeof x);
     atomic_fetch_add(&stat_heads, 1);
@@ -594,6 +604,21 @@ int pl__robj_open(const char *url, pl__robj **out, char *err, size_t errcap) {
         return PL_EIO;
     }
     o->size = (int64_t)cl;
+    *out = o;
+    return PL_OK;
+}
+
+int pl__robj_open_known(const char *url, int64_t size, const char *etag, pl__robj **out,
+                        char *err, size_t errcap) {
+    if (size < 0 || !etag || !*etag || strlen(etag) >= sizeof((pl__robj *)0)->etag) {
+        pl__fmt(err, errcap, "%s: no size or ETag known", url);
+        return PL_EINVAL;
+    }
+    pl__robj *o;
+    int rc = robj_addressed(url, &o, err, errcap);
+    if (rc) return rc;
+    o->size = size;
+    pl__fmt(o->etag, sizeof o->etag, "%s", etag);
     *out = o;
     return PL_OK;
 }
@@ -802,10 +827,57 @@ static char *xml_next(const char **p, const char *tag) {
     return out;
 }
 
-int pl__remote_list(const char *prefix_url, char ***urls, int64_t *n, char *err,
-                    size_t errcap) {
-    *urls = NULL;
-    *n = 0;
+void pl__rlisting_free(pl__rlisting *l) {
+    if (!l) return;
+    for (int64_t i = 0; i < l->n; i++) {
+        free(l->v[i].url);
+        free(l->v[i].etag);
+    }
+    free(l->v);
+    free(l);
+}
+
+static int rentry_cmp(const void *a, const void *b) {
+    return strcmp(((const pl__rentry *)a)->url, ((const pl__rentry *)b)->url);
+}
+
+const pl__rentry *pl__rlisting_find(const pl__rlisting *l, const char *url) {
+    if (!l || !l->n) return NULL;
+    pl__rentry key = {(char *)url, 0, NULL};
+    return bsearch(&key, l->v, (size_t)l->n, sizeof *l->v, rentry_cmp);
+}
+
+/* One <Contents> of a listing page as an entry (size -1, etag NULL when the
+ * store left them out).  PL_ENOMEM; 1 when it names no key. */
+static int rentry_parse(const char *contents, const char *bucket, pl__rentry *e) {
+    const char *p = contents;
+    char *key = xml_next(&p, "Key");
+    if (!key) return 1;
+    size_t ul = strlen(bucket) + strlen(key) + 7;
+    e->url = pl__calloc(1, ul);
+    if (!e->url) {
+        free(key);
+        return PL_ENOMEM;
+    }
+    pl__fmt(e->url, ul, "s3://%s/%s", bucket, key);
+    free(key);
+    e->size = -1;
+    p = contents;
+    char *size = xml_next(&p, "Size");
+    if (size) {
+        char *end;
+        long long x = strtoll(size, &end, 10);
+        if (*size && !*end && x >= 0) e->size = (int64_t)x;
+        free(size);
+    }
+    p = contents;
+    e->etag = xml_next(&p, "ETag"); /* entities decoded: "abc", as a HEAD gives it */
+    return PL_OK;
+}
+
+int pl__remote_list_entries(const char *prefix_url, pl__rlisting **out, char *err,
+                            size_t errcap) {
+    *out = NULL;
     if (strncmp(prefix_url, "s3://", 5) != 0) {
         pl__fmt(err, errcap, "%s: only s3:// prefixes can be listed", prefix_url);
         return PL_EINVAL;
@@ -820,8 +892,13 @@ int pl__remote_list(const char *prefix_url, char ***urls, int64_t *n, char *err,
         pl__robj_free(o);
         return PL_EINVAL;
     }
-    char **v = NULL;
-    int64_t cnt = 0, cap = 0;
+    pl__rlisting *l = pl__calloc(1, sizeof *l);
+    if (!l) {
+        pl__robj_free(o);
+        pl__fmt(err, errcap, "%s: out of memory listing", prefix_url);
+        return PL_ENOMEM;
+    }
+    int64_t cap = 0;
     char *token = NULL;
     rc = PL_OK;
     for (;;) {
@@ -850,29 +927,26 @@ int pl__remote_list(const char *prefix_url, char ***urls, int64_t *n, char *err,
         rc = request(o, url, 0, 0, 0, NULL, &body, &blen, NULL, NULL, err, errcap);
         if (rc) break;
         const char *p = (const char *)body;
-        char *key;
-        while ((key = xml_next(&p, "Key"))) {
-            if (cnt == cap) {
+        char *contents;
+        while (rc == PL_OK && (contents = xml_next(&p, "Contents"))) {
+            if (l->n == cap) {
                 int64_t nc = cap ? cap * 2 : 64;
-                char **nv = pl__realloc_array(v, (size_t)nc, sizeof *v);
+                pl__rentry *nv = pl__realloc_array(l->v, (size_t)nc, sizeof *l->v);
                 if (!nv) {
-                    free(key);
+                    free(contents);
                     rc = PL_ENOMEM;
                     break;
                 }
-                v = nv;
+                l->v = nv;
                 cap = nc;
             }
-            size_t ul = strlen(bucket) + strlen(key) + 7;
-            char *u = pl__calloc(1, ul);
-            if (!u) {
-                free(key);
-                rc = PL_ENOMEM;
-                break;
-            }
-            pl__fmt(u, ul, "s3://%s/%s", bucket, key);
-            free(key);
-            v[cnt++] = u;
+            pl__rentry e = {NULL, -1, NULL};
+            int k = rentry_parse(contents, bucket, &e);
+            free(contents);
+            if (k == PL_OK)
+                l->v[l->n++] = e;
+            else if (k < 0)
+                rc = k;
         }
         p = (const char *)body;
         char *trunc = xml_next(&p, "IsTruncated");
@@ -892,12 +966,35 @@ int pl__remote_list(const char *prefix_url, char ***urls, int64_t *n, char *err,
     free(token);
     pl__robj_free(o);
     if (rc) {
-        for (int64_t i = 0; i < cnt; i++) free(v[i]);
-        free(v);
+        pl__rlisting_free(l);
         return rc;
     }
+    /* Byte order, as S3 gives it (and as pl__rlisting_find needs). */
+    if (l->n > 1) qsort(l->v, (size_t)l->n, sizeof *l->v, rentry_cmp);
+    *out = l;
+    return PL_OK;
+}
+
+int pl__remote_list(const char *prefix_url, char ***urls, int64_t *n, char *err,
+                    size_t errcap) {
+    *urls = NULL;
+    *n = 0;
+    pl__rlisting *l;
+    int rc = pl__remote_list_entries(prefix_url, &l, err, errcap);
+    if (rc) return rc;
+    char **v = l->n ? pl__calloc((size_t)l->n, sizeof *v) : NULL;
+    if (l->n && !v) {
+        pl__rlisting_free(l);
+        pl__fmt(err, errcap, "%s: out of memory listing", prefix_url);
+        return PL_ENOMEM;
+    }
+    for (int64_t i = 0; i < l->n; i++) {
+        v[i] = l->v[i].url; /* moved */
+        l->v[i].url = NULL;
+    }
+    *n = l->n;
     *urls = v;
-    *n = cnt;
+    pl__rlisting_free(l);
     return PL_OK;
 }
 
@@ -937,8 +1034,14 @@ static int push(char ***v, int64_t *n, int64_t *cap, const char *s, size_t len) 
 
 int pl__remote_expand(const char *path, int megatron, char ***out, int64_t *nout,
                       char *err, size_t errcap) {
+    return pl__remote_expand_listed(path, megatron, out, nout, NULL, err, errcap);
+}
+
+int pl__remote_expand_listed(const char *path, int megatron, char ***out, int64_t *nout,
+                             pl__rlisting **listed, char *err, size_t errcap) {
     *out = NULL;
     *nout = 0;
+    if (listed) *listed = NULL;
     char **v = NULL;
     int64_t n = 0, cap = 0;
     int rc = PL_OK;
@@ -965,20 +1068,18 @@ int pl__remote_expand(const char *path, int megatron, char ***out, int64_t *nout
     } else {
         pl__fmt(prefix, sizeof prefix, "%s", path);
     }
-    char **all;
-    int64_t na;
-    rc = pl__remote_list(prefix, &all, &na, err, errcap);
+    pl__rlisting *lst;
+    rc = pl__remote_list_entries(prefix, &lst, err, errcap);
     if (rc) return rc;
+    int64_t na = lst->n;
     int dir = !glob_at && pl && path[pl - 1] == '/';
     if (!glob_at && !dir) {
         /* The object itself, the Megatron pair, or else a directory. */
         char idx[PL__URL_CAP];
         pl__fmt(idx, sizeof idx, "%s.idx", path);
         int exact = 0, pair = 0;
-        for (int64_t i = 0; i < na; i++) {
-            exact |= strcmp(all[i], path) == 0;
-            pair |= strcmp(all[i], idx) == 0;
-        }
+        exact = pl__rlisting_find(lst, path) != NULL;
+        pair = pl__rlisting_find(lst, idx) != NULL;
         if (megatron && (pair || ((ends_with(path, ".idx") || ends_with(path, ".bin")) && exact))) {
             rc = push(&v, &n, &cap, path, pair ? pl : pl - 4);
         } else if (!megatron && exact) {
@@ -988,7 +1089,7 @@ int pl__remote_expand(const char *path, int megatron, char ***out, int64_t *nout
         }
     }
     for (int64_t i = 0; rc == PL_OK && i < na; i++) {
-        const char *u = all[i];
+        const char *u = lst->v[i].url;
         size_t ul = strlen(u);
         if (dir) {
             size_t base = strlen(prefix) + (prefix[strlen(prefix) - 1] == '/' ? 0 : 1);
@@ -1013,8 +1114,10 @@ int pl__remote_expand(const char *path, int megatron, char ***out, int64_t *nout
             }
         }
     }
-    for (int64_t i = 0; i < na; i++) free(all[i]);
-    free(all);
+    if (rc == PL_OK && listed)
+        *listed = lst; /* the sizes and ETags, for opening without a HEAD each */
+    else
+        pl__rlisting_free(lst);
     if (rc == PL_OK && n == 0) {
         pl__fmt(err, errcap, glob_at ? "%s: no object matches the pattern"
                                      : "%s: no such object, and no objects under it",
@@ -1023,6 +1126,10 @@ int pl__remote_expand(const char *path, int megatron, char ***out, int64_t *nout
     }
 done:
     if (rc) {
+        if (listed) {
+            pl__rlisting_free(*listed);
+            *listed = NULL;
+        }
         if (rc == PL_ENOMEM) pl__fmt(err, errcap, "%s: out of memory expanding", path);
         for (int64_t i = 0; i < n; i++) free(v[i]);
         free(v);

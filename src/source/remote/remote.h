@@ -3,7 +3,7 @@
  * node-local cache that holds their bytes.  Not installed.
  *
  * remote.c is the client: an object opened by URL (its size and ETag from
- * a HEAD request), ranged reads of it (GET with Range and If-Match), many
+ * a HEAD request, or from the listing that found it), ranged reads of it (GET with Range and If-Match), many
  * ranges at once over libcurl's multi interface, and the listing of an
  * s3:// prefix (ListObjectsV2).  Requests are signed by libcurl's AWS SigV4
  * (CURLOPT_AWS_SIGV4); nothing here writes HTTP or signs by hand.
@@ -42,6 +42,11 @@ typedef struct pl__robj pl__robj;
 /* Open url: HEAD for its size and ETag (with retries).  PL_ENOENT (404),
  * PL_EIO (anything else), PL_ENOMEM. */
 int pl__robj_open(const char *url, pl__robj **out, char *err, size_t errcap);
+/* Open url as a listing described it (size and ETag): no request.  Ranged
+ * reads still carry the ETag in If-Match, so an object replaced since the
+ * listing is PL_EIO "replaced" at its first read, never read mixed. */
+int pl__robj_open_known(const char *url, int64_t size, const char *etag, pl__robj **out,
+                        char *err, size_t errcap);
 void pl__robj_free(pl__robj *o);
 const char *pl__robj_url(const pl__robj *o);
 int64_t pl__robj_size(const pl__robj *o);
@@ -67,9 +72,26 @@ int pl__robj_read_many(const pl__robj *o, const pl__rrange *r, int n, char *err,
 int pl__robj_read(const pl__robj *o, int64_t offset, size_t len, void *dst,
                   char *err, size_t errcap);
 
+/* An object of a listing: s3://bucket/key, its size and ETag as
+ * ListObjectsV2 gave them (size -1, etag NULL when the store left them out). */
+typedef struct pl__rentry {
+    char *url;
+    int64_t size;
+    char *etag;
+} pl__rentry;
+typedef struct pl__rlisting {
+    pl__rentry *v; /* sorted by url (byte order) */
+    int64_t n;
+} pl__rlisting;
+void pl__rlisting_free(pl__rlisting *l);
+/* The entry of url, or NULL (l may be NULL). */
+const pl__rentry *pl__rlisting_find(const pl__rlisting *l, const char *url);
+
 /* The objects under an s3:// prefix (keys starting with it, every page),
- * appended to *urls as s3://bucket/key with *sizes; sorted by the server
- * (byte order).  https:// cannot be listed (PL_EINVAL). */
+ * sorted (byte order).  https:// cannot be listed (PL_EINVAL). */
+int pl__remote_list_entries(const char *prefix_url, pl__rlisting **out, char *err,
+                            size_t errcap);
+/* The same, only the URLs (s3://bucket/key). */
 int pl__remote_list(const char *prefix_url, char ***urls, int64_t *n, char *err,
                     size_t errcap);
 
@@ -81,6 +103,11 @@ int pl__remote_list(const char *prefix_url, char ***urls, int64_t *n, char *err,
  * one object.  PL_ENOENT when nothing matches. */
 int pl__remote_expand(const char *path, int megatron, char ***urls, int64_t *n,
                       char *err, size_t errcap);
+/* The same, and for s3:// the listing it made (*listed; NULL for https://),
+ * whose sizes and ETags let the objects open without a HEAD each
+ * (pl__rcache_conf.listed). */
+int pl__remote_expand_listed(const char *path, int megatron, char ***urls, int64_t *n,
+                             pl__rlisting **listed, char *err, size_t errcap);
 
 /* Process-wide counters: requests sent (every attempt), bytes received as
  * payload, retries. */
@@ -96,6 +123,10 @@ typedef struct pl__rcache_conf {
     const char *dir;   /* NULL: $POLYLOAD_CACHE_DIR, else ~/.cache/polyload */
     int64_t max_bytes; /* 0: $POLYLOAD_CACHE_MAX_BYTES, else 16 GiB */
     int64_t chunk;     /* bytes per chunk; 0: 4 MiB */
+    /* The source's listing, made when it opened, or NULL: an object it
+     * describes opens with its size and ETag, without a HEAD
+     * ($POLYLOAD_REMOTE_LIST_ETAG=0: a HEAD each all the same). */
+    const pl__rlisting *listed;
 } pl__rcache_conf;
 
 /*
@@ -106,8 +137,9 @@ typedef struct pl__rcache_conf {
  */
 typedef struct pl__rfile pl__rfile;
 
-/* Open url through the cache (HEAD; nothing fetched).  keep: the object is
- * an index, fetched whole now and never evicted. */
+/* Open url through the cache (its size and ETag from conf->listed, else a
+ * HEAD; nothing fetched).  keep: the object is an index, fetched whole now
+ * (unless the cache holds it) and never evicted. */
 int pl__rfile_open(const char *url, const pl__rcache_conf *conf, int keep,
                    pl__rfile **out, char *err, size_t errcap);
 void pl__rfile_free(pl__rfile *f);
