@@ -269,3 +269,24 @@ def test_object_replaced_between_runs_is_read_anew(s3env, bucket, s3_environ, tm
     s3env.put(bucket, "data/between.bin", DATA[7:50007])
     r, st = run(s3_environ, *args)
     assert r.stdout == DATA[7:50007] and st["requests"] == 2 and st["heads"] == 0
+
+
+def test_ensure_never_returns_with_its_own_chunks_evicted(s3env, bucket, s3_environ, tmp_path):
+    """Ranges fetched in several batches, with no grace (POLYLOAD_CACHE_GRACE_S=0) and a
+    bound smaller than the ranges together: a later batch's eviction takes chunks of an
+    earlier one. The ensure looks again before it returns, so the bytes read are right
+    or the read is an error naming the object and the bound; never zeros from a hole."""
+    url = f"s3://{bucket}/data/a.bin"
+    ranges = [(k * 8192, 100) for k in range(100)]  # 100 chunks of 4 KiB, 2 fetch batches
+    args = [f"{o}:{n}" for o, n in ranges]
+    want = b"".join(DATA[o:o + n] for o, n in ranges)
+    env = dict(s3_environ, POLYLOAD_CACHE_GRACE_S="0")
+    r, _ = run(env, "cached", str(tmp_path / "small"), str(300 * 1024), "4096", url, *args,
+               check=False)
+    assert r.returncode != 0 and r.stdout != want
+    msg = r.stderr.decode()
+    assert "evicted again before they could be read" in msg and url in msg
+    assert "cache.max_bytes 307200" in msg
+    # The same with room for the ranges: every byte right.
+    r, _ = run(env, "cached", str(tmp_path / "big"), str(1 << 20), "4096", url, *args)
+    assert r.stdout == want

@@ -662,14 +662,28 @@ static int fetch_chunks(pl__rfile *f, const int64_t *need, int64_t nn, char *err
 /*
  * Threads of one process never fetch a chunk twice: a chunk another thread
  * is fetching (f->inflight) is waited for, then looked at again (fetched
- * here if that fetch failed).
+ * here if that fetch failed).  Ensure returns only after a look that finds
+ * every chunk present, and that look touches them: a chunk of the range
+ * that a slow fetch (retries) let age past the grace and evicted meanwhile
+ * is fetched again, and none is left older than the grace on return.
  */
+#define PL__ENSURE_ROUNDS 8
 int pl__rfile_ensure_many(pl__rfile *f, const int64_t *offset, const int64_t *len, int n,
                           char *err, size_t errcap) {
     for (int round = 0;; round++) {
         int64_t *need, nn;
         int rc = absent(f, offset, len, n, &need, &nn, err, errcap);
         if (rc || !nn) return rc;
+        if (round >= PL__ENSURE_ROUNDS) {
+            pl__fmt(err, errcap,
+                    "%s: bytes at offset %lld (chunk %lld) were evicted again before they "
+                    "could be read, %d times: the cache (cache.max_bytes %lld) is too "
+                    "small for the reads in flight",
+                    pl__robj_url(f->obj), (long long)(need[0] * f->chunk),
+                    (long long)need[0], PL__ENSURE_ROUNDS, (long long)f->max_bytes);
+            free(need);
+            return PL_EIO;
+        }
         /* Claim what nobody fetches; the rest is waited for. */
         int64_t *mine = pl__calloc((size_t)nn, sizeof *mine);
         if (!mine) {
@@ -700,7 +714,7 @@ int pl__rfile_ensure_many(pl__rfile *f, const int64_t *offset, const int64_t *le
         pthread_mutex_unlock(&f->mu);
         free(mine);
         free(need);
-        if (rc || !nw) return rc;
+        if (rc) return rc;
     }
 }
 
