@@ -1,0 +1,249 @@
+"""Odd objects in a bucket read as the same bytes on disk read: empty objects, blank
+lines only, a last line without a newline, damaged compressed objects, a Parquet
+footer cut short, keys with spaces and non-ASCII characters, a glob that matches
+nothing.  Each case: the same outcome (documents and their ids, or the same error
+with the path in place of the URL) from the local file and from s3:// (moto_server
+through the fault proxy)."""
+
+import gzip
+import io
+import json
+import os
+import warnings
+
+import numpy as np
+import pytest
+
+import polyload
+from polyload import ConfigWarning, _core
+from s3_fixtures import s3env, s3_environ  # noqa: F401
+
+import fortunes_corpus as fc
+
+BUCKET = "pl-edge"
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    return fc.build(tmp_path_factory.mktemp("fortunes"))
+
+
+def _cfg(c, src, cache=None):
+    cfg = fc.config(c, **{"tokenizer": {"type": "hf", "path": c["tokenizer"]},
+                          "train_steps": 2})
+    cfg["sources"] = [dict(src, name="s", weight=1.0)]
+    if cache is not None:
+        cfg["cache"] = cache
+    return cfg
+
+
+def _outcome(cfg, path):
+    """('open error', message) or ('ok', [ids or ('error', message) per document]);
+    the path or URL in messages replaced by <P>."""
+    def clean(msg):
+        return str(msg).replace(path, "<P>")
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConfigWarning)
+            src = _core.Config.parse_string(json.dumps(cfg), origin="t").open_source(0)
+    except Exception as e:  # noqa: BLE001 - the comparison is the test
+        return ("open error", type(e).__name__, clean(e))
+    docs = []
+    for d in range(src.num_documents):
+        try:
+            docs.append(np.asarray(src.read(d)).tolist())
+        except Exception as e:  # noqa: BLE001
+            docs.append(("error", type(e).__name__, clean(e)))
+    return ("ok", docs)
+
+
+def _same(c, s3env, tmp_path, key, data, src, cache=None):
+    local = tmp_path / "local" / key
+    local.parent.mkdir(parents=True, exist_ok=True)
+    local.write_bytes(data)
+    s3env.bucket(BUCKET)
+    s3env.put(BUCKET, key, data)
+    url = f"s3://{BUCKET}/{key}"
+    cache = dict({"dir": str(tmp_path / "cache")}, **(cache or {}))
+    got_local = _outcome(_cfg(c, dict(src, path=str(local))), str(local))
+    got_remote = _outcome(_cfg(c, dict(src, path=url), cache), url)
+    assert got_remote == got_local
+    return got_local
+
+
+LINES = [json.dumps({"text": t}) for t in ("one small record", "a second one", "três")]
+
+
+@pytest.mark.parametrize("case,data", [
+    ("empty", b""),
+    ("blank", b"\n\n  \n\r\n\t\n"),
+    ("no_final_newline", "\n".join(LINES).encode()),
+    ("crlf", "\r\n".join(LINES).encode() + b"\r\n"),
+    ("bad_last", ("\n".join(LINES) + '\n{"text": "cut').encode()),
+])
+def test_jsonl_plain(case, data, corpus, s3env, s3_environ, tmp_path):
+    _same(corpus, s3env, tmp_path, f"plain/{case}.jsonl", data, {"type": "jsonl"})
+
+
+def _gz(b):
+    return gzip.compress(b, mtime=0)
+
+
+BODY = ("\n".join(LINES * 50) + "\n").encode()
+
+
+@pytest.mark.parametrize("case,data", [
+    ("empty_object", b""),
+    ("empty_stream", _gz(b"")),
+    ("truncated", _gz(BODY)[:-30]),
+    ("corrupt", (lambda z: z[:40] + bytes([z[40] ^ 0xFF]) + z[41:])(_gz(BODY))),
+    ("trailing_zeros", _gz(BODY) + b"\0" * 64),
+    ("two_members", _gz(BODY[:100]) + _gz(BODY[100:])),
+])
+def test_jsonl_gz(case, data, corpus, s3env, s3_environ, tmp_path):
+    _same(corpus, s3env, tmp_path, f"gz/{case}.jsonl.gz", data, {"type": "jsonl"})
+
+
+@pytest.mark.parametrize("case,data", [
+    ("empty", b""),
+    ("truncated", None),
+])
+def test_jsonl_zst(case, data, corpus, s3env, s3_environ, tmp_path):
+    import pyarrow as pa
+    if data is None:
+        data = pa.compress(BODY, "zstd", asbytes=True)[:-7]
+    _same(corpus, s3env, tmp_path, f"zst/{case}.jsonl.zst", data, {"type": "jsonl"})
+
+
+def test_key_with_spaces_and_unicode(corpus, s3env, s3_environ, tmp_path):
+    got = _same(corpus, s3env, tmp_path, "dir with space/ünï cödé+%20.jsonl", BODY,
+                {"type": "jsonl"})
+    assert got[0] == "ok" and len(got[1]) == 150
+
+
+@pytest.mark.parametrize("data", [b"", b"only text\n", "ünï\n".encode()])
+def test_text_objects(data, corpus, s3env, s3_environ, tmp_path):
+    _same(corpus, s3env, tmp_path, f"text/{len(data)}.txt", data, {"type": "text"})
+
+
+def test_glob_matching_nothing(corpus, s3env, s3_environ, tmp_path):
+    s3env.bucket(BUCKET)
+    url = f"s3://{BUCKET}/nothing-here/*.jsonl"
+    got = _outcome(_cfg(corpus, {"type": "jsonl", "path": url},
+                        {"dir": str(tmp_path / "cache")}), url)
+    assert got[0] == "open error" and "<P>" in got[2], got
+
+
+def _parquet():
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    buf = io.BytesIO()
+    pq.write_table(pa.table({"text": [json.loads(x)["text"] for x in LINES] * 30}), buf,
+                   row_group_size=20)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize("case", ["footer_len", "footer_bytes", "no_magic", "cut"])
+def test_parquet_damaged(case, corpus, s3env, s3_environ, tmp_path):
+    pytest.importorskip("pyarrow")
+    b = bytearray(_parquet())
+    if case == "footer_len":
+        b[-8:-4] = (len(b) * 2).to_bytes(4, "little")
+    elif case == "footer_bytes":
+        n = int.from_bytes(b[-8:-4], "little")
+        for i in range(len(b) - 8 - n, len(b) - 8, 7):
+            b[i] ^= 0x5A
+    elif case == "no_magic":
+        b[-4:] = b"XXXX"
+    else:
+        b = b[: len(b) // 2]
+    _same(corpus, s3env, tmp_path, f"pq/{case}.parquet", bytes(b), {"type": "parquet"})
+
+
+def _docs(n, tag):
+    return ("\n".join(json.dumps({"text": f"{tag} record number {i:05d} of the object"})
+                      for i in range(n)) + "\n").encode()
+
+
+def test_object_replaced_after_open_never_reads_mixed(corpus, s3env, s3_environ, tmp_path,
+                                                      monkeypatch):
+    """A tiny cache (every chunk evicted again) and the object replaced by one of the
+    same length after open: each document reads as at open or fails naming the
+    replacement; none reads the new object's bytes."""
+    monkeypatch.setenv("POLYLOAD_CACHE_GRACE_S", "0")
+    old, new = _docs(400, "old"), _docs(400, "new")
+    assert len(old) == len(new)
+    local = tmp_path / "old.jsonl"
+    local.write_bytes(old)
+    want = _outcome(_cfg(corpus, {"type": "jsonl", "path": str(local)}), str(local))[1]
+    s3env.bucket(BUCKET)
+    s3env.put(BUCKET, "swap/a.jsonl", old)
+    url = f"s3://{BUCKET}/swap/a.jsonl"
+    cfg = _cfg(corpus, {"type": "jsonl", "path": url},
+               {"dir": str(tmp_path / "cache"), "max_bytes": 8192, "chunk_bytes": 4096})
+    src = _core.Config.parse_string(json.dumps(cfg), origin="t").open_source(0)
+    s3env.put(BUCKET, "swap/a.jsonl", new)
+    ok = failed = 0
+    for d in range(0, src.num_documents, 7)[::-1]:
+        try:
+            got = np.asarray(src.read(d)).tolist()
+        except Exception as e:  # noqa: BLE001
+            assert "replaced" in str(e) and url in str(e), str(e)
+            failed += 1
+            continue
+        assert got == want[d], d
+        ok += 1
+    assert ok + failed == len(range(0, src.num_documents, 7))
+
+
+_CHILD = r"""
+import hashlib, json, sys, warnings
+import polyload
+cfg = json.loads(sys.argv[1])
+out = []
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore")
+    with polyload.Loader(cfg, rank=0) as ld:
+        for b in ld:
+            h = hashlib.sha256()
+            for k in ("input_ids", "labels", "loss_mask", "position_ids", "cu_seqlens"):
+                h.update(b[k].numpy().tobytes())
+            out.append(h.hexdigest())
+print(json.dumps(out))
+"""
+
+
+def test_two_processes_tiny_cache_many_sources(corpus, s3env, s3_environ, tmp_path,
+                                               monkeypatch):
+    """Eight remote sources through one tiny cache (chunks evicted as soon as they are
+    read) shared by two processes at once: each gets the batches of the local files."""
+    import subprocess
+    import sys
+    monkeypatch.setenv("POLYLOAD_CACHE_GRACE_S", "0")
+    s3env.bucket(BUCKET)
+    srcs_l, srcs_r = [], []
+    for i in range(8):
+        body = _docs(60 + 13 * i, f"src{i}")
+        p = tmp_path / f"m{i}.jsonl"
+        p.write_bytes(body)
+        s3env.put(BUCKET, f"many/m{i}.jsonl", body)
+        srcs_l.append({"name": f"m{i}", "type": "jsonl", "path": str(p), "weight": 1.0})
+        srcs_r.append(dict(srcs_l[-1], path=f"s3://{BUCKET}/many/m{i}.jsonl"))
+    base = fc.config(corpus, **{"tokenizer": {"type": "hf", "path": corpus["tokenizer"]},
+                                "train_steps": 6})
+    base["topology"] = {"dp": 1}
+    local = dict(base, sources=srcs_l)
+    remote = dict(base, sources=srcs_r,
+                  cache={"dir": str(tmp_path / "shared"), "max_bytes": 8192,
+                         "chunk_bytes": 4096})
+    env = dict(os.environ)
+    run = lambda cfg: subprocess.Popen([sys.executable, "-c", _CHILD, json.dumps(cfg)],  # noqa: E731
+                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                       env=env, text=True)
+    want = run(local).communicate()
+    procs = [run(remote) for _ in range(2)]
+    outs = [p.communicate() for p in procs]
+    assert want[0].strip(), want[1]
+    for (o, e), p in zip(outs, procs):
+        assert p.returncode == 0, e
+        assert json.loads(o) == json.loads(want[0])
