@@ -332,3 +332,36 @@ def test_object_replaced_after_open_never_reads_mixed(kind, corpus, s3env, s3_en
             continue
         assert got == want[d], d
     assert s3env.stats()["GET"] > 0 and failed > 0
+
+
+@pytest.mark.parametrize("key", ["k/a=b&c.jsonl", "k/q?x.jsonl", "k/h#1.jsonl",
+                                 "k/t~i*l'd(1)!.jsonl", "k/s$,;:@.jsonl", "k/p%2Fq.jsonl",
+                                 "k/a+b.jsonl", "k//double.jsonl", "k/\u4e2d\u6587.jsonl"])
+def test_keys_with_reserved_characters(key, corpus, s3env, s3_environ, tmp_path):
+    """Keys whose characters must be escaped in the request (and signed escaped)."""
+    s3env.bucket(BUCKET)
+    s3env.put(BUCKET, key, BODY)
+    url = f"s3://{BUCKET}/{key}"
+    got = _outcome(_cfg(corpus, {"type": "jsonl", "path": url},
+                        {"dir": str(tmp_path / "cache")}), url)
+    local = tmp_path / "l.jsonl"
+    local.write_bytes(BODY)
+    assert got == _outcome(_cfg(corpus, {"type": "jsonl", "path": str(local)}), str(local))
+
+
+def test_glob_over_keys_with_spaces_and_unicode(corpus, s3env, s3_environ, tmp_path):
+    s3env.bucket(BUCKET)
+    ldir = tmp_path / "l" / "dir \u00fc x"
+    ldir.mkdir(parents=True)
+    for i, name in enumerate(["a b.jsonl", "\u00e9t\u00e9.jsonl", "z+1.jsonl"]):
+        body = _docs(20 + i, f"g{i}")
+        (ldir / name).write_bytes(body)
+        s3env.put(BUCKET, f"gl/dir \u00fc x/{name}", body)
+    s3env.put(BUCKET, "gl/dir \u00fc x/skip.txt", b"not matched\n")
+    lpat = str(ldir / "*.jsonl")
+    rpat = f"s3://{BUCKET}/gl/dir \u00fc x/*.jsonl"
+    want = _outcome(_cfg(corpus, {"type": "jsonl", "path": lpat}), lpat)
+    got = _outcome(_cfg(corpus, {"type": "jsonl", "path": rpat},
+                        {"dir": str(tmp_path / "cache")}), rpat)
+    assert want[0] == "ok" and len(want[1]) == 20 + 21 + 22
+    assert got == want
