@@ -365,3 +365,38 @@ def test_glob_over_keys_with_spaces_and_unicode(corpus, s3env, s3_environ, tmp_p
                         {"dir": str(tmp_path / "cache")}), rpat)
     assert want[0] == "ok" and len(want[1]) == 20 + 21 + 22
     assert got == want
+
+
+@pytest.mark.parametrize("kind", ["truncate", "http503", "cut"])
+def test_tiny_cache_under_faults_every_type(kind, corpus, shard, s3env, s3_environ, tmp_path,
+                                            monkeypatch):
+    """JSON Lines (plain and .gz), Parquet and a WebDataset shard through a cache of
+    four chunks, every third GET spoiled: the documents (and images) of the local files."""
+    pytest.importorskip("pyarrow")
+    monkeypatch.setenv("POLYLOAD_CACHE_GRACE_S", "0")
+    s3env.bucket(BUCKET)
+    files = {"f/a.jsonl": _docs(300, "plain"), "f/b.jsonl.gz": _gz(_docs(300, "gz")),
+             "f/c.parquet": _pq_bytes("pq", 300)}
+    for key, body in files.items():
+        p = tmp_path / "l" / key
+        p.parent.mkdir(parents=True, exist_ok=True)
+        p.write_bytes(body)
+        s3env.put(BUCKET, key, body)
+    cache = {"dir": str(tmp_path / "cache"), "max_bytes": 4 * 4096, "chunk_bytes": 4096}
+    want = {}
+    for key in files:
+        typ = "parquet" if key.endswith(".parquet") else "jsonl"
+        lp = str(tmp_path / "l" / key)
+        want[key] = _outcome(_cfg(corpus, {"type": typ, "path": lp}), lp)
+    (tmp_path / "l" / "s.tar").write_bytes(shard)
+    s3env.put(BUCKET, "f/s.tar", shard)
+    want_wds = _wds_outcome(str(tmp_path / "l" / "s.tar"))
+    s3env.faults(reset=True, every=3, kind=kind)
+    for key in files:
+        typ = "parquet" if key.endswith(".parquet") else "jsonl"
+        url = f"s3://{BUCKET}/{key}"
+        assert _outcome(_cfg(corpus, {"type": typ, "path": url}, cache), url) == want[key], key
+    monkeypatch.setenv("POLYLOAD_CACHE_MAX_BYTES", str(64 * 1024))
+    assert want_wds[0] == "ok" and len(want_wds[1]) == 8
+    assert _wds_outcome(f"s3://{BUCKET}/f/s.tar") == want_wds
+    assert s3env.stats()["injected"] > 0
