@@ -400,3 +400,26 @@ def test_tiny_cache_under_faults_every_type(kind, corpus, shard, s3env, s3_envir
     assert want_wds[0] == "ok" and len(want_wds[1]) == 8
     assert _wds_outcome(f"s3://{BUCKET}/f/s.tar") == want_wds
     assert s3env.stats()["injected"] > 0
+
+
+@pytest.mark.parametrize("typ", ["jsonl", "text"])
+def test_folder_marker_objects(typ, corpus, s3env, s3_environ, tmp_path):
+    """Zero-byte "folder" objects (keys ending in /, as consoles and some tools create)
+    are not files of a directory path: the same documents as the local directory."""
+    s3env.bucket(BUCKET)
+    ext = "jsonl" if typ == "jsonl" else "txt"
+    body = _docs(10, "m") if typ == "jsonl" else b"one text document\n"
+    ldir = tmp_path / "l"
+    (ldir / "sub").mkdir(parents=True)
+    (ldir / f"a.{ext}").write_bytes(body)
+    (ldir / "sub" / f"b.{ext}").write_bytes(body)
+    pre = f"mk-{typ}"
+    for key, data in ((f"{pre}/", b""), (f"{pre}/sub/", b""), (f"{pre}/a.{ext}", body),
+                      (f"{pre}/sub/b.{ext}", body)):
+        s3env.put(BUCKET, key, data)
+    want = _outcome(_cfg(corpus, {"type": typ, "path": str(ldir) + "/"}), str(ldir) + "/")
+    url = f"s3://{BUCKET}/{pre}/"
+    got = _outcome(_cfg(corpus, {"type": typ, "path": url}, {"dir": str(tmp_path / "c")}),
+                   url)
+    assert want[0] == "ok"
+    assert got == want
