@@ -423,3 +423,39 @@ def test_folder_marker_objects(typ, corpus, s3env, s3_environ, tmp_path):
                    url)
     assert want[0] == "ok"
     assert got == want
+
+
+@pytest.mark.parametrize("typ", ["text", "jsonl"])
+def test_one_object_opened_with_two_chunk_sizes(typ, corpus, s3env, s3_environ, tmp_path,
+                                                monkeypatch):
+    """One cache directory, one object opened by two sources whose caches have different
+    chunk_bytes (two jobs on a node, or two loaders of a process, configured apart): the
+    second open must not spoil what the first reads (it read holes as bytes: zeros)."""
+    monkeypatch.setenv("POLYLOAD_CACHE_GRACE_S", "0")
+    if typ == "jsonl":
+        body = _docs(24000, "chunks")
+    else:
+        body = "".join(f"line {i:05d} of a long text document\n" for i in range(36000)).encode()
+    assert len(body) > 17 * 65536
+    key = f"chunks/{typ}.obj"
+    s3env.bucket(BUCKET)
+    s3env.put(BUCKET, key, body)
+    local = tmp_path / "x"
+    local.write_bytes(body)
+    url = f"s3://{BUCKET}/{key}"
+
+    def cfg(path, chunk, t=typ):
+        return _cfg(corpus, {"type": t, "path": path},
+                    {"dir": str(tmp_path / "cache"), "chunk_bytes": chunk})
+
+    loc = _core.Config.parse_string(json.dumps(_cfg(corpus, {"type": typ, "path": str(local)})),
+                                    origin="t").open_source(0)
+    a = _core.Config.parse_string(json.dumps(cfg(url, 4096)), origin="t").open_source(0)
+    # The same object through 64 KiB chunks (as Parquet: only its first and last chunks
+    # are fetched before the open fails, the object being no Parquet file).
+    with pytest.raises(polyload.PolyloadError, match="not a Parquet file"):
+        _core.Config.parse_string(json.dumps(cfg(url, 65536, "parquet")),
+                                  origin="t").open_source(0)
+    assert a.num_documents == loc.num_documents
+    for d in range(a.num_documents):
+        assert np.asarray(a.read(d)).tolist() == np.asarray(loc.read(d)).tolist(), d
