@@ -459,3 +459,23 @@ def test_one_object_opened_with_two_chunk_sizes(typ, corpus, s3env, s3_environ, 
     assert a.num_documents == loc.num_documents
     for d in range(a.num_documents):
         assert np.asarray(a.read(d)).tolist() == np.asarray(loc.read(d)).tolist(), d
+
+
+def test_webdataset_default_index_on_a_remote_shard(shard, s3env, s3_environ, tmp_path):
+    """The default index policy (a sidecar beside the shard) on a shard in a bucket: the
+    local outcome, and nothing written into the bucket."""
+    s3env.bucket(BUCKET)
+    s3env.put(BUCKET, "wdsidx/s.tar", shard)
+    (tmp_path / "s.tar").write_bytes(shard)
+    url = f"s3://{BUCKET}/wdsidx/s.tar"
+    s3env.faults(reset=True)
+    src = _core.Source.open_webdataset(url, 300, mode="fixed")
+    loc = _core.Source.open_webdataset(str(tmp_path / "s.tar"), 300, mode="fixed")
+    assert len(src) == len(loc) == 8
+    for k in range(len(loc)):
+        assert np.asarray(src.read(k)).tolist() == np.asarray(loc.read(k)).tolist()
+    assert s3env.stats()["PUT"] == 0
+    # Opened again (a sidecar, if one was kept in the cache, read back): the same.
+    again = _core.Source.open_webdataset(url, 300, mode="fixed")
+    assert [np.asarray(again.read(k)).tolist() for k in range(8)] == \
+        [np.asarray(loc.read(k)).tolist() for k in range(8)]
