@@ -479,3 +479,35 @@ def test_webdataset_default_index_on_a_remote_shard(shard, s3env, s3_environ, tm
     again = _core.Source.open_webdataset(url, 300, mode="fixed")
     assert [np.asarray(again.read(k)).tolist() for k in range(8)] == \
         [np.asarray(loc.read(k)).tolist() for k in range(8)]
+
+
+def test_listing_keys_with_xml_special_characters(corpus, s3env, s3_environ, tmp_path):
+    """A directory path whose keys hold & < > " ' (escaped in the listing's XML): every
+    object is found and read, as the local directory's files are."""
+    s3env.bucket(BUCKET)
+    ldir = tmp_path / "l"
+    ldir.mkdir()
+    names = ["a&b.jsonl", "c<d>.jsonl", "e\"f'.jsonl", "plain.jsonl"]
+    for i, name in enumerate(names):
+        body = _docs(5 + i, f"x{i}")
+        (ldir / name).write_bytes(body)
+        s3env.put(BUCKET, f"xml/{name}", body)
+    want = _outcome(_cfg(corpus, {"type": "jsonl", "path": str(ldir) + "/"}),
+                    str(ldir) + "/")
+    url = f"s3://{BUCKET}/xml/"
+    got = _outcome(_cfg(corpus, {"type": "jsonl", "path": url},
+                        {"dir": str(tmp_path / "c")}), url)
+    assert want[0] == "ok" and len(want[1]) == 5 + 6 + 7 + 8
+    assert got == want
+
+
+def test_listing_past_one_page(corpus, s3env, s3_environ, tmp_path):
+    """A directory of 1,010 objects (a listing answers 1,000 keys a page): all read."""
+    s3env.bucket(BUCKET)
+    c = s3env.client(direct=True)
+    for i in range(1010):
+        c.put_object(Bucket=BUCKET, Key=f"page/d{i:05d}.txt", Body=f"doc {i}\n".encode())
+    url = f"s3://{BUCKET}/page/"
+    got = _outcome(_cfg(corpus, {"type": "text", "path": url},
+                        {"dir": str(tmp_path / "c")}), url)
+    assert got[0] == "ok" and len(got[1]) == 1010
