@@ -407,6 +407,10 @@ static void test_json_records(void) {
     check_bad("nested_only.jsonl", "{\"m\": {\"text\": \"x\"}}", "key 'text' is missing", 0);
     check_bad("other_utf8.jsonl", "{\"o\": \"\xff\", \"text\": \"ok\"}", "invalid UTF-8", 0);
     check_bad("escape.jsonl", "{\"text\": \"a\\qb\"}", "malformed JSON", 0);
+    /* A NUL escape in a key (Jansson cannot hold one): refused in both builds. */
+    check_bad("nulkey.jsonl", "{\"text\": \"x\", \"k\\u0000\": 1}", "NUL byte in object key", 0);
+    check_bad("nulkey_nested.jsonl", "{\"m\": {\"\\u0000\": 2}, \"text\": \"x\"}",
+              "NUL byte in object key", 0);
 }
 
 /* A tokenizer (vocabulary of 300) that gives the byte tokenizer's ids, except

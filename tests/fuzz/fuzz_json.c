@@ -5,8 +5,8 @@
  * the string values of the keys "text", "prompt" and "response" must be the
  * same bytes (key present, type, value); where simdjson reads a non-object,
  * Jansson must as well.  A record only Jansson reads is allowed (it is then
- * read by Jansson); one only simdjson reads only for a NUL (\u0000) in an
- * object key, which Jansson does not support.  Any other difference aborts. */
+ * read by Jansson; the shim leaves every record with a \u0000 escape to it).
+ * Any other difference aborts. */
 #include "fuzz_common.h"
 
 #include <jansson.h>
@@ -31,7 +31,6 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     json_t *o = json_loadb(b, size, JSON_DECODE_ANY | JSON_ALLOW_NUL | JSON_DECODE_INT_AS_REAL,
                            &je);
     if (got == 1 && (!o || json_is_object(o))) abort();
-    if (got == 0 && !o && memmem(b, size, "\\u0000", 6)) got = -1;
     if (got == 0) {
         if (!o || !json_is_object(o)) abort();
         for (int k = 0; k < 3; k++) {

@@ -8,8 +8,9 @@
  *   o/<h>.tab            its chunk table: a 64-byte header (magic, size, chunk
  *                        bytes, chunk count, keep flag), then per chunk the
  *                        u32 time (s) it was last used, 0 when absent
- * where <h> hashes the URL and the ETag, so a replaced object is a new entry
- * and never mixes with the old one.  The formats map or read o/<h>.data like
+ * where <h> hashes the URL, the ETag and the chunk size, so a replaced object
+ * is a new entry and never mixes with the old one (nor does an entry of
+ * another chunk size).  The formats map or read o/<h>.data like
  * any local file; pl__rfile_ensure makes the chunks a read needs present
  * first.  Several processes share the directory: fetched bytes are written
  * and marked present under the lock (a chunk two processes fetched at once is
@@ -458,8 +459,12 @@ int pl__rfile_open(const char *url, const pl__rcache_conf *conf, int keep,
     }
     pthread_mutex_init(&f->mu, NULL);
     pthread_cond_init(&f->cv, NULL);
+    /* The chunk size is part of the entry: an entry is laid out in one chunk size
+       only, and one opened with another would be reset (emptied) under the
+       mappings of those reading it. */
     char key[8192];
-    pl__fmt(key, sizeof key, "%s\n%s", url, pl__robj_etag(f->obj));
+    pl__fmt(key, sizeof key, "%s\n%s\n%lld", url, pl__robj_etag(f->obj),
+            (long long)f->chunk);
     uint64_t h = pl__hash64(key, strlen(key), 0x706c636163686531ULL);
     char p[4200];
     size_t dl = strlen(dir) + 64;

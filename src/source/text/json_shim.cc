@@ -18,6 +18,10 @@ thread_local simdjson::dom::parser t_parser;
 extern "C" int pl__json_fields(const char *buf, size_t len, size_t cap,
                                const char *const *keys, int nkeys, pl__jfield *out) {
     for (int k = 0; k < nkeys; k++) out[k] = pl__jfield{nullptr, 0, PL__JF_MISSING};
+    /* A NUL escape is left to Jansson, which reads one in a string value as
+       simdjson does but refuses one in an object key (at any depth): the same
+       record is then read, or refused, whichever parser is built. */
+    if (std::string_view(buf, len).find("\\u0000") != std::string_view::npos) return -1;
     const bool copy = cap < len + simdjson::SIMDJSON_PADDING;
     simdjson::dom::element doc;
     if (t_parser.parse(buf, len, copy).get(doc) != simdjson::SUCCESS) return -1;

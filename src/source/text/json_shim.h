@@ -35,9 +35,10 @@ typedef struct pl__jfield {
  * record into the thread's padded buffer).  Returns 0 with out[k] set for
  * keys[k] (of an object; a key given twice: the last, as Jansson reads it),
  * 1 when the text is valid JSON but not an object, -1 when simdjson refuses
- * it (malformed, invalid UTF-8, too deep, out of memory): the caller parses
- * it again for the message.  Never throws.  Thread-safe (one parser per
- * thread).
+ * it (malformed, invalid UTF-8, too deep, out of memory) or when it holds a
+ * \u0000 escape (Jansson refuses one in a key): the caller parses it again
+ * with Jansson, for the message or the fields.  Never throws.  Thread-safe
+ * (one parser per thread).
  */
 int pl__json_fields(const char *buf, size_t len, size_t cap, const char *const *keys,
                     int nkeys, pl__jfield *out);
