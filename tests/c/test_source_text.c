@@ -470,6 +470,33 @@ static void test_ids_outside_vocabulary(void) {
     if (bytes.destroy) bytes.destroy(bytes.ctx);
 }
 
+/* Zero bytes after a .gz file's last member are padding (gzip(1) ignores
+ * them): the records are read; other bytes after it stay an error. */
+static void test_gz_trailing_zeros(void) {
+    char p[512];
+    const char *body = "{\"text\": \"abc\"}\n{\"text\": \"de\"}\n";
+    snprintf(p, sizeof p, "%s/pad.jsonl.gz", dir);
+    write_gz(p, body, strlen(body), 0);
+    static const char zeros[700];
+    FILE *f = fopen(p, "ab");
+    fwrite(zeros, 1, sizeof zeros, f);
+    fclose(f);
+    pl_source *src;
+    CHECK_OK(open_text(p, PL_SOURCE_JSONL, 0, 1, 0, &src));
+    CHECK_EQ_I64(pl_source_num_documents(src), 2);
+    int64_t len, out[8];
+    CHECK_OK(pl_source_document_length(src, 1, &len));
+    CHECK_EQ_I64(len, 3);
+    CHECK_OK(pl_source_read(src, 1, 0, len, out, PL_DTYPE_INT64));
+    CHECK(out[0] == 'd' && out[1] == 'e' && out[2] == 256);
+    pl_source_free(src);
+    /* Zeros, then a byte that is not: damaged, as before. */
+    f = fopen(p, "ab");
+    fputc('x', f);
+    fclose(f);
+    CHECK(open_text(p, PL_SOURCE_JSONL, 0, 1, 0, &src) != PL_OK);
+}
+
 /* Plans through a config: the same for 1 and 3 tokenizer threads and for
  * any lookahead, and equal reads; on_error: skip counts bad records. */
 /* ... and with at most max_tokenized documents tokenized (each once per epoch
@@ -1469,6 +1496,7 @@ int main(void) {
     test_formats();
     test_bad_records();
     test_json_records();
+    test_gz_trailing_zeros();
     test_ids_outside_vocabulary();
     test_line_numbers();
     test_plans();

@@ -156,6 +156,26 @@ static int decompress(const char *path, int kind, const uint8_t *in,
             len += chunk_out - z.avail_out;
             if (rc == Z_STREAM_END) {
                 if (at >= n) break;
+                /* Zero bytes after the last member are padding (tape or
+                   block writers leave them; gzip(1) ignores them). */
+                int zeros = 1;
+                for (size_t p = at; p < n && zeros;) {
+                    size_t w = n - p > PL__SCAN_WINDOW ? PL__SCAN_WINDOW : n - p;
+                    int prc = window(rf, p, w, err, errcap);
+                    if (prc) {
+                        inflateEnd(&z);
+                        free(buf);
+                        return prc;
+                    }
+                    for (size_t q = p; q < p + w && zeros; q++) zeros = in[q] == 0;
+                    if (rf && !pl__rfile_present(rf, (int64_t)p, (int64_t)w)) {
+                        inflateEnd(&z);
+                        free(buf);
+                        return PL__EVICTED;
+                    }
+                    p += w;
+                }
+                if (zeros) break;
                 /* another gzip member follows */
                 if (inflateReset(&z) != Z_OK) break;
                 continue;
