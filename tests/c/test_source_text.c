@@ -497,6 +497,28 @@ static void test_gz_trailing_zeros(void) {
     CHECK(open_text(p, PL_SOURCE_JSONL, 0, 1, 0, &src) != PL_OK);
 }
 
+/* A UTF-8 byte order mark opening a JSON Lines file (plain and .gz) is not
+ * part of its first record, which is read; one inside a line is. */
+static void test_bom(void) {
+    const char *body = "\xef\xbb\xbf{\"text\": \"ab\"}\n{\"text\": \"c\"}\n";
+    char p[512];
+    for (int z = 0; z < 2; z++) {
+        snprintf(p, sizeof p, "%s/bom%d.jsonl%s", dir, z, z ? ".gz" : "");
+        if (z) write_gz(p, body, strlen(body), 0);
+        else pl_test_write_file(p, body, strlen(body));
+        pl_source *src;
+        CHECK_OK(open_text(p, PL_SOURCE_JSONL, 0, 1, 0, &src));
+        CHECK_EQ_I64(pl_source_num_documents(src), 2);
+        int64_t len, out[8];
+        CHECK_OK(pl_source_document_length(src, 0, &len));
+        CHECK_EQ_I64(len, 3);
+        CHECK_OK(pl_source_read(src, 0, 0, len, out, PL_DTYPE_INT64));
+        CHECK(out[0] == 'a' && out[1] == 'b' && out[2] == 256);
+        pl_source_free(src);
+    }
+    check_bad("bom_mid.jsonl", "\xef\xbb\xbf{\"text\": \"x\"}", "malformed JSON", 0);
+}
+
 /* Plans through a config: the same for 1 and 3 tokenizer threads and for
  * any lookahead, and equal reads; on_error: skip counts bad records. */
 /* ... and with at most max_tokenized documents tokenized (each once per epoch
@@ -1497,6 +1519,7 @@ int main(void) {
     test_bad_records();
     test_json_records();
     test_gz_trailing_zeros();
+    test_bom();
     test_ids_outside_vocabulary();
     test_line_numbers();
     test_plans();

@@ -62,6 +62,9 @@ static int scan_lines(const uint8_t *d, size_t n, size_t from,
                           int partial, pl__spanv *v, size_t *done) {
     size_t pos = from;
     if (!v->line) v->line = 1;
+    /* A UTF-8 byte order mark opening the file is not part of its first
+       record (editors and Windows tools write one). */
+    if (pos == 0 && n >= 3 && d[0] == 0xEF && d[1] == 0xBB && d[2] == 0xBF) pos = 3;
     while (pos < n) {
         const uint8_t *nl = memchr(d + pos, '\n', n - pos);
         if (!nl && partial) break;
