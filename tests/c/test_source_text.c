@@ -517,6 +517,37 @@ static void test_bom(void) {
         pl_source_free(src);
     }
     check_bad("bom_mid.jsonl", "\xef\xbb\xbf{\"text\": \"x\"}", "malformed JSON", 0);
+
+    /* A .plrec sidecar written before the mark was skipped (its first span
+       starts at byte 0, its header of version 1) is not used: the file is
+       scanned again and its first record read. */
+    snprintf(p, sizeof p, "%s/bom_side.jsonl", dir);
+    pl_test_write_file(p, body, strlen(body));
+    pl_source *src;
+    CHECK_OK(open_text(p, PL_SOURCE_JSONL, 1, 1, 0, &src));
+    pl_source_free(src);
+    char side[600];
+    snprintf(side, sizeof side, "%s.plrec", p);
+    FILE *sf = fopen(side, "r+b");
+    CHECK(sf != NULL);
+    if (sf) {
+        uint8_t h[48 + 16];
+        CHECK(fread(h, 1, sizeof h, sf) == sizeof h);
+        CHECK(pl__ld_u64(h + 48) == 3); /* written now: after the mark */
+        pl__st_u32(h + 8, 1u);
+        pl__st_u32(h + 44, pl__crc32(0, h, 44));
+        pl__st_u64(h + 48, 0);
+        fseek(sf, 0, SEEK_SET);
+        CHECK(fwrite(h, 1, sizeof h, sf) == sizeof h);
+        fclose(sf);
+    }
+    CHECK_OK(open_text(p, PL_SOURCE_JSONL, 1, 1, 0, &src));
+    int64_t len, out[8];
+    CHECK_OK(pl_source_document_length(src, 0, &len));
+    CHECK_EQ_I64(len, 3);
+    CHECK_OK(pl_source_read(src, 0, 0, len, out, PL_DTYPE_INT64));
+    CHECK(out[0] == 'a' && out[1] == 'b' && out[2] == 256);
+    pl_source_free(src);
 }
 
 /* Plans through a config: the same for 1 and 3 tokenizer threads and for

@@ -18,7 +18,9 @@
 #include <zstd.h>
 
 #define PL__REC_MAGIC "PLREC\0\0\0"
-#define PL__REC_VERSION 1u
+/* 2: a UTF-8 byte order mark opening the file is not in the first span (a
+ * version 1 sidecar of such a file starts it at byte 0, and is scanned anew). */
+#define PL__REC_VERSION 2u
 #define PL__REC_HEADER 48
 
 typedef struct pl__spanv {
