@@ -726,6 +726,10 @@ int pl__rfile_ensure_many(pl__rfile *f, const int64_t *offset, const int64_t *le
 int pl__rfile_present(const pl__rfile *f, int64_t offset, int64_t len) {
     if (len <= 0) return 1;
     if (offset < 0 || offset + len > f->size) return 0;
+    /* Also the check after a read (pl__source_still): the bytes read before
+       it are ordered before the table loads below (a weakly ordered CPU may
+       otherwise load the entry first and the punched page after). */
+    __atomic_thread_fence(__ATOMIC_ACQUIRE);
     const uint32_t *e = tab_entries(f);
     for (int64_t c = offset / f->chunk, c1 = (offset + len - 1) / f->chunk; c <= c1; c++)
         if (!__atomic_load_n(&e[c], __ATOMIC_ACQUIRE)) return 0;

@@ -275,6 +275,7 @@ int pl__text_record(pl_source *src, const pl__sfile *bf, int64_t r, pl__segv *v,
             return PL_ENOMEM;
         }
         raw_owned = 1;
+        memset(raw + n, 0, PL__RAW_PAD); /* read by simdjson: defined bytes */
         int fd, fowned;
         for (int attempt = 0;; attempt++) {
             /* A remote object: the record's bytes present in the cache file first
