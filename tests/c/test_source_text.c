@@ -9,6 +9,9 @@
 #include "config/config.h"
 #include "source/source.h"
 #include "testutil.h"
+#ifdef PL_WITH_SIMDJSON
+#include "source/text/json_shim.h"
+#endif
 
 #include <time.h>
 #include <pthread.h>
@@ -549,6 +552,29 @@ static void test_bom(void) {
     CHECK(out[0] == 'a' && out[1] == 'b' && out[2] == 256);
     pl_source_free(src);
 }
+
+#ifdef PL_WITH_SIMDJSON
+/* A thread's simdjson parser grown by a record longer than PL__JSON_KEEP
+ * gives its buffers back at the next shorter record; both are read right. */
+static void test_json_parser_kept(void) {
+    const size_t n = PL__JSON_KEEP + ((size_t)1 << 20);
+    char *big = malloc(n + PL__JSON_PADDING);
+    CHECK(big != NULL);
+    if (!big) return;
+    memcpy(big, "{\"text\":\"", 9);
+    memset(big + 9, 'a', n - 11);
+    memcpy(big + n - 2, "\"}", 2);
+    const char *const keys[1] = {"text"};
+    pl__jfield f[1];
+    CHECK_EQ_I64(pl__json_fields(big, n, n, keys, 1, f), 0);
+    CHECK(f[0].kind == PL__JF_STRING && f[0].len == n - 11 && f[0].s[n - 12] == 'a');
+    CHECK(pl__json_kept_bytes() >= n);
+    free(big);
+    CHECK_EQ_I64(pl__json_fields("{\"text\":\"b\"}", 12, 12, keys, 1, f), 0);
+    CHECK(f[0].kind == PL__JF_STRING && f[0].len == 1 && f[0].s[0] == 'b');
+    CHECK(pl__json_kept_bytes() <= PL__JSON_KEEP);
+}
+#endif
 
 /* Plans through a config: the same for 1 and 3 tokenizer threads and for
  * any lookahead, and equal reads; on_error: skip counts bad records. */
@@ -1551,6 +1577,9 @@ int main(void) {
     test_json_records();
     test_gz_trailing_zeros();
     test_bom();
+#ifdef PL_WITH_SIMDJSON
+    test_json_parser_kept();
+#endif
     test_ids_outside_vocabulary();
     test_line_numbers();
     test_plans();

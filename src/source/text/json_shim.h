@@ -19,6 +19,9 @@ extern "C" {
 
 /* Bytes that must be readable past a record's end for parsing in place. */
 #define PL__JSON_PADDING 64
+/* The record length up to which a thread's parser keeps its buffers between
+ * records; one grown past it is freed at the thread's next shorter record. */
+#define PL__JSON_KEEP ((size_t)4 << 20)
 
 /* A field of the record: absent, a string (s, len: the unescaped bytes,
  * valid until the calling thread's next pl__json_fields), or another type. */
@@ -42,6 +45,8 @@ typedef struct pl__jfield {
  */
 int pl__json_fields(const char *buf, size_t len, size_t cap, const char *const *keys,
                     int nkeys, pl__jfield *out);
+/* The record capacity the calling thread's parser holds buffers for. */
+size_t pl__json_kept_bytes(void);
 
 #ifdef __cplusplus
 }
