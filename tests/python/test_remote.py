@@ -290,3 +290,29 @@ def test_ensure_never_returns_with_its_own_chunks_evicted(s3env, bucket, s3_envi
     # The same with room for the ranges: every byte right.
     r, _ = run(env, "cached", str(tmp_path / "big"), str(1 << 20), "4096", url, *args)
     assert r.stdout == want
+
+
+def test_chunk_touched_after_the_evictors_clock_is_not_evicted(s3env, bucket, s3_environ,
+                                                                tmp_path):
+    """A chunk whose last use is later than the evicting process's clock (touched by a
+    reader after the eviction scan read the time, or by a process whose clock is ahead)
+    was used within the grace: it is kept, not taken as the oldest of all (its age as an
+    unsigned difference wrapped past the grace)."""
+    import struct
+    import time
+    cache = str(tmp_path / "c")
+    url = f"s3://{bucket}/data/a.bin"
+    bound = 2 * (1 << 20) + 1000
+    r, _ = run(s3_environ, "cached", cache, str(bound), str(1 << 20), url, "0:100")
+    assert r.stdout == DATA[:100]
+    tabs = [os.path.join(cache, "o", f) for f in os.listdir(os.path.join(cache, "o"))
+            if f.endswith(".tab")]
+    assert len(tabs) == 1
+    with open(tabs[0], "r+b") as f:  # chunk 0 last used a few seconds from now
+        f.seek(64)
+        f.write(struct.pack("<I", int(time.time()) + 5))
+    for off in (1 << 20, 2 << 20):  # the bound passed: chunks 1 and 2 are fresh too
+        r, _ = run(s3_environ, "cached", cache, str(bound), str(1 << 20), url, f"{off}:100")
+        assert r.stdout == DATA[off:off + 100]
+    r, st = run(s3_environ, "cached", cache, str(bound), str(1 << 20), url, "0:100")
+    assert r.stdout == DATA[:100] and st["requests"] == 1

@@ -204,7 +204,10 @@ static int64_t evict(const pl__rfile *self, int64_t incoming) {
             uint32_t u = __atomic_load_n(&e[c], __ATOMIC_ACQUIRE);
             if (!u) continue;
             present += chunk_bytes(size, chunk, c);
-            if (keep || now - u < grace) continue;
+            /* Ages are differences of u32 seconds: a use after now (a reader's
+               touch since this scan read the clock, or a clock a little ahead)
+               is within the grace too, not the oldest of all. */
+            if (keep || now - u < grace || u - now < grace) continue;
             if (nv == capv) {
                 int64_t nc = capv ? capv * 2 : 1024;
                 pl__victim *nvv = pl__realloc_array(v, (size_t)nc, sizeof *v);
