@@ -732,7 +732,9 @@ int pl__rfile_present(const pl__rfile *f, int64_t offset, int64_t len) {
     /* Also the check after a read (pl__source_still): the bytes read before
        it are ordered before the table loads below (a weakly ordered CPU may
        otherwise load the entry first and the punched page after). */
+#ifndef __SANITIZE_THREAD__ /* GCC's TSan does not model fences (-Wtsan) */
     __atomic_thread_fence(__ATOMIC_ACQUIRE);
+#endif
     const uint32_t *e = tab_entries(f);
     for (int64_t c = offset / f->chunk, c1 = (offset + len - 1) / f->chunk; c <= c1; c++)
         if (!__atomic_load_n(&e[c], __ATOMIC_ACQUIRE)) return 0;
