@@ -875,6 +875,42 @@ static int rentry_parse(const char *contents, const char *bucket, pl__rentry *e)
     return PL_OK;
 }
 
+int pl__remote_list_page(const char *body, const char *bucket, pl__rlisting *l,
+                         int64_t *cap, char **next) {
+    *next = NULL;
+    const char *p = body ? body : ""; /* an empty reply has no buffer */
+    char *contents;
+    int rc = PL_OK;
+    while (rc == PL_OK && (contents = xml_next(&p, "Contents"))) {
+        if (l->n == *cap) {
+            int64_t nc = *cap ? *cap * 2 : 64;
+            pl__rentry *nv = pl__realloc_array(l->v, (size_t)nc, sizeof *l->v);
+            if (!nv) {
+                free(contents);
+                return PL_ENOMEM;
+            }
+            l->v = nv;
+            *cap = nc;
+        }
+        pl__rentry e = {NULL, -1, NULL};
+        int k = rentry_parse(contents, bucket, &e);
+        free(contents);
+        if (k == PL_OK)
+            l->v[l->n++] = e;
+        else if (k < 0)
+            rc = k;
+    }
+    if (rc) return rc;
+    p = body ? body : "";
+    char *trunc = xml_next(&p, "IsTruncated");
+    p = body ? body : "";
+    char *token = xml_next(&p, "NextContinuationToken");
+    if (trunc && strcmp(trunc, "true") == 0 && token && token[0]) *next = token;
+    else free(token);
+    free(trunc);
+    return PL_OK;
+}
+
 int pl__remote_list_entries(const char *prefix_url, pl__rlisting **out, char *err,
                             size_t errcap) {
     *out = NULL;
@@ -926,39 +962,23 @@ int pl__remote_list_entries(const char *prefix_url, pl__rlisting **out, char *er
         atomic_fetch_add(&stat_lists, 1);
         rc = request(o, url, 0, 0, 0, NULL, &body, &blen, NULL, NULL, err, errcap);
         if (rc) break;
-        const char *p = (const char *)body;
-        char *contents;
-        while (rc == PL_OK && (contents = xml_next(&p, "Contents"))) {
-            if (l->n == cap) {
-                int64_t nc = cap ? cap * 2 : 64;
-                pl__rentry *nv = pl__realloc_array(l->v, (size_t)nc, sizeof *l->v);
-                if (!nv) {
-                    free(contents);
-                    rc = PL_ENOMEM;
-                    break;
-                }
-                l->v = nv;
-                cap = nc;
-            }
-            pl__rentry e = {NULL, -1, NULL};
-            int k = rentry_parse(contents, bucket, &e);
-            free(contents);
-            if (k == PL_OK)
-                l->v[l->n++] = e;
-            else if (k < 0)
-                rc = k;
-        }
-        p = (const char *)body;
-        char *trunc = xml_next(&p, "IsTruncated");
-        p = (const char *)body;
-        char *next = xml_next(&p, "NextContinuationToken");
+        char *next = NULL;
+        rc = pl__remote_list_page((const char *)body, bucket, l, &cap, &next);
         free(body);
-        int more = trunc && strcmp(trunc, "true") == 0 && next;
-        free(trunc);
+        int more = next != NULL;
+        int stuck = next && token && strcmp(next, token) == 0;
         free(token);
         token = next;
         if (rc) {
             pl__fmt(err, errcap, "%s: out of memory listing", prefix_url);
+            break;
+        }
+        if (stuck) {
+            /* A store that answers a continuation token with the same token
+               would be listed forever. */
+            pl__fmt(err, errcap, "%s: the listing did not advance (the store gave the "
+                                 "same continuation token twice)", prefix_url);
+            rc = PL_EIO;
             break;
         }
         if (!more) break;

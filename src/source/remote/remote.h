@@ -91,6 +91,12 @@ const pl__rentry *pl__rlisting_find(const pl__rlisting *l, const char *url);
  * sorted (byte order).  https:// cannot be listed (PL_EINVAL). */
 int pl__remote_list_entries(const char *prefix_url, pl__rlisting **out, char *err,
                             size_t errcap);
+/* One ListObjectsV2 reply page (body: NUL-terminated, or NULL for an empty
+ * reply): its <Contents> appended to l (cap: l->v's capacity), *next the
+ * continuation token (malloc'd) when the page says more follow, else NULL.
+ * Any bytes are safe (tests/fuzz/fuzz_listing.c); PL_ENOMEM. */
+int pl__remote_list_page(const char *body, const char *bucket, pl__rlisting *l,
+                         int64_t *cap, char **next);
 /* The same, only the URLs (s3://bucket/key). */
 int pl__remote_list(const char *prefix_url, char ***urls, int64_t *n, char *err,
                     size_t errcap);
