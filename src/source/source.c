@@ -1119,21 +1119,28 @@ static int source_read_impl(pl_source *src, int64_t index, int64_t offset,
     if ((rc = fwatch_check(src, f, 0, end, "document %lld", (long long)index,
                                err, errcap)))
         return rc;
-    if ((rc = pl__source_ensure(f, at, end - at, err, errcap))) return rc;
     pl__conv_fn fn = pl__conv_table[f->dtype][out_dtype == PL_DTYPE_INT32];
-    /* The size seen above may be up to 10 ms old: the copy runs guarded, so
-       a file truncated since faults into PL_ETRUNC (source/guard.h). */
-    pl__guard g;
-    pl__guard_enter(&g, f->data_map, f->data_len);
-    if (sigsetjmp(g.jb, 0)) {
+    /* A remote file's range is made present, copied, and checked still
+       present after the copy (a chunk evicted meanwhile reads as a hole):
+       else copied again (pl__source_still). */
+    for (int attempt = 0;; attempt++) {
+        if ((rc = pl__source_ensure(f, at, end - at, err, errcap))) return rc;
+        /* The size seen above may be up to 10 ms old: the copy runs guarded,
+           so a file truncated since faults into PL_ETRUNC (source/guard.h). */
+        pl__guard g;
+        pl__guard_enter(&g, f->data_map, f->data_len);
+        if (sigsetjmp(g.jb, 0)) {
+            pl__guard_leave(&g);
+            pl__guard_recover();
+            return pl__fault_err(src, f, 0, end, "document %lld", (long long)index, err,
+                                 errcap);
+        }
+        fn(tok + (size_t)offset * f->width, out, count);
         pl__guard_leave(&g);
-        pl__guard_recover();
-        return pl__fault_err(src, f, 0, end, "document %lld", (long long)index, err,
-                             errcap);
+        if (pl__source_still(f, at, end - at)) return PL_OK;
+        if (attempt + 1 == PL__REMOTE_REREADS)
+            return pl__source_evicted_err(f, at, end - at, err, errcap);
     }
-    fn(tok + (size_t)offset * f->width, out, count);
-    pl__guard_leave(&g);
-    return PL_OK;
 }
 
 int pl_source_document_length(pl_source *src, int64_t index,
@@ -1317,20 +1324,26 @@ static int pread_range(const pl_source *src, pl__preader *r,
     }
     uint8_t *dst = raw ? out : r->buf;
     off_t at = (off_t)((tok - (const uint8_t *)f->data_map) + offset * (int64_t)f->width);
-    int erc = pl__source_ensure(f, (int64_t)at, (int64_t)bytes, err, errcap);
-    if (erc) return erc;
-    size_t got = 0;
-    while (got < bytes) {
-        ssize_t k = pread(r->fd, dst + got, bytes - got, at + (off_t)got);
-        if (k <= 0) {
-            int e = errno;
-            data_path(src, f, path, sizeof path);
-            pl__fmt(err, errcap, "%s: read of %zu bytes at offset %lld failed: %s",
-                    path, bytes, (long long)at,
-                    k == 0 ? "file shrank since open" : strerror(e));
-            return k == 0 ? PL_ETRUNC : PL_EIO;
+    for (int attempt = 0;; attempt++) {
+        int erc = pl__source_ensure(f, (int64_t)at, (int64_t)bytes, err, errcap);
+        if (erc) return erc;
+        size_t got = 0;
+        while (got < bytes) {
+            ssize_t k = pread(r->fd, dst + got, bytes - got, at + (off_t)got);
+            if (k <= 0) {
+                int e = errno;
+                data_path(src, f, path, sizeof path);
+                pl__fmt(err, errcap, "%s: read of %zu bytes at offset %lld failed: %s",
+                        path, bytes, (long long)at,
+                        k == 0 ? "file shrank since open" : strerror(e));
+                return k == 0 ? PL_ETRUNC : PL_EIO;
+            }
+            got += (size_t)k;
         }
-        got += (size_t)k;
+        /* Checked after the read, as the mapped path is. */
+        if (pl__source_still(f, (int64_t)at, (int64_t)bytes)) break;
+        if (attempt + 1 == PL__REMOTE_REREADS)
+            return pl__source_evicted_err(f, (int64_t)at, (int64_t)bytes, err, errcap);
     }
     if (!raw) pl__conv_table[f->dtype][0](r->buf, out, count);
     return PL_OK;
