@@ -497,7 +497,10 @@ static void test_gz_trailing_zeros(void) {
     f = fopen(p, "ab");
     fputc('x', f);
     fclose(f);
+    src = NULL;
     CHECK(open_text(p, PL_SOURCE_JSONL, 0, 1, 0, &src) != PL_OK);
+    if (src) CHECK(strstr(pl_source_errmsg(src), "corrupt gzip data") != NULL);
+    pl_source_free(src); /* a failed open keeps its message in the source */
 }
 
 /* A UTF-8 byte order mark opening a JSON Lines file (plain and .gz) is not
