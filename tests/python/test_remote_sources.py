@@ -5,38 +5,23 @@ bucket; the cache is shared and bounded; faults are retried; a resume does not
 depend on the cache."""
 
 import os
-import warnings
 
 import numpy as np
 import pytest
 import yaml
 
 import polyload
-from polyload import ConfigWarning, _core
-from conftest import Corpus, batch_hash
-from s3_fixtures import s3env, s3_environ  # noqa: F401
+from polyload import _core
+from conftest import Corpus
+from s3_fixtures import batch_hashes, quiet_loader, s3env, s3_environ  # noqa: F401
 
 pytest.importorskip("torch")
 
 BUCKET = "pl-sources"
 
 
-def _loader(cfg, **kw):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ConfigWarning)
-        return polyload.Loader(cfg, **kw)
-
-
-def _hashes(cfg, rank=0, steps=None, state=None):
-    out = []
-    with _loader(cfg, rank=rank) as ld:
-        if state is not None:
-            ld.load_state_dict(state)
-        for k, b in enumerate(ld):
-            out.append(batch_hash(b))
-            if steps is not None and len(out) >= steps:
-                break
-    return out
+_loader = quiet_loader
+_hashes = batch_hashes
 
 
 @pytest.fixture(scope="module")

@@ -13,16 +13,15 @@ import os
 import subprocess
 import sys
 import time
-import warnings
 
 import numpy as np
 import pytest
 import yaml
 
 import polyload
-from polyload import ConfigWarning, _core
+from polyload import _core
 from conftest import batch_hash
-from s3_fixtures import s3env, s3_environ  # noqa: F401
+from s3_fixtures import batch_hashes, quiet_loader, s3env, s3_environ  # noqa: F401
 
 import fortunes_corpus as fc
 
@@ -33,22 +32,8 @@ BUCKET = "pl-text"
 IMG = 300  # the webdataset sources' image token (caption bytes are 0..255)
 
 
-def _loader(cfg, **kw):
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ConfigWarning)
-        return polyload.Loader(cfg, **kw)
-
-
-def _hashes(cfg, rank=0, steps=None, state=None):
-    out = []
-    with _loader(cfg, rank=rank) as ld:
-        if state is not None:
-            ld.load_state_dict(state)
-        for b in ld:
-            out.append(batch_hash(b))
-            if steps is not None and len(out) >= steps:
-                break
-    return out
+_loader = quiet_loader
+_hashes = batch_hashes
 
 
 def _all_ranks(cfg):
