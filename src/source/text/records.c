@@ -106,6 +106,25 @@ static int window(pl__rfile *rf, size_t at, size_t len, char *err, size_t errcap
                      : PL_OK;
 }
 
+/* Is in[at, n) all zero bytes (padding after a .gz file's last member, which
+ * tape and block writers leave and gzip(1) ignores)?  0 or 1 (stopping at the
+ * first other byte); for a remote object, windows made present as they are
+ * read: PL__EVICTED + 1 when one was evicted meanwhile, or a PL_E* code. */
+static int only_zeros(pl__rfile *rf, const uint8_t *in, size_t at, size_t n, char *err,
+                      size_t errcap) {
+    for (size_t p = at; p < n;) {
+        size_t w = n - p > PL__SCAN_WINDOW ? PL__SCAN_WINDOW : n - p;
+        int rc = window(rf, p, w, err, errcap);
+        if (rc) return rc;
+        int zeros = 1;
+        for (size_t q = p; q < p + w && zeros; q++) zeros = in[q] == 0;
+        if (rf && !pl__rfile_present(rf, (int64_t)p, (int64_t)w)) return PL__EVICTED + 1;
+        if (!zeros) return 0;
+        p += w;
+    }
+    return 1;
+}
+
 /* Decompress a whole .gz (every member) or .zst (every frame) into a malloc'd
  * buffer.  Damage: PL_ETRUNC / PL_ERECORD naming the compressed offset;
  * with keep_partial the bytes decoded before it are returned as well, with
@@ -161,24 +180,11 @@ static int decompress(const char *path, int kind, const uint8_t *in,
             len += chunk_out - z.avail_out;
             if (rc == Z_STREAM_END) {
                 if (at >= n) break;
-                /* Zero bytes after the last member are padding (tape or
-                   block writers leave them; gzip(1) ignores them). */
-                int zeros = 1;
-                for (size_t p = at; p < n && zeros;) {
-                    size_t w = n - p > PL__SCAN_WINDOW ? PL__SCAN_WINDOW : n - p;
-                    int prc = window(rf, p, w, err, errcap);
-                    if (prc) {
-                        inflateEnd(&z);
-                        free(buf);
-                        return prc;
-                    }
-                    for (size_t q = p; q < p + w && zeros; q++) zeros = in[q] == 0;
-                    if (rf && !pl__rfile_present(rf, (int64_t)p, (int64_t)w)) {
-                        inflateEnd(&z);
-                        free(buf);
-                        return PL__EVICTED;
-                    }
-                    p += w;
+                int zeros = only_zeros(rf, in, at, n, err, errcap);
+                if (zeros < 0 || zeros > 1) { /* an error, or evicted */
+                    inflateEnd(&z);
+                    free(buf);
+                    return zeros < 0 ? zeros : PL__EVICTED;
                 }
                 if (zeros) break;
                 /* another gzip member follows */
